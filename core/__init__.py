@@ -1,0 +1,86 @@
+"""loopwarden keeps LLM agent loops from running away.
+
+The model proposes, the runtime decides: a minimal agent loop emits hook events
+(``before_model``, ``after_response``, ``before_tool``, ``after_tool``, ``on_stop``, and
+``on_start``), and pluggy plugins -- one per defence line -- return verdicts that warn, skip a
+tool call, or stop the run.  Plugins are enabled and ordered per deployment in ``config.toml``.
+
+A plugin in ten lines::
+
+    from loopwarden import Plugin, hookimpl
+
+    class NoRefunds(Plugin):
+        name = "no_refunds"
+
+        @hookimpl
+        def before_tool(self, run, call):
+            if call.name == "apply_refund":
+                return self.stop("forbidden_tool", tool=call.name)
+"""
+
+from __future__ import annotations
+
+from loopwarden._version import __version__
+from loopwarden.clock import CancelToken, Clock, FakeClock, SystemClock
+from loopwarden.config import Config, load_config
+from loopwarden.deployment import Deployment
+from loopwarden.events import (
+    ModelRequest,
+    ModelResponse,
+    ProposedCall,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from loopwarden.exceptions import (
+    ConfigError,
+    LoopwardenError,
+    ModelError,
+    PluginLoadError,
+    ScenarioError,
+    ToolDefinitionError,
+    ToolError,
+)
+from loopwarden.hookspecs import hookimpl, hookspec
+from loopwarden.plugin import NoSettings, Plugin, PluginSettings
+from loopwarden.run import Limits, Run, RunOutcome
+from loopwarden.verdicts import Skip, Stop, Verdict, Warn, skip, stop, warn
+
+__all__ = [
+    "CancelToken",
+    "Clock",
+    "Config",
+    "ConfigError",
+    "Deployment",
+    "FakeClock",
+    "Limits",
+    "LoopwardenError",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "NoSettings",
+    "Plugin",
+    "PluginLoadError",
+    "PluginSettings",
+    "ProposedCall",
+    "Run",
+    "RunOutcome",
+    "ScenarioError",
+    "Skip",
+    "Stop",
+    "SystemClock",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolError",
+    "ToolResult",
+    "Usage",
+    "Verdict",
+    "Warn",
+    "__version__",
+    "hookimpl",
+    "hookspec",
+    "load_config",
+    "skip",
+    "stop",
+    "warn",
+]

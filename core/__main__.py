@@ -1,0 +1,7 @@
+"""``python -m loopwarden``."""
+
+import sys
+
+from loopwarden.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The ``loopwarden`` command line.
+
+Each subcommand lives in its own module under ``loopwarden.commands`` and is imported only when
+it runs, so ``loopwarden --help`` stays fast.  Exit codes: 0 success, 1 a run or check that
+failed its purpose, 2 bad input (config, scenario, arguments) -- always with a message, never
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from loopwarden._version import __version__
+
+#: name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("loopwarden.commands.run", "run one agent loop: a question, or --scenario FILE"),
+    "demo": ("loopwarden.commands.demo", "play every built-in scenario guarded and unguarded"),
+    "replay": ("loopwarden.commands.replay", "feed recorded real runs through the guards"),
+    "report": ("loopwarden.commands.report", "summarise a run-record JSONL file with advice"),
+    "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
+    "config": ("loopwarden.commands.config", "check a config file, or print its JSON Schema"),
+    "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(
+        prog="loopwarden",
+        description="Keeps LLM agent loops from running away: the model proposes, the runtime "
+        "decides.",
+    )
+    parser.add_argument("--version", action="version", version=f"loopwarden {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_mod, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, description=help_text, add_help=False)
+    return parser, sub
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser, _ = build_parser()
+    if not args or args[0] in ("-h", "--help") or args[0] == "--version":
+        parser.parse_args(args or ["--help"])
+        return 0
+    name = args[0]
+    if name not in COMMANDS:
+        parser.error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")
+    module = importlib.import_module(COMMANDS[name][0])
+    sub = argparse.ArgumentParser(prog=f"loopwarden {name}", description=COMMANDS[name][1])
+    module.add_arguments(sub)
+    ns = sub.parse_args(args[1:])
+    from loopwarden.exceptions import LoopwardenError
+
+    try:
+        return int(module.main(ns) or 0)
+    except LoopwardenError as exc:
+        print(f"loopwarden {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"loopwarden {name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

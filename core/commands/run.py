@@ -1,0 +1,66 @@
+"""``loopwarden run``: one agent loop, against the configured model or a scenario."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from loopwarden.commands import add_config_argument
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("question", nargs="?", help="the user's message (live model)")
+    parser.add_argument("--scenario", metavar="FILE",
+                        help="play a scenario file (or a built-in scenario's name) offline")
+    parser.add_argument("--profile", help="a profile from [profiles] (steps, tokens, seconds)")
+    parser.add_argument("--json", action="store_true", help="print the run record as JSON")
+    add_config_argument(parser)
+
+
+def print_summary(record: dict[str, object], out: object = sys.stdout) -> None:
+    lines = [
+        f"termination: {record['termination']}" + (" (soft)" if record["soft"] else ""),
+        f"stopped by:  {record['stopped_by'] or '-'}",
+        f"steps: {record['steps']}   tool calls: {record['tool_calls']}   "
+        f"tokens: {record['tokens']['total']}   cost: {record['cost']}",  # type: ignore[index]
+    ]
+    for w in record["warnings"]:  # type: ignore[attr-defined]
+        lines.append(f"warning at step {w['step']} from {w['plugin']}: {w['message']}")
+    lines.append("")
+    lines.append(str(record["final_answer"] or "(no answer)"))
+    print("\n".join(lines), file=out)  # type: ignore[call-overload]
+
+
+def main(args: argparse.Namespace) -> int:
+    from loopwarden.config import load_config
+    from loopwarden.deployment import Deployment
+    from loopwarden.exceptions import ConfigError
+
+    if not args.scenario and not args.question:
+        print("loopwarden run: give a question, or --scenario FILE (see `loopwarden scenarios`)",
+              file=sys.stderr)
+        return 2
+    if args.scenario and args.question:
+        print("loopwarden run: give a question or --scenario, not both", file=sys.stderr)
+        return 2
+    config = load_config(args.config)
+    deployment = Deployment(config)
+    try:
+        if args.scenario:
+            run = deployment.run(scenario=args.scenario, profile=args.profile)
+        else:
+            try:
+                deployment.model  # noqa: B018 - builds the client, checks the key
+            except ConfigError as exc:
+                print(exc.message, file=sys.stderr)
+                return 2
+            run = deployment.run(args.question, profile=args.profile)
+    finally:
+        deployment.close()
+    record = run.record()
+    if args.json:
+        print(json.dumps(record, ensure_ascii=False))
+    else:
+        print_summary(record)
+    return 0

@@ -1,0 +1,263 @@
+"""Loading and validating ``config.toml``.
+
+A deployment is one TOML file: the model, the run's texts and defaults, named profiles, the
+demo shop, and the plugins -- ``[plugins] enabled`` (whose order is the call order) and one
+``[plugins.<name>]`` table per plugin, validated by that plugin's settings model when the
+plugins load.  Unknown keys are errors.  A bad file raises :class:`ConfigError` naming the
+file, the key and what was expected, before any run starts.
+
+Where the file comes from: ``--config FILE``; else ``./config.toml`` if present; else the
+default shipped inside the package.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from loopwarden.exceptions import ConfigError
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "Config",
+    "ModelConfig",
+    "ProfileConfig",
+    "RunConfig",
+    "Texts",
+    "default_config_path",
+    "find_config",
+    "load_config",
+    "parse_config",
+]
+
+DEFAULT_WRAP_UP = (
+    "Stop calling tools now. Using only the information above, give the user your best final "
+    "answer; say plainly what is still unknown."
+)
+DEFAULT_FALLBACK = (
+    "Sorry, I could not complete this request automatically. A human colleague will follow up."
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """``[model]``: which model answers."""
+
+    provider: Literal["scripted", "openai"] = "openai"
+    name: str = "gpt-4o-mini"
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: PositiveFloat = 60.0
+    max_retries: int = Field(default=2, ge=0)
+    temperature: float | None = None
+    max_output_tokens: PositiveInt | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+class Texts(_Strict):
+    """``[run.texts]``: observations and notes the loop itself writes for the model.
+
+    Each is a ``str.format`` template; the fields each may use are listed in its default.
+    """
+
+    unknown_tool: str = (
+        "ERROR: unknown tool {name!r}; nothing was executed. Available tools: {available}."
+    )
+    malformed_arguments: str = (
+        "ERROR: the arguments for {name} are not a valid JSON object ({detail}); nothing was "
+        "executed. Call it again with arguments that match its schema."
+    )
+    invalid_arguments: str = (
+        "ERROR: invalid arguments for {name}: {detail}; nothing was executed."
+    )
+    tool_timeout: str = (
+        "ERROR: TIMEOUT: {name} did not finish within {seconds:.1f}s; its result was discarded."
+    )
+    tool_cancelled: str = "ERROR: CANCELLED: the run was cancelled while {name} was running."
+    not_executed: str = "NOT EXECUTED: the run is stopping ({reason})."
+    side_effect_replayed: str = (
+        "{name} was already executed with these arguments in this run and was not executed "
+        "again. Its earlier result: {content}"
+    )
+    best_effort: str = "Here is the last information I found: {observation}"
+
+    @model_validator(mode="after")
+    def _check_templates(self) -> Texts:
+        sample = dict(name="t", available="a, b", detail="d", seconds=1.0, reason="r",
+                      content="c", observation="o")
+        for key, value in self.model_dump().items():
+            try:
+                value.format(**sample)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"{key}: bad template field {exc}") from None
+        return self
+
+
+class RunConfig(_Strict):
+    """``[run]``: texts injected into model requests, defaults for every run."""
+
+    system_prompt: str = (
+        "You are a customer-service agent for an online shop. Use the tools to look things "
+        "up before answering, and answer in the user's language."
+    )
+    profile: str | None = None
+    wrap_up_instruction: str = DEFAULT_WRAP_UP
+    fallback_answer: str = DEFAULT_FALLBACK
+    warning_role: Literal["user", "system", "developer"] = "user"
+    warning_prefix: str = "[loopwarden] "
+    max_observation_chars: PositiveInt | None = 16000
+    volatile_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLATILE_KEYS))
+    token_estimator: Literal["cjk", "tiktoken", "auto"] = "cjk"
+    texts: Texts = Field(default_factory=lambda: Texts())
+
+
+class ProfileConfig(_Strict):
+    """``[profiles.<name>]``: the three limits (steps, tokens, seconds) for a class of task."""
+
+    max_steps: PositiveInt | None = None
+    max_tokens: PositiveInt | None = None
+    max_seconds: PositiveFloat | None = None
+    description: str | None = None
+
+
+class ShopConfig(_Strict):
+    """``[shop]``: the demo shop's database (default: the user's data directory)."""
+
+    db_path: str | None = None
+
+
+class PluginsConfig(BaseModel):
+    """``[plugins]``: ``enabled`` (call order), ``blocked``, and one table per plugin."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    enabled: list[str] = Field(default_factory=list)
+    blocked: list[str] = Field(default_factory=list)
+
+    def tables(self) -> dict[str, dict[str, Any]]:
+        return dict(self.model_extra or {})
+
+
+class Config(_Strict):
+    """A whole deployment file."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    shop: ShopConfig = Field(default_factory=ShopConfig)
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    #: the file it came from (not a TOML key)
+    path: str | None = Field(default=None, exclude=True)
+
+    def profile(self, name: str | None) -> ProfileConfig | None:
+        """The named profile (or ``[run] profile``), None when no profile applies."""
+        name = name or self.run.profile
+        if name is None:
+            return None
+        try:
+            return self.profiles[name]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles)) or "none defined"
+            raise ConfigError(
+                f"unknown profile {name!r}", path=self.path, key="run.profile",
+                expected=f"one of: {known}",
+            ) from None
+
+
+def default_config_path() -> Path:
+    """The config shipped inside the package."""
+    return Path(str(resources.files("loopwarden").joinpath("default_config.toml")))
+
+
+def find_config(explicit: str | Path | None = None) -> Path:
+    """``explicit``, else ``./config.toml`` if present, else the shipped default."""
+    if explicit is not None:
+        return Path(explicit)
+    local = Path("config.toml")
+    if local.is_file():
+        return local
+    return default_config_path()
+
+
+def _describe(err: Mapping[str, Any]) -> tuple[str, str]:
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid value"))
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in err and err.get("type") != "missing":
+        msg += f", got {err['input']!r}"
+    return loc, msg
+
+
+def validation_error(exc: ValidationError, *, path: str | None, prefix: str = "") -> ConfigError:
+    """Turn pydantic's error into a ConfigError naming the first bad key."""
+    errors = exc.errors()
+    loc, msg = _describe(errors[0])
+    key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return ConfigError(msg + more, path=path, key=key or None)
+
+
+def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
+    """Validate a parsed TOML mapping into a :class:`Config`."""
+    try:
+        cfg = Config.model_validate(dict(data))
+    except ValidationError as exc:
+        raise validation_error(exc, path=path) from None
+    for name, table in cfg.plugins.tables().items():
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"must be a table, got {table!r}", path=path, key=f"plugins.{name}",
+                expected=f"[plugins.{name}] with the plugin's settings",
+            )
+    for name in cfg.plugins.enabled:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError("empty plugin name", path=path, key="plugins.enabled")
+    if cfg.run.profile is not None and cfg.run.profile not in cfg.profiles:
+        raise ConfigError(
+            f"unknown profile {cfg.run.profile!r}", path=path, key="run.profile",
+            expected="a name defined under [profiles]",
+        )
+    return cfg.model_copy(update={"path": path})
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file; a missing or malformed file raises ConfigError."""
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a file", path=path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Find, read and validate the config (see :func:`find_config`)."""
+    p = find_config(path)
+    return parse_config(load_toml(p), path=str(p))

@@ -1,0 +1,265 @@
+"""A deployment: one config, its plugins (configured once), a model, tools -- many runs.
+
+::
+
+    from loopwarden import Deployment
+
+    dep = Deployment.from_config("config.toml")
+    run = dep.run("查询订单 88231 的物流")          # the configured OpenAI-compatible model
+    run = dep.run(scenario="refund")                 # the scripted model plays a scenario
+    print(run.record())
+
+Plugin objects serve every run of the deployment, concurrently (``arun``); per-run state lives
+on the :class:`~loopwarden.Run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from loopwarden.clock import CancelToken, Clock, SystemClock
+from loopwarden.config import Config, load_config
+from loopwarden.exceptions import ConfigError, ToolError
+from loopwarden.loop import Engine, adrive, drive
+from loopwarden.pluginmanager import PluginSet, load_plugins
+from loopwarden.run import Limits, Run
+from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
+from loopwarden.tokens import get_estimator
+from loopwarden.tools import Tool, ToolContext, ToolRegistry
+
+if TYPE_CHECKING:
+    from blinker import NamedSignal
+
+    from loopwarden.models import Model
+
+__all__ = ["Deployment", "scripted_tools"]
+
+
+class _AnyArgs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+def _scripted_func(script: ToolScript, name: str) -> Callable[..., Any]:
+    """A tool body that plays ``script``: results in order (the last repeats), or an error."""
+    position = [0]
+
+    def play(**kwargs: Any) -> Any:
+        ctx: ToolContext = kwargs.pop("_ctx")
+        if script.delay_s:
+            ctx.sleep(script.delay_s)
+        if script.error is not None:
+            err = script.error
+            if isinstance(err, str):
+                raise ToolError(err)
+            raise ToolError(err.message, retryable=err.retryable)
+        results = script.results or ["(no output)"]
+        entry = results[min(position[0], len(results) - 1)]
+        position[0] += 1
+        if isinstance(entry, str):
+            return entry
+        raise ToolError(entry.error, retryable=entry.retryable)
+
+    play.__name__ = name
+    return play
+
+
+def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistry:
+    """``base`` with the scenario's ``[tools.*]`` behaviours swapped in (fresh per run)."""
+    reg = base.copy() if base is not None else ToolRegistry()
+    for name, script in scenario.tools.items():
+        real = reg.get(name)
+        plays_real = script.results is None and script.error is None
+        if real is not None:
+            if plays_real and not script.delay_s:
+                continue
+            if plays_real:  # only slowness added: delay, then run the real tool
+                inner = real
+
+                def slow(_inner: Tool = inner, _s: ToolScript = script, **kw: Any) -> Any:
+                    ctx: ToolContext = kw.pop("_ctx")
+                    ctx.sleep(_s.delay_s)
+                    if _inner.context_param:
+                        kw[_inner.context_param] = ctx
+                    return _inner.func(**kw)
+
+                func: Callable[..., Any] = slow
+            else:
+                func = _scripted_func(script, name)
+            flags = {
+                k: getattr(script, k)
+                for k in ("read_only", "deterministic", "side_effect", "terminal")
+                if getattr(script, k) is not None
+            }
+            tool = dataclasses.replace(real, func=func, context_param="_ctx", is_async=False,
+                                       **flags)
+        else:
+            if plays_real:
+                raise ConfigError(
+                    "a tool the shop does not have needs results or error",
+                    path=scenario.path, key=f"tools.{name}",
+                )
+            tool = Tool(
+                name=name,
+                func=_scripted_func(script, name),
+                description=script.description or f"Scripted tool {name}.",
+                args_model=_AnyArgs,
+                read_only=bool(script.read_only),
+                deterministic=bool(script.deterministic),
+                side_effect=bool(script.side_effect),
+                terminal=bool(script.terminal),
+                context_param="_ctx",
+            )
+        reg.add(tool, replace=True)
+    return reg
+
+
+class Deployment:
+    """A configured set of plugins, a model and tools, serving many runs."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        model: Model | None = None,
+        tools: ToolRegistry | Iterable[Tool] | None = None,
+        plugins: Mapping[str, Any] | None = None,
+        extra_plugins: Iterable[str] = (),
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config if config is not None else load_config()
+        self.plugins: PluginSet = load_plugins(self.config, extra=extra_plugins, objects=plugins)
+        self.hooks = self.plugins.hooks
+        self.engine = Engine(self.hooks, self.config.run)
+        self.estimator = get_estimator(self.config.run.token_estimator)
+        self.clock = clock or SystemClock()
+        self._model = model
+        if tools is None or isinstance(tools, ToolRegistry):
+            self._tools: ToolRegistry | None = tools
+        else:
+            self._tools = ToolRegistry(tools)
+        self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
+        for lp in self.plugins:
+            connect = getattr(lp.obj, "connect", None)
+            if callable(connect):
+                connect(self)
+
+    @classmethod
+    def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> Deployment:
+        """Load ``path`` (or ./config.toml, or the shipped default) and build a deployment."""
+        return cls(load_config(path), **kwargs)
+
+    # -- parts ---------------------------------------------------------------------------
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The deployment's tools (default: the demo shop at ``[shop] db_path``)."""
+        if self._tools is None:
+            from loopwarden.tools.shop import Shop
+
+            self._tools = Shop(self.config.shop.db_path).tools()
+        return self._tools
+
+    @property
+    def model(self) -> Model:
+        """The configured OpenAI-compatible model (built on first use)."""
+        if self._model is None:
+            from loopwarden.models import model_from_config
+
+            self._model = model_from_config(self.config.model)
+        return self._model
+
+    def limits(self, profile: str | None = None) -> Limits:
+        p = self.config.profile(profile)
+        if p is None:
+            return Limits()
+        return Limits(name=profile or self.config.run.profile, max_steps=p.max_steps,
+                      max_tokens=p.max_tokens, max_seconds=p.max_seconds)
+
+    def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
+        """Subscribe ``receiver`` to ``signal`` for this deployment's runs only."""
+
+        def filtered(sender: Any, **kwargs: Any) -> None:
+            if getattr(sender, "deployment", None) is self:
+                receiver(sender, **kwargs)
+
+        signal.connect(filtered, weak=False)
+        self._receivers.append((signal, filtered))
+
+    def close(self) -> None:
+        """Disconnect signal receivers and close plugins (files, threads)."""
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
+        self._receivers.clear()
+        for lp in self.plugins:
+            close = getattr(lp.obj, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs ----------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        user: str | None = None,
+        *,
+        scenario: Scenario | str | Path | None = None,
+        model: Any = None,
+        tools: ToolRegistry | None = None,
+        profile: str | None = None,
+        clock: Clock | None = None,
+        cancel: CancelToken | None = None,
+        run_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[Run, Any]:
+        """Build a run and the model that will answer it (without starting it)."""
+        sc: Scenario | None = None
+        if scenario is not None:
+            sc = scenario if isinstance(scenario, Scenario) else load_scenario(
+                scenario_path(str(scenario)))
+        if sc is not None:
+            from loopwarden.models.scripted import ScriptedModel
+
+            user = user if user is not None else sc.user
+            model = model or ScriptedModel(sc.model, estimator=self.estimator)
+            tools = scripted_tools(tools if tools is not None else self.tools, sc)
+            profile = profile or sc.profile
+        if user is None:
+            raise ValueError("a run needs the user's message (or a scenario)")
+        model = model if model is not None else self.model
+        run = Run(
+            user,
+            deployment=self,
+            tools=tools if tools is not None else self.tools,
+            clock=clock or self.clock,
+            cancel=cancel,
+            limits=self.limits(profile),
+            scenario=sc.name if sc is not None else None,
+            run_id=run_id,
+            estimator=self.estimator,
+            model_name=getattr(model, "name", None),
+            meta=meta,
+        )
+        self.engine.start(run)
+        return run, model
+
+    def run(self, user: str | None = None, **kwargs: Any) -> Run:
+        """Run one agent loop to its end, synchronously; returns the finished run."""
+        run, model = self.prepare(user, **kwargs)
+        drive(self.engine, run, model)
+        return run
+
+    async def arun(self, user: str | None = None, **kwargs: Any) -> Run:
+        """Run one agent loop to its end on the event loop; returns the finished run."""
+        run, model = self.prepare(user, **kwargs)
+        await adrive(self.engine, run, model)
+        return run

@@ -1,0 +1,164 @@
+"""The payloads hooks receive: model requests and responses, tool calls and results.
+
+Argument names are identical across hooks (``run``, ``request``, ``response``, ``call``,
+``result``, ``outcome``), so an implementation takes only the ones it needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from loopwarden.tools import Tool
+
+__all__ = [
+    "ModelRequest",
+    "ModelResponse",
+    "ProposedCall",
+    "ToolCall",
+    "ToolResult",
+    "Usage",
+]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage of one model call (or a run's total)."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+    def add(self, other: Usage) -> None:
+        self.prompt += other.prompt
+        self.completion += other.completion
+        self.cached += other.cached
+
+    def as_dict(self) -> dict[str, int]:
+        return {"prompt": self.prompt, "completion": self.completion, "total": self.total}
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """What the loop is about to send to the model.
+
+    ``notes`` are the guard warnings injected into this request (also present in
+    ``messages``); ``final`` marks the tool-less wrap-up turn of a soft stop.
+    ``estimated_tokens`` is the project's estimate of the prompt size.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    tool_choice: Literal["auto", "none"] = "auto"
+    step: int = 1
+    notes: list[str] = field(default_factory=list)
+    final: bool = False
+    estimated_tokens: int = 0
+    max_output_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ProposedCall:
+    """A tool call as the model proposed it: arguments are raw, untrusted JSON text."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@dataclass(slots=True)
+class ModelResponse:
+    """What the model answered: content and/or proposed tool calls, and usage."""
+
+    content: str | None = None
+    tool_calls: list[ProposedCall] = field(default_factory=list)
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    model: str | None = None
+
+
+ErrorKind = Literal[
+    "tool_error",
+    "unknown_tool",
+    "malformed_arguments",
+    "invalid_arguments",
+    "timeout",
+    "cancelled",
+    "exception",
+]
+
+
+@dataclass(slots=True, eq=False)
+class ToolCall:
+    """One proposed tool call, parsed and resolved by the loop.
+
+    ``arguments`` is the parsed (and, when valid, schema-validated) JSON object, or None when
+    it could not be parsed.  ``error`` is set when the call cannot run at all
+    (``malformed_arguments``, ``unknown_tool``, ``invalid_arguments``), with ``error_detail``.  ``fingerprint`` (tool name + a hash of the canonical
+    arguments) is computed once and shared by every plugin.  ``tool`` is the declared tool, or
+    None for an unknown name.  A plugin may set ``timeout`` in ``before_tool``; the loop runs the
+    tool with it.
+    """
+
+    name: str
+    arguments: dict[str, Any] | None
+    raw_arguments: str
+    id: str
+    step: int
+    index: int
+    fingerprint: str
+    tool: Tool | None = None
+    error: ErrorKind | None = None
+    error_detail: str | None = None
+    timeout: float | None = None
+    idempotency_key: str | None = None
+
+    @property
+    def read_only(self) -> bool:
+        return self.tool is not None and self.tool.read_only
+
+    @property
+    def deterministic(self) -> bool:
+        return self.tool is not None and self.tool.deterministic
+
+    @property
+    def side_effect(self) -> bool:
+        return self.tool is not None and self.tool.side_effect
+
+
+
+
+@dataclass(slots=True, eq=False)
+class ToolResult:
+    """The observation a tool call produced.
+
+    ``content`` is what the model sees.  ``ok`` is False for any failure, with ``error`` naming
+    its kind and ``retryable`` whether trying again may help.  ``skipped`` marks a synthetic
+    observation (a guard's skip verdict, or the earlier result of a side effect replayed for
+    the same idempotency key): it is not a tool result and must not count as one.
+    """
+
+    content: str
+    ok: bool = True
+    error: ErrorKind | None = None
+    retryable: bool = False
+    skipped: bool = False
+    skipped_by: str | None = None
+    duration_s: float = 0.0
+    value: Any = None
+    _digest: str | None = field(default=None, repr=False)
+
+    @property
+    def digest(self) -> str:
+        """A short hash of ``content`` (computed once)."""
+        if self._digest is None:
+            self._digest = hashlib.blake2b(
+                self.content.encode("utf-8", "replace"), digest_size=8
+            ).hexdigest()
+        return self._digest

@@ -1,0 +1,102 @@
+"""The exceptions loopwarden raises, as one tree.
+
+Domain events inside a run (a guard stopping it, a tool failing, the model returning garbage)
+are *values* -- verdicts, error observations, stop reasons in the run record -- never
+exceptions.  Exceptions are for the caller's mistakes and for broken set-ups::
+
+    LoopwardenError
+    ├── ConfigError            a config file is missing, unreadable or invalid
+    │   └── ScenarioError      a scenario or trajectory file is invalid
+    ├── PluginLoadError        a plugin cannot be found, imported, configured or ordered
+    ├── ToolDefinitionError    a tool cannot be declared (bad signature, duplicate name)
+    └── ModelError             the model call failed for good (after the client's retries)
+
+``ToolError`` is separate: tools raise it to report a failure *to the model* (with a
+``retryable`` flag); the loop turns it into an error observation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "ConfigError",
+    "LoopwardenError",
+    "ModelError",
+    "PluginLoadError",
+    "ScenarioError",
+    "ToolDefinitionError",
+    "ToolError",
+]
+
+
+class LoopwardenError(Exception):
+    """Base of every exception loopwarden raises on purpose."""
+
+
+class ConfigError(LoopwardenError):
+    """A configuration file is invalid.
+
+    Carries the file, the dotted key and what was expected, so the message can name all three.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        key: str | None = None,
+        expected: str | None = None,
+    ) -> None:
+        self.path = str(path) if path is not None else None
+        self.key = key
+        self.expected = expected
+        self.message = message
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = self.path or "<config>"
+        if self.key:
+            where += f": {self.key}"
+        text = f"{where}: {self.message}"
+        if self.expected:
+            text += f" (expected {self.expected})"
+        return text
+
+
+class ScenarioError(ConfigError):
+    """A scenario (or trajectory) file is invalid."""
+
+
+class PluginLoadError(LoopwardenError):
+    """A plugin cannot be found, imported, configured or put in the configured order."""
+
+    def __init__(self, message: str, *, plugin: str | None = None) -> None:
+        self.plugin = plugin
+        super().__init__(f"plugin {plugin!r}: {message}" if plugin else message)
+
+
+class ToolDefinitionError(LoopwardenError):
+    """A tool declaration is invalid (unsupported signature, duplicate name, ...)."""
+
+
+class ModelError(LoopwardenError):
+    """The model call failed for good: timeout, rate limit or server error after retries."""
+
+    def __init__(self, message: str, *, status: int | None = None, kind: str = "error") -> None:
+        self.status = status
+        self.kind = kind
+        super().__init__(message)
+
+
+class ToolError(Exception):
+    """Raised by a tool to report a failure to the model.
+
+    :param message: the observation the model sees (``"NOT_FOUND: order 99999"``).
+    :param retryable: whether trying the same call again may succeed (429, 5xx, timeouts).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        self.message = message
+        self.retryable = retryable
+        super().__init__(message)

@@ -1,0 +1,556 @@
+"""The guarded agent loop: one step machine, driven synchronously or asynchronously.
+
+:meth:`Engine.machine` is a generator that holds the whole loop logic.  It never calls a model
+or a tool itself: it *yields* an effect (:class:`CallModel`, :class:`RunTool`) and receives its
+outcome.  :func:`drive` (sync), :func:`adrive` (async) and the replay driver execute those
+effects -- so ``run()``, ``arun()`` and ``loopwarden replay`` share one implementation of the
+contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from loopwarden import signals
+from loopwarden.events import ErrorKind, ModelRequest, ModelResponse, ToolCall, ToolResult
+from loopwarden.exceptions import ModelError, ToolError
+from loopwarden.fingerprint import Fingerprinter
+from loopwarden.run import Run, RunOutcome
+from loopwarden.tokens import estimate_tools
+from loopwarden.tools import ToolContext, format_validation_error
+from loopwarden.verdicts import Resolution, Stop
+
+if TYPE_CHECKING:
+    from loopwarden.config import RunConfig
+    from loopwarden.models import Model
+    from loopwarden.pluginmanager import Hooks
+    from loopwarden.tools import Tool
+
+__all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
+
+log = logging.getLogger("loopwarden.loop")
+
+CORE = "loopwarden"  # the plugin name on notes the loop writes itself
+
+
+@dataclass(slots=True)
+class CallModel:
+    """Effect: call the model with ``request``; send back a ModelResponse or Failed."""
+
+    request: ModelRequest
+
+
+@dataclass(slots=True)
+class RunTool:
+    """Effect: execute ``call`` with validated ``arguments``; send back a ToolResult."""
+
+    call: ToolCall
+    tool: Tool
+    arguments: dict[str, Any]
+    ctx: ToolContext
+
+
+@dataclass(slots=True)
+class Failed:
+    """The effect raised ``error``."""
+
+    error: BaseException
+
+
+Effect = CallModel | RunTool
+Machine = Generator[Effect, Any, RunOutcome]
+
+
+def _to_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "(no output)"
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class Engine:
+    """The loop logic for one deployment (shared by all its runs; holds no run state)."""
+
+    def __init__(self, hooks: Hooks, settings: RunConfig) -> None:
+        self.hooks = hooks
+        self.settings = settings
+        self.texts = settings.texts
+        self.fingerprint = Fingerprinter(settings.volatile_keys)
+        self._tools_tokens: dict[int, int] = {}
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def start(self, run: Run) -> None:
+        """Seed the conversation: system prompt and the user's message."""
+        if self.settings.system_prompt:
+            run.add_message({"role": "system", "content": self.settings.system_prompt})
+        run.add_message({"role": "user", "content": run.user})
+
+    def _schemas(self, run: Run) -> tuple[list[dict[str, Any]], int]:
+        tools = run.tools
+        if tools is None or not len(tools):
+            return [], 0
+        schemas = tools.schemas()
+        key = id(schemas)
+        n = self._tools_tokens.get(key)
+        if n is None:
+            n = self._tools_tokens[key] = estimate_tools(schemas, run.estimator)
+        return schemas, n
+
+    def _note(self, run: Run, hook: str, res: Resolution) -> None:
+        """Record every verdict, keep every warning, queue warnings for the next request."""
+        if not res.verdicts:
+            return
+        for v in res.verdicts:
+            entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
+                                     "kind": v.kind}
+            if isinstance(v, Stop):
+                entry["reason"] = v.reason
+                entry["soft"] = v.soft
+            run.verdicts.append(entry)
+            signals.send(signals.guard_triggered, run, verdict=v, hook=hook, step=run.step)
+        for w in res.warnings:
+            message = w.message
+            if message:
+                self._warn(run, w.plugin, message)
+
+    def _warn(self, run: Run, plugin: str, message: str) -> None:
+        run.warnings.append({"step": run.step, "plugin": plugin, "message": message})
+        pending: list[str] = run.state.setdefault("_pending_notes", [])
+        if message not in pending:
+            pending.append(message)
+
+    def _request(self, run: Run, final: bool) -> ModelRequest:
+        notes: list[str] = run.state.pop("_pending_notes", None) or []
+        role, prefix = self.settings.warning_role, self.settings.warning_prefix
+        for n in notes:
+            run.add_message({"role": role, "content": prefix + n})
+        schemas, schema_tokens = self._schemas(run)
+        request = ModelRequest(
+            messages=run.messages,
+            tools=schemas,
+            tool_choice="auto",
+            step=run.step + 1,
+            notes=notes,
+            estimated_tokens=run.context_tokens + schema_tokens,
+        )
+        if final:
+            self._make_final(run, request)
+        return request
+
+    def _make_final(self, run: Run, request: ModelRequest) -> None:
+        stop = run.stopping
+        text = self.settings.wrap_up_instruction
+        if stop is not None and stop.message:
+            text = f"{stop.message} {text}"
+        run.add_message({"role": self.settings.warning_role,
+                         "content": self.settings.warning_prefix + text})
+        request.notes.append(text)
+        request.tool_choice = "none"
+        request.final = True
+        _, schema_tokens = self._schemas(run)
+        request.estimated_tokens = run.context_tokens + schema_tokens
+
+    def _parse_calls(self, run: Run, response: ModelResponse) -> list[ToolCall]:
+        calls = []
+        for i, pc in enumerate(response.tool_calls):
+            call_id = pc.id or f"call_{run.step}_{i}"
+            err: ErrorKind | None = None
+            detail: str | None = None
+            parsed: Any = None
+            try:
+                parsed = json.loads(pc.arguments) if pc.arguments.strip() else {}
+            except ValueError as exc:
+                err, detail = "malformed_arguments", str(exc)
+            if err is None and not isinstance(parsed, dict):
+                err, detail = "malformed_arguments", "arguments must be a JSON object"
+            tool = run.tools.get(pc.name) if run.tools is not None else None
+            args: dict[str, Any] | None = parsed if isinstance(parsed, dict) else None
+            if err is None and tool is None:
+                err = "unknown_tool"
+            if err is None and tool is not None and args is not None:
+                try:
+                    args = tool.validate(args)
+                except ValidationError as exc:
+                    err, detail = "invalid_arguments", format_validation_error(exc)
+            fp_args: Any = args if args is not None else pc.arguments
+            call = ToolCall(
+                name=pc.name,
+                arguments=args,
+                raw_arguments=pc.arguments,
+                id=call_id,
+                step=run.step,
+                index=i,
+                fingerprint=self.fingerprint(pc.name, fp_args),
+                tool=tool,
+                error=err,
+                error_detail=detail,
+            )
+            if tool is not None:
+                call.timeout = tool.timeout_s
+                if err is None and tool.side_effect and args is not None:
+                    call.idempotency_key = tool.idempotency_key(args)
+            calls.append(call)
+        return calls
+
+    def _invalid_result(self, run: Run, call: ToolCall) -> ToolResult:
+        t = self.texts
+        if call.error == "unknown_tool":
+            available = ", ".join(run.tools.names) if run.tools is not None else "(none)"
+            text = t.unknown_tool.format(name=call.name, available=available)
+        elif call.error == "malformed_arguments":
+            text = t.malformed_arguments.format(name=call.name, detail=call.error_detail)
+        else:
+            text = t.invalid_arguments.format(name=call.name, detail=call.error_detail)
+        return ToolResult(content=text, ok=False, error=call.error)
+
+    def _close_calls(self, run: Run, calls: list[ToolCall], reason: str) -> None:
+        """Answer calls that will not run, so the conversation stays well-formed."""
+        text = self.texts.not_executed.format(reason=reason)
+        for call in calls:
+            run.add_message({"role": "tool", "tool_call_id": call.id, "content": text})
+
+    def _clip(self, text: str) -> str:
+        limit = self.settings.max_observation_chars
+        if limit is not None and len(text) > limit:
+            return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
+        return text
+
+    # -- endings -------------------------------------------------------------------------
+
+    def _best_effort(self, run: Run) -> str:
+        if run.best_answer:
+            return run.best_answer
+        if run.last_observation:
+            return self.texts.best_effort.format(observation=run.last_observation[:1000])
+        return self.settings.fallback_answer
+
+    def _hard(self, run: Run, stop: Stop, extra: dict[str, Any] | None = None) -> RunOutcome:
+        evidence = dict(stop.evidence)
+        if extra:
+            evidence.update(extra)
+        if stop.answer is not None:
+            answer, present = stop.answer, True
+        else:
+            answer, present = self._best_effort(run), False
+        return RunOutcome(
+            termination=stop.reason,
+            soft=False,
+            stopped_by=stop.plugin,
+            evidence=evidence,
+            final_answer=answer,
+            final_answer_present=present,
+            message=stop.message,
+        )
+
+    def _soft_end(self, run: Run, response: ModelResponse) -> RunOutcome:
+        stop: Stop = run.stopping
+        content = (response.content or "").strip()
+        return RunOutcome(
+            termination=stop.reason,
+            soft=True,
+            stopped_by=stop.plugin,
+            evidence=dict(stop.evidence),
+            final_answer=content or self._best_effort(run),
+            final_answer_present=bool(content),
+            message=stop.message,
+        )
+
+    def finish(self, run: Run, outcome: RunOutcome) -> RunOutcome:
+        """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``."""
+        run.ended_at = run.clock.now()
+        run.outcome = outcome
+        failures = self.hooks.on_stop(run, outcome)
+        run.errors.extend(failures)
+        signals.send(signals.run_stopped, run, outcome=outcome, record=run.record())
+        return outcome
+
+    # -- the machine ---------------------------------------------------------------------
+
+    def machine(self, run: Run) -> Machine:
+        """The loop as a generator of effects; returns the (not yet finished) outcome."""
+        hooks = self.hooks
+        signals.send(signals.run_started, run)
+        res = hooks.on_start(run)
+        self._note(run, "on_start", res)
+        if res.stop is not None:
+            if not res.stop.soft:
+                return self._hard(run, res.stop)
+            run.stopping = res.stop
+        ledger: dict[str, ToolResult] = {}
+        while True:
+            if run.cancel.cancelled:
+                return RunOutcome(
+                    termination="cancelled",
+                    evidence={"reason": run.cancel.reason},
+                    final_answer=self._best_effort(run),
+                )
+            final = run.stopping is not None
+            request = self._request(run, final)
+            res = hooks.before_model(run, request)
+            self._note(run, "before_model", res)
+            stop = res.stop
+            if stop is not None:
+                if not stop.soft:
+                    if run.stopping is not None:
+                        return self._hard(
+                            run, run.stopping,
+                            {"final_turn_refused_by": stop.plugin,
+                             "final_turn_refused_reason": stop.reason},
+                        )
+                    return self._hard(run, stop)
+                if not final:
+                    run.stopping = stop
+                    self._make_final(run, request)
+                    final = True
+            t0 = run.clock.now()
+            response = yield CallModel(request)
+            if isinstance(response, Failed):
+                err = response.error
+                evidence: dict[str, Any] = {"error": f"{type(err).__name__}: {err}"}
+                if isinstance(err, ModelError):
+                    evidence.update(kind=err.kind, status=err.status)
+                return RunOutcome(
+                    termination="model_error",
+                    evidence=evidence,
+                    final_answer=self._best_effort(run),
+                    error=str(err),
+                )
+            run.step += 1
+            if response.usage is not None:
+                run.usage.add(response.usage)
+            content = response.content
+            if content and content.strip():
+                run.best_answer = content
+            calls = [] if final else self._parse_calls(run, response)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": c.raw_arguments}}
+                    for c in calls
+                ]
+            run.add_message(message)
+            signals.send(signals.model_responded, run, request=request, response=response,
+                         duration_s=run.clock.now() - t0)
+            res = hooks.after_response(run, response)
+            self._note(run, "after_response", res)
+            if final:
+                return self._soft_end(run, response)
+            if not calls:
+                text = (content or "").strip()
+                return RunOutcome(
+                    termination="final_answer",
+                    final_answer=text or self._best_effort(run),
+                    final_answer_present=bool(text),
+                )
+            run.tool_calls += len(calls)
+            stop = res.stop
+            if stop is not None:
+                self._close_calls(run, calls, stop.reason)
+                if not stop.soft:
+                    return self._hard(run, stop)
+                run.stopping = stop
+                signals.send(signals.step_finished, run, step=run.step)
+                continue
+            for i, call in enumerate(calls):
+                if run.cancel.cancelled:
+                    self._close_calls(run, calls[i:], "cancelled")
+                    break
+                res = hooks.before_tool(run, call)
+                self._note(run, "before_tool", res)
+                stop = res.stop
+                if stop is not None:
+                    self._close_calls(run, calls[i:], stop.reason)
+                    if not stop.soft:
+                        return self._hard(run, stop)
+                    run.stopping = stop
+                    break
+                skip = res.skip
+                if skip is not None:
+                    result = ToolResult(content=skip.observation, skipped=True,
+                                        skipped_by=skip.plugin)
+                elif call.error is not None or call.tool is None or call.arguments is None:
+                    result = self._invalid_result(run, call)
+                elif call.idempotency_key is not None and call.idempotency_key in ledger:
+                    earlier = ledger[call.idempotency_key]
+                    result = ToolResult(
+                        content=self.texts.side_effect_replayed.format(
+                            name=call.name, content=earlier.content),
+                        ok=earlier.ok, skipped=True, skipped_by=CORE, value=earlier.value,
+                    )
+                else:
+                    ctx = ToolContext(run.run_id, run.clock, run.cancel)
+                    if call.timeout is not None:
+                        ctx.deadline = run.clock.now() + call.timeout
+                    result = yield RunTool(call, call.tool, call.arguments, ctx)
+                    run.tools_executed += 1
+                    if call.idempotency_key is not None and result.ok:
+                        ledger[call.idempotency_key] = result
+                result.content = self._clip(result.content)
+                run.add_message({"role": "tool", "tool_call_id": call.id,
+                                 "content": result.content})
+                if result.ok and not result.skipped:
+                    run.last_observation = result.content
+                signals.send(signals.tool_finished, run, call=call, result=result)
+                res = hooks.after_tool(run, call, result)
+                self._note(run, "after_tool", res)
+                stop = res.stop
+                if stop is not None:
+                    self._close_calls(run, calls[i + 1:], stop.reason)
+                    if not stop.soft:
+                        return self._hard(run, stop)
+                    run.stopping = stop
+                    break
+            signals.send(signals.step_finished, run, step=run.step)
+
+    # -- tool execution ------------------------------------------------------------------
+
+    def tool_result(self, eff: RunTool, value: Any, started: float, run: Run) -> ToolResult:
+        """Turn a tool's return value into a result (late results become timeouts)."""
+        call, ctx = eff.call, eff.ctx
+        now = run.clock.now()
+        if ctx.deadline is not None and now >= ctx.deadline:
+            return self.timeout_result(call, now - started)
+        return ToolResult(content=_to_text(value), duration_s=now - started, value=value)
+
+    def timeout_result(self, call: ToolCall, elapsed: float) -> ToolResult:
+        return ToolResult(
+            content=self.texts.tool_timeout.format(name=call.name, seconds=call.timeout or elapsed),
+            ok=False, error="timeout", retryable=True, duration_s=elapsed,
+        )
+
+    def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
+        call = eff.call
+        if isinstance(exc, ToolError):
+            return ToolResult(content=exc.message, ok=False, error="tool_error",
+                              retryable=exc.retryable, duration_s=elapsed)
+        if eff.ctx.cancel.cancelled:
+            return ToolResult(content=self.texts.tool_cancelled.format(name=call.name),
+                              ok=False, error="cancelled", duration_s=elapsed)
+        return ToolResult(
+            content=f"ERROR: {type(exc).__name__}: {exc}",
+            ok=False, error="exception", retryable=eff.tool.is_retryable(exc),
+            duration_s=elapsed,
+        )
+
+    def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
+        tool, ctx = eff.tool, eff.ctx
+        started = run.clock.now()
+        timeout = eff.call.timeout
+        if tool.is_async:
+            try:
+                coro = tool.invoke(eff.arguments, ctx)
+                value = asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
+            except asyncio.TimeoutError:
+                return self.timeout_result(eff.call, run.clock.now() - started)
+            except Exception as exc:
+                return self.error_result(eff, exc, run.clock.now() - started)
+            return self.tool_result(eff, value, started, run)
+        if timeout is None or tool.context_param is not None:
+            # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
+            try:
+                value = tool.invoke(eff.arguments, ctx)
+            except Exception as exc:
+                return self.error_result(eff, exc, run.clock.now() - started)
+            return self.tool_result(eff, value, started, run)
+        # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
+        # deadline.  Python cannot kill the thread; its late result is discarded.
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = tool.invoke(eff.arguments, ctx)
+            except BaseException as exc:  # delivered to the loop below
+                box["error"] = exc
+
+        worker = threading.Thread(target=target, name=f"loopwarden-tool-{tool.name}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            return self.timeout_result(eff.call, run.clock.now() - started)
+        if "error" in box:
+            return self.error_result(eff, box["error"], run.clock.now() - started)
+        return self.tool_result(eff, box.get("value"), started, run)
+
+    async def run_tool_async(self, eff: RunTool, run: Run) -> ToolResult:
+        tool, ctx = eff.tool, eff.ctx
+        started = run.clock.now()
+        timeout = eff.call.timeout
+        try:
+            if tool.is_async:
+                aw = tool.invoke(eff.arguments, ctx)
+            else:
+                aw = asyncio.to_thread(tool.invoke, eff.arguments, ctx)
+            value = await (asyncio.wait_for(aw, timeout) if timeout is not None else aw)
+        except asyncio.TimeoutError:
+            return self.timeout_result(eff.call, run.clock.now() - started)
+        except Exception as exc:
+            return self.error_result(eff, exc, run.clock.now() - started)
+        return self.tool_result(eff, value, started, run)
+
+
+def _internal_error(exc: BaseException) -> RunOutcome:
+    kind = "cancelled" if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)) else "error"
+    return RunOutcome(termination=kind, evidence={"error": f"{type(exc).__name__}: {exc}"},
+                      error=repr(exc))
+
+
+def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
+    """Run the machine synchronously: call the model and the tools, finish the run."""
+    gen = engine.machine(run)
+    try:
+        eff: Effect = next(gen)
+        while True:
+            if isinstance(eff, CallModel):
+                try:
+                    value: Any = model.complete(eff.request)
+                except Exception as exc:
+                    value = Failed(exc)
+            else:
+                value = engine.run_tool_sync(eff, run)
+            eff = gen.send(value)
+    except StopIteration as done:
+        return engine.finish(run, done.value)
+    except BaseException as exc:
+        if run.outcome is None:
+            engine.finish(run, _internal_error(exc))
+        raise
+
+
+async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
+    """Run the machine asynchronously (models with ``acomplete`` are awaited)."""
+    gen = engine.machine(run)
+    acomplete = getattr(model, "acomplete", None)
+    try:
+        eff: Effect = next(gen)
+        while True:
+            if isinstance(eff, CallModel):
+                try:
+                    if acomplete is not None:
+                        value: Any = await acomplete(eff.request)
+                    else:
+                        value = await asyncio.to_thread(model.complete, eff.request)
+                except Exception as exc:
+                    value = Failed(exc)
+            else:
+                value = await engine.run_tool_async(eff, run)
+            eff = gen.send(value)
+    except StopIteration as done:
+        return engine.finish(run, done.value)
+    except BaseException as exc:
+        if run.outcome is None:
+            engine.finish(run, _internal_error(exc))
+        raise

@@ -1,0 +1,90 @@
+"""The scripted model: plays a scenario's turns, offline and deterministic.
+
+Each :meth:`complete` returns the next turn.  After the last turn, ``then`` decides:
+``repeat_last``, ``cycle`` or ``final`` (answer ``final_text``).  It always obeys a request
+without tools or with ``tool_choice="none"`` by answering ``final_text``, and with
+``on_warning = "final"`` it answers ``final_text`` as soon as a request carries a guard's
+warning.  Usage is estimated with the project's token estimator over the actual request, so
+token growth is as quadratic as a real run's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
+from loopwarden.scenario import ScriptConfig
+from loopwarden.tokens import TextEstimator, estimate_messages, estimate_text, estimate_tools
+
+__all__ = ["ScriptedModel"]
+
+
+class ScriptedModel:
+    """Plays one script; make one per run (it keeps its position)."""
+
+    def __init__(
+        self, script: ScriptConfig, *, name: str = "scripted", estimator: TextEstimator = estimate_text
+    ) -> None:
+        self.script = script
+        self.name = name
+        self.estimator = estimator
+        self.calls = 0
+        self._pos = 0
+        self._lock = threading.Lock()
+        self.requests: list[ModelRequest] = []
+
+    def _final(self) -> tuple[str | None, list[ProposedCall]]:
+        return self.script.final_text, []
+
+    def _next_turn(self) -> tuple[str | None, list[ProposedCall]]:
+        turns = self.script.turns
+        if self._pos < len(turns):
+            turn = turns[self._pos]
+            self._pos += 1
+        elif not turns or self.script.then == "final":
+            return self._final()
+        elif self.script.then == "cycle":
+            turn = turns[self._pos % len(turns)]
+            self._pos += 1
+        else:  # repeat_last
+            turn = turns[-1]
+        calls = [
+            ProposedCall(
+                name=c.name,
+                arguments=c.arguments
+                if isinstance(c.arguments, str)
+                else json.dumps(c.arguments, ensure_ascii=False),
+                id=c.id or "",
+            )
+            for c in turn.tool_calls
+        ]
+        return turn.content, calls
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        with self._lock:
+            self.calls += 1
+            self.requests.append(request)
+            if request.tool_choice == "none" or not request.tools:
+                content, calls = self._final()
+            elif self.script.on_warning == "final" and request.notes:
+                content, calls = self._final()
+            else:
+                content, calls = self._next_turn()
+        prompt = request.estimated_tokens or (
+            estimate_messages(request.messages, self.estimator)
+            + estimate_tools(request.tools, self.estimator)
+        )
+        completion = self.estimator(content or "") + sum(
+            self.estimator(c.name) + self.estimator(c.arguments) + 3 for c in calls
+        )
+        return ModelResponse(
+            content=content,
+            tool_calls=calls,
+            usage=Usage(prompt=prompt, completion=max(completion, 1)),
+            finish_reason="tool_calls" if calls else "stop",
+            model=self.name,
+        )
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        return self.complete(request)

@@ -1,0 +1,111 @@
+"""The base class for plugins (optional, but it does the chores).
+
+A plugin is any object with ``@hookimpl`` methods.  Subclassing :class:`Plugin` adds:
+
+* ``Settings`` -- a pydantic model for the plugin's ``[plugins.<name>]`` table (unknown keys
+  are errors); the loader validates the table and passes the instance to ``__init__``;
+* :meth:`state` -- this plugin's per-run state slot, created by :meth:`new_state`;
+* :meth:`warn`, :meth:`skip`, :meth:`stop` -- verdicts that carry the plugin's name;
+* :meth:`connect` -- called once when a deployment is built, to subscribe to signals.
+
+Example::
+
+    from loopwarden import Plugin, hookimpl
+
+    class NoRefunds(Plugin):
+        name = "no_refunds"
+
+        @hookimpl
+        def before_tool(self, run, call):
+            if call.name == "apply_refund":
+                return self.stop("forbidden_tool", tool=call.name)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
+
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+    from loopwarden.run import Run
+
+__all__ = ["NoSettings", "Plugin", "PluginSettings"]
+
+
+class PluginSettings(BaseModel):
+    """Base for plugin settings models: unknown keys are errors, values are validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoSettings(PluginSettings):
+    """For plugins without settings."""
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class Plugin(Generic[S]):
+    """Convenience base class for loopwarden plugins (see the module docstring)."""
+
+    #: the plugin's name (the loader sets it to the name the config uses)
+    name: str = ""
+    #: the settings model for this plugin's ``[plugins.<name>]`` table
+    Settings: ClassVar[type[BaseModel]] = NoSettings
+    #: an essential plugin can be configured but never disabled or blocked
+    essential: ClassVar[bool] = False
+
+    def __init__(self, settings: S | None = None) -> None:
+        if not self.name:
+            self.name = type(self).__name__
+        self.settings: S = settings if settings is not None else self.Settings()  # type: ignore[assignment]
+
+    # -- per-run state -----------------------------------------------------------------
+
+    def new_state(self) -> Any:
+        """Create this plugin's state for a new run (override; default: a dict)."""
+        return {}
+
+    def state(self, run: Run) -> Any:
+        """This plugin's state slot on ``run`` (created on first use)."""
+        try:
+            return run.state[self.name]
+        except KeyError:
+            value = run.state[self.name] = self.new_state()
+            return value
+
+    # -- verdicts carrying this plugin's name ------------------------------------------
+
+    def warn(self, message: str, **evidence: Any) -> Warn:
+        return warn(message, plugin=self.name, **evidence)
+
+    def skip(self, observation: str, *, message: str | None = None, **evidence: Any) -> Skip:
+        return skip(observation, plugin=self.name, message=message, **evidence)
+
+    def stop(
+        self,
+        reason: str,
+        *,
+        soft: bool = False,
+        message: str | None = None,
+        answer: str | None = None,
+        **evidence: Any,
+    ) -> Stop:
+        return stop(
+            reason, soft=soft, plugin=self.name, message=message, answer=answer, **evidence
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def connect(self, deployment: Deployment) -> None:
+        """Called once when a deployment registers this plugin (subscribe to signals here)."""
+
+    def close(self) -> None:
+        """Called when the deployment closes (flush files, stop threads)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

@@ -1,0 +1,201 @@
+"""The run: one agent loop's live state, its outcome and its record.
+
+A deployment's plugin objects serve many runs, concurrently; everything that belongs to one
+run lives here, including one state slot per plugin (``run.state[plugin_name]``).  Time comes
+from ``run.clock``; the caller cancels through ``run.cancel``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from loopwarden.clock import CancelToken, Clock, SystemClock
+from loopwarden.events import Usage
+from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
+
+if TYPE_CHECKING:
+    from loopwarden.tools import ToolRegistry
+
+__all__ = ["Limits", "Run", "RunOutcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A run's profile limits (None: the plugin's own setting applies)."""
+
+    name: str | None = None
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """How a run ended.
+
+    ``termination`` is a stop reason (``final_answer``, ``max_steps``, ``repeat_call``, ...);
+    ``soft`` is True when a soft stop granted the final tool-less turn; ``stopped_by`` names the
+    plugin (None when the model finished by itself); ``final_answer_present`` is True when the
+    answer came from the model's own final turn (or a terminal tool), not from the best-effort
+    fallback of a hard stop.
+    """
+
+    termination: str
+    soft: bool = False
+    stopped_by: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    final_answer: str | None = None
+    final_answer_present: bool = False
+    message: str | None = None
+    error: str | None = None
+
+
+class Run:
+    """One run's live state.  Plugins read it; the loop owns its counters."""
+
+    def __init__(
+        self,
+        user: str,
+        *,
+        deployment: Any = None,
+        tools: ToolRegistry | None = None,
+        clock: Clock | None = None,
+        cancel: CancelToken | None = None,
+        limits: Limits | None = None,
+        scenario: str | None = None,
+        run_id: str | None = None,
+        estimator: TextEstimator = estimate_text,
+        model_name: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_id = run_id or uuid.uuid4().hex
+        self.user = user
+        self.scenario = scenario
+        self.deployment = deployment
+        self.tools = tools
+        self.clock: Clock = clock or SystemClock()
+        self.cancel = cancel or CancelToken()
+        self.limits = limits or Limits()
+        self.model_name = model_name
+        self.meta: dict[str, Any] = meta or {}
+        self.estimator = estimator
+        self.started_at = self.clock.now()
+        self.ended_at: float | None = None
+        #: the conversation so far, in OpenAI chat format (the loop appends; do not mutate)
+        self.messages: list[dict[str, Any]] = []
+        #: estimated tokens of ``messages`` (maintained incrementally)
+        self.context_tokens = 0
+        #: model calls made so far
+        self.step = 0
+        #: tool calls the model proposed / that actually executed
+        self.tool_calls = 0
+        self.tools_executed = 0
+        self.usage = Usage()
+        self.cost = Decimal(0)
+        self.cost_currency: str | None = None
+        self.duplicate_calls = 0
+        self.oscillation_hits = 0
+        self.stall_rounds = 0
+        self.warnings: list[dict[str, Any]] = []
+        self.verdicts: list[dict[str, Any]] = []
+        self.errors: list[dict[str, Any]] = []
+        #: per-plugin state slots, keyed by plugin name
+        self.state: dict[str, Any] = {}
+        #: the latest non-empty model content, and the last successful observation
+        self.best_answer: str | None = None
+        self.last_observation: str | None = None
+        self.outcome: RunOutcome | None = None
+        self.stopping: Any = None  # the Stop verdict being honoured, if any
+
+    # -- conversation ------------------------------------------------------------------
+
+    def add_message(self, message: dict[str, Any]) -> None:
+        """Append a message and keep the token estimate current (O(message), not O(history))."""
+        self.messages.append(message)
+        self.context_tokens += estimate_message(message, self.estimator)
+
+    @property
+    def elapsed(self) -> float:
+        end = self.ended_at if self.ended_at is not None else self.clock.now()
+        return end - self.started_at
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def slot(self, name: str, factory: Any) -> Any:
+        """The state slot of plugin ``name``, created by ``factory()`` on first use."""
+        try:
+            return self.state[name]
+        except KeyError:
+            value = self.state[name] = factory()
+            return value
+
+    # -- record --------------------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        """The run record (see DESIGN: one JSON object per run)."""
+        o = self.outcome or RunOutcome(termination="running")
+        return {
+            "run_id": self.run_id,
+            "scenario": self.scenario,
+            "termination": o.termination,
+            "soft": o.soft,
+            "steps": self.step,
+            "tool_calls": self.tool_calls,
+            "tokens": self.usage.as_dict(),
+            "cost": float(self.cost),
+            "duplicate_calls": self.duplicate_calls,
+            "oscillation_hits": self.oscillation_hits,
+            "stall_rounds": self.stall_rounds,
+            "warnings": list(self.warnings),
+            "stopped_by": o.stopped_by,
+            "evidence": _jsonable(o.evidence),
+            "final_answer": o.final_answer,
+            "final_answer_present": o.final_answer_present,
+            "elapsed_s": round(self.elapsed, 6),
+            # extensions (compatible additions to the DESIGN contract)
+            "tools_executed": self.tools_executed,
+            "cost_currency": self.cost_currency,
+            "profile": self.limits.name,
+            "model": self.model_name,
+            "errors": list(self.errors),
+        }
+
+    def trajectory(self) -> list[dict[str, Any]]:
+        """The run as trajectory steps (DESIGN's format), derived from the messages."""
+        steps: list[dict[str, Any]] = []
+        current: dict[str, Any] | None = None
+        for m in self.messages:
+            role = m.get("role")
+            if role == "assistant":
+                current = {
+                    "content": m.get("content"),
+                    "tool_calls": [
+                        {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
+                        for tc in m.get("tool_calls") or ()
+                    ],
+                    "observations": [],
+                }
+                steps.append(current)
+            elif role == "tool" and current is not None:
+                current["observations"].append(m.get("content"))
+        return steps
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run_id[:8]} step={self.step} scenario={self.scenario!r}>"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Decimal):
+        return float(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

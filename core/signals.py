@@ -1,0 +1,69 @@
+"""Signals: the observation path.
+
+Hooks decide; signals observe.  Logging, alerting and metrics subscribe to these and can never
+change a run.  The sender is always the :class:`~loopwarden.Run`; data comes in keyword
+arguments, so receivers should accept ``**extra``.  A receiver that raises never breaks a run:
+:func:`send` logs the failure once per receiver and carries on.
+
+=================  ===========================================================
+signal             keyword arguments
+=================  ===========================================================
+run_started        --
+model_responded    ``request``, ``response``, ``duration_s``
+tool_finished      ``call``, ``result``
+guard_triggered    ``verdict``, ``hook``, ``step``
+step_finished      ``step``
+run_stopped        ``outcome``, ``record``
+=================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from blinker import Namespace, NamedSignal
+
+__all__ = [
+    "guard_triggered",
+    "model_responded",
+    "run_started",
+    "run_stopped",
+    "send",
+    "step_finished",
+    "tool_finished",
+]
+
+_signals = Namespace()
+
+run_started: NamedSignal = _signals.signal("run-started", doc="A run started.")
+model_responded: NamedSignal = _signals.signal(
+    "model-responded", doc="The model answered a request."
+)
+tool_finished: NamedSignal = _signals.signal(
+    "tool-finished", doc="A tool call executed, failed or was skipped."
+)
+guard_triggered: NamedSignal = _signals.signal(
+    "guard-triggered", doc="A plugin returned a verdict (warn, skip or stop)."
+)
+step_finished: NamedSignal = _signals.signal("step-finished", doc="A model turn and its tools ended.")
+run_stopped: NamedSignal = _signals.signal("run-stopped", doc="A run ended; its record is final.")
+
+ALL = (run_started, model_responded, tool_finished, guard_triggered, step_finished, run_stopped)
+
+log = logging.getLogger("loopwarden.signals")
+_reported: set[tuple[str, int]] = set()
+
+
+def send(signal: NamedSignal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal``; a failing receiver is logged (once per receiver) and never raises."""
+    if not signal.receivers:
+        return
+    for receiver in signal.receivers_for(sender):
+        try:
+            receiver(sender, **kwargs)
+        except Exception:
+            key = (signal.name, id(receiver))
+            if key not in _reported:
+                _reported.add(key)
+                log.exception("signal %s: receiver %r failed (reported once)", signal.name, receiver)

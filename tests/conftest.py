@@ -1,0 +1,57 @@
+"""Shared fixtures: an isolated data directory, configs built in code, deployments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopwarden import Deployment
+from loopwarden.config import Config, load_toml, parse_config
+from loopwarden.config import default_config_path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory,
+                       monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own demo-shop database directory."""
+    d = tmp_path_factory.mktemp("lwdata")
+    monkeypatch.setenv("LOOPWARDEN_DATA_DIR", str(d))
+    for var in ("LOOPWARDEN_PLUGINS", "LOOPWARDEN_BLOCK_PLUGINS",
+                "LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD", "LOOPWARDEN_TRACE_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    return d
+
+
+@pytest.fixture
+def shipped_config() -> Config:
+    """The default config.toml, as shipped."""
+    path = default_config_path()
+    return parse_config(load_toml(path), path=str(path))
+
+
+@pytest.fixture
+def make_config() -> Callable[..., Config]:
+    """Build a Config from keyword tables: make_config(plugins={"enabled": [...]})."""
+
+    def make(**tables: Any) -> Config:
+        return parse_config(tables, path="<test>")
+
+    return make
+
+
+@pytest.fixture
+def deployment_factory() -> Iterator[Callable[..., Deployment]]:
+    """Build deployments that are closed after the test."""
+    made: list[Deployment] = []
+
+    def make(config: Config | None = None, **kwargs: Any) -> Deployment:
+        dep = Deployment(config if config is not None else parse_config({}), **kwargs)
+        made.append(dep)
+        return dep
+
+    yield make
+    for dep in made:
+        dep.close()

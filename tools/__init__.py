@@ -1,0 +1,294 @@
+"""Tools: declarations with a JSON schema and a nature, and a registry.
+
+A tool is a plain function (sync or async) declared with :func:`tool`.  Its JSON schema comes
+from the type hints (through pydantic), its description from the docstring, and its *nature*
+from flags that guards read:
+
+``read_only``       it changes nothing outside the run
+``deterministic``   the same arguments give the same result (a clock is not)
+``side_effect``     it changes the world; never executed twice for the same idempotency key
+``terminal``        a successful call ends the run (a hand-off to a human, a "done" tool)
+``retryable``       exception types that mean "trying again may work" (besides ToolError)
+
+Arguments from the model are untrusted: :meth:`Tool.validate` checks them against the schema
+before anything runs.  A parameter annotated :class:`ToolContext` is not part of the schema;
+the loop passes the run's clock, cancel token and deadline through it.
+
+Example::
+
+    from loopwarden.tools import tool
+
+    @tool(read_only=True, deterministic=True)
+    def query_order(order_id: str) -> str:
+        '''Look up an order by its id.'''
+        ...
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from loopwarden.exceptions import ToolDefinitionError, ToolError
+
+if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken, Clock
+
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolRegistry", "tool"]
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a running tool may know about its run: clock, cancel token and deadline."""
+
+    run_id: str
+    clock: Clock
+    cancel: CancelToken
+    deadline: float | None = None
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the call's deadline, or None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - self.clock.now())
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep on the run's clock; returns early at the deadline or on cancellation."""
+        left = self.time_left
+        self.clock.sleep(seconds if left is None else min(seconds, left), self.cancel)
+
+    async def asleep(self, seconds: float) -> None:
+        left = self.time_left
+        await self.clock.asleep(seconds if left is None else min(seconds, left), self.cancel)
+
+
+_ARGS_CONFIG = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+def _first_paragraph(doc: str | None) -> str:
+    if not doc:
+        return ""
+    return inspect.cleandoc(doc).split("\n\n", 1)[0].replace("\n", " ").strip()
+
+
+@dataclass(eq=False)
+class Tool:
+    """A declared tool.  Build it with :func:`tool`; the fields are read by guards."""
+
+    name: str
+    func: Callable[..., Any]
+    description: str
+    args_model: type[BaseModel]
+    read_only: bool = False
+    deterministic: bool = False
+    side_effect: bool = False
+    terminal: bool = False
+    retryable: tuple[type[BaseException], ...] = ()
+    timeout_s: float | None = None
+    idempotency_keys: tuple[str, ...] | None = None
+    context_param: str | None = None
+    is_async: bool = False
+    _schema: dict[str, Any] | None = field(default=None, repr=False)
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-tool schema (computed once)."""
+        if self._schema is None:
+            params = self.args_model.model_json_schema()
+            params.pop("title", None)
+            for prop in params.get("properties", {}).values():
+                prop.pop("title", None)
+            params.setdefault("properties", {})
+            self._schema = {
+                "type": "function",
+                "function": {
+                    "name": self.name,
+                    "description": self.description,
+                    "parameters": params,
+                },
+            }
+        return self._schema
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate model-given arguments; raises pydantic's ValidationError."""
+        return self.args_model.model_validate(dict(arguments)).model_dump()
+
+    def idempotency_key(self, arguments: Mapping[str, Any]) -> str:
+        """The key under which a side effect must happen at most once."""
+        keys = self.idempotency_keys
+        picked = arguments if keys is None else {k: arguments.get(k) for k in keys}
+        return self.name + ":" + json.dumps(picked, sort_keys=True, ensure_ascii=False)
+
+    def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Call the function (sync tools return the value, async ones an awaitable)."""
+        kwargs = dict(arguments)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
+        return self.func(**kwargs)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, ToolError):
+            return exc.retryable
+        return bool(self.retryable) and isinstance(exc, self.retryable)
+
+
+def _build(
+    func: Callable[..., Any],
+    *,
+    name: str | None,
+    description: str | None,
+    read_only: bool,
+    deterministic: bool,
+    side_effect: bool,
+    terminal: bool,
+    retryable: Iterable[type[BaseException]],
+    timeout_s: float | None,
+    idempotency_keys: Sequence[str] | None,
+) -> Tool:
+    if read_only and side_effect:
+        raise ToolDefinitionError(f"tool {func.__name__!r} cannot be both read_only and side_effect")
+    try:
+        hints = get_type_hints(func, include_extras=True)
+    except Exception as exc:
+        raise ToolDefinitionError(f"tool {func.__name__!r}: cannot read type hints: {exc}") from exc
+    fields: dict[str, Any] = {}
+    context_param = None
+    for pname, param in inspect.signature(func).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(f"tool {func.__name__!r}: *args/**kwargs are not supported")
+        ann = hints.get(pname, Any)
+        if ann is ToolContext:
+            context_param = pname
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[pname] = (ann, default)
+    tname = name or func.__name__
+    model = create_model(f"{tname}_arguments", __config__=_ARGS_CONFIG, **fields)
+    if idempotency_keys is not None:
+        unknown = set(idempotency_keys) - set(fields)
+        if unknown:
+            raise ToolDefinitionError(f"tool {tname!r}: unknown idempotency keys {sorted(unknown)}")
+    return Tool(
+        name=tname,
+        func=func,
+        description=description if description is not None else _first_paragraph(func.__doc__),
+        args_model=model,
+        read_only=read_only,
+        deterministic=deterministic,
+        side_effect=side_effect,
+        terminal=terminal,
+        retryable=tuple(retryable),
+        timeout_s=timeout_s,
+        idempotency_keys=tuple(idempotency_keys) if idempotency_keys is not None else None,
+        context_param=context_param,
+        is_async=inspect.iscoroutinefunction(func),
+    )
+
+
+@overload
+def tool(func: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    read_only: bool = False,
+    deterministic: bool = False,
+    side_effect: bool = False,
+    terminal: bool = False,
+    retryable: Iterable[type[BaseException]] = (),
+    timeout_s: float | None = None,
+    idempotency_keys: Sequence[str] | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    read_only: bool = False,
+    deterministic: bool = False,
+    side_effect: bool = False,
+    terminal: bool = False,
+    retryable: Iterable[type[BaseException]] = (),
+    timeout_s: float | None = None,
+    idempotency_keys: Sequence[str] | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool; usable bare (``@tool``) or with flags (``@tool(read_only=True)``)."""
+
+    def deco(f: Callable[..., Any]) -> Tool:
+        return _build(
+            f,
+            name=name,
+            description=description,
+            read_only=read_only,
+            deterministic=deterministic,
+            side_effect=side_effect,
+            terminal=terminal,
+            retryable=retryable,
+            timeout_s=timeout_s,
+            idempotency_keys=idempotency_keys,
+        )
+
+    return deco(func) if func is not None else deco
+
+
+class ToolRegistry:
+    """Tools by name, in declaration order."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] | None = None
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: Tool, *, replace: bool = False) -> Tool:
+        if not isinstance(t, Tool):
+            raise ToolDefinitionError(f"not a Tool: {t!r} (declare it with @tool)")
+        if t.name in self._tools and not replace:
+            raise ToolDefinitionError(f"duplicate tool name {t.name!r}")
+        self._tools[t.name] = t
+        self._schemas = None
+        return t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Schemas of every tool, for the model request (computed once)."""
+        if self._schemas is None:
+            self._schemas = [t.schema() for t in self._tools.values()]
+        return self._schemas
+
+    def copy(self) -> ToolRegistry:
+        return ToolRegistry(self._tools.values())
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """A short, model-readable summary of what was wrong with the arguments."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "(arguments)"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+AsyncToolFunc = Callable[..., Awaitable[Any]]
