@@ -102,8 +102,9 @@ class ToolCall:
     it could not be parsed.  ``error`` is set when the call cannot run at all
     (``malformed_arguments``, ``unknown_tool``, ``invalid_arguments``), with ``error_detail``.  ``fingerprint`` (tool name + a hash of the canonical
     arguments) is computed once and shared by every plugin.  ``tool`` is the declared tool, or
-    None for an unknown name.  A plugin may set ``timeout`` in ``before_tool``; the loop runs the
-    tool with it.
+    None for an unknown name.  In ``before_tool`` a plugin may lower ``timeout`` (seconds;
+    set ``call.timeout = min(call.timeout or t, t)``) and raise ``delay_s`` (a backoff the loop
+    waits on the run's clock, cancellably, before executing).
     """
 
     name: str
@@ -117,6 +118,7 @@ class ToolCall:
     error: ErrorKind | None = None
     error_detail: str | None = None
     timeout: float | None = None
+    delay_s: float = 0.0
     idempotency_key: str | None = None
 
     @property
@@ -141,7 +143,9 @@ class ToolResult:
     ``content`` is what the model sees.  ``ok`` is False for any failure, with ``error`` naming
     its kind and ``retryable`` whether trying again may help.  ``skipped`` marks a synthetic
     observation (a guard's skip verdict, or the earlier result of a side effect replayed for
-    the same idempotency key): it is not a tool result and must not count as one.
+    the same idempotency key): it is not a tool result and must not count as one.  In
+    ``after_tool`` a plugin may set ``retryable = False`` (a spent retry budget); plugins later
+    in the config order see the change.
     """
 
     content: str

@@ -129,8 +129,8 @@ def before_tool(run: Run, call: ToolCall) -> Verdict | None:
     :param run: the run.
     :param call: the parsed call: ``name``, ``arguments`` (None if unparseable),
         ``fingerprint`` (shared canonical signature), ``tool`` (the declaration, or None),
-        ``step`` and ``index``.  You may set ``call.timeout`` (seconds); the loop runs the
-        tool with the smallest timeout any plugin set.
+        ``step`` and ``index``.  You may lower ``call.timeout`` (seconds) and raise
+        ``call.delay_s`` (a backoff the loop waits, on the run's clock, before executing).
     :return: ``None``, a warning, a :func:`~loopwarden.skip` (do not execute; the model gets
         the skip's observation instead), or a stop.  A side-effecting call is never executed
         twice for the same idempotency key, whatever the verdicts.
@@ -148,7 +148,8 @@ def after_tool(run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
     :param call: the call (as in :func:`before_tool`).
     :param result: its observation: ``content``, ``ok``, ``error`` (kind), ``retryable``,
         ``skipped`` (a synthetic observation, not a tool result: do not count it as one),
-        ``duration_s``, ``digest``.
+        ``duration_s``, ``digest``.  You may set ``result.retryable = False`` (a spent retry
+        budget); plugins later in the config order see it.
     :return: ``None``, a warning, or a stop (later calls of the same turn do not run).
     :may stop the run: yes.
 

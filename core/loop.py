@@ -448,7 +448,11 @@ class Engine:
 
     def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
         tool, ctx = eff.tool, eff.ctx
+        if eff.call.delay_s > 0:
+            run.clock.sleep(eff.call.delay_s, run.cancel)
         started = run.clock.now()
+        if ctx.deadline is not None and eff.call.timeout is not None:
+            ctx.deadline = started + eff.call.timeout
         timeout = eff.call.timeout
         if tool.is_async:
             try:
@@ -487,7 +491,11 @@ class Engine:
 
     async def run_tool_async(self, eff: RunTool, run: Run) -> ToolResult:
         tool, ctx = eff.tool, eff.ctx
+        if eff.call.delay_s > 0:
+            await run.clock.asleep(eff.call.delay_s, run.cancel)
         started = run.clock.now()
+        if ctx.deadline is not None and eff.call.timeout is not None:
+            ctx.deadline = started + eff.call.timeout
         timeout = eff.call.timeout
         try:
             if tool.is_async:
