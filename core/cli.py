@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopwarden",
         description="Keeps LLM agent loops from running away: the model proposes, the runtime "
@@ -37,13 +37,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_mod, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text, add_help=False)
-    return parser, sub
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    parser, _ = build_parser()
+    parser = build_parser()
     if not args or args[0] in ("-h", "--help") or args[0] == "--version":
         parser.parse_args(args or ["--help"])
         return 0

@@ -100,7 +100,8 @@ class ToolCall:
 
     ``arguments`` is the parsed (and, when valid, schema-validated) JSON object, or None when
     it could not be parsed.  ``error`` is set when the call cannot run at all
-    (``malformed_arguments``, ``unknown_tool``, ``invalid_arguments``), with ``error_detail``.  ``fingerprint`` (tool name + a hash of the canonical
+    (``malformed_arguments``, ``unknown_tool``, ``invalid_arguments``), with ``error_detail``.
+    ``fingerprint`` (tool name + a hash of the canonical
     arguments) is computed once and shared by every plugin.  ``tool`` is the declared tool, or
     None for an unknown name.  In ``before_tool`` a plugin may lower ``timeout`` (seconds;
     set ``call.timeout = min(call.timeout or t, t)``) and raise ``delay_s`` (a backoff the loop

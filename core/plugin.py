@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
 from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment

@@ -5,7 +5,8 @@
     name = "always-not-found"
     user = "查询订单 99999 的状态"
     [model]
-    turns = [ { content = "...", tool_calls = [{ name = "query_order", arguments = { order_id = "99999" } }] } ]
+    turns = [ { content = "...",
+                tool_calls = [{ name = "query_order", arguments = { order_id = "99999" } }] } ]
     then = "repeat_last"     # "repeat_last" | "cycle" | "final"
     on_warning = "ignore"    # "ignore" | "final"
     final_text = "..."
@@ -28,10 +29,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from loopwarden.config import load_toml, validation_error
 from loopwarden.exceptions import ConfigError, ScenarioError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["Scenario", "builtin_scenarios", "load_scenario", "scenario_path"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from blinker import Namespace, NamedSignal
+from blinker import NamedSignal, Namespace
 
 __all__ = [
     "guard_triggered",
@@ -46,7 +46,9 @@ tool_finished: NamedSignal = _signals.signal(
 guard_triggered: NamedSignal = _signals.signal(
     "guard-triggered", doc="A plugin returned a verdict (warn, skip or stop)."
 )
-step_finished: NamedSignal = _signals.signal("step-finished", doc="A model turn and its tools ended.")
+step_finished: NamedSignal = _signals.signal(
+    "step-finished", doc="A model turn and its tools ended."
+)
 run_stopped: NamedSignal = _signals.signal("run-stopped", doc="A run ended; its record is final.")
 
 ALL = (run_started, model_responded, tool_finished, guard_triggered, step_finished, run_stopped)
@@ -66,4 +68,6 @@ def send(signal: NamedSignal, sender: Any, **kwargs: Any) -> None:
             key = (signal.name, id(receiver))
             if key not in _reported:
                 _reported.add(key)
-                log.exception("signal %s: receiver %r failed (reported once)", signal.name, receiver)
+                log.exception(
+                    "signal %s: receiver %r failed (reported once)", signal.name, receiver
+                )

@@ -83,7 +83,9 @@ def estimate_message(message: Mapping[str, Any], text: TextEstimator = estimate_
     return n
 
 
-def estimate_messages(messages: Iterable[Mapping[str, Any]], text: TextEstimator = estimate_text) -> int:
+def estimate_messages(
+    messages: Iterable[Mapping[str, Any]], text: TextEstimator = estimate_text
+) -> int:
     return sum(estimate_message(m, text) for m in messages)
 
 

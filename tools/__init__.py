@@ -32,9 +32,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-
 from loopwarden.exceptions import ToolDefinitionError, ToolError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken, Clock
@@ -149,7 +148,9 @@ def _build(
     idempotency_keys: Sequence[str] | None,
 ) -> Tool:
     if read_only and side_effect:
-        raise ToolDefinitionError(f"tool {func.__name__!r} cannot be both read_only and side_effect")
+        raise ToolDefinitionError(
+            f"tool {func.__name__!r} cannot be both read_only and side_effect"
+        )
     try:
         hints = get_type_hints(func, include_extras=True)
     except Exception as exc:

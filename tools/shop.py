@@ -17,6 +17,7 @@ Tools (names and arguments are a contract: scenario files rely on them)::
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -29,10 +30,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
-
 from loopwarden.exceptions import ToolError
 from loopwarden.tools import Tool, ToolRegistry, tool
+from pydantic import Field
 
 __all__ = ["Shop", "default_data_dir", "shop_tools"]
 
@@ -111,7 +111,7 @@ def _terms(text: str) -> set[str]:
     toks = _TOKEN.findall(text.lower())
     terms = {t for t in toks if len(t) > 1 or not t.isascii()}
     cjk = [t for t in toks if not t.isascii()]
-    terms.update(a + b for a, b in zip(cjk, cjk[1:]))
+    terms.update(a + b for a, b in itertools.pairwise(cjk))
     return terms
 
 
@@ -161,12 +161,14 @@ class Shop:
 
     def query_order(self, order_id: str) -> dict[str, object]:
         with self.connect() as c:
-            row = c.execute("SELECT * FROM orders WHERE order_id = ?", (order_id.strip(),)).fetchone()
+            row = c.execute(
+                "SELECT * FROM orders WHERE order_id = ?", (order_id.strip(),)
+            ).fetchone()
         if row is None:
             raise ToolError(f"NOT_FOUND: 订单 {order_id} 不存在")
         keys = ("order_id", "product", "amount_yuan", "status", "ordered_at", "signed_at",
                 "tracking_no")
-        return dict(zip(keys, row))
+        return dict(zip(keys, row, strict=True))
 
     def query_logistics(self, tracking_no: str) -> list[dict[str, str]]:
         with self.connect() as c:

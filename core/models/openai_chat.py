@@ -59,9 +59,8 @@ class OpenAIChatModel:
         self._client = openai.OpenAI(
             api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=max_retries
         )
-        self._aclient_args = dict(
-            api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=max_retries
-        )
+        self._api_key, self._base_url = api_key, base_url
+        self._timeout_s, self._max_retries = timeout_s, max_retries
         self._aclient: Any = None
 
     @classmethod
@@ -158,7 +157,10 @@ class OpenAIChatModel:
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         if self._aclient is None:
-            self._aclient = self._openai.AsyncOpenAI(**self._aclient_args)
+            self._aclient = self._openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self._base_url, timeout=self._timeout_s,
+                max_retries=self._max_retries,
+            )
         try:
             completion = await self._aclient.chat.completions.create(**self._params(request))
         except self._openai.OpenAIError as exc:

@@ -24,7 +24,11 @@ class ScriptedModel:
     """Plays one script; make one per run (it keeps its position)."""
 
     def __init__(
-        self, script: ScriptConfig, *, name: str = "scripted", estimator: TextEstimator = estimate_text
+        self,
+        script: ScriptConfig,
+        *,
+        name: str = "scripted",
+        estimator: TextEstimator = estimate_text,
     ) -> None:
         self.script = script
         self.name = name
@@ -65,9 +69,8 @@ class ScriptedModel:
         with self._lock:
             self.calls += 1
             self.requests.append(request)
-            if request.tool_choice == "none" or not request.tools:
-                content, calls = self._final()
-            elif self.script.on_warning == "final" and request.notes:
+            tools_off = request.tool_choice == "none" or not request.tools
+            if tools_off or (self.script.on_warning == "final" and request.notes):
                 content, calls = self._final()
             else:
                 content, calls = self._next_turn()
