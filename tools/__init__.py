@@ -30,7 +30,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, get_args, get_type_hints, overload
 
 from loopwarden.exceptions import ToolDefinitionError, ToolError
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -161,7 +161,7 @@ def _build(
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolDefinitionError(f"tool {func.__name__!r}: *args/**kwargs are not supported")
         ann = hints.get(pname, Any)
-        if ann is ToolContext:
+        if ann is ToolContext or ToolContext in get_args(ann):
             context_param = pname
             continue
         default = ... if param.default is param.empty else param.default

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, TextIO
 
 from loopwarden.commands import add_config_argument
 
@@ -18,18 +19,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
-def print_summary(record: dict[str, object], out: object = sys.stdout) -> None:
+def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
+    """A short human-readable account of one run record."""
     lines = [
         f"termination: {record['termination']}" + (" (soft)" if record["soft"] else ""),
         f"stopped by:  {record['stopped_by'] or '-'}",
         f"steps: {record['steps']}   tool calls: {record['tool_calls']}   "
-        f"tokens: {record['tokens']['total']}   cost: {record['cost']}",  # type: ignore[index]
+        f"tokens: {record['tokens']['total']}   cost: {record['cost']}",
     ]
-    for w in record["warnings"]:  # type: ignore[attr-defined]
+    for w in record["warnings"]:
         lines.append(f"warning at step {w['step']} from {w['plugin']}: {w['message']}")
+    if record.get("evidence"):
+        lines.append(f"evidence: {json.dumps(record['evidence'], ensure_ascii=False)}")
     lines.append("")
     lines.append(str(record["final_answer"] or "(no answer)"))
-    print("\n".join(lines), file=out)  # type: ignore[call-overload]
+    print("\n".join(lines), file=out or sys.stdout)
 
 
 def main(args: argparse.Namespace) -> int:
