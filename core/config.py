@@ -18,8 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from loopwarden.exceptions import ConfigError
-from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -29,6 +27,9 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
+from loopwarden.exceptions import ConfigError
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
 
 if sys.version_info >= (3, 11):
     import tomllib

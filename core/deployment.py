@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict
+
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
 from loopwarden.exceptions import ConfigError, ToolError
@@ -29,10 +31,10 @@ from loopwarden.run import Limits, Run
 from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
 from loopwarden.tokens import get_estimator
 from loopwarden.tools import Tool, ToolContext, ToolRegistry
-from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from blinker import NamedSignal
+
     from loopwarden.models import Model
 
 __all__ = ["Deployment", "scripted_tools"]

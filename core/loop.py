@@ -17,6 +17,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from loopwarden import signals
 from loopwarden.events import ErrorKind, ModelRequest, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import ModelError, ToolError
@@ -25,7 +27,6 @@ from loopwarden.run import Run, RunOutcome
 from loopwarden.tokens import estimate_tools
 from loopwarden.tools import ToolContext, format_validation_error
 from loopwarden.verdicts import Resolution, Stop
-from pydantic import ValidationError
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
 from pydantic import BaseModel, ConfigDict
+
+from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment

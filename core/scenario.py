@@ -29,9 +29,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from loopwarden.config import load_toml, validation_error
 from loopwarden.exceptions import ConfigError, ScenarioError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["Scenario", "builtin_scenarios", "load_scenario", "scenario_path"]
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from builders import call, script
 
 from loopwarden import (
     Deployment,
@@ -26,8 +27,6 @@ from loopwarden import (
 from loopwarden.config import parse_config
 from loopwarden.tools import ToolRegistry, tool
 from loopwarden.verdicts import Skip, Stop, Warn, resolve
-
-from builders import call, script
 
 # -- a tiny tool set -----------------------------------------------------------------------
 

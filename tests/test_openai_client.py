@@ -61,7 +61,7 @@ def stub() -> Iterator[tuple[Stub, str]]:
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's API
+        def do_POST(self) -> None:
             length = int(self.headers.get("content-length", 0))
             payload = json.loads(self.rfile.read(length) or b"{}")
             with state.lock:
@@ -186,7 +186,8 @@ def test_a_whole_run_against_the_stub_uses_real_usage(
     state, url = stub
     state.push(completion(None, [{"name": "query_order", "arguments": '{"order_id": "88231"}'}],
                           usage={"prompt_tokens": 300, "completion_tokens": 20}))
-    state.push(completion("订单 88231 已签收。", usage={"prompt_tokens": 420, "completion_tokens": 15}))
+    state.push(completion("订单 88231 已签收。",
+                          usage={"prompt_tokens": 420, "completion_tokens": 15}))
     run = deployment_for(url, monkeypatch).run("订单 88231 到哪了？")
     rec = run.record()
     assert rec["termination"] == "final_answer" and rec["steps"] == 2

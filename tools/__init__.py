@@ -32,8 +32,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_args, get_type_hints, overload
 
-from loopwarden.exceptions import ToolDefinitionError, ToolError
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from loopwarden.exceptions import ToolDefinitionError, ToolError
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken, Clock

@@ -30,9 +30,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated
 
+from pydantic import Field
+
 from loopwarden.exceptions import ToolError
 from loopwarden.tools import Tool, ToolRegistry, tool
-from pydantic import Field
 
 __all__ = ["Shop", "default_data_dir", "shop_tools"]
 
