@@ -1,0 +1,67 @@
+"""``loopwarden replay FILE.jsonl``: what the guards would have done to recorded real runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from loopwarden.commands import add_config_argument
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="trajectory JSONL (DESIGN's trajectory format)")
+    parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
+    parser.add_argument("--json", action="store_true",
+                        help="print one result per trajectory, then the summary, as JSON lines")
+    parser.add_argument("--limit", type=int, default=None, help="replay only the first N")
+    add_config_argument(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    import itertools
+    import time
+    from pathlib import Path
+
+    from loopwarden.config import load_config
+    from loopwarden.deployment import Deployment
+    from loopwarden.exceptions import ConfigError
+    from loopwarden.replay import iter_trajectories, replay_trajectory, summarize
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError("file not found", path=path)
+    config = load_config(args.config)
+    if args.profile:
+        config = config.model_copy(update={"run": config.run.model_copy(
+            update={"profile": args.profile})})
+        config.profile(args.profile)  # validates the name
+    started = time.perf_counter()
+    results, bad = [], 0
+    with Deployment(config) as dep:
+        for _lineno, traj in itertools.islice(iter_trajectories(path), args.limit):
+            if traj is None:
+                bad += 1
+                continue
+            r = replay_trajectory(dep, traj)
+            results.append(r)
+            if args.json:
+                print(json.dumps(r.as_dict(), ensure_ascii=False))
+    summary = summarize(results)
+    summary["unreadable_lines"] = bad
+    summary["seconds"] = round(time.perf_counter() - started, 2)
+    if args.json:
+        print(json.dumps({"summary": summary}, ensure_ascii=False))
+        return 0
+    for r in results:
+        fw, st = r.first_warning, r.stop
+        warn = "-" if fw is None else "@{step} {plugin}".format(**fw)
+        stop = "-" if st is None else "@{step} {reason} ({plugin})".format(**st)
+        print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
+    print()
+    width = max(len(k) for k in summary)
+    for k, v in summary.items():
+        print(f"{k:<{width}}  {v}")
+    if bad:
+        print(f"skipped {bad} unreadable line(s)", file=sys.stderr)
+    return 0
