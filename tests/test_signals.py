@@ -6,11 +6,10 @@ import logging
 from typing import Any
 
 import pytest
+from builders import call, script
 
 from loopwarden import Deployment, Plugin, hookimpl, signals
 from loopwarden.config import parse_config
-
-from builders import call, script
 
 
 class Nag(Plugin):
