@@ -72,7 +72,44 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Skip", "Stop", "Verdict", "Warn", "skip", "stop", "warn"), "verdicts"),
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "CancelToken",
+    "Clock",
+    "Config",
+    "ConfigError",
+    "Deployment",
+    "FakeClock",
+    "Limits",
+    "LoopwardenError",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "NoSettings",
+    "Plugin",
+    "PluginLoadError",
+    "PluginSettings",
+    "ProposedCall",
+    "Run",
+    "RunOutcome",
+    "ScenarioError",
+    "Skip",
+    "Stop",
+    "SystemClock",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolError",
+    "ToolResult",
+    "Usage",
+    "Verdict",
+    "Warn",
+    "__version__",
+    "hookimpl",
+    "hookspec",
+    "load_config",
+    "skip",
+    "stop",
+    "warn",
+]
 
 
 def __getattr__(name: str) -> Any:
