@@ -28,6 +28,13 @@ Window rule: the same fingerprint ``window_count`` times within the last ``windo
 stops the run, even with other calls in between (real runs interleave repeats with no-op
 calls).
 
+A repeat is only a repeat while nothing has changed the world.  Every executed, successful
+call of a tool not declared ``read_only`` (a side effect, or a tool of unknown nature) starts a
+new *epoch*: earlier results are no longer handed back, and calls before and after it are not
+repeats of each other (looking an order up again after a refund, or re-running a speed test
+after toggling a setting, is how an agent checks its work).  Repeated side-effect calls
+themselves count across epochs: the loop replays them, so they change nothing.
+
 Every repeat detected adds one to ``run.duplicate_calls``.  State per run is bounded: at most
 ``max_fingerprints`` fingerprints (least recently used forgotten first), each with one clipped
 observation, and a window of ``window`` calls.
@@ -131,8 +138,9 @@ class _Entry:
     """What is known about one fingerprint in one run."""
 
     seen: int = 0  # times proposed
-    repeats: int = 0  # repeats detected
+    repeats: int = 0  # repeats detected (within the epoch of the last result)
     has_result: bool = False  # a real (not skipped) result arrived
+    epoch: int = 0  # the epoch of that result
     ok: bool = True
     retryable: bool = False
     content: str = ""
@@ -153,6 +161,7 @@ class _State:
     entries: OrderedDict[str, _Entry] = field(default_factory=OrderedDict)
     window: deque[tuple[str, bool]] = field(default_factory=deque)
     pending: _Pending | None = None
+    epoch: int = 0  # bumped by every executed call that may change the world
 
 
 def _signature(call: ToolCall, limit: int = 200) -> str:
@@ -236,23 +245,27 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         fp = call.fingerprint
         e = self._entry(st, fp)
         e.seen += 1
-        volatile = self._volatile(call)
         retry = e.has_result and not e.ok and e.retryable
+        current = e.has_result and e.epoch == st.epoch  # a result nothing has changed since
+        if e.has_result and not current and not retry:
+            e.repeats = 0  # the world changed since its result: a fresh call
         # A non-deterministic call is judged by its result -- unless it failed for good.
-        deferred = volatile and (not e.has_result or e.ok or retry)
+        deferred = self._volatile(call) and (not current or e.ok or retry)
         st.pending = _Pending(call, retry=retry, deferred=deferred)
         if deferred:
-            return None  # judged in after_tool, by its result
-        st.window.append((fp, not retry))
-        hits = self._in_window(st, fp)
-        if not e.has_result or retry:
+            return None
+        side_effect = call.side_effect and call.error is None
+        key = fp if side_effect else f"{fp}@{st.epoch}"
+        st.window.append((key, not retry))
+        hits = self._in_window(st, key)
+        repeat = current or (side_effect and e.has_result)
+        if retry or not repeat:
             if hits >= s.window_count:  # e.g. earlier occurrences skipped by other plugins
                 return self._stop(call, e, hits, by_repeats=False)
             return None
-        # A repeat of a call with a real earlier result.
         e.repeats += 1
         run.duplicate_calls += 1
-        if call.side_effect and call.error is None:
+        if side_effect:
             # Never skipped: the loop replays the earlier result for the same idempotency key.
             if hits >= s.window_count:
                 return self._stop(call, e, hits, by_repeats=False)
@@ -293,9 +306,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             if result.skipped:
                 st.window.append((fp, False))
             else:
-                key = f"{fp}#{result.digest}"
-                unchanged = (e.has_result and e.ok and result.ok and not pending.retry
-                             and result.digest == e.digest)
+                key = f"{fp}@{st.epoch}#{result.digest}"
+                unchanged = (e.has_result and e.epoch == st.epoch and e.ok and result.ok
+                             and not pending.retry and result.digest == e.digest)
                 st.window.append((key, not pending.retry))
                 if unchanged:
                     e.repeats += 1
@@ -313,7 +326,10 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 else:
                     e.repeats = 0  # the result changed: not a repeat
         if not result.skipped:
+            if result.ok and call.tool is not None and not call.read_only:
+                st.epoch += 1  # this call may have changed the world
             e.has_result = True
+            e.epoch = st.epoch
             e.ok = result.ok
             e.retryable = result.retryable
             e.content = result.content[: s.max_observation_chars]

@@ -396,3 +396,66 @@ def test_volatile_key_list_is_configurable() -> None:
     fp = Fingerprinter(["session"])
     assert fp("t", {"a": 1, "session": "x"}) == fp("t", {"a": 1, "session": "y"})
     assert fp("t", {"a": 1, "request_id": "x"}) != fp("t", {"a": 1, "request_id": "y"})
+
+
+# -- epochs: a call that may change the world makes earlier results stale ----------------------
+
+
+def test_a_lookup_after_a_side_effect_is_not_a_repeat() -> None:
+    f = feed()
+    f.tool(f.call("lookup", {"key": "88231"}), ok("status: paid"))
+    f.tool(f.call("refund", {"order_id": "88231"}), ok("refunded"))
+    # checking the work: the order must be looked up again, not answered from the old result
+    assert f.tool(f.call("lookup", {"key": "88231"}), ok("status: refunded")) == (None, None)
+    v = f.before(f.call("lookup", {"key": "88231"}))
+    assert isinstance(v, Skip) and v.observation.startswith("status: refunded")
+    assert f.run.duplicate_calls == 1
+
+
+def test_a_failed_side_effect_changes_nothing() -> None:
+    f = feed()
+    f.tool(f.call("lookup", {"key": "a"}), ok("A"))
+    f.tool(f.call("refund", {"order_id": "a"}), fail("ERROR: refused"))
+    assert isinstance(f.before(f.call("lookup", {"key": "a"})), Skip)
+
+
+def test_an_unchanged_poll_after_a_side_effect_is_information() -> None:
+    """Re-running a check after changing a setting, and seeing the same result, tells the
+    agent that the change did not help: not a repeat."""
+    f = feed()
+    after = []
+    for i in range(4):
+        after.append(f.tool(f.call("clock"), ok("speed: 0 Mbps"))[1])
+        f.tool(f.call("refund", {"order_id": f"toggle{i}"}), ok("toggled"))
+    assert after == [None] * 4
+    assert f.run.duplicate_calls == 0
+
+
+def test_a_non_retryable_failure_may_be_tried_again_after_a_side_effect() -> None:
+    f = feed()
+    f.tool(f.call("lookup", {"key": "new"}), fail("NOT_FOUND: new"))
+    f.tool(f.call("refund", {"order_id": "create new"}), ok("created"))
+    assert f.before(f.call("lookup", {"key": "new"})) is None
+
+
+def test_the_window_rule_counts_within_one_epoch() -> None:
+    f = feed(stop_at_repeat=9)
+    verdicts = []
+    for i in range(3):
+        verdicts.append(f.tool(f.call("lookup", {"key": "a"}), ok("A"))[0])
+        f.tool(f.call("refund", {"order_id": str(i)}), ok("done"))
+    assert verdicts == [None, None, None]
+
+
+def test_replayed_side_effects_count_across_epochs() -> None:
+    """The loop replays a repeated side effect (a skipped result): it changes nothing, and the
+    window rule stops the third one."""
+    f = feed()
+    c = f.call("refund", {"order_id": "88231"})
+    assert f.tool(c, ok("refund RF1")) == (None, None)
+    verdicts = []
+    for _ in range(2):
+        c = f.call("refund", {"order_id": "88231"})
+        verdicts.append(f.before(c))
+        f.after(c, skipped("refund was already executed: refund RF1", by="loopwarden"))
+    assert kinds(verdicts) == [None, "stop:repeat_call"]
