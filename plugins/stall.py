@@ -7,6 +7,10 @@ adds one to ``run.stall_rounds``; a novel result resets the streak.  ``warn_afte
 results in a row warn; ``stop_after`` in a row stop the run with ``stall``.  This catches an
 agent that explores "different" searches that all return the same nothing.
 
+A successful call of a tool not declared ``read_only`` (a side effect) changed the world: that
+is progress however much its confirmation resembles the last one (updating three reservations
+echoes three near-identical reservation records), so it resets the streak.
+
 State per run is bounded: ``window`` (digest, token set) pairs and a counter.
 """
 
@@ -102,7 +106,8 @@ class Stall(Plugin[StallSettings]):
             best = max(best, 1.0 if d == digest else jaccard(tokens, t))
             if best >= 1.0:
                 break
-        stalled = bool(st.recent) and best >= s.similarity
+        changed_world = result.ok and call.tool is not None and not call.read_only
+        stalled = bool(st.recent) and best >= s.similarity and not changed_world
         st.recent.append((digest, tokens))
         if not stalled:
             st.streak = 0

@@ -128,3 +128,16 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
         f.after(c, ok(" ".join(str(rng.randrange(50)) for _ in range(rng.randrange(1, 40)))))
     st = f.run.state["stall"]
     assert len(st.recent) <= 5
+
+
+def test_a_successful_side_effect_is_progress_however_similar_its_echo() -> None:
+    f = feed()
+    record = '{"reservation_id": "NM1VX1", "cabin": "business", "flights": ["HAT300"]}'
+    got = [kinds([f.after(f.call("refund", {"order_id": str(i)}), ok(record))])[0]
+           for i in range(5)]
+    assert got == [None] * 5
+    assert f.run.stall_rounds == 0
+    # a failed side effect is compared like any result
+    got = [kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
+           for _ in range(4)]
+    assert got == [None, None, "warn", "stop:stall"]
