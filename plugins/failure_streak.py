@@ -16,8 +16,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from pydantic import Field, field_validator, model_validator
+
+from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 

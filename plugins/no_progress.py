@@ -19,6 +19,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from loopwarden import (
     ModelResponse,
     Plugin,
@@ -30,7 +32,6 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugins._text import jaccard, token_set
-from pydantic import Field, model_validator
 
 __all__ = ["NoProgress", "NoProgressSettings"]
 

@@ -26,6 +26,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from loopwarden import (
     ModelResponse,
     Plugin,
@@ -36,7 +38,6 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
-from pydantic import Field, model_validator
 
 __all__ = ["CycleDetector", "Oscillation", "OscillationSettings"]
 

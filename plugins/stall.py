@@ -20,9 +20,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.plugins._text import jaccard, token_set
-from pydantic import Field, model_validator
 
 __all__ = ["Stall", "StallSettings"]
 

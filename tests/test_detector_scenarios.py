@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden import Deployment
 from loopwarden.cli import main as cli_main
 from loopwarden.config import Config, default_config_path

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from detector_helpers import Feed, fail, kinds, ok, skipped
+from pydantic import ValidationError
+
 from loopwarden.plugins.failure_streak import FailureStreak, FailureStreakSettings
 from loopwarden.verdicts import Stop, Warn
-from pydantic import ValidationError
 
 
 def feed(**settings: Any) -> Feed:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 from detector_helpers import Feed, kinds, ok, skipped
+from pydantic import ValidationError
+
 from loopwarden.plugins._text import jaccard, token_set
 from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
 from loopwarden.verdicts import Stop, Warn
-from pydantic import ValidationError
 
 
 def feed(**settings: Any) -> Feed:

@@ -10,9 +10,10 @@ import pytest
 from detector_helpers import Feed, kinds, ok
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from loopwarden.plugins.oscillation import CycleDetector, Oscillation, OscillationSettings
 from loopwarden.verdicts import Stop, Warn
-from pydantic import ValidationError
 
 
 def brute_force_period(symbols: Sequence[str], lo: int = 2, hi: int = 4,

@@ -10,10 +10,11 @@ import pytest
 from detector_helpers import FINGERPRINT, Feed, fail, kinds, ok, skipped
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter
 from loopwarden.plugins.repeat_call import RepeatCall, RepeatCallSettings
 from loopwarden.verdicts import Skip, Stop, Warn
-from pydantic import ValidationError
 
 
 def feed(**settings: Any) -> Feed:
