@@ -1,0 +1,71 @@
+"""Shared by the benchmarks: the trivial workload, the config overrides, machine facts.
+
+The workload is N steps, each one tool call to a trivial tool with distinct arguments and a
+distinct result (so no guard ever fires), then a final answer.  The model is instant and
+in-process.  Nothing here is part of the installed package.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+SYSTEM = "You are a benchmark agent."
+USER = "Look up every record, then answer."
+FINAL = "All records looked up."
+BIG = 10**9  # a limit the workload never reaches
+
+#: per plugin: settings raised above the workload, so the guard runs every step but never
+#: stops it.  Applied only to plugins the config enables (unknown keys would be config errors).
+LIMIT_OVERRIDES: dict[str, dict[str, Any]] = {
+    "max_steps": {"max_steps": BIG, "warn_remaining": 0},
+}
+
+
+def content(i: int) -> str:
+    """The model's text at step ``i``: distinct wording (no_progress sees progress)."""
+    return f"Checking record {i}"
+
+
+def arguments(i: int) -> str:
+    """The tool-call arguments at step ``i`` (raw JSON, as a model sends them)."""
+    return f'{{"key": "k{i}"}}'
+
+
+def lookup(key: str) -> str:
+    """The trivial tool: a distinct, error-free result for every key."""
+    return f"record {key}: value {len(key) * 7919 % 10007}"
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return m.group(1).strip() if m else (platform.processor() or "unknown CPU")
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {cpu_model()}, {os.cpu_count()} cores ({platform.system()})"
+
+
+def bench_config_data(base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a parsed config.toml) with a "bench" profile and raised plugin limits."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    run = dict(data.get("run", {}))
+    run["profile"] = "bench"
+    data["run"] = run
+    profiles = dict(data.get("profiles", {}))
+    profiles["bench"] = {"max_steps": BIG, "max_tokens": BIG, "max_seconds": float(BIG)}
+    data["profiles"] = profiles
+    plugins = dict(data.get("plugins", {}))
+    enabled = set(plugins.get("enabled", [])) | {"max_steps"}
+    for name, extra in LIMIT_OVERRIDES.items():
+        if name in enabled:
+            plugins[name] = {**plugins.get(name, {}), **extra}
+    data["plugins"] = plugins
+    return data

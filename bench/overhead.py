@@ -1,0 +1,329 @@
+"""Per-step overhead of the guarded loop, against a bare loop and the pluggy floor.
+
+The same scripted workload -- N steps, each one tool call to a trivial tool with distinct
+arguments and a distinct result (no guard fires), then a final answer, from an instant
+in-process model -- runs four ways in one process, interleaved:
+
+``bare``          a plain agent loop of about 20 lines (no validation, no hooks)
+``pluggy_floor``  the bare loop calling 6 trivial pluggy plugins on 5 hooks
+``empty``         loopwarden with no plugins enabled; max_steps is essential and always loaded,
+                  so "empty" means the essential max_steps only
+``default``       loopwarden with the shipped config.toml (every plugin it enables), limits
+                  raised above the workload through config overrides so the guards run every
+                  step but never stop it; every run is checked to end with ``final_answer``
+
+It prints microseconds per step (the median of ``--runs`` runs; per step = run time / N) for
+N = 10, 50 and 500, each as a ratio to the bare loop, plus the time of ``import loopwarden``
+and of ``loopwarden --help`` in fresh subprocesses.
+
+    python bench/overhead.py            # a table
+    python bench/overhead.py --json     # one JSON object
+    python bench/overhead.py --quick    # tiny sizes (a smoke test of the bench itself)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as W
+import pluggy
+
+VARIANTS = ("bare", "pluggy_floor", "empty", "default")
+
+# -- 1. the bare loop -------------------------------------------------------------------------
+
+
+class BareModel:
+    """An instant model in OpenAI's message format: N tool-call turns, then the answer."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.i = 0
+
+    def __call__(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        i = self.i
+        self.i += 1
+        if i >= self.n:
+            return {"content": W.FINAL, "tool_calls": []}
+        return {
+            "content": W.content(i),
+            "tool_calls": [{"id": f"call_{i}", "type": "function",
+                            "function": {"name": "lookup", "arguments": W.arguments(i)}}],
+        }
+
+
+TOOLS: dict[str, Callable[..., Any]] = {"lookup": W.lookup}
+
+
+def bare_loop(n: int) -> str:
+    model = BareModel(n)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": W.SYSTEM},
+                                      {"role": "user", "content": W.USER}]
+    while True:
+        reply = model(messages)
+        messages.append({"role": "assistant", "content": reply["content"],
+                         "tool_calls": reply["tool_calls"]})
+        if not reply["tool_calls"]:
+            return str(reply["content"])
+        for tc in reply["tool_calls"]:
+            fn = TOOLS[tc["function"]["name"]]
+            args = json.loads(tc["function"]["arguments"])
+            out = fn(**args)
+            messages.append({"role": "tool", "tool_call_id": tc["id"], "content": str(out)})
+
+
+# -- 2. the pluggy floor: the bare loop + 6 trivial plugins x 5 hooks -------------------------
+
+_spec = pluggy.HookspecMarker("floor")
+_impl = pluggy.HookimplMarker("floor")
+
+
+class _Specs:
+    @_spec
+    def before_model(self, run: Any, request: Any) -> Any: ...
+
+    @_spec
+    def after_response(self, run: Any, response: Any) -> Any: ...
+
+    @_spec
+    def before_tool(self, run: Any, call: Any) -> Any: ...
+
+    @_spec
+    def after_tool(self, run: Any, call: Any, result: Any) -> Any: ...
+
+    @_spec
+    def on_stop(self, run: Any, outcome: Any) -> Any: ...
+
+
+class _Trivial:
+    @_impl
+    def before_model(self, run: Any, request: Any) -> None:
+        return None
+
+    @_impl
+    def after_response(self, run: Any, response: Any) -> None:
+        return None
+
+    @_impl
+    def before_tool(self, run: Any, call: Any) -> None:
+        return None
+
+    @_impl
+    def after_tool(self, run: Any, call: Any, result: Any) -> None:
+        return None
+
+    @_impl
+    def on_stop(self, run: Any, outcome: Any) -> None:
+        return None
+
+
+def make_floor() -> Callable[[int], str]:
+    pm = pluggy.PluginManager("floor")
+    pm.add_hookspecs(_Specs)
+    for i in range(6):
+        pm.register(_Trivial(), name=f"p{i}")
+    h = pm.hook
+
+    def floor_loop(n: int) -> str:
+        model = BareModel(n)
+        run: dict[str, Any] = {"messages": [{"role": "system", "content": W.SYSTEM},
+                                            {"role": "user", "content": W.USER}]}
+        messages = run["messages"]
+        while True:
+            h.before_model(run=run, request=messages)
+            reply = model(messages)
+            messages.append({"role": "assistant", "content": reply["content"],
+                             "tool_calls": reply["tool_calls"]})
+            h.after_response(run=run, response=reply)
+            if not reply["tool_calls"]:
+                h.on_stop(run=run, outcome=reply["content"])
+                return str(reply["content"])
+            for tc in reply["tool_calls"]:
+                h.before_tool(run=run, call=tc)
+                fn = TOOLS[tc["function"]["name"]]
+                out = str(fn(**json.loads(tc["function"]["arguments"])))
+                messages.append({"role": "tool", "tool_call_id": tc["id"], "content": out})
+                h.after_tool(run=run, call=tc, result=out)
+
+    return floor_loop
+
+
+# -- 3 and 4. loopwarden ------------------------------------------------------------------------
+
+
+def make_loopwarden(shipped: bool) -> tuple[Callable[[int], str], list[str]]:
+    from loopwarden import Deployment
+    from loopwarden.config import default_config_path, load_toml, parse_config
+    from loopwarden.events import ModelResponse, ProposedCall, Usage
+    from loopwarden.tools import ToolRegistry, tool
+
+    class InstantModel:
+        """An instant in-process model: N tool-call turns, then the final answer."""
+
+        name = "instant"
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+            self.i = 0
+
+        def complete(self, request: Any) -> ModelResponse:
+            i = self.i
+            self.i += 1
+            if i >= self.n or request.tool_choice == "none":
+                return ModelResponse(content=W.FINAL, usage=Usage(request.estimated_tokens, 8))
+            return ModelResponse(
+                content=W.content(i),
+                tool_calls=[ProposedCall("lookup", W.arguments(i), f"call_{i}")],
+                usage=Usage(request.estimated_tokens, 16),
+                finish_reason="tool_calls",
+            )
+
+        async def acomplete(self, request: Any) -> ModelResponse:
+            return self.complete(request)
+
+    if shipped:
+        path = default_config_path()
+        base = load_toml(path)
+    else:
+        path, base = Path("<empty>"), {"plugins": {"enabled": []}}
+    config = parse_config(W.bench_config_data(base), path=str(path))
+    tools = ToolRegistry([tool(read_only=True, deterministic=True)(W.lookup)])
+    dep = Deployment(config, tools=tools)
+
+    def lw_loop(n: int) -> str:
+        run = dep.run(W.USER, model=InstantModel(n))
+        o = run.outcome
+        if o is None or o.termination != "final_answer" or run.step != n + 1:
+            raise SystemExit(
+                f"bench: a {'default' if shipped else 'empty'} run of N={n} did not end with "
+                f"final_answer after {n + 1} steps: {run.record()}"
+            )
+        return o.final_answer or ""
+
+    return lw_loop, dep.plugins.names
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+
+def measure(fns: dict[str, Callable[[int], str]], n: int, runs: int) -> dict[str, float]:
+    """Median microseconds per step of each variant; variants interleaved, order rotated."""
+    for fn in fns.values():  # warm up
+        for _ in range(3):
+            fn(n)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(runs):
+        gc.collect()
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            fn = fns[name]
+            t0 = time.perf_counter_ns()
+            fn(n)
+            times[name].append((time.perf_counter_ns() - t0) / 1000 / n)
+    return {k: round(statistics.median(v), 2) for k, v in times.items()}
+
+
+def _subprocess_ms(cmd: list[str], repeat: int, inner: bool = False) -> float:
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        wall = (time.perf_counter() - t0) * 1000
+        out.append(float(proc.stdout.strip().splitlines()[-1]) if inner else wall)
+    return round(statistics.median(out), 2)
+
+
+def import_ms(repeat: int) -> float:
+    """Median time of ``import loopwarden`` in fresh interpreters (the import only)."""
+    code = ("import time; t = time.perf_counter(); import loopwarden; "
+            "print((time.perf_counter() - t) * 1000)")
+    return _subprocess_ms([sys.executable, "-c", code], repeat, inner=True)
+
+
+def startup_ms(repeat: int) -> dict[str, float]:
+    """Median wall times of whole processes: python itself, ``loopwarden --help``, and
+    ``import loopwarden`` plus what a first run needs (Deployment)."""
+    deployment = ("import time; t = time.perf_counter(); from loopwarden import Deployment; "
+                  "print((time.perf_counter() - t) * 1000)")
+    return {
+        "python_startup_ms": _subprocess_ms([sys.executable, "-c", "pass"], repeat),
+        "help_ms": _subprocess_ms([sys.executable, "-m", "loopwarden", "--help"], repeat),
+        "import_deployment_ms": _subprocess_ms([sys.executable, "-c", deployment], repeat,
+                                               inner=True),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    ap.add_argument("--runs", type=int, default=None, help="runs per size and variant (>= 30)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of N")
+    args = ap.parse_args(argv)
+    sizes = args.sizes or ([3, 5] if args.quick else [10, 50, 500])
+    runs = args.runs or (3 if args.quick else 31)
+    repeat = 2 if args.quick else 9
+    logging.basicConfig(level=logging.WARNING)
+
+    default_fn, default_plugins = make_loopwarden(shipped=True)
+    empty_fn, empty_plugins = make_loopwarden(shipped=False)
+    fns = {"bare": bare_loop, "pluggy_floor": make_floor(), "empty": empty_fn,
+           "default": default_fn}
+    per_step: dict[str, dict[str, float]] = {}
+    for n in sizes:
+        per_step[str(n)] = measure(fns, n, runs)
+    ratios = {
+        n: {k: round(v / row["bare"], 2) for k, v in row.items()} for n, row in per_step.items()
+    }
+    result: dict[str, Any] = {
+        "us_per_step": per_step,
+        "import_ms": import_ms(repeat),
+        "python": platform.python_version(),
+        "machine": W.machine(),
+        "ratio_to_bare": ratios,
+        **startup_ms(repeat),
+        "runs": runs,
+        "plugins": {"empty": empty_plugins, "default": default_plugins},
+        "note": '"empty" = the essential max_steps only (it cannot be disabled)',
+    }
+    if len(sizes) >= 2:
+        a, b = str(sizes[-2]), str(sizes[-1])
+        result["growth"] = {
+            f"{b}/{a}": {k: round(per_step[b][k] / per_step[a][k], 2) for k in VARIANTS}
+        }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"loopwarden overhead -- python {result['python']} on {result['machine']}")
+    print(f"median of {runs} runs, interleaved; microseconds per step (ratio to bare)")
+    print(f"{'N':>6}  " + "  ".join(f"{v:>18}" for v in VARIANTS))
+    for n, row in per_step.items():
+        cells = [f"{row[v]:>9.1f} ({ratios[n][v]:>5.2f}x)" for v in VARIANTS]
+        print(f"{n:>6}  " + "  ".join(cells))
+    for label, growth in result.get("growth", {}).items():
+        print(f"growth {label}: " + ", ".join(f"{k} {v:.2f}x" for k, v in growth.items()))
+    print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
+    print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
+    print(f"import loopwarden: {result['import_ms']:.1f} ms; "
+          f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "
+          f"loopwarden --help: {result['help_ms']:.1f} ms "
+          f"(python -c pass: {result['python_startup_ms']:.1f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
