@@ -7,10 +7,9 @@ dropped at any depth.  The fingerprint is a short hash of the canonical JSON.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from hashlib import blake2b
 from typing import Any
 
 __all__ = ["DEFAULT_VOLATILE_KEYS", "Fingerprinter", "canonical_arguments"]
@@ -24,18 +23,51 @@ DEFAULT_VOLATILE_KEYS: tuple[str, ...] = (
     "idempotency_key",
 )
 
-_WS = re.compile(r"\s+")
+# One encoder, built once: ``json.dumps`` with non-default options builds a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _c_encoder() -> Callable[[Any], str] | None:
+    """The C iterencoder that ``_ENCODER.encode`` would build on every call, built once.
+
+    Without a circular-reference check (canonical trees are fresh and acyclic).  ``None`` when
+    this Python has no C encoder or its output differs from ``_ENCODER`` on a sample.
+    """
+    try:
+        from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+
+        make = c_make_encoder(None, _ENCODER.default, encode_basestring, None, ":", ",",
+                              True, False, True)
+
+        def encode(obj: Any) -> str:
+            return "".join(make(obj, 0))
+
+        sample = {"b": [1, 2.5, None, True, float("nan")], "a": {"q": 'x"\n\u00e9\u4e2d'}}
+        if encode(sample) != _ENCODER.encode(sample):
+            return None
+    except Exception:  # no C accelerator (another Python), or a changed signature
+        return None
+    return encode
+
+
+_encode: Callable[[Any], str] = _c_encoder() or _ENCODER.encode
 
 
 def _canon(value: Any, volatile: frozenset[str]) -> Any:
     if isinstance(value, str):
-        return _WS.sub(" ", value).strip().casefold()
+        # whitespace runs collapsed to one space, ends stripped (str.split's whitespace is
+        # exactly the regex \s), then case-folded
+        return " ".join(value.split()).casefold()
     if isinstance(value, dict):
-        return {
-            str(k): _canon(v, volatile)
-            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
-            if str(k).casefold() not in volatile
-        }
+        # Key order is left to the encoder's sort_keys.  (Keys that are equal as strings,
+        # 1 and "1", keep their dict order: the later one wins, as it would after a stable
+        # sort by str(k).)
+        out = {}
+        for k, v in value.items():
+            sk = k if type(k) is str else str(k)
+            if sk.casefold() not in volatile:
+                out[sk] = _canon(v, volatile)
+        return out
     if isinstance(value, (list, tuple)):
         return [_canon(v, volatile) for v in value]
     if isinstance(value, float) and value.is_integer():
@@ -48,9 +80,7 @@ def canonical_arguments(
 ) -> str:
     """Canonical JSON of a call's arguments (see the module docstring)."""
     vol = frozenset(k.casefold() for k in volatile_keys)
-    return json.dumps(
-        _canon(arguments, vol), sort_keys=True, ensure_ascii=False, separators=(",", ":")
-    )
+    return _encode(_canon(arguments, vol))
 
 
 class Fingerprinter:
@@ -62,15 +92,8 @@ class Fingerprinter:
         self._volatile = frozenset(k.casefold() for k in volatile_keys)
 
     def canonical(self, arguments: Any) -> str:
-        return json.dumps(
-            _canon(arguments, self._volatile),
-            sort_keys=True,
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        return _encode(_canon(arguments, self._volatile))
 
     def __call__(self, name: str, arguments: Any) -> str:
-        digest = hashlib.blake2b(
-            self.canonical(arguments).encode("utf-8"), digest_size=8
-        ).hexdigest()
-        return f"{name}:{digest}"
+        data = _encode(_canon(arguments, self._volatile)).encode("utf-8")
+        return name + ":" + blake2b(data, digest_size=8).hexdigest()

@@ -32,6 +32,8 @@ def estimate_text(text: str) -> int:
     """Estimated tokens of ``text``: CJK characters count 1 each, the rest ~4 chars a token."""
     if not text:
         return 0
+    if text.isascii():  # O(1) in CPython: no CJK character, skip the scan
+        return (len(text) + 3) // 4
     cjk = len(_CJK.findall(text))
     rest = len(text) - cjk
     return cjk + (rest + 3) // 4

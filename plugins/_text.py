@@ -15,11 +15,16 @@ __all__ = ["jaccard", "token_set"]
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
+# The same tokens for ASCII text (no CJK; casefold is lower, which keeps word boundaries).
+_ASCII_TOKEN = re.compile(r"\w+", re.ASCII)
 
 
 def token_set(text: str, max_chars: int = 4000) -> frozenset[str]:
     """The set of tokens of ``text`` (its first ``max_chars`` characters)."""
-    return frozenset(t.casefold() for t in _TOKEN.findall(text[:max_chars]))
+    text = text[:max_chars]
+    if text.isascii():  # O(1) in CPython
+        return frozenset(_ASCII_TOKEN.findall(text.lower()))
+    return frozenset(map(str.casefold, _TOKEN.findall(text)))
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
