@@ -39,6 +39,7 @@ __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
 log = logging.getLogger("loopwarden.loop")
 
 CORE = "loopwarden"  # the plugin name on notes the loop writes itself
+_SCHEMA_CACHE_SIZE = 64  # tool-schema lists whose token estimate an engine remembers
 
 
 @dataclass(slots=True)
@@ -88,7 +89,9 @@ class Engine:
         self.settings = settings
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
-        self._tools_tokens: dict[int, int] = {}
+        # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
+        # id cannot be reused by another list while cached; bounded (cleared when full)
+        self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -100,19 +103,26 @@ class Engine:
 
     def _schemas(self, run: Run) -> tuple[list[dict[str, Any]], int]:
         tools = run.tools
-        if tools is None or not len(tools):
+        if tools is None:
             return [], 0
-        schemas = tools.schemas()
-        key = id(schemas)
-        n = self._tools_tokens.get(key)
-        if n is None:
-            n = self._tools_tokens[key] = estimate_tools(schemas, run.estimator)
+        schemas = tools.schemas()  # cached by the registry until it changes
+        if not schemas:
+            return [], 0
+        cache = self._tools_tokens
+        hit = cache.get(id(schemas))
+        if hit is not None and hit[0] is schemas:
+            return schemas, hit[1]
+        n = estimate_tools(schemas, run.estimator)
+        if len(cache) >= _SCHEMA_CACHE_SIZE:
+            cache.clear()
+        cache[id(schemas)] = (schemas, n)
         return schemas, n
 
     def _note(self, run: Run, hook: str, res: Resolution) -> None:
-        """Record every verdict, keep every warning, queue warnings for the next request."""
-        if not res.verdicts:
-            return
+        """Record every verdict, keep every warning, queue warnings for the next request.
+
+        Callers skip it when ``res.verdicts`` is empty (the common case: one check, no call).
+        """
         for v in res.verdicts:
             entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
                                      "kind": v.kind}
@@ -274,7 +284,8 @@ class Engine:
         run.outcome = outcome
         failures = self.hooks.on_stop(run, outcome)
         run.errors.extend(failures)
-        signals.send(signals.run_stopped, run, outcome=outcome, record=run.record())
+        if signals.run_stopped.receivers:  # the record is built only for a listener
+            signals.send(signals.run_stopped, run, outcome=outcome, record=run.record())
         return outcome
 
     # -- the machine ---------------------------------------------------------------------
@@ -284,7 +295,8 @@ class Engine:
         hooks = self.hooks
         signals.send(signals.run_started, run)
         res = hooks.on_start(run)
-        self._note(run, "on_start", res)
+        if res.verdicts:
+            self._note(run, "on_start", res)
         if res.stop is not None:
             if not res.stop.soft:
                 return self._hard(run, res.stop)
@@ -300,7 +312,8 @@ class Engine:
             final = run.stopping is not None
             request = self._request(run, final)
             res = hooks.before_model(run, request)
-            self._note(run, "before_model", res)
+            if res.verdicts:
+                self._note(run, "before_model", res)
             stop = res.stop
             if stop is not None:
                 if not stop.soft:
@@ -344,10 +357,12 @@ class Engine:
                     for c in calls
                 ]
             run.add_message(message)
-            signals.send(signals.model_responded, run, request=request, response=response,
-                         duration_s=run.clock.now() - t0)
+            if signals.model_responded.receivers:
+                signals.send(signals.model_responded, run, request=request, response=response,
+                             duration_s=run.clock.now() - t0)
             res = hooks.after_response(run, response)
-            self._note(run, "after_response", res)
+            if res.verdicts:
+                self._note(run, "after_response", res)
             if final:
                 return self._soft_end(run, response)
             if not calls:
@@ -364,14 +379,16 @@ class Engine:
                 if not stop.soft:
                     return self._hard(run, stop)
                 run.stopping = stop
-                signals.send(signals.step_finished, run, step=run.step)
+                if signals.step_finished.receivers:
+                    signals.send(signals.step_finished, run, step=run.step)
                 continue
             for i, call in enumerate(calls):
                 if run.cancel.cancelled:
                     self._close_calls(run, calls[i:], "cancelled")
                     break
                 res = hooks.before_tool(run, call)
-                self._note(run, "before_tool", res)
+                if res.verdicts:
+                    self._note(run, "before_tool", res)
                 stop = res.stop
                 if stop is not None:
                     self._close_calls(run, calls[i:], stop.reason)
@@ -405,9 +422,11 @@ class Engine:
                                  "content": result.content})
                 if result.ok and not result.skipped:
                     run.last_observation = result.content
-                signals.send(signals.tool_finished, run, call=call, result=result)
+                if signals.tool_finished.receivers:
+                    signals.send(signals.tool_finished, run, call=call, result=result)
                 res = hooks.after_tool(run, call, result)
-                self._note(run, "after_tool", res)
+                if res.verdicts:
+                    self._note(run, "after_tool", res)
                 stop = res.stop
                 if stop is not None:
                     self._close_calls(run, calls[i + 1:], stop.reason)
@@ -415,7 +434,8 @@ class Engine:
                         return self._hard(run, stop)
                     run.stopping = stop
                     break
-            signals.send(signals.step_finished, run, step=run.step)
+            if signals.step_finished.receivers:
+                signals.send(signals.step_finished, run, step=run.step)
 
     # -- tool execution ------------------------------------------------------------------
 
