@@ -98,6 +98,7 @@ class _State:
     contents: deque[_Content]
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     warned: bool = False
+    similar: int = 0  # contents in a row, up to the latest, similar to the one before
 
 
 class NoProgress(Plugin[NoProgressSettings]):
@@ -117,14 +118,18 @@ class NoProgress(Plugin[NoProgressSettings]):
         s = self.settings
         st: _State = self.state(run)
         tokens = token_set(content, s.max_chars)
-        sim = jaccard(tokens, st.contents[-1].tokens) if st.contents else None
-        st.contents.append(_Content(tokens, sim, run.step))
-        if len(st.contents) < s.window:
+        contents = st.contents
+        sim = jaccard(tokens, contents[-1].tokens) if contents else None
+        contents.append(_Content(tokens, sim, run.step))
+        st.similar = st.similar + 1 if sim is not None and sim >= s.threshold else 0
+        if len(contents) < s.window:
             return None
-        sims = [c.similarity for c in st.contents][1:]
-        if any(x is None or x < s.threshold for x in sims):
+        # the window's contents are each similar to the one before <=> the last window - 1
+        # contents were (a counter: constant work, no scan of the window)
+        if st.similar < s.window - 1:
             st.warned = False
             return None
+        sims = [c.similarity for c in contents][1:]
         lowest = min(x for x in sims if x is not None)
         new = sum(c.new_results for c in st.contents) - st.contents[-1].new_results
         evidence: dict[str, Any] = dict(

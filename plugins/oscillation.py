@@ -145,12 +145,13 @@ class _State:
     hits: int = 0
 
 
+# json.dumps(v, ensure_ascii=False, default=str), with the encoder built once
+_dumps = json.JSONEncoder(ensure_ascii=False, default=str).encode
+
+
 def _label(call: ToolCall, limit: int) -> str:
     if call.arguments is not None:
-        args = ", ".join(
-            f"{k}={json.dumps(v, ensure_ascii=False, default=str)}"
-            for k, v in call.arguments.items()
-        )
+        args = ", ".join(f"{k}={_dumps(v)}" for k, v in call.arguments.items())
     else:
         args = call.raw_arguments
     text = f"{call.name}({args})"

@@ -208,7 +208,8 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         return call.error is None and not call.side_effect and not call.deterministic
 
     def _in_window(self, st: _State, key: str) -> int:
-        return sum(1 for k, counts in st.window if counts and k == key)
+        # entries are (key, counts) with counts a bool: count the counting ones, in C
+        return st.window.count((key, True))
 
     def _evidence(
         self, call: ToolCall, e: _Entry, window_hits: int, **extra: Any

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.plugins._text import jaccard, token_set
+from loopwarden.plugins._text import token_set
 
 __all__ = ["Stall", "StallSettings"]
 
@@ -103,10 +103,20 @@ class Stall(Plugin[StallSettings]):
         digest = result.digest
         tokens = token_set(result.content, s.max_chars)
         best = 0.0
+        n = len(tokens)
         for d, t in st.recent:
-            best = max(best, 1.0 if d == digest else jaccard(tokens, t))
-            if best >= 1.0:
+            if d == digest:
+                best = 1.0
                 break
+            if n or t:  # jaccard(tokens, t), inlined
+                inter = len(tokens & t)
+                sim = inter / (n + len(t) - inter)
+            else:
+                sim = 1.0
+            if sim > best:
+                best = sim
+                if best >= 1.0:
+                    break
         changed_world = result.ok and call.tool is not None and not call.read_only
         stalled = bool(st.recent) and best >= s.similarity and not changed_world
         st.recent.append((digest, tokens))
