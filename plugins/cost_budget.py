@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from loopwarden import (
     ModelRequest,
     ModelResponse,
@@ -35,7 +37,6 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugins._budgets import check_templates, ladder, percent
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["CostBudget", "CostBudgetSettings", "ModelPrice"]
 

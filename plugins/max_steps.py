@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import Field, model_validator
+
 from loopwarden import ModelRequest, ModelResponse, Plugin, PluginSettings, Run, Verdict, hookimpl
 from loopwarden.plugins._budgets import check_templates
-from pydantic import Field, model_validator
 
 __all__ = ["MaxSteps", "MaxStepsSettings"]
 

@@ -12,9 +12,10 @@ not end the run: nothing was handed off by it.
 
 from __future__ import annotations
 
+from pydantic import Field, model_validator
+
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.plugins._budgets import check_templates
-from pydantic import Field, model_validator
 
 __all__ = ["TerminalTool", "TerminalToolSettings"]
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from loopwarden import (
     ModelRequest,
     Plugin,
@@ -38,7 +40,6 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugins._budgets import check_templates
-from pydantic import Field, model_validator
 
 __all__ = ["Timeout", "TimeoutSettings"]
 

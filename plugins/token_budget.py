@@ -33,9 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from loopwarden import ModelRequest, ModelResponse, Plugin, PluginSettings, Run, Verdict, hookimpl
 from loopwarden.plugins._budgets import Rung, check_templates, ladder, percent
-from pydantic import Field, model_validator
 
 __all__ = ["TokenBudget", "TokenBudgetSettings"]
 

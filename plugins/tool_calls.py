@@ -24,9 +24,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.plugins._budgets import check_templates
-from pydantic import Field, model_validator
 
 __all__ = ["ToolCalls", "ToolCallsSettings"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden import Config, Deployment, FakeClock
 from loopwarden.config import default_config_path, parse_config
 from loopwarden.scenario import builtin_scenarios, load_scenario, scenario_path

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from budget_helpers import call, config, make_run, request, response, scenario, turn
+
 from loopwarden import ConfigError, Deployment, ModelResponse, Stop, Warn, signals
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import load_plugins

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from budget_helpers import FINAL, call, config, make_run, request, response, scenario, turn
+
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import ESSENTIAL_PLUGINS, load_plugins

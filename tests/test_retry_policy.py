@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from budget_helpers import call, config, failed, make_run, ok, scenario, skipped, tool_call, turn
+
 from loopwarden import Deployment, FakeClock
 from loopwarden.plugins.retry_policy import RetryPolicy, RetryPolicySettings
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from budget_helpers import call, config, failed, make_run, ok, scenario, skipped, tool_call, turn
+
 from loopwarden import ConfigError, Deployment, Stop
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.terminal_tool import TerminalTool, TerminalToolSettings

@@ -25,6 +25,7 @@ from budget_helpers import (
     tool_call,
     turn,
 )
+
 from loopwarden import Deployment, FakeClock, Limits, Stop, SystemClock, Warn
 from loopwarden.plugins.timeout import Timeout, TimeoutSettings
 from loopwarden.tools import Tool, ToolContext, ToolRegistry, tool

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from budget_helpers import call, config, make_run, request, response, scenario, turn
+
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
 from loopwarden import tokens as tokens_mod
 from loopwarden.plugins.token_budget import TokenBudget, TokenBudgetSettings

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from budget_helpers import FINAL, call, config, make_run, ok, scenario, skipped, tool_call, turn
+
 from loopwarden import ConfigError, Deployment, Skip, Stop, Warn
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.tool_calls import ToolCalls, ToolCallsSettings
