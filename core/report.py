@@ -21,6 +21,7 @@ Repeated signatures are read generically from each record's ``evidence`` (any ma
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import Counter
@@ -183,10 +184,8 @@ def _trajectory_signatures(trajectory: Any) -> Iterator[tuple[str, str | None, i
                 continue
             args = call.get("arguments")
             if isinstance(args, str):
-                try:
+                with contextlib.suppress(ValueError):
                     args = json.loads(args)
-                except ValueError:
-                    pass
             canon = json.dumps(args, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
             seen[(call["name"], canon)] += 1
     for (name, canon), n in seen.items():
@@ -432,39 +431,52 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
 
     detailed = [r for r in records if isinstance(r.get("steps_detail"), list)
                 and r["steps_detail"]]
-    fig, ax = plt.subplots(figsize=(10, 5.5))
     try:
         if detailed:
+            fig, (per_step, running) = plt.subplots(1, 2, figsize=(13, 5.5))
             for r in detailed:
                 by_step = {int(_num(s.get("step"))): _num(s.get("total"))
                            for s in r["steps_detail"] if isinstance(s, Mapping)}
                 xs = sorted(by_step)
-                ax.plot(xs, [by_step[x] for x in xs], color="tab:blue", alpha=0.35,
-                        linewidth=1)
+                cumulative: dict[int, float] = {}
+                total = 0.0
+                for x in xs:
+                    total += by_step[x]
+                    cumulative[x] = total
+                for ax, ys in ((per_step, by_step), (running, cumulative)):
+                    ax.plot(xs, [ys[x] for x in xs], color="tab:blue", alpha=0.35,
+                            linewidth=1)
                 for v in r.get("verdicts") or ():
-                    if not isinstance(v, Mapping):
+                    if not isinstance(v, Mapping) or not xs:
                         continue
                     # A verdict at step s fired after s model calls: mark the call it followed
                     # (or the first call, for a pre-flight verdict).
-                    x = max(int(_num(v.get("step"))), min(xs) if xs else 1)
+                    x = max(int(_num(v.get("step"))), xs[0])
                     if x not in by_step:
                         continue
                     stop = v.get("kind") == "stop"
-                    ax.plot([x], [by_step[x]], marker="X" if stop else "o",
-                            color="tab:red" if stop else "tab:orange",
-                            markersize=9 if stop else 5, linestyle="none")
-            ax.set_xlabel("step (model call)")
-            ax.set_ylabel("tokens of the call (prompt + completion)")
-            ax.set_title(f"Tokens per step across {len(detailed)} runs")
-            ax.legend(handles=[
+                    for ax, ys in ((per_step, by_step), (running, cumulative)):
+                        ax.plot([x], [ys[x]], marker="X" if stop else "o",
+                                color="tab:red" if stop else "tab:orange",
+                                markersize=9 if stop else 5, linestyle="none")
+            per_step.set_ylabel("tokens of the call (prompt + completion)")
+            per_step.set_title(f"Tokens per step across {len(detailed)} runs")
+            running.set_ylabel("tokens spent so far")
+            running.set_title("Cumulative tokens: each step re-sends the whole conversation")
+            for ax in (per_step, running):
+                ax.set_xlabel("step (model call)")
+                ax.set_ylim(bottom=0)
+                ax.grid(True, alpha=0.3)
+            per_step.legend(handles=[
                 Line2D([], [], color="tab:blue", alpha=0.6, label="one run"),
                 Line2D([], [], marker="o", color="tab:orange", linestyle="none",
                        label="guard warning / skip"),
                 Line2D([], [], marker="X", color="tab:red", linestyle="none", markersize=9,
                        label="guard stop"),
-            ], loc="upper left")
+            ], loc="lower right")
             note = f"plotted tokens per step of {len(detailed)} runs"
         else:
+            fig, ax = plt.subplots(figsize=(10, 5.5))
             for guarded in (False, True):
                 pts = [(_num(r.get("steps")), _tokens(r)) for r in records
                        if bool(r.get("stopped_by")) == guarded]
@@ -476,12 +488,13 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
             ax.set_xlabel("steps per run")
             ax.set_ylabel("tokens per run")
             ax.set_title(f"Tokens per run across {len(records)} runs")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
             ax.legend(loc="upper left")
             note = ("the records carry no per-step tokens (enable [plugins.run_record] "
                     "steps_detail = true): plotted tokens per run instead")
-        ax.grid(True, alpha=0.3)
         fig.tight_layout()
         fig.savefig(str(path), dpi=100)
     finally:
-        plt.close(fig)
+        plt.close("all")
     return note

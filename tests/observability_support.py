@@ -121,10 +121,12 @@ def explode(alert: dict[str, Any]) -> None:
 
 
 GATE = threading.Event()
+STARTED = threading.Event()
 
 
 def blocked(alert: dict[str, Any]) -> None:
-    """A sink that hangs until ``GATE`` is set."""
+    """A sink that hangs until ``GATE`` is set (``STARTED`` tells that it is hanging)."""
+    STARTED.set()
     GATE.wait(30)
     COLLECTED.append(alert)
 
