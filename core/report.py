@@ -144,26 +144,59 @@ def _tokens(record: Mapping[str, Any]) -> float:
 
 @dataclass
 class _Sig:
+    label: str
     tool: str | None
     count: int = 0
     runs: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
 
-def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[tuple[str, str | None, int]]:
-    """(signature, tool, count) for every mapping in ``value`` that names a signature."""
+#: evidence keys read as "how many times", in order of preference
+_COUNT_KEYS = ("count", "occurrences", "streak", "cycles", "repeats")
+#: evidence keys that hold a list of call signatures (e.g. an oscillation's cycle)
+_LIST_KEYS = ("cycle", "fingerprints", "signatures")
+
+Found = tuple[str, str, str | None, int]  # key, label, tool, count
+
+
+def _tool_of(signature: str) -> str | None:
+    for sep in (":", "("):
+        if sep in signature:
+            return signature.split(sep, 1)[0] or None
+    return None
+
+
+def _count_of(value: Mapping[str, Any]) -> int:
+    for key in _COUNT_KEYS:
+        raw = value.get(key)
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 1:
+            return int(raw)
+    return 1
+
+
+def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[Found]:
+    """(key, label, tool, count) for every call signature named in ``value``.
+
+    A mapping with ``fingerprint`` (the stable key) and/or ``signature`` (readable) names one
+    call; ``cycle`` / ``fingerprints`` / ``signatures`` lists name several.
+    """
     if depth > 4:
         return
     if isinstance(value, Mapping):
-        sig = value.get("fingerprint") or value.get("signature")
-        if isinstance(sig, str) and sig:
+        fp, sg = value.get("fingerprint"), value.get("signature")
+        key = fp if isinstance(fp, str) and fp else sg if isinstance(sg, str) and sg else None
+        if key is not None:
+            label = sg if isinstance(sg, str) and sg else key
             tool = value.get("tool") or value.get("name")
-            if not isinstance(tool, str):
-                tool = sig.split(":", 1)[0] if ":" in sig else None
-            raw = value.get("count", value.get("repeats", value.get("occurrences", 1)))
-            count = int(_num(raw)) or 1
-            yield sig, tool, count
+            yield key, label, tool if isinstance(tool, str) else _tool_of(key), _count_of(value)
             return
+        for lk in _LIST_KEYS:
+            items = value.get(lk)
+            if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
+                count = _count_of(value)
+                for item in dict.fromkeys(items):
+                    yield item, item, _tool_of(item), count
+                return
         for v in value.values():
             yield from _evidence_signatures(v, depth + 1)
     elif isinstance(value, list):
@@ -171,7 +204,22 @@ def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[tuple[str, str 
             yield from _evidence_signatures(v, depth + 1)
 
 
-def _trajectory_signatures(trajectory: Any) -> Iterator[tuple[str, str | None, int]]:
+def _evidence_tools(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every ``tool`` named anywhere in ``value`` (e.g. a failure streak's failures)."""
+    if depth > 4:
+        return
+    if isinstance(value, Mapping):
+        tool = value.get("tool")
+        if isinstance(tool, str) and tool:
+            yield tool
+        for v in value.values():
+            yield from _evidence_tools(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _evidence_tools(v, depth + 1)
+
+
+def _trajectory_signatures(trajectory: Any) -> Iterator[Found]:
     """Calls repeated with the same arguments within one recorded trajectory."""
     if not isinstance(trajectory, list):
         return
@@ -190,7 +238,8 @@ def _trajectory_signatures(trajectory: Any) -> Iterator[tuple[str, str | None, i
             seen[(call["name"], canon)] += 1
     for (name, canon), n in seen.items():
         if n > 1:
-            yield f"{name}({canon})", name, n
+            sig = f"{name}({canon})"
+            yield sig, sig, name, n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,13 +288,13 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
         if not found:
             found = list(_trajectory_signatures(r.get("trajectory")))
         seen_in_run: set[str] = set()
-        for sig, tool, count in found:
-            entry = sigs.setdefault(sig, _Sig(tool))
+        for key, label, tool, count in found:
+            entry = sigs.setdefault(key, _Sig(label, tool))
             entry.count += count
-            if sig not in seen_in_run:
+            if key not in seen_in_run:
                 entry.runs += 1
                 entry.reasons[str(r.get("termination"))] += 1
-                seen_in_run.add(sig)
+                seen_in_run.add(key)
     top = sorted(sigs.items(), key=lambda kv: (-kv[1].count, -kv[1].runs, kv[0]))[: th.top]
     tool_repeats: Counter[str] = Counter()
     tool_runs: Counter[str] = Counter()
@@ -253,7 +302,7 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
         if entry.tool:
             tool_repeats[entry.tool] += entry.count
             tool_runs[entry.tool] += entry.runs
-    tools = [{"tool": t, "repeated_calls": c, "runs": tool_runs[t]}
+    tools = [{"tool": t, "calls": c, "runs": tool_runs[t]}
              for t, c in sorted(tool_repeats.items(), key=lambda kv: (-kv[1], kv[0]))[: th.top]]
 
     report: dict[str, Any] = {
@@ -276,9 +325,9 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
         "stall_rate": len(stall_runs) / n if n else 0.0,
         "loop_stops": loop_stops,
         "top_signatures": [
-            {"signature": s, "tool": e.tool, "count": e.count, "runs": e.runs,
-             "terminations": dict(e.reasons)}
-            for s, e in top
+            {"signature": e.label, "fingerprint": k, "tool": e.tool, "count": e.count,
+             "runs": e.runs, "terminations": dict(e.reasons)}
+            for k, e in top
         ],
         "tools": tools,
     }
@@ -303,8 +352,8 @@ def advise(records: Sequence[Mapping[str, Any]], report: Mapping[str, Any],
     budget_loopish = [r for r in budget if _loopish(r)]
     loopish = [r for r in records if _loopish(r)]
     tools = report.get("tools") or []
-    tool_text = ", ".join(f"{t['tool']} ({t['repeated_calls']} repeated calls in {t['runs']} "
-                          f"run{'s' if t['runs'] != 1 else ''})" for t in tools)
+    tool_text = ", ".join(f"{t['tool']} ({t['calls']} call{'s' if t['calls'] != 1 else ''} "
+                          f"in {t['runs']} run{'s' if t['runs'] != 1 else ''})" for t in tools)
 
     if budget and len(budget) / n > th.mostly and len(budget_loopish) / len(budget) <= th.few:
         which = ", ".join(f"{t} {terms[t]}" for t in BUDGET_REASONS if terms[t])
@@ -330,11 +379,17 @@ def advise(records: Sequence[Mapping[str, Any]], report: Mapping[str, Any],
         advice.append({"kind": "fix_prompt", "message": text,
                        "tools": [t["tool"] for t in tools]})
     if terms["failure_streak"] and terms["failure_streak"] / n >= th.many:
-        advice.append({
-            "kind": "check_tools",
-            "message": (f"{terms['failure_streak']} of {n} runs stopped on failure streaks: "
-                        "a tool keeps failing -- check its availability and the retry policy."),
-        })
+        failing: Counter[str] = Counter()
+        for r in records:
+            if r.get("termination") == "failure_streak":
+                failing.update(set(_evidence_tools(r.get("evidence"))))
+        named = [t for t, _ in sorted(failing.items(), key=lambda kv: (-kv[1], kv[0]))][: th.top]
+        text = (f"{terms['failure_streak']} of {n} runs stopped on failure streaks: a tool keeps "
+                "failing -- check its availability and the retry policy.")
+        if named:
+            text += " Tools failing: " + ", ".join(
+                f"{t} ({failing[t]} run{'s' if failing[t] != 1 else ''})" for t in named) + "."
+        advice.append({"kind": "check_tools", "message": text, "tools": named})
     errors = {t: terms[t] for t in ERROR_REASONS if terms[t]}
     if errors:
         which = ", ".join(f"{t} {c}" for t, c in errors.items())
@@ -406,7 +461,7 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
     if report["top_signatures"]:
         lines.append("")
         lines.append("top repeated signatures")
-        lines.append(f"  {'count':>5} {'runs':>4}  {'tool':<18} signature")
+        lines.append(f"  {'calls':>5} {'runs':>4}  {'tool':<18} signature")
         for s in report["top_signatures"]:
             lines.append(f"  {s['count']:>5} {s['runs']:>4}  {s['tool'] or '-':<18} "
                          f"{s['signature']}")

@@ -23,10 +23,11 @@ in-process name            kind       labels                      Prometheus nam
                                       seconds)
 =========================  =========  ==========================  ================================
 
-A guard firing is any verdict (warn, skip, stop); its ``reason`` is the stop reason, or the
-verdict kind for warnings and skips.  ``agent.loop_detected`` counts the firings of the loop
-detectors (``loop_detectors``: by plugin name or stop reason).  ``budget_use_ratio`` is what a
-run used of each limit it had (its profile's, else the ``max_steps`` / ``token_budget`` /
+Tool calls to names the deployment does not have are counted under ``tool="(unknown)"``, so
+model output cannot grow the label set.  A guard firing is any verdict (warn, skip, stop); its
+``reason`` is the stop reason, or the verdict kind for warnings and skips.
+``agent.loop_detected`` counts the firings of the loop detectors (``loop_detectors``: by plugin
+name or stop reason).  ``budget_use_ratio`` is what a run used of each limit it had (its profile's, else the ``max_steps`` / ``token_budget`` /
 ``timeout`` plugin's setting): 1.0 means the whole budget.
 """
 
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("loopwarden.plugins.metrics")
+
+UNKNOWN_TOOL = "(unknown)"
 
 INSTALL_HINT = (
     "prometheus-client is not installed: pip install 'loopwarden[prometheus]'. Metrics stay "
@@ -428,7 +431,9 @@ class Metrics(Plugin[MetricsSettings]):
     def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult,
                          **_: Any) -> None:
         outcome = "skipped" if result.skipped else ("ok" if result.ok else "error")
-        self._inc("tool_calls_total", tool=call.name, outcome=outcome)
+        # A name the model invented is not a label: label values must stay a bounded set.
+        tool = call.name if call.tool is not None else UNKNOWN_TOOL
+        self._inc("tool_calls_total", tool=tool, outcome=outcome)
 
     def on_guard_triggered(self, run: Run, *, verdict: Verdict, **_: Any) -> None:
         reason = str(getattr(verdict, "reason", None) or verdict.kind)

@@ -97,7 +97,7 @@ def test_always_not_found_delivers_one_json_alert_to_a_local_webhook(
     assert alert["kind"] == "verdict" and alert["verdict"] == "stop"
     assert alert["soft"] is record["soft"]
     assert isinstance(alert["step"], int) and alert["step"] >= 1
-    assert alert["message"] and "repeat_call" in alert["message"]
+    assert isinstance(alert["message"], str) and alert["message"]
     assert alert["evidence"] == record["evidence"]
     assert alert["suppressed"] == 0 and alert["source"] == "loopwarden"
 

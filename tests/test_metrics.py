@@ -197,3 +197,19 @@ def test_without_prometheus_client_it_degrades_with_a_clear_message(
 def test_exposition_when_prometheus_is_off() -> None:
     with pytest.raises(PrometheusUnavailable, match="prometheus = true"):
         _metrics().exposition()
+
+
+def test_invented_tool_names_do_not_grow_the_label_set(
+    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    tmp_path: Any,
+) -> None:
+    scenario = tmp_path / "inventive.toml"
+    scenario.write_text(
+        'name = "inventive"\nuser = "u"\n[model]\nturns = [\n'
+        + "".join(f'  {{ tool_calls = [{{ name = "made_up_{i}" }}] }},\n' for i in range(4))
+        + ']\nthen = "final"\n', encoding="utf-8")
+    dep = _deployment(make_config, deployment_factory)
+    dep.run(scenario=str(scenario))
+    m: Metrics = dep.plugins.get("metrics")
+    series = m.snapshot()["tool_calls_total"]
+    assert series == [{"labels": {"tool": "(unknown)", "outcome": "error"}, "value": 4.0}]

@@ -39,7 +39,8 @@ LOOPY = [
     rec("final_answer", 4, 3000, 0.010, 4),
     rec("final_answer", 2, 1000, 0.004, 2),
     rec("repeat_call", 3, 2500, 0.008, 3, 2, stopped_by="repeat_call",
-        evidence={"fingerprint": "query_order:aaa", "tool": "query_order", "count": 3}),
+        evidence={"fingerprint": "query_order:aaa", "tool": "query_order", "count": 3,
+                  "repeats": 2, "signature": 'query_order({"order_id": "1"})'}),
     rec("repeat_call", 5, 6000, 0.020, 5, 3, stopped_by="repeat_call",
         evidence={"fingerprint": "query_order:aaa", "tool": "query_order", "count": 4}),
     rec("repeat_call", 4, 4000, 0.012, 4, 2, stopped_by="repeat_call",
@@ -55,9 +56,8 @@ LOOPY = [
                     {"content": None, "tool_calls": [_search("退货")], "observations": []}]),
     rec("final_answer", 3, 2000, 0.006, 2),
     rec("oscillation", 8, 12000, 0.040, 8, stopped_by="oscillation",
-        evidence={"cycle": [{"fingerprint": "query_order:aaa", "tool": "query_order"},
-                            {"fingerprint": "query_logistics:bbb", "tool": "query_logistics"}],
-                  "repeats": 3}),
+        evidence={"period": 2, "cycles": 2, "cycle": ["query_order:aaa", "query_logistics:bbb"],
+                  "calls": "query_order(...) -> query_logistics(...)"}),
 ]
 
 
@@ -103,18 +103,23 @@ def test_numbers_of_a_small_known_file(tmp_path: Path) -> None:
     assert r["runs_with_duplicates"] == 4 and r["runs_with_duplicates_share"] == 0.4
     assert r["stall_runs"] == 1 and r["stall_rate"] == 0.1
     assert r["loop_stops"] == 5
+    # signatures keyed by fingerprint, shown by their readable signature when evidence has one;
+    # an oscillation's cycle counts each of its calls `cycles` times
     assert r["top_signatures"] == [
-        {"signature": "query_order:aaa", "tool": "query_order", "count": 8, "runs": 3,
+        {"signature": 'query_order({"order_id": "1"})', "fingerprint": "query_order:aaa",
+         "tool": "query_order", "count": 9, "runs": 3,
          "terminations": {"repeat_call": 2, "oscillation": 1}},
-        {"signature": "query_logistics:bbb", "tool": "query_logistics", "count": 4, "runs": 2,
+        {"signature": "query_logistics:bbb", "fingerprint": "query_logistics:bbb",
+         "tool": "query_logistics", "count": 5, "runs": 2,
          "terminations": {"repeat_call": 1, "oscillation": 1}},
-        {"signature": 'search_knowledge({"query":"退货"})', "tool": "search_knowledge",
+        {"signature": 'search_knowledge({"query":"退货"})',
+         "fingerprint": 'search_knowledge({"query":"退货"})', "tool": "search_knowledge",
          "count": 3, "runs": 1, "terminations": {"max_steps": 1}},
     ]
     assert r["tools"] == [
-        {"tool": "query_order", "repeated_calls": 8, "runs": 3},
-        {"tool": "query_logistics", "repeated_calls": 4, "runs": 2},
-        {"tool": "search_knowledge", "repeated_calls": 3, "runs": 1},
+        {"tool": "query_order", "calls": 9, "runs": 3},
+        {"tool": "query_logistics", "calls": 5, "runs": 2},
+        {"tool": "search_knowledge", "calls": 3, "runs": 1},
     ]
     (advice,) = r["advice"]
     assert advice["kind"] == "fix_prompt"
@@ -122,9 +127,8 @@ def test_numbers_of_a_small_known_file(tmp_path: Path) -> None:
     assert advice["message"] == (
         "6 of 10 runs (60%) looped (4 with duplicate calls, 1 stalled, 5 stopped by a loop "
         "guard): fix the prompt or the tool descriptions -- a bigger budget would only buy "
-        "more repeats. Tools most involved: query_order (8 repeated calls in 3 runs), "
-        "query_logistics (4 repeated calls in 2 runs), search_knowledge (3 repeated calls in "
-        "1 run).")
+        "more repeats. Tools most involved: query_order (9 calls in 3 runs), "
+        "query_logistics (5 calls in 2 runs), search_knowledge (3 calls in 1 run).")
 
 
 BUDGETY = [
@@ -156,11 +160,21 @@ def test_healthy_errors_and_failure_streaks() -> None:
     (advice,) = analyse(healthy)["advice"]
     assert advice["kind"] == "healthy"
     assert advice["message"].startswith("9 of 10 runs (90%) finished by themselves")
-    broken = [*healthy[:6], rec("failure_streak", 4, 3000, 0.01, 4),
-              rec("failure_streak", 4, 3000, 0.01, 4), rec("plugin_error", 1, 500, 0, 0),
-              rec("model_error", 1, 0, 0, 0)]
-    kinds = [a["kind"] for a in analyse(broken)["advice"]]
-    assert kinds == ["check_tools", "errors"]
+    failures = {"streak": 3, "failures": [{"tool": "query_order", "error": "503"},
+                                           {"tool": "query_logistics", "error": "timeout"},
+                                           {"tool": "query_order", "error": "503"}]}
+    broken = [*healthy[:6],
+              rec("failure_streak", 4, 3000, 0.01, 4, evidence=failures),
+              rec("failure_streak", 4, 3000, 0.01, 4,
+                  evidence={"failures": [{"tool": "query_order", "error": "503"}]}),
+              rec("plugin_error", 1, 500, 0, 0), rec("model_error", 1, 0, 0, 0)]
+    advice = analyse(broken)["advice"]
+    assert [a["kind"] for a in advice] == ["check_tools", "errors"]
+    assert advice[0]["tools"] == ["query_order", "query_logistics"]
+    assert advice[0]["message"].endswith(
+        "Tools failing: query_order (2 runs), query_logistics (1 run).")
+    assert advice[1]["message"].startswith("2 of 10 runs ended on errors (plugin_error 1, "
+                                           "model_error 1)")
     assert analyse([])["advice"] == []
 
 
@@ -182,7 +196,7 @@ def test_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "steps          4.5      10.0      10.0      10.0      10.0       5.5" in out
     assert "tokens       5,000    18,200    19,100    19,820    20,000     7,650" in out
     assert "duplicate calls: 11 of 53 tool calls (20.8%); runs with duplicates: 4 (40.0%)" in out
-    assert "      8    3  query_order        query_order:aaa" in out
+    assert '      9    3  query_order        query_order({"order_id": "1"})' in out
     assert out.rstrip().splitlines()[-1].startswith("  - 6 of 10 runs (60%) looped")
 
 
