@@ -27,8 +27,9 @@ Tool calls to names the deployment does not have are counted under ``tool="(unkn
 model output cannot grow the label set.  A guard firing is any verdict (warn, skip, stop); its
 ``reason`` is the stop reason, or the verdict kind for warnings and skips.
 ``agent.loop_detected`` counts the firings of the loop detectors (``loop_detectors``: by plugin
-name or stop reason).  ``budget_use_ratio`` is what a run used of each limit it had (its profile's, else the ``max_steps`` / ``token_budget`` /
-``timeout`` plugin's setting): 1.0 means the whole budget.
+name or stop reason).  ``budget_use_ratio`` is what a run used of each limit it had (its
+profile's, else the ``max_steps`` / ``token_budget`` / ``timeout`` plugin's setting): 1.0 means
+the whole budget.
 """
 
 from __future__ import annotations
