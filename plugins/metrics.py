@@ -321,25 +321,46 @@ class _Prometheus:
             server[0].server_close()
 
 
+#: budget -> (the run's profile limit, the plugin that enforces it, its limit methods, its
+#: settings fields) -- read with getattr, so a missing or different plugin just has no limit
+_BUDGETS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
+    "steps": ("max_steps", "max_steps", ("limit",), ("max_steps",)),
+    "tokens": ("max_tokens", "token_budget", ("total_limit", "limit"),
+               ("max_total_tokens", "max_tokens")),
+    "seconds": ("max_seconds", "timeout", ("limit",), ("max_seconds",)),
+}
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 def _budget_limits(run: Run) -> dict[str, float]:
-    """The limits this run had: its profile's, else the budget plugins' settings."""
+    """The limits this run had: its profile's, else what the budget plugin enforces."""
     limits: dict[str, float] = {}
     plugins = getattr(getattr(run, "deployment", None), "plugins", None)
-
-    def plugin_setting(plugin: str, attr: str) -> Any:
+    for budget, (profile_field, plugin, methods, fields) in _BUDGETS.items():
+        value = _positive(getattr(run.limits, profile_field, None))
         obj = plugins.get(plugin) if plugins is not None else None
-        return getattr(getattr(obj, "settings", None), attr, None)
-
-    steps: Any = run.limits.max_steps
-    if steps is None and plugins is not None:
-        ms = plugins.get("max_steps")
-        limit = getattr(ms, "limit", None)
-        steps = limit(run) if callable(limit) else plugin_setting("max_steps", "max_steps")
-    tokens: Any = run.limits.max_tokens or plugin_setting("token_budget", "max_tokens")
-    seconds: Any = run.limits.max_seconds or plugin_setting("timeout", "max_seconds")
-    for name, value in (("steps", steps), ("tokens", tokens), ("seconds", seconds)):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            limits[name] = float(value)
+        if value is None and obj is not None:
+            for method in methods:
+                fn = getattr(obj, method, None)
+                if callable(fn):
+                    try:
+                        value = _positive(fn(run))
+                    except Exception:  # another plugin's helper: never break on it
+                        value = None
+                    if value is not None:
+                        break
+            settings = getattr(obj, "settings", None)
+            for f in fields if value is None else ():
+                value = _positive(getattr(settings, f, None))
+                if value is not None:
+                    break
+        if value is not None:
+            limits[budget] = value
     return limits
 
 

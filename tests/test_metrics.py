@@ -213,3 +213,36 @@ def test_invented_tool_names_do_not_grow_the_label_set(
     m: Metrics = dep.plugins.get("metrics")
     series = m.snapshot()["tool_calls_total"]
     assert series == [{"labels": {"tool": "(unknown)", "outcome": "error"}, "value": 4.0}]
+
+
+def test_budget_plugins_limits_are_read_when_the_profile_has_none(
+    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+) -> None:
+    from loopwarden import Plugin, hookimpl
+
+    class FakeTokenBudget(Plugin):
+        def total_limit(self, run: Run) -> int:
+            return 10_000
+
+        @hookimpl
+        def on_start(self, run: Run) -> None:
+            return None
+
+    class FakeTimeoutSettings:
+        max_seconds = 120.0
+
+    class FakeTimeout(Plugin):
+        @hookimpl
+        def on_start(self, run: Run) -> None:
+            return None
+
+    timeout = FakeTimeout()
+    timeout.settings = FakeTimeoutSettings()
+    cfg = make_config(plugins={"enabled": ["max_steps", "metrics"]})
+    dep = deployment_factory(cfg, plugins={"token_budget": FakeTokenBudget(),
+                                           "timeout": timeout}, clock=FakeClock())
+    rec = dep.run(scenario="refund").record()
+    m: Metrics = dep.plugins.get("metrics")
+    assert m.histogram("budget_use_ratio", budget="tokens").sum == pytest.approx(
+        rec["tokens"]["total"] / 10_000)
+    assert m.histogram("budget_use_ratio", budget="seconds").count == 1
