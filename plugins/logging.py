@@ -177,13 +177,17 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         }
         data.update(self.redactor(fields))
         data["elapsed_s"] = round(run.elapsed, 6)
-        logger = self._loggers[_TOPIC[event]]
-        if logger.isEnabledFor(level):
-            logger.log(level, self.render(data), extra={"loopwarden": data})
+        self._loggers[_TOPIC[event]].log(level, self.render(data), extra={"loopwarden": data})
+
+    def wants(self, event: str, level: int) -> bool:
+        """Whether a record would be written (checked first: no work for a silent logger)."""
+        return self._loggers[_TOPIC[event]].isEnabledFor(level)
 
     # -- receivers ------------------------------------------------------------------------
 
     def on_run_started(self, run: Run, **_: Any) -> None:
+        if not self.wants("run_started", self._level):
+            return
         limits = run.limits
         self.emit(
             "run_started", run, self._level,
@@ -198,6 +202,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         self, run: Run, *, request: ModelRequest, response: ModelResponse, duration_s: float,
         **_: Any,
     ) -> None:
+        if not self.wants("model_responded", self._level):
+            return
         usage = response.usage
         self.emit(
             "model_responded", run, self._level,
@@ -217,6 +223,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
     def on_tool_finished(
         self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any
     ) -> None:
+        if not self.wants("tool_finished", self._level):
+            return
         arguments: Any = call.arguments
         if arguments is None:  # unparseable: mask what can be found in the raw text
             arguments = self.redactor.json_text(call.raw_arguments)
@@ -240,6 +248,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
     def on_guard_triggered(
         self, run: Run, *, verdict: Verdict, hook: str, step: int, **_: Any
     ) -> None:
+        if not self.wants("guard_triggered", self._guard_level):
+            return
         message = verdict.message
         self.emit(
             "guard_triggered", run, self._guard_level,
@@ -255,6 +265,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         )
 
     def on_step_finished(self, run: Run, *, step: int, **_: Any) -> None:
+        if not self.wants("step_finished", self._level):
+            return
         self.emit(
             "step_finished", run, self._level,
             step=step, run_tokens=run.usage.total, tool_calls=run.tool_calls,
@@ -265,6 +277,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         self, run: Run, *, outcome: RunOutcome, record: Mapping[str, Any], **_: Any
     ) -> None:
         level = self._level if outcome.stopped_by is None else self._guard_level
+        if not self.wants("run_stopped", level):
+            return
         tokens = record.get("tokens") or {}
         self.emit(
             "run_stopped", run, level,

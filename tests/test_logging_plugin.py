@@ -357,3 +357,24 @@ def test_a_failing_log_handler_never_changes_the_run(
     record = dep.run(scenario="refund").record()
     assert comparable(record) == comparable(baseline)
     assert record["termination"] == "final_answer" and not captured.records
+
+
+def test_a_silent_logger_costs_no_work(
+    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dep = deployment_factory(_config(make_config), clock=FakeClock())
+    plugin = dep.plugins.get("logging")
+    calls: list[str] = []
+    monkeypatch.setattr(plugin, "emit", lambda event, *a, **k: calls.append(event))
+    logger = logging.getLogger("loopwarden.events")
+    old = logger.level
+    try:
+        logger.setLevel(logging.CRITICAL)
+        dep.run(scenario="refund")
+        assert calls == []
+        logger.setLevel(logging.INFO)
+        dep.run(scenario="refund")
+    finally:
+        logger.setLevel(old)
+    assert calls[0] == "run_started" and calls[-1] == "run_stopped"
