@@ -433,7 +433,7 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
     """The report for people: tables, rates, signatures and advice."""
     lines: list[str] = []
-    head = f"{report['runs']} runs"
+    head = f"{report['runs']} run{'s' if report['runs'] != 1 else ''}"
     if source:
         head = f"{source}: {head}"
     if report.get("skipped_lines"):
