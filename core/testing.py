@@ -455,16 +455,17 @@ def call_hook(
 
 
 class HookCall:
-    """One recorded hook call: ``name``, its keyword arguments as attributes, and ``result``.
+    """One recorded hook call: ``name``, its keyword arguments as attributes
+    (``call.run``, ``call.request``, ``call.result`` ...), and what it returned.
 
-    ``result`` is the list of non-None values the implementations returned (verdicts);
+    ``returned`` is the list of non-None values the implementations returned (verdicts);
     ``excinfo`` the exception that escaped the call, if any.
     """
 
     def __init__(self, name: str, kwargs: Mapping[str, Any]) -> None:
         self.name = name
         self.kwargs = dict(kwargs)
-        self.result: list[Any] = []
+        self.returned: list[Any] = []
         self.excinfo: BaseException | None = None
 
     def __getattr__(self, key: str) -> Any:
@@ -506,7 +507,7 @@ class HookRecorder:
             call.excinfo = outcome.exception
         else:
             value = outcome.get_result()
-            call.result = list(value) if isinstance(value, list) else [value]
+            call.returned = list(value) if isinstance(value, list) else [value]
 
     def finish_recording(self) -> None:
         """Stop recording (idempotent)."""
@@ -541,7 +542,7 @@ class HookRecorder:
     def verdicts(self, names: str | Iterable[str] | None = None) -> list[Verdict]:
         """Every verdict returned in the recorded calls (of ``names``), in call order."""
         calls = self.calls if names is None else self.getcalls(names)
-        return [v for c in calls for v in c.result if isinstance(v, (Warn, Skip, Stop))]
+        return [v for c in calls for v in c.returned if isinstance(v, (Warn, Skip, Stop))]
 
     def clear(self) -> None:
         self.calls.clear()
