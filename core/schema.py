@@ -7,6 +7,10 @@ points and ``module:attr`` included; blocked plugins are never imported, so neve
 Tables of plugins the schema does not know stay allowed: the plugin validates them when it
 loads.  Editors that read JSON Schema (e.g. Even Better TOML / taplo with a ``#:schema``
 directive) then complete and check the file as you type.
+
+The schema checks shapes, types and bounds.  Rules across fields -- ``[run] profile`` must name
+a defined profile, text templates must use known fields -- are checked by
+``loopwarden config check`` only.
 """
 
 from __future__ import annotations
