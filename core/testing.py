@@ -148,7 +148,9 @@ def make_tool(
     if parameters:
         fields: dict[str, Any] = {k: (v, ...) for k, v in parameters.items()}
         args_model: type[BaseModel] = create_model(
-            f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+            f"{name}_arguments",
+            __config__=ConfigDict(extra="forbid", coerce_numbers_to_str=True),
+            **fields,
         )
     else:
         args_model = _AnyArgs
@@ -707,6 +709,7 @@ def run_plugin(
     settings: Mapping[str, Any] | BaseModel | None = None,
     name: str | None = None,
     enabled: Sequence[str] | None = None,
+    plugins: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     then: Literal["repeat_last", "cycle", "final"] = "final",
     on_warning: Literal["ignore", "final"] = "ignore",
@@ -725,6 +728,8 @@ def run_plugin(
     :param settings: the plugin's ``[plugins.<name>]`` table (validated like the file's).
     :param enabled: the call order (names; the plugin's own name included), to run it beside
         other plugins; default: the plugin alone (plus the essential ``max_steps``).
+    :param plugins: more plugins built in code, by name (classes get their table from
+        ``config``); place them with ``enabled``.
     :param config: more config tables, e.g. ``{"plugins": {"max_steps": {"max_steps": 4}}}``.
     :param tool_results: scripted results per tool name (``{"query_order": ["NOT_FOUND"]}``;
         an entry may be ``{"error": "...", "retryable": True}``); other tools run for real on a
@@ -746,7 +751,7 @@ def run_plugin(
     data: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v
                             for k, v in (config or {}).items()}
     plugins_table: dict[str, Any] = dict(data.get("plugins", {}))
-    objects: dict[str, Any] = {}
+    objects: dict[str, Any] = dict(plugins or {})
     if isinstance(plugin, str):
         pname = name or plugin
         if settings is not None:
