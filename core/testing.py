@@ -47,6 +47,7 @@ from loopwarden.clock import CancelToken, Clock, FakeClock
 from loopwarden.config import Config, RunConfig, load_config, parse_config
 from loopwarden.deployment import Deployment
 from loopwarden.events import (
+    ErrorKind,
     ModelRequest,
     ModelResponse,
     ProposedCall,
@@ -325,9 +326,10 @@ def make_response(
         finish_reason=finish_reason or ("tool_calls" if proposed else "stop"),
         model=model,
     )
-    if "calls" in {f.name for f in dataclasses.fields(ModelResponse)}:
+    parsed_field = "calls"  # ModelResponse.calls, where the loop provides it
+    if parsed_field in {f.name for f in dataclasses.fields(ModelResponse)}:
         run = run if run is not None else make_run()
-        response.calls = _engine(run)._parse_calls(run, response)  # type: ignore[attr-defined]
+        setattr(response, parsed_field, _engine(run)._parse_calls(run, response))
     return response
 
 
@@ -363,7 +365,7 @@ def make_tool_result(
     content: str = "OK",
     *,
     ok: bool = True,
-    error: str | None = None,
+    error: ErrorKind | None = None,
     retryable: bool = False,
     skipped: bool = False,
     skipped_by: str | None = None,
@@ -374,7 +376,7 @@ def make_tool_result(
     return ToolResult(
         content=content,
         ok=ok and error is None,
-        error=error,  # type: ignore[arg-type]
+        error=error,
         retryable=retryable,
         skipped=skipped,
         skipped_by=skipped_by,
@@ -650,7 +652,14 @@ class VerdictRecord:
 
 @dataclasses.dataclass
 class PluginRun:
-    """What :func:`run_plugin` returns: the finished run and everything seen on the way."""
+    """What :func:`run_plugin` returns: the finished run and everything seen on the way.
+
+    ``plugin`` is the plugin object as registered (named ``name``); ``run`` the finished
+    :class:`~loopwarden.Run`; ``hooks`` and ``signals`` the recorders of every hook call and
+    signal of the run; ``model`` the scripted model (``model.requests`` are the requests it
+    got); ``deployment`` the (closed) deployment, e.g. for ``deployment.plugins.describe()``;
+    ``shop`` the throwaway demo shop (``shop.refunds()``), or None when ``tools`` were given.
+    """
 
     plugin: Any
     name: str

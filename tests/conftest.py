@@ -7,10 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from loopwarden import Deployment
-from loopwarden.config import Config, load_toml, parse_config
-from loopwarden.config import default_config_path
+from loopwarden.config import Config, default_config_path, load_toml, parse_config
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,14 @@ from loopwarden.pluginmanager import (
     load_plugins,
     resolve_names,
 )
-from loopwarden.testing import make_deployment, make_tool_call, run_plugin, tool_call, turn
+from loopwarden.testing import (
+    make_deployment,
+    make_run,
+    make_tool_call,
+    run_plugin,
+    tool_call,
+    turn,
+)
 
 _counter = itertools.count()
 
@@ -420,22 +427,13 @@ class Boom(Plugin):  # type: ignore[type-arg]
 
 
 def test_a_raising_plugin_is_blamed_by_name_even_with_shared_code() -> None:
-    dep = make_deployment({"plugins": {"enabled": ["max_steps", "calm", "loud"]}},
-                          plugins={"calm": Boom, "loud": Boom})
-    try:
-        run = make_run_with_meta(dep, explode=["loud"])
+    with make_deployment({"plugins": {"enabled": ["max_steps", "calm", "loud"]}},
+                         plugins={"calm": Boom, "loud": Boom}) as dep:
+        run = make_run(deployment=dep, meta={"explode": ["loud"]})
         res = dep.hooks.before_tool(run, make_tool_call("query_order", order_id="1", run=run))
-    finally:
-        dep.close()
     assert res.stop is not None
     assert (res.stop.reason, res.stop.plugin) == ("plugin_error", "loud")
     assert "loud exploded" in (res.stop.message or "")
-
-
-def make_run_with_meta(dep: Any, **meta: Any) -> Any:
-    from loopwarden.testing import make_run
-
-    return make_run(deployment=dep, meta=meta)
 
 
 def test_tracing_writes_hook_calls_to_stderr(monkeypatch: pytest.MonkeyPatch,

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from loopwarden import Plugin, PluginLoadError, hookimpl
+from loopwarden.config import load_config
 from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.testing import (
@@ -344,23 +346,25 @@ def test_call_hook_builds_a_class_with_settings() -> None:
 
 
 def test_hook_recorder_getcalls_and_finish() -> None:
-    dep = make_deployment(plugins={"probe": Probe}, tools=[make_tool("ping", read_only=True)])
-    try:
-        rec = HookRecorder(dep)
-        dep.run(scenario=_scenario())
-        calls = rec.getcalls("before_tool after_tool")
-        assert [c.name for c in calls] == ["before_tool", "after_tool"]
-        assert calls[1].call is calls[0].call  # keyword arguments as attributes
-        assert calls[1].result.content == "pong"
-        with pytest.raises(LookupError, match="exactly one before_model"):
-            rec.getcall("before_model")
-        assert rec.getcall("on_start").returned == []
-        rec.finish_recording()
-        n = len(rec.calls)
-        dep.run(scenario=_scenario())
-        assert len(rec.calls) == n
-    finally:
-        dep.close()
+    with make_deployment(plugins={"probe": Probe},
+                         tools=[make_tool("ping", read_only=True)]) as dep:
+        hook_recorder_checks(dep)
+
+
+def hook_recorder_checks(dep: Any) -> None:
+    rec = HookRecorder(dep)
+    dep.run(scenario=_scenario())
+    calls = rec.getcalls("before_tool after_tool")
+    assert [c.name for c in calls] == ["before_tool", "after_tool"]
+    assert calls[1].call is calls[0].call  # keyword arguments as attributes
+    assert calls[1].result.content == "pong"
+    with pytest.raises(LookupError, match="exactly one before_model"):
+        rec.getcall("before_model")
+    assert rec.getcall("on_start").returned == []
+    rec.finish_recording()
+    n = len(rec.calls)
+    dep.run(scenario=_scenario())
+    assert len(rec.calls) == n
 
 
 def _scenario() -> Any:
@@ -379,21 +383,31 @@ def test_hook_recorder_collects_verdicts() -> None:
 
 
 def test_signal_recorder_records_only_while_active() -> None:
-    dep = make_deployment(tools=[make_tool("ping", read_only=True)])
-    try:
-        with SignalRecorder() as rec:
-            run = dep.run(scenario=_scenario())
-        assert rec.names()[0] == "run-started" and rec.names()[-1] == "run-stopped"
-        assert rec.get("run-stopped")[0].sender is run
-        assert rec.get("run-stopped")[0].record["termination"] == "final_answer"
-        n = len(rec.records)
+    with make_deployment(tools=[make_tool("ping", read_only=True)]) as dep:
+        signal_recorder_checks(dep)
+
+
+def signal_recorder_checks(dep: Any) -> None:
+    with SignalRecorder() as rec:
+        run = dep.run(scenario=_scenario())
+    assert rec.names()[0] == "run-started" and rec.names()[-1] == "run-stopped"
+    assert rec.get("run-stopped")[0].sender is run
+    assert rec.get("run-stopped")[0].record["termination"] == "final_answer"
+    n = len(rec.records)
+    dep.run(scenario=_scenario())
+    assert len(rec.records) == n
+    with SignalRecorder(deployment=object()) as other:
         dep.run(scenario=_scenario())
-        assert len(rec.records) == n
-        with SignalRecorder(deployment=object()) as other:
-            dep.run(scenario=_scenario())
-        assert other.records == []
-    finally:
-        dep.close()
+    assert other.records == []
+
+
+def test_make_deployment_takes_a_mapping_a_config_or_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[plugins]\nenabled = ["max_steps"]\n[plugins.max_steps]\nmax_steps = 3\n',
+                    encoding="utf-8")
+    for source in ({"plugins": {"max_steps": {"max_steps": 3}}}, load_config(path), path):
+        with make_deployment(source) as dep:
+            assert dep.plugins.get("max_steps").settings.max_steps == 3
 
 
 # -- run_plugin -----------------------------------------------------------------------------
