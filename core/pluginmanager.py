@@ -418,9 +418,13 @@ def new_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     if _env_flag(ENV_TRACE):
-        pm.trace.root.setwriter(lambda s: sys.stderr.write("[loopwarden trace] " + s))
+        pm.trace.root.setwriter(_trace_writer)
         pm.enable_tracing()
     return pm
+
+
+def _trace_writer(text: str) -> None:
+    sys.stderr.write("".join("[loopwarden trace] " + ln for ln in text.splitlines(True)))
 
 
 def _owns_connect(obj: Any) -> bool:

@@ -166,6 +166,19 @@ def test_a_configs_own_plugins_are_included(tmp_path: Path,
     sys.modules.pop("lwschema_cap", None)
 
 
+def test_schema_command_reads_the_local_config_by_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _site_module(tmp_path, monkeypatch, "lwschema_local")
+    (tmp_path / "config.toml").write_text(f'[plugins]\nenabled = ["{spec}"]\n',
+                                          encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert cli(["config", "schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert spec in printed["properties"]["plugins"]["properties"]
+    sys.modules.pop("lwschema_local", None)
+
+
 def test_blocked_plugins_are_not_imported_for_the_schema(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _site_module(tmp_path, monkeypatch, "lwschema_blocked")
@@ -177,7 +190,9 @@ def test_blocked_plugins_are_not_imported_for_the_schema(tmp_path: Path,
 
 
 def test_schema_command_prints_the_schema(capsys: pytest.CaptureFixture[str],
-                                          tmp_path: Path, schema: dict[str, Any]) -> None:
+                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          schema: dict[str, Any]) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./config.toml: the shipped default, built-ins only
     assert cli(["config", "schema"]) == 0
     assert json.loads(capsys.readouterr().out) == schema
     out = tmp_path / "schema.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -444,7 +445,8 @@ def test_tracing_writes_hook_calls_to_stderr(monkeypatch: pytest.MonkeyPatch,
     err = capsys.readouterr().err
     assert result.termination == "final_answer"
     for hook in ("on_start", "before_model", "before_tool", "after_tool", "on_stop"):
-        assert f"[loopwarden trace]   {hook} [hook]" in err
+        assert re.search(rf"^\[loopwarden trace\] +{hook} \[hook\]$", err, re.M), hook
+    assert all(ln.startswith("[loopwarden trace] ") for ln in err.splitlines())
     monkeypatch.delenv("LOOPWARDEN_TRACE_PLUGINS")
     run_plugin(_Plain, name="plain")
     assert "[loopwarden trace]" not in capsys.readouterr().err

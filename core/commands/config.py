@@ -20,13 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     schema = sub.add_parser("schema", help="print a JSON Schema of the config file")
     schema.add_argument("--config", metavar="FILE", default=None,
-                        help="also include the settings of the plugins this config enables")
+                        help="also describe the plugins this config enables (default: "
+                             "./config.toml if present, else the shipped default)")
     schema.add_argument("--output", "-o", metavar="FILE", default=None,
                         help="write the schema to FILE instead of stdout")
 
 
 def main(args: argparse.Namespace) -> int:
-    from loopwarden.config import load_config
+    from loopwarden.config import find_config, load_config
     from loopwarden.pluginmanager import check_tables, load_plugins
 
     if args.action == "check":
@@ -37,7 +38,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from loopwarden.schema import config_schema
 
-    text = json.dumps(config_schema(args.config), indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(config_schema(find_config(args.config)), indent=2,
+                      ensure_ascii=False) + "\n"
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(text)
