@@ -15,7 +15,7 @@ import contextvars
 import json
 import logging
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -385,7 +385,7 @@ class Engine:
                     signals.send(signals.step_finished, run, step=run.step)
                 continue
             for i, call in enumerate(calls):
-                if run.cancel.cancelled:
+                if _cancelled(run):  # (a call: mypy would keep the narrowing from above)
                     self._close_calls(run, calls[i:], "cancelled")
                     break
                 res = hooks.before_tool(run, call)
@@ -495,22 +495,24 @@ class Engine:
             return self.tool_result(eff, value, started, run)
         # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
         # deadline.  Python cannot kill the thread; its late result is discarded.
-        box: dict[str, Any] = {}
+        done = threading.Lock()
+        done.acquire()
+        box: list[Any] = []
 
-        def target() -> None:
-            try:
-                box["value"] = tool.invoke(eff.arguments, ctx)
-            except BaseException as exc:  # delivered to the loop below
-                box["error"] = exc
+        def finished(ok: bool, payload: Any) -> None:
+            box.append((ok, payload))
+            done.release()
 
-        worker = threading.Thread(target=target, name=f"loopwarden-tool-{tool.name}", daemon=True)
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
+        # a fresh context per call, as a new thread would have
+        _WORKERS.submit(contextvars.Context(), tool.invoke, (eff.arguments, ctx), tool.name,
+                        finished, lambda: bool(box))  # abandoned: the marker appended below
+        if not done.acquire(timeout=timeout):
+            box.append(None)  # abandoned (if the result came just now, it is discarded)
             return self.timeout_result(eff.call, run.clock.now() - started)
-        if "error" in box:
-            return self.error_result(eff, box["error"], run.clock.now() - started)
-        return self.tool_result(eff, box.get("value"), started, run)
+        ok, payload = box[0]
+        if not ok:
+            return self.error_result(eff, payload, run.clock.now() - started)
+        return self.tool_result(eff, payload, started, run)
 
     async def run_tool_async(self, eff: RunTool, run: Run) -> ToolResult:
         tool, ctx = eff.tool, eff.ctx
@@ -533,8 +535,110 @@ class Engine:
         return self.tool_result(eff, value, started, run)
 
 
+Finished = Callable[[bool, Any], None]
+
+
+class _Worker:
+    """One daemon thread of :class:`_ToolThreads`: runs the jobs handed to it, one at a time."""
+
+    __slots__ = ("_job", "_pool", "_ready", "thread")
+
+    def __init__(self, pool: _ToolThreads) -> None:
+        self._pool = pool
+        self._ready = threading.Lock()  # released when a job is handed over
+        self._ready.acquire()
+        self._job: _Job | None = None
+        self.thread = threading.Thread(target=self._loop, name=_IDLE_NAME, daemon=True)
+
+    def give(self, job: _Job) -> None:
+        self._job = job
+        self._ready.release()
+
+    def _loop(self) -> None:
+        pool, thread = self._pool, self.thread
+        while True:
+            if not self._ready.acquire(timeout=pool.idle_s):
+                if pool.retire(self):
+                    return
+                continue  # handed a job just now: it is on its way
+            job, self._job = self._job, None
+            if job is None:
+                continue
+            context, fn, args, name, finished, abandoned = job
+            thread.name = "loopwarden-tool-" + name
+            try:
+                result: tuple[bool, Any] = (True, context.run(fn, *args))
+            except BaseException as exc:  # delivered to whoever waits for the tool
+                result = (False, exc)
+            del job, context, fn, args  # hold nothing of the call while idle
+            reuse = not abandoned()
+            if reuse:  # idle again before the waiter wakes: its next call finds this thread
+                thread.name = _IDLE_NAME
+                pool.rest(self)
+            try:
+                finished(*result)
+            except BaseException:
+                log.exception("delivering the result of tool %r failed", name)
+            if not reuse:  # the waiter gave up at its deadline: end, as a lone thread would
+                return
+            del finished, abandoned, result
+
+
+_Job = tuple[contextvars.Context, Callable[..., Any], tuple[Any, ...], str, Finished,
+             Callable[[], bool]]
+_IDLE_NAME = "loopwarden-worker-idle"
+
+
+class _ToolThreads:
+    """Daemon threads that run blocking tools under a deadline, reused across calls.
+
+    Starting a thread costs far more than a trivial tool call; an idle worker takes the next
+    call instead.  A worker whose call was abandoned at its deadline keeps running the tool
+    (Python cannot kill a thread) and ends when the tool returns; the next call gets another
+    thread.  Workers idle for ``idle_s`` seconds end.  While it runs a tool a worker is named
+    ``loopwarden-tool-<tool>``, and each call runs in the ``contextvars.Context`` it is
+    given; thread-local state that a tool keeps may outlive a call.
+    """
+
+    def __init__(self, idle_s: float = 10.0) -> None:
+        self.idle_s = idle_s
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def submit(self, context: contextvars.Context, fn: Callable[..., Any],
+               args: tuple[Any, ...], name: str, finished: Finished,
+               abandoned: Callable[[], bool]) -> None:
+        """Run ``context.run(fn, *args)`` in a worker thread, then ``finished(True, value)``
+        or ``finished(False, exception)`` there.  ``abandoned()`` (asked when the tool
+        returned) says whether the waiter gave up meanwhile: that thread then ends."""
+        job: _Job = (context, fn, args, name, finished, abandoned)
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(self)
+            worker.give(job)
+            worker.thread.start()
+        else:
+            worker.give(job)
+
+    def rest(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+    def retire(self, worker: _Worker) -> bool:
+        """An idle worker timed out: True when it may end (it was not just handed a job)."""
+        with self._lock:
+            if worker in self._idle:
+                self._idle.remove(worker)
+                return True
+            return False
+
+
+_WORKERS = _ToolThreads()
+
+
 def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
-    """Run a blocking tool in its own daemon thread; return a future for its value.
+    """Run a blocking tool in a daemon worker thread; return a future for its value.
 
     Not ``asyncio.to_thread``: an abandoned (timed-out) tool would keep a worker of the
     event loop's default executor, and ``asyncio.run()`` waits for those at exit -- a hung
@@ -552,16 +656,16 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
         else:
             future.set_exception(payload)
 
-    def target() -> None:
-        try:
-            result: tuple[bool, Any] = (True, context.run(fn, *args))
-        except BaseException as exc:  # delivered to the awaiting loop
-            result = (False, exc)
+    def finished(ok: bool, payload: Any) -> None:
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits any more
-            loop.call_soon_threadsafe(deliver, *result)
+            loop.call_soon_threadsafe(deliver, ok, payload)
 
-    threading.Thread(target=target, name=f"loopwarden-tool-{name}", daemon=True).start()
+    _WORKERS.submit(context, fn, args, name, finished, future.done)
     return future
+
+
+def _cancelled(run: Run) -> bool:
+    return run.cancel.cancelled
 
 
 def _internal_error(exc: BaseException) -> RunOutcome:

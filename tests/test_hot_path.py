@@ -2,19 +2,23 @@
 
 Each reference below is the implementation as it was before it was made cheap; the property
 tests compare them on arbitrary input (ASCII, CJK, whitespace of every kind, nested JSON).
+The worker threads that run blocking tools under a deadline are tested at the end.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import re
+import threading
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter, canonical_arguments
+from loopwarden.loop import _ToolThreads
 from loopwarden.plugins._text import token_set
 from loopwarden.tokens import estimate_text
 
@@ -141,3 +145,73 @@ def test_token_set_examples() -> None:
     assert token_set("Checking Order 88231, again!") == {"checking", "order", "88231", "again"}
     assert token_set("查询订单 88231") == {"查", "询", "订", "单", "88231"}
     assert token_set("İstanbul STRASSE straße") == _ref_token_set("İstanbul STRASSE straße")
+
+
+# -- blocking tools under a deadline run on reused worker threads --------------------------------
+
+
+def _run_job(pool: _ToolThreads, fn: Any, *args: Any,
+             context: contextvars.Context | None = None) -> tuple[bool, Any]:
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+
+    def finished(ok: bool, payload: Any) -> None:
+        box.append((ok, payload))
+        done.set()
+
+    pool.submit(context or contextvars.Context(), fn, args, "probe", finished, lambda: False)
+    assert done.wait(10)
+    return box[0]
+
+
+def test_an_idle_worker_takes_the_next_call() -> None:
+    pool = _ToolThreads(idle_s=30)
+    first = _run_job(pool, lambda: (threading.get_ident(), threading.current_thread().name))
+    second = _run_job(pool, lambda: (threading.get_ident(), threading.current_thread().name))
+    assert first[0] and second[0]
+    assert first[1][0] == second[1][0] != threading.get_ident()  # one thread, reused
+    assert first[1][1] == "loopwarden-tool-probe"  # named after the tool while it runs
+
+
+def test_each_call_gets_its_own_context_and_exceptions_are_delivered() -> None:
+    pool = _ToolThreads(idle_s=30)
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    assert _run_job(pool, var.set, "leaked")[0]
+    assert _run_job(pool, var.get) == (True, "unset")
+
+    def boom() -> None:
+        raise KeyError("inside the tool")
+
+    ok, exc = _run_job(pool, boom)
+    assert not ok and isinstance(exc, KeyError)
+    assert _run_job(pool, lambda: 7) == (True, 7)  # the worker survived
+
+
+def test_an_abandoned_worker_ends_when_its_tool_returns_and_is_not_reused() -> None:
+    pool = _ToolThreads(idle_s=30)
+    release, started = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+
+    def blocking() -> str:
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(10)
+        return "late"
+
+    delivered = threading.Event()
+    pool.submit(contextvars.Context(), blocking, (), "slow", lambda ok, v: delivered.set(),
+                lambda: True)  # the waiter gave up
+    assert started.wait(10)
+    other = _run_job(pool, threading.current_thread)  # the busy worker is not handed it
+    assert other[1] is not threads[0]
+    release.set()
+    threads[0].join(10)
+    assert not threads[0].is_alive() and delivered.is_set()
+
+
+def test_idle_workers_end_after_idle_s() -> None:
+    pool = _ToolThreads(idle_s=0.01)
+    ok, thread = _run_job(pool, threading.current_thread)
+    thread.join(10)
+    assert ok and not thread.is_alive()
+    assert _run_job(pool, lambda: "fresh")[1] == "fresh"  # a new worker starts on demand
