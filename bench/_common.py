@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from loopwarden.tools import ToolContext
+
 SYSTEM = "You are a benchmark agent."
 USER = "Look up every record, then answer."
 FINAL = "All records looked up."
@@ -22,6 +24,13 @@ BIG = 10**9  # a limit the workload never reaches
 #: stops it.  Applied only to plugins the config enables (unknown keys would be config errors).
 LIMIT_OVERRIDES: dict[str, dict[str, Any]] = {
     "max_steps": {"max_steps": BIG, "warn_remaining": 0},
+    "timeout": {"max_seconds": float(BIG)},
+    "token_budget": {"max_context": BIG, "max_total_tokens": BIG},
+    # the bench's models are priced like gpt-4o-mini, so the cost guard does its arithmetic
+    "cost_budget": {"max_cost": BIG, "prices": {
+        name: {"input": 0.15, "cached_input": 0.075, "output": 0.60}
+        for name in ("instant", "slow")}},
+    "tool_calls": {"max_tool_calls": BIG},
 }
 
 
@@ -40,6 +49,12 @@ def lookup(key: str) -> str:
     return f"record {key}: value {len(key) * 7919 % 10007}"
 
 
+def lookup_ctx(key: str, ctx: ToolContext) -> str:
+    """The trivial tool, cooperative: it takes the run's ToolContext, so under a deadline the
+    loop runs it inline instead of in a worker thread."""
+    return lookup(key)
+
+
 def cpu_model() -> str:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -51,6 +66,13 @@ def cpu_model() -> str:
 
 def machine() -> str:
     return f"{platform.machine()}, {cpu_model()}, {os.cpu_count()} cores ({platform.system()})"
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def bench_config_data(base: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +88,6 @@ def bench_config_data(base: dict[str, Any]) -> dict[str, Any]:
     enabled = set(plugins.get("enabled", [])) | {"max_steps"}
     for name, extra in LIMIT_OVERRIDES.items():
         if name in enabled:
-            plugins[name] = {**plugins.get(name, {}), **extra}
+            plugins[name] = _merge(plugins.get(name, {}), extra)
     data["plugins"] = plugins
     return data

@@ -10,7 +10,12 @@ in-process model -- runs four ways in one process, interleaved:
                   so "empty" means the essential max_steps only
 ``default``       loopwarden with the shipped config.toml (every plugin it enables), limits
                   raised above the workload through config overrides so the guards run every
-                  step but never stop it; every run is checked to end with ``final_answer``
+                  step but never stop it; every run is checked to end with ``final_answer``.
+                  Python logging stays at WARNING (routine events are not written), metrics on.
+``default_ctx``   the same, with the trivial tool taking a ``ToolContext``: a cooperative tool
+                  runs inline, while a plain blocking one (``default``) runs in a worker thread
+                  so that the timeout plugin's deadline can abandon it -- the difference is the
+                  cost of that thread hand-off
 
 It prints microseconds per step (the median of ``--runs`` runs; per step = run time / N) for
 N = 10, 50 and 500, each as a ratio to the bare loop, plus the time of ``import loopwarden``
@@ -18,7 +23,7 @@ and of ``loopwarden --help`` in fresh subprocesses.
 
     python bench/overhead.py            # a table
     python bench/overhead.py --json     # one JSON object
-    python bench/overhead.py --quick    # tiny sizes (a smoke test of the bench itself)
+    python bench/overhead.py --quick    # 3 runs per size (a smoke test of the bench itself)
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as W
 import pluggy
 
-VARIANTS = ("bare", "pluggy_floor", "empty", "default")
+VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx")
 
 # -- 1. the bare loop -------------------------------------------------------------------------
 
@@ -164,7 +169,8 @@ def make_floor() -> Callable[[int], str]:
 # -- 3 and 4. loopwarden ------------------------------------------------------------------------
 
 
-def make_loopwarden(shipped: bool) -> tuple[Callable[[int], str], list[str]]:
+def make_loopwarden(shipped: bool, cooperative: bool = False
+                    ) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
     from loopwarden.events import ModelResponse, ProposedCall, Usage
@@ -200,7 +206,8 @@ def make_loopwarden(shipped: bool) -> tuple[Callable[[int], str], list[str]]:
     else:
         path, base = Path("<empty>"), {"plugins": {"enabled": []}}
     config = parse_config(W.bench_config_data(base), path=str(path))
-    tools = ToolRegistry([tool(read_only=True, deterministic=True)(W.lookup)])
+    fn = W.lookup_ctx if cooperative else W.lookup
+    tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(fn)])
     dep = Deployment(config, tools=tools)
 
     def lw_loop(n: int) -> str:
@@ -219,10 +226,11 @@ def make_loopwarden(shipped: bool) -> tuple[Callable[[int], str], list[str]]:
 # -- measuring ----------------------------------------------------------------------------------
 
 
-def measure(fns: dict[str, Callable[[int], str]], n: int, runs: int) -> dict[str, float]:
+def measure(fns: dict[str, Callable[[int], str]], n: int, runs: int,
+            warmup: int = 3) -> dict[str, float]:
     """Median microseconds per step of each variant; variants interleaved, order rotated."""
-    for fn in fns.values():  # warm up
-        for _ in range(3):
+    for fn in fns.values():
+        for _ in range(warmup):
             fn(n)
     times: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
@@ -270,22 +278,24 @@ def startup_ms(repeat: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    ap.add_argument("--quick", action="store_true",
+                    help="3 runs per size, few import timings: a smoke test of the bench")
     ap.add_argument("--runs", type=int, default=None, help="runs per size and variant (>= 30)")
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of N")
     args = ap.parse_args(argv)
-    sizes = args.sizes or ([3, 5] if args.quick else [10, 50, 500])
+    sizes = args.sizes or [10, 50, 500]
     runs = args.runs or (3 if args.quick else 31)
     repeat = 2 if args.quick else 9
     logging.basicConfig(level=logging.WARNING)
 
     default_fn, default_plugins = make_loopwarden(shipped=True)
+    ctx_fn, _ = make_loopwarden(shipped=True, cooperative=True)
     empty_fn, empty_plugins = make_loopwarden(shipped=False)
     fns = {"bare": bare_loop, "pluggy_floor": make_floor(), "empty": empty_fn,
-           "default": default_fn}
+           "default": default_fn, "default_ctx": ctx_fn}
     per_step: dict[str, dict[str, float]] = {}
     for n in sizes:
-        per_step[str(n)] = measure(fns, n, runs)
+        per_step[str(n)] = measure(fns, n, runs, warmup=1 if args.quick else 3)
     ratios = {
         n: {k: round(v / row["bare"], 2) for k, v in row.items()} for n, row in per_step.items()
     }
@@ -310,14 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"loopwarden overhead -- python {result['python']} on {result['machine']}")
     print(f"median of {runs} runs, interleaved; microseconds per step (ratio to bare)")
-    print(f"{'N':>6}  " + "  ".join(f"{v:>18}" for v in VARIANTS))
+    print(f"{'N':>6}  " + "  ".join(f"{v:>17}" for v in VARIANTS))
     for n, row in per_step.items():
-        cells = [f"{row[v]:>9.1f} ({ratios[n][v]:>5.2f}x)" for v in VARIANTS]
+        cells = [f"{row[v]:>8.1f} ({ratios[n][v]:>5.1f}x)" for v in VARIANTS]
         print(f"{n:>6}  " + "  ".join(cells))
     for label, growth in result.get("growth", {}).items():
         print(f"growth {label}: " + ", ".join(f"{k} {v:.2f}x" for k, v in growth.items()))
     print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
     print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
+    print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
     print(f"import loopwarden: {result['import_ms']:.1f} ms; "
           f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "
           f"loopwarden --help: {result['help_ms']:.1f} ms "

@@ -1,0 +1,177 @@
+"""The benchmarks run and print the promised JSON; guard state per run is bounded.
+
+No timing is asserted here (the machine is shared and noisy): the benches are smoke-tested for
+their output shape only.  The bounded-state test measures structure, not time: the per-run
+state of the whole shipped guard stack is the same size after 300 steps and after 2,000.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FunctionType, MethodType, ModuleType
+from typing import Any
+
+import pytest
+
+from loopwarden import Deployment, FakeClock
+from loopwarden.config import default_config_path, load_toml, parse_config
+from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
+from loopwarden.run import Run
+from loopwarden.tools import Tool, ToolRegistry, tool
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _bench(script: str, *args: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--json", *args],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def test_overhead_bench_prints_the_promised_json() -> None:
+    data = _bench("overhead.py")
+    assert set(data["us_per_step"]) == {"10", "50", "500"}
+    for row in data["us_per_step"].values():
+        assert {"bare", "pluggy_floor", "empty", "default"} <= set(row)
+        assert all(_number(v) and v > 0 for v in row.values())
+    assert _number(data["import_ms"])
+    assert data["python"] == platform.python_version()
+    assert isinstance(data["machine"], str) and data["machine"]
+    assert set(data["ratio_to_bare"]) == {"10", "50", "500"}
+    assert data["plugins"]["empty"] == ["max_steps"]  # the essential plugin only
+    assert "max_steps" in data["plugins"]["default"]
+
+
+def test_concurrency_bench_prints_the_promised_json() -> None:
+    data = _bench("concurrency.py")
+    assert {"runs", "wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run"} <= set(data)
+    assert data["runs"] == 20 and isinstance(data["runs"], int)
+    for key in ("wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run",
+                "history_kb_per_run"):
+        assert _number(data[key]), key
+    assert data["ideal_s"] == pytest.approx(data["steps"] * data["latency_ms"] / 1000)
+    assert data["wall_s"] >= data["ideal_s"]  # every run waits steps x latency at least
+
+
+# -- guard state per run does not grow with the run ----------------------------------------------
+
+
+def _load_common() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_bench_common", BENCH / "_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+W = _load_common()
+
+
+class _Instant:
+    """N tool-call turns (distinct arguments), then the final answer."""
+
+    name = "instant"
+
+    def __init__(self, n: int) -> None:
+        self.n, self.i = n, 0
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        i, self.i = self.i, self.i + 1
+        if i >= self.n or request.tool_choice == "none":
+            return ModelResponse(content=W.FINAL, usage=Usage(request.estimated_tokens, 8))
+        return ModelResponse(content=W.content(i), usage=Usage(request.estimated_tokens, 16),
+                             tool_calls=[ProposedCall("lookup", W.arguments(i), f"c{i}")])
+
+
+_SHARED = (Tool, ToolRegistry, Run, Deployment, type, ModuleType, FunctionType, MethodType)
+
+
+def _walk(obj: Any, seen: set[int]) -> Iterator[Any]:
+    """Every object reachable from ``obj`` through containers and loopwarden objects, once;
+    deployment-wide things (tools, the run, plugins' classes, functions) are not followed."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, _SHARED):
+            continue
+        seen.add(id(o))
+        yield o
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset, deque)):
+            stack.extend(o)
+        elif type(o).__module__.startswith("loopwarden"):
+            if dataclasses.is_dataclass(o):
+                stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+            else:
+                for cls in type(o).__mro__:
+                    stack.extend(getattr(o, n) for n in getattr(cls, "__slots__", ())
+                                 if isinstance(n, str) and hasattr(o, n))
+                stack.extend(getattr(o, "__dict__", {}).values())
+
+
+def structure_size(obj: Any) -> tuple[int, int]:
+    """(objects and container entries, characters of text) reachable from ``obj``.
+
+    Deterministic (no allocator, no timing): a count that grows if anything keeps one more
+    entry per step."""
+    items = chars = 0
+    for o in _walk(obj, set()):
+        items += 1
+        if isinstance(o, (dict, list, tuple, set, frozenset, deque)):
+            items += len(o)
+        elif isinstance(o, (str, bytes)):
+            chars += len(o)
+    return items, chars
+
+
+@pytest.fixture(scope="module")
+def shipped_stack() -> Iterator[Callable[[int], Run]]:
+    path = default_config_path()
+    config = parse_config(W.bench_config_data(load_toml(path)), path=str(path))
+    dep = Deployment(config, tools=ToolRegistry(
+        [tool(read_only=True, deterministic=True)(W.lookup)]), clock=FakeClock())
+
+    def play(n: int) -> Run:
+        run = dep.run(W.USER, model=_Instant(n))
+        assert run.record()["termination"] == "final_answer"
+        assert run.step == n + 1  # every guard ran every step, none stopped the run
+        return run
+
+    yield play
+    dep.close()
+
+
+def test_guard_state_per_run_does_not_grow_with_the_run(
+        shipped_stack: Callable[[int], Run]) -> None:
+    # 300 steps fill every bounded structure of the shipped stack (the largest cap is
+    # repeat_call's 256 fingerprints); 2,000 steps must not add a single entry.
+    small, cap, large = (structure_size(shipped_stack(n).state) for n in (50, 300, 2000))
+    assert large[0] == cap[0]
+    assert large[1] <= cap[1] * 1.05  # the same entries; longer ids ("k1999" vs "k299")
+    assert small[0] <= cap[0]
+    assert len(shipped_stack(50).state) >= 8  # the plugins' slots are really there
+
+
+def test_structure_size_sees_growth() -> None:
+    # the helper itself: one more entry anywhere is one more item
+    base = {"a": deque([1, 2], maxlen=5)}
+    grown = {"a": deque([1, 2, 3], maxlen=5)}
+    assert structure_size(grown)[0] > structure_size(base)[0]
