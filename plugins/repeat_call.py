@@ -155,6 +155,7 @@ class _Pending:
     call: ToolCall
     retry: bool  # an allowed retry of a retryable failure
     deferred: bool  # a non-deterministic call: judged by its result, in after_tool
+    entry: _Entry | None = None  # its fingerprint's entry (nothing can evict it meanwhile)
 
 
 @dataclass(slots=True)
@@ -253,7 +254,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             e.repeats = 0  # the world changed since its result: a fresh call
         # A non-deterministic call is judged by its result -- unless it failed for good.
         deferred = self._volatile(call) and (not current or e.ok or retry)
-        st.pending = _Pending(call, retry=retry, deferred=deferred)
+        st.pending = _Pending(call, retry=retry, deferred=deferred, entry=e)
         if deferred:
             return None
         side_effect = call.side_effect and call.error is None
@@ -302,7 +303,8 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if pending is None or pending.call is not call:
             pending = _Pending(call, retry=False, deferred=False)
         fp = call.fingerprint
-        e = self._entry(st, fp)
+        # the entry before_tool used, still the most recent one (no call came in between)
+        e = pending.entry if pending.entry is not None else self._entry(st, fp)
         verdict: Verdict | None = None
         if pending.deferred:
             if result.skipped:

@@ -102,22 +102,26 @@ class Stall(Plugin[StallSettings]):
         st: _State = self.state(run)
         digest = result.digest
         tokens = token_set(result.content, s.max_chars)
-        best = 0.0
-        n = len(tokens)
-        for d, t in st.recent:
-            if d == digest:
-                best = 1.0
-                break
-            if n or t:  # jaccard(tokens, t), inlined
-                inter = len(tokens & t)
-                sim = inter / (n + len(t) - inter)
-            else:
-                sim = 1.0
-            if sim > best:
-                best = sim
-                if best >= 1.0:
-                    break
         changed_world = result.ok and call.tool is not None and not call.read_only
+        best = 0.0  # the highest similarity -- exact whenever it reaches the threshold
+        if not changed_world:  # (a side effect is progress: nothing to compare)
+            n, threshold = len(tokens), s.similarity
+            for d, t in st.recent:
+                if d == digest:
+                    best = 1.0
+                    break
+                m = len(t)
+                if n != m and (n / m if n < m else m / n) < threshold:
+                    continue  # Jaccard <= min/max: this pair cannot reach the threshold
+                if n or m:  # jaccard(tokens, t), inlined
+                    inter = len(tokens & t)
+                    sim = inter / (n + m - inter)
+                else:
+                    sim = 1.0
+                if sim > best:
+                    best = sim
+                    if best >= 1.0:
+                        break
         stalled = bool(st.recent) and best >= s.similarity and not changed_world
         st.recent.append((digest, tokens))
         if not stalled:

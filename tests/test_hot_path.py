@@ -12,14 +12,19 @@ import hashlib
 import json
 import re
 import threading
+from collections import deque
 from typing import Any
 
+from detector_helpers import Feed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loopwarden.events import ModelResponse, ToolCall, ToolResult
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter, canonical_arguments
 from loopwarden.loop import _ToolThreads
 from loopwarden.plugins._text import token_set
+from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
+from loopwarden.plugins.stall import Stall, StallSettings
 from loopwarden.tokens import estimate_text
 
 # -- references (the code before optimisation) -----------------------------------------------
@@ -215,3 +220,159 @@ def test_idle_workers_end_after_idle_s() -> None:
     thread.join(10)
     assert ok and not thread.is_alive()
     assert _run_job(pool, lambda: "fresh")[1] == "fresh"  # a new worker starts on demand
+
+
+# -- the detectors' constant-work checks decide exactly as the straightforward ones did ----------
+
+_VOCAB = ["订单", "88231", "order", "status", "shipped", "not", "found", "物流", "SF1234567890",
+          "again", "the", "same", "result", "查询"]
+_words = st.lists(st.sampled_from(_VOCAB), max_size=7)
+
+
+def _verdict_view(v: Any) -> Any:
+    if v is None:
+        return None
+    return (v.kind, getattr(v, "soft", None), getattr(v, "message", None), dict(v.evidence))
+
+
+class _RefStall:
+    """The stall check as it was: max() over every recent result."""
+
+    def __init__(self, s: StallSettings) -> None:
+        self.s, self.recent, self.streak = s, deque(maxlen=s.window), 0
+
+    def after_tool(self, call: ToolCall, result: ToolResult, step: int) -> Any:
+        if result.skipped:
+            return None
+        s = self.s
+        tokens = _ref_token_set(result.content, s.max_chars)
+        best = 0.0
+        for d, t in self.recent:
+            if d == result.digest or (not tokens and not t):
+                sim = 1.0
+            else:
+                sim = len(tokens & t) / len(tokens | t)
+            best = max(best, sim)
+            if best >= 1.0:
+                break
+        changed_world = result.ok and call.tool is not None and not call.read_only
+        stalled = bool(self.recent) and best >= s.similarity and not changed_world
+        self.recent.append((result.digest, tokens))
+        if not stalled:
+            self.streak = 0
+            return None
+        self.streak += 1
+        evidence = dict(streak=self.streak, threshold=s.stop_after, similarity=round(best, 3),
+                        similarity_threshold=s.similarity, window=s.window, tool=call.name,
+                        fingerprint=call.fingerprint, digest=result.digest, step=step)
+        fields = dict(count=self.streak, tool=call.name)
+        if self.streak >= s.stop_after:
+            return ("stop", s.soft, s.stop_message.format(**fields), evidence)
+        if s.warn_after is not None and self.streak == s.warn_after:
+            return ("warn", None, s.message.format(**fields), evidence)
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(st.sampled_from(_VOCAB[:5]), max_size=5),
+                       st.sampled_from(["lookup", "lookup", "refund"]), st.booleans(),
+                       st.booleans()), max_size=25),
+    st.sampled_from([0.5, 2 / 3, 0.75, 0.8, 0.9, 1.0]),
+    st.integers(min_value=1, max_value=6),
+)
+def test_stall_decides_as_the_reference(events: list[tuple[list[str], str, bool, bool]],
+                                        similarity: float, window: int) -> None:
+    s = StallSettings(similarity=similarity, window=window, stop_after=4, warn_after=2)
+    plugin, ref = Stall(s), _RefStall(s)
+    feed = Feed(plugin)
+    for words, name, ok, skip in events:
+        feed.run.step += 1
+        call = feed.call(name, {"order_id": "1"} if name == "refund" else {"key": "k"})
+        result = ToolResult(content=" ".join(words), ok=ok, skipped=skip)
+        got = plugin.after_tool(feed.run, call, result)
+        assert _verdict_view(got) == ref.after_tool(call, result, feed.run.step)
+
+
+def test_stall_similarity_exactly_at_the_size_bound_counts() -> None:
+    # {a, b} against {a, b, c, d}: Jaccard 0.5 = min/max, so with similarity = 0.5 it stalls
+    s = StallSettings(similarity=0.5, window=3, stop_after=3, warn_after=1)
+    feed = Feed(Stall(s))
+    plugin = feed.plugin
+    call = feed.call("lookup", {"key": "k"})
+    assert plugin.after_tool(feed.run, call, ToolResult(content="a b c d")) is None
+    verdict = plugin.after_tool(feed.run, call, ToolResult(content="a b"))
+    assert verdict is not None and verdict.evidence["similarity"] == 0.5
+
+
+class _RefNoProgress:
+    """The no_progress check as it was: every similarity of the window scanned."""
+
+    def __init__(self, s: NoProgressSettings) -> None:
+        self.s, self.contents, self.warned = s, deque(maxlen=s.window), False
+
+    def after_response(self, content: str, calls: bool, step: int) -> Any:
+        content = content.strip()
+        if not content or not calls:
+            return None
+        s = self.s
+        tokens = _ref_token_set(content, s.max_chars)
+        sim = None
+        if self.contents:
+            prev = self.contents[-1][0]
+            sim = 1.0 if not tokens and not prev else len(tokens & prev) / len(tokens | prev)
+        self.contents.append([tokens, sim, step, 0])
+        if len(self.contents) < s.window:
+            return None
+        sims = [c[1] for c in self.contents][1:]
+        if any(x is None or x < s.threshold for x in sims):
+            self.warned = False
+            return None
+        lowest = min(x for x in sims if x is not None)
+        new = sum(c[3] for c in self.contents) - self.contents[-1][3]
+        evidence = dict(similarities=[round(x, 3) for x in sims if x is not None],
+                        threshold=s.threshold, window=s.window, new_results=new,
+                        steps=[c[2] for c in self.contents])
+        fields = dict(count=s.window, similarity=round(lowest, 2))
+        if new == 0:
+            return ("stop", s.soft, s.stop_message.format(**fields), evidence)
+        if s.warn_on_similar and not self.warned:
+            self.warned = True
+            return ("warn", None, s.message.format(**fields), evidence)
+        return None
+
+    def new_result(self) -> None:
+        if self.contents:
+            self.contents[-1][3] += 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(st.sampled_from(_VOCAB[:5]), max_size=5), st.booleans(),
+                       st.sampled_from(["r1", "r2", "r3", "r4"]), st.booleans()),
+             max_size=25),
+    st.sampled_from([0.5, 0.7, 1.0]),
+    st.integers(min_value=2, max_value=4),
+)
+def test_no_progress_decides_as_the_reference(events: list[tuple[list[str], bool, str, bool]],
+                                              threshold: float, window: int) -> None:
+    s = NoProgressSettings(threshold=threshold, window=window, result_memory=2)
+    plugin, ref = NoProgress(s), _RefNoProgress(s)
+    feed = Feed(plugin)
+    seen: list[str] = []
+    for words, has_calls, observation, skip in events:
+        feed.run.step += 1
+        call = feed.call("lookup", {"key": "k"})
+        response = ModelResponse(content=" ".join(words), calls=[call] if has_calls else [])
+        got = plugin.after_response(feed.run, response)
+        assert _verdict_view(got) == ref.after_response(" ".join(words), has_calls,
+                                                        feed.run.step)
+        result = ToolResult(content=observation, skipped=skip)
+        plugin.after_tool(feed.run, call, result)
+        if not skip:  # the reference's memory of digests: the last result_memory, LRU
+            if result.digest in seen:
+                seen.remove(result.digest)
+            else:
+                ref.new_result()
+            seen.append(result.digest)
+            del seen[: -s.result_memory]
