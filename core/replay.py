@@ -19,12 +19,12 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
 from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
-from loopwarden.loop import CallModel, Failed, RunTool
+from loopwarden.loop import CallModel, Engine
 from loopwarden.run import Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
 
@@ -180,7 +180,7 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any]) -> ReplayRes
     return result
 
 
-def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> RunOutcome:
+def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> RunOutcome:
     gen = engine.machine(run)
     try:
         eff = next(gen)
@@ -203,7 +203,7 @@ def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> RunOutc
                         ],
                         usage=_usage(step) or Usage(),
                     )
-            elif isinstance(eff, RunTool):
+            else:  # RunTool: the recorded observation stands in for the tool
                 step = seg[eff.call.step - 1]
                 obs = step.get("observations") or []
                 errs = step.get("observation_is_error") or []
@@ -212,18 +212,16 @@ def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> RunOutc
                 is_err = bool(errs[i]) if i < len(errs) and errs[i] is not None else False
                 value = ToolResult(content=text, ok=not is_err,
                                    error="tool_error" if is_err else None)
-            else:  # pragma: no cover - no other effects exist
-                value = Failed(RuntimeError(f"unknown effect {eff!r}"))
             eff = gen.send(value)
     except StopIteration as done:
-        outcome: RunOutcome = done.value
+        outcome = cast(RunOutcome, done.value)
     return engine.finish(run, outcome)
 
 
 def _file_step(offset: int, entry: dict[str, Any]) -> int:
     # before_model verdicts concern the call about to be made (step + 1); the others the
     # step whose response or tools triggered them.
-    local = entry["step"] + (1 if entry["hook"] in ("before_model", "on_start") else 0)
+    local = int(entry["step"]) + (1 if entry["hook"] in ("before_model", "on_start") else 0)
     return offset + max(local, 1)
 
 
