@@ -20,31 +20,57 @@ A plugin in ten lines::
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from loopwarden._version import __version__
-from loopwarden.clock import CancelToken, Clock, FakeClock, SystemClock
-from loopwarden.config import Config, load_config
-from loopwarden.deployment import Deployment
-from loopwarden.events import (
-    ModelRequest,
-    ModelResponse,
-    ProposedCall,
-    ToolCall,
-    ToolResult,
-    Usage,
-)
-from loopwarden.exceptions import (
-    ConfigError,
-    LoopwardenError,
-    ModelError,
-    PluginLoadError,
-    ScenarioError,
-    ToolDefinitionError,
-    ToolError,
-)
-from loopwarden.hookspecs import hookimpl, hookspec
-from loopwarden.plugin import NoSettings, Plugin, PluginSettings
-from loopwarden.run import Limits, Run, RunOutcome
-from loopwarden.verdicts import Skip, Stop, Verdict, Warn, skip, stop, warn
+
+if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken, Clock, FakeClock, SystemClock
+    from loopwarden.config import Config, load_config
+    from loopwarden.deployment import Deployment
+    from loopwarden.events import (
+        ModelRequest,
+        ModelResponse,
+        ProposedCall,
+        ToolCall,
+        ToolResult,
+        Usage,
+    )
+    from loopwarden.exceptions import (
+        ConfigError,
+        LoopwardenError,
+        ModelError,
+        PluginLoadError,
+        ScenarioError,
+        ToolDefinitionError,
+        ToolError,
+    )
+    from loopwarden.hookspecs import hookimpl, hookspec
+    from loopwarden.plugin import NoSettings, Plugin, PluginSettings
+    from loopwarden.run import Limits, Run, RunOutcome
+    from loopwarden.verdicts import Skip, Stop, Verdict, Warn, skip, stop, warn
+
+# Public names -> the private module that defines them.  Imported on first use, so that
+# `import loopwarden` (and `loopwarden --help`) stays fast.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("CancelToken", "Clock", "FakeClock", "SystemClock"), "clock"),
+    **dict.fromkeys(("Config", "load_config"), "config"),
+    "Deployment": "deployment",
+    **dict.fromkeys(
+        ("ModelRequest", "ModelResponse", "ProposedCall", "ToolCall", "ToolResult", "Usage"),
+        "events",
+    ),
+    **dict.fromkeys(
+        ("ConfigError", "LoopwardenError", "ModelError", "PluginLoadError", "ScenarioError",
+         "ToolDefinitionError", "ToolError"),
+        "exceptions",
+    ),
+    **dict.fromkeys(("hookimpl", "hookspec"), "hookspecs"),
+    **dict.fromkeys(("NoSettings", "Plugin", "PluginSettings"), "plugin"),
+    **dict.fromkeys(("Limits", "Run", "RunOutcome"), "run"),
+    **dict.fromkeys(("Skip", "Stop", "Verdict", "Warn", "skip", "stop", "warn"), "verdicts"),
+}
 
 __all__ = [
     "CancelToken",
@@ -84,3 +110,16 @@ __all__ = [
     "stop",
     "warn",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loopwarden' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"loopwarden.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -74,13 +74,19 @@ class ProposedCall:
 
 @dataclass(slots=True)
 class ModelResponse:
-    """What the model answered: content and/or proposed tool calls, and usage."""
+    """What the model answered: content and/or proposed tool calls, and usage.
+
+    ``calls`` is filled by the loop before ``after_response``: the proposals parsed into
+    :class:`ToolCall` objects (with their shared fingerprints) -- the very objects that
+    ``before_tool`` and ``after_tool`` receive next.  It is empty on a final, tool-less turn.
+    """
 
     content: str | None = None
     tool_calls: list[ProposedCall] = field(default_factory=list)
     usage: Usage | None = None
     finish_reason: str | None = None
     model: str | None = None
+    calls: list[ToolCall] = field(default_factory=list)
 
 
 ErrorKind = Literal[

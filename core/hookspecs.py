@@ -108,7 +108,9 @@ def after_response(run: Run, response: ModelResponse) -> Verdict | None:
     accounting, content-similarity and oscillation checks belong here.
 
     :param run: the run.
-    :param response: the model's ``content``, proposed ``tool_calls`` and ``usage``.
+    :param response: the model's ``content``, proposed ``tool_calls`` and ``usage``;
+        ``calls`` holds the proposals parsed into :class:`~loopwarden.ToolCall` objects (with
+        ``fingerprint``), the same objects ``before_tool`` receives next.
     :return: ``None``, a warning, or a stop (none of the proposed calls then runs).
     :may stop the run: yes; a response without tool calls is the final answer all the same.
 

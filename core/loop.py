@@ -335,6 +335,7 @@ class Engine:
             if content and content.strip():
                 run.best_answer = content
             calls = [] if final else self._parse_calls(run, response)
+            response.calls = calls
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [

@@ -1,0 +1,157 @@
+"""no_progress: the model keeps saying the same thing while its tools bring nothing new.
+
+Each non-empty model content (in a turn that proposes tool calls) becomes a token set once:
+CJK characters one by one, words otherwise (see :mod:`loopwarden.plugins._text`).  When the
+last ``window`` contents are each at least ``threshold`` Jaccard-similar to the one before,
+the wording has stalled.  Similar wording alone is weak evidence -- "checking order 88231's
+details / logistics / refund" is progress -- so it is corroborated with the tool results that
+arrived since the oldest of those contents: if none of them was new (every digest seen before,
+or only skipped calls), the run stops with ``no_progress``; if some were new, the model is
+warned once per streak.  Empty contents (usual in function calling) are skipped, neither
+similar nor dissimilar.  A turn without tool calls is the final answer and is not judged.
+
+State per run is bounded: ``window`` token sets and the last ``result_memory`` result digests.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from loopwarden import (
+    ModelResponse,
+    Plugin,
+    PluginSettings,
+    Run,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    hookimpl,
+)
+from loopwarden.plugins._text import jaccard, token_set
+
+__all__ = ["NoProgress", "NoProgressSettings"]
+
+
+class NoProgressSettings(PluginSettings):
+    """``[plugins.no_progress]``."""
+
+    window: int = Field(default=3, ge=2, description="consecutive non-empty contents compared")
+    threshold: float = Field(
+        default=0.7, gt=0, le=1,
+        description="Jaccard similarity (CJK character sets, word sets otherwise) at or above "
+        "which two consecutive contents count as the same",
+    )
+    warn_on_similar: bool = Field(
+        default=True,
+        description="warn (once per streak) when the contents are similar but tool results "
+        "still bring something new",
+    )
+    soft: bool = Field(
+        default=True,
+        description="stop softly (one last tool-less turn to answer from what is known); "
+        "false stops at once with the best-effort answer",
+    )
+    result_memory: int = Field(
+        default=32, ge=1,
+        description="result digests remembered to tell a new tool result from a seen one",
+    )
+    max_chars: int = Field(
+        default=2000, ge=1, description="only this many characters of a content are compared"
+    )
+    message: str = Field(
+        default="Your last {count} messages say nearly the same thing. Make sure the next step "
+        "brings new information, or answer now.",
+        description="the warning for similar contents with new results ({count}, "
+        "{similarity}: the lowest similarity in the window)",
+    )
+    stop_message: str = Field(
+        default="The run made no progress: {count} nearly identical messages and no new tool "
+        "results.",
+        description="why the run stops, put before the wrap-up instruction of a soft stop "
+        "({count}, {similarity})",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> NoProgressSettings:
+        for key in ("message", "stop_message"):
+            try:
+                getattr(self, key).format(count=3, similarity=0.9)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"{key}: bad template field {exc}") from None
+        return self
+
+
+@dataclass(slots=True)
+class _Content:
+    tokens: frozenset[str]
+    similarity: float | None  # to the previous non-empty content
+    step: int
+    new_results: int = 0  # new tool results that arrived after this content
+
+
+@dataclass(slots=True)
+class _State:
+    contents: deque[_Content]
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    warned: bool = False
+
+
+class NoProgress(Plugin[NoProgressSettings]):
+    """Stops runs whose wording and tool results have both stopped changing."""
+
+    name = "no_progress"
+    Settings = NoProgressSettings
+
+    def new_state(self) -> _State:
+        return _State(contents=deque(maxlen=self.settings.window))
+
+    @hookimpl
+    def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
+        content = (response.content or "").strip()
+        if not content or not response.calls:
+            return None
+        s = self.settings
+        st: _State = self.state(run)
+        tokens = token_set(content, s.max_chars)
+        sim = jaccard(tokens, st.contents[-1].tokens) if st.contents else None
+        st.contents.append(_Content(tokens, sim, run.step))
+        if len(st.contents) < s.window:
+            return None
+        sims = [c.similarity for c in st.contents][1:]
+        if any(x is None or x < s.threshold for x in sims):
+            st.warned = False
+            return None
+        lowest = min(x for x in sims if x is not None)
+        new = sum(c.new_results for c in st.contents) - st.contents[-1].new_results
+        evidence: dict[str, Any] = dict(
+            similarities=[round(x, 3) for x in sims if x is not None], threshold=s.threshold,
+            window=s.window, new_results=new, steps=[c.step for c in st.contents],
+        )
+        fields = dict(count=s.window, similarity=round(lowest, 2))
+        if new == 0:
+            return self.stop("no_progress", soft=s.soft,
+                             message=s.stop_message.format(**fields), **evidence)
+        if s.warn_on_similar and not st.warned:
+            st.warned = True
+            return self.warn(s.message.format(**fields), **evidence)
+        return None
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
+        """Count a result as new when its digest was not seen recently (skips are not results)."""
+        if result.skipped:
+            return
+        st: _State = self.state(run)
+        digest = result.digest
+        if digest in st.seen:
+            st.seen.move_to_end(digest)
+            return
+        st.seen[digest] = None
+        if len(st.seen) > self.settings.result_memory:
+            st.seen.popitem(last=False)
+        if st.contents:
+            st.contents[-1].new_results += 1

@@ -1,0 +1,224 @@
+"""oscillation: the agent alternates between a few calls (A-B-A-B, A-B-C-A-B-C) and learns
+nothing new.
+
+Every tool call becomes a symbol: its fingerprint (tool name + canonical arguments).  For a
+non-deterministic tool the symbol also carries the digest of that call's previous result, so
+polling that keeps returning new results is not an oscillation.  Over the last ``window``
+symbols, a cycle of period ``min_period``..``max_period`` repeated for ``cycles`` full cycles,
+with at least two distinct symbols in it (one symbol again and again is repeat_call's
+business), is a hit.
+
+The check runs in ``after_response``, on the proposals of the turn (``response.calls``), so a
+stop prevents those calls from running.  The first hit warns ("you are alternating between
+...; change strategy or answer now"); the hit numbered ``stop_at_hit`` (default: the next one)
+stops the run with ``oscillation``.  Every hit adds one to ``run.oscillation_hits``.
+
+Detection is incremental: for each period ``p`` the plugin keeps how many of the latest
+symbols equal the symbol ``p`` places earlier; a cycle of period ``p`` has repeated ``c``
+times exactly when that run length reaches ``p * (c - 1)``.  Constant memory and constant work
+per symbol.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from loopwarden import (
+    ModelResponse,
+    Plugin,
+    PluginSettings,
+    Run,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    hookimpl,
+)
+
+__all__ = ["CycleDetector", "Oscillation", "OscillationSettings"]
+
+
+class OscillationSettings(PluginSettings):
+    """``[plugins.oscillation]``."""
+
+    window: int = Field(
+        default=8, ge=4, description="tool-call symbols kept (must hold max_period * cycles)"
+    )
+    min_period: int = Field(default=2, ge=2, description="shortest cycle length looked for")
+    max_period: int = Field(default=4, ge=2, description="longest cycle length looked for")
+    cycles: int = Field(
+        default=2, ge=2, description="full repetitions of the cycle that make a hit"
+    )
+    stop_at_hit: int = Field(
+        default=2, ge=1,
+        description="the hit that stops the run; earlier hits warn (1: stop at the first)",
+    )
+    soft: bool = Field(
+        default=True,
+        description="stop softly (one last tool-less turn to answer from what is known); "
+        "false stops at once with the best-effort answer",
+    )
+    message: str = Field(
+        default="You are alternating between {cycle} with no new information; change strategy "
+        "or answer now.",
+        description="the warning injected at the first hit ({cycle}: the calls of the cycle, "
+        "{period}, {hits})",
+    )
+    stop_message: str = Field(
+        default="The run kept alternating between {cycle}.",
+        description="why the run stops, put before the wrap-up instruction of a soft stop "
+        "({cycle}, {period}, {hits})",
+    )
+    max_label_chars: int = Field(
+        default=80, ge=10, description="each call in {cycle} is shown clipped to this length"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> OscillationSettings:
+        if self.max_period < self.min_period:
+            raise ValueError(
+                f"max_period ({self.max_period}) must be >= min_period ({self.min_period})"
+            )
+        if self.max_period * self.cycles > self.window:
+            raise ValueError(
+                f"window ({self.window}) must hold max_period * cycles "
+                f"({self.max_period * self.cycles}) symbols"
+            )
+        for key in ("message", "stop_message"):
+            try:
+                getattr(self, key).format(cycle="a -> b", period=2, hits=1)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"{key}: bad template field {exc}") from None
+        return self
+
+
+class CycleDetector:
+    """Incremental periodicity check over a stream of symbols (constant memory and work).
+
+    After each :meth:`push`, :meth:`period` is the smallest ``p`` in ``min_period..max_period``
+    such that the last ``p * cycles`` symbols are ``cycles`` copies of the last ``p`` symbols,
+    and those ``p`` symbols are not all the same -- or None.
+    """
+
+    __slots__ = ("_cycles", "_max", "_min", "_runs", "_symbols")
+
+    def __init__(self, min_period: int = 2, max_period: int = 4, cycles: int = 2,
+                 window: int = 8) -> None:
+        self._min, self._max, self._cycles = min_period, max_period, cycles
+        self._symbols: deque[str] = deque(maxlen=max(window, max_period * cycles))
+        # _runs[p]: how many of the latest symbols equal the symbol p places before them
+        self._runs = [0] * (max_period + 1)
+
+    def push(self, symbol: str) -> None:
+        syms = self._symbols
+        n = len(syms)
+        for p in range(self._min, self._max + 1):
+            self._runs[p] = self._runs[p] + 1 if n >= p and syms[n - p] == symbol else 0
+        syms.append(symbol)
+
+    def period(self) -> int | None:
+        syms = self._symbols
+        for p in range(self._min, self._max + 1):
+            if self._runs[p] >= p * (self._cycles - 1):
+                n = len(syms)
+                first = syms[n - 1]
+                if any(syms[n - 1 - i] != first for i in range(1, p)):
+                    return p
+        return None
+
+    def last(self, k: int) -> list[str]:
+        """The latest ``k`` symbols, oldest first."""
+        syms = self._symbols
+        n = len(syms)
+        return [syms[i] for i in range(max(0, n - k), n)]
+
+
+@dataclass(slots=True)
+class _State:
+    detector: CycleDetector
+    labels: dict[str, str] = field(default_factory=dict)
+    last_digest: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    hits: int = 0
+
+
+def _label(call: ToolCall, limit: int) -> str:
+    if call.arguments is not None:
+        args = ", ".join(
+            f"{k}={json.dumps(v, ensure_ascii=False, default=str)}"
+            for k, v in call.arguments.items()
+        )
+    else:
+        args = call.raw_arguments
+    text = f"{call.name}({args})"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Oscillation(Plugin[OscillationSettings]):
+    """Warns about, then stops, runs that cycle between a few calls (module docstring)."""
+
+    name = "oscillation"
+    Settings = OscillationSettings
+
+    def new_state(self) -> _State:
+        s = self.settings
+        return _State(CycleDetector(s.min_period, s.max_period, s.cycles, s.window))
+
+    def _symbol(self, st: _State, call: ToolCall) -> str:
+        if call.deterministic or call.side_effect:
+            return call.fingerprint
+        # Non-deterministic: predicted by its last result until this one is known.
+        return f"{call.fingerprint}#{st.last_digest.get(call.fingerprint, '?' + call.id)}"
+
+    @hookimpl
+    def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
+        if not response.calls:
+            return None
+        st: _State = self.state(run)
+        s = self.settings
+        det = st.detector
+        found: int | None = None
+        for call in response.calls:
+            sym = self._symbol(st, call)
+            det.push(sym)
+            if sym not in st.labels:
+                st.labels[sym] = _label(call, s.max_label_chars)
+            if found is None:
+                found = det.period()
+        # labels of symbols that left the window are dropped (bounded state)
+        if len(st.labels) > 4 * s.window:
+            live = set(det.last(s.window))
+            st.labels = {k: v for k, v in st.labels.items() if k in live}
+        if found is None:
+            return None
+        st.hits += 1
+        run.oscillation_hits += 1
+        return self._verdict(run, st, found)
+
+    def _verdict(self, run: Run, st: _State, period: int) -> Verdict:
+        s = self.settings
+        cycle_syms = st.detector.last(period)
+        cycle = " -> ".join(st.labels.get(sym, sym) for sym in cycle_syms)
+        evidence: dict[str, Any] = dict(
+            period=period, cycles=s.cycles, window=s.window, hits=st.hits,
+            threshold=s.stop_at_hit, cycle=cycle_syms, calls=cycle, step=run.step,
+        )
+        fields = dict(cycle=cycle, period=period, hits=st.hits)
+        if st.hits >= s.stop_at_hit:
+            return self.stop("oscillation", soft=s.soft,
+                             message=s.stop_message.format(**fields), **evidence)
+        return self.warn(s.message.format(**fields), **evidence)
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
+        """Remember a non-deterministic call's result digest (its next symbol)."""
+        if call.deterministic or call.side_effect or result.skipped:
+            return
+        st: _State = self.state(run)
+        st.last_digest[call.fingerprint] = result.digest
+        st.last_digest.move_to_end(call.fingerprint)
+        if len(st.last_digest) > self.settings.window:
+            st.last_digest.popitem(last=False)

@@ -1,0 +1,338 @@
+"""repeat_call: the same call again, when it cannot bring anything new.
+
+Two calls are the same when their fingerprints match (tool name + canonical arguments, computed
+once by the loop with ``[run] volatile_keys``; see :mod:`loopwarden.fingerprint`).  What a
+repeat means depends on the tool's nature and on the last *real* result of that fingerprint
+(skipped calls' synthetic observations are never results):
+
+* **read-only + deterministic tool, earlier call succeeded** -- the answer cannot change.  The
+  first repeat is skipped: the model gets the earlier observation plus a hint, and the hint is
+  injected as a warning.  The repeat numbered ``stop_at_repeat`` (default: the second) stops
+  the run with ``repeat_call``.
+* **earlier call failed with a non-retryable error** (``NOT_FOUND``, an unknown tool, bad
+  arguments) -- skipped the same way ("this call already failed with ...; do not retry it"),
+  then stopped.
+* **earlier call failed with a retryable error** -- the repeat is a retry and is allowed while
+  the last result of that fingerprint says ``retryable``.  The ``retry_policy`` plugin (placed
+  before this one) turns ``result.retryable`` off when its budget is spent; from then on the
+  non-retryable rule applies.  Allowed retries do not count toward the window rule.
+* **non-deterministic tool** (a clock, live stock, polling) -- not a repeat while its results
+  change.  A call whose result equals the previous result of the same fingerprint is a
+  repeat: the first one warns, the ``stop_at_repeat``-th stops.  It cannot be skipped (only
+  running it tells whether the result changed).
+* **side-effect tool** -- never skipped as a repeat (the loop already returns the earlier
+  result for the same idempotency key and never runs the side effect twice); only the window
+  rule may stop it.
+
+Window rule: the same fingerprint ``window_count`` times within the last ``window`` tool calls
+stops the run, even with other calls in between (real runs interleave repeats with no-op
+calls).
+
+A repeat is only a repeat while nothing has changed the world.  Every executed, successful
+call of a tool not declared ``read_only`` (a side effect, or a tool of unknown nature) starts a
+new *epoch*: earlier results are no longer handed back, and calls before and after it are not
+repeats of each other (looking an order up again after a refund, or re-running a speed test
+after toggling a setting, is how an agent checks its work).  Repeated side-effect calls
+themselves count across epochs: the loop replays them, so they change nothing.
+
+Every repeat detected adds one to ``run.duplicate_calls``.  State per run is bounded: at most
+``max_fingerprints`` fingerprints (least recently used forgotten first), each with one clipped
+observation, and a window of ``window`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+
+__all__ = ["RepeatCall", "RepeatCallSettings"]
+
+
+class RepeatCallSettings(PluginSettings):
+    """``[plugins.repeat_call]``."""
+
+    stop_at_repeat: int = Field(
+        default=2, ge=1,
+        description="the repeat of one call (by fingerprint) that stops the run; earlier "
+        "repeats are skipped or warned about (1: the first repeat already stops)",
+    )
+    window: int = Field(
+        default=5, ge=2, description="the window rule looks at this many most recent tool calls"
+    )
+    window_count: int = Field(
+        default=3, ge=2,
+        description="the same fingerprint this many times within the last `window` tool calls "
+        "stops the run, even with other calls in between",
+    )
+    soft: bool = Field(
+        default=True,
+        description="stop softly (one last tool-less turn to answer from what is known); "
+        "false stops at once with the best-effort answer",
+    )
+    max_fingerprints: int = Field(
+        default=256, ge=1,
+        description="fingerprints remembered per run, least recently used forgotten first "
+        "(bounds memory)",
+    )
+    max_observation_chars: int = Field(
+        default=4000, ge=1,
+        description="how much of an earlier observation is kept to answer a skipped repeat",
+    )
+    repeat_hint: str = Field(
+        default="This call ({name}) was already made, its result is above; answer from it or "
+        "change approach.",
+        description="warning for a skipped repeat of a successful call ({name}, {signature}, "
+        "{count})",
+    )
+    repeat_observation: str = Field(
+        default="{observation}\n\n[{hint}]",
+        description="observation given instead of running a repeat of a successful call "
+        "({observation}: the earlier one, {hint}, {name}, {signature}, {count})",
+    )
+    failed_hint: str = Field(
+        default="This call ({name}) already failed with {error}; do not retry it. Answer from "
+        "what you know or change approach.",
+        description="warning for a skipped repeat of a call that failed with a non-retryable "
+        "error ({name}, {signature}, {count}, {error}: the first line of the failure)",
+    )
+    failed_observation: str = Field(
+        default="{observation}\n\n[{hint}]",
+        description="observation given instead of running a repeat of a failed call "
+        "({observation}: the earlier failure, {hint}, {name}, {signature}, {count}, {error})",
+    )
+    unchanged_hint: str = Field(
+        default="{name} returned the same result again; calling it again will not bring new "
+        "information. Answer from it or change approach.",
+        description="warning when a non-deterministic tool's result did not change "
+        "({name}, {signature}, {count})",
+    )
+    stop_message: str = Field(
+        default="The same call ({signature}) was made {count} times.",
+        description="why the run stops, put before the wrap-up instruction of a soft stop "
+        "({name}, {signature}, {count})",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RepeatCallSettings:
+        if self.window_count > self.window:
+            raise ValueError(
+                f"window_count ({self.window_count}) must not exceed window ({self.window})"
+            )
+        sample = dict(name="t", signature="t()", count=2, error="e", observation="o", hint="h")
+        for key in ("repeat_hint", "repeat_observation", "failed_hint", "failed_observation",
+                    "unchanged_hint", "stop_message"):
+            try:
+                getattr(self, key).format(**sample)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"{key}: bad template field {exc}") from None
+        return self
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What is known about one fingerprint in one run."""
+
+    seen: int = 0  # times proposed
+    repeats: int = 0  # repeats detected (within the epoch of the last result)
+    has_result: bool = False  # a real (not skipped) result arrived
+    epoch: int = 0  # the epoch of that result
+    ok: bool = True
+    retryable: bool = False
+    content: str = ""
+    digest: str = ""
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What before_tool decided about a call, for its after_tool."""
+
+    call: ToolCall
+    retry: bool  # an allowed retry of a retryable failure
+    deferred: bool  # a non-deterministic call: judged by its result, in after_tool
+
+
+@dataclass(slots=True)
+class _State:
+    entries: OrderedDict[str, _Entry] = field(default_factory=OrderedDict)
+    window: deque[tuple[str, bool]] = field(default_factory=deque)
+    pending: _Pending | None = None
+    epoch: int = 0  # bumped by every executed call that may change the world
+
+
+def _signature(call: ToolCall, limit: int = 200) -> str:
+    if call.arguments is not None:
+        args = json.dumps(call.arguments, ensure_ascii=False, sort_keys=True, default=str)
+    else:
+        args = call.raw_arguments
+    if len(args) > limit:
+        args = args[:limit] + "..."
+    return f"{call.name}({args})"
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.strip().split("\n", 1)[0].strip()
+    return line[:limit] + "..." if len(line) > limit else line
+
+
+class RepeatCall(Plugin[RepeatCallSettings]):
+    """Skips, warns about and finally stops repeated tool calls (see the module docstring)."""
+
+    name = "repeat_call"
+    Settings = RepeatCallSettings
+
+    def new_state(self) -> _State:
+        return _State(window=deque(maxlen=self.settings.window))
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _entry(self, st: _State, fp: str) -> _Entry:
+        e = st.entries.get(fp)
+        if e is None:
+            e = st.entries[fp] = _Entry()
+            if len(st.entries) > self.settings.max_fingerprints:
+                st.entries.popitem(last=False)
+        else:
+            st.entries.move_to_end(fp)
+        return e
+
+    @staticmethod
+    def _volatile(call: ToolCall) -> bool:
+        """A call judged by its result: a valid call of a non-deterministic, side-effect-free
+        tool (for a tool that is not declared at all the same holds: its result decides)."""
+        return call.error is None and not call.side_effect and not call.deterministic
+
+    def _in_window(self, st: _State, key: str) -> int:
+        return sum(1 for k, counts in st.window if counts and k == key)
+
+    def _evidence(
+        self, call: ToolCall, e: _Entry, window_hits: int, **extra: Any
+    ) -> dict[str, Any]:
+        s = self.settings
+        return dict(
+            tool=call.name, fingerprint=call.fingerprint, signature=_signature(call),
+            count=e.seen, repeats=e.repeats, threshold=s.stop_at_repeat, window=s.window,
+            window_count=window_hits, window_threshold=s.window_count, step=call.step,
+            **extra,
+        )
+
+    def _stop(self, call: ToolCall, e: _Entry, window_hits: int, *, by_repeats: bool = True,
+              **extra: Any) -> Verdict:
+        """The stop verdict; ``rule`` in its evidence names the rule that fired."""
+        s = self.settings
+        rule = "repeat" if by_repeats and e.repeats >= s.stop_at_repeat else "window"
+        sig = _signature(call)
+        return self.stop(
+            "repeat_call", soft=s.soft,
+            message=s.stop_message.format(name=call.name, signature=sig, count=e.seen),
+            **self._evidence(call, e, window_hits, rule=rule, **extra),
+        )
+
+    def _stops(self, e: _Entry, window_hits: int) -> bool:
+        s = self.settings
+        return e.repeats >= s.stop_at_repeat or window_hits >= s.window_count
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    @hookimpl
+    def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
+        st: _State = self.state(run)
+        s = self.settings
+        fp = call.fingerprint
+        e = self._entry(st, fp)
+        e.seen += 1
+        retry = e.has_result and not e.ok and e.retryable
+        current = e.has_result and e.epoch == st.epoch  # a result nothing has changed since
+        if e.has_result and not current and not retry:
+            e.repeats = 0  # the world changed since its result: a fresh call
+        # A non-deterministic call is judged by its result -- unless it failed for good.
+        deferred = self._volatile(call) and (not current or e.ok or retry)
+        st.pending = _Pending(call, retry=retry, deferred=deferred)
+        if deferred:
+            return None
+        side_effect = call.side_effect and call.error is None
+        key = fp if side_effect else f"{fp}@{st.epoch}"
+        st.window.append((key, not retry))
+        hits = self._in_window(st, key)
+        repeat = current or (side_effect and e.has_result)
+        if retry or not repeat:
+            if hits >= s.window_count:  # e.g. earlier occurrences skipped by other plugins
+                return self._stop(call, e, hits, by_repeats=False)
+            return None
+        e.repeats += 1
+        run.duplicate_calls += 1
+        if side_effect:
+            # Never skipped: the loop replays the earlier result for the same idempotency key.
+            if hits >= s.window_count:
+                return self._stop(call, e, hits, by_repeats=False)
+            return None
+        if self._stops(e, hits):
+            return self._stop(call, e, hits)
+        sig = _signature(call)
+        fields = dict(name=call.name, signature=sig, count=e.seen)
+        if not e.ok:
+            error = _first_line(e.content)
+            hint = s.failed_hint.format(error=error, **fields)
+            return self.skip(
+                s.failed_observation.format(observation=e.content, hint=hint, error=error,
+                                            **fields),
+                message=hint, **self._evidence(call, e, hits, rule="failed"),
+            )
+        hint = s.repeat_hint.format(**fields)
+        if call.read_only:
+            return self.skip(
+                s.repeat_observation.format(observation=e.content, hint=hint, **fields),
+                message=hint, **self._evidence(call, e, hits, rule="repeat"),
+            )
+        # deterministic but not declared read-only: its result is above, but do not skip it
+        return self.warn(hint, **self._evidence(call, e, hits, rule="repeat"))
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
+        st: _State = self.state(run)
+        s = self.settings
+        pending = st.pending
+        st.pending = None
+        if pending is None or pending.call is not call:
+            pending = _Pending(call, retry=False, deferred=False)
+        fp = call.fingerprint
+        e = self._entry(st, fp)
+        verdict: Verdict | None = None
+        if pending.deferred:
+            if result.skipped:
+                st.window.append((fp, False))
+            else:
+                key = f"{fp}@{st.epoch}#{result.digest}"
+                unchanged = (e.has_result and e.epoch == st.epoch and e.ok and result.ok
+                             and not pending.retry and result.digest == e.digest)
+                st.window.append((key, not pending.retry))
+                if unchanged:
+                    e.repeats += 1
+                    run.duplicate_calls += 1
+                    hits = self._in_window(st, key)
+                    if self._stops(e, hits):
+                        verdict = self._stop(call, e, hits, result_digest=result.digest)
+                    else:
+                        sig = _signature(call)
+                        verdict = self.warn(
+                            s.unchanged_hint.format(name=call.name, signature=sig, count=e.seen),
+                            **self._evidence(call, e, hits, rule="unchanged",
+                                             result_digest=result.digest),
+                        )
+                else:
+                    e.repeats = 0  # the result changed: not a repeat
+        if not result.skipped:
+            if result.ok and call.tool is not None and not call.read_only:
+                st.epoch += 1  # this call may have changed the world
+            e.has_result = True
+            e.epoch = st.epoch
+            e.ok = result.ok
+            e.retryable = result.retryable
+            e.content = result.content[: s.max_observation_chars]
+            e.digest = result.digest
+        return verdict

@@ -1,0 +1,139 @@
+"""failure_streak at hook level: failed flags and error-like text, in a row."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from detector_helpers import Feed, fail, kinds, ok, skipped
+from pydantic import ValidationError
+
+from loopwarden.plugins.failure_streak import FailureStreak, FailureStreakSettings
+from loopwarden.verdicts import Stop, Warn
+
+
+def feed(**settings: Any) -> Feed:
+    return Feed(FailureStreak(FailureStreakSettings(**settings)))
+
+
+def results(f: Feed, *rs: Any) -> list[str | None]:
+    out = []
+    for i, r in enumerate(rs):
+        c = f.call("lookup", {"key": str(i)})
+        out.append(kinds([f.after(c, ok(r) if isinstance(r, str) else r)])[0])
+    return out
+
+
+def test_three_failures_in_a_row_stop_with_evidence() -> None:
+    f = feed()
+    got = results(f, fail("UNAVAILABLE: 503"), fail("TIMEOUT"), fail("boom", error="exception"))
+    assert got == [None, "warn", "stop:failure_streak"]
+    stop = f.verdicts[-1]
+    assert isinstance(stop, Stop) and stop.soft and stop.reason == "failure_streak"
+    assert stop.evidence["streak"] == 3
+    assert stop.evidence["threshold"] == 3
+    assert [x["error"] for x in stop.evidence["failures"]] == ["UNAVAILABLE: 503", "TIMEOUT",
+                                                               "boom"]
+    assert stop.message == "The last 3 tool calls all failed (latest: boom)."
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_stop_after_boundaries(n: int) -> None:
+    """N-1 failures in a row: no stop; N: stop; N+1: stop."""
+    f = feed(stop_after=n, warn_after=None)
+    got = results(f, *[fail("x")] * (n + 1))
+    assert got == [None] * (n - 1) + ["stop:failure_streak"] * 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ERROR: knowledge index is being rebuilt",
+        "NOT_FOUND: 订单 99999 不存在",
+        "upstream TIMEOUT after 10s",
+        "服务 UNAVAILABLE，请稍后再试",
+        'Traceback (most recent call last):\n  File "x.py", line 1',
+    ],
+)
+def test_error_like_text_is_a_failure(text: str) -> None:
+    f = feed(stop_after=1, warn_after=None)
+    assert results(f, text) == ["stop:failure_streak"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"order_id": "88231", "status": "已签收"}',
+        "No errors were found in your order.",
+        "NO_RESULTS: 知识库中没有匹配的条目",
+        "TIMEOUTS are rare",  # not the word TIMEOUT
+        "error handling is fine",  # lower case: patterns are case-sensitive by default
+    ],
+)
+def test_ordinary_text_is_not_a_failure(text: str) -> None:
+    f = feed(stop_after=1, warn_after=None)
+    assert results(f, text) == [None]
+
+
+def test_patterns_are_configurable() -> None:
+    f = feed(stop_after=1, warn_after=None, patterns=[r"^NO_RESULTS"], ignore_case=True)
+    assert results(f, "no_results: nothing") == ["stop:failure_streak"]
+    f2 = feed(stop_after=1, warn_after=None, patterns=[])
+    assert results(f2, "ERROR: x") == [None]
+    assert results(f2, fail("x")) == ["stop:failure_streak"]  # the flag always counts
+
+
+def test_patterns_look_only_at_the_beginning() -> None:
+    f = feed(stop_after=1, warn_after=None, scan_chars=20)
+    assert results(f, "x" * 30 + " ERROR") == [None]
+
+
+def test_a_success_resets_the_streak() -> None:
+    f = feed()
+    got = results(f, fail("a"), fail("b"), "fine", fail("c"), fail("d"), fail("e"))
+    assert got == [None, "warn", None, None, "warn", "stop:failure_streak"]
+
+
+def test_skipped_results_are_ignored() -> None:
+    f = feed()
+    got = results(f, fail("a"), skipped("ERROR: synthetic"), skipped("ok"), fail("b"), fail("c"))
+    assert got == [None, None, None, "warn", "stop:failure_streak"]
+
+
+def test_parallel_failures_in_one_turn_count_one_by_one() -> None:
+    f = feed()
+    calls = [f.call("lookup", {"key": str(i)}, index=i) for i in range(3)]
+    f.respond("", calls)
+    got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
+    assert got == [None, "warn", "stop:failure_streak"]
+
+
+def test_warning_text() -> None:
+    f = feed(message="{count} failed, last {tool}: {error}")
+    results(f, fail("a"), fail("NOT_FOUND: x\nmore"))
+    warn = f.verdicts[-1]
+    assert isinstance(warn, Warn) and warn.message == "2 failed, last lookup: NOT_FOUND: x"
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValidationError, match="bad regular expression"):
+        FailureStreakSettings(patterns=["("])
+    with pytest.raises(ValidationError, match="warn_after"):
+        FailureStreakSettings(warn_after=4, stop_after=3)
+
+
+def test_state_stays_bounded_over_a_10000_step_feed() -> None:
+    f = feed(stop_after=10**9, warn_after=None)
+    rng = random.Random(13)
+    for i in range(10_000):
+        r = fail(f"ERROR {i}") if rng.random() < 0.9 or i == 9_999 else ok("fine")
+        f.after(f.call("lookup", {"key": str(i)}), r)
+    st = f.run.state["failure_streak"]
+    assert st.streak > 0
+    assert len(st.failures) <= 5
+    # the evidence it would report is bounded too
+    f2 = feed(stop_after=3)
+    for i in range(50):
+        f2.after(f2.call("lookup", {"key": str(i)}), fail("x"))
+    assert len(f2.run.state["failure_streak"].failures) == 3
