@@ -11,8 +11,9 @@ Every scenario is played twice through the scripted model and the real demo shop
 Each run gets a fresh shop database (seeded the same way) and a :class:`~loopwarden.FakeClock`,
 so runs never influence each other, the user's own shop data is never touched, refunds are
 still real rows (counted per run), and a scenario's simulated slowness (``delay_s``) costs no
-real time.  The shop's clock is pinned to :data:`DEMO_NOW`, inside the 7-day return window of
-the seed order 88231, so the results do not depend on the day the demo runs.
+real time.  The shop's clock starts at :data:`DEMO_NOW`, inside the 7-day return window of
+the seed order 88231, and moves on 20 seconds per reading, so the results do not depend on
+the day the demo runs.
 """
 
 from __future__ import annotations
@@ -274,6 +275,21 @@ def _db_dir(keep: str | Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
+class _TickingNow:
+    """The demo shop's clock: :data:`DEMO_NOW`, moving on a little every time it is read, as
+    a real clock would between two tool calls (a clock that never moves would make every
+    repeated time check look like a loop)."""
+
+    def __init__(self, step_s: float = 20.0) -> None:
+        self._now = DEMO_NOW
+        self._step = timedelta(seconds=step_s)
+
+    def __call__(self) -> datetime:
+        now = self._now
+        self._now += self._step
+        return now
+
+
 def play(deployment: Deployment, scenario: Scenario, db: Path, *,
          pricer: Pricer | None = None, guarded: bool = True) -> tuple[Run, dict[str, Any]]:
     """Play one scenario on a fresh shop at ``db``; returns the run and its extended record.
@@ -284,7 +300,7 @@ def play(deployment: Deployment, scenario: Scenario, db: Path, *,
     """
     if db.exists():
         db.unlink()
-    shop = Shop(db, now=lambda: DEMO_NOW)
+    shop = Shop(db, now=_TickingNow())
     run = deployment.run(scenario=scenario, tools=shop.tools(), clock=FakeClock())
     rec = run.record()
     step, hook = stop_step(run)
