@@ -104,8 +104,9 @@ def before_model(run: Run, request: ModelRequest) -> Verdict | None:
 def after_response(run: Run, response: ModelResponse) -> Verdict | None:
     """Called after every model response, before its tool calls run.
 
-    ``run.step``, ``run.usage`` and ``run.cost`` already include this response.  Usage
-    accounting, content-similarity and oscillation checks belong here.
+    ``run.step`` and ``run.usage`` already include this response; ``run.cost`` does for
+    plugins placed after ``cost_budget`` (which prices it here).  Usage accounting,
+    content-similarity and oscillation checks belong here.
 
     :param run: the run.
     :param response: the model's ``content``, proposed ``tool_calls`` and ``usage``;

@@ -10,6 +10,8 @@ contract.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import threading
@@ -502,13 +504,44 @@ class Engine:
             if tool.is_async:
                 aw = tool.invoke(eff.arguments, ctx)
             else:
-                aw = asyncio.to_thread(tool.invoke, eff.arguments, ctx)
+                aw = _daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
             value = await (asyncio.wait_for(aw, timeout) if timeout is not None else aw)
         except asyncio.TimeoutError:
             return self.timeout_result(eff.call, run.clock.now() - started)
         except Exception as exc:
             return self.error_result(eff, exc, run.clock.now() - started)
         return self.tool_result(eff, value, started, run)
+
+
+def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
+    """Run a blocking tool in its own daemon thread; return a future for its value.
+
+    Not ``asyncio.to_thread``: an abandoned (timed-out) tool would keep a worker of the
+    event loop's default executor, and ``asyncio.run()`` waits for those at exit -- a hung
+    tool would hang the program.  A late value finds the future cancelled and is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def deliver(ok: bool, payload: Any) -> None:
+        if future.done():  # cancelled at the deadline: the late result is discarded
+            return
+        if ok:
+            future.set_result(payload)
+        else:
+            future.set_exception(payload)
+
+    def target() -> None:
+        try:
+            result: tuple[bool, Any] = (True, context.run(fn, *args))
+        except BaseException as exc:  # delivered to the awaiting loop
+            result = (False, exc)
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits any more
+            loop.call_soon_threadsafe(deliver, *result)
+
+    threading.Thread(target=target, name=f"loopwarden-tool-{name}", daemon=True).start()
+    return future
 
 
 def _internal_error(exc: BaseException) -> RunOutcome:

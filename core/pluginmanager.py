@@ -1,48 +1,75 @@
-"""Loading plugins in config order, and the typed facade the loop calls hooks through.
+"""Finding, loading and ordering plugins, and the typed facade the loop calls hooks through.
 
-Names in ``[plugins] enabled`` resolve, in this order, to:
+Names in ``[plugins] enabled`` (whose order is the call order) resolve, in this order, to:
 
-1. a built-in plugin (``max_steps``, ``repeat_call``, ...);
-2. an entry point in the group ``loopwarden.plugins`` (loaded only when named; turned off by
-   ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD=1``);
+1. a built-in plugin (``max_steps``, ``repeat_call``, ... -- :data:`BUILTIN_PLUGINS`);
+2. an installed entry point in the group ``loopwarden.plugins`` -- loaded only when named;
+   entry-point loading is turned off by ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD=1``;
 3. ``module:attr`` -- an importable object, for plugins that are not packaged.
 
-``LOOPWARDEN_PLUGINS`` (comma-separated) appends names; ``[plugins] blocked`` and
-``LOOPWARDEN_BLOCK_PLUGINS`` remove names *before* anything is imported.  Essential plugins
-(``max_steps``) are always loaded and cannot be blocked.
+``LOOPWARDEN_PLUGINS`` (comma-separated) appends names.  ``[plugins] blocked`` and
+``LOOPWARDEN_BLOCK_PLUGINS`` remove names *before anything is imported*: a blocked plugin's
+module never runs.  Essential plugins (``max_steps``) are always loaded and cannot be blocked.
+``LOOPWARDEN_TRACE_PLUGINS=1`` writes every hook call and its verdicts to stderr.
 
-pluggy calls implementations last-registered-first, so plugins are registered in reverse
-config order; after loading, the effective order of every hook is read back from
-``get_hookimpls()`` and compared with the config -- a ``tryfirst``/``trylast`` that would
-break it fails at start-up, naming the plugin.
+Start-up fails with :class:`~loopwarden.PluginLoadError` naming the plugin when a name is
+ambiguous (a built-in and an entry point, or two entry points, share it), when a plugin
+implements no hook, misspells one (``befor_tool``), forgets ``@hookimpl`` on a hook-named
+method, implements a hook as ``async def``, or carries a ``tryfirst``/``trylast`` that would
+break the configured order.  pluggy calls implementations last-registered-first, so plugins are
+registered in reverse config order and the effective order of every hook is read back from
+``get_hookimpls()`` and compared with the config.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
-from pydantic import BaseModel, ValidationError
-
 from loopwarden import hookspecs
 from loopwarden.config import Config, validation_error
 from loopwarden.exceptions import ConfigError, PluginLoadError
 from loopwarden.verdicts import EMPTY, Resolution, Skip, Stop, Verdict, Warn, resolve
+from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
 
-__all__ = ["BUILTIN_PLUGINS", "ESSENTIAL_PLUGINS", "Hooks", "LoadedPlugin", "PluginSet", "load_plugins"]
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "ENV_BLOCK",
+    "ENV_EXTRA",
+    "ENV_NO_AUTOLOAD",
+    "ENV_TRACE",
+    "ESSENTIAL_PLUGINS",
+    "Hooks",
+    "LoadedPlugin",
+    "PluginSet",
+    "Verdict",
+    "builtin_settings",
+    "check_tables",
+    "installed_entry_points",
+    "instantiate_plugin",
+    "load_plugins",
+    "new_plugin_manager",
+    "plugin_hooks",
+    "register",
+    "resolve_names",
+    "settings_model",
+]
 
 log = logging.getLogger("loopwarden.plugins")
 
@@ -79,25 +106,95 @@ ENV_TRACE = "LOOPWARDEN_TRACE_PLUGINS"
 
 @dataclass
 class LoadedPlugin:
-    """One loaded plugin: its configured name, where it came from, the registered object."""
+    """One loaded plugin: its configured name, where it came from, the registered object.
+
+    ``source`` is ``"builtin"``, ``"entry point (<distribution> <version>)"``,
+    ``"module:attr"`` or ``"object"`` (built in code and handed to the deployment).
+    """
 
     name: str
-    source: str  # "builtin", "entry point <dist>", or "module:attr"
-    spec: str  # the module:attr it was loaded from
+    source: str
+    spec: str  # the module:attr it was loaded from (or the object's repr)
     obj: Any
     settings: BaseModel | None = None
     hooks: list[str] = field(default_factory=list)
+
+
+# -- environment -------------------------------------------------------------------------
 
 
 def _env_list(name: str) -> list[str]:
     return [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# -- names ---------------------------------------------------------------------------------
+
+
+def resolve_names(config: Config, extra: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """The plugin names to load, in call order, and the names blocked -- before any import.
+
+    Order: ``[plugins] enabled``, then ``LOOPWARDEN_PLUGINS``, then ``extra``; essential plugins
+    missing from the list go first.  A name listed twice, or an essential plugin blocked, is a
+    :class:`ConfigError`.
+    """
+    path = config.path
+    blocked = list(dict.fromkeys([*config.plugins.blocked, *_env_list(ENV_BLOCK)]))
+    for name in blocked:
+        if name in ESSENTIAL_PLUGINS:
+            source = "plugins.blocked" if name in config.plugins.blocked else ENV_BLOCK
+            raise ConfigError(
+                f"{name!r} is essential and cannot be blocked (configure its limits instead)",
+                path=path, key=source,
+            )
+    names: list[str] = []
+    for name in [*config.plugins.enabled, *_env_list(ENV_EXTRA), *extra]:
+        if name in names:
+            raise ConfigError(f"plugin {name!r} is listed twice", path=path, key="plugins.enabled")
+        names.append(name)
+    for ess in reversed(ESSENTIAL_PLUGINS):
+        if ess not in names:
+            names.insert(0, ess)
+    return [n for n in names if n not in blocked], blocked
+
+
+# -- finding -------------------------------------------------------------------------------
+
+
+def installed_entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    """Installed entry points of the group ``loopwarden.plugins``, by name (nothing loaded).
+
+    Empty when ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD`` is set.  A name with two entries is kept
+    with both, so that using it fails naming both distributions.
+    """
+    if _env_flag(ENV_NO_AUTOLOAD):
+        return {}
+    found: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        entries = found.setdefault(ep.name, [])
+        if not any(e.value == ep.value and _dist_label(e) == _dist_label(ep) for e in entries):
+            entries.append(ep)
+    return found
+
+
+def _dist_label(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "an unknown distribution"
+    return f"{dist.metadata['Name']} {dist.version}"
+
+
 def _import_spec(spec: str, plugin: str) -> Any:
     if ":" not in spec:
+        hint = ""
+        if _env_flag(ENV_NO_AUTOLOAD):
+            hint = f" ({ENV_NO_AUTOLOAD} is set: installed entry points are not loaded)"
         raise PluginLoadError(
             f"cannot resolve {spec!r}: not a built-in name, not an installed entry point "
-            f"(group {ENTRY_POINT_GROUP!r}), and not 'module:attr'",
+            f"(group {ENTRY_POINT_GROUP!r}), and not 'module:attr'{hint}",
             plugin=plugin,
         )
     mod_name, _, attr = spec.partition(":")
@@ -109,43 +206,70 @@ def _import_spec(spec: str, plugin: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PluginLoadError(f"{mod_name!r} has no attribute {attr!r}", plugin=plugin) from None
+            raise PluginLoadError(
+                f"{mod_name!r} has no attribute {attr!r}", plugin=plugin
+            ) from None
     return obj
 
 
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    if os.environ.get(ENV_NO_AUTOLOAD, "").strip() not in ("", "0", "false", "no"):
-        return {}
-    found: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in found and found[ep.name].value != ep.value:
+def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any, str, str]:
+    """Import the object ``name`` refers to: (target, source, spec)."""
+    candidates = eps.get(name, [])
+    if name in BUILTIN_PLUGINS:
+        if candidates:
             raise PluginLoadError(
-                f"two installed entry points share this name: {found[ep.name].value!r} and "
-                f"{ep.value!r}",
-                plugin=ep.name,
+                "the name is built in and also declared as an entry point by "
+                + ", ".join(f"{_dist_label(e)} ({e.value})" for e in candidates)
+                + f"; rename that entry point (or set {ENV_NO_AUTOLOAD}=1 to ignore entry "
+                "points)",
+                plugin=name,
             )
-        found[ep.name] = ep
-    return found
-
-
-def _ep_source(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    if dist is not None:
-        return f"entry point ({dist.metadata['Name']} {dist.version})"
-    return "entry point"
-
-
-def _instantiate(name: str, target: Any, table: Mapping[str, Any], cfg_path: str | None) -> tuple[Any, BaseModel | None]:
-    """Build the plugin object: classes get their validated settings; other objects as-is."""
-    settings_model: type[BaseModel] | None = getattr(target, "Settings", None)
-    if settings_model is not None and not (
-        isinstance(settings_model, type) and issubclass(settings_model, BaseModel)
-    ):
-        settings_model = None
-    settings: BaseModel | None = None
-    if settings_model is not None:
+        spec = BUILTIN_PLUGINS[name]
+        return _import_spec(spec, name), "builtin", spec
+    if len(candidates) > 1:
+        raise PluginLoadError(
+            "two installed distributions declare this entry point: "
+            + " and ".join(f"{_dist_label(e)} ({e.value})" for e in candidates)
+            + "; uninstall one",
+            plugin=name,
+        )
+    if candidates:
+        ep = candidates[0]
         try:
-            settings = settings_model.model_validate(dict(table))
+            target = ep.load()
+        except Exception as exc:
+            raise PluginLoadError(
+                f"cannot load entry point {ep.value!r} of {_dist_label(ep)}: {exc}", plugin=name
+            ) from exc
+        return target, f"entry point ({_dist_label(ep)})", ep.value
+    return _import_spec(name, name), "module:attr", name
+
+
+# -- configuring ---------------------------------------------------------------------------
+
+
+def settings_model(target: Any) -> type[BaseModel] | None:
+    """The pydantic model that validates ``target``'s ``[plugins.<name>]`` table, if any."""
+    model = getattr(target, "Settings", None)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return model
+    return None
+
+
+def instantiate_plugin(
+    name: str, target: Any, table: Mapping[str, Any], cfg_path: str | None = None
+) -> tuple[Any, BaseModel | None]:
+    """Build the plugin object ``name`` from ``target`` and its settings table.
+
+    A class is constructed with its validated settings (``Settings``) and named ``name``.
+    A module or object is used as it is: it may take settings through ``configure(settings)``;
+    a table for an object that cannot take it is a :class:`ConfigError`.
+    """
+    model = settings_model(target)
+    settings: BaseModel | None = None
+    if model is not None:
+        try:
+            settings = model.model_validate(dict(table))
         except ValidationError as exc:
             raise validation_error(exc, path=cfg_path, prefix=f"plugins.{name}") from None
     elif table:
@@ -154,39 +278,314 @@ def _instantiate(name: str, target: Any, table: Mapping[str, Any], cfg_path: str
             path=cfg_path, key=f"plugins.{name}",
         )
     if inspect.isclass(target):
+        cls: Any = target
         try:
-            obj = target(settings) if settings is not None else target()
+            obj = cls(settings) if settings is not None else cls()
         except Exception as exc:
-            raise PluginLoadError(f"cannot construct {target.__name__}: {exc}", plugin=name) from exc
-        if hasattr(obj, "name"):
-            try:
-                obj.name = name
-            except AttributeError:
-                pass
+            raise PluginLoadError(
+                f"cannot construct {cls.__name__}: {exc}", plugin=name
+            ) from exc
+        _set_name(obj, name)
         return obj, settings
-    if settings is not None and hasattr(target, "configure"):
-        target.configure(settings)
+    if table:
+        configure = getattr(target, "configure", None)
+        if not callable(configure):
+            raise ConfigError(
+                f"plugin {name!r} is a ready object ({type(target).__name__}), which cannot take "
+                "settings; point the config or entry point at its class instead",
+                path=cfg_path, key=f"plugins.{name}",
+            )
+        configure(settings)
     return target, settings
 
 
-def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, str]:
-    """Map each hook implementation's code object to its plugin name (for blame)."""
-    owners: dict[Any, str] = {}
+def _set_name(obj: Any, name: str) -> None:
+    """Give a plugin object its configured name (state slot and verdict attribution)."""
+    if hasattr(obj, "name"):
+        with contextlib.suppress(AttributeError):
+            obj.name = name
+
+
+def builtin_settings(*, skip_missing: bool = True) -> dict[str, type[BaseModel] | None]:
+    """The settings model of every importable built-in plugin, in :data:`BUILTIN_PLUGINS` order.
+
+    A built-in whose module does not exist (yet) is skipped when ``skip_missing``; any other
+    import error propagates, so a broken plugin is never silently left out.
+    """
+    out: dict[str, type[BaseModel] | None] = {}
+    for name, spec in BUILTIN_PLUGINS.items():
+        mod_name, _, attr = spec.partition(":")
+        try:
+            module = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if skip_missing and exc.name == mod_name:
+                continue
+            raise
+        out[name] = settings_model(getattr(module, attr))
+    return out
+
+
+def check_tables(config: Config) -> list[str]:
+    """Validate the ``[plugins.<name>]`` tables of built-ins that are not enabled.
+
+    :func:`load_plugins` validates the tables of enabled plugins; this catches a typo in the
+    table of a built-in that is switched off.  Blocked plugins are never imported, so their
+    tables are not checked.  Returns the names checked.
+    """
+    names, blocked = resolve_names(config)
+    checked = []
+    for tname, table in config.plugins.tables().items():
+        if tname in names or tname in blocked or tname not in BUILTIN_PLUGINS:
+            continue
+        model = settings_model(_import_spec(BUILTIN_PLUGINS[tname], tname))
+        if model is None:
+            if table:
+                raise ConfigError(f"plugin {tname!r} takes no settings, got {sorted(table)}",
+                                  path=config.path, key=f"plugins.{tname}")
+        else:
+            try:
+                model.model_validate(table)
+            except ValidationError as exc:
+                raise validation_error(exc, path=config.path, prefix=f"plugins.{tname}") from None
+        checked.append(tname)
+    return checked
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def load_plugins(
+    config: Config,
+    *,
+    extra: Iterable[str] = (),
+    objects: Mapping[str, Any] | None = None,
+) -> PluginSet:
+    """Resolve, import, configure and register the config's plugins, in config order.
+
+    ``objects`` maps names to plugins built in code (used by tests and by
+    :class:`~loopwarden.Deployment` callers); they are appended after the configured names
+    unless the config names them.  A class is constructed with the config's table for its
+    name, a ready object is used as it is (a table for it is an error).
+    """
+    objects = dict(objects or {})
+    names, blocked = resolve_names(
+        config, [*extra, *[n for n in objects if n not in config.plugins.enabled]]
+    )
+    tables = config.plugins.tables()
+    eps = installed_entry_points()
+    known = set(names) | set(blocked) | set(BUILTIN_PLUGINS) | set(eps)
+    for tname in tables:
+        if tname not in known and ":" not in tname:
+            raise ConfigError(
+                "settings for a plugin that is neither enabled, blocked, built in nor installed "
+                f"(enabled: {', '.join(names)})",
+                path=config.path, key=f"plugins.{tname}",
+            )
+    loaded: list[LoadedPlugin] = []
+    for name in names:
+        table = tables.get(name, {})
+        if name in objects:
+            obj = objects[name]
+            if inspect.isclass(obj):
+                inst, settings = instantiate_plugin(name, obj, table, config.path)
+                loaded.append(LoadedPlugin(name, "object", _qualname(obj), inst, settings))
+                continue
+            if table:
+                raise ConfigError(
+                    "settings given for a plugin object built in code (pass its class instead)",
+                    path=config.path, key=f"plugins.{name}",
+                )
+            if not isinstance(obj, ModuleType):
+                _set_name(obj, name)
+            loaded.append(LoadedPlugin(name, "object", repr(obj), obj,
+                                       getattr(obj, "settings", None)))
+            continue
+        target, source, spec = _find(name, eps)
+        obj, settings = instantiate_plugin(name, target, table, config.path)
+        loaded.append(LoadedPlugin(name, source, spec, obj, settings))
+    return register(loaded)
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
+
+
+# -- registering ---------------------------------------------------------------------------
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    """A pluggy manager with loopwarden's hook specs (tracing with ``LOOPWARDEN_TRACE_PLUGINS``)."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    if _env_flag(ENV_TRACE):
+        pm.trace.root.setwriter(_trace_writer)
+        pm.enable_tracing()
+    return pm
+
+
+def _trace_writer(text: str) -> None:
+    sys.stderr.write("".join("[loopwarden trace] " + ln for ln in text.splitlines(True)))
+
+
+def _owns_connect(obj: Any) -> bool:
+    """True when ``obj`` subscribes to signals itself (a hook-less observer)."""
+    from loopwarden.plugin import Plugin
+
+    connect = getattr(obj, "connect", None)
+    if not callable(connect):
+        return False
+    if isinstance(obj, Plugin):
+        return type(obj).connect is not Plugin.connect
+    return True
+
+
+def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
+    """Unknown or unmarked hooks, async hooks, and plugins with nothing to do fail here."""
+    callers = pm.get_hookcallers(lp.obj) or []
+    implemented: list[str] = []
+    for hc in callers:
+        impls = [i for i in hc.get_hookimpls() if i.plugin is lp.obj]
+        if not hc.has_spec():
+            if all(i.optionalhook for i in impls):
+                continue
+            close = difflib.get_close_matches(hc.name, hookspecs.HOOK_NAMES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise PluginLoadError(
+                f"unknown hook {hc.name!r}: {hint}(known hooks: "
+                f"{', '.join(hookspecs.HOOK_NAMES)})",
+                plugin=lp.name,
+            )
+        for impl in impls:
+            fn = impl.function
+            if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+                raise PluginLoadError(
+                    f"{hc.name} is 'async def'; hooks are synchronous (pluggy would take the "
+                    "coroutine for a result): make it a plain 'def'",
+                    plugin=lp.name,
+                )
+        implemented.append(hc.name)
+    for hname in hookspecs.HOOK_NAMES:
+        if hname in implemented:
+            continue
+        attr = inspect.getattr_static(lp.obj, hname, None)
+        if attr is not None and callable(getattr(lp.obj, hname, None)):
+            raise PluginLoadError(
+                f"defines {hname}() without @hookimpl, so it would never be called "
+                "(decorate it with 'from loopwarden import hookimpl')",
+                plugin=lp.name,
+            )
+    lp.hooks = sorted(set(implemented), key=_hook_rank)
+    if not lp.hooks and not _owns_connect(lp.obj):
+        raise PluginLoadError(
+            "implements no hook (expected @hookimpl methods named one of: "
+            f"{', '.join(hookspecs.HOOK_NAMES)}, or a connect() that subscribes to signals)",
+            plugin=lp.name,
+        )
+
+
+def register(loaded: list[LoadedPlugin]) -> PluginSet:
+    """Register ``loaded`` (in call order) with a new pluggy manager and verify the order."""
+    pm = new_plugin_manager()
+    seen: dict[int, str] = {}
+    names: set[str] = set()
+    for lp in loaded:
+        if lp.name in names:
+            raise PluginLoadError("two plugins are registered under this name", plugin=lp.name)
+        names.add(lp.name)
+        if id(lp.obj) in seen:
+            raise PluginLoadError(
+                f"the same object is registered under two names ({seen[id(lp.obj)]!r} too)",
+                plugin=lp.name,
+            )
+        seen[id(lp.obj)] = lp.name
+    for lp in reversed(loaded):
+        try:
+            pm.register(lp.obj, name=lp.name)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginLoadError(str(exc), plugin=lp.name) from exc
+    for lp in loaded:
+        _check_plugin(pm, lp)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:  # pragma: no cover - _check_plugin is stricter
+        plugin_name = pm.get_name(exc.plugin) if exc.plugin is not None else None
+        raise PluginLoadError(str(exc), plugin=plugin_name) from exc
+    plugin_set = PluginSet(pm, loaded)
+    config_order = [lp.name for lp in loaded]
+    for hook in hookspecs.HOOK_NAMES:
+        actual = plugin_set.call_order(hook)
+        expected = [n for n in config_order if n in actual]
+        if actual != expected:
+            culprit = _out_of_order(pm, hook, actual, expected)
+            raise PluginLoadError(
+                f"its tryfirst/trylast on {hook} would break the configured order "
+                f"(config: {expected}, effective: {actual}); remove the marker or move the "
+                "plugin in [plugins] enabled",
+                plugin=culprit,
+            )
+    return plugin_set
+
+
+def _out_of_order(
+    pm: pluggy.PluginManager, hook: str, actual: list[str], expected: list[str]
+) -> str:
+    """The plugin whose ``tryfirst``/``trylast`` moved it away from its configured place."""
+    marked = {
+        i.plugin_name
+        for i in getattr(pm.hook, hook).get_hookimpls()
+        if (i.tryfirst or i.trylast) and not (i.hookwrapper or i.wrapper)
+    }
+    for a, e in zip(actual, expected, strict=False):
+        if a != e:
+            # The first mismatch shows either a tryfirst plugin jumping ahead (a) or a trylast
+            # plugin that left its place (e).
+            if a in marked:
+                return a
+            if e in marked:
+                return e
+    return next(iter(sorted(marked)), actual[0] if actual else "?")
+
+
+def _hook_rank(name: str) -> int:
+    try:
+        return hookspecs.HOOK_NAMES.index(name)
+    except ValueError:
+        return len(hookspecs.HOOK_NAMES)
+
+
+def plugin_hooks(obj: Any) -> list[str]:
+    """Names of the hooks ``obj`` implements (by marker), without registering it."""
+    out = []
+    for attr in dir(obj):
+        fn = getattr(obj, attr, None)
+        if fn is not None and hasattr(fn, hookspecs.PROJECT + "_impl"):
+            out.append(attr)
+    return sorted(out, key=_hook_rank)
+
+
+# -- calling -------------------------------------------------------------------------------
+
+
+def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]]:
+    """Map each hook implementation's code object to the (name, plugin) pairs that use it."""
+    owners: dict[Any, list[tuple[str, Any]]] = {}
     for hname in hookspecs.HOOK_NAMES:
         for impl in getattr(pm.hook, hname).get_hookimpls():
             fn = getattr(impl.function, "__func__", impl.function)
             code = getattr(fn, "__code__", None)
             if code is not None:
-                owners[code] = impl.plugin_name
+                pairs = owners.setdefault(code, [])
+                if all(n != impl.plugin_name for n, _ in pairs):
+                    pairs.append((impl.plugin_name, impl.plugin))
     return owners
 
 
 class Hooks:
     """The typed facade the loop calls hooks through.
 
-    Each decision hook returns a :class:`Resolution`.  A plugin that raises is blamed by name
-    and turned into a hard ``plugin_error`` stop (fail closed).  ``on_stop`` runs every
-    implementation even when one raises.
+    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`.  A plugin that
+    raises is blamed by name and turned into a hard ``plugin_error`` stop (fail closed).
+    ``on_stop`` runs every implementation even when one raises.
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
@@ -202,15 +601,20 @@ class Hooks:
         self._owners = _impl_owner_map(pm)
 
     def _blame(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""
         tb: TracebackType | None = exc.__traceback__
-        culprit = "<unknown>"
         while tb is not None:
-            name = self._owners.get(tb.tb_frame.f_code)
-            if name is not None:
-                culprit = name
-                break
+            pairs = self._owners.get(tb.tb_frame.f_code)
+            if pairs:
+                if len(pairs) == 1:
+                    return str(pairs[0][0])
+                this = tb.tb_frame.f_locals.get("self")
+                for name, plugin in pairs:
+                    if plugin is this:
+                        return str(name)
+                return str(pairs[0][0])
             tb = tb.tb_next
-        return culprit
+        return "<unknown>"
 
     def _failed(self, hook: str, exc: Exception) -> Resolution:
         plugin = self._blame(exc)
@@ -309,13 +713,14 @@ class PluginSet:
         self.plugins = plugins
         self.hooks = Hooks(pm, [p.name for p in plugins])
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[LoadedPlugin]:
         return iter(self.plugins)
 
     def __len__(self) -> int:
         return len(self.plugins)
 
     def get(self, name: str) -> Any:
+        """The plugin object registered as ``name``, or None."""
         for p in self.plugins:
             if p.name == name:
                 return p.obj
@@ -330,179 +735,10 @@ class PluginSet:
         impls = getattr(self.pm.hook, hook).get_hookimpls()
         return [i.plugin_name for i in reversed(impls) if not (i.hookwrapper or i.wrapper)]
 
-
-def new_plugin_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    if os.environ.get(ENV_TRACE):
-        pm.trace.root.setwriter(lambda s: sys.stderr.write(s))
-        pm.enable_tracing()
-    return pm
-
-
-def resolve_names(config: Config, extra: Iterable[str] = ()) -> tuple[list[str], list[str]]:
-    """The plugin names to load, in call order, and the names blocked (before any import)."""
-    path = config.path
-    blocked = list(config.plugins.blocked) + _env_list(ENV_BLOCK)
-    for name in blocked:
-        if name in ESSENTIAL_PLUGINS:
-            raise ConfigError(
-                f"{name!r} is essential and cannot be blocked (configure its limits instead)",
-                path=path, key="plugins.blocked",
-            )
-    names: list[str] = []
-    for name in [*config.plugins.enabled, *_env_list(ENV_EXTRA), *extra]:
-        if name in names:
-            raise ConfigError(f"plugin {name!r} is listed twice", path=path, key="plugins.enabled")
-        names.append(name)
-    for ess in ESSENTIAL_PLUGINS:
-        if ess not in names:
-            names.insert(0, ess)
-    return [n for n in names if n not in blocked], blocked
-
-
-def load_plugins(
-    config: Config,
-    *,
-    extra: Iterable[str] = (),
-    objects: Mapping[str, Any] | None = None,
-) -> PluginSet:
-    """Resolve, import, configure and register the config's plugins, in config order.
-
-    ``objects`` maps extra names to ready plugin objects (used by tests and by
-    :class:`~loopwarden.Deployment` callers who build plugins in code); they are appended after
-    the configured ones unless the config names them.
-    """
-    objects = dict(objects or {})
-    names, _blocked = resolve_names(config, [*extra, *[n for n in objects if n not in config.plugins.enabled]])
-    tables = config.plugins.tables()
-    eps: dict[str, metadata.EntryPoint] | None = None
-    loaded: list[LoadedPlugin] = []
-    known = set(names) | set(BUILTIN_PLUGINS)
-    for tname in tables:
-        if tname not in known:
-            if eps is None:
-                eps = _entry_points()
-            if tname not in eps and ":" not in tname:
-                raise ConfigError(
-                    f"settings for a plugin that is neither enabled, built in nor installed "
-                    f"(enabled: {', '.join(names)})",
-                    path=config.path, key=f"plugins.{tname}",
-                )
-    for name in names:
-        table = tables.get(name, {})
-        if name in objects:
-            obj = objects[name]
-            if table and hasattr(obj, "Settings"):
-                # A ready object gets the config's settings only through construction.
-                raise ConfigError(
-                    "settings given for a plugin object built in code",
-                    path=config.path, key=f"plugins.{name}",
-                )
-            if hasattr(obj, "name") and not inspect.isclass(obj) and not isinstance(obj, ModuleType):
-                try:
-                    obj.name = name
-                except AttributeError:
-                    pass
-            loaded.append(LoadedPlugin(name, "object", repr(obj), obj))
-            continue
-        if name in BUILTIN_PLUGINS:
-            spec, source = BUILTIN_PLUGINS[name], "builtin"
-            target = _import_spec(spec, name)
-        else:
-            if eps is None:
-                eps = _entry_points()
-            if name in eps:
-                ep = eps[name]
-                spec, source = ep.value, _ep_source(ep)
-                try:
-                    target = ep.load()
-                except Exception as exc:
-                    raise PluginLoadError(f"cannot load entry point {ep.value!r}: {exc}", plugin=name) from exc
-            else:
-                spec, source = name, "module:attr"
-                target = _import_spec(name, name)
-        obj, settings = _instantiate(name, target, table, config.path)
-        loaded.append(LoadedPlugin(name, source, spec, obj, settings))
-    return register(loaded)
-
-
-def register(loaded: list[LoadedPlugin]) -> PluginSet:
-    """Register ``loaded`` (in call order) with a new pluggy manager and verify the order."""
-    pm = new_plugin_manager()
-    seen: set[int] = set()
-    for lp in loaded:
-        if id(lp.obj) in seen:
-            raise PluginLoadError("the same object is registered under two names", plugin=lp.name)
-        seen.add(id(lp.obj))
-    for lp in reversed(loaded):
-        try:
-            pm.register(lp.obj, name=lp.name)
-        except ValueError as exc:
-            raise PluginLoadError(str(exc), plugin=lp.name) from exc
-        except pluggy.PluginValidationError as exc:
-            raise PluginLoadError(str(exc), plugin=lp.name) from exc
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        plugin_name = pm.get_name(exc.plugin) if exc.plugin is not None else None
-        raise PluginLoadError(
-            f"{exc} (known hooks: {', '.join(hookspecs.HOOK_NAMES)})", plugin=plugin_name
-        ) from exc
-    for lp in loaded:
-        impls = pm.get_hookcallers(lp.obj) or []
-        lp.hooks = sorted({hc.name for hc in impls}, key=_hook_rank)
-        has_connect = callable(getattr(lp.obj, "connect", None)) and type(lp.obj).connect is not _base_connect()
-        if not lp.hooks and not has_connect:
-            raise PluginLoadError(
-                f"implements no hook (expected @hookimpl methods named one of: "
-                f"{', '.join(hookspecs.HOOK_NAMES)})",
-                plugin=lp.name,
-            )
-    plugin_set = PluginSet(pm, loaded)
-    config_order = [lp.name for lp in loaded]
-    for hook in hookspecs.HOOK_NAMES:
-        actual = plugin_set.call_order(hook)
-        expected = [n for n in config_order if n in actual]
-        if actual != expected:
-            culprit = _first_out_of_order(actual, expected)
-            raise PluginLoadError(
-                f"its tryfirst/trylast on {hook} would break the configured order "
-                f"(config: {expected}, effective: {actual}); remove the marker or move the "
-                "plugin in [plugins] enabled",
-                plugin=culprit,
-            )
-    return plugin_set
-
-
-def _first_out_of_order(actual: list[str], expected: list[str]) -> str:
-    for a, e in zip(actual, expected):
-        if a != e:
-            return a
-    return actual[0] if actual else "?"
-
-
-def _hook_rank(name: str) -> int:
-    try:
-        return hookspecs.HOOK_NAMES.index(name)
-    except ValueError:
-        return len(hookspecs.HOOK_NAMES)
-
-
-def _base_connect() -> Callable[..., Any]:
-    from loopwarden.plugin import Plugin
-
-    return Plugin.connect
-
-
-def plugin_hooks(obj: Any) -> list[str]:
-    """Names of the hooks ``obj`` implements (by marker), without registering it."""
-    out = []
-    for attr in dir(obj):
-        fn = getattr(obj, attr, None)
-        if fn is not None and hasattr(fn, hookspecs.PROJECT + "_impl"):
-            out.append(attr)
-    return out
-
-
-__all__ += ["ENTRY_POINT_GROUP", "Verdict", "plugin_hooks", "register", "resolve_names"]
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per plugin, in call order: position, name, source, spec, hooks, essential."""
+        return [
+            {"position": i, "name": p.name, "source": p.source, "spec": p.spec,
+             "hooks": list(p.hooks), "essential": p.name in ESSENTIAL_PLUGINS}
+            for i, p in enumerate(self.plugins, 1)
+        ]

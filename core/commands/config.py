@@ -1,4 +1,10 @@
-"""``loopwarden config check [FILE]`` and ``loopwarden config schema``."""
+"""``loopwarden config check [FILE]`` and ``loopwarden config schema [--config FILE]``.
+
+``check`` validates the file, loads and orders its plugins (each plugin validates its own
+``[plugins.<name>]`` table) and validates the tables of built-ins that are switched off.
+``schema`` prints a JSON Schema of the whole file for editors: the core tables plus the
+settings of every built-in plugin and of the plugins the given config enables.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +20,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     schema = sub.add_parser("schema", help="print a JSON Schema of the config file")
     schema.add_argument("--config", metavar="FILE", default=None,
-                        help="include the settings of the plugins this config enables")
+                        help="also describe the plugins this config enables (default: "
+                             "./config.toml if present, else the shipped default)")
+    schema.add_argument("--output", "-o", metavar="FILE", default=None,
+                        help="write the schema to FILE instead of stdout")
 
 
 def main(args: argparse.Namespace) -> int:
-    from loopwarden.config import load_config
-    from loopwarden.pluginmanager import load_plugins
+    from loopwarden.config import find_config, load_config
+    from loopwarden.pluginmanager import check_tables, load_plugins
 
     if args.action == "check":
         config = load_config(args.file or args.config)
         plugins = load_plugins(config)
+        check_tables(config)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     from loopwarden.schema import config_schema
 
-    print(json.dumps(config_schema(args.config), indent=2, ensure_ascii=False))
+    text = json.dumps(config_schema(find_config(args.config)), indent=2,
+                      ensure_ascii=False) + "\n"
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        print(text, end="")
     return 0

@@ -1,9 +1,15 @@
-"""``loopwarden plugins``: the enabled plugins in call order, their source and hooks."""
+"""``loopwarden plugins``: the plugins in call order, where each came from, and its hooks.
+
+The list is what a run would use: ``[plugins] enabled`` plus ``LOOPWARDEN_PLUGINS``, less the
+blocked names (``[plugins] blocked``, ``LOOPWARDEN_BLOCK_PLUGINS``), which are shown apart and
+never imported.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from loopwarden.commands import add_config_argument
 
@@ -13,24 +19,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
+def _blocked_rows(config: Any, blocked: list[str]) -> list[dict[str, str]]:
+    return [
+        {"name": n, "by": "config" if n in config.plugins.blocked else "LOOPWARDEN_BLOCK_PLUGINS"}
+        for n in blocked
+    ]
+
+
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
-    from loopwarden.pluginmanager import ESSENTIAL_PLUGINS, load_plugins
+    from loopwarden.pluginmanager import load_plugins, resolve_names
 
     config = load_config(args.config)
     plugins = load_plugins(config)
-    rows = [
-        {"position": i, "name": p.name, "source": p.source, "spec": p.spec, "hooks": p.hooks,
-         "essential": p.name in ESSENTIAL_PLUGINS}
-        for i, p in enumerate(plugins, 1)
-    ]
+    rows = plugins.describe()
+    blocked = _blocked_rows(config, resolve_names(config)[1])
     if args.json:
-        print(json.dumps({"config": config.path, "plugins": rows}, ensure_ascii=False))
+        print(json.dumps({"config": config.path, "plugins": rows, "blocked": blocked},
+                         ensure_ascii=False))
         return 0
+    width = max([len(str(r["name"])) + 2 for r in rows] + [6])
+    swidth = max([len(str(r["source"])) for r in rows] + [6])
     print(f"config: {config.path}")
-    print(f"{'#':>2}  {'name':<16} {'source':<28} hooks")
+    print(f"{'#':>2}  {'name':<{width}} {'source':<{swidth}} hooks")
     for r in rows:
         name = str(r["name"]) + (" *" if r["essential"] else "")
-        print(f"{r['position']:>2}  {name:<16} {r['source']!s:<28} {', '.join(r['hooks'])}")  # type: ignore[arg-type]
+        source = str(r["source"])
+        hooks = ", ".join(r["hooks"]) or "(signals only)"
+        print(f"{r['position']:>2}  {name:<{width}} {source:<{swidth}} {hooks}")
+        if source.startswith("entry point"):
+            print(f"{'':>2}  {'':<{width}} -> {r['spec']}")
+    if blocked:
+        print("blocked (never imported): "
+              + ", ".join(f"{b['name']} ({b['by']})" for b in blocked))
     print("(* essential: can be configured, not disabled)")
     return 0

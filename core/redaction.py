@@ -1,0 +1,164 @@
+"""Redaction: keep secrets out of logs, alerts and run records.
+
+Observers write tool arguments, evidence and model text to places that many people read.
+:class:`Redactor` masks, at any depth of dicts and lists:
+
+* the value of every key named in a redaction list (case-insensitive, ``-`` read as ``_``),
+  and of every key that *ends* in ``_<name>`` (``github_token``, ``X-Api-Key``) -- so
+  ``api_key`` and ``Authorization`` are masked, while ``tokens`` or ``max_tokens`` are not;
+* ``key=value`` / ``"key": "value"`` pairs of those keys inside free text (e.g. the raw JSON
+  arguments the model sent, which may not even parse);
+* text matching the secret patterns (``sk-...`` API keys, ``Bearer ...`` credentials);
+* literal secrets it was given (e.g. the value of the model's API-key environment variable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "DEFAULT_REDACT_KEYS",
+    "DEFAULT_SECRET_PATTERNS",
+    "MASK",
+    "Redactor",
+    "model_api_key",
+]
+
+MASK = "[REDACTED]"
+
+DEFAULT_REDACT_KEYS: tuple[str, ...] = (
+    "api_key",
+    "apikey",
+    "authorization",
+    "proxy_authorization",
+    "password",
+    "passwd",
+    "passphrase",
+    "token",
+    "secret",
+    "private_key",
+    "credential",
+    "credentials",
+    "cookie",
+    "set_cookie",
+    "session_id",
+)
+
+DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
+    r"\bsk-[A-Za-z0-9_\-]{12,}",  # OpenAI-style API keys (also DashScope, DeepSeek)
+    r"(?i)\bbearer\s+[A-Za-z0-9._~+/=\-]{8,}",  # HTTP bearer credentials
+)
+
+_MIN_LITERAL = 6  # literal secrets shorter than this are not masked in free text
+
+
+def _norm(key: str) -> str:
+    return key.strip().lower().replace("-", "_")
+
+
+class Redactor:
+    """Masks secrets in nested data and free text (see the module docstring).
+
+    :param keys: field names whose values are secret.
+    :param patterns: regular expressions for secrets inside any text.
+    :param literals: exact secret strings to mask wherever they appear.
+    :param mask: the replacement text.
+    """
+
+    def __init__(
+        self,
+        keys: Iterable[str] = DEFAULT_REDACT_KEYS,
+        patterns: Iterable[str] = DEFAULT_SECRET_PATTERNS,
+        literals: Iterable[str] = (),
+        mask: str = MASK,
+    ) -> None:
+        self.keys = frozenset(_norm(k) for k in keys if k.strip())
+        self.mask = mask
+        self._patterns = [re.compile(p) for p in patterns]
+        self._literals = sorted({s for s in literals if len(s) >= _MIN_LITERAL}, key=len,
+                                reverse=True)
+        if self.keys:
+            names = "|".join(
+                sorted((re.escape(k).replace("_", "[_-]") for k in self.keys), key=len,
+                       reverse=True)
+            )
+            # "key": "value"  /  key=value  /  key: value  (key may carry a prefix: x_api_key)
+            self._pairs: re.Pattern[str] | None = re.compile(
+                r"""(?i)(["']?[\w-]*?(?<![a-z0-9])(?:""" + names + r""")["']?\s*[:=]\s*)"""
+                r"""(?!""" + re.escape(mask) + r""")"""  # already masked (by a pattern)
+                r"""("(?:[^"\\]|\\.)*"|'[^']*'"""  # a quoted value, or a bare one with
+                r"""|(?:(?:bearer|basic|digest|token|apikey)[ \t]+)?[^\s,;&}\]]+)"""  # scheme
+            )
+        else:
+            self._pairs = None
+
+    def add_literal(self, secret: str | None) -> None:
+        """Also mask this exact string (ignored when empty or very short)."""
+        if secret and len(secret) >= _MIN_LITERAL and secret not in self._literals:
+            self._literals.append(secret)
+            self._literals.sort(key=len, reverse=True)
+
+    def is_secret_key(self, key: object) -> bool:
+        """Whether values under ``key`` are masked."""
+        k = _norm(str(key))
+        if k in self.keys:
+            return True
+        return any(k.endswith("_" + name) for name in self.keys)
+
+    def text(self, value: str) -> str:
+        """Mask secret literals, patterns and ``key=value`` pairs inside free text."""
+        out = value
+        for lit in self._literals:
+            if lit in out:
+                out = out.replace(lit, self.mask)
+        for pat in self._patterns:
+            out = pat.sub(self.mask, out)
+        if self._pairs is not None:
+            out = self._pairs.sub(self._mask_pair, out)
+        return out
+
+    def _mask_pair(self, m: re.Match[str]) -> str:
+        value = m.group(2)
+        if value.startswith(('"', "'")):
+            return f"{m.group(1)}{value[0]}{self.mask}{value[0]}"
+        return m.group(1) + self.mask
+
+    def __call__(self, value: Any) -> Any:
+        """A copy of ``value`` with secrets masked at any depth (the input is not changed)."""
+        if isinstance(value, Mapping):
+            return {
+                k: (self.mask if self.is_secret_key(k) and v is not None else self(v))
+                for k, v in value.items()
+            }
+        if isinstance(value, (list, tuple)):
+            return [self(v) for v in value]
+        if isinstance(value, str):
+            return self.text(value)
+        return value
+
+    def json_text(self, raw: str) -> str:
+        """Redact a JSON document given as text (e.g. raw tool arguments).
+
+        Parsed and re-encoded when it is valid JSON, so nested keys are found; otherwise
+        masked as free text.
+        """
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            return self.text(raw)
+        return json.dumps(self(parsed), ensure_ascii=False)
+
+
+def model_api_key(deployment: Any) -> str | None:
+    """The value of the deployment's model API-key variable (``[model] api_key_env``), if set.
+
+    Observers add it to their redactor as a literal, so the key never reaches a log line even
+    when a tool or the model echoes it.
+    """
+    config = getattr(deployment, "config", None)
+    env = getattr(getattr(config, "model", None), "api_key_env", None)
+    return os.environ.get(env) if isinstance(env, str) and env else None

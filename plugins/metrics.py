@@ -1,0 +1,478 @@
+"""metrics: counters and histograms of runs, guard firings, steps, tokens and budget use.
+
+In-process by default: read them with :meth:`Metrics.value`, :meth:`Metrics.histogram` and
+:meth:`Metrics.snapshot` (``deployment.plugins.get("metrics")``).  With ``prometheus = true``
+the same metrics are mirrored into a prometheus-client registry (the optional extra
+``loopwarden[prometheus]``): :meth:`Metrics.exposition` renders the text format, and
+``prometheus_port`` serves it over HTTP.  Without prometheus-client the plugin says so once and
+stays in-process.
+
+=========================  =========  ==========================  ================================
+in-process name            kind       labels                      Prometheus name
+=========================  =========  ==========================  ================================
+``runs_total``             counter    termination                 loopwarden_runs_total
+``guard_firings_total``    counter    plugin, reason, kind        loopwarden_guard_firings_total
+``agent.loop_detected``    counter    plugin, reason              agent_loop_detected_total
+``tool_calls_total``       counter    tool, outcome               loopwarden_tool_calls_total
+``model_calls_total``      counter    --                          loopwarden_model_calls_total
+``tokens_total``           counter    kind (prompt, completion)   loopwarden_tokens_total
+``steps_per_run``          histogram  --                          loopwarden_steps_per_run
+``tokens_per_run``         histogram  --                          loopwarden_tokens_per_run
+``run_seconds``            histogram  --                          loopwarden_run_seconds
+``budget_use_ratio``       histogram  budget (steps, tokens,      loopwarden_budget_use_ratio
+                                      seconds)
+=========================  =========  ==========================  ================================
+
+Tool calls to names the deployment does not have are counted under ``tool="(unknown)"``, so
+model output cannot grow the label set.  A guard firing is any verdict (warn, skip, stop); its
+``reason`` is the stop reason, or the verdict kind for warnings and skips.
+``agent.loop_detected`` counts the firings of the loop detectors (``loop_detectors``: by plugin
+name or stop reason).  ``budget_use_ratio`` is what a run used of each limit it had (its
+profile's, else the ``max_steps`` / ``token_budget`` / ``timeout`` plugin's setting): 1.0 means
+the whole budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator
+
+from loopwarden import Plugin, PluginSettings, signals
+from loopwarden.exceptions import LoopwardenError
+
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+    from loopwarden.events import ModelResponse, ToolCall, ToolResult
+    from loopwarden.run import Run, RunOutcome
+    from loopwarden.verdicts import Verdict
+
+__all__ = [
+    "HistogramValue",
+    "Metrics",
+    "MetricsRegistry",
+    "MetricsSettings",
+    "PrometheusUnavailable",
+]
+
+log = logging.getLogger("loopwarden.plugins.metrics")
+
+UNKNOWN_TOOL = "(unknown)"
+
+INSTALL_HINT = (
+    "prometheus-client is not installed: pip install 'loopwarden[prometheus]'. Metrics stay "
+    "in-process (read them with Metrics.value / histogram / snapshot)."
+)
+
+
+class PrometheusUnavailable(LoopwardenError):
+    """Prometheus exposition was asked for, but prometheus-client is missing or turned off."""
+
+
+def _buckets(v: list[float]) -> list[float]:
+    if not v or sorted(v) != v or len(set(v)) != len(v):
+        raise ValueError("must be a non-empty, strictly increasing list")
+    return v
+
+
+class MetricsSettings(PluginSettings):
+    loop_detectors: list[str] = Field(
+        default_factory=lambda: ["repeat_call", "oscillation", "no_progress", "stall"],
+        description="plugin names or stop reasons whose firings count as agent.loop_detected",
+    )
+    step_buckets: list[float] = Field(
+        default_factory=lambda: [1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 25.0, 50.0],
+        description="histogram buckets of steps per run",
+    )
+    token_buckets: list[float] = Field(
+        default_factory=lambda: [500.0, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5],
+        description="histogram buckets of tokens per run",
+    )
+    seconds_buckets: list[float] = Field(
+        default_factory=lambda: [0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0],
+        description="histogram buckets of run duration (on the run's clock)",
+    )
+    ratio_buckets: list[float] = Field(
+        default_factory=lambda: [0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0],
+        description="histogram buckets of budget use (used / limit)",
+    )
+    prometheus: bool = Field(
+        default=False,
+        description="mirror the metrics into a prometheus-client registry (optional extra)",
+    )
+    prometheus_namespace: str = Field(
+        default="loopwarden", description="prefix of the Prometheus metric names"
+    )
+    prometheus_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="serve /metrics on this port (needs prometheus = true; none: do not serve)",
+    )
+    prometheus_addr: str = Field(
+        default="127.0.0.1", description="address the /metrics server binds to"
+    )
+
+    @field_validator("step_buckets", "token_buckets", "seconds_buckets", "ratio_buckets")
+    @classmethod
+    def _check_buckets(cls, v: list[float]) -> list[float]:
+        return _buckets(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-process registry
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramValue:
+    """A histogram's state: ``buckets`` maps each upper bound to the cumulative count."""
+
+    count: int
+    sum: float
+    buckets: dict[float, int]
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Def:
+    name: str
+    kind: Literal["counter", "histogram"]
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    prom_name: str = ""
+    namespaced: bool = True
+
+
+class MetricsRegistry:
+    """Counters and fixed-bucket histograms, thread-safe, constant memory per label set."""
+
+    def __init__(self, defs: Iterable[_Def]) -> None:
+        self.defs = {d.name: d for d in defs}
+        self._counters: dict[str, dict[tuple[str, ...], float]] = {}
+        self._hists: dict[str, dict[tuple[str, ...], list[Any]]] = {}
+        self._lock = threading.Lock()
+        for d in self.defs.values():
+            if d.kind == "counter":
+                self._counters[d.name] = {}
+            else:
+                self._hists[d.name] = {}
+
+    def _key(self, name: str, labels: Mapping[str, Any]) -> tuple[str, ...]:
+        d = self.defs[name]
+        if set(labels) != set(d.labels):
+            raise KeyError(f"{name} takes labels {list(d.labels)}, got {sorted(labels)}")
+        return tuple(str(labels[k]) for k in d.labels)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: Any) -> None:
+        key = self._key(name, labels)
+        with self._lock:
+            series = self._counters[name]
+            series[key] = series.get(key, 0.0) + amount
+
+    def observe(self, name: str, value: float, **labels: Any) -> None:
+        key = self._key(name, labels)
+        bounds = self.defs[name].buckets
+        with self._lock:
+            series = self._hists[name]
+            state = series.get(key)
+            if state is None:
+                state = series[key] = [[0] * len(bounds), 0.0, 0]
+            counts: list[int] = state[0]
+            for i, bound in enumerate(bounds):
+                if value <= bound:
+                    counts[i] += 1
+                    break
+            state[1] += value
+            state[2] += 1
+
+    def value(self, name: str, **labels: Any) -> float:
+        """A counter's value for these labels (0 when never incremented)."""
+        key = self._key(name, labels)
+        with self._lock:
+            return self._counters[name].get(key, 0.0)
+
+    def total(self, name: str, **labels: Any) -> float:
+        """A counter summed over every label not given (``total("runs_total")``)."""
+        d = self.defs[name]
+        want = {d.labels.index(k): str(v) for k, v in labels.items()}
+        with self._lock:
+            return sum(
+                v for key, v in self._counters[name].items()
+                if all(key[i] == s for i, s in want.items())
+            )
+
+    def histogram(self, name: str, **labels: Any) -> HistogramValue:
+        """A histogram's count, sum and cumulative buckets (``inf`` last)."""
+        key = self._key(name, labels)
+        bounds = self.defs[name].buckets
+        with self._lock:
+            state = self._hists[name].get(key)
+            counts = list(state[0]) if state else [0] * len(bounds)
+            total, n = (state[1], state[2]) if state else (0.0, 0)
+        cumulative: dict[float, int] = {}
+        running = 0
+        for bound, c in zip(bounds, counts, strict=True):
+            running += c
+            cumulative[bound] = running
+        cumulative[float("inf")] = n
+        return HistogramValue(count=n, sum=total, buckets=cumulative)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every series, JSON-able: ``{name: [{"labels": {...}, "value"|"count"...}]}``."""
+        out: dict[str, Any] = {}
+        with self._lock:
+            counters = {n: dict(s) for n, s in self._counters.items()}
+            hist_keys = {n: list(s) for n, s in self._hists.items()}
+        for name, series in counters.items():
+            labels = self.defs[name].labels
+            out[name] = [{"labels": dict(zip(labels, k, strict=True)), "value": v}
+                         for k, v in sorted(series.items())]
+        for name, keys in hist_keys.items():
+            labels = self.defs[name].labels
+            rows = []
+            for k in sorted(keys):
+                lab = dict(zip(labels, k, strict=True))
+                h = self.histogram(name, **lab)
+                rows.append({"labels": lab, "count": h.count, "sum": h.sum,
+                             "buckets": {("+Inf" if b == float("inf") else repr(b)): c
+                                         for b, c in h.buckets.items()}})
+            out[name] = rows
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The plugin
+# ---------------------------------------------------------------------------------------------
+
+
+def _definitions(s: MetricsSettings) -> list[_Def]:
+    return [
+        _Def("runs_total", "counter", "Runs by termination (stop reason).", ("termination",),
+             prom_name="runs"),
+        _Def("guard_firings_total", "counter",
+             "Verdicts returned by plugins, by plugin, reason and kind (warn, skip, stop).",
+             ("plugin", "reason", "kind"), prom_name="guard_firings"),
+        _Def("agent.loop_detected", "counter", "Loop-detector firings (agent.loop_detected).",
+             ("plugin", "reason"), prom_name="agent_loop_detected", namespaced=False),
+        _Def("tool_calls_total", "counter", "Tool calls by tool and outcome (ok, error, "
+             "skipped).", ("tool", "outcome"), prom_name="tool_calls"),
+        _Def("model_calls_total", "counter", "Model calls.", prom_name="model_calls"),
+        _Def("tokens_total", "counter", "Tokens used, by kind (prompt, completion).",
+             ("kind",), prom_name="tokens"),
+        _Def("steps_per_run", "histogram", "Model turns per run.",
+             buckets=tuple(s.step_buckets), prom_name="steps_per_run"),
+        _Def("tokens_per_run", "histogram", "Tokens (prompt + completion) per run.",
+             buckets=tuple(s.token_buckets), prom_name="tokens_per_run"),
+        _Def("run_seconds", "histogram", "Run duration in seconds (on the run's clock).",
+             buckets=tuple(s.seconds_buckets), prom_name="run_seconds"),
+        _Def("budget_use_ratio", "histogram",
+             "What a run used of each limit it had (1.0: the whole budget).", ("budget",),
+             buckets=tuple(s.ratio_buckets), prom_name="budget_use_ratio"),
+    ]
+
+
+class _Prometheus:
+    """The prometheus-client mirror of the in-process metrics."""
+
+    def __init__(self, defs: Sequence[_Def], namespace: str) -> None:
+        import prometheus_client as pc
+
+        self.pc = pc
+        self.registry = pc.CollectorRegistry(auto_describe=True)
+        self.metrics: dict[str, Any] = {}
+        for d in defs:
+            ns = namespace if d.namespaced else ""
+            if d.kind == "counter":
+                self.metrics[d.name] = pc.Counter(d.prom_name, d.help, list(d.labels),
+                                                  namespace=ns, registry=self.registry)
+            else:
+                self.metrics[d.name] = pc.Histogram(d.prom_name, d.help, list(d.labels),
+                                                    namespace=ns, registry=self.registry,
+                                                    buckets=[*d.buckets, float("inf")])
+        self.server: Any = None
+
+    def inc(self, name: str, amount: float, labels: Mapping[str, Any]) -> None:
+        m = self.metrics[name]
+        (m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m).inc(amount)
+
+    def observe(self, name: str, value: float, labels: Mapping[str, Any]) -> None:
+        m = self.metrics[name]
+        (m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m).observe(value)
+
+    def text(self) -> str:
+        data: bytes = self.pc.generate_latest(self.registry)
+        return data.decode("utf-8")
+
+    def serve(self, port: int, addr: str) -> None:
+        self.server = self.pc.start_http_server(port, addr=addr, registry=self.registry)
+
+    def close(self) -> None:
+        server = self.server
+        self.server = None
+        if isinstance(server, tuple):  # (httpd, thread) in prometheus-client >= 0.17
+            server[0].shutdown()
+            server[0].server_close()
+
+
+#: budget -> (the run's profile limit, the plugin that enforces it, its limit methods, its
+#: settings fields) -- read with getattr, so a missing or different plugin just has no limit
+_BUDGETS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
+    "steps": ("max_steps", "max_steps", ("limit",), ("max_steps",)),
+    "tokens": ("max_tokens", "token_budget", ("total_limit", "limit"),
+               ("max_total_tokens", "max_tokens")),
+    "seconds": ("max_seconds", "timeout", ("limit",), ("max_seconds",)),
+}
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+def _budget_limits(run: Run) -> dict[str, float]:
+    """The limits this run had: its profile's, else what the budget plugin enforces."""
+    limits: dict[str, float] = {}
+    plugins = getattr(getattr(run, "deployment", None), "plugins", None)
+    for budget, (profile_field, plugin, methods, fields) in _BUDGETS.items():
+        value = _positive(getattr(run.limits, profile_field, None))
+        obj = plugins.get(plugin) if plugins is not None else None
+        if value is None and obj is not None:
+            for method in methods:
+                fn = getattr(obj, method, None)
+                if callable(fn):
+                    try:
+                        value = _positive(fn(run))
+                    except Exception:  # another plugin's helper: never break on it
+                        value = None
+                    if value is not None:
+                        break
+            settings = getattr(obj, "settings", None)
+            for f in fields if value is None else ():
+                value = _positive(getattr(settings, f, None))
+                if value is not None:
+                    break
+        if value is not None:
+            limits[budget] = value
+    return limits
+
+
+class Metrics(Plugin[MetricsSettings]):
+    """Counts runs, guard firings, tool and model calls; histograms of steps, tokens, time
+    and budget use.  In-process, optionally mirrored to Prometheus."""
+
+    name = "metrics"
+    Settings = MetricsSettings
+
+    def __init__(self, settings: MetricsSettings | None = None) -> None:
+        super().__init__(settings)
+        s = self.settings
+        defs = _definitions(s)
+        self.registry = MetricsRegistry(defs)
+        self._loop = frozenset(s.loop_detectors)
+        self.prometheus: _Prometheus | None = None
+        if s.prometheus:
+            try:
+                self.prometheus = _Prometheus(defs, s.prometheus_namespace)
+            except ImportError:
+                log.warning("metrics: prometheus = true, but %s", INSTALL_HINT)
+
+    # -- read API -------------------------------------------------------------------------
+
+    def value(self, name: str, **labels: Any) -> float:
+        """A counter's value: ``value("runs_total", termination="max_steps")``."""
+        return self.registry.value(name, **labels)
+
+    def total(self, name: str, **labels: Any) -> float:
+        """A counter summed over the labels not given: ``total("guard_firings_total")``."""
+        return self.registry.total(name, **labels)
+
+    def histogram(self, name: str, **labels: Any) -> HistogramValue:
+        """A histogram's count, sum and buckets: ``histogram("steps_per_run")``."""
+        return self.registry.histogram(name, **labels)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every series as JSON-able data."""
+        return self.registry.snapshot()
+
+    def exposition(self) -> str:
+        """The Prometheus text format (needs ``prometheus = true`` and prometheus-client)."""
+        if self.prometheus is None:
+            if not self.settings.prometheus:
+                raise PrometheusUnavailable(
+                    "metrics: Prometheus exposition is off; set prometheus = true in "
+                    "[plugins.metrics]")
+            raise PrometheusUnavailable(f"metrics: {INSTALL_HINT}")
+        return self.prometheus.text()
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def connect(self, deployment: Deployment) -> None:
+        deployment.connect(signals.model_responded, self.on_model_responded)
+        deployment.connect(signals.tool_finished, self.on_tool_finished)
+        deployment.connect(signals.guard_triggered, self.on_guard_triggered)
+        deployment.connect(signals.run_stopped, self.on_run_stopped)
+        port = self.settings.prometheus_port
+        if self.prometheus is not None and port is not None and self.prometheus.server is None:
+            try:
+                self.prometheus.serve(port, self.settings.prometheus_addr)
+            except OSError as exc:
+                log.warning("metrics: cannot serve Prometheus metrics on %s:%s: %s",
+                            self.settings.prometheus_addr, port, exc)
+
+    def close(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.close()
+
+    def _inc(self, name: str, amount: float = 1.0, **labels: Any) -> None:
+        self.registry.inc(name, amount, **labels)
+        if self.prometheus is not None:
+            self.prometheus.inc(name, amount, labels)
+
+    def _observe(self, name: str, value: float, **labels: Any) -> None:
+        self.registry.observe(name, value, **labels)
+        if self.prometheus is not None:
+            self.prometheus.observe(name, value, labels)
+
+    # -- receivers ------------------------------------------------------------------------
+
+    def on_model_responded(self, run: Run, *, response: ModelResponse, **_: Any) -> None:
+        self._inc("model_calls_total")
+        usage = response.usage
+        if usage is not None:
+            self._inc("tokens_total", usage.prompt, kind="prompt")
+            self._inc("tokens_total", usage.completion, kind="completion")
+
+    def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult,
+                         **_: Any) -> None:
+        outcome = "skipped" if result.skipped else ("ok" if result.ok else "error")
+        # A name the model invented is not a label: label values must stay a bounded set.
+        tool = call.name if call.tool is not None else UNKNOWN_TOOL
+        self._inc("tool_calls_total", tool=tool, outcome=outcome)
+
+    def on_guard_triggered(self, run: Run, *, verdict: Verdict, **_: Any) -> None:
+        reason = str(getattr(verdict, "reason", None) or verdict.kind)
+        self._inc("guard_firings_total", plugin=verdict.plugin, reason=reason,
+                  kind=verdict.kind)
+        if verdict.plugin in self._loop or reason in self._loop:
+            self._inc("agent.loop_detected", plugin=verdict.plugin, reason=reason)
+
+    def on_run_stopped(self, run: Run, *, outcome: RunOutcome, record: Mapping[str, Any],
+                       **_: Any) -> None:
+        self._inc("runs_total", termination=outcome.termination)
+        steps = float(record.get("steps") or 0)
+        tokens = float((record.get("tokens") or {}).get("total") or 0)
+        seconds = float(record.get("elapsed_s") or 0.0)
+        self._observe("steps_per_run", steps)
+        self._observe("tokens_per_run", tokens)
+        self._observe("run_seconds", seconds)
+        used = {"steps": steps, "tokens": tokens, "seconds": seconds}
+        for budget, limit in _budget_limits(run).items():
+            self._observe("budget_use_ratio", used[budget] / limit, budget=budget)

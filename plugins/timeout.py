@@ -1,0 +1,188 @@
+"""timeout: the run's clock, and a deadline for every tool call.
+
+``max_seconds`` bounds the run, measured on ``run.clock`` from the run's start; a run's profile
+(``[profiles.*] max_seconds``) overrides it.
+
+* ``before_tool`` gives each call ``min(its own timeout, tool_timeout_s, time left)``
+  (``call.timeout``).  The loop enforces it: a cooperative tool (one that takes a
+  :class:`~loopwarden.tools.ToolContext`) sees the deadline in ``ctx.deadline`` and sleeps on
+  the run's clock; a blocking tool runs in a worker thread that is abandoned at the deadline;
+  an async tool is cancelled.  Either way the result comes back as ``error == "timeout"`` and a
+  late result is discarded, never recorded as a success.
+* ``after_tool`` stops the run with ``timeout`` once the run's time is up -- and, with
+  ``stop_on_tool_timeout`` (default), as soon as any tool overran.
+* ``before_model`` refuses a model call once the time is up.
+
+The stop is **soft** while the run is still inside the grace period (``grace_s`` past
+``max_seconds``): the final tool-less turn fits in it.  Past the grace period it is **hard**.
+``warn_at`` warns once when that fraction of ``max_seconds`` has passed.
+
+The time left is measured when ``before_tool`` runs; a backoff that a later plugin requests
+(``call.delay_s``, e.g. retry_policy's) is waited before the tool's own deadline starts, so it
+can carry a tool past the run's end by at most that backoff -- ``after_tool`` then stops the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from loopwarden import (
+    ModelRequest,
+    Plugin,
+    PluginSettings,
+    Run,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    hookimpl,
+)
+from loopwarden.plugins._budgets import check_templates
+
+__all__ = ["Timeout", "TimeoutSettings"]
+
+_TEMPLATE_FIELDS = {"elapsed": 84.0, "limit": 120.0, "left": 36.0, "percent": 70,
+                    "tool": "query_logistics"}
+
+
+class TimeoutSettings(PluginSettings):
+    """``[plugins.timeout]``."""
+
+    max_seconds: float = Field(
+        default=120.0, gt=0,
+        description="seconds a run may take on its clock; a run profile's max_seconds "
+        "overrides it",
+    )
+    tool_timeout_s: float | None = Field(
+        default=30.0, gt=0,
+        description="the longest any single tool call may run (a tool's own, shorter timeout "
+        "wins); unset: only the tool's own timeout and the time left",
+    )
+    grace_s: float = Field(
+        default=15.0, ge=0,
+        description="seconds past max_seconds within which the run still gets its final "
+        "tool-less turn (soft stop); later the stop is hard",
+    )
+    stop_on_tool_timeout: bool = Field(
+        default=True,
+        description="stop the run as soon as a tool overruns its deadline; false: only when "
+        "the run's time is up (a tool's own timeout is then a retryable failure)",
+    )
+    warn_at: float | None = Field(
+        default=0.7, gt=0, le=1,
+        description="warn once when this fraction of max_seconds has passed; unset it to "
+        "never warn",
+    )
+    warning: str = Field(
+        default="This run has used {elapsed:.0f}s of its {limit:.0f}s time budget. Wrap up soon.",
+        description="the warning ({elapsed}, {limit}, {left}, {percent})",
+    )
+    stop_message: str = Field(
+        default="The time budget of this run ({limit:.0f}s) is used up.",
+        description="why the run stops when its time is up, put before the final turn's "
+        "wrap-up instruction ({elapsed}, {limit}, {left}, {percent}, {tool})",
+    )
+    tool_stop_message: str = Field(
+        default="{tool} did not answer in time.",
+        description="why the run stops when a tool overran (stop_on_tool_timeout), put "
+        "before the final turn's wrap-up instruction ({tool}, {elapsed}, {limit}, {left}, "
+        "{percent})",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TimeoutSettings:
+        check_templates(self, ("warning", "stop_message", "tool_stop_message"),
+                        _TEMPLATE_FIELDS)
+        return self
+
+
+@dataclass(slots=True)
+class _State:
+    warned: bool = False
+    #: the call whose timeout is the run's time left (its overrun means the time is up)
+    run_bound: ToolCall | None = None
+
+
+class Timeout(Plugin[TimeoutSettings]):
+    """Bounds a run's time and every tool call's (see the module docstring)."""
+
+    name = "timeout"
+    Settings = TimeoutSettings
+
+    def new_state(self) -> _State:
+        return _State()
+
+    def limit(self, run: Run) -> float:
+        """The run's time limit in seconds: its profile's, else ``max_seconds``."""
+        return run.limits.max_seconds or self.settings.max_seconds
+
+    def _fields(self, run: Run, tool: str = "") -> dict[str, float | int | str]:
+        limit, elapsed = self.limit(run), run.elapsed
+        return dict(elapsed=elapsed, limit=limit, left=max(0.0, limit - elapsed),
+                    percent=int(100 * elapsed / limit), tool=tool)
+
+    def _stop(self, run: Run, *, final: bool = False, call: ToolCall | None = None,
+              result: ToolResult | None = None) -> Verdict | None:
+        """The stop for a run whose time is up (or whose tool overran); None when a final
+        turn already under way may still finish within the grace period."""
+        s = self.settings
+        limit, elapsed = self.limit(run), run.elapsed
+        in_grace = elapsed < limit + s.grace_s
+        if final and in_grace:
+            return None
+        tool = call.name if call is not None else ""
+        time_up = elapsed >= limit
+        template = s.stop_message if time_up or call is None else s.tool_stop_message
+        evidence: dict[str, Any] = dict(
+            elapsed_s=round(elapsed, 3), limit_s=limit, grace_s=s.grace_s,
+            source=f"profile {run.limits.name}" if run.limits.max_seconds
+            else "plugins.timeout",
+        )
+        if call is not None:
+            evidence.update(tool=call.name, tool_timeout_s=call.timeout, step=call.step)
+        if result is not None:
+            evidence.update(tool_error=result.error, tool_duration_s=round(result.duration_s, 3))
+        return self.stop("timeout", soft=in_grace,
+                         message=template.format(**self._fields(run, tool)), **evidence)
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        s = self.settings
+        limit, elapsed = self.limit(run), run.elapsed
+        if elapsed >= limit:
+            return self._stop(run, final=request.final)
+        st: _State = self.state(run)
+        if s.warn_at is not None and not st.warned and elapsed >= limit * s.warn_at:
+            st.warned = True
+            return self.warn(s.warning.format(**self._fields(run)),
+                             elapsed_s=round(elapsed, 3), limit_s=limit, threshold=s.warn_at)
+        return None
+
+    @hookimpl
+    def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
+        left = self.limit(run) - run.elapsed
+        if left <= 0:
+            return self._stop(run, call=call)
+        st: _State = self.state(run)
+        bounds = [t for t in (call.timeout, self.settings.tool_timeout_s) if t is not None]
+        if not bounds or left < min(bounds):
+            call.timeout = left
+            st.run_bound = call
+        else:
+            call.timeout = min(bounds)
+            st.run_bound = None
+        return None
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
+        if result.skipped:
+            return None
+        st: _State = self.state(run)
+        overran = result.error == "timeout"
+        time_up = run.elapsed >= self.limit(run) or (overran and st.run_bound is call)
+        st.run_bound = None
+        if time_up or (overran and self.settings.stop_on_tool_timeout):
+            return self._stop(run, call=call, result=result)
+        return None

@@ -1,0 +1,214 @@
+"""token_budget: two token limits, reserved before each model call and reconciled after it.
+
+``max_context``
+    the size of one request: its estimated prompt (``request.estimated_tokens``) plus the
+    output reserved for the answer (``request.max_output_tokens`` when set, else
+    ``reserve_output_tokens``).  Stop reason ``max_context``.
+``max_total_tokens``
+    the run's billed tokens (``run.usage``: prompt + completion, summed over calls).  A run's
+    profile (``[profiles.*] max_tokens``) overrides it.  Stop reason ``max_tokens``.
+
+Reserve, then reconcile.  Before a call (``before_model``) the plugin projects the usage once
+this call is made, and once the next one is made too -- assuming the next prompt grows as much
+as the last one did, and at least by this call's reserved output:
+
+* this call does not fit -> **hard stop** (the best-effort answer, at once);
+* this call fits, the next would not -> **soft stop**: this call becomes the final tool-less
+  turn, because one final turn still fits;
+* the next call would pass ``warn_at`` of a limit -> **warn** once (the note reaches the
+  model in that next request).
+
+After a call (``after_response``) the real ``usage`` is accounted; a response that reported no
+usage is counted with the estimates.  If the real usage already reached ``max_total_tokens``,
+the run stops at once (hard), before any proposed tool runs.
+
+Estimates come from the deployment's estimator (``[run] token_estimator``, see
+:mod:`loopwarden.tokens`): by default one token per CJK character and about four other
+characters per token, plus a small overhead per message -- on the safe side for Chinese and
+English alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from loopwarden import ModelRequest, ModelResponse, Plugin, PluginSettings, Run, Verdict, hookimpl
+from loopwarden.plugins._budgets import Rung, check_templates, ladder, percent
+
+__all__ = ["TokenBudget", "TokenBudgetSettings"]
+
+_TEMPLATE_FIELDS = {"used": 5600, "limit": 8000, "percent": 70}
+
+
+class TokenBudgetSettings(PluginSettings):
+    """``[plugins.token_budget]``."""
+
+    max_context: int = Field(
+        default=8000, ge=1,
+        description="largest request allowed, in tokens: the estimated prompt plus the output "
+        "reserved for its answer",
+    )
+    max_total_tokens: int = Field(
+        default=200000, ge=1,
+        description="billed tokens (prompt + completion, all calls) allowed per run; a run "
+        "profile's max_tokens overrides it",
+    )
+    reserve_output_tokens: int = Field(
+        default=1000, ge=0,
+        description="output tokens reserved for each answer before the call is made (the "
+        "request's max_output_tokens when it sets one)",
+    )
+    warn_at: float | None = Field(
+        default=0.7, gt=0, le=1,
+        description="warn once per limit when the next call would pass this fraction of it; "
+        "unset it to never warn",
+    )
+    context_warning: str = Field(
+        default="The conversation is at {percent}% of its context budget ({used} of {limit} "
+        "tokens). Keep tool results short and wrap up soon.",
+        description="the warning for max_context ({used}, {limit}, {percent})",
+    )
+    total_warning: str = Field(
+        default="This run has used {percent}% of its token budget ({used} of {limit} tokens). "
+        "Wrap up soon.",
+        description="the warning for max_total_tokens ({used}, {limit}, {percent})",
+    )
+    context_stop_message: str = Field(
+        default="The context budget ({limit} tokens) is almost used up.",
+        description="why the run stops on max_context, put before the final turn's wrap-up "
+        "instruction ({used}, {limit}, {percent})",
+    )
+    total_stop_message: str = Field(
+        default="The token budget ({limit} tokens) is almost used up.",
+        description="why the run stops on max_tokens, put before the final turn's wrap-up "
+        "instruction ({used}, {limit}, {percent})",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenBudgetSettings:
+        check_templates(self, ("context_warning", "total_warning", "context_stop_message",
+                               "total_stop_message"), _TEMPLATE_FIELDS)
+        return self
+
+
+@dataclass(slots=True)
+class _State:
+    last_prompt: int | None = None  # the previous call's estimated prompt
+    in_flight: int = 0  # the estimated prompt of the call being made
+    unbilled: int = 0  # estimated tokens of responses that reported no usage
+    warned_context: bool = False
+    warned_total: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    reason: str  # "max_context" | "max_tokens"
+    rung: Rung
+    now: int
+    after: int
+    limit: int
+
+
+_SEVERITY = {"hard": 0, "soft": 1, "warn": 2, None: 3}
+
+
+class TokenBudget(Plugin[TokenBudgetSettings]):
+    """Stops a run before it passes its context or total token budget (see the module doc)."""
+
+    name = "token_budget"
+    Settings = TokenBudgetSettings
+
+    def new_state(self) -> _State:
+        return _State()
+
+    def total_limit(self, run: Run) -> int:
+        """The run's total-token limit: its profile's, else ``max_total_tokens``."""
+        return run.limits.max_tokens or self.settings.max_total_tokens
+
+    def spent(self, run: Run) -> int:
+        """Tokens spent so far: billed usage plus estimates for unreported calls."""
+        st: _State = self.state(run)
+        return run.usage.total + st.unbilled
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        s = self.settings
+        st: _State = self.state(run)
+        prompt = request.estimated_tokens
+        reserve = request.max_output_tokens or s.reserve_output_tokens
+        growth = 0 if st.last_prompt is None else max(0, prompt - st.last_prompt)
+        this_call = prompt + reserve
+        next_call = prompt + max(growth, reserve) + reserve
+        st.last_prompt = st.in_flight = prompt
+        spent = self.spent(run)
+        total = self.total_limit(run)
+        final = request.final
+        warn_at = s.warn_at
+        checks = [
+            _Check("max_context", ladder(
+                this_call, next_call, s.max_context, final=final,
+                warn_level=None if warn_at is None or st.warned_context
+                else s.max_context * warn_at), this_call, next_call, s.max_context),
+            _Check("max_tokens", ladder(
+                spent + this_call, spent + this_call + next_call, total, final=final,
+                warn_level=None if warn_at is None or st.warned_total else total * warn_at),
+                spent + this_call, spent + this_call + next_call, total),
+        ]
+        worst = min(checks, key=lambda c: _SEVERITY[c.rung])  # ties: max_context first
+        evidence: dict[str, Any] = dict(
+            estimate=prompt, reserved_output=reserve, spent=spent, growth=growth,
+            max_context=s.max_context, max_total_tokens=total,
+            total_source=f"profile {run.limits.name}" if run.limits.max_tokens
+            else "plugins.token_budget",
+        )
+        if worst.rung in ("hard", "soft"):
+            template = (s.context_stop_message if worst.reason == "max_context"
+                        else s.total_stop_message)
+            used = worst.now if worst.rung == "hard" else worst.after
+            return self.stop(
+                worst.reason, soft=worst.rung == "soft",
+                message=template.format(used=used, limit=worst.limit,
+                                        percent=percent(used, worst.limit)),
+                limit=worst.limit, projected=worst.now, projected_with_next=worst.after,
+                **evidence,
+            )
+        notes = []
+        for c in checks:
+            if c.rung != "warn":
+                continue
+            used = c.after
+            if c.reason == "max_context":
+                st.warned_context = True
+                template = s.context_warning
+            else:
+                st.warned_total = True
+                template = s.total_warning
+            notes.append(template.format(used=used, limit=c.limit, percent=percent(used, c.limit)))
+        if notes:
+            return self.warn(" ".join(notes), threshold=warn_at, **evidence)
+        return None
+
+    @hookimpl
+    def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
+        st: _State = self.state(run)
+        if response.usage is None:
+            completion = run.estimator(response.content or "") + sum(
+                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
+            )
+            st.unbilled += st.in_flight + completion
+        st.in_flight = 0
+        spent = self.spent(run)
+        total = self.total_limit(run)
+        if spent >= total and response.tool_calls:
+            # The real usage passed what was reserved: no further call can fit, so the
+            # proposed tools are not run for a turn that could never read their results.
+            return self.stop(
+                "max_tokens", message=self.settings.total_stop_message.format(
+                    used=spent, limit=total, percent=percent(spent, total)),
+                limit=total, used=spent, spent=spent, max_total_tokens=total,
+                reconciled=True, usage_reported=response.usage is not None,
+            )
+        return None

@@ -1,0 +1,212 @@
+"""cost_budget: Decimal prices per model, run.cost, the ladder, and failing closed."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from budget_helpers import call, config, make_run, request, response, scenario, turn
+
+from loopwarden import ConfigError, Deployment, ModelResponse, Stop, Warn, signals
+from loopwarden.models.scripted import ScriptedModel
+from loopwarden.pluginmanager import load_plugins
+from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, ModelPrice
+
+# One currency unit per prompt token, nothing for output, nothing reserved: the ladder's
+# arithmetic in whole numbers.
+UNIT = {"input": 1_000_000, "output": 0}
+
+
+def plugin(**settings: Any) -> CostBudget:
+    settings.setdefault("prices", {"scripted": UNIT})
+    settings.setdefault("reserve_output_tokens", 0)
+    return CostBudget(CostBudgetSettings.model_validate(settings))
+
+
+def started(p: CostBudget, model: str = "scripted") -> Any:
+    run = make_run(model=model)
+    assert p.on_start(run) is None
+    return run
+
+
+# -- prices and Decimal arithmetic -------------------------------------------------------------
+
+
+def test_price_per_million_tokens_with_cached_input() -> None:
+    price = ModelPrice(input=Decimal("0.15"), cached_input=Decimal("0.075"),
+                       output=Decimal("0.60"))
+    assert price.cost(1_000_000, 0) == Decimal("0.15")
+    assert price.cost(1_000_000, 1_000_000, cached=1_000_000) == Decimal("0.675")
+    assert price.cost(1000, 500, cached=400) == Decimal("0.00042")  # 600*.15+400*.075+500*.6
+    # cached input without a cached price costs the input price
+    assert ModelPrice(input=Decimal(1), output=Decimal(0)).cost(10, 0, cached=10) == Decimal(
+        "0.00001")
+
+
+def test_toml_floats_become_exact_decimals() -> None:
+    plugins = load_plugins(config("cost_budget", cost_budget={
+        "max_cost": 0.3, "prices": {"scripted": {"input": 0.1, "output": 0.2}}}))
+    s = plugins.get("cost_budget").settings
+    assert s.max_cost == Decimal("0.3")
+    assert s.prices["scripted"].cost(1_000_000, 1_000_000) == Decimal("0.3")  # not 0.30000000004
+
+
+def test_bad_settings_fail_at_load_time() -> None:
+    with pytest.raises(ConfigError, match=r"plugins\.cost_budget\.prices\.scripted\.output"):
+        load_plugins(config("cost_budget", cost_budget={"prices": {"scripted": {"input": 1}}}))
+    with pytest.raises(ConfigError, match=r"plugins\.cost_budget\.unknown_model"):
+        load_plugins(config("cost_budget", cost_budget={"unknown_model": "maybe"}))
+    with pytest.raises(ConfigError, match=r"plugins\.cost_budget.*warning"):
+        load_plugins(config("cost_budget", cost_budget={"warning": "{euros}"}))
+
+
+# -- fail closed at start-up -------------------------------------------------------------------
+
+
+def test_an_unpriced_model_is_refused_before_any_call() -> None:
+    sc = scenario([turn(call("query_order", order_id="88231"))])
+    dep = Deployment(config("cost_budget"))
+    model = ScriptedModel(sc.model, name="mystery-model", estimator=dep.estimator)
+    rec = dep.run(scenario=sc, model=model).record()
+    assert model.calls == 0  # nothing was spent
+    assert rec["termination"] == "max_cost" and rec["soft"] is False
+    assert rec["stopped_by"] == "cost_budget"
+    assert rec["evidence"]["rule"] == "unpriced_model"
+    assert rec["evidence"]["model"] == "mystery-model"
+    assert "scripted" in rec["evidence"]["priced_models"]
+    assert rec["final_answer_present"] is False and rec["final_answer"]  # the fallback
+
+
+def test_unknown_model_free_runs_at_no_cost() -> None:
+    sc = scenario([turn(call("query_order", order_id="88231"))], then="final")
+    dep = Deployment(config("cost_budget", cost_budget={"unknown_model": "free"}))
+    model = ScriptedModel(sc.model, name="mystery-model", estimator=dep.estimator)
+    rec = dep.run(scenario=sc, model=model).record()
+    assert rec["termination"] == "final_answer"
+    assert rec["cost"] == 0 and rec["cost_currency"] == "USD"
+
+
+def test_model_names_match_case_insensitively() -> None:
+    p = plugin(prices={"GPT-4o-mini": UNIT})
+    assert p.price_of("gpt-4o-mini") is not None
+    assert p.price_of("gpt-4o") is None and p.price_of(None) is None
+
+
+# -- run.cost ----------------------------------------------------------------------------------
+
+
+def test_run_cost_is_the_exact_sum_of_every_response() -> None:
+    sc = scenario([turn(call("query_order", order_id="88231"), content="查订单"),
+                   turn(call("search_knowledge", query="退货"), content="查政策")], then="final")
+    dep = Deployment(config("cost_budget"))
+    seen: list[ModelResponse] = []
+
+    def on_response(sender: Any, response: ModelResponse, **extra: Any) -> None:
+        seen.append(response)
+
+    with signals.model_responded.connected_to(on_response):
+        run = dep.run(scenario=sc)
+    expected = sum(
+        (Decimal(r.usage.prompt) * Decimal("0.15")
+         + Decimal(r.usage.completion) * Decimal("0.60")) / Decimal(1_000_000)
+        for r in seen if r.usage is not None
+    )
+    assert len(seen) == 3
+    assert run.cost == expected and isinstance(run.cost, Decimal)
+    rec = run.record()
+    assert rec["cost"] == float(expected) and rec["cost_currency"] == "USD"
+
+
+def test_a_response_is_priced_by_the_model_it_names() -> None:
+    p = plugin(prices={"scripted": UNIT, "big": {"input": 2_000_000, "output": 0}})
+    run = started(p)
+    p.before_model(run, request(run, 10))
+    run.step = 1
+    p.after_response(run, response(prompt=10, model="big"))
+    assert run.cost == 20
+    p.after_response(run, response(prompt=10, model="unpriced-snapshot"))  # falls back
+    assert run.cost == 30
+
+
+def test_unreported_usage_is_priced_from_the_estimate() -> None:
+    p = plugin()
+    run = started(p)
+    p.before_model(run, request(run, 123))
+    p.after_response(run, response(usage=False))
+    assert run.cost == 123
+
+
+# -- the ladder: boundaries N-1, N, N+1 --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("prompt", "rung"), [(4, None), (5, None), (6, "soft"), (9, "soft"),
+                                              (10, "soft"), (11, "hard")])
+def test_before_model_boundaries(prompt: int, rung: str | None) -> None:
+    # max_cost 10, a token costs 1: this call costs `prompt`, the next one (no growth yet) as
+    # much again.  Soft once both no longer fit (> 5), hard once this one does not (> 10).
+    p = plugin(max_cost=10, warn_at=None)
+    run = started(p)
+    v = p.before_model(run, request(run, prompt))
+    if rung is None:
+        assert v is None
+        return
+    assert isinstance(v, Stop) and v.reason == "max_cost" and v.soft is (rung == "soft")
+    assert v.evidence["limit"] == Decimal(10) and v.evidence["currency"] == "USD"
+    assert v.evidence["projected"] == Decimal(prompt)
+    assert v.evidence["model"] == "scripted"
+
+
+def test_spent_money_counts() -> None:
+    p = plugin(max_cost=10, warn_at=None)
+    run = started(p)
+    run.cost = Decimal("8.5")
+    v = p.before_model(run, request(run, 1))  # 9.5 now, 10.5 with the next one
+    assert isinstance(v, Stop) and v.soft
+    run.cost = Decimal("9.5")
+    v = p.before_model(run, request(run, 1))  # 10.5: does not fit
+    assert isinstance(v, Stop) and not v.soft
+
+
+def test_reserved_output_is_priced_in() -> None:
+    p = plugin(max_cost=10, warn_at=None, reserve_output_tokens=2,
+               prices={"scripted": {"input": 1_000_000, "output": 1_000_000}})
+    run = started(p)
+    v = p.before_model(run, request(run, 9))  # 9 + 2 reserved = 11 > 10
+    assert isinstance(v, Stop) and not v.soft and v.evidence["reserved_output"] == 2
+
+
+def test_warns_once_at_70_percent() -> None:
+    p = plugin(max_cost=100)
+    run = started(p)
+    assert p.before_model(run, request(run, 34)) is None  # after the next call: 68
+    v = p.before_model(run, request(run, 35))  # growth 1: 35 + 36 = 71 >= 70
+    assert isinstance(v, Warn)
+    assert v.message == ("This run has spent 71% of its cost budget (71.00 of 100.00 USD). "
+                         "Wrap up soon.")
+    assert p.before_model(run, request(run, 35)) is None
+
+
+def test_reconcile_stops_when_the_real_bill_passed_the_budget() -> None:
+    p = plugin(max_cost=10)
+    run = started(p)
+    p.before_model(run, request(run, 1))
+    assert p.after_response(run, response(prompt=9)) is None
+    v = p.after_response(run, response(prompt=1))
+    assert isinstance(v, Stop) and not v.soft and v.evidence["reconciled"] is True
+    assert run.cost == 10
+
+
+def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
+    sc = scenario([turn(call("search_knowledge", query=f"q{i}"), content=f"第 {i} 次检索")
+                   for i in range(30)], then="cycle")
+    dep = Deployment(config("cost_budget", max_steps={"max_steps": 50},
+                            cost_budget={"max_cost": "0.002"}))
+    rec = dep.run(scenario=sc).record()
+    assert rec["termination"] == "max_cost" and rec["soft"] is True
+    assert rec["stopped_by"] == "cost_budget"
+    assert rec["final_answer_present"] is True
+    assert 0 < rec["cost"] <= 0.002
+    assert [w["plugin"] for w in rec["warnings"]] == ["cost_budget"]
+    assert rec["evidence"]["currency"] == "USD"
+    assert rec["evidence"]["projected_with_next"] > 0.002

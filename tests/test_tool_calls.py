@@ -1,0 +1,171 @@
+"""tool_calls: caps per run and per tool; parallel calls counted one by one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from budget_helpers import FINAL, call, config, make_run, ok, scenario, skipped, tool_call, turn
+
+from loopwarden import ConfigError, Deployment, Skip, Stop, Warn
+from loopwarden.pluginmanager import load_plugins
+from loopwarden.plugins.tool_calls import ToolCalls, ToolCallsSettings
+
+
+def plugin(**settings: Any) -> ToolCalls:
+    return ToolCalls(ToolCallsSettings.model_validate(settings))
+
+
+def ran(p: ToolCalls, run: Any, n: int, name: str = "query_order") -> None:
+    """``n`` calls of ``name`` that passed before_tool and ran."""
+    for i in range(n):
+        c = tool_call(name, index=i)
+        assert p.before_tool(run, c) is None
+        p.after_tool(run, c, ok())
+
+
+# -- hook level: boundaries --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 3, 10])
+def test_run_cap_boundaries(limit: int) -> None:
+    p = plugin(max_tool_calls=limit, warn_at=None)
+    run = make_run()
+    ran(p, run, limit - 1)
+    assert p.before_tool(run, tool_call()) is None  # call N runs
+    p.after_tool(run, tool_call(), ok())
+    v = p.before_tool(run, tool_call())  # call N+1 does not
+    assert isinstance(v, Skip)
+    assert v.observation.startswith("ERROR: LIMIT_REACHED: query_order was not executed")
+    assert v.evidence == {"tool": "query_order", "scope": "run", "limit": limit, "used": limit,
+                          "refused": 1, "run_calls": limit, "on_exceed": "continue"}
+
+
+def test_end_stops_the_run() -> None:
+    p = plugin(max_tool_calls=2, on_exceed="end", warn_at=None)
+    run = make_run()
+    ran(p, run, 2)
+    v = p.before_tool(run, tool_call())
+    assert isinstance(v, Stop) and v.reason == "max_tool_calls" and v.soft
+    assert v.message == "The limit of 2 tool calls per run is reached."
+    hard = plugin(max_tool_calls=2, on_exceed="end", soft=False, warn_at=None)
+    ran(hard, run, 0)
+    hard.state(run).used = 2
+    v = hard.before_tool(run, tool_call())
+    assert isinstance(v, Stop) and not v.soft
+
+
+def test_only_calls_that_ran_count() -> None:
+    p = plugin(max_tool_calls=1, warn_at=None)
+    run = make_run()
+    c = tool_call()
+    assert p.before_tool(run, c) is None
+    p.after_tool(run, c, skipped())  # a later plugin skipped it: nothing ran
+    assert p.before_tool(run, tool_call()) is None
+
+
+def test_the_hint_is_injected_once() -> None:
+    p = plugin(max_tool_calls=1, warn_at=None)
+    run = make_run()
+    ran(p, run, 1)
+    first = p.before_tool(run, tool_call())
+    second = p.before_tool(run, tool_call())
+    assert isinstance(first, Skip) and isinstance(second, Skip)
+    assert first.message and "Answer from what you already know" in first.message
+    assert second.message is None
+    assert second.evidence["refused"] == 2
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_per_tool_caps(cap: int) -> None:
+    p = plugin(per_tool={"apply_refund": cap}, warn_at=None)
+    run = make_run()
+    ran(p, run, cap, "apply_refund")
+    v = p.before_tool(run, tool_call("apply_refund"))
+    assert isinstance(v, Skip) and v.evidence["scope"] == "tool" and v.evidence["limit"] == cap
+    assert "per tool" in v.observation
+    assert p.before_tool(run, tool_call("query_order")) is None  # other tools go on
+
+
+def test_max_per_tool_applies_to_declared_tools_and_per_tool_overrides_it() -> None:
+    from loopwarden.tools.shop import Shop
+
+    tools = Shop().tools()
+    p = plugin(max_per_tool=1, per_tool={"search_knowledge": 3}, warn_at=None)
+    run = make_run()
+    order, search = tools.get("query_order"), tools.get("search_knowledge")
+    c = tool_call("query_order", tool=order)
+    assert p.before_tool(run, c) is None
+    p.after_tool(run, c, ok())
+    assert isinstance(p.before_tool(run, tool_call("query_order", tool=order)), Skip)
+    for _ in range(3):
+        c = tool_call("search_knowledge", tool=search)
+        assert p.before_tool(run, c) is None
+        p.after_tool(run, c, ok())
+    assert isinstance(p.before_tool(run, tool_call("search_knowledge", tool=search)), Skip)
+    # an undeclared name is not tracked per tool (bounded state): only the run cap applies
+    assert p.tool_cap(tool_call("made_up")) is None
+
+
+def test_warns_once_at_70_percent() -> None:
+    p = plugin(max_tool_calls=10)
+    run = make_run()
+    verdicts = []
+    for i in range(10):
+        c = tool_call(index=i)
+        p.before_tool(run, c)
+        verdicts.append(p.after_tool(run, c, ok()))
+    warns = [(i + 1, v) for i, v in enumerate(verdicts) if v is not None]
+    assert len(warns) == 1 and warns[0][0] == 7
+    assert isinstance(warns[0][1], Warn)
+    assert warns[0][1].message.startswith("You have used 7 of 10 tool calls for this run.")
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"plugins\.tool_calls"):
+        load_plugins(config("tool_calls", tool_calls={"per_tool": {"apply_refund": 0}}))
+    with pytest.raises(ConfigError, match=r"plugins\.tool_calls\.on_exceed"):
+        load_plugins(config("tool_calls", tool_calls={"on_exceed": "explode"}))
+
+
+# -- end to end: parallel calls ----------------------------------------------------------------
+
+
+def _parallel(n: int) -> list[dict[str, Any]]:
+    return [call("search_knowledge", query=f"问题 {i}") for i in range(n)]
+
+
+def test_parallel_calls_past_the_cap_get_an_error_and_the_run_goes_on() -> None:
+    sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
+    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 3, "warn_at": None}))
+    run = dep.run(scenario=sc)
+    rec = run.record()
+    assert rec["termination"] == "final_answer" and rec["final_answer"] == FINAL
+    assert rec["tool_calls"] == 5 and rec["tools_executed"] == 3
+    observations = [m["content"] for m in run.messages if m["role"] == "tool"]
+    assert [o.startswith("ERROR: LIMIT_REACHED") for o in observations] == [
+        False, False, False, True, True]
+    assert [w["plugin"] for w in rec["warnings"]] == ["tool_calls"]  # the hint, once
+
+
+def test_parallel_calls_past_the_cap_end_the_run() -> None:
+    sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
+    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 3, "on_exceed": "end",
+                                                      "warn_at": None}))
+    run = dep.run(scenario=sc)
+    rec = run.record()
+    assert rec["termination"] == "max_tool_calls" and rec["soft"] is True
+    assert rec["stopped_by"] == "tool_calls" and rec["tools_executed"] == 3
+    assert rec["evidence"]["limit"] == 3 and rec["evidence"]["run_calls"] == 3
+    assert rec["final_answer"] == FINAL and rec["final_answer_present"]
+    observations = [m["content"] for m in run.messages if m["role"] == "tool"]
+    assert len(observations) == 5 and all(o.startswith("NOT EXECUTED") for o in observations[3:])
+
+
+def test_a_run_cap_across_turns() -> None:
+    sc = scenario([turn(call("search_knowledge", query=f"q{i}")) for i in range(6)], then="final")
+    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end"}))
+    rec = dep.run(scenario=sc).record()
+    assert rec["termination"] == "max_tool_calls" and rec["tools_executed"] == 4
+    assert rec["warnings"][0]["plugin"] == "tool_calls"  # 3 of 4 (70% rounded up)
+    assert rec["warnings"][0]["message"].startswith("You have used 3 of 4 tool calls")
