@@ -49,6 +49,7 @@ __all__ = [
     "stop_step",
     "unguarded_config",
     "unguarded_deployment",
+    "without_observers",
 ]
 
 #: the model-call cap of an unguarded run
@@ -84,6 +85,33 @@ def find_scenarios(
     if only:
         paths = [p for p in paths if any(fnmatch.fnmatchcase(p.stem, pat) for pat in only)]
     return paths
+
+
+# -- observers -----------------------------------------------------------------------------
+
+
+def observer_names(config: Config) -> list[str]:
+    """The plugins ``config`` loads that implement no hook: pure observers (logging,
+    metrics, alerting, run records), which subscribe to signals and can never change a run."""
+    from loopwarden.pluginmanager import load_plugins
+
+    return [lp.name for lp in load_plugins(config) if not lp.hooks]
+
+
+def without_observers(config: Config) -> tuple[Config, list[str]]:
+    """``config`` with its pure observers blocked, and their names.
+
+    Offline runs -- the demo, the benchmark, replays of recorded runs -- are judged by their
+    verdicts, which observers cannot change; leaving them out keeps alert webhooks from
+    firing and logs from filling the terminal for runs that never served a user.
+    """
+    names = observer_names(config)
+    if not names:
+        return config, []
+    data = config.plugins.model_dump()
+    data["blocked"] = [*config.plugins.blocked, *[n for n in names
+                                                  if n not in config.plugins.blocked]]
+    return config.model_copy(update={"plugins": config.plugins.model_validate(data)}), names
 
 
 # -- the unguarded deployment --------------------------------------------------------------
@@ -327,14 +355,18 @@ def play_all(
     progress: Progress | None = None,
     db_dir: str | Path | None = None,
     cap: int = UNGUARDED_CAP,
+    observers: bool = False,
 ) -> list[Pair]:
     """Play every scenario in ``paths`` guarded (``config``) and unguarded (a cap of ``cap``).
 
     ``progress(phase, scenario, guarded, record)`` is called before (``"start"``, record
     None) and after (``"done"``) each run.  ``db_dir`` keeps the per-run shop databases there
-    (default: a temporary directory, removed afterwards).
+    (default: a temporary directory, removed afterwards).  Pure observers are left out unless
+    ``observers`` (see :func:`without_observers`).
     """
     scenarios = [load_scenario(p) for p in paths]
+    if not observers:
+        config, _ = without_observers(config)
     pairs: list[Pair] = []
     with Deployment(config) as guarded_dep, \
             unguarded_deployment(config, cap) as unguarded_dep, \

@@ -21,6 +21,7 @@ from loopwarden.demo import (
     play_all,
     unguarded_config,
     unguarded_deployment,
+    without_observers,
 )
 from loopwarden.scenario import builtin_scenarios, load_scenario
 from loopwarden.tools.shop import Shop
@@ -115,6 +116,17 @@ def test_the_unguarded_baseline_ignores_plugins_added_from_the_environment(
     assert os.environ["LOOPWARDEN_PLUGINS"] == "does.not.exist:Plugin"
 
 
+def test_offline_runs_leave_pure_observers_out(shipped_config: Config) -> None:
+    from loopwarden.pluginmanager import load_plugins
+
+    config, names = without_observers(shipped_config)
+    assert names and {"logging", "alerting"} <= set(names)
+    loaded = load_plugins(config)
+    assert all(lp.hooks for lp in loaded)  # every plugin left decides something
+    assert "repeat_call" in [lp.name for lp in loaded]
+    assert without_observers(config) == (config, [])
+
+
 def test_demo_json_plays_each_scenario_guarded_and_unguarded(
     capsys: pytest.CaptureFixture[str], scenario_dir: Path, _isolated_data_dir: Path,
 ) -> None:
@@ -176,6 +188,7 @@ def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str],
     assert any(line.startswith("tokens:") and "saving" in line for line in lines)
     assert "runaway scenarios stopped by a guard: 1/1" in out
     assert "healthy scenarios finished as expected: 1/1" in out
+    assert "observers left out: " in out and "logging" in out
 
 
 def test_progress_goes_to_stderr_when_not_quiet(capsys: pytest.CaptureFixture[str],

@@ -302,6 +302,13 @@ def test_replay_counts_an_unpriced_recorded_model_as_free() -> None:
     assert replay_config(plain) is plain
 
 
+def test_replay_leaves_observers_out_unless_asked(shipped_config: Config) -> None:
+    names = {"logging", "metrics", "alerting"} & set(shipped_config.plugins.enabled)
+    assert names
+    assert names <= set(replay_config(shipped_config).plugins.blocked)
+    assert not names & set(replay_config(shipped_config, observers=True).plugins.blocked)
+
+
 def test_the_recorded_model_names_the_runs(probe_deployment: Callable[..., Deployment]) -> None:
     t = traj("m", [lookup("1"), step("ok")])
     t["meta"] = {"model": "gpt-4o"}

@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db-dir", metavar="DIR", default=None,
                         help="keep each run's shop database in DIR (default: a temporary "
                         "directory, removed afterwards)")
+    parser.add_argument("--observers", action="store_true",
+                        help="keep the observer plugins (logging, metrics, alerting, records) "
+                        "in the guarded runs; by default the demo leaves them out: they cannot "
+                        "change a run, and their output would bury the table")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     add_config_argument(parser)
 
@@ -262,15 +266,17 @@ def _records(pairs: list[Pair]) -> Iterator[dict[str, Any]]:
 
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
-    from loopwarden.demo import UNGUARDED_CAP, Totals, find_scenarios, play_all
+    from loopwarden.demo import UNGUARDED_CAP, Totals, find_scenarios, observer_names, play_all
     from loopwarden.exceptions import ScenarioError
 
     config = load_config(args.config)
     paths = find_scenarios(args.scenarios, args.only)
+    left_out = [] if args.observers else observer_names(config)
     if not paths:
         raise ScenarioError("no scenario matched", key="--only" if args.only else None)
     with _progress(args, 2 * len(paths)) as report:
-        pairs = play_all(config, paths, progress=report, db_dir=args.db_dir)
+        pairs = play_all(config, paths, progress=report, db_dir=args.db_dir,
+                         observers=args.observers)
     totals = Totals.of(pairs)
     currency = next((r.get("cost_currency") for r in _records(pairs)
                      if r.get("cost_currency")), None)
@@ -287,6 +293,8 @@ def main(args: argparse.Namespace) -> int:
             print(render_plain(pairs, totals, currency, UNGUARDED_CAP))
         print()
         print("\n".join(summary_lines(pairs, totals, currency)))
+        if left_out:
+            print(f"observers left out: {', '.join(left_out)} (--observers keeps them)")
     unlabelled = [p.name for p in pairs if p.ok is None]
     if unlabelled:
         print(f"loopwarden demo: no [expect] healthy in: {', '.join(unlabelled)} (not judged)",

@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", action="store_true",
                         help="print only the summary, not one line per trajectory")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N")
+    parser.add_argument("--observers", action="store_true",
+                        help="keep the observer plugins (logging, metrics, alerting, records); "
+                        "by default a replay leaves them out: they cannot change a verdict, "
+                        "and recorded runs should not page anyone")
     add_config_argument(parser)
 
 
@@ -52,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise ConfigError("file not found", path=path)
-    config = replay_config(load_config(args.config))
+    config = replay_config(load_config(args.config), observers=args.observers)
     if args.profile:
         config.profile(args.profile)  # validates the name
         config = config.model_copy(update={"run": config.run.model_copy(
