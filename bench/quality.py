@@ -170,7 +170,7 @@ def _round(x: float | None) -> float | None:
 
 
 def replay_metrics(config: Config, path: Path, *, profile: str | None = None,
-                   tools: Path | None = None) -> dict[str, Any]:
+                   tools: Path | None = None, carry: Sequence[str] = ()) -> dict[str, Any]:
     """``loopwarden replay``'s summary for the trajectories in ``path``."""
     from loopwarden.deployment import Deployment
     from loopwarden.replay import load_tool_flags, replay_config, replay_file, summarize
@@ -183,9 +183,11 @@ def replay_metrics(config: Config, path: Path, *, profile: str | None = None,
     flags = load_tool_flags(tools) if tools else None
     started = time.perf_counter()
     with Deployment(config) as dep:
-        results, bad = replay_file(dep, path, flags)
+        results, bad = replay_file(dep, path, flags, carry)
     summary = summarize(results)
     summary["profile"] = profile
+    if carry:
+        summary["carry_state"] = list(carry)
     summary["unreadable_lines"] = bad
     summary["seconds"] = round(time.perf_counter() - started, 2)
     return summary
@@ -262,6 +264,8 @@ def report(sc: dict[str, Any], replay: dict[str, Any] | None,
             f"successful runs stopped early          {r['successful_stopped_early']}"
             f"/{r['successful']} ({r['successful_stopped_early_pct']}%)"
             f"   by: {json.dumps(r['early_stops_of_successful_by_reason'])}",
+            f"  of which by loop detectors           {r['successful_stopped_early_by_detectors']}"
+            f"/{r['successful']} ({r['successful_stopped_early_by_detectors_pct']}%)",
             f"successful runs warned                 {r['successful_warned']}/{r['successful']}"
             f" ({r['successful_warned_pct']}%)",
             f"step-cap runs stopped                  {r['step_cap_runs_stopped']}"
@@ -294,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the profile for the replayed trajectories (e.g. complex)")
     parser.add_argument("--tools", metavar="FILE", type=Path, default=None,
                         help="declared tool natures for the replay (see loopwarden replay)")
+    parser.add_argument("--carry-state", metavar="PLUGINS", default="",
+                        help="experimental, replay only: plugins whose state carries over "
+                        "between the runs of one conversation (see loopwarden replay)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
@@ -308,8 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sc["seconds"] = round(time.perf_counter() - started, 2)
         replay = None
         if args.trajectories is not None:
+            carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
             replay = replay_metrics(config, args.trajectories, profile=args.profile,
-                                    tools=args.tools)
+                                    tools=args.tools, carry=carry)
     except LoopwardenError as exc:
         print(f"bench/quality.py: error: {exc}", file=sys.stderr)
         return 2
@@ -319,11 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         values["replay_successful_stopped_early_pct"] = replay["successful_stopped_early_pct"]
         values["replay_step_cap_runs_stopped_pct"] = replay["step_cap_runs_stopped_pct"]
     targets = check_targets(values)
-    if args.json:
-        print(json.dumps({"config": config.path, "scenarios": sc, "replay": replay,
-                          "targets": targets}, ensure_ascii=False))
-    else:
-        print(report(sc, replay, targets))
+    try:
+        if args.json:
+            print(json.dumps({"config": config.path, "scenarios": sc, "replay": replay,
+                              "targets": targets}, ensure_ascii=False))
+        else:
+            print(report(sc, replay, targets))
+    except BrokenPipeError:
+        pass
     return 0
 
 

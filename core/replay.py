@@ -251,11 +251,16 @@ def _model_name(traj: dict[str, Any]) -> str:
 
 
 def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
-                      flags: Mapping[str, Mapping[str, bool]] | None = None) -> ReplayResult:
+                      flags: Mapping[str, Mapping[str, bool]] | None = None,
+                      carry: Iterable[str] = ()) -> ReplayResult:
     """Feed one trajectory through the deployment's guards; see the module docstring.
 
     ``flags`` declares tool natures by name (the rest are inferred, see :func:`infer_flags`).
+    ``carry`` names plugins whose per-run state is handed on to the next run of the same
+    conversation -- an experiment in conversation-scoped detection (the core has no
+    conversation scope yet: every run starts its plugins afresh).
     """
+    carried = tuple(carry)
     steps: list[dict[str, Any]] = traj["steps"]
     result = ReplayResult(
         id=str(traj.get("id", "?")),
@@ -278,6 +283,7 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     history: list[dict[str, Any]] = []
     first_user = str(traj.get("user") or "(recorded conversation)")
     reached = 0
+    state: dict[str, Any] = {}
     for offset, seg_steps, user in _segments(steps):
         run = Run(
             user if user is not None else first_user,
@@ -293,12 +299,16 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
             for m in history:
                 run.add_message(m)
             run.add_message({"role": "user", "content": run.user})
+            for name in carried:
+                if name in state:
+                    run.state[name] = state[name]
         else:
             engine.start(run)
         result.runs += 1
         outcome, n = _drive_recorded(engine, run, seg_steps)
         reached += n
         history = run.messages
+        state = run.state
         result.records.append(run.record())
         _attribute(result, run, outcome, offset, steps, usages)
         if result.stop is not None:
@@ -394,14 +404,15 @@ def _attribute(result: ReplayResult, run: Run, outcome: RunOutcome, offset: int,
 
 def replay_file(deployment: Deployment, path: str | Path,
                 flags: Mapping[str, Mapping[str, bool]] | None = None,
-                ) -> tuple[list[ReplayResult], int]:
+                carry: Iterable[str] = ()) -> tuple[list[ReplayResult], int]:
     """Replay every trajectory in a JSONL file; returns the results and the unreadable lines."""
     results, bad = [], 0
+    carry = tuple(carry)
     for _lineno, traj in iter_trajectories(path):
         if traj is None:
             bad += 1
             continue
-        results.append(replay_trajectory(deployment, traj, flags))
+        results.append(replay_trajectory(deployment, traj, flags, carry))
     return results, bad
 
 
@@ -411,13 +422,18 @@ def _pct(part: int, whole: int) -> float:
 
 #: the recorded terminations (``meta.termination_reason``) that mean "hit a step cap"
 STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
+#: stop reasons of budgets and caps (the rest are loop detectors and terminal tools)
+BUDGET_REASONS = frozenset({"max_steps", "max_tokens", "max_context", "max_cost",
+                            "max_tool_calls", "timeout"})
 
 
 def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
     """The replay summary: false positives on successful runs, catches on runaway runs.
 
     * a successful run is *stopped early* when the stop cut off at least one recorded tool
-      call (``calls_cut``); a stop that cuts nothing ended it where it ended anyway;
+      call (``calls_cut``); a stop that cuts nothing ended it where it ended anyway; the early
+      stops are also counted apart for the loop detectors (every reason but the budgets and
+      caps of :data:`BUDGET_REASONS`);
     * *step-cap runs* are those whose recording says they hit the source's step or error cap;
       *runaway runs* are those plus the runs that ended without a final answer;
     * steps and recorded tokens saved are counted on the runaway runs that were stopped.
@@ -428,6 +444,8 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
     no_answer = [r for r in rs if r.final_answer_present is False]
     runaway = {r.id: r for r in capped + no_answer}
     fp = [r for r in successful if r.stop is not None and r.calls_cut > 0]
+    fp_detectors = [r for r in fp if r.stop is not None
+                    and r.stop["reason"] not in BUDGET_REASONS]
     stopped_ok = [r for r in successful if r.stop is not None]
     warned_ok = [r for r in successful if r.first_warning is not None]
     caught = [r for r in runaway.values() if r.stop is not None]
@@ -452,6 +470,8 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
         "successful": len(successful),
         "successful_stopped_early": len(fp),
         "successful_stopped_early_pct": _pct(len(fp), len(successful)),
+        "successful_stopped_early_by_detectors": len(fp_detectors),
+        "successful_stopped_early_by_detectors_pct": _pct(len(fp_detectors), len(successful)),
         "successful_stopped_at_end": len(stopped_ok) - len(fp),
         "successful_warned": len(warned_ok),
         "successful_warned_pct": _pct(len(warned_ok), len(successful)),

@@ -344,3 +344,23 @@ def test_cli_replay_missing_file_exits_2(capsys: pytest.CaptureFixture[str],
                                          tmp_path: Path) -> None:
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    """The same failing write in every run of a conversation: per-run detectors start afresh
+    each run and never see it; with their state carried over, the repeat is caught."""
+    fail = step(None, [("update_booking", {"id": "B1", "seats": 2})], ["Error: seats mismatch"],
+                errors=[True])
+    steps: list[dict[str, Any]] = []
+    for i in range(5):
+        steps += [fail, step(f"Sorry, that failed ({i}). Shall I try again?",
+                             user_reply="Yes, please try again.")]
+    t = traj("conv-loop", steps, success=False, answer=True, termination="max_steps")
+    config = parse_config({"plugins": {"enabled": ["max_steps", "repeat_call"]}}, path="<t>")
+    dep = deployment_factory(config)
+    assert replay_trajectory(dep, t).stop is None
+    r = replay_trajectory(dep, t, carry=["repeat_call"])
+    assert r.stop is not None and r.stop["reason"] == "repeat_call"
+    assert r.runs >= 2 and r.stop["step"] > 2

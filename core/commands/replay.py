@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", action="store_true",
                         help="print only the summary, not one line per trajectory")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N")
+    parser.add_argument("--carry-state", metavar="PLUGINS", default="",
+                        help="experimental: comma-separated plugins whose state carries over "
+                        "from one run of a conversation to the next (conversation-scoped "
+                        "detection; by default every run starts afresh)")
     parser.add_argument("--observers", action="store_true",
                         help="keep the observer plugins (logging, metrics, alerting, records); "
                         "by default a replay leaves them out: they cannot change a verdict, "
@@ -62,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"run": config.run.model_copy(
             update={"profile": args.profile})})
     flags = load_tool_flags(args.tools) if args.tools else None
+    carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
     started = time.perf_counter()
     results, bad = [], 0
     with Deployment(config) as dep:
@@ -69,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
             if traj is None:
                 bad += 1
                 continue
-            r = replay_trajectory(dep, traj, flags)
+            r = replay_trajectory(dep, traj, flags, carry)
             results.append(r)
             if args.json:
                 print(json.dumps(r.as_dict(), ensure_ascii=False))
@@ -80,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
     summary = summarize(results)
     summary["profile"] = config.run.profile
+    if carry:
+        summary["carry_state"] = carry
     summary["unreadable_lines"] = bad
     summary["seconds"] = round(time.perf_counter() - started, 2)
     if args.json:
