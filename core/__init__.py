@@ -21,9 +21,14 @@ A plugin in ten lines::
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from loopwarden._version import __version__
+
+# A library never configures logging: records go nowhere until the application (or the CLI's
+# --log-level) adds a handler -- Python's last-resort stderr handler stays out of it.
+logging.getLogger("loopwarden").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken, Clock, FakeClock, SystemClock

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden.clock import FakeClock
 from loopwarden.deployment import Deployment
 from loopwarden.testing import HookRecorder, SignalRecorder, make_deployment, shop_tools

@@ -40,6 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setup_logging(level: str) -> None:
+    """Send loopwarden's log records at ``level`` and above to stderr (the CLI's choice)."""
+    import logging
+
+    logger = logging.getLogger("loopwarden")
+    for old in [h for h in logger.handlers if h.get_name() == "loopwarden-cli"]:
+        logger.removeHandler(old)
+    if level == "off":
+        logger.setLevel(logging.CRITICAL + 1)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name("loopwarden-cli")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -53,7 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     sub = argparse.ArgumentParser(prog=f"loopwarden {name}", description=COMMANDS[name][1])
     module.add_arguments(sub)
+    sub.add_argument(
+        "--log-level", default="error", type=str.lower,
+        choices=["debug", "info", "warning", "error", "off"],
+        help="log records shown on stderr (the logging and alerting plugins log every guard "
+             "verdict at warning; default: error)",
+    )
     ns = sub.parse_args(args[1:])
+    _setup_logging(ns.log_level)
     from loopwarden.exceptions import LoopwardenError
 
     try:

@@ -25,11 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loopwarden import hookspecs
-from loopwarden.pluginmanager import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from loopwarden import hookspecs
+from loopwarden.pluginmanager import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
 
 __all__ = ["main", "parse_docstring", "render_hooks", "render_plugins", "rst_to_markdown"]
 

@@ -37,11 +37,12 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
+from pydantic import BaseModel, ValidationError
+
 from loopwarden import hookspecs
 from loopwarden.config import Config, validation_error
 from loopwarden.exceptions import ConfigError, PluginLoadError
 from loopwarden.verdicts import EMPTY, Resolution, Skip, Stop, Verdict, Warn, resolve
-from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult

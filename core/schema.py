@@ -19,6 +19,9 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
 from loopwarden.config import Config, PluginsConfig, load_config
 from loopwarden.pluginmanager import (
     BUILTIN_PLUGINS,
@@ -28,8 +31,6 @@ from loopwarden.pluginmanager import (
     resolve_names,
     settings_model,
 )
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
 __all__ = ["JSON_SCHEMA_DIALECT", "config_schema", "plugin_settings_models"]
 

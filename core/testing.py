@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
 from blinker import ANY
+from pydantic import BaseModel, ConfigDict, create_model
+
 from loopwarden import signals as _signals
 from loopwarden.clock import CancelToken, Clock, FakeClock
 from loopwarden.config import Config, RunConfig, load_config, parse_config
@@ -68,7 +70,6 @@ from loopwarden.scenario import Scenario, ScriptConfig, ToolScript, load_scenari
 from loopwarden.tokens import estimate_tools
 from loopwarden.tools import Tool, ToolRegistry
 from loopwarden.verdicts import Skip, Stop, Verdict, Warn
-from pydantic import BaseModel, ConfigDict, create_model
 
 if TYPE_CHECKING:
     from blinker import NamedSignal

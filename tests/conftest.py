@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,16 @@ from loopwarden.scenario import scenario_path
 from loopwarden.tools.shop import Shop
 
 REFUND = scenario_path("refund")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """main() configures the "loopwarden" logger, as a CLI should; undo it for other tests."""
+    logger = logging.getLogger("loopwarden")
+    level, handlers = logger.level, list(logger.handlers)
+    yield
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -103,3 +115,13 @@ def test_console_script_runs_in_a_subprocess(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "loopwarden", "frobnicate"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "unknown command" in proc.stderr
+
+
+def test_guard_logs_reach_stderr_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "run", "--scenario", "always-not-found")
+    assert code == 0 and "guard_triggered" not in err
+    code, _, err = run_cli(capsys, "run", "--scenario", "always-not-found", "--log-level",
+                           "warning")
+    assert code == 0
+    assert "event=guard_triggered" in err and "plugin=repeat_call" in err
+    assert err.count("event=run_stopped") == 1  # one handler, however often main() runs

@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+
 from loopwarden.cli import main as cli
 from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.exceptions import ConfigError

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden import docs, hookspecs
 from loopwarden.pluginmanager import builtin_settings
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden import Plugin, PluginLoadError, hookimpl
 from loopwarden.cli import main as cli
 from loopwarden.config import Config, parse_config

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from loopwarden import Plugin, PluginLoadError, hookimpl
 from loopwarden.config import load_config
 from loopwarden.exceptions import ConfigError
@@ -377,8 +378,10 @@ def _scenario() -> Any:
 def test_hook_recorder_collects_verdicts() -> None:
     result = run_plugin("max_steps", settings={"max_steps": 3, "warn_remaining": 1},
                         turns=[turn("a", LOOKUP)], then="repeat_last")
-    kinds = [(v.kind, getattr(v, "soft", None)) for v in result.hooks.verdicts("before_model")]
+    kinds = [(v.kind, getattr(v, "soft", None)) for v in result.hooks.verdicts()]
     assert kinds == [("warn", None), ("stop", True)]
+    assert [v.kind for v in result.hooks.verdicts("after_response")] == ["warn"]
+    assert [v.kind for v in result.hooks.verdicts("before_model")] == ["stop"]
     assert result.hooks.verdicts() == result.verdicts
 
 

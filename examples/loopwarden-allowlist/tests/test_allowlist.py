@@ -7,6 +7,8 @@ from importlib import metadata
 from typing import Any
 
 import pytest
+from loopwarden_allowlist import Allowlist
+
 from loopwarden.testing import (
     call_hook,
     make_run,
@@ -16,7 +18,6 @@ from loopwarden.testing import (
     tool_call,
     turn,
 )
-from loopwarden_allowlist import Allowlist
 
 REFUND = tool_call("apply_refund", order_id="88231", reason="七天无理由退货")
 LOOKUP = tool_call("query_order", order_id="88231")

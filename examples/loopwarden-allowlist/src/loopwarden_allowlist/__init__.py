@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from loopwarden import Plugin, PluginSettings, Run, ToolCall, Verdict, hookimpl
 from pydantic import Field, field_validator
+
+from loopwarden import Plugin, PluginSettings, Run, ToolCall, Verdict, hookimpl
 
 __all__ = ["Allowlist", "AllowlistSettings"]
 __version__ = "0.1.0"
