@@ -14,7 +14,9 @@ the recorded tokens spent after the stop (where usage is recorded), and how many
 calls the stop cut off (``calls_cut``: a stop that cuts none ended the run where it ended
 anyway, e.g. a hand-off tool stopping at the hand-off).
 
-Recordings carry no tool declarations, so tool natures are inferred from names
+Recordings carry no timings, so time does not pass in a replay (runs share a
+:class:`~loopwarden.FakeClock`; the timeout line never fires).  They carry no tool
+declarations either, so tool natures are inferred from names
 (:func:`infer_flags`) unless given (``loopwarden replay --tools FILE``).  Runs are priced as
 the model the trajectory names (``model``, or ``meta.model``); :func:`replay_config` makes the
 cost line count a model without a price as free, since a recorded run cannot be refused
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from loopwarden import signals
+from loopwarden.clock import FakeClock
 from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.exceptions import ConfigError
 from loopwarden.loop import CallModel, Failed, RunTool
@@ -284,12 +287,13 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     first_user = str(traj.get("user") or "(recorded conversation)")
     reached = 0
     state: dict[str, Any] = {}
+    clock = FakeClock()  # recordings carry no timings: time does not pass in a replay
     for offset, seg_steps, user in _segments(steps):
         run = Run(
             user if user is not None else first_user,
             deployment=deployment,
             tools=tools,
-            clock=deployment.clock,
+            clock=clock,
             limits=deployment.limits(None),
             scenario=result.id,
             estimator=deployment.estimator,
