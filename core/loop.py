@@ -293,7 +293,7 @@ class Engine:
             run.stopping = res.stop
         ledger: dict[str, ToolResult] = {}
         while True:
-            if run.cancel.cancelled:
+            if run.cancel.is_set():
                 return RunOutcome(
                     termination="cancelled",
                     evidence={"reason": run.cancel.reason},
@@ -369,7 +369,7 @@ class Engine:
                 signals.send(signals.step_finished, run, step=run.step)
                 continue
             for i, call in enumerate(calls):
-                if run.cancel.cancelled:
+                if run.cancel.is_set():
                     self._close_calls(run, calls[i:], "cancelled")
                     break
                 res = hooks.before_tool(run, call)

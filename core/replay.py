@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +38,7 @@ from loopwarden import signals
 from loopwarden.clock import FakeClock
 from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.exceptions import ConfigError
-from loopwarden.loop import CallModel, Failed, RunTool
+from loopwarden.loop import CallModel, Engine
 from loopwarden.run import Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
 
@@ -322,7 +322,7 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     return result
 
 
-def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> tuple[RunOutcome, int]:
+def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tuple[RunOutcome, int]:
     """Play one run of recorded steps; returns its outcome and how many of the recorded tool
     calls reached their hooks (executed, skipped or refused as invalid -- not cut by a stop)."""
     reached = [0]
@@ -356,7 +356,7 @@ def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> tuple[R
                             ],
                             usage=_usage(step) or Usage(),
                         )
-                elif isinstance(eff, RunTool):
+                else:  # RunTool: the recorded observation stands in for the tool
                     step = seg[eff.call.step - 1]
                     obs = step.get("observations") or []
                     errs = step.get("observation_is_error") or []
@@ -365,11 +365,9 @@ def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> tuple[R
                     is_err = bool(errs[i]) if i < len(errs) and errs[i] is not None else False
                     value = ToolResult(content=text, ok=not is_err,
                                        error="tool_error" if is_err else None)
-                else:  # pragma: no cover - no other effects exist
-                    value = Failed(RuntimeError(f"unknown effect {eff!r}"))
                 eff = gen.send(value)
         except StopIteration as done:
-            outcome: RunOutcome = done.value
+            outcome = cast(RunOutcome, done.value)
     return engine.finish(run, outcome), reached[0]
 
 

@@ -124,7 +124,7 @@ class Shop:
         self.db_path = Path(db_path) if db_path else default_data_dir() / "shop.sqlite3"
         self._now = now or (lambda: datetime.now(timezone(timedelta(hours=8))))
         self._init_lock = threading.Lock()
-        self._ready = False
+        self._ready = threading.Event()
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
@@ -138,10 +138,10 @@ class Shop:
             conn.close()
 
     def _ensure(self) -> None:
-        if self._ready:
+        if self._ready.is_set():
             return
         with self._init_lock:
-            if self._ready:
+            if self._ready.is_set():  # another thread created it meanwhile
                 return
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.db_path, timeout=10)
@@ -156,7 +156,7 @@ class Shop:
                         )
             finally:
                 conn.close()
-            self._ready = True
+            self._ready.set()
 
     # -- operations (plain methods; the tools below wrap them) --------------------------
 
