@@ -134,6 +134,16 @@ def scenario_metrics(pairs: list[Pair]) -> dict[str, Any]:
             "stopped_by": dict(sorted(guards.items(), key=lambda kv: (-kv[1], kv[0]))),
         }
     values = list(wasted.values())
+    per_scenario = [
+        {"name": p.name, "healthy": p.scenario.expect.healthy, "kind": p.scenario.expect.kind,
+         "onset": p.scenario.expect.onset, "ok": p.ok,
+         "termination": p.guarded["termination"], "stopped_by": p.guarded["stopped_by"],
+         "stop_step": p.guarded.get("stop_step"), "first_warning_step":
+         p.guarded.get("first_warning_step"), "wasted": wasted.get(p.name),
+         "tokens": p.guarded["tokens"]["total"],
+         "unguarded_tokens": p.unguarded["tokens"]["total"]}
+        for p in pairs
+    ]
     return {
         "scenarios": len(pairs),
         "runaways": len(runaways),
@@ -151,6 +161,7 @@ def scenario_metrics(pairs: list[Pair]) -> dict[str, Any]:
         "wasted_by_scenario": wasted,
         "runaways_without_onset": no_onset,
         "by_kind": by_kind,
+        "per_scenario": per_scenario,
         "tokens": {
             "runaways": {"guarded": run_tot.tokens[0], "unguarded": run_tot.tokens[1],
                          "saved": run_tot.tokens[1] - run_tot.tokens[0],
