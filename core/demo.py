@@ -45,6 +45,8 @@ __all__ = [
     "Totals",
     "find_scenarios",
     "judge",
+    "observer_names",
+    "play",
     "play_all",
     "stop_step",
     "unguarded_config",
