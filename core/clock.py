@@ -106,6 +106,10 @@ class CancelToken:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
+    def is_set(self) -> bool:
+        """Whether the run was cancelled (a method, so type checkers never narrow it)."""
+        return self._event.is_set()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until cancelled or ``timeout`` seconds passed; True when cancelled."""
         return self._event.wait(timeout)

@@ -246,7 +246,8 @@ def load_toml(path: Path) -> dict[str, Any]:
     """Read a TOML file; a missing or malformed file raises ConfigError."""
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            data: dict[str, Any] = tomllib.load(fh)
+            return data
     except FileNotFoundError:
         raise ConfigError("file not found", path=path) from None
     except IsADirectoryError:

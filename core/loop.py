@@ -305,7 +305,7 @@ class Engine:
             run.stopping = res.stop
         ledger: dict[str, ToolResult] = {}
         while True:
-            if run.cancel.cancelled:
+            if run.cancel.is_set():
                 return RunOutcome(
                     termination="cancelled",
                     evidence={"reason": run.cancel.reason},
@@ -385,7 +385,7 @@ class Engine:
                     signals.send(signals.step_finished, run, step=run.step)
                 continue
             for i, call in enumerate(calls):
-                if _cancelled(run):  # (a call: mypy would keep the narrowing from above)
+                if run.cancel.is_set():
                     self._close_calls(run, calls[i:], "cancelled")
                     break
                 res = hooks.before_tool(run, call)
@@ -662,10 +662,6 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
 
     _WORKERS.submit(context, fn, args, name, finished, future.done)
     return future
-
-
-def _cancelled(run: Run) -> bool:
-    return run.cancel.cancelled
 
 
 def _internal_error(exc: BaseException) -> RunOutcome:

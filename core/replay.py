@@ -5,59 +5,139 @@ current run, and a ``user_reply`` after it starts the next run of the same conve
 per-run limits start afresh, while the conversation's messages carry on (so context size
 grows as it did).  Each recorded step is fed through the very same step machine that serves
 live runs (:meth:`loopwarden.loop.Engine.machine`): the "model" answers with the recorded
-turn and the "tools" with the recorded observations.
+turn and the "tools" with the recorded observations.  The replay of a trajectory ends at its
+first stop: what the agent did afterwards would not have happened.
 
 For each trajectory the replay reports (steps numbered from 1, as in the file) the first
 warning, the stop (step, reason, plugin) -- or None when the guards let it run to its end --
-and the recorded tokens spent after the stop (where usage is recorded).
+the recorded tokens spent after the stop (where usage is recorded), and how many recorded tool
+calls the stop cut off (``calls_cut``: a stop that cuts none ended the run where it ended
+anyway, e.g. a hand-off tool stopping at the hand-off).
+
+Recordings carry no timings, so time does not pass in a replay (runs share a
+:class:`~loopwarden.FakeClock`; the timeout line never fires).  They carry no tool
+declarations either, so tool natures are inferred from names
+(:func:`infer_flags`) unless given (``loopwarden replay --tools FILE``).  Runs are priced as
+the model the trajectory names (``model``, or ``meta.model``); :func:`replay_config` makes the
+cost line count a model without a price as free, since a recorded run cannot be refused
+before it starts.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
+from loopwarden import signals
+from loopwarden.clock import FakeClock
 from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
-from loopwarden.loop import CallModel, Failed, RunTool
+from loopwarden.exceptions import ConfigError
+from loopwarden.loop import CallModel, Engine
 from loopwarden.run import Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
+    from loopwarden.config import Config
     from loopwarden.deployment import Deployment
 
-__all__ = ["ReplayResult", "iter_trajectories", "replay_file", "replay_trajectory", "summarize"]
+__all__ = [
+    "ReplayResult",
+    "infer_flags",
+    "iter_trajectories",
+    "load_tool_flags",
+    "recorded_tool",
+    "replay_config",
+    "replay_file",
+    "replay_trajectory",
+    "summarize",
+]
 
-#: tool-name prefixes taken as read-only, deterministic lookups when replaying real runs
-READ_ONLY_PREFIXES = ("get_", "find_", "search_", "list_", "query_", "check_", "lookup_",
-                      "read_", "fetch_", "calculate", "think")
+#: Tool natures inferred from names when a recording does not declare them (override them
+#: with ``flags``).  Lookups of stored records are read-only and deterministic (while nothing
+#: writes to them); probes of live state -- a device's status, a speed test, the clock -- are
+#: read-only but not deterministic (their answer may change between two identical calls);
+#: toggles and restarts change the world but are legitimately repeated (on, then off), so they
+#: are not idempotent side effects; every other tool is taken as a side effect, idempotent per
+#: full arguments; a hand-off to a human is terminal.
+LOOKUP_PREFIXES = ("get_", "find_", "search_", "list_", "query_", "lookup_", "read_", "fetch_",
+                   "calculate", "think")
+PROBE = re.compile(r"^(check_|can_|run_|test_|ping_|measure_)|(status|usage|time|now|speed)"
+                   r"(_|$)", re.IGNORECASE)
+REPEATABLE_ACTION = re.compile(r"^(toggle_|reboot_|restart_|reseat_|reset_|retry_)",
+                               re.IGNORECASE)
 TERMINAL_NAMES = re.compile(r"(^|_)transfer_to_human", re.IGNORECASE)
+FLAG_NAMES = ("read_only", "deterministic", "side_effect", "terminal")
 
 
 class _AnyArgs(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def recorded_tool(name: str) -> Tool:
-    """A stand-in declaration for a tool seen in a recording (flags inferred from its name)."""
+def infer_flags(name: str) -> dict[str, bool]:
+    """A recorded tool's nature guessed from its name (see :data:`LOOKUP_PREFIXES`)."""
     lname = name.lower()
-    read_only = lname.startswith(READ_ONLY_PREFIXES)
+    terminal = bool(TERMINAL_NAMES.search(lname))
+    if terminal:
+        return {"read_only": False, "deterministic": False, "side_effect": True,
+                "terminal": True}
+    if PROBE.search(lname):
+        return {"read_only": True, "deterministic": False, "side_effect": False,
+                "terminal": False}
+    if lname.startswith(LOOKUP_PREFIXES):
+        return {"read_only": True, "deterministic": True, "side_effect": False,
+                "terminal": False}
+    if REPEATABLE_ACTION.search(lname):
+        return {"read_only": False, "deterministic": False, "side_effect": False,
+                "terminal": False}
+    return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": False}
+
+
+def recorded_tool(name: str, flags: Mapping[str, bool] | None = None) -> Tool:
+    """A stand-in declaration for a tool seen in a recording: its nature from ``flags``, the
+    rest inferred from its name (:func:`infer_flags`)."""
+    nature = infer_flags(name)
+    if flags:
+        nature.update({k: bool(v) for k, v in flags.items() if k in FLAG_NAMES})
     return Tool(
         name=name,
         func=lambda **kw: None,
         description=f"recorded tool {name}",
         args_model=_AnyArgs,
-        read_only=read_only,
-        deterministic=read_only,
-        side_effect=not read_only,
-        terminal=bool(TERMINAL_NAMES.search(lname)),
+        read_only=nature["read_only"],
+        deterministic=nature["deterministic"],
+        side_effect=nature["side_effect"],
+        terminal=nature["terminal"],
         idempotency_keys=None,
     )
+
+
+def load_tool_flags(path: str | Path) -> dict[str, dict[str, bool]]:
+    """Read declared tool natures from a TOML file: ``[tools.NAME]`` tables with
+    ``read_only`` / ``deterministic`` / ``side_effect`` / ``terminal`` booleans."""
+    from loopwarden.config import load_toml
+
+    p = Path(path)
+    data = load_toml(p)
+    tools = data.get("tools")
+    if not isinstance(tools, dict):
+        raise ConfigError("needs [tools.NAME] tables", path=p, key="tools")
+    out: dict[str, dict[str, bool]] = {}
+    for name, table in tools.items():
+        if not isinstance(table, dict):
+            raise ConfigError("must be a table", path=p, key=f"tools.{name}")
+        for k, v in table.items():
+            if k not in FLAG_NAMES or not isinstance(v, bool):
+                raise ConfigError(f"unknown flag or not a boolean: {k} = {v!r}", path=p,
+                                  key=f"tools.{name}.{k}",
+                                  expected=" / ".join(FLAG_NAMES) + " = true | false")
+        out[str(name)] = dict(table)
+    return out
 
 
 @dataclass
@@ -71,9 +151,12 @@ class ReplayResult:
     stop: dict[str, Any] | None = None
     tokens_after_stop: int | None = None
     steps_after_stop: int = 0
+    calls_cut: int = 0
+    tool_calls: int = 0
     recorded_tokens: int | None = None
     final_answer_present: bool | None = None
     source_termination: str | None = None
+    model: str | None = None
     runs: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
 
@@ -86,11 +169,32 @@ class ReplayResult:
             "stop": self.stop,
             "tokens_after_stop": self.tokens_after_stop,
             "steps_after_stop": self.steps_after_stop,
+            "calls_cut": self.calls_cut,
+            "tool_calls": self.tool_calls,
             "recorded_tokens": self.recorded_tokens,
             "final_answer_present": self.final_answer_present,
             "source_termination": self.source_termination,
+            "model": self.model,
             "runs": self.runs,
         }
+
+
+def replay_config(config: Config, *, observers: bool = False) -> Config:
+    """``config`` adjusted for replay: an enabled ``cost_budget`` counts a recorded model
+    without a price as free (it can neither refuse nor price a run that already happened),
+    and, unless ``observers``, pure observers are left out (see
+    :func:`loopwarden.demo.without_observers`: no alerts or logs for runs that are history)."""
+    if not observers:
+        from loopwarden.demo import without_observers
+
+        config, _ = without_observers(config)
+    if "cost_budget" not in config.plugins.enabled:
+        return config
+    data = config.plugins.model_dump()
+    table = dict(data.get("cost_budget") or {})
+    table["unknown_model"] = "free"
+    data["cost_budget"] = table
+    return config.model_copy(update={"plugins": config.plugins.model_validate(data)})
 
 
 def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
@@ -104,7 +208,8 @@ def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | 
             except ValueError:
                 yield lineno, None
                 continue
-            if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list):
+            if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list) or not all(
+                    isinstance(s, dict) for s in obj["steps"]):
                 yield lineno, None
                 continue
             yield lineno, obj
@@ -114,8 +219,16 @@ def _usage(step: dict[str, Any]) -> Usage | None:
     u = step.get("usage")
     if not isinstance(u, dict):
         return None
-    return Usage(prompt=int(u.get("prompt_tokens") or 0),
-                 completion=int(u.get("completion_tokens") or 0))
+    try:
+        return Usage(prompt=int(u.get("prompt_tokens") or 0),
+                     completion=int(u.get("completion_tokens") or 0))
+    except (TypeError, ValueError):
+        return None
+
+
+def _calls(step: dict[str, Any]) -> list[dict[str, Any]]:
+    tcs = step.get("tool_calls")
+    return [tc for tc in tcs if isinstance(tc, dict)] if isinstance(tcs, list) else []
 
 
 def _segments(steps: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any]], str | None]]:
@@ -124,23 +237,40 @@ def _segments(steps: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any
     start, current, user = 0, [], None
     for i, step in enumerate(steps):
         current.append(step)
-        if not step.get("tool_calls"):
+        if not _calls(step):
             out.append((start, current, user))
-            user = step.get("user_reply")
+            reply = step.get("user_reply")
+            user = reply if isinstance(reply, str) else None
             start, current = i + 1, []
     if current:
         out.append((start, current, user))
     return out
 
 
-def replay_trajectory(deployment: Deployment, traj: dict[str, Any]) -> ReplayResult:
-    """Feed one trajectory through the deployment's guards; see the module docstring."""
+def _model_name(traj: dict[str, Any]) -> str:
+    meta = traj.get("meta")
+    name = traj.get("model") or (meta.get("model") if isinstance(meta, dict) else None)
+    return str(name) if name else "replay"
+
+
+def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
+                      flags: Mapping[str, Mapping[str, bool]] | None = None,
+                      carry: Iterable[str] = ()) -> ReplayResult:
+    """Feed one trajectory through the deployment's guards; see the module docstring.
+
+    ``flags`` declares tool natures by name (the rest are inferred, see :func:`infer_flags`).
+    ``carry`` names plugins whose per-run state is handed on to the next run of the same
+    conversation -- an experiment in conversation-scoped detection (the core has no
+    conversation scope yet: every run starts its plugins afresh).
+    """
+    carried = tuple(carry)
     steps: list[dict[str, Any]] = traj["steps"]
     result = ReplayResult(
         id=str(traj.get("id", "?")),
         steps=len(steps),
         success=traj.get("success"),
         final_answer_present=traj.get("final_answer_present"),
+        model=_model_name(traj),
     )
     meta = traj.get("meta")
     if isinstance(meta, dict):
@@ -148,82 +278,103 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any]) -> ReplayRes
     usages = [_usage(s) for s in steps]
     if any(u is not None for u in usages):
         result.recorded_tokens = sum(u.total for u in usages if u is not None)
-    names = {str(tc.get("name")) for s in steps for tc in s.get("tool_calls") or ()}
-    tools = ToolRegistry(recorded_tool(n) for n in sorted(names))
+    result.tool_calls = sum(len(_calls(s)) for s in steps)
+    names = {str(tc.get("name")) for s in steps for tc in _calls(s)}
+    declared = flags or {}
+    tools = ToolRegistry(recorded_tool(n, declared.get(n)) for n in sorted(names))
     engine = deployment.engine
     history: list[dict[str, Any]] = []
     first_user = str(traj.get("user") or "(recorded conversation)")
+    reached = 0
+    state: dict[str, Any] = {}
+    clock = FakeClock()  # recordings carry no timings: time does not pass in a replay
     for offset, seg_steps, user in _segments(steps):
         run = Run(
             user if user is not None else first_user,
             deployment=deployment,
             tools=tools,
-            clock=deployment.clock,
+            clock=clock,
             limits=deployment.limits(None),
             scenario=result.id,
             estimator=deployment.estimator,
-            model_name="replay",
+            model_name=result.model,
         )
         if history:
             for m in history:
                 run.add_message(m)
             run.add_message({"role": "user", "content": run.user})
+            for name in carried:
+                if name in state:
+                    run.state[name] = state[name]
         else:
             engine.start(run)
         result.runs += 1
-        outcome = _drive_recorded(engine, run, seg_steps)
+        outcome, n = _drive_recorded(engine, run, seg_steps)
+        reached += n
         history = run.messages
+        state = run.state
         result.records.append(run.record())
         _attribute(result, run, outcome, offset, steps, usages)
         if result.stop is not None:
             break
+    if result.stop is not None:
+        result.calls_cut = result.tool_calls - reached
     return result
 
 
-def _drive_recorded(engine: Any, run: Run, seg: list[dict[str, Any]]) -> RunOutcome:
+def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tuple[RunOutcome, int]:
+    """Play one run of recorded steps; returns its outcome and how many of the recorded tool
+    calls reached their hooks (executed, skipped or refused as invalid -- not cut by a stop)."""
+    reached = [0]
+
+    def count(sender: Any, **_: Any) -> None:
+        reached[0] += 1
+
     gen = engine.machine(run)
-    try:
-        eff = next(gen)
-        while True:
-            if isinstance(eff, CallModel):
-                idx = run.step  # 0-based index of the recorded turn this call stands for
-                if eff.request.final or idx >= len(seg):
-                    value: Any = ModelResponse(content=None, usage=Usage())
-                else:
-                    step = seg[idx]
-                    value = ModelResponse(
-                        content=step.get("content"),
-                        tool_calls=[
-                            ProposedCall(
-                                name=str(tc.get("name")),
-                                arguments=tc["arguments"] if isinstance(tc.get("arguments"), str)
-                                else json.dumps(tc.get("arguments") or {}, ensure_ascii=False),
-                            )
-                            for tc in step.get("tool_calls") or ()
-                        ],
-                        usage=_usage(step) or Usage(),
-                    )
-            elif isinstance(eff, RunTool):
-                step = seg[eff.call.step - 1]
-                obs = step.get("observations") or []
-                errs = step.get("observation_is_error") or []
-                i = eff.call.index
-                text = str(obs[i]) if i < len(obs) else "(no observation recorded)"
-                is_err = bool(errs[i]) if i < len(errs) and errs[i] is not None else False
-                value = ToolResult(content=text, ok=not is_err,
-                                   error="tool_error" if is_err else None)
-            else:  # pragma: no cover - no other effects exist
-                value = Failed(RuntimeError(f"unknown effect {eff!r}"))
-            eff = gen.send(value)
-    except StopIteration as done:
-        outcome: RunOutcome = done.value
-    return engine.finish(run, outcome)
+    with signals.tool_finished.connected_to(count, sender=run):
+        try:
+            eff = next(gen)
+            while True:
+                if isinstance(eff, CallModel):
+                    idx = run.step  # 0-based index of the recorded turn this call stands for
+                    if eff.request.final or idx >= len(seg):
+                        value: Any = ModelResponse(content=None, usage=Usage())
+                    else:
+                        step = seg[idx]
+                        content = step.get("content")
+                        value = ModelResponse(
+                            content=content if isinstance(content, str) else None,
+                            tool_calls=[
+                                ProposedCall(
+                                    name=str(tc.get("name")),
+                                    arguments=tc["arguments"]
+                                    if isinstance(tc.get("arguments"), str)
+                                    else json.dumps(tc.get("arguments") or {},
+                                                    ensure_ascii=False),
+                                )
+                                for tc in _calls(step)
+                            ],
+                            usage=_usage(step) or Usage(),
+                        )
+                else:  # RunTool: the recorded observation stands in for the tool
+                    step = seg[eff.call.step - 1]
+                    obs = step.get("observations") or []
+                    errs = step.get("observation_is_error") or []
+                    i = eff.call.index
+                    text = str(obs[i]) if i < len(obs) else "(no observation recorded)"
+                    is_err = bool(errs[i]) if i < len(errs) and errs[i] is not None else False
+                    value = ToolResult(content=text, ok=not is_err,
+                                       error="tool_error" if is_err else None)
+                eff = gen.send(value)
+        except StopIteration as done:
+            outcome = cast(RunOutcome, done.value)
+    return engine.finish(run, outcome), reached[0]
 
 
 def _file_step(offset: int, entry: dict[str, Any]) -> int:
     # before_model verdicts concern the call about to be made (step + 1); the others the
     # step whose response or tools triggered them.
-    local = entry["step"] + (1 if entry["hook"] in ("before_model", "on_start") else 0)
+    local = int(entry["step"]) + (1 if entry["hook"] in ("before_model", "on_start") else 0)
     return offset + max(local, 1)
 
 
@@ -235,10 +386,8 @@ def _attribute(result: ReplayResult, run: Run, outcome: RunOutcome, offset: int,
                 result.first_warning = {"step": _file_step(offset, entry),
                                         "plugin": entry["plugin"]}
                 break
-    if outcome.termination in ("final_answer", "terminal_tool") and outcome.stopped_by is None:
-        return
-    if outcome.termination == "final_answer":
-        return
+    if outcome.stopped_by is None:
+        return  # the recorded run ended by itself (or ran out of recorded steps)
     stop_entry = next(
         (e for e in run.verdicts if e["kind"] == "stop" and e["plugin"] == outcome.stopped_by
          and e.get("reason") == outcome.termination),
@@ -247,21 +396,25 @@ def _attribute(result: ReplayResult, run: Run, outcome: RunOutcome, offset: int,
     step = _file_step(offset, stop_entry) if stop_entry else offset + max(run.step, 1)
     step = min(step, len(steps))
     result.stop = {"step": step, "reason": outcome.termination, "plugin": outcome.stopped_by,
-                   "soft": outcome.soft}
+                   "soft": outcome.soft,
+                   "hook": stop_entry["hook"] if stop_entry else None}
     after = usages[step:]
     result.steps_after_stop = len(steps) - step
-    if any(u is not None for u in after) or result.recorded_tokens is not None:
+    if result.recorded_tokens is not None:
         result.tokens_after_stop = sum(u.total for u in after if u is not None)
 
 
-def replay_file(deployment: Deployment, path: str | Path) -> tuple[list[ReplayResult], int]:
+def replay_file(deployment: Deployment, path: str | Path,
+                flags: Mapping[str, Mapping[str, bool]] | None = None,
+                carry: Iterable[str] = ()) -> tuple[list[ReplayResult], int]:
     """Replay every trajectory in a JSONL file; returns the results and the unreadable lines."""
     results, bad = [], 0
+    carry = tuple(carry)
     for _lineno, traj in iter_trajectories(path):
         if traj is None:
             bad += 1
             continue
-        results.append(replay_trajectory(deployment, traj))
+        results.append(replay_trajectory(deployment, traj, flags, carry))
     return results, bad
 
 
@@ -269,38 +422,71 @@ def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 1) if whole else 0.0
 
 
+#: the recorded terminations (``meta.termination_reason``) that mean "hit a step cap"
+STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
+#: stop reasons of budgets and caps (the rest are loop detectors and terminal tools)
+BUDGET_REASONS = frozenset({"max_steps", "max_tokens", "max_context", "max_cost",
+                            "max_tool_calls", "timeout"})
+
+
 def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
-    """The replay summary: false positives on successful runs, catches on runaway runs."""
+    """The replay summary: false positives on successful runs, catches on runaway runs.
+
+    * a successful run is *stopped early* when the stop cut off at least one recorded tool
+      call (``calls_cut``); a stop that cuts nothing ended it where it ended anyway; the early
+      stops are also counted apart for the loop detectors (every reason but the budgets and
+      caps of :data:`BUDGET_REASONS`);
+    * *step-cap runs* are those whose recording says they hit the source's step or error cap;
+      *runaway runs* are those plus the runs that ended without a final answer;
+    * steps and recorded tokens saved are counted on the runaway runs that were stopped.
+    """
     rs = list(results)
     successful = [r for r in rs if r.success is True]
-    capped = [r for r in rs if r.source_termination in ("max_steps", "too_many_errors")]
+    capped = [r for r in rs if r.source_termination in STEP_CAP_TERMINATIONS]
     no_answer = [r for r in rs if r.final_answer_present is False]
     runaway = {r.id: r for r in capped + no_answer}
-    # a stop on the very last recorded step ends the run where it ended anyway
-    fp = [r for r in successful if r.stop is not None and r.stop["step"] < r.steps]
+    fp = [r for r in successful if r.stop is not None and r.calls_cut > 0]
+    fp_detectors = [r for r in fp if r.stop is not None
+                    and r.stop["reason"] not in BUDGET_REASONS]
+    stopped_ok = [r for r in successful if r.stop is not None]
     warned_ok = [r for r in successful if r.first_warning is not None]
     caught = [r for r in runaway.values() if r.stop is not None]
     caught_capped = [r for r in capped if r.stop is not None]
+    caught_no_answer = [r for r in no_answer if r.stop is not None]
     saved_steps = sum(r.steps_after_stop for r in caught)
     saved_tokens = sum(r.tokens_after_stop or 0 for r in caught)
     by_reason: dict[str, int] = {}
+    fp_by_reason: dict[str, int] = {}
     for r in rs:
         if r.stop is not None:
             by_reason[r.stop["reason"]] = by_reason.get(r.stop["reason"], 0) + 1
+    for r in fp:
+        if r.stop is not None:
+            fp_by_reason[r.stop["reason"]] = fp_by_reason.get(r.stop["reason"], 0) + 1
+
+    def ranked(d: dict[str, int]) -> dict[str, int]:
+        return dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
+
     return {
         "trajectories": len(rs),
         "successful": len(successful),
         "successful_stopped_early": len(fp),
         "successful_stopped_early_pct": _pct(len(fp), len(successful)),
+        "successful_stopped_early_by_detectors": len(fp_detectors),
+        "successful_stopped_early_by_detectors_pct": _pct(len(fp_detectors), len(successful)),
+        "successful_stopped_at_end": len(stopped_ok) - len(fp),
         "successful_warned": len(warned_ok),
         "successful_warned_pct": _pct(len(warned_ok), len(successful)),
         "step_cap_runs": len(capped),
         "step_cap_runs_stopped": len(caught_capped),
         "step_cap_runs_stopped_pct": _pct(len(caught_capped), len(capped)),
         "runs_without_answer": len(no_answer),
+        "runs_without_answer_stopped": len(caught_no_answer),
+        "runs_without_answer_stopped_pct": _pct(len(caught_no_answer), len(no_answer)),
         "runaway_runs": len(runaway),
         "runaway_runs_stopped": len(caught),
         "steps_saved": saved_steps,
         "recorded_tokens_saved": saved_tokens,
-        "stops_by_reason": dict(sorted(by_reason.items(), key=lambda kv: -kv[1])),
+        "stops_by_reason": ranked(by_reason),
+        "early_stops_of_successful_by_reason": ranked(fp_by_reason),
     }

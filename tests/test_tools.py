@@ -101,16 +101,23 @@ def test_default_location_is_the_user_data_dir_never_the_package(
 def test_refund_is_a_single_row_even_under_concurrency(tmp_path: Path) -> None:
     shop = Shop(tmp_path / "s.sqlite3")
     results: list[dict[str, object]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
 
     def go() -> None:
-        results.append(shop.apply_refund("88231", "七天无理由退货"))
+        start.wait()
+        try:
+            results.append(shop.apply_refund("88231", "七天无理由退货"))
+        except BaseException as exc:
+            errors.append(exc)
 
     threads = [threading.Thread(target=go) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(shop.refunds()) == 1
+    assert errors == []  # every caller gets the one refund, none an IntegrityError
+    assert len(shop.refunds()) == 1 and len(results) == 8
     assert len({r["refund_id"] for r in results}) == 1
     with sqlite3.connect(tmp_path / "s.sqlite3") as c:
         assert c.execute("SELECT COUNT(*) FROM refunds").fetchone()[0] == 1

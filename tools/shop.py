@@ -124,7 +124,7 @@ class Shop:
         self.db_path = Path(db_path) if db_path else default_data_dir() / "shop.sqlite3"
         self._now = now or (lambda: datetime.now(timezone(timedelta(hours=8))))
         self._init_lock = threading.Lock()
-        self._ready = False
+        self._ready = threading.Event()
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
@@ -137,11 +137,32 @@ class Shop:
         finally:
             conn.close()
 
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that holds SQLite's write lock from its first statement.
+
+        ``BEGIN IMMEDIATE`` serialises check-then-insert sequences across threads and
+        processes, so two concurrent identical refunds see each other instead of both
+        inserting (the UNIQUE constraint is the last line, not the mechanism).
+        """
+        self._ensure()
+        conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
     def _ensure(self) -> None:
-        if self._ready:
+        if self._ready.is_set():
             return
         with self._init_lock:
-            if self._ready:
+            if self._ready.is_set():  # another thread created it meanwhile
                 return
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.db_path, timeout=10)
@@ -156,7 +177,7 @@ class Shop:
                         )
             finally:
                 conn.close()
-            self._ready = True
+            self._ready.set()
 
     # -- operations (plain methods; the tools below wrap them) --------------------------
 
@@ -196,7 +217,7 @@ class Shop:
     def apply_refund(self, order_id: str, reason: str) -> dict[str, object]:
         order = self.query_order(order_id)
         reason = reason.strip()
-        with self.connect() as c:
+        with self.write() as c:
             row = c.execute(
                 "SELECT refund_id, created_at FROM refunds WHERE order_id = ? AND reason = ?",
                 (order["order_id"], reason),
@@ -216,7 +237,7 @@ class Shop:
 
     def transfer_to_human(self, reason: str) -> dict[str, str]:
         reason = reason.strip()
-        with self.connect() as c:
+        with self.write() as c:
             row = c.execute("SELECT ticket_id FROM handoffs WHERE reason = ?", (reason,)).fetchone()
             if row is None:
                 n = c.execute("SELECT COUNT(*) FROM handoffs").fetchone()[0] + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from loopwarden.commands import add_config_argument
 
@@ -12,10 +13,32 @@ from loopwarden.commands import add_config_argument
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="trajectory JSONL (DESIGN's trajectory format)")
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
+    parser.add_argument("--tools", metavar="FILE",
+                        help="declared tool natures: a TOML file of [tools.NAME] tables with "
+                        "read_only / deterministic / side_effect / terminal (default: inferred "
+                        "from the tool names)")
     parser.add_argument("--json", action="store_true",
                         help="print one result per trajectory, then the summary, as JSON lines")
+    parser.add_argument("--summary", action="store_true",
+                        help="print only the summary, not one line per trajectory")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N")
+    parser.add_argument("--carry-state", metavar="PLUGINS", default="",
+                        help="experimental: comma-separated plugins whose state carries over "
+                        "from one run of a conversation to the next (conversation-scoped "
+                        "detection; by default every run starts afresh)")
+    parser.add_argument("--observers", action="store_true",
+                        help="keep the observer plugins (logging, metrics, alerting, records); "
+                        "by default a replay leaves them out: they cannot change a verdict, "
+                        "and recorded runs should not page anyone")
     add_config_argument(parser)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The summary as aligned ``key  value`` lines."""
+    width = max(len(k) for k in summary)
+    for k, v in summary.items():
+        text = json.dumps(v, ensure_ascii=False) if isinstance(v, dict) else str(v)
+        print(f"{k:<{width}}  {text}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -26,16 +49,24 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
     from loopwarden.deployment import Deployment
     from loopwarden.exceptions import ConfigError
-    from loopwarden.replay import iter_trajectories, replay_trajectory, summarize
+    from loopwarden.replay import (
+        iter_trajectories,
+        load_tool_flags,
+        replay_config,
+        replay_trajectory,
+        summarize,
+    )
 
     path = Path(args.file)
     if not path.is_file():
         raise ConfigError("file not found", path=path)
-    config = load_config(args.config)
+    config = replay_config(load_config(args.config), observers=args.observers)
     if args.profile:
+        config.profile(args.profile)  # validates the name
         config = config.model_copy(update={"run": config.run.model_copy(
             update={"profile": args.profile})})
-        config.profile(args.profile)  # validates the name
+    flags = load_tool_flags(args.tools) if args.tools else None
+    carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
     started = time.perf_counter()
     results, bad = [], 0
     with Deployment(config) as dep:
@@ -43,25 +74,27 @@ def main(args: argparse.Namespace) -> int:
             if traj is None:
                 bad += 1
                 continue
-            r = replay_trajectory(dep, traj)
+            r = replay_trajectory(dep, traj, flags, carry)
             results.append(r)
             if args.json:
                 print(json.dumps(r.as_dict(), ensure_ascii=False))
+            elif not args.summary:
+                fw, st = r.first_warning, r.stop
+                warn = "-" if fw is None else "@{step} {plugin}".format(**fw)
+                stop = "-" if st is None else "@{step} {reason} ({plugin})".format(**st)
+                print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
     summary = summarize(results)
+    summary["profile"] = config.run.profile
+    if carry:
+        summary["carry_state"] = carry
     summary["unreadable_lines"] = bad
     summary["seconds"] = round(time.perf_counter() - started, 2)
     if args.json:
         print(json.dumps({"summary": summary}, ensure_ascii=False))
-        return 0
-    for r in results:
-        fw, st = r.first_warning, r.stop
-        warn = "-" if fw is None else "@{step} {plugin}".format(**fw)
-        stop = "-" if st is None else "@{step} {reason} ({plugin})".format(**st)
-        print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
-    print()
-    width = max(len(k) for k in summary)
-    for k, v in summary.items():
-        print(f"{k:<{width}}  {v}")
+    else:
+        if not args.summary:
+            print()
+        print_summary(summary)
     if bad:
-        print(f"skipped {bad} unreadable line(s)", file=sys.stderr)
+        print(f"loopwarden replay: skipped {bad} unreadable line(s)", file=sys.stderr)
     return 0

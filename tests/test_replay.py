@@ -1,0 +1,366 @@
+"""Replay of recorded runs: step numbering, warnings and stops, tokens after the stop, bad lines.
+
+The trajectories are written here, small and known; the shared file of real runs is never
+needed.  Most tests use a probe plugin with exact rules, so they check the replay's own
+bookkeeping rather than the tuning of the shipped detectors; one end-to-end test uses the
+shipped config on an obvious loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopwarden import Deployment, ModelRequest, Plugin, Run, ToolCall, Verdict, hookimpl
+from loopwarden.cli import main
+from loopwarden.config import Config, parse_config
+from loopwarden.replay import (
+    infer_flags,
+    load_tool_flags,
+    recorded_tool,
+    replay_config,
+    replay_file,
+    replay_trajectory,
+    summarize,
+)
+
+# -- trajectories --------------------------------------------------------------------------
+
+
+def step(content: str | None = None, calls: Sequence[tuple[str, dict[str, Any]]] = (),
+         observations: Sequence[str] = (),
+         usage: tuple[int, int] | None = (100, 10), user_reply: str | None = None,
+         errors: list[bool | None] | None = None) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "content": content,
+        "tool_calls": [{"name": n, "arguments": a} for n, a in calls],
+        "observations": list(observations),
+        "user_reply": user_reply,
+        "usage": None if usage is None else {"prompt_tokens": usage[0],
+                                             "completion_tokens": usage[1]},
+    }
+    if errors is not None:
+        s["observation_is_error"] = errors
+    return s
+
+
+def lookup(key: str, obs: str | None = None, **kw: Any) -> dict[str, Any]:
+    return step(None, [("get_record", {"key": key})], [obs or f"record {key}: ok"], **kw)
+
+
+def traj(tid: str, steps: list[dict[str, Any]], *, success: bool | None = True,
+         answer: bool = True, termination: str | None = None) -> dict[str, Any]:
+    t: dict[str, Any] = {"source": "test", "id": tid, "success": success, "steps": steps,
+                         "final_answer_present": answer}
+    if termination is not None:
+        t["meta"] = {"termination_reason": termination}
+    return t
+
+
+def write_jsonl(path: Path, lines: list[dict[str, Any] | str]) -> Path:
+    with path.open("w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+    return path
+
+
+# -- a probe plugin with exact rules -------------------------------------------------------
+
+
+class Probe(Plugin):
+    """Warns before a call to ``warn_me``, stops (soft) before a call to ``stop_me``, stops
+    (hard) after a call to ``hand_off``, and stops before model call number
+    ``stop_before_call`` when set."""
+
+    name = "probe"
+
+    def __init__(self, stop_before_call: int | None = None) -> None:
+        super().__init__()
+        self.stop_before_call = stop_before_call
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        if self.stop_before_call is not None and request.step == self.stop_before_call \
+                and not request.final:
+            return self.stop("probe_cap", soft=True)
+        return None
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall) -> Verdict | None:
+        if call.name == "hand_off":
+            return self.stop("probe_hand_off")
+        return None
+
+    @hookimpl
+    def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
+        if call.name == "warn_me":
+            return self.warn("careful")
+        if call.name == "stop_me":
+            return self.stop("probe_stop", soft=True)
+        return None
+
+
+def cfg(**plugins: Any) -> Config:
+    return parse_config({"plugins": {"max_steps": {"max_steps": 50, "warn_remaining": 0},
+                                     **plugins}}, path="<test>")
+
+
+@pytest.fixture
+def probe_deployment() -> Iterator[Callable[..., Deployment]]:
+    made: list[Deployment] = []
+
+    def make(**kw: Any) -> Deployment:
+        dep = Deployment(cfg(), plugins={"probe": Probe(**kw)})
+        made.append(dep)
+        return dep
+
+    yield make
+    for d in made:
+        d.close()
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_a_multi_run_conversation_replays_run_by_run_without_a_stop(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    t = traj("conv", [
+        step("Which order?", user_reply="Order 7, please."),       # run 1: a text turn
+        lookup("7"),                                               # run 2 ...
+        step("Order 7 is fine.", user_reply="And order 8?"),
+        lookup("8"),                                               # run 3 ...
+        step("Order 8 is fine too."),
+    ])
+    r = replay_trajectory(probe_deployment(), t)
+    assert r.runs == 3 and r.steps == 5
+    assert r.stop is None and r.first_warning is None
+    assert r.calls_cut == 0 and r.tool_calls == 2
+    assert r.recorded_tokens == 5 * 110
+    # the user's replies became the next runs' user messages, and the history carried on
+    assert [rec["steps"] for rec in r.records] == [1, 2, 2]
+    assert all(rec["termination"] == "final_answer" for rec in r.records)
+
+
+def test_steps_are_numbered_from_one_across_runs(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    t = traj("numbering", [
+        step("Hello, what do you need?", user_reply="Check things."),   # 1 (run 1)
+        lookup("a"),                                                     # 2 (run 2)
+        step(None, [("warn_me", {})], ["fine"]),                         # 3  <- warning
+        lookup("b"),                                                     # 4
+        step(None, [("stop_me", {})], ["never seen"]),                   # 5  <- stop
+        lookup("c"),                                                     # 6
+        step("Done."),                                                   # 7
+    ])
+    r = replay_trajectory(probe_deployment(), t)
+    assert r.first_warning == {"step": 3, "plugin": "probe"}
+    assert r.stop is not None
+    assert (r.stop["step"], r.stop["reason"], r.stop["plugin"]) == (5, "probe_stop", "probe")
+    assert r.stop["soft"] is True and r.stop["hook"] == "before_tool"
+    # steps 6 and 7 would not have happened: their recorded tokens are saved
+    assert r.steps_after_stop == 2
+    assert r.tokens_after_stop == 2 * 110
+    # the stop cut the stop_me call itself and the lookup of step 6
+    assert r.calls_cut == 2
+
+
+def test_a_before_model_stop_names_the_call_it_replaced(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    t = traj("loop", [lookup(str(i), usage=(100 * i, 10)) for i in range(1, 9)],
+             success=False, answer=False, termination="max_steps")
+    r = replay_trajectory(probe_deployment(stop_before_call=4), t)
+    assert r.stop is not None
+    assert (r.stop["step"], r.stop["hook"]) == (4, "before_model")
+    # steps 5..8 are saved; step 4 became the wrap-up turn
+    assert r.tokens_after_stop == sum(100 * i + 10 for i in range(5, 9))
+    assert r.steps_after_stop == 4
+    assert r.calls_cut == 5  # the calls of steps 4..8 never ran
+
+
+def test_without_recorded_usage_there_are_no_token_figures(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    t = traj("nousage", [lookup("1", usage=None), step(None, [("stop_me", {})], ["x"],
+                                                       usage=None), lookup("2", usage=None)])
+    r = replay_trajectory(probe_deployment(), t)
+    assert r.stop is not None and r.stop["step"] == 2
+    assert r.recorded_tokens is None and r.tokens_after_stop is None
+
+
+def test_a_stop_that_cuts_nothing_is_not_an_early_stop(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    """A guard stopping after the last tool call of a successful run (e.g. at a hand-off)
+    ended it where it ended anyway; a stop before recorded calls cut them off."""
+    at_end = traj("end", [lookup("1"), step(None, [("hand_off", {})], ["done"]), step("Bye.")])
+    early = traj("early", [step(None, [("hand_off", {})], ["done"]), lookup("1"),
+                           step("Bye.")])
+    dep = probe_deployment()
+    results = [replay_trajectory(dep, at_end), replay_trajectory(dep, early)]
+    assert [r.stop["step"] if r.stop else None for r in results] == [2, 1]
+    assert [r.calls_cut for r in results] == [0, 1]
+    s = summarize(results)
+    assert s["successful"] == 2
+    assert s["successful_stopped_early"] == 1
+    assert s["successful_stopped_at_end"] == 1
+    assert s["early_stops_of_successful_by_reason"] == {"probe_hand_off": 1}
+
+
+def test_summary_counts_step_cap_and_answerless_runs(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    dep = probe_deployment(stop_before_call=3)
+    capped = traj("capped", [lookup(str(i)) for i in range(6)], success=False, answer=False,
+                  termination="max_steps")
+    short_fail = traj("short", [lookup("1"), step("I give up.")], success=False, answer=False,
+                      termination="agent_error")
+    ok = traj("ok", [lookup("1"), step("Fine.")])
+    s = summarize([replay_trajectory(dep, t) for t in (capped, short_fail, ok)])
+    assert s["step_cap_runs"] == 1 and s["step_cap_runs_stopped"] == 1
+    assert s["step_cap_runs_stopped_pct"] == 100.0
+    assert s["runs_without_answer"] == 2 and s["runs_without_answer_stopped"] == 1
+    assert s["successful_stopped_early"] == 0
+    # the stop replaced step 3 with the wrap-up turn: steps 4..6 are saved
+    assert s["steps_saved"] == 3
+    assert s["recorded_tokens_saved"] == 3 * 110
+    assert s["stops_by_reason"] == {"probe_cap": 1}
+
+
+def test_corrupt_lines_are_counted_and_skipped(tmp_path: Path,
+                                               probe_deployment: Callable[..., Deployment],
+                                               ) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        traj("a", [lookup("1"), step("ok")]),
+        '{"id": "truncated", "steps": [',
+        '"not an object"',
+        '{"id": "no steps"}',
+        "",
+        traj("b", [lookup("2"), step("ok")]),
+    ])
+    results, bad = replay_file(probe_deployment(), path)
+    assert [r.id for r in results] == ["a", "b"]
+    assert bad == 3
+
+
+def test_the_shipped_guards_stop_an_obvious_loop_and_spare_a_healthy_run(
+    deployment_factory: Callable[..., Deployment], shipped_config: Config,
+) -> None:
+    same = "record 42: status pending"
+    loop = traj("loop", [lookup("42", same) for _ in range(30)], success=False,
+                answer=False, termination="max_steps")
+    healthy = traj("healthy", [lookup("1"), lookup("2"), lookup("3"), step("All fine.")])
+    dep = deployment_factory(replay_config(shipped_config))
+    r_loop, r_ok = replay_trajectory(dep, loop), replay_trajectory(dep, healthy)
+    assert r_loop.stop is not None and r_loop.stop["step"] <= 10
+    assert r_loop.first_warning is not None
+    assert r_loop.first_warning["step"] <= r_loop.stop["step"]
+    assert r_loop.tokens_after_stop == (30 - r_loop.stop["step"]) * 110
+    assert r_ok.stop is None
+
+
+def test_tool_natures_are_inferred_from_names() -> None:
+    assert infer_flags("get_order_details") == {
+        "read_only": True, "deterministic": True, "side_effect": False, "terminal": False}
+    assert infer_flags("check_network_status")["deterministic"] is False
+    assert infer_flags("check_network_status")["read_only"] is True
+    assert infer_flags("get_flight_status")["deterministic"] is False
+    assert infer_flags("get_data_usage")["deterministic"] is False
+    assert infer_flags("toggle_airplane_mode")["side_effect"] is False
+    assert infer_flags("book_reservation")["side_effect"] is True
+    assert infer_flags("transfer_to_human_agents")["terminal"] is True
+    assert infer_flags("think") == infer_flags("calculate")
+
+
+def test_declared_natures_override_the_inference(tmp_path: Path) -> None:
+    path = tmp_path / "tools.toml"
+    path.write_text('[tools.get_status]\ndeterministic = true\n[tools.send_note]\n'
+                    'side_effect = false\nread_only = true\n', encoding="utf-8")
+    flags = load_tool_flags(path)
+    t = recorded_tool("get_status", flags["get_status"])
+    assert t.read_only and t.deterministic
+    n = recorded_tool("send_note", flags["send_note"])
+    assert n.read_only and not n.side_effect
+    path.write_text("[tools.x]\nfast = true\n", encoding="utf-8")
+    from loopwarden.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tools\.x\.fast"):
+        load_tool_flags(path)
+
+
+def test_replay_counts_an_unpriced_recorded_model_as_free() -> None:
+    c = parse_config({"plugins": {"enabled": ["max_steps", "cost_budget"],
+                                  "cost_budget": {"unknown_model": "error"}}}, path="<t>")
+    assert replay_config(c).plugins.tables()["cost_budget"]["unknown_model"] == "free"
+    plain = parse_config({}, path="<t>")
+    assert replay_config(plain) is plain
+
+
+def test_replay_leaves_observers_out_unless_asked(shipped_config: Config) -> None:
+    names = {"logging", "metrics", "alerting"} & set(shipped_config.plugins.enabled)
+    assert names
+    assert names <= set(replay_config(shipped_config).plugins.blocked)
+    assert not names & set(replay_config(shipped_config, observers=True).plugins.blocked)
+
+
+def test_the_recorded_model_names_the_runs(probe_deployment: Callable[..., Deployment]) -> None:
+    t = traj("m", [lookup("1"), step("ok")])
+    t["meta"] = {"model": "gpt-4o"}
+    r = replay_trajectory(probe_deployment(), t)
+    assert r.model == "gpt-4o" and r.records[0]["model"] == "gpt-4o"
+
+
+def test_cli_replay_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        traj("a", [lookup("1"), step("ok")]),
+        "{corrupt",
+        traj("b", [lookup("x", "same") for _ in range(20)], success=False, answer=False,
+             termination="max_steps"),
+    ])
+    conf = tmp_path / "c.toml"
+    conf.write_text('[plugins.max_steps]\nmax_steps = 5\nwarn_remaining = 0\n',
+                    encoding="utf-8")
+    code = main(["replay", str(path), "--json", "--config", str(conf)])
+    out, err = capsys.readouterr()
+    assert code == 0
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [x["id"] for x in lines[:-1]] == ["a", "b"]
+    assert lines[1]["stop"]["reason"] == "max_steps" and lines[1]["stop"]["step"] == 5
+    summary = lines[-1]["summary"]
+    assert summary["unreadable_lines"] == 1 and summary["step_cap_runs_stopped"] == 1
+    assert "skipped 1 unreadable line" in err
+    code = main(["replay", str(path), "--summary", "--config", str(conf)])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "step_cap_runs_stopped_pct" in out and "steps  " not in out
+
+
+def test_cli_replay_missing_file_exits_2(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+    assert "file not found" in capsys.readouterr().err
+
+
+def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    """The same failing write in every run of a conversation: per-run detectors start afresh
+    each run and never see it; with their state carried over, the repeat is caught."""
+    fail = step(None, [("update_booking", {"id": "B1", "seats": 2})], ["Error: seats mismatch"],
+                errors=[True])
+    steps: list[dict[str, Any]] = []
+    for i in range(5):
+        steps += [fail, step(f"Sorry, that failed ({i}). Shall I try again?",
+                             user_reply="Yes, please try again.")]
+    t = traj("conv-loop", steps, success=False, answer=True, termination="max_steps")
+    config = parse_config({"plugins": {"enabled": ["max_steps", "repeat_call"]}}, path="<t>")
+    dep = deployment_factory(config)
+    assert replay_trajectory(dep, t).stop is None
+    r = replay_trajectory(dep, t, carry=["repeat_call"])
+    assert r.stop is not None and r.stop["reason"] == "repeat_call"
+    assert r.runs >= 2 and r.stop["step"] > 2
