@@ -262,6 +262,12 @@ def import_ms(repeat: int) -> float:
     return _subprocess_ms([sys.executable, "-c", code], repeat, inner=True)
 
 
+def _console_script() -> list[str]:
+    """The installed ``loopwarden`` command next to this interpreter, else ``python -m``."""
+    script = Path(sys.executable).parent / "loopwarden"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "loopwarden"]
+
+
 def startup_ms(repeat: int) -> dict[str, float]:
     """Median wall times of whole processes: python itself, ``loopwarden --help``, and
     ``import loopwarden`` plus what a first run needs (Deployment)."""
@@ -269,7 +275,7 @@ def startup_ms(repeat: int) -> dict[str, float]:
                   "print((time.perf_counter() - t) * 1000)")
     return {
         "python_startup_ms": _subprocess_ms([sys.executable, "-c", "pass"], repeat),
-        "help_ms": _subprocess_ms([sys.executable, "-m", "loopwarden", "--help"], repeat),
+        "help_ms": _subprocess_ms([*_console_script(), "--help"], repeat),
         "import_deployment_ms": _subprocess_ms([sys.executable, "-c", deployment], repeat,
                                                inner=True),
     }
