@@ -1,7 +1,8 @@
 """Many concurrent runs on one event loop: wall time against the ideal, CPU, memory per run.
 
 ``--runs`` (default 1,000) concurrent ``Deployment.arun()`` calls share one deployment built
-from the shipped config.toml (limits raised above the workload, as in ``overhead.py``).  Each
+from the shipped config.toml (limits raised above the workload, as in ``overhead.py``; with
+``--empty``, the essential max_steps only).  Each
 run plays ``--steps`` (default 5) model turns -- ``steps - 1`` tool calls to a trivial async
 tool, then the final answer -- against an async model that waits ``--latency-ms`` (default
 20 ms) per call, as a remote model would.
@@ -57,7 +58,7 @@ def deep_size(obj: Any, seen: set[int] | None = None) -> int:
     return size
 
 
-def make(latency: float) -> tuple[Any, Any]:
+def make(latency: float, empty: bool = False) -> tuple[Any, Any]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
     from loopwarden.events import ModelResponse, ProposedCall, Usage
@@ -94,7 +95,8 @@ def make(latency: float) -> tuple[Any, Any]:
 
     lookup.__doc__ = W.lookup.__doc__
     path = default_config_path()
-    config = parse_config(W.bench_config_data(load_toml(path)), path=str(path))
+    base = {"plugins": {"enabled": []}} if empty else load_toml(path)
+    config = parse_config(W.bench_config_data(base), path="<empty>" if empty else str(path))
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(lookup)])
     return Deployment(config, tools=tools), SlowModel
 
@@ -143,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None, help="concurrent runs (default 1000)")
     ap.add_argument("--steps", type=int, default=5, help="model turns per run (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="model latency per call")
+    ap.add_argument("--empty", action="store_true",
+                    help="no plugins but the essential max_steps, instead of the shipped config")
     args = ap.parse_args(argv)
     runs = args.runs or (20 if args.quick else 1000)
     steps = max(1, args.steps)
     latency = args.latency_ms / 1000
-    dep, model_cls = make(latency)
+    dep, model_cls = make(latency, empty=args.empty)
 
     asyncio.run(batch(dep, model_cls, min(runs, 20), steps))  # warm up
     gc.collect()
