@@ -24,6 +24,7 @@ and of ``loopwarden --help`` in fresh subprocesses.
     python bench/overhead.py            # a table
     python bench/overhead.py --json     # one JSON object
     python bench/overhead.py --quick    # 3 runs per size (a smoke test of the bench itself)
+    python bench/overhead.py --profile default --sizes 500 --runs 10   # where the time goes
 """
 
 from __future__ import annotations
@@ -281,6 +282,22 @@ def startup_ms(repeat: int) -> dict[str, float]:
     }
 
 
+def profile(fn: Callable[[int], str], n: int, runs: int) -> int:
+    """Where the time goes: cProfile over ``runs`` runs of N steps, by own time."""
+    import cProfile
+    import pstats
+
+    for _ in range(3):
+        fn(n)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(runs):
+        fn(n)
+    prof.disable()
+    pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(40)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -288,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="3 runs per size, few import timings: a smoke test of the bench")
     ap.add_argument("--runs", type=int, default=None, help="runs per size and variant (>= 30)")
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of N")
+    ap.add_argument("--profile", choices=VARIANTS, default=None,
+                    help="instead of timing: run this variant under cProfile (N = the last "
+                    "size) and print the 40 most expensive functions")
     args = ap.parse_args(argv)
     sizes = args.sizes or [10, 50, 500]
     runs = args.runs or (3 if args.quick else 31)
@@ -299,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     empty_fn, empty_plugins = make_loopwarden(shipped=False)
     fns = {"bare": bare_loop, "pluggy_floor": make_floor(), "empty": empty_fn,
            "default": default_fn, "default_ctx": ctx_fn}
+    if args.profile:
+        return profile(fns[args.profile], sizes[-1], runs)
     per_step: dict[str, dict[str, float]] = {}
     for n in sizes:
         per_step[str(n)] = measure(fns, n, runs, warmup=1 if args.quick else 3)
