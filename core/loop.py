@@ -123,8 +123,10 @@ class Engine:
     def _note(self, run: Run, hook: str, res: Resolution) -> None:
         """Record every verdict, keep every warning, queue warnings for the next request.
 
-        Callers skip it when ``res.verdicts`` is empty (the common case: one check, no call).
+        The machine skips the call when ``res.verdicts`` is empty (the common case).
         """
+        if not res.verdicts:
+            return
         for v in res.verdicts:
             entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
                                      "kind": v.kind}
