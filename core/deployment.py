@@ -16,12 +16,14 @@ on the :class:`~loopwarden.Run`.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from loopwarden import signals
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
 from loopwarden.exceptions import ConfigError, ToolError
@@ -143,6 +145,7 @@ class Deployment:
         else:
             self._tools = ToolRegistry(tools)
         self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
+        self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
         for lp in self.plugins:
             connect = getattr(lp.obj, "connect", None)
             if callable(connect):
@@ -181,20 +184,41 @@ class Deployment:
                       max_tokens=p.max_tokens, max_seconds=p.max_seconds)
 
     def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
-        """Subscribe ``receiver`` to ``signal`` for this deployment's runs only."""
+        """Subscribe ``receiver`` to ``signal`` for this deployment's runs only.
 
-        def filtered(sender: Any, **kwargs: Any) -> None:
-            if getattr(sender, "deployment", None) is self:
-                receiver(sender, **kwargs)
+        The deployment connects one blinker receiver per signal, which checks the run's
+        deployment once and fans out to its receivers (each isolated: a failing one is logged
+        once and never stops the others).  It holds the deployment weakly and disconnects
+        itself once the deployment is gone, so an unclosed deployment leaks nothing.
+        """
+        local = self._local_receivers.get(signal)
+        if local is None:
+            local = self._local_receivers[signal] = []
+            me = weakref.ref(self)
 
-        signal.connect(filtered, weak=False)
-        self._receivers.append((signal, filtered))
+            def fanout(sender: Any, **kwargs: Any) -> None:
+                dep = me()
+                if dep is None:
+                    signal.disconnect(fanout)
+                    return
+                if getattr(sender, "deployment", None) is not dep:
+                    return
+                for rec in dep._local_receivers.get(signal, ()):
+                    try:
+                        rec(sender, **kwargs)
+                    except Exception:
+                        signals.receiver_failed(signal, rec)
+
+            signal.connect(fanout, weak=False)
+            self._receivers.append((signal, fanout))
+        local.append(receiver)
 
     def close(self) -> None:
         """Disconnect signal receivers and close plugins (files, threads)."""
         for signal, receiver in self._receivers:
             signal.disconnect(receiver)
         self._receivers.clear()
+        self._local_receivers.clear()
         for lp in self.plugins:
             close = getattr(lp.obj, "close", None)
             if callable(close):

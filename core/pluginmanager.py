@@ -30,7 +30,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType, TracebackType
@@ -42,7 +42,16 @@ from pydantic import BaseModel, ValidationError
 from loopwarden import hookspecs
 from loopwarden.config import Config, validation_error
 from loopwarden.exceptions import ConfigError, PluginLoadError
-from loopwarden.verdicts import EMPTY, Resolution, Skip, Stop, Verdict, Warn, resolve
+from loopwarden.verdicts import (
+    EMPTY,
+    UNKNOWN_PLUGIN,
+    Resolution,
+    Skip,
+    Stop,
+    Verdict,
+    Warn,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
@@ -414,9 +423,50 @@ def _qualname(obj: Any) -> str:
 # -- registering ---------------------------------------------------------------------------
 
 
-def new_plugin_manager() -> pluggy.PluginManager:
+class LoopwardenPluginManager(pluggy.PluginManager):
+    """pluggy's manager, telling the :class:`Hooks` facade when it must dispatch through pluggy.
+
+    The facade calls hook implementations directly on the hot path (see :class:`Hooks`); it
+    falls back to pluggy's own dispatch while anything monitors hook calls
+    (``add_hookcall_monitoring``, which tracing and the test kit's ``HookRecorder`` use) and
+    rebuilds its call plans after ``register``/``unregister``.
+    """
+
+    def __init__(self, project_name: str) -> None:
+        super().__init__(project_name)
+        self.monitors = 0
+        self.generation = 0
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        try:
+            return super().register(plugin, name)
+        finally:
+            self.generation += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self.generation += 1
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        undo_pluggy = super().add_hookcall_monitoring(before, after)
+        self.monitors += 1
+        undone = False
+
+        def undo() -> None:
+            nonlocal undone
+            undo_pluggy()
+            if not undone:
+                undone = True
+                self.monitors -= 1
+
+        return undo
+
+
+def new_plugin_manager() -> LoopwardenPluginManager:
     """A pluggy manager with loopwarden's hook specs (tracing with ``LOOPWARDEN_TRACE_PLUGINS``)."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm = LoopwardenPluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     if _env_flag(ENV_TRACE):
         pm.trace.root.setwriter(_trace_writer)
@@ -581,12 +631,33 @@ def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]
     return owners
 
 
+#: the arguments each decision hook passes, in order
+_HOOK_ARGS: dict[str, tuple[str, ...]] = {
+    "on_start": ("run",),
+    "before_model": ("run", "request"),
+    "after_response": ("run", "response"),
+    "before_tool": ("run", "call"),
+    "after_tool": ("run", "call", "result"),
+}
+
+#: one implementation in a call plan: plugin name, function, argument positions (None: all)
+_Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None"]
+
+
 class Hooks:
     """The typed facade the loop calls hooks through.
 
     Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`.  A plugin that
     raises is blamed by name and turned into a hard ``plugin_error`` stop (fail closed).
     ``on_stop`` runs every implementation even when one raises.
+
+    Dispatch: pluggy decides *what* is called and in which order (registration, validation,
+    ``tryfirst``/``trylast``); the facade then calls the implementations in exactly that order
+    from a call plan read off ``get_hookimpls()``, with positional arguments -- no keyword
+    dictionary and no generic multicall per event.  It uses pluggy's own dispatch instead
+    whenever a hook has wrappers or while anything monitors hook calls (tracing,
+    ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
+    plugins are registered or unregistered.
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
@@ -600,6 +671,51 @@ class Hooks:
         self._after_tool = h.after_tool
         self._on_stop = h.on_stop
         self._owners = _impl_owner_map(pm)
+        self._plans: dict[str, tuple[_Step, ...] | None] = {}
+        self._generation = -1
+        self._build_plans()
+
+    # -- direct dispatch -------------------------------------------------------------------
+
+    def _build_plans(self) -> None:
+        pm = self._pm
+        plans: dict[str, tuple[_Step, ...] | None] = {}
+        for hook, full in _HOOK_ARGS.items():
+            impls = getattr(pm.hook, hook).get_hookimpls()
+            if any(i.hookwrapper or i.wrapper for i in impls):
+                plans[hook] = None  # wrappers need pluggy's multicall
+                continue
+            plan: list[_Step] = []
+            for impl in reversed(impls):  # pluggy calls the last registered first
+                idx = tuple(full.index(a) for a in impl.argnames)
+                plan.append((impl.plugin_name, impl.function,
+                             None if idx == tuple(range(len(full))) else idx))
+            plans[hook] = tuple(plan)
+        self._plans = plans
+        self._generation = getattr(pm, "generation", 0)
+        self._owners = _impl_owner_map(pm)
+
+    def _plan(self, hook: str) -> tuple[_Step, ...] | None:
+        """The direct call plan for ``hook``, or None when pluggy must dispatch."""
+        pm = self._pm
+        if getattr(pm, "monitors", 1):  # a plain pluggy manager: always pluggy
+            return None
+        if pm.generation != self._generation:  # type: ignore[attr-defined]
+            self._build_plans()
+        return self._plans.get(hook)
+
+    def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
+        results: list[Any] = []
+        for name, fn, idx in plan:
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name)
+            if r is not None:
+                if not isinstance(r, (Warn, Skip, Stop)):
+                    return self._not_a_verdict(hook, r, plugin=name)
+                results.append(r)
+        return resolve(results) if results else EMPTY
 
     def _blame(self, exc: BaseException) -> str:
         """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""
@@ -617,8 +733,8 @@ class Hooks:
             tb = tb.tb_next
         return "<unknown>"
 
-    def _failed(self, hook: str, exc: Exception) -> Resolution:
-        plugin = self._blame(exc)
+    def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
+        plugin = plugin or self._blame(exc)
         log.error("plugin %r failed in %s: %r", plugin, hook, exc, exc_info=exc)
         verdict = Stop(
             reason="plugin_error",
@@ -629,33 +745,48 @@ class Hooks:
         )
         return Resolution(verdict, (), (verdict,))
 
+    @staticmethod
+    def _not_a_verdict(hook: str, returned: Any, plugin: str | None = None) -> Resolution:
+        who = f"plugin {plugin!r}" if plugin else f"a {hook} implementation"
+        verdict = Stop(
+            reason="plugin_error",
+            plugin=plugin or UNKNOWN_PLUGIN,
+            soft=False,
+            message=f"{who} returned {returned!r} from {hook}, not a verdict",
+            evidence={"hook": hook, "returned": repr(returned)},
+        )
+        return Resolution(verdict, (), (verdict,))
+
     def _resolve(self, hook: str, results: list[Any]) -> Resolution:
         if not results:
             return EMPTY
         for r in results:
             if not isinstance(r, (Warn, Skip, Stop)):
-                verdict = Stop(
-                    reason="plugin_error",
-                    soft=False,
-                    message=f"a {hook} implementation returned {r!r}, not a verdict",
-                    evidence={"hook": hook, "returned": repr(r)},
-                )
-                return Resolution(verdict, (), (verdict,))
+                return self._not_a_verdict(hook, r)
         return resolve(results)
 
     def on_start(self, run: Run) -> Resolution:
+        plan = self._plan("on_start")
+        if plan is not None:
+            return self._direct("on_start", plan, (run,))
         try:
             return self._resolve("on_start", self._on_start(run=run))
         except Exception as exc:
             return self._failed("on_start", exc)
 
     def before_model(self, run: Run, request: ModelRequest) -> Resolution:
+        plan = self._plan("before_model")
+        if plan is not None:
+            return self._direct("before_model", plan, (run, request))
         try:
             return self._resolve("before_model", self._before_model(run=run, request=request))
         except Exception as exc:
             return self._failed("before_model", exc)
 
     def after_response(self, run: Run, response: ModelResponse) -> Resolution:
+        plan = self._plan("after_response")
+        if plan is not None:
+            return self._direct("after_response", plan, (run, response))
         try:
             return self._resolve(
                 "after_response", self._after_response(run=run, response=response)
@@ -664,12 +795,18 @@ class Hooks:
             return self._failed("after_response", exc)
 
     def before_tool(self, run: Run, call: ToolCall) -> Resolution:
+        plan = self._plan("before_tool")
+        if plan is not None:
+            return self._direct("before_tool", plan, (run, call))
         try:
             return self._resolve("before_tool", self._before_tool(run=run, call=call))
         except Exception as exc:
             return self._failed("before_tool", exc)
 
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Resolution:
+        plan = self._plan("after_tool")
+        if plan is not None:
+            return self._direct("after_tool", plan, (run, call, result))
         try:
             return self._resolve(
                 "after_tool", self._after_tool(run=run, call=call, result=result)

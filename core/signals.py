@@ -65,9 +65,12 @@ def send(signal: NamedSignal, sender: Any, **kwargs: Any) -> None:
         try:
             receiver(sender, **kwargs)
         except Exception:
-            key = (signal.name, id(receiver))
-            if key not in _reported:
-                _reported.add(key)
-                log.exception(
-                    "signal %s: receiver %r failed (reported once)", signal.name, receiver
-                )
+            receiver_failed(signal, receiver)
+
+
+def receiver_failed(signal: NamedSignal, receiver: Any) -> None:
+    """Log a receiver's exception (call from an ``except`` block), once per receiver."""
+    key = (signal.name, id(receiver))
+    if key not in _reported:
+        _reported.add(key)
+        log.exception("signal %s: receiver %r failed (reported once)", signal.name, receiver)

@@ -9,7 +9,7 @@ import pytest
 from builders import call, script
 
 from loopwarden import Deployment, Plugin, hookimpl, signals
-from loopwarden.config import parse_config
+from loopwarden.config import default_config_path, load_config, parse_config
 
 
 class Nag(Plugin):
@@ -76,3 +76,36 @@ def test_deployment_connect_only_sees_its_own_runs() -> None:
         a.close()
     a.run("after close", model=script({"content": "x"}))
     assert got == ["from a"]
+
+
+def test_one_failing_observer_does_not_starve_the_next() -> None:
+    dep = Deployment(parse_config({}))
+    got: list[str] = []
+
+    def broken(sender: Any, **kw: Any) -> None:
+        raise RuntimeError("sink down")
+
+    dep.connect(signals.run_stopped, broken)
+    dep.connect(signals.run_stopped, lambda sender, **kw: got.append(kw["outcome"].termination))
+    try:
+        dep.run("q", model=script({"content": "x"}))
+    finally:
+        dep.close()
+    assert got == ["final_answer"]
+
+
+def test_an_unclosed_deployment_is_collected_and_its_receivers_go_with_it() -> None:
+    import gc
+    import weakref
+
+    before = len(signals.run_stopped.receivers)
+    dep = Deployment(load_config(default_config_path()))  # with its observer plugins
+    dep.connect(signals.run_stopped, lambda sender, **kw: None)
+    assert len(signals.run_stopped.receivers) == before + 1
+    ref = weakref.ref(dep)
+    del dep
+    gc.collect()
+    assert ref() is None
+    other = Deployment(parse_config({}))
+    other.run("q", model=script({"content": "x"}))  # the orphaned receiver removes itself
+    assert len(signals.run_stopped.receivers) == before
