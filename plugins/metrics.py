@@ -155,6 +155,7 @@ class MetricsRegistry:
 
     def __init__(self, defs: Iterable[_Def]) -> None:
         self.defs = {d.name: d for d in defs}
+        self._label_sets = {name: frozenset(d.labels) for name, d in self.defs.items()}
         self._counters: dict[str, dict[tuple[str, ...], float]] = {}
         self._hists: dict[str, dict[tuple[str, ...], list[Any]]] = {}
         self._lock = threading.Lock()
@@ -166,7 +167,7 @@ class MetricsRegistry:
 
     def _key(self, name: str, labels: Mapping[str, Any]) -> tuple[str, ...]:
         d = self.defs[name]
-        if set(labels) != set(d.labels):
+        if labels.keys() != self._label_sets[name]:
             raise KeyError(f"{name} takes labels {list(d.labels)}, got {sorted(labels)}")
         return tuple(str(labels[k]) for k in d.labels)
 
