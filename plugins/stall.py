@@ -7,6 +7,12 @@ adds one to ``run.stall_rounds``; a novel result resets the streak.  ``warn_afte
 results in a row warn; ``stop_after`` in a row stop the run with ``stall``.  This catches an
 agent that explores "different" searches that all return the same nothing.
 
+The same answer to a *different* question is news, not a stall: four products each "in
+stock", five flights each "available" -- checking several items one by one is healthy.  So a
+result that repeats the result of a different call (another fingerprint) only counts when it
+says nothing: a failure, or text matching ``empty_patterns`` (no results, not found, an empty
+list).  ``different_calls = "any"`` counts every repeat, the strictest reading.
+
 A successful call of a tool not declared ``read_only`` (a side effect) changed the world: that
 is progress however much its confirmation resembles the last one (updating three reservations
 echoes three near-identical reservation records), so it resets the streak.
@@ -16,11 +22,12 @@ State per run is bounded: ``window`` (digest, token set) pairs and a counter.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.plugins._text import token_set
@@ -51,6 +58,21 @@ class StallSettings(PluginSettings):
         description="stop softly (one last tool-less turn to answer from what is known); "
         "false stops at once with the best-effort answer",
     )
+    different_calls: Literal["empty_only", "any"] = Field(
+        default="empty_only",
+        description="a result repeating the result of a different call counts as stalled only "
+        "when it is empty-like (a failure, or matching empty_patterns): the same answer to "
+        "another question is news; \"any\" counts it always",
+    )
+    empty_patterns: list[str] = Field(
+        default_factory=lambda: [
+            r"\bNO_?RESULTS?\b", r"\bNOT_?FOUND\b", r"\bno (results?|matches|records?)\b",
+            r"\bnothing (was )?found\b", r"^\s*(\[\s*\]|\{\s*\}|null|none|n/a)?\s*$",
+            "没有(匹配|找到|相关|结果|记录)", "未找到", "无(结果|记录|匹配)", "查无",
+        ],
+        description="regular expressions (searched case-insensitively in the first max_chars "
+        "characters) that mark a result as saying nothing",
+    )
     max_chars: int = Field(
         default=4000, ge=1, description="only this many characters of a result are compared"
     )
@@ -64,6 +86,16 @@ class StallSettings(PluginSettings):
         description="why the run stops, put before the wrap-up instruction of a soft stop "
         "({count}, {tool})",
     )
+
+    @field_validator("empty_patterns")
+    @classmethod
+    def _compile(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"bad regular expression {p!r}: {exc}") from None
+        return patterns
 
     @model_validator(mode="after")
     def _check(self) -> StallSettings:
@@ -81,7 +113,7 @@ class StallSettings(PluginSettings):
 
 @dataclass(slots=True)
 class _State:
-    recent: deque[tuple[str, frozenset[str]]]
+    recent: deque[tuple[str, frozenset[str], str]]  # (digest, token set, call fingerprint)
     streak: int = 0
 
 
@@ -90,6 +122,18 @@ class Stall(Plugin[StallSettings]):
 
     name = "stall"
     Settings = StallSettings
+
+    def __init__(self, settings: StallSettings | None = None) -> None:
+        super().__init__(settings)
+        patterns = self.settings.empty_patterns
+        self._empty = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) \
+            if patterns else None
+
+    def _says_nothing(self, result: ToolResult) -> bool:
+        if not result.ok:
+            return True
+        return self._empty is not None and bool(
+            self._empty.search(result.content[: self.settings.max_chars]))
 
     def new_state(self) -> _State:
         return _State(recent=deque(maxlen=self.settings.window))
@@ -103,10 +147,15 @@ class Stall(Plugin[StallSettings]):
         digest = result.digest
         tokens = token_set(result.content, s.max_chars)
         changed_world = result.ok and call.tool is not None and not call.read_only
+        fp = call.fingerprint
+        # A repeat of another call's result counts only when the result says nothing.
+        any_call = s.different_calls == "any" or self._says_nothing(result)
         best = 0.0  # the highest similarity -- exact whenever it reaches the threshold
         if not changed_world:  # (a side effect is progress: nothing to compare)
             n, threshold = len(tokens), s.similarity
-            for d, t in st.recent:
+            for d, t, f in st.recent:
+                if f != fp and not any_call:
+                    continue
                 if d == digest:
                     best = 1.0
                     break
@@ -123,7 +172,7 @@ class Stall(Plugin[StallSettings]):
                     if best >= 1.0:
                         break
         stalled = bool(st.recent) and best >= s.similarity and not changed_world
-        st.recent.append((digest, tokens))
+        st.recent.append((digest, tokens, fp))
         if not stalled:
             st.streak = 0
             return None

@@ -9,6 +9,7 @@ import pytest
 from detector_helpers import Feed, fail, kinds, ok, skipped
 from pydantic import ValidationError
 
+from loopwarden import ToolResult
 from loopwarden.plugins.stall import Stall, StallSettings
 from loopwarden.verdicts import Stop, Warn
 
@@ -49,7 +50,7 @@ def test_stop_after_boundaries(n: int) -> None:
 
 
 def test_a_novel_result_resets_the_streak() -> None:
-    f = feed()
+    f = feed(different_calls="any")
     got = observe(f, "a", "a", "b", "a", "fresh news", "a", "a")
     # 'a' matches one of the last K results, 'b' and 'fresh news' are new
     assert got == [None, None, None, None, None, None, "warn"]
@@ -59,10 +60,10 @@ def test_near_duplicates_count_english() -> None:
     base = " ".join(f"item{i}" for i in range(10))
     near = base + " trace"  # Jaccard 10/11 = 0.909
     far = " ".join(f"item{i}" for i in range(8)) + " other1 other2"  # 8/12
-    f = feed()
+    f = feed(different_calls="any")
     assert observe(f, base, near) == [None, None]
     assert f.run.stall_rounds == 1
-    f2 = feed()
+    f2 = feed(different_calls="any")
     assert observe(f2, base, far) == [None, None]
     assert f2.run.stall_rounds == 0
 
@@ -71,7 +72,7 @@ def test_near_duplicates_count_cjk() -> None:
     a = "订单八八二三一已签收签收人本人快递员王师傅"
     b = a + "。"  # punctuation only: the same character set
     c = "订单八八二三二运输中到达杭州转运中心"
-    f = feed()
+    f = feed(different_calls="any")
     observe(f, a, b, c)
     assert f.run.stall_rounds == 1
 
@@ -142,3 +143,58 @@ def test_a_successful_side_effect_is_progress_however_similar_its_echo() -> None
     got = [kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
            for _ in range(4)]
     assert got == [None, None, "warn", "stop:stall"]
+
+
+# -- the same answer to a different question is news ------------------------------------------
+
+
+def observe_calls(f: Feed, *pairs: tuple[dict[str, Any], Any]) -> list[str | None]:
+    out = []
+    for args, r in pairs:
+        c = f.call("lookup", args)
+        out.append(kinds([f.after(c, r if not isinstance(r, str) else ok(r))])[0])
+    return out
+
+
+def test_the_same_answer_to_different_questions_is_not_a_stall() -> None:
+    f = feed()
+    got = observe_calls(f, *[({"sku": s}, "in stock") for s in ("A", "B", "C", "D", "E")])
+    assert got == [None] * 5 and f.run.stall_rounds == 0
+    f = feed()  # Chinese too
+    got = observe_calls(f, *[({"order_id": o}, "已签收") for o in ("1", "2", "3", "4")])
+    assert got == [None] * 4 and f.run.stall_rounds == 0
+
+
+def test_empty_answers_to_different_questions_are_a_stall() -> None:
+    for empty in (NOTHING, "[]", "No results for this query.", "未找到相关条目", "NOT_FOUND"):
+        f = feed()
+        got = observe_calls(f, *[({"q": q}, empty) for q in ("a", "b", "c", "d")])
+        assert got == [None, None, "warn", "stop:stall"], empty
+
+
+def test_failures_to_different_questions_are_a_stall() -> None:
+    f = feed()
+    bad = ToolResult(content="upstream said 503", ok=False, error="tool_error")
+    got = observe_calls(f, *[({"q": q}, bad) for q in ("a", "b", "c", "d")])
+    assert got == [None, None, "warn", "stop:stall"]
+
+
+def test_the_same_call_with_the_same_answer_is_a_stall() -> None:
+    f = feed()
+    got = observe_calls(f, *[({"sku": "A"}, "in stock")] * 4)
+    assert got == [None, None, "warn", "stop:stall"]
+
+
+def test_any_counts_every_repeat_the_strict_reading() -> None:
+    f = feed(different_calls="any")
+    got = observe_calls(f, *[({"sku": s}, "in stock") for s in ("A", "B", "C", "D")])
+    assert got == [None, None, "warn", "stop:stall"]
+
+
+def test_empty_patterns_are_validated_and_configurable() -> None:
+    f = feed(empty_patterns=[r"^sold out$"])
+    got = observe_calls(f, *[({"sku": s}, "sold out") for s in ("A", "B", "C", "D")])
+    assert got == [None, None, "warn", "stop:stall"]
+    f = feed(empty_patterns=[])
+    got = observe_calls(f, *[({"q": q}, NOTHING) for q in ("a", "b", "c", "d")])
+    assert got == [None] * 4
