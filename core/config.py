@@ -100,6 +100,15 @@ class Texts(_Strict):
         "{name} was already executed with these arguments in this run and was not executed "
         "again. Its earlier result: {content}"
     )
+    side_effect_failed: str = (
+        "{name} already failed with these arguments in this run and was not executed again: "
+        "{content}"
+    )
+    side_effect_unknown: str = (
+        "{name} was already started with these arguments in this run and did not report back "
+        "in time; it may have taken effect, so it was not executed again. Check its effect "
+        "with a read-only tool before asking for it again. ({content})"
+    )
     best_effort: str = "Here is the last information I found: {observation}"
 
     @model_validator(mode="after")

@@ -406,20 +406,20 @@ class Engine:
                                         skipped_by=skip.plugin)
                 elif call.error is not None or call.tool is None or call.arguments is None:
                     result = self._invalid_result(run, call)
-                elif call.idempotency_key is not None and call.idempotency_key in ledger:
-                    earlier = ledger[call.idempotency_key]
-                    result = ToolResult(
-                        content=self.texts.side_effect_replayed.format(
-                            name=call.name, content=earlier.content),
-                        ok=earlier.ok, skipped=True, skipped_by=CORE, value=earlier.value,
-                    )
+                elif (call.idempotency_key is not None
+                      and (earlier := ledger.get(call.idempotency_key)) is not None
+                      and not earlier.retryable):
+                    result = self._side_effect_replay(call, earlier)
                 else:
                     ctx = ToolContext(run.run_id, run.clock, run.cancel)
                     if call.timeout is not None:
                         ctx.deadline = run.clock.now() + call.timeout
                     result = yield RunTool(call, call.tool, call.arguments, ctx)
                     run.tools_executed += 1
-                    if call.idempotency_key is not None and result.ok:
+                    if call.idempotency_key is not None:
+                        # Every executed side effect is remembered, whatever its outcome; only a
+                        # failure that stays retryable (after_tool plugins may spend a retry
+                        # budget and clear the flag on this very object) runs again.
                         ledger[call.idempotency_key] = result
                 result.content = self._clip(result.content)
                 run.add_message({"role": "tool", "tool_call_id": call.id,
@@ -452,10 +452,24 @@ class Engine:
         return ToolResult(content=_to_text(value), duration_s=now - started, value=value)
 
     def timeout_result(self, call: ToolCall, elapsed: float) -> ToolResult:
+        # An abandoned side effect may still complete: its outcome is unknown, so it is never
+        # retried automatically.
         return ToolResult(
             content=self.texts.tool_timeout.format(name=call.name, seconds=call.timeout or elapsed),
-            ok=False, error="timeout", retryable=True, duration_s=elapsed,
+            ok=False, error="timeout", retryable=not call.side_effect, duration_s=elapsed,
         )
+
+    def _side_effect_replay(self, call: ToolCall, earlier: ToolResult) -> ToolResult:
+        """The synthetic observation for a side effect already executed with this key."""
+        t = self.texts
+        if earlier.ok:
+            text = t.side_effect_replayed.format(name=call.name, content=earlier.content)
+        elif earlier.error in ("timeout", "cancelled"):
+            text = t.side_effect_unknown.format(name=call.name, content=earlier.content)
+        else:
+            text = t.side_effect_failed.format(name=call.name, content=earlier.content)
+        return ToolResult(content=text, ok=earlier.ok, error=earlier.error, skipped=True,
+                          skipped_by=CORE, value=earlier.value)
 
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call

@@ -25,7 +25,7 @@ from loopwarden import (
     warn,
 )
 from loopwarden.config import parse_config
-from loopwarden.tools import ToolRegistry, tool
+from loopwarden.tools import ToolContext, ToolRegistry, tool
 from loopwarden.verdicts import Skip, Stop, Warn, resolve
 
 # -- a tiny tool set -----------------------------------------------------------------------
@@ -550,3 +550,81 @@ def test_two_concurrent_async_runs_share_a_deployment_not_state() -> None:
     assert r1.record()["evidence"] == {"n": 3} and r1.step == 3
     assert r2.record()["evidence"] == {"n": 5} and r2.step == 5
     assert r1.state["counter"] is not r2.state["counter"]
+
+
+# -- side effects: at most once per idempotency key, whatever happened -------------------------
+
+CHARGES: list[str] = []
+
+
+@tool(side_effect=True, idempotency_keys=("order_id",))
+def charge_slow(order_id: str, ctx: ToolContext) -> str:
+    """Charges, slowly (cooperative: sleeps on the run's clock)."""
+    CHARGES.append(order_id)
+    ctx.sleep(5.0)
+    return f"charged {order_id}"
+
+
+@tool(side_effect=True, idempotency_keys=("order_id",))
+def charge_flaky(order_id: str) -> str:
+    """Always answers 503 (retryable)."""
+    CHARGES.append(order_id)
+    raise ToolError("503 upstream unavailable", retryable=True)
+
+
+@tool(side_effect=True, idempotency_keys=("order_id",))
+def charge_refused(order_id: str) -> str:
+    """Always refuses (not retryable)."""
+    CHARGES.append(order_id)
+    raise ToolError("DECLINED: card expired")
+
+
+class SetTimeout(Plugin):
+    @hookimpl
+    def before_tool(self, call: Any) -> None:
+        call.timeout = 1.0
+
+
+def charging(name: str) -> Any:
+    return script({"tool_calls": [call(name, order_id="A1")]}, then="repeat_last")
+
+
+@pytest.fixture
+def charges() -> list[str]:
+    CHARGES.clear()
+    return CHARGES
+
+
+def side_effect_deployment(plugins: dict[str, Any] | None = None, **tables: Any) -> Deployment:
+    cfg = parse_config({"plugins": {"max_steps": {"max_steps": 6}, **tables}}, path="<t>")
+    return Deployment(cfg, tools=ToolRegistry([charge_slow, charge_flaky, charge_refused]),
+                      plugins=plugins or {})
+
+
+def test_a_timed_out_side_effect_is_never_run_again(charges: list[str]) -> None:
+    dep = side_effect_deployment({"t": SetTimeout()})
+    run = dep.run("q", model=charging("charge_slow"), clock=FakeClock())
+    assert charges == ["A1"]
+    outs = [m["content"] for m in run.messages if m["role"] == "tool"]
+    assert outs[0].startswith("ERROR: TIMEOUT")
+    assert all("may have taken effect" in o for o in outs[1:]) and len(outs) >= 3
+
+
+def test_a_declined_side_effect_is_not_run_again(charges: list[str]) -> None:
+    run = side_effect_deployment().run("q", model=charging("charge_refused"))
+    assert charges == ["A1"]
+    outs = [m["content"] for m in run.messages if m["role"] == "tool"]
+    assert "already failed" in outs[1] and "DECLINED" in outs[1]
+
+
+def test_a_retryable_side_effect_runs_again_only_within_the_retry_budget(
+    charges: list[str],
+) -> None:
+    cfg = parse_config({"plugins": {"enabled": ["retry_policy"], "max_steps": {"max_steps": 8},
+                                    "retry_policy": {"max_retries": 1, "backoff_s": 0.0}}},
+                       path="<t>")
+    dep = Deployment(cfg, tools=ToolRegistry([charge_flaky]))
+    run = dep.run("q", model=charging("charge_flaky"), clock=FakeClock())
+    assert charges == ["A1", "A1"]  # the call and one retry, never a third charge
+    outs = [m["content"] for m in run.messages if m["role"] == "tool"]
+    assert "already failed" in outs[2]
