@@ -269,6 +269,21 @@ class Engine:
             message=stop.message,
         )
 
+    def _vetoed(self, run: Run, stop: Stop) -> RunOutcome:
+        evidence = dict(stop.evidence)
+        if run.stopping is not None:
+            evidence.setdefault("after_stop", run.stopping.reason)
+        return RunOutcome(
+            termination=stop.reason,
+            soft=False,
+            stopped_by=stop.plugin,
+            evidence=evidence,
+            final_answer=stop.answer if stop.answer is not None
+            else self.settings.fallback_answer,
+            final_answer_present=stop.answer is not None,
+            message=stop.message,
+        )
+
     def _soft_end(self, run: Run, response: ModelResponse) -> RunOutcome:
         stop: Stop = run.stopping
         content = (response.content or "").strip()
@@ -367,6 +382,10 @@ class Engine:
             res = hooks.after_response(run, response)
             if res.verdicts:
                 self._note(run, "after_response", res)
+            if (final or not calls) and res.stop is not None and not res.stop.soft:
+                # A hard stop on an answer is a veto (an output guard, or a guard that failed
+                # and fails closed): the model's text is withheld.
+                return self._vetoed(run, res.stop)
             if final:
                 return self._soft_end(run, response)
             if not calls:

@@ -163,6 +163,7 @@ class Run:
             "profile": self.limits.name,
             "model": self.model_name,
             "errors": list(self.errors),
+            "verdicts": list(self.verdicts),
         }
 
     def trajectory(self) -> list[dict[str, Any]]:

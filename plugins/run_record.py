@@ -13,9 +13,8 @@ Optional additions (DESIGN's fields are never changed, only added to):
                           observations), in the trajectory-file format
 ``steps_detail = true``   per model call: ``steps_detail`` [{``step``, ``prompt``,
                           ``completion``, ``total``, ``context_tokens``, ``tool_calls``,
-                          ``final``}] and every verdict as ``verdicts`` [{``step``, ``hook``,
-                          ``plugin``, ``kind``, ``reason``, ``soft``}] -- what
-                          ``loopwarden report --plot`` draws
+                          ``final``}] -- what ``loopwarden report --plot`` draws, with the
+                          record's ``verdicts``
 
 Secrets in tool arguments, observations and evidence are masked (``redact_keys``).  The file
 defaults to ``runs.jsonl`` in loopwarden's data directory (``LOOPWARDEN_DATA_DIR``), never the
@@ -64,8 +63,7 @@ class RunRecordSettings(PluginSettings):
     trajectory: bool = Field(default=False, description="add the run's full trajectory")
     steps_detail: bool = Field(
         default=False,
-        description="add per-step tokens (steps_detail) and every verdict (verdicts), for "
-        "`loopwarden report --plot`",
+        description="add per-step tokens (steps_detail), for `loopwarden report --plot`",
     )
     max_steps_detail: PositiveInt = Field(
         default=1000, description="per-step entries kept per run (the first ones)"
@@ -209,7 +207,6 @@ class RunRecord(Plugin[RunRecordSettings]):
         out = dict(record)
         if self.settings.steps_detail:
             out["steps_detail"] = list(self.state(run))
-            out["verdicts"] = [dict(v) for v in run.verdicts]
         if self.settings.trajectory:
             out["trajectory"] = run.trajectory()
         if self.redactor is not None:

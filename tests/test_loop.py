@@ -628,3 +628,61 @@ def test_a_retryable_side_effect_runs_again_only_within_the_retry_budget(
     assert charges == ["A1", "A1"]  # the call and one retry, never a third charge
     outs = [m["content"] for m in run.messages if m["role"] == "tool"]
     assert "already failed" in outs[2]
+
+
+class OutputGuard(Plugin):
+    """Vetoes answers that mention a forbidden word; raises on another."""
+
+    @hookimpl
+    def after_response(self, response: ModelResponse) -> Any:
+        text = response.content or ""
+        if response.tool_calls:
+            return None
+        if "secret" in text:
+            return self.stop("forbidden_content")
+        if "crash" in text:
+            raise RuntimeError("guard broke on the answer")
+        if "meh" in text:
+            return self.stop("ignored_soft", soft=True)
+        return None
+
+
+@pytest.mark.parametrize(("answer", "termination"), [
+    ("the secret is 42", "forbidden_content"),
+    ("this makes the guard crash", "plugin_error"),
+])
+def test_a_hard_stop_or_a_failing_guard_on_the_answer_withholds_it(
+    answer: str, termination: str
+) -> None:
+    model = script({"tool_calls": [call("lookup", key="a")]}, {"content": answer})
+    run = deployment({"guard": OutputGuard()}, fallback_answer="Sorry.").run("q", model=model)
+    rec = run.record()
+    assert (rec["termination"], rec["stopped_by"]) == (termination, "guard")
+    assert rec["final_answer"] == "Sorry." and rec["final_answer_present"] is False
+
+
+def test_a_soft_stop_on_the_answer_changes_nothing() -> None:
+    model = script({"content": "meh, fine"})
+    rec = deployment({"guard": OutputGuard()}).run("q", model=model).record()
+    assert rec["termination"] == "final_answer" and rec["final_answer"] == "meh, fine"
+
+
+def test_the_soft_stop_turns_answer_can_be_vetoed_too() -> None:
+    p = Emit("early", "after_tool", stop("tired", soft=True), at_step=1)
+    model = script({"tool_calls": [call("lookup", key="a")]}, then="repeat_last",
+                   final_text="the secret is out")
+    rec = deployment({"early": p, "guard": OutputGuard()}).run("q", model=model).record()
+    assert rec["termination"] == "forbidden_content"
+    assert rec["evidence"]["after_stop"] == "tired"
+
+
+def test_every_verdict_is_in_the_record_also_the_ones_that_lost() -> None:
+    loud = Emit("loud", "before_tool", stop("first", soft=True), at_step=1)
+    louder = Emit("louder", "before_tool", stop("second"), at_step=1)
+    quiet = Emit("quiet", "before_tool", skip("cached"), at_step=1)
+    rec = deployment({"loud": loud, "louder": louder, "quiet": quiet}).run(
+        "q", model=looping_model()).record()
+    assert rec["termination"] == "second"
+    assert [(v["plugin"], v["kind"], v.get("reason")) for v in rec["verdicts"]] == [
+        ("loud", "stop", "first"), ("louder", "stop", "second"), ("quiet", "skip", None)]
+    assert all(v["hook"] == "before_tool" and v["step"] == 1 for v in rec["verdicts"])

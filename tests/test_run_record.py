@@ -64,7 +64,7 @@ def test_trajectory_and_steps_detail_only_add_fields(
     (line,) = _lines(path)
     record = run.record()
     assert {k: line[k] for k in record} == record  # DESIGN's fields intact
-    assert set(line) - set(record) == {"trajectory", "steps_detail", "verdicts"}
+    assert set(line) - set(record) == {"trajectory", "steps_detail"}
     assert line["trajectory"] == run.trajectory()
     detail = line["steps_detail"]
     assert [d["step"] for d in detail] == list(range(1, record["steps"] + 1))
