@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from loopwarden import signals
-from loopwarden.events import ErrorKind, ModelRequest, ModelResponse, ToolCall, ToolResult
+from loopwarden.events import (
+    ErrorKind,
+    ModelRequest,
+    ModelResponse,
+    ProposedCall,
+    ToolCall,
+    ToolResult,
+)
 from loopwarden.exceptions import ModelError, ToolError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.run import Run, RunOutcome
@@ -184,10 +191,19 @@ class Engine:
             err: ErrorKind | None = None
             detail: str | None = None
             parsed: Any = None
-            try:
-                parsed = json.loads(pc.arguments) if pc.arguments.strip() else {}
-            except ValueError as exc:
-                err, detail = "malformed_arguments", str(exc)
+            raw: Any = pc.arguments
+            if isinstance(raw, dict):  # adapters that hand over parsed arguments
+                parsed, raw = raw, json.dumps(raw, ensure_ascii=False, default=str)
+            elif raw is None:  # some providers send null for a call without arguments
+                parsed, raw = {}, ""
+            elif not isinstance(raw, str):
+                raw = repr(raw)
+                err, detail = "malformed_arguments", "arguments are not JSON text"
+            else:
+                try:
+                    parsed = json.loads(raw) if raw.strip() else {}
+                except ValueError as exc:
+                    err, detail = "malformed_arguments", str(exc)
             if err is None and not isinstance(parsed, dict):
                 err, detail = "malformed_arguments", "arguments must be a JSON object"
             tool = run.tools.get(pc.name) if run.tools is not None else None
@@ -199,11 +215,11 @@ class Engine:
                     args = tool.validate(args)
                 except ValidationError as exc:
                     err, detail = "invalid_arguments", format_validation_error(exc)
-            fp_args: Any = args if args is not None else pc.arguments
+            fp_args: Any = args if args is not None else raw
             call = ToolCall(
                 name=pc.name,
                 arguments=args,
-                raw_arguments=pc.arguments,
+                raw_arguments=raw,
                 id=call_id,
                 step=run.step,
                 index=i,
@@ -349,6 +365,12 @@ class Engine:
                     final = True
             t0 = run.clock.now()
             response = yield CallModel(request)
+            if not isinstance(response, (ModelResponse, Failed)) or (
+                isinstance(response, ModelResponse) and not _well_formed(response)
+            ):
+                response = Failed(ModelError(
+                    f"the model returned {type(response).__name__} {response!r:.200}, "
+                    "not a well-formed ModelResponse", kind="malformed"))
             if isinstance(response, Failed):
                 err = response.error
                 evidence: dict[str, Any] = {"error": f"{type(err).__name__}: {err}"}
@@ -697,6 +719,16 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
 
     _WORKERS.submit(context, fn, args, name, finished, future.done)
     return future
+
+
+def _well_formed(response: ModelResponse) -> bool:
+    """Content is text or None, and every proposed call is a ProposedCall with a str name."""
+    if response.content is not None and not isinstance(response.content, str):
+        return False
+    calls = response.tool_calls
+    if not isinstance(calls, list):
+        return False
+    return all(isinstance(c, ProposedCall) and isinstance(c.name, str) for c in calls)
 
 
 def _internal_error(exc: BaseException) -> RunOutcome:

@@ -18,6 +18,7 @@ from loopwarden import (
     ModelResponse,
     Plugin,
     PluginLoadError,
+    ProposedCall,
     ToolError,
     hookimpl,
     skip,
@@ -686,3 +687,38 @@ def test_every_verdict_is_in_the_record_also_the_ones_that_lost() -> None:
     assert [(v["plugin"], v["kind"], v.get("reason")) for v in rec["verdicts"]] == [
         ("loud", "stop", "first"), ("louder", "stop", "second"), ("quiet", "skip", None)]
     assert all(v["hook"] == "before_tool" and v["step"] == 1 for v in rec["verdicts"])
+
+
+class RawModel:
+    """A model adapter that answers whatever it is given, then a proper final answer."""
+
+    name = "raw"
+
+    def __init__(self, first: Any) -> None:
+        self.first, self.calls = first, 0
+
+    def complete(self, request: ModelRequest) -> Any:
+        self.calls += 1
+        return self.first if self.calls == 1 else ModelResponse(content="done")
+
+
+@pytest.mark.parametrize("garbage", [
+    None, {"content": "hi"}, "just text", ModelResponse(content=42),  # type: ignore[arg-type]
+    ModelResponse(tool_calls=[{"name": "lookup"}]),  # type: ignore[list-item]
+])
+def test_a_malformed_model_response_is_a_model_error_not_an_exception(garbage: Any) -> None:
+    run = deployment().run("q", model=RawModel(garbage))
+    rec = run.record()
+    assert rec["termination"] == "model_error" and rec["evidence"]["kind"] == "malformed"
+
+
+@pytest.mark.parametrize(("arguments", "executed"), [
+    ({"key": "a"}, ["lookup:a"]),  # parsed arguments from an adapter
+    (None, []),  # null arguments: an empty object -> fails the schema, nothing runs
+    (42, []),  # not JSON text: malformed, nothing runs
+])
+def test_proposed_call_arguments_of_other_types(arguments: Any, executed: list[str]) -> None:
+    first = ModelResponse(tool_calls=[ProposedCall("lookup", arguments)])  # type: ignore[arg-type]
+    run = deployment().run("q", model=RawModel(first))
+    assert run.record()["termination"] == "final_answer"
+    assert executed == EXECUTED
