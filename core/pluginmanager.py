@@ -24,6 +24,7 @@ registered in reverse config order and the effective order of every hook is read
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -654,10 +655,13 @@ class Hooks:
     Dispatch: pluggy decides *what* is called and in which order (registration, validation,
     ``tryfirst``/``trylast``); the facade then calls the implementations in exactly that order
     from a call plan read off ``get_hookimpls()``, with positional arguments -- no keyword
-    dictionary and no generic multicall per event.  It uses pluggy's own dispatch instead
+    dictionary and no generic multicall per event -- and it attributes a verdict built
+    without ``plugin=`` (``loopwarden.warn(...)`` from a plain object) to the plugin that
+    returned it.  It uses pluggy's own dispatch instead
     whenever a hook has wrappers or while anything monitors hook calls (tracing,
     ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
-    plugins are registered or unregistered.
+    plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
+    that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
@@ -714,6 +718,8 @@ class Hooks:
             if r is not None:
                 if not isinstance(r, (Warn, Skip, Stop)):
                     return self._not_a_verdict(hook, r, plugin=name)
+                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
+                    r = dataclasses.replace(r, plugin=name)
                 results.append(r)
         return resolve(results) if results else EMPTY
 

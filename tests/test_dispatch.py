@@ -107,3 +107,15 @@ def test_an_exception_is_blamed_on_its_plugin_on_both_paths(hook: str) -> None:
         rec = run.record()
         assert (rec["termination"], rec["stopped_by"]) == ("plugin_error", "bad"), monitored
         assert rec["evidence"]["hook"] == hook
+
+
+def test_helpers_without_a_plugin_name_are_attributed_to_their_plugin() -> None:
+    from loopwarden import stop
+
+    class Plain:
+        @hookimpl
+        def after_tool(self) -> Any:
+            return stop("plain_stop")
+
+    rec = deployment(plain=Plain()).run("q", model=model()).record()
+    assert (rec["termination"], rec["stopped_by"]) == ("plain_stop", "plain")
