@@ -173,8 +173,19 @@ class Deployment:
         if self._model is None:
             from loopwarden.models import model_from_config
 
+            self.check_model(self.config.model.name)
             self._model = model_from_config(self.config.model)
         return self._model
+
+    def check_model(self, name: str) -> None:
+        """Let plugins refuse a model before any run (``check_model(name, path=...)``).
+
+        The cost budget raises :class:`ConfigError` for a model it has no price for.
+        """
+        for lp in self.plugins:
+            check = getattr(lp.obj, "check_model", None)
+            if callable(check):
+                check(name, path=self.config.path)
 
     def limits(self, profile: str | None = None) -> Limits:
         p = self.config.profile(profile)

@@ -8,9 +8,11 @@ record prints them).  Arithmetic is Decimal throughout: no float rounding in mon
 
 Fails closed: a run whose model has no price is refused in ``on_start`` -- before any model
 call, so nothing is spent -- with a hard ``max_cost`` stop (evidence ``rule =
-"unpriced_model"``), unless ``unknown_model = "free"``.  The check is per run, not at
-load time, because the model is a property of the run: a deployment serves scenario runs
-(the scripted model) and live runs, and a caller may pass any model to ``Deployment.run``.
+"unpriced_model"``), unless ``unknown_model = "free"``.  The check is per run because the
+model is a property of the run: a deployment serves scenario runs (the scripted model) and
+live runs, and a caller may pass any model to ``Deployment.run``.  The deployment's own
+configured model is checked earlier still, when it is built and by ``loopwarden config check``
+(:meth:`CostBudget.check_model`): an unpriced ``[model] name`` is a config error, exit 2.
 
 The ladder is the token budget's (see :mod:`loopwarden.plugins._budgets`): before each call the
 cost of this call (its prompt estimate, uncached, plus the reserved output) and of the next one
@@ -36,6 +38,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.exceptions import ConfigError
 from loopwarden.plugins._budgets import check_templates, ladder, percent
 
 __all__ = ["CostBudget", "CostBudgetSettings", "ModelPrice"]
@@ -175,6 +178,17 @@ class CostBudget(Plugin[CostBudgetSettings]):
             folded = model.casefold()
             found = next((p for name, p in prices.items() if name.casefold() == folded), None)
         return found
+
+    def check_model(self, model: str, *, path: str | None = None) -> None:
+        """Raise ConfigError when ``model`` has no price and unpriced models are refused."""
+        s = self.settings
+        if s.unknown_model == "error" and self.price_of(model) is None:
+            raise ConfigError(
+                f"no price for model {model!r} (priced: {', '.join(sorted(s.prices))}); add "
+                f'[plugins.cost_budget.prices] "{model}" = {{ input = ..., output = ... }} per '
+                'million tokens, or set unknown_model = "free"',
+                path=path, key="plugins.cost_budget.prices",
+            )
 
     @hookimpl
     def on_start(self, run: Run) -> Verdict | None:

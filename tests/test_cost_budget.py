@@ -9,6 +9,7 @@ import pytest
 from budget_helpers import call, config, make_run, request, response, scenario, turn
 
 from loopwarden import ConfigError, Deployment, ModelResponse, Stop, Warn, signals
+from loopwarden.config import parse_config
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, ModelPrice
@@ -210,3 +211,27 @@ def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
     assert [w["plugin"] for w in rec["warnings"]] == ["cost_budget"]
     assert rec["evidence"]["currency"] == "USD"
     assert rec["evidence"]["projected_with_next"] > 0.002
+
+
+def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from loopwarden.cli import main
+    from loopwarden.exceptions import ConfigError
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n',
+                   encoding="utf-8")
+    assert main(["config", "check", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "plugins.cost_budget.prices" in err and "qwen-plus" in err and str(cfg) in err
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert main(["run", "hello", "--config", str(cfg)]) == 2
+    assert "qwen-plus" in capsys.readouterr().err
+    # configured otherwise: free
+    cfg.write_text('[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n'
+                   '[plugins.cost_budget]\nunknown_model = "free"\n', encoding="utf-8")
+    assert main(["config", "check", str(cfg)]) == 0
+    with pytest.raises(ConfigError):
+        Deployment(parse_config({"model": {"name": "mystery"},
+                                 "plugins": {"enabled": ["cost_budget"]}})).check_model("mystery")

@@ -34,6 +34,11 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(args.file or args.config)
         plugins = load_plugins(config)
         check_tables(config)
+        if config.model.provider == "openai":  # the live model must be acceptable too
+            for lp in plugins:
+                check = getattr(lp.obj, "check_model", None)
+                if callable(check):
+                    check(config.model.name, path=config.path)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     from loopwarden.schema import config_schema
