@@ -343,10 +343,12 @@ def test_logger_must_live_under_loopwarden(
 
 def test_a_failing_log_handler_never_changes_the_run(
     make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
-    monkeypatch: pytest.MonkeyPatch, captured: Capture,
+    monkeypatch: pytest.MonkeyPatch, captured: Capture, tmp_path: Any,
 ) -> None:
     baseline = deployment_factory(make_config(plugins={"enabled": ["max_steps"]}),
                                   clock=FakeClock()).run(scenario="refund").record()
+    # a fresh shop: the same refund again would be answered as a duplicate
+    monkeypatch.setenv("LOOPWARDEN_DATA_DIR", str(tmp_path / "second"))
     dep = deployment_factory(_config(make_config), clock=FakeClock())
     plugin = dep.plugins.get("logging")
 

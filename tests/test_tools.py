@@ -132,3 +132,11 @@ def test_shop_tool_flags_are_the_contract(tmp_path: Path) -> None:
     assert flags["get_current_time"] == (True, False, False, False)
     assert flags["apply_refund"] == (False, False, True, False)
     assert flags["transfer_to_human"][2:] == (True, True)
+
+
+def test_a_reworded_reason_never_makes_a_second_refund(tmp_path: Path) -> None:
+    shop = Shop(tmp_path / "s.sqlite3")
+    first = shop.apply_refund("88231", "七天无理由退货")
+    again = shop.apply_refund("88231", "7天无理由退货")
+    assert again["refund_id"] == first["refund_id"] and again["duplicate"] is True
+    assert len(shop.refunds()) == 1

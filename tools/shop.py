@@ -2,8 +2,9 @@
 
 The database is created and seeded on first use at a path from config (``[shop] db_path``),
 by default in the user's data directory -- never inside the installed package.  A refund is a
-real row, unique per (order, reason): asking for the same refund twice returns the existing
-one and never writes a second row.
+real row that exists at most once per order: asking again -- with the same reason or a
+reworded one ("七天无理由退货" / "7天无理由退货") -- returns the existing refund and never writes
+a second row.
 
 Tools (names and arguments are a contract: scenario files rely on them)::
 
@@ -11,7 +12,7 @@ Tools (names and arguments are a contract: scenario files rely on them)::
     query_logistics(tracking_no)   read-only, deterministic
     search_knowledge(query)        read-only, deterministic
     get_current_time()             read-only, NOT deterministic
-    apply_refund(order_id, reason) side effect, idempotent per order and reason
+    apply_refund(order_id, reason) side effect: one refund per order, whatever the reason
     transfer_to_human(reason)      terminal: a successful hand-off ends the run
 """
 
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS knowledge (
 );
 CREATE TABLE IF NOT EXISTS refunds (
     refund_id TEXT PRIMARY KEY, order_id TEXT NOT NULL, reason TEXT NOT NULL,
-    amount_yuan INTEGER NOT NULL, created_at TEXT NOT NULL, UNIQUE (order_id, reason)
+    amount_yuan INTEGER NOT NULL, created_at TEXT NOT NULL, UNIQUE (order_id)
 );
 CREATE TABLE IF NOT EXISTS handoffs (
     ticket_id TEXT PRIMARY KEY, reason TEXT NOT NULL UNIQUE, created_at TEXT NOT NULL
@@ -219,12 +220,12 @@ class Shop:
         reason = reason.strip()
         with self.write() as c:
             row = c.execute(
-                "SELECT refund_id, created_at FROM refunds WHERE order_id = ? AND reason = ?",
-                (order["order_id"], reason),
+                "SELECT refund_id, created_at, reason FROM refunds WHERE order_id = ?",
+                (order["order_id"],),
             ).fetchone()
-            if row is not None:
+            if row is not None:  # the order is already refunded: never a second refund
                 return {"refund_id": row[0], "order_id": order["order_id"], "status": "已受理",
-                        "created_at": row[1], "duplicate": True}
+                        "created_at": row[1], "reason": row[2], "duplicate": True}
             created = self._now().strftime("%Y-%m-%d %H:%M:%S")
             n = c.execute("SELECT COUNT(*) FROM refunds").fetchone()[0] + 1
             refund_id = f"RF{order['order_id']}{n:03d}"
@@ -286,12 +287,12 @@ def shop_tools(shop: Shop) -> ToolRegistry:
         """获取当前时间（北京时间）。"""
         return shop._now().strftime("%Y-%m-%d %H:%M:%S")
 
-    @tool(side_effect=True, idempotency_keys=("order_id", "reason"))
+    @tool(side_effect=True, idempotency_keys=("order_id",))
     def apply_refund(
         order_id: Annotated[str, Field(description="订单号")],
         reason: Annotated[str, Field(description="退款原因")],
     ) -> str:
-        """为订单提交退款申请（同一订单同一原因只会受理一次）。"""
+        """为订单提交退款申请（每个订单只会受理一次退款）。"""
         return _dump(shop.apply_refund(order_id, reason))
 
     @tool(terminal=True, side_effect=True, idempotency_keys=("reason",))
