@@ -71,9 +71,27 @@ class ScenarioError(ConfigError):
 class PluginLoadError(LoopwardenError):
     """A plugin cannot be found, imported, configured or put in the configured order."""
 
-    def __init__(self, message: str, *, plugin: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        plugin: str | None = None,
+        path: str | Path | None = None,
+        key: str | None = None,
+    ) -> None:
         self.plugin = plugin
-        super().__init__(f"plugin {plugin!r}: {message}" if plugin else message)
+        self.reason = message
+        self.path = str(path) if path is not None else None
+        self.key = key
+        text = f"plugin {plugin!r}: {message}" if plugin else message
+        where = ": ".join(p for p in (self.path, key) if p)
+        super().__init__(f"{where}: {text}" if where else text)
+
+    def located(self, path: str | Path | None, key: str | None) -> PluginLoadError:
+        """The same error, naming the config file and key that asked for the plugin."""
+        err = PluginLoadError(self.reason, plugin=self.plugin, path=path, key=key)
+        err.__cause__ = self.__cause__
+        return err
 
 
 class ToolDefinitionError(LoopwardenError):

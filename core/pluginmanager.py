@@ -203,6 +203,10 @@ def _import_spec(spec: str, plugin: str) -> Any:
         hint = ""
         if _env_flag(ENV_NO_AUTOLOAD):
             hint = f" ({ENV_NO_AUTOLOAD} is set: installed entry points are not loaded)"
+        close = difflib.get_close_matches(spec, [*BUILTIN_PLUGINS, *installed_entry_points()],
+                                          n=1)
+        if close:
+            hint += f"; did you mean {close[0]!r}?"
         raise PluginLoadError(
             f"cannot resolve {spec!r}: not a built-in name, not an installed entry point "
             f"(group {ENTRY_POINT_GROUP!r}), and not 'module:attr'{hint}",
@@ -411,10 +415,27 @@ def load_plugins(
             loaded.append(LoadedPlugin(name, "object", repr(obj), obj,
                                        getattr(obj, "settings", None)))
             continue
-        target, source, spec = _find(name, eps)
-        obj, settings = instantiate_plugin(name, target, table, config.path)
+        try:
+            target, source, spec = _find(name, eps)
+            obj, settings = instantiate_plugin(name, target, table, config.path)
+        except PluginLoadError as exc:
+            raise exc.located(config.path, _where(config, name)) from exc.__cause__
         loaded.append(LoadedPlugin(name, source, spec, obj, settings))
-    return register(loaded)
+    try:
+        return register(loaded)
+    except PluginLoadError as exc:
+        if exc.path is not None or exc.plugin is None:
+            raise
+        raise exc.located(config.path, _where(config, exc.plugin)) from exc.__cause__
+
+
+def _where(config: Config, name: str) -> str:
+    """The config key (or environment variable) that named plugin ``name``."""
+    if name in config.plugins.enabled:
+        return f"plugins.enabled[{config.plugins.enabled.index(name)}]"
+    if name in _env_list(ENV_EXTRA):
+        return ENV_EXTRA
+    return "plugins.enabled"
 
 
 def _qualname(obj: Any) -> str:

@@ -108,3 +108,14 @@ def test_essential_plugin_cannot_be_blocked_or_left_out(tmp_path: Path) -> None:
         Deployment(load_config(p))
     p = write(tmp_path, "[plugins]\nenabled = []\n")
     assert Deployment(load_config(p)).plugins.names == ["max_steps"]
+
+
+def test_an_unknown_plugin_name_names_file_key_and_a_suggestion(tmp_path: Path) -> None:
+    from loopwarden import PluginLoadError
+
+    p = write(tmp_path, '[plugins]\nenabled = ["max_steps", "repeat_cal"]\n')
+    with pytest.raises(PluginLoadError) as info:
+        Deployment(load_config(p))
+    err = info.value
+    assert (err.path, err.key, err.plugin) == (str(p), "plugins.enabled[1]", "repeat_cal")
+    assert "did you mean 'repeat_call'?" in str(err)
