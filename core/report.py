@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loopwarden.reasons import LOOP_REASONS
+
 __all__ = [
     "BUDGET_REASONS",
     "LOOP_REASONS",
@@ -47,7 +49,6 @@ __all__ = [
 BUDGET_REASONS = ("max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
                   "timeout")
 #: stop reasons that mean "a loop detector fired"
-LOOP_REASONS = ("repeat_call", "oscillation", "no_progress", "stall")
 #: stop reasons that mean "no progress"
 STALL_REASONS = ("no_progress", "stall")
 ERROR_REASONS = ("plugin_error", "model_error", "error")

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, signals
+from loopwarden.reasons import LOOP_REASONS, NORMAL_ENDINGS
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
 from loopwarden.verdicts import Stop
 
@@ -77,7 +78,6 @@ Severity = Literal["warn", "soft_stop", "hard_stop"]
 SEVERITIES: tuple[str, ...] = ("warn", "soft_stop", "hard_stop")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
-LOOP_REASONS = ["repeat_call", "oscillation", "no_progress", "stall", "failure_streak"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +173,11 @@ class AlertingSettings(PluginSettings):
         default="{count} of the last {window} runs stopped on a loop guard ({reasons}); the "
         "prompt or the tool descriptions probably need fixing",
         description="text of the threshold alert ({count}, {window}, {threshold}, {reasons})",
+    )
+    quiet_reasons: list[str] = Field(
+        default_factory=lambda: [r for r in NORMAL_ENDINGS if r != "final_answer"],
+        description="stop reasons that are normal endings, never alerted (a terminal tool's "
+        "successful hand-off)",
     )
     core_stop_reasons: list[str] = Field(
         default_factory=lambda: ["model_error", "error"],
@@ -623,6 +628,8 @@ class Alerting(Plugin[AlertingSettings]):
     def on_guard_triggered(self, run: Run, *, verdict: Verdict, hook: str, step: int,
                            **_: Any) -> None:
         reason = verdict.reason if isinstance(verdict, Stop) else verdict.kind
+        if reason in self.settings.quiet_reasons:
+            return
         alert = self._alert(
             run, kind="verdict", reason=reason, plugin=verdict.plugin,
             severity=verdict.severity, step=step, hook=hook, message=verdict.message,

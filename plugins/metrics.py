@@ -44,6 +44,7 @@ from pydantic import Field, field_validator
 
 from loopwarden import Plugin, PluginSettings, signals
 from loopwarden.exceptions import LoopwardenError
+from loopwarden.reasons import LOOP_REASONS
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
@@ -81,7 +82,7 @@ def _buckets(v: list[float]) -> list[float]:
 
 class MetricsSettings(PluginSettings):
     loop_detectors: list[str] = Field(
-        default_factory=lambda: ["repeat_call", "oscillation", "no_progress", "stall"],
+        default_factory=lambda: list(LOOP_REASONS),
         description="plugin names or stop reasons whose firings count as agent.loop_detected",
     )
     step_buckets: list[float] = Field(

@@ -409,3 +409,20 @@ def test_shipped_config_alerts_to_the_log_only(
     plugin = dep.plugins.get("alerting")
     assert plugin is not None
     assert [(s.kind, s.min_rank) for s in plugin.sinks] == [("log", 1)]
+
+
+def test_a_successful_hand_off_is_a_normal_ending_not_an_alert() -> None:
+    from loopwarden import Deployment, load_config
+    from loopwarden.config import default_config_path
+
+    seen: list[dict[str, Any]] = []
+    dep = Deployment(load_config(default_config_path()))
+    alerting = dep.plugins.get("alerting")
+    original = alerting.dispatch
+    alerting.dispatch = lambda run, alert: (seen.append(alert), original(run, alert))
+    try:
+        rec = dep.run(scenario="transfer-loop").record()
+    finally:
+        dep.close()
+    assert rec["termination"] == "terminal_tool"
+    assert [a["reason"] for a in seen] == []

@@ -1,0 +1,43 @@
+"""Stop reasons, and the families that logging, alerting, metrics and reports group them in.
+
+The ``termination`` field of a run record is one of :data:`STOP_REASONS` (plugins may add their
+own).  One definition of each family, so that "stopped by a loop guard" means the same thing
+in the report, the alert threshold and the metrics.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BUDGET_REASONS",
+    "ERROR_REASONS",
+    "FAILURE_REASONS",
+    "LOOP_REASONS",
+    "NORMAL_ENDINGS",
+    "STOP_REASONS",
+]
+
+#: every stop reason the project itself uses (DESIGN's contract)
+STOP_REASONS: tuple[str, ...] = (
+    "final_answer", "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
+    "timeout", "cancelled", "repeat_call", "oscillation", "no_progress", "stall",
+    "failure_streak", "terminal_tool", "plugin_error", "model_error",
+)
+
+#: the run ended as it should: the model answered, or a terminal tool handed it off
+NORMAL_ENDINGS: tuple[str, ...] = ("final_answer", "terminal_tool")
+
+#: a loop guard caught the agent going in circles: "stopped by a loop guard" in the report,
+#: the alert threshold and ``agent.loop_detected`` (the usual fix: the prompt or the tool
+#: descriptions)
+LOOP_REASONS: tuple[str, ...] = ("repeat_call", "oscillation", "no_progress", "stall")
+
+#: tools kept failing (the usual fix: the tools' availability or the retry policy)
+FAILURE_REASONS: tuple[str, ...] = ("failure_streak",)
+
+#: a budget or cap ran out
+BUDGET_REASONS: tuple[str, ...] = (
+    "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls", "timeout",
+)
+
+#: something failed: the model call, a plugin, or the loop itself
+ERROR_REASONS: tuple[str, ...] = ("model_error", "plugin_error", "error")
