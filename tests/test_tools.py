@@ -77,7 +77,6 @@ def test_bad_declarations_are_refused() -> None:
 
 
 def test_shop_is_created_and_seeded_in_the_data_dir(tmp_path: Path) -> None:
-    assert default_data_dir().exists() or True
     shop = Shop(tmp_path / "s.sqlite3")
     order = shop.query_order("88231")
     assert order["product"] == "比特 S10 Pro 扫地机" and order["amount_yuan"] == 1999
@@ -140,3 +139,17 @@ def test_a_reworded_reason_never_makes_a_second_refund(tmp_path: Path) -> None:
     again = shop.apply_refund("88231", "7天无理由退货")
     assert again["refund_id"] == first["refund_id"] and again["duplicate"] is True
     assert len(shop.refunds()) == 1
+
+
+def test_without_a_path_the_database_lands_in_the_data_dir_not_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loopwarden
+
+    monkeypatch.setenv("LOOPWARDEN_DATA_DIR", str(tmp_path / "data"))
+    assert default_data_dir() == tmp_path / "data"
+    shop = Shop()
+    shop.query_order("88231")
+    assert (tmp_path / "data" / "shop.sqlite3").is_file()
+    package = Path(loopwarden.__file__).resolve().parent
+    assert package not in shop.db_path.resolve().parents
