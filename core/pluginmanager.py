@@ -169,7 +169,19 @@ def resolve_names(config: Config, extra: Iterable[str] = ()) -> tuple[list[str],
     for ess in reversed(ESSENTIAL_PLUGINS):
         if ess not in names:
             names.insert(0, ess)
-    return [n for n in names if n not in blocked], blocked
+    return [n for n in names if not is_blocked(n, blocked)], blocked
+
+
+def is_blocked(name: str, blocked: Iterable[str]) -> bool:
+    """Whether ``name`` is blocked: by its own name, or -- for ``module:attr`` -- by its module
+    or a parent package (blocking ``sidefx`` also keeps ``sidefx:Plugin`` from importing)."""
+    module = name.partition(":")[0] if ":" in name else None
+    for b in blocked:
+        if name == b:
+            return True
+        if module is not None and (module == b or module.startswith(b + ".")):
+            return True
+    return False
 
 
 # -- finding -------------------------------------------------------------------------------

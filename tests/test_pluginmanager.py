@@ -500,3 +500,24 @@ def test_plugins_command_reports_load_errors_without_traceback(
     err = capsys.readouterr().err
     assert "plugin 'no_such_plugin': cannot resolve" in err
     assert "Traceback" not in err
+
+
+def test_blocking_a_module_name_also_blocks_its_module_attr_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from loopwarden.pluginmanager import is_blocked, resolve_names
+
+    assert is_blocked("sidefx:P", ["sidefx"]) and is_blocked("pkg.sub:P", ["pkg"])
+    assert not is_blocked("sidefxx:P", ["sidefx"]) and not is_blocked("other", ["sidefx"])
+    marker = tmp_path / "imported"
+    (tmp_path / "sidefx.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from loopwarden import hookimpl\n"
+        "class P:\n    @hookimpl\n    def before_model(self): pass\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LOOPWARDEN_BLOCK_PLUGINS", "sidefx")
+    cfg = parse_config({"plugins": {"enabled": ["max_steps", "sidefx:P"]}}, path="<t>")
+    names, _ = resolve_names(cfg)
+    assert names == ["max_steps"]
+    load_plugins(cfg)
+    assert not marker.exists()
