@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     )
     from loopwarden.hookspecs import hookimpl, hookspec
     from loopwarden.plugin import NoSettings, Plugin, PluginSettings
-    from loopwarden.run import Limits, Run, RunOutcome
+    from loopwarden.run import Conversation, Limits, Run, RunOutcome
     from loopwarden.verdicts import Skip, Stop, Verdict, Warn, skip, stop, warn
 
 # Public names -> the private module that defines them.  Imported on first use, so that
@@ -73,7 +73,7 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("hookimpl", "hookspec"), "hookspecs"),
     **dict.fromkeys(("NoSettings", "Plugin", "PluginSettings"), "plugin"),
-    **dict.fromkeys(("Limits", "Run", "RunOutcome"), "run"),
+    **dict.fromkeys(("Conversation", "Limits", "Run", "RunOutcome"), "run"),
     **dict.fromkeys(("Skip", "Stop", "Verdict", "Warn", "skip", "stop", "warn"), "verdicts"),
 }
 
@@ -82,6 +82,7 @@ __all__ = [
     "Clock",
     "Config",
     "ConfigError",
+    "Conversation",
     "Deployment",
     "FakeClock",
     "Limits",

@@ -29,7 +29,7 @@ from loopwarden.config import Config, load_config
 from loopwarden.exceptions import ConfigError, ToolError
 from loopwarden.loop import Engine, adrive, drive
 from loopwarden.pluginmanager import PluginSet, load_plugins
-from loopwarden.run import Limits, Run
+from loopwarden.run import Conversation, Limits, Run
 from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
 from loopwarden.tokens import get_estimator
 from loopwarden.tools import Tool, ToolContext, ToolRegistry
@@ -255,8 +255,13 @@ class Deployment:
         cancel: CancelToken | None = None,
         run_id: str | None = None,
         meta: dict[str, Any] | None = None,
+        conversation: Conversation | None = None,
     ) -> tuple[Run, Any]:
-        """Build a run and the model that will answer it (without starting it)."""
+        """Build a run and the model that will answer it (without starting it).
+
+        ``conversation`` continues a conversation: its messages open the run, and
+        conversation-scoped plugin state carries on (see :class:`~loopwarden.Conversation`).
+        """
         sc: Scenario | None = None
         if scenario is not None:
             sc = scenario if isinstance(scenario, Scenario) else load_scenario(
@@ -283,6 +288,7 @@ class Deployment:
             estimator=self.estimator,
             model_name=getattr(model, "name", None),
             meta=meta,
+            conversation=conversation,
         )
         self.engine.start(run)
         return run, model

@@ -105,8 +105,12 @@ class Engine:
     # -- helpers -------------------------------------------------------------------------
 
     def start(self, run: Run) -> None:
-        """Seed the conversation: system prompt and the user's message."""
-        if self.settings.system_prompt:
+        """Seed the run: the conversation so far (or the system prompt), then the user."""
+        history = run.conversation.messages
+        if history:
+            for m in history:
+                run.add_message(m)
+        elif self.settings.system_prompt:
             run.add_message({"role": "system", "content": self.settings.system_prompt})
         run.add_message({"role": "user", "content": run.user})
 
@@ -317,6 +321,9 @@ class Engine:
         """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``."""
         run.ended_at = run.clock.now()
         run.outcome = outcome
+        conversation = run.conversation
+        conversation.messages = run.messages
+        conversation.runs += 1
         failures = self.hooks.on_stop(run, outcome)
         run.errors.extend(failures)
         if signals.run_stopped.receivers:  # the record is built only for a listener

@@ -78,6 +78,20 @@ class Plugin(Generic[S]):
             value = run.state[self.name] = self.new_state()
             return value
 
+    def new_conversation_state(self) -> Any:
+        """Create this plugin's conversation-scoped state (override; default: a dict)."""
+        return {}
+
+    def conversation_state(self, run: Run) -> Any:
+        """This plugin's slot on the run's conversation: it carries on to the next run of the
+        same conversation (the next user message), while :meth:`state` starts afresh."""
+        slots = run.conversation.state
+        try:
+            return slots[self.name]
+        except KeyError:
+            value = slots[self.name] = self.new_conversation_state()
+            return value
+
     # -- verdicts carrying this plugin's name ------------------------------------------
 
     def warn(self, message: str, **evidence: Any) -> Warn:

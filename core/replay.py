@@ -39,7 +39,7 @@ from loopwarden.clock import FakeClock
 from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.exceptions import ConfigError
 from loopwarden.loop import CallModel, Engine
-from loopwarden.run import Run, RunOutcome
+from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
@@ -259,9 +259,9 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     """Feed one trajectory through the deployment's guards; see the module docstring.
 
     ``flags`` declares tool natures by name (the rest are inferred, see :func:`infer_flags`).
-    ``carry`` names plugins whose per-run state is handed on to the next run of the same
-    conversation -- an experiment in conversation-scoped detection (the core has no
-    conversation scope yet: every run starts its plugins afresh).
+    The trajectory is one :class:`~loopwarden.Conversation`: messages and conversation-scoped
+    plugin state carry on from run to run.  ``carry`` (an experiment) also hands the named
+    plugins' *per-run* state on to the next run.
     """
     carried = tuple(carry)
     steps: list[dict[str, Any]] = traj["steps"]
@@ -283,7 +283,7 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     declared = flags or {}
     tools = ToolRegistry(recorded_tool(n, declared.get(n)) for n in sorted(names))
     engine = deployment.engine
-    history: list[dict[str, Any]] = []
+    conversation = Conversation(result.id)
     first_user = str(traj.get("user") or "(recorded conversation)")
     reached = 0
     state: dict[str, Any] = {}
@@ -298,20 +298,15 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
             scenario=result.id,
             estimator=deployment.estimator,
             model_name=result.model,
+            conversation=conversation,
         )
-        if history:
-            for m in history:
-                run.add_message(m)
-            run.add_message({"role": "user", "content": run.user})
-            for name in carried:
-                if name in state:
-                    run.state[name] = state[name]
-        else:
-            engine.start(run)
+        engine.start(run)  # the conversation's messages so far, then this user message
+        for name in carried:
+            if name in state:
+                run.state[name] = state[name]
         result.runs += 1
         outcome, n = _drive_recorded(engine, run, seg_steps)
         reached += n
-        history = run.messages
         state = run.state
         result.records.append(run.record())
         _attribute(result, run, outcome, offset, steps, usages)

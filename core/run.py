@@ -19,7 +19,7 @@ from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 if TYPE_CHECKING:
     from loopwarden.tools import ToolRegistry
 
-__all__ = ["Limits", "Run", "RunOutcome"]
+__all__ = ["Conversation", "Limits", "Run", "RunOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,29 @@ class RunOutcome:
     error: str | None = None
 
 
+class Conversation:
+    """A conversation: one run per user message, sharing what must carry on.
+
+    The messages carry on from run to run (so the context grows as it really does), and so
+    does conversation-scoped plugin state (:meth:`loopwarden.Plugin.conversation_state`);
+    per-run state and per-run limits start afresh with every run.  Pass one to
+    ``Deployment.run(..., conversation=conv)`` for each user message; a run without one gets a
+    conversation of its own.  Not for concurrent runs: a conversation's runs follow each other.
+    """
+
+    def __init__(self, conversation_id: str | None = None) -> None:
+        self.id = conversation_id or uuid.uuid4().hex
+        #: the messages so far (the last run's, including its system prompt)
+        self.messages: list[dict[str, Any]] = []
+        #: conversation-scoped plugin state, keyed by plugin name
+        self.state: dict[str, Any] = {}
+        #: runs finished in this conversation
+        self.runs = 0
+
+    def __repr__(self) -> str:
+        return f"<Conversation {self.id[:8]} runs={self.runs} messages={len(self.messages)}>"
+
+
 class Run:
     """One run's live state.  Plugins read it; the loop owns its counters."""
 
@@ -70,8 +93,10 @@ class Run:
         estimator: TextEstimator = estimate_text,
         model_name: str | None = None,
         meta: dict[str, Any] | None = None,
+        conversation: Conversation | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
+        self.conversation = conversation if conversation is not None else Conversation()
         self.user = user
         self.scenario = scenario
         self.deployment = deployment

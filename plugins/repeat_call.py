@@ -75,6 +75,12 @@ class RepeatCallSettings(PluginSettings):
         description="stop softly (one last tool-less turn to answer from what is known); "
         "false stops at once with the best-effort answer",
     )
+    failures_across_turns: bool = Field(
+        default=True,
+        description="remember calls that failed with a non-retryable error for the rest of "
+        "the conversation: repeating one after the next user message is still a repeat of a "
+        "failure (a successful call of a tool not declared read_only forgets them)",
+    )
     max_fingerprints: int = Field(
         default=256, ge=1,
         description="fingerprints remembered per run, least recently used forgotten first "
@@ -241,6 +247,25 @@ class RepeatCall(Plugin[RepeatCallSettings]):
 
     # -- hooks ---------------------------------------------------------------------------
 
+    def new_conversation_state(self) -> OrderedDict[str, list[Any]]:
+        # fingerprint -> [clipped observation, digest, repeats] of a call that failed for good
+        return OrderedDict()
+
+    def _remember_failure(self, run: Run, call: ToolCall, result: ToolResult) -> None:
+        failures: OrderedDict[str, list[Any]] = self.conversation_state(run)
+        fp = call.fingerprint
+        if result.ok:
+            failures.pop(fp, None)
+            if call.tool is not None and not call.read_only:
+                failures.clear()  # the world changed: earlier failures may not hold now
+        elif not result.retryable:
+            known = failures.get(fp)
+            failures[fp] = [result.content[: self.settings.max_observation_chars], result.digest,
+                            known[2] if known is not None else 0]
+            failures.move_to_end(fp)
+            if len(failures) > self.settings.max_fingerprints:
+                failures.popitem(last=False)
+
     @hookimpl
     def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
         st: _State = self.state(run)
@@ -248,6 +273,11 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         fp = call.fingerprint
         e = self._entry(st, fp)
         e.seen += 1
+        if not e.has_result and s.failures_across_turns:
+            earlier = self.conversation_state(run).get(fp)
+            if earlier is not None:  # failed for good in an earlier run of this conversation
+                e.has_result, e.ok, e.retryable, e.epoch = True, False, False, st.epoch
+                e.content, e.digest, e.repeats = earlier
         retry = e.has_result and not e.ok and e.retryable
         current = e.has_result and e.epoch == st.epoch  # a result nothing has changed since
         if e.has_result and not current and not retry:
@@ -268,7 +298,11 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             return None
         e.repeats += 1
         run.duplicate_calls += 1
-        if side_effect:
+        if not e.ok and s.failures_across_turns:
+            remembered = self.conversation_state(run).get(fp)
+            if remembered is not None:
+                remembered[2] = e.repeats  # the count carries on to the next user message
+        if side_effect and e.ok:
             # Never skipped: the loop replays the earlier result for the same idempotency key.
             if hits >= s.window_count:
                 return self._stop(call, e, hits, by_repeats=False)
@@ -330,6 +364,8 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 else:
                     e.repeats = 0  # the result changed: not a repeat
         if not result.skipped:
+            if s.failures_across_turns:
+                self._remember_failure(run, call, result)
             if result.ok and call.tool is not None and not call.read_only:
                 st.epoch += 1  # this call may have changed the world
             e.has_result = True

@@ -349,8 +349,9 @@ def test_cli_replay_missing_file_exits_2(capsys: pytest.CaptureFixture[str],
 def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
     deployment_factory: Callable[..., Deployment],
 ) -> None:
-    """The same failing write in every run of a conversation: per-run detectors start afresh
-    each run and never see it; with their state carried over, the repeat is caught."""
+    """The same failing write in every run of a conversation: repeat_call remembers calls that
+    failed for good for the whole conversation (failures_across_turns), so it is caught; with
+    that memory per run only, it is not -- unless the experiment carries per-run state too."""
     fail = step(None, [("update_booking", {"id": "B1", "seats": 2})], ["Error: seats mismatch"],
                 errors=[True])
     steps: list[dict[str, Any]] = []
@@ -359,7 +360,12 @@ def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
                              user_reply="Yes, please try again.")]
     t = traj("conv-loop", steps, success=False, answer=True, termination="max_steps")
     config = parse_config({"plugins": {"enabled": ["max_steps", "repeat_call"]}}, path="<t>")
-    dep = deployment_factory(config)
+    caught = replay_trajectory(deployment_factory(config), t)
+    assert caught.stop is not None and caught.stop["reason"] == "repeat_call"
+    per_run = parse_config({"plugins": {"enabled": ["max_steps", "repeat_call"],
+                                        "repeat_call": {"failures_across_turns": False}}},
+                           path="<t>")
+    dep = deployment_factory(per_run)
     assert replay_trajectory(dep, t).stop is None
     r = replay_trajectory(dep, t, carry=["repeat_call"])
     assert r.stop is not None and r.stop["reason"] == "repeat_call"
