@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -591,7 +592,13 @@ class Engine:
                 aw = tool.invoke(eff.arguments, ctx)
             else:
                 aw = _daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
-            value = await (asyncio.wait_for(aw, timeout) if timeout is not None else aw)
+            if timeout is None:
+                value = await aw
+            elif sys.version_info >= (3, 11):  # a deadline on this task, no extra task per call
+                async with asyncio.timeout(timeout):
+                    value = await aw
+            else:  # pragma: no cover - Python 3.10
+                value = await asyncio.wait_for(aw, timeout)
         except asyncio.TimeoutError:
             return self.timeout_result(eff.call, run.clock.now() - started)
         except Exception as exc:

@@ -156,7 +156,6 @@ class MetricsRegistry:
 
     def __init__(self, defs: Iterable[_Def]) -> None:
         self.defs = {d.name: d for d in defs}
-        self._label_sets = {name: frozenset(d.labels) for name, d in self.defs.items()}
         self._counters: dict[str, dict[tuple[str, ...], float]] = {}
         self._hists: dict[str, dict[tuple[str, ...], list[Any]]] = {}
         self._lock = threading.Lock()
@@ -167,10 +166,14 @@ class MetricsRegistry:
                 self._hists[d.name] = {}
 
     def _key(self, name: str, labels: Mapping[str, Any]) -> tuple[str, ...]:
-        d = self.defs[name]
-        if labels.keys() != self._label_sets[name]:
-            raise KeyError(f"{name} takes labels {list(d.labels)}, got {sorted(labels)}")
-        return tuple(str(labels[k]) for k in d.labels)
+        names = self.defs[name].labels
+        try:
+            if len(labels) == len(names):
+                return tuple([v if type(v) is str else str(v)
+                              for v in map(labels.__getitem__, names)])
+        except KeyError:
+            pass
+        raise KeyError(f"{name} takes labels {list(names)}, got {sorted(labels)}")
 
     def inc(self, name: str, amount: float = 1.0, **labels: Any) -> None:
         key = self._key(name, labels)
