@@ -303,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"scenario files or directories (default: {CORPUS})")
     parser.add_argument("--only", metavar="NAME", action="append", default=[],
                         help="only scenarios whose file name matches (name or glob)")
+    parser.add_argument("trajectories_file", metavar="TRAJECTORIES", type=Path, nargs="?",
+                        default=None,
+                        help="also replay these recorded runs (DESIGN's trajectory JSONL); "
+                        "the same as --trajectories")
     parser.add_argument("--trajectories", metavar="FILE", type=Path, default=None,
                         help="also replay these recorded runs (DESIGN's trajectory JSONL)")
     parser.add_argument("--profile", default=None,
@@ -314,6 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "between the runs of one conversation (see loopwarden replay)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.trajectories_file is not None:
+        if args.trajectories is not None and args.trajectories != args.trajectories_file:
+            parser.error("give the trajectories once (positionally or with --trajectories)")
+        args.trajectories = args.trajectories_file
 
     from loopwarden.exceptions import LoopwardenError
 
