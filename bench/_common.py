@@ -7,12 +7,14 @@ in-process.  Nothing here is part of the installed package.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import re
 from pathlib import Path
 from typing import Any
 
+from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.tools import ToolContext
 
 SYSTEM = "You are a benchmark agent."
@@ -91,3 +93,31 @@ def bench_config_data(base: dict[str, Any]) -> dict[str, Any]:
             plugins[name] = _merge(plugins.get(name, {}), extra)
     data["plugins"] = plugins
     return data
+
+
+class WorkloadModel:
+    """The workload's model: ``n`` tool-call turns, then the final answer.
+
+    Instant in-process by default; with ``latency`` its async path waits that many seconds per
+    call (simulated network time), the sync path stays instant.
+    """
+
+    def __init__(self, n: int, *, name: str = "instant", latency: float = 0.0) -> None:
+        self.n, self.i, self.name, self.latency = n, 0, name, latency
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        i = self.i
+        self.i += 1
+        if i >= self.n or request.tool_choice == "none":
+            return ModelResponse(content=FINAL, usage=Usage(request.estimated_tokens, 8))
+        return ModelResponse(
+            content=content(i),
+            tool_calls=[ProposedCall("lookup", arguments(i), f"call_{i}")],
+            usage=Usage(request.estimated_tokens, 16),
+            finish_reason="tool_calls",
+        )
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        return self.complete(request)

@@ -61,33 +61,10 @@ def deep_size(obj: Any, seen: set[int] | None = None) -> int:
 def make(latency: float, empty: bool = False) -> tuple[Any, Any]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
-    from loopwarden.events import ModelResponse, ProposedCall, Usage
     from loopwarden.tools import ToolRegistry, tool
 
-    class SlowModel:
-        """An async model: ``latency`` seconds per call, N tool-call turns, then the answer."""
-
-        name = "slow"
-
-        def __init__(self, n: int) -> None:
-            self.n = n
-            self.i = 0
-
-        def complete(self, request: Any) -> ModelResponse:
-            i = self.i
-            self.i += 1
-            if i >= self.n or request.tool_choice == "none":
-                return ModelResponse(content=W.FINAL, usage=Usage(request.estimated_tokens, 8))
-            return ModelResponse(
-                content=W.content(i),
-                tool_calls=[ProposedCall("lookup", W.arguments(i), f"call_{i}")],
-                usage=Usage(request.estimated_tokens, 16),
-                finish_reason="tool_calls",
-            )
-
-        async def acomplete(self, request: Any) -> ModelResponse:
-            await asyncio.sleep(latency)
-            return self.complete(request)
+    def SlowModel(n: int) -> W.WorkloadModel:
+        return W.WorkloadModel(n, name="slow", latency=latency)
 
     async def lookup(key: str) -> str:
         """The trivial tool, async (an async deployment's natural tool)."""

@@ -174,32 +174,9 @@ def make_loopwarden(shipped: bool, cooperative: bool = False
                     ) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
-    from loopwarden.events import ModelResponse, ProposedCall, Usage
     from loopwarden.tools import ToolRegistry, tool
 
-    class InstantModel:
-        """An instant in-process model: N tool-call turns, then the final answer."""
-
-        name = "instant"
-
-        def __init__(self, n: int) -> None:
-            self.n = n
-            self.i = 0
-
-        def complete(self, request: Any) -> ModelResponse:
-            i = self.i
-            self.i += 1
-            if i >= self.n or request.tool_choice == "none":
-                return ModelResponse(content=W.FINAL, usage=Usage(request.estimated_tokens, 8))
-            return ModelResponse(
-                content=W.content(i),
-                tool_calls=[ProposedCall("lookup", W.arguments(i), f"call_{i}")],
-                usage=Usage(request.estimated_tokens, 16),
-                finish_reason="tool_calls",
-            )
-
-        async def acomplete(self, request: Any) -> ModelResponse:
-            return self.complete(request)
+    InstantModel = W.WorkloadModel
 
     if shipped:
         path = default_config_path()

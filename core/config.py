@@ -113,13 +113,11 @@ class Texts(_Strict):
 
     @model_validator(mode="after")
     def _check_templates(self) -> Texts:
-        sample = dict(name="t", available="a, b", detail="d", seconds=1.0, reason="r",
-                      content="c", observation="o")
-        for key, value in self.model_dump().items():
-            try:
-                value.format(**sample)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(f"{key}: bad template field {exc}") from None
+        from loopwarden.plugin import check_templates
+
+        check_templates(self, type(self).model_fields, dict(
+            name="t", available="a, b", detail="d", seconds=1.0, reason="r", content="c",
+            observation="o"))
         return self
 
 

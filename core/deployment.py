@@ -212,9 +212,10 @@ class Deployment:
                 if dep is None:
                     signal.disconnect(fanout)
                     return
+                receivers = dep._local_receivers.get(signal, ())
                 if getattr(sender, "deployment", None) is not dep:
                     return
-                for rec in dep._local_receivers.get(signal, ()):
+                for rec in receivers:
                     try:
                         rec(sender, **kwargs)
                     except Exception:

@@ -735,8 +735,9 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
     return future
 
 
-def _well_formed(response: ModelResponse) -> bool:
-    """Content is text or None, and every proposed call is a ProposedCall with a str name."""
+def _well_formed(response: Any) -> bool:
+    """Content is text or None, and every proposed call is a ProposedCall with a str name
+    (a model adapter is third-party code: its response is checked, not trusted)."""
     if response.content is not None and not isinstance(response.content, str):
         return False
     calls = response.tool_calls

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -33,7 +34,24 @@ if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
     from loopwarden.run import Run
 
-__all__ = ["NoSettings", "Plugin", "PluginSettings"]
+__all__ = ["NoSettings", "Plugin", "PluginSettings", "check_templates"]
+
+
+def check_templates(settings: BaseModel, keys: Iterable[str], sample: Mapping[str, Any]) -> None:
+    """Raise ValueError when one of the ``str.format`` templates ``keys`` uses an unknown field.
+
+    Call it from a settings model's ``model_validator``: a bad text then fails when the config
+    loads, naming the key -- not in the middle of a run.  ``None`` values are skipped.
+    """
+    for key in keys:
+        value = getattr(settings, key)
+        if value is None:
+            continue
+        try:
+            value.format(**sample)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            fields = ", ".join("{" + k + "}" for k in sample)
+            raise ValueError(f"{key}: bad template field {exc} (known: {fields})") from None
 
 
 class PluginSettings(BaseModel):

@@ -17,13 +17,13 @@ the warning threshold (the warning reaches the model in that next request), else
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import Any, Literal, TypeVar
-
-from pydantic import BaseModel
+from typing import Literal, TypeVar
 
 __all__ = ["Rung", "check_templates", "ladder", "percent"]
+
+# re-exported: the budget plugins import it from here
+from loopwarden.plugin import check_templates
 
 Rung = Literal["hard", "soft", "warn"] | None
 
@@ -49,19 +49,3 @@ def percent(used: float | Decimal, limit: float | Decimal) -> int:
         return 100
     return int(Decimal(str(used)) * 100 / Decimal(str(limit)))
 
-
-def check_templates(settings: BaseModel, keys: Iterable[str], sample: Mapping[str, Any]) -> None:
-    """Raise ValueError when one of the ``str.format`` templates ``keys`` uses an unknown field.
-
-    Called from the settings' validators, so a bad text fails when the config loads, naming
-    the key -- not in the middle of a run.
-    """
-    for key in keys:
-        value = getattr(settings, key)
-        if value is None:
-            continue
-        try:
-            value.format(**sample)
-        except (KeyError, IndexError, ValueError, AttributeError) as exc:
-            fields = ", ".join("{" + k + "}" for k in sample)
-            raise ValueError(f"{key}: bad template field {exc} (known: {fields})") from None

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, signals
+from loopwarden.plugin import check_templates
 from loopwarden.reasons import LOOP_REASONS, NORMAL_ENDINGS
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
 from loopwarden.verdicts import Stop
@@ -202,15 +203,10 @@ class AlertingSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check_templates(self) -> AlertingSettings:
-        try:
-            self.message.format(plugin="p", severity="s", reason="r", run_id="i", scenario="c",
-                                step=1)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"message: bad template field {exc}") from None
-        try:
-            self.threshold_message.format(count=1, window=2, threshold=1, reasons="r")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"threshold_message: bad template field {exc}") from None
+        check_templates(self, ("message",), dict(plugin="p", severity="s", reason="r",
+                                                  run_id="i", scenario="c", step=1))
+        check_templates(self, ("threshold_message",),
+                        dict(count=1, window=2, threshold=1, reasons="r"))
         return self
 
 

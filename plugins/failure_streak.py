@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden.plugin import check_templates
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 
@@ -82,11 +83,7 @@ class FailureStreakSettings(PluginSettings):
             raise ValueError(
                 f"warn_after ({self.warn_after}) must be below stop_after ({self.stop_after})"
             )
-        for key in ("message", "stop_message"):
-            try:
-                getattr(self, key).format(count=2, error="e", tool="t")
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(f"{key}: bad template field {exc}") from None
+        check_templates(self, ("message", "stop_message"), dict(count=2, error="e", tool="t"))
         return self
 
 

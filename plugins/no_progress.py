@@ -31,6 +31,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.plugin import check_templates
 from loopwarden.plugins._text import jaccard, token_set
 
 __all__ = ["NoProgress", "NoProgressSettings"]
@@ -77,11 +78,7 @@ class NoProgressSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check(self) -> NoProgressSettings:
-        for key in ("message", "stop_message"):
-            try:
-                getattr(self, key).format(count=3, similarity=0.9)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(f"{key}: bad template field {exc}") from None
+        check_templates(self, ("message", "stop_message"), dict(count=3, similarity=0.9))
         return self
 
 

@@ -38,6 +38,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.plugin import check_templates
 
 __all__ = ["CycleDetector", "Oscillation", "OscillationSettings"]
 
@@ -88,11 +89,8 @@ class OscillationSettings(PluginSettings):
                 f"window ({self.window}) must hold max_period * cycles "
                 f"({self.max_period * self.cycles}) symbols"
             )
-        for key in ("message", "stop_message"):
-            try:
-                getattr(self, key).format(cycle="a -> b", period=2, hits=1)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(f"{key}: bad template field {exc}") from None
+        check_templates(self, ("message", "stop_message"),
+                        dict(cycle="a -> b", period=2, hits=1))
         return self
 
 

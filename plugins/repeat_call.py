@@ -50,6 +50,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden.plugin import check_templates
 
 __all__ = ["RepeatCall", "RepeatCallSettings"]
 
@@ -130,13 +131,11 @@ class RepeatCallSettings(PluginSettings):
             raise ValueError(
                 f"window_count ({self.window_count}) must not exceed window ({self.window})"
             )
-        sample = dict(name="t", signature="t()", count=2, error="e", observation="o", hint="h")
-        for key in ("repeat_hint", "repeat_observation", "failed_hint", "failed_observation",
-                    "unchanged_hint", "stop_message"):
-            try:
-                getattr(self, key).format(**sample)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(f"{key}: bad template field {exc}") from None
+        check_templates(
+            self, ("repeat_hint", "repeat_observation", "failed_hint", "failed_observation",
+                   "unchanged_hint", "stop_message"),
+            dict(name="t", signature="t()", count=2, error="e", observation="o", hint="h"),
+        )
         return self
 
 
