@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
     from loopwarden.run import Run
 
-__all__ = ["NoSettings", "Plugin", "PluginSettings", "check_templates"]
+__all__ = ["NoSettings", "Plugin", "PluginSettings", "check_patterns", "check_templates"]
 
 
 def check_templates(settings: BaseModel, keys: Iterable[str], sample: Mapping[str, Any]) -> None:
@@ -52,6 +53,17 @@ def check_templates(settings: BaseModel, keys: Iterable[str], sample: Mapping[st
         except (KeyError, IndexError, ValueError, AttributeError) as exc:
             fields = ", ".join("{" + k + "}" for k in sample)
             raise ValueError(f"{key}: bad template field {exc} (known: {fields})") from None
+
+
+def check_patterns(patterns: list[str]) -> list[str]:
+    """Raise ValueError naming the first pattern that is not a valid regular expression
+    (for a ``field_validator``: the config then fails to load, naming the key)."""
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression {p!r}: {exc}") from None
+    return patterns
 
 
 class PluginSettings(BaseModel):

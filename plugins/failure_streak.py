@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.plugin import check_templates
+from loopwarden.plugin import check_patterns, check_templates
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 
@@ -70,12 +70,7 @@ class FailureStreakSettings(PluginSettings):
     @field_validator("patterns")
     @classmethod
     def _compile(cls, v: list[str]) -> list[str]:
-        for p in v:
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise ValueError(f"bad regular expression {p!r}: {exc}") from None
-        return v
+        return check_patterns(v)
 
     @model_validator(mode="after")
     def _check(self) -> FailureStreakSettings:

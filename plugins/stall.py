@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.plugin import check_templates
+from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._text import token_set
 
 __all__ = ["Stall", "StallSettings"]
@@ -91,12 +91,7 @@ class StallSettings(PluginSettings):
     @field_validator("empty_patterns")
     @classmethod
     def _compile(cls, patterns: list[str]) -> list[str]:
-        for p in patterns:
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise ValueError(f"bad regular expression {p!r}: {exc}") from None
-        return patterns
+        return check_patterns(patterns)
 
     @model_validator(mode="after")
     def _check(self) -> StallSettings:
