@@ -355,8 +355,8 @@ def builtin_settings(*, skip_missing: bool = True) -> dict[str, type[BaseModel] 
 def check_tables(config: Config) -> list[str]:
     """Validate the ``[plugins.<name>]`` tables of built-ins that are not enabled.
 
-    :func:`load_plugins` validates the tables of enabled plugins; this catches a typo in the
-    table of a built-in that is switched off.  Blocked plugins are never imported, so their
+    :func:`load_plugins` validates the tables of enabled plugins and calls this for the rest:
+    a typo in the table of a built-in that is switched off fails before any run as well.  Blocked plugins are never imported, so their
     tables are not checked.  Returns the names checked.
     """
     names, blocked = resolve_names(config)
@@ -433,6 +433,7 @@ def load_plugins(
         except PluginLoadError as exc:
             raise exc.located(config.path, _where(config, name)) from exc.__cause__
         loaded.append(LoadedPlugin(name, source, spec, obj, settings))
+    check_tables(config)  # a bad table of a switched-off built-in fails before any run, too
     try:
         return register(loaded)
     except PluginLoadError as exc:
