@@ -356,8 +356,9 @@ def check_tables(config: Config) -> list[str]:
     """Validate the ``[plugins.<name>]`` tables of built-ins that are not enabled.
 
     :func:`load_plugins` validates the tables of enabled plugins and calls this for the rest:
-    a typo in the table of a built-in that is switched off fails before any run as well.  Blocked plugins are never imported, so their
-    tables are not checked.  Returns the names checked.
+    a typo in the table of a built-in that is switched off fails before any run as well.
+    Blocked plugins are never imported, so their tables are not checked.  Returns the names
+    checked.
     """
     names, blocked = resolve_names(config)
     checked = []

@@ -122,7 +122,8 @@ def test_an_unknown_plugin_name_names_file_key_and_a_suggestion(tmp_path: Path) 
 
 
 def test_a_bad_table_of_a_switched_off_built_in_fails_before_any_run(tmp_path: Path) -> None:
-    p = write(tmp_path, "[plugins]\nenabled = []\n[plugins.repeat_call]\nrepeat_hint = 'x {nope}'\n")
+    p = write(tmp_path,
+              "[plugins]\nenabled = []\n[plugins.repeat_call]\nrepeat_hint = 'x {nope}'\n")
     with pytest.raises(ConfigError) as info:
         Deployment(load_config(p))
     assert info.value.key == "plugins.repeat_call" and "nope" in str(info.value)
