@@ -113,7 +113,10 @@ def after_response(run: Run, response: ModelResponse) -> Verdict | None:
         ``calls`` holds the proposals parsed into :class:`~loopwarden.ToolCall` objects (with
         ``fingerprint``), the same objects ``before_tool`` receives next.
     :return: ``None``, a warning, or a stop (none of the proposed calls then runs).
-    :may stop the run: yes; a response without tool calls is the final answer all the same.
+    :may stop the run: yes.  On a response without tool calls (the answer, or a soft stop's
+        wrap-up turn) a *hard* stop is a veto: the model's text is withheld and the run ends
+        with the stop's ``answer`` or the configured fallback (an output guard); a soft stop
+        there changes nothing.
 
     .. versionadded:: 0.1
     """
