@@ -16,9 +16,9 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import ValidationError
 
@@ -30,6 +30,7 @@ from loopwarden.events import (
     ProposedCall,
     ToolCall,
     ToolResult,
+    Usage,
 )
 from loopwarden.exceptions import ModelError, ToolError
 from loopwarden.fingerprint import Fingerprinter
@@ -48,7 +49,8 @@ __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
 
 log = logging.getLogger("loopwarden.loop")
 
-CORE = "loopwarden"  # the plugin name on notes the loop writes itself
+CORE = "loopwarden"
+_T = TypeVar("_T")  # the plugin name on notes the loop writes itself
 _SCHEMA_CACHE_SIZE = 64  # tool-schema lists whose token estimate an engine remembers
 
 
@@ -209,6 +211,7 @@ class Engine:
                     parsed = json.loads(raw) if raw.strip() else {}
                 except ValueError as exc:
                     err, detail = "malformed_arguments", str(exc)
+            pc.arguments = raw  # plugins always see JSON text, as ProposedCall promises
             if err is None and not isinstance(parsed, dict):
                 err, detail = "malformed_arguments", "arguments must be a JSON object"
             tool = run.tools.get(pc.name) if run.tools is not None else None
@@ -294,6 +297,10 @@ class Engine:
         evidence = dict(stop.evidence)
         if run.stopping is not None:
             evidence.setdefault("after_stop", run.stopping.reason)
+        last = run.messages[-1] if run.messages else None
+        if last is not None and last.get("role") == "assistant":
+            # the withheld text must not reach the model again in a later turn either
+            run.messages[-1] = {**last, "content": None}
         return RunOutcome(
             termination=stop.reason,
             soft=False,
@@ -318,12 +325,33 @@ class Engine:
             message=stop.message,
         )
 
+    def _settled_history(self, run: Run, outcome: RunOutcome) -> list[dict[str, Any]]:
+        """The run's messages as the conversation's next turn must see them: every tool call
+        answered, and the answer the user was given (a fallback, a best effort) as the last
+        word.  The run's own transcript (``run.messages``) stays what happened."""
+        msgs = list(run.messages)
+        for i in range(len(msgs) - 1, -1, -1):
+            m = msgs[i]
+            if m.get("role") == "assistant":
+                answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x.get("role") == "tool"}
+                text = self.texts.not_executed.format(reason=outcome.termination)
+                msgs.extend({"role": "tool", "tool_call_id": tc["id"], "content": text}
+                            for tc in m.get("tool_calls") or () if tc.get("id") not in answered)
+                break
+        answer = (outcome.final_answer or "").strip()
+        last = msgs[-1] if msgs else None
+        said = (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
+                and (last.get("content") or "").strip() == answer)
+        if answer and not said:
+            msgs.append({"role": "assistant", "content": outcome.final_answer})
+        return msgs
+
     def finish(self, run: Run, outcome: RunOutcome) -> RunOutcome:
         """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``."""
         run.ended_at = run.clock.now()
         run.outcome = outcome
         conversation = run.conversation
-        conversation.messages = run.messages
+        conversation.messages = self._settled_history(run, outcome)
         conversation.runs += 1
         failures = self.hooks.on_stop(run, outcome)
         run.errors.extend(failures)
@@ -344,7 +372,11 @@ class Engine:
             if not res.stop.soft:
                 return self._hard(run, res.stop)
             run.stopping = res.stop
-        ledger: dict[str, ToolResult] = {}
+        # Side effects that happened (or may have: a timeout) are remembered for the whole
+        # conversation; failures only for this run -- the user's next message may have fixed
+        # what made them fail.
+        ledger = run.conversation.side_effects
+        failed_here: dict[str, ToolResult] = {}
         while True:
             if run.cancel.is_set():
                 return RunOutcome(
@@ -396,7 +428,13 @@ class Engine:
             content = response.content
             if content and content.strip():
                 run.best_answer = content
-            calls = [] if final else self._parse_calls(run, response)
+            if final:  # tools were disabled: proposed calls are ignored, but kept as JSON text
+                calls = []
+                for pc in response.tool_calls:
+                    if not isinstance(pc.arguments, str):
+                        pc.arguments = json.dumps(pc.arguments, ensure_ascii=False, default=str)
+            else:
+                calls = self._parse_calls(run, response)
             response.calls = calls
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
@@ -456,7 +494,8 @@ class Engine:
                 elif call.error is not None or call.tool is None or call.arguments is None:
                     result = self._invalid_result(run, call)
                 elif (call.idempotency_key is not None
-                      and (earlier := ledger.get(call.idempotency_key)) is not None
+                      and (earlier := ledger.get(call.idempotency_key)
+                           or failed_here.get(call.idempotency_key)) is not None
                       and not earlier.retryable):
                     result = self._side_effect_replay(call, earlier)
                 else:
@@ -469,7 +508,8 @@ class Engine:
                         # Every executed side effect is remembered, whatever its outcome; only a
                         # failure that stays retryable (after_tool plugins may spend a retry
                         # budget and clear the flag on this very object) runs again.
-                        ledger[call.idempotency_key] = result
+                        done = result.ok or result.error in ("timeout", "cancelled")
+                        (ledger if done else failed_here)[call.idempotency_key] = result
                 result.content = self._clip(result.content)
                 run.add_message({"role": "tool", "tool_call_id": call.id,
                                  "content": result.content})
@@ -534,22 +574,27 @@ class Engine:
             duration_s=elapsed,
         )
 
+    def _cancelled_before(self, eff: RunTool) -> ToolResult:
+        return ToolResult(content=self.texts.tool_cancelled.format(name=eff.call.name),
+                          ok=False, error="cancelled")
+
     def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
         tool, ctx = eff.tool, eff.ctx
         if eff.call.delay_s > 0:
             run.clock.sleep(eff.call.delay_s, run.cancel)
+            if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
+                return self._cancelled_before(eff)
         started = run.clock.now()
         if ctx.deadline is not None and eff.call.timeout is not None:
             ctx.deadline = started + eff.call.timeout
         timeout = eff.call.timeout
         if tool.is_async:
             try:
-                coro = tool.invoke(eff.arguments, ctx)
-                value = asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
-            except asyncio.TimeoutError:
-                return self.timeout_result(eff.call, run.clock.now() - started)
+                overran, value = _run_coroutine(_bounded(tool.invoke(eff.arguments, ctx), timeout))
             except Exception as exc:
                 return self.error_result(eff, exc, run.clock.now() - started)
+            if overran:
+                return self.timeout_result(eff.call, run.clock.now() - started)
             return self.tool_result(eff, value, started, run)
         if timeout is None or tool.context_param is not None:
             # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
@@ -583,6 +628,8 @@ class Engine:
         tool, ctx = eff.tool, eff.ctx
         if eff.call.delay_s > 0:
             await run.clock.asleep(eff.call.delay_s, run.cancel)
+            if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
+                return self._cancelled_before(eff)
         started = run.clock.now()
         if ctx.deadline is not None and eff.call.timeout is not None:
             ctx.deadline = started + eff.call.timeout
@@ -592,17 +639,11 @@ class Engine:
                 aw = tool.invoke(eff.arguments, ctx)
             else:
                 aw = _daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
-            if timeout is None:
-                value = await aw
-            elif sys.version_info >= (3, 11):  # a deadline on this task, no extra task per call
-                async with asyncio.timeout(timeout):
-                    value = await aw
-            else:  # pragma: no cover - Python 3.10
-                value = await asyncio.wait_for(aw, timeout)
-        except asyncio.TimeoutError:
-            return self.timeout_result(eff.call, run.clock.now() - started)
+            overran, value = await _bounded(aw, timeout)
         except Exception as exc:
             return self.error_result(eff, exc, run.clock.now() - started)
+        if overran:
+            return self.timeout_result(eff.call, run.clock.now() - started)
         return self.tool_result(eff, value, started, run)
 
 
@@ -735,15 +776,67 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
     return future
 
 
+async def _bounded(aw: Awaitable[Any], timeout: float | None) -> tuple[bool, Any]:
+    """Await ``aw`` within ``timeout``: (True, None) when the deadline passed, else
+    (False, value).  A ``TimeoutError`` the tool raises itself (a socket read timing out) is
+    its own error, not the loop's deadline, and propagates as such."""
+    if timeout is None:
+        return False, await aw
+    if sys.version_info >= (3, 11):  # a deadline on this task, no extra task per call
+        cm = asyncio.timeout(timeout)
+        try:
+            async with cm:
+                return False, await aw
+        except TimeoutError:
+            if cm.expired():
+                return True, None
+            raise
+    try:  # pragma: no cover - Python 3.10, where asyncio.TimeoutError is the loop's own
+        return False, await asyncio.wait_for(aw, timeout)
+    except asyncio.TimeoutError:  # pragma: no cover
+        return True, None
+
+
+def _run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to its end from sync code -- in a helper thread when this thread already
+    runs an event loop (a sync ``run()`` called from async code, a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: list[Any] = []
+
+    def target() -> None:
+        try:
+            box.append((True, asyncio.run(coro)))
+        except BaseException as exc:  # handed back to the caller below
+            box.append((False, exc))
+
+    worker = threading.Thread(target=target, name="loopwarden-async-tool", daemon=True)
+    worker.start()
+    worker.join()
+    ok, payload = box[0]
+    if not ok:
+        raise payload
+    return cast(_T, payload)
+
+
 def _well_formed(response: Any) -> bool:
     """Content is text or None, and every proposed call is a ProposedCall with a str name
     (a model adapter is third-party code: its response is checked, not trusted)."""
     if response.content is not None and not isinstance(response.content, str):
         return False
+    usage = response.usage
+    if usage is not None and not (
+        isinstance(usage, Usage)
+        and all(type(n) is int and n >= 0 for n in (usage.prompt, usage.completion, usage.cached))
+    ):
+        return False
     calls = response.tool_calls
     if not isinstance(calls, list):
         return False
-    return all(isinstance(c, ProposedCall) and isinstance(c.name, str) for c in calls)
+    return all(isinstance(c, ProposedCall) and isinstance(c.name, str)
+               and isinstance(c.id, str) for c in calls)
 
 
 def _internal_error(exc: BaseException) -> RunOutcome:

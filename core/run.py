@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import CancelToken, Clock, SystemClock
-from loopwarden.events import Usage
+from loopwarden.events import ToolResult, Usage
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
@@ -56,9 +56,11 @@ class RunOutcome:
 class Conversation:
     """A conversation: one run per user message, sharing what must carry on.
 
-    The messages carry on from run to run (so the context grows as it really does), and so
-    does conversation-scoped plugin state (:meth:`loopwarden.Plugin.conversation_state`);
-    per-run state and per-run limits start afresh with every run.  Pass one to
+    The messages carry on from run to run (so the context grows as it really does), so does
+    the ledger of side effects that took place (such an idempotency key never runs again in
+    the conversation), and so does conversation-scoped plugin state
+    (:meth:`loopwarden.Plugin.conversation_state`); per-run state and per-run limits start
+    afresh with every run.  Pass one to
     ``Deployment.run(..., conversation=conv)`` for each user message; a run without one gets a
     conversation of its own.  Not for concurrent runs: a conversation's runs follow each other.
     """
@@ -69,6 +71,9 @@ class Conversation:
         self.messages: list[dict[str, Any]] = []
         #: conversation-scoped plugin state, keyed by plugin name
         self.state: dict[str, Any] = {}
+        #: side effects that took place (or may have: a timeout) in this conversation, by
+        #: idempotency key -- the loop's ledger: such a key never runs again
+        self.side_effects: dict[str, ToolResult] = {}
         #: runs finished in this conversation
         self.runs = 0
 

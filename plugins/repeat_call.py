@@ -79,8 +79,9 @@ class RepeatCallSettings(PluginSettings):
     failures_across_turns: bool = Field(
         default=True,
         description="remember calls that failed with a non-retryable error for the rest of "
-        "the conversation: repeating one after the next user message is still a repeat of a "
-        "failure (a successful call of a tool not declared read_only forgets them)",
+        "the conversation: after the next user message such a call runs again (the user may "
+        "have changed something), but failing again counts as a repeat, warned and then "
+        "stopped like one within a run (a successful change forgets them)",
     )
     max_fingerprints: int = Field(
         default=256, ge=1,
@@ -151,6 +152,7 @@ class _Entry:
     retryable: bool = False
     content: str = ""
     digest: str = ""
+    carried: list[Any] | None = None  # its failure remembered from an earlier user turn
 
 
 @dataclass(slots=True)
@@ -265,6 +267,26 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             if len(failures) > self.settings.max_fingerprints:
                 failures.popitem(last=False)
 
+    def _failed_again(self, run: Run, call: ToolCall, result: ToolResult, e: _Entry,
+                      st: _State) -> Verdict | None:
+        """A call that failed for good in an earlier user turn ran again: failing again is a
+        repeat (warned, then stopped); succeeding forgets the old failure."""
+        carried = e.carried
+        if carried is None or result.ok or result.retryable:
+            return None
+        s = self.settings
+        carried[2] += 1
+        e.repeats = carried[2]
+        e.seen = max(e.seen, e.repeats + 1)  # calls made, counting the earlier turns
+        run.duplicate_calls += 1
+        hits = self._in_window(st, f"{call.fingerprint}@{st.epoch}")
+        if e.repeats >= s.stop_at_repeat:
+            return self._stop(call, e, hits, across_turns=True)
+        error = _first_line(result.content)
+        fields = dict(name=call.name, signature=_signature(call), count=e.seen)
+        return self.warn(s.failed_hint.format(error=error, **fields),
+                         **self._evidence(call, e, hits, rule="failed", across_turns=True))
+
     @hookimpl
     def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
         st: _State = self.state(run)
@@ -272,11 +294,10 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         fp = call.fingerprint
         e = self._entry(st, fp)
         e.seen += 1
-        if not e.has_result and s.failures_across_turns:
-            earlier = self.conversation_state(run).get(fp)
-            if earlier is not None:  # failed for good in an earlier run of this conversation
-                e.has_result, e.ok, e.retryable, e.epoch = True, False, False, st.epoch
-                e.content, e.digest, e.repeats = earlier
+        if not e.has_result and e.carried is None and s.failures_across_turns:
+            # failed for good in an earlier run of this conversation: it runs once more (the
+            # user may have fixed something); after_tool judges the result
+            e.carried = self.conversation_state(run).get(fp)
         retry = e.has_result and not e.ok and e.retryable
         current = e.has_result and e.epoch == st.epoch  # a result nothing has changed since
         if e.has_result and not current and not retry:
@@ -300,7 +321,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if not e.ok and s.failures_across_turns:
             remembered = self.conversation_state(run).get(fp)
             if remembered is not None:
-                remembered[2] = e.repeats  # the count carries on to the next user message
+                remembered[2] = max(remembered[2], e.repeats)  # carries on to the next turn
         if side_effect and e.ok:
             # Never skipped: the loop replays the earlier result for the same idempotency key.
             if hits >= s.window_count:
@@ -362,6 +383,8 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                         )
                 else:
                     e.repeats = 0  # the result changed: not a repeat
+        if not result.skipped and e.carried is not None and not e.has_result:
+            verdict = self._failed_again(run, call, result, e, st) or verdict
         if not result.skipped:
             if s.failures_across_turns:
                 self._remember_failure(run, call, result)

@@ -6,7 +6,7 @@ from typing import Any
 
 from builders import call, script
 
-from loopwarden import Conversation, Deployment, Plugin, hookimpl
+from loopwarden import Conversation, Deployment, Plugin, ToolError, hookimpl
 from loopwarden.config import default_config_path, load_config, parse_config
 
 
@@ -28,7 +28,7 @@ def test_messages_and_conversation_state_carry_on_per_run_state_does_not() -> No
                     conversation=conv)
     second = dep.run("and the logistics?", model=script(lookup, lookup, {"content": "ok"}),
                      conversation=conv)
-    assert conv.runs == 2 and conv.messages is second.messages
+    assert conv.runs == 2 and conv.messages == second.messages
     users = [m["content"] for m in second.messages if m["role"] == "user"]
     assert users == ["where is 88231?", "and the logistics?"]
     assert second.messages[: len(first.messages)] == first.messages
@@ -50,19 +50,33 @@ def not_found_turn() -> dict[str, Any]:
     return {"content": "let me check", "tool_calls": [call("query_order", order_id="99999")]}
 
 
-def test_a_call_that_failed_for_good_stays_failed_in_the_next_user_turn() -> None:
+def test_a_call_that_failed_for_good_counts_on_in_the_next_user_turns() -> None:
     dep = Deployment(load_config(default_config_path()))
     conv = Conversation()
     turns = [not_found_turn(), {"content": "not found"}]
     r1 = dep.run("order 99999?", model=script(*turns), conversation=conv)
     assert r1.record()["termination"] == "final_answer"
-    r2 = dep.run("please check 99999 again", model=script(*turns), conversation=conv)
-    rec2 = r2.record()
-    assert rec2["tools_executed"] == 0  # skipped: it already failed with NOT_FOUND
-    assert rec2["warnings"][0]["plugin"] == "repeat_call"
-    r3 = dep.run("once more?", model=script(*turns), conversation=conv)
-    rec3 = r3.record()
+    # the next user message may have fixed something: the call runs once more ...
+    rec2 = dep.run("please check 99999 again", model=script(*turns), conversation=conv).record()
+    assert rec2["tools_executed"] == 1 and rec2["termination"] == "final_answer"
+    assert rec2["warnings"][0]["plugin"] == "repeat_call"  # ... failing again is a repeat
+    rec3 = dep.run("once more?", model=script(*turns), conversation=conv).record()
     assert (rec3["termination"], rec3["stopped_by"]) == ("repeat_call", "repeat_call")
+    assert rec3["evidence"]["across_turns"] is True and rec3["evidence"]["count"] == 3
+
+
+def test_a_fix_between_turns_lets_the_call_succeed() -> None:
+    dep = Deployment(load_config(default_config_path()))
+    conv = Conversation()
+    turns = [not_found_turn(), {"content": "not found"}]
+    dep.run("order 99999?", model=script(*turns), conversation=conv)
+    from loopwarden.tools.shop import Shop
+
+    with Shop().write() as c:  # the order is created outside the agent
+        c.execute("INSERT INTO orders VALUES ('99999','x',1,'已签收','2026-06-01',NULL,NULL)")
+    rec = dep.run("I placed it now", model=script(*turns), conversation=conv).record()
+    assert rec["tools_executed"] == 1 and rec["warnings"] == []
+    assert not conv.state["repeat_call"]
 
 
 def test_the_memory_of_failures_can_be_per_run_only() -> None:
@@ -87,3 +101,87 @@ def test_a_successful_change_forgets_earlier_failures() -> None:
         {"tool_calls": [call("transfer_to_human", reason="refund question")]},
         {"content": "done"}), conversation=conv)
     assert not conv.state["repeat_call"]  # a side effect succeeded: the world changed
+
+
+def test_a_failed_side_effect_may_run_again_after_the_next_user_message() -> None:
+    from loopwarden.tools import ToolRegistry, tool
+
+    attempts: list[str] = []
+
+    @tool(side_effect=True, idempotency_keys=("order_id",))
+    def charge(order_id: str) -> str:
+        """Charge an order; the card is declined the first time."""
+        attempts.append(order_id)
+        if len(attempts) == 1:
+            raise ToolError("DECLINED: card expired")
+        return "charged"
+
+    dep = Deployment(parse_config({}), tools=ToolRegistry([charge]))
+    conv = Conversation()
+    turn = {"tool_calls": [call("charge", order_id="1")]}
+    dep.run("charge 1", model=script(turn, turn, {"content": "declined"}), conversation=conv)
+    assert attempts == ["1"]  # not retried within the run: it failed for good
+    dep.run("I renewed my card", model=script(turn, {"content": "ok"}), conversation=conv)
+    dep.run("again?", model=script(turn, {"content": "ok"}), conversation=conv)
+    assert attempts == ["1", "1"]  # ran again once, then never: it took place
+
+
+def test_a_side_effect_never_runs_twice_in_a_conversation() -> None:
+    from loopwarden.tools import ToolRegistry, tool
+
+    charges: list[str] = []
+
+    @tool(side_effect=True, idempotency_keys=("order_id",))
+    def charge(order_id: str) -> str:
+        """Charge an order."""
+        charges.append(order_id)
+        return f"charged {order_id}"
+
+    dep = Deployment(parse_config({}), tools=ToolRegistry([charge]))
+    conv = Conversation()
+    turn = {"tool_calls": [call("charge", order_id="1")]}
+    for _ in range(2):
+        dep.run("charge order 1", model=script(turn, {"content": "done"}), conversation=conv)
+    assert charges == ["1"]
+    outs = [m["content"] for m in conv.messages if m["role"] == "tool"]
+    assert "was not executed again" in outs[1]
+
+
+
+def test_the_next_turn_sees_a_well_formed_history_with_what_the_user_was_told() -> None:
+    from loopwarden import FakeClock
+
+    class Veto(Plugin):
+        name = "veto"
+
+        @hookimpl
+        def after_response(self, response: Any) -> Any:
+            if response.content and "SECRET" in response.content:
+                return self.stop("forbidden_content")
+            return None
+
+    class Cut(Plugin):
+        name = "cut"
+
+        @hookimpl
+        def after_response(self, response: Any) -> Any:
+            if response.tool_calls and response.content == "cut here":
+                return self.stop("budget")  # hard: the proposed calls never run
+            return None
+
+    cfg = parse_config({"run": {"fallback_answer": "Sorry."}})
+    dep = Deployment(cfg, plugins={"veto": Veto(), "cut": Cut()}, clock=FakeClock())
+    conv = Conversation()
+    r1 = dep.run("q1", model=script({"content": "the password is SECRET123"}),
+                 conversation=conv)
+    assert r1.record()["final_answer"] == "Sorry."
+    assert not any("SECRET" in str(m.get("content")) for m in conv.messages)
+    assert conv.messages[-1] == {"role": "assistant", "content": "Sorry."}
+    dep.run("q2", model=script({"content": "cut here",
+                                "tool_calls": [call("query_order", order_id="1")]}),
+            conversation=conv)
+    # the cut call is answered, and the best-effort answer the user got closes the turn
+    assert conv.messages[-2]["role"] == "tool" and "NOT EXECUTED" in conv.messages[-2]["content"]
+    assert conv.messages[-1]["role"] == "assistant"
+    r3 = dep.run("q3", model=script({"content": "fine"}), conversation=conv)
+    assert r3.record()["termination"] == "final_answer"

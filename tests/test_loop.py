@@ -20,6 +20,7 @@ from loopwarden import (
     PluginLoadError,
     ProposedCall,
     ToolError,
+    Usage,
     hookimpl,
     skip,
     stop,
@@ -705,6 +706,10 @@ class RawModel:
 @pytest.mark.parametrize("garbage", [
     None, {"content": "hi"}, "just text", ModelResponse(content=42),  # type: ignore[arg-type]
     ModelResponse(tool_calls=[{"name": "lookup"}]),  # type: ignore[list-item]
+    ModelResponse(content="x", usage={"prompt_tokens": 3}),  # type: ignore[arg-type]
+    ModelResponse(content="x", usage=Usage(None, 3)),  # type: ignore[arg-type]
+    ModelResponse(content="x", usage=Usage(-1, 3)),
+    ModelResponse(tool_calls=[ProposedCall("lookup", "{}", 5)]),  # type: ignore[arg-type]
 ])
 def test_a_malformed_model_response_is_a_model_error_not_an_exception(garbage: Any) -> None:
     run = deployment().run("q", model=RawModel(garbage))
@@ -722,3 +727,17 @@ def test_proposed_call_arguments_of_other_types(arguments: Any, executed: list[s
     run = deployment().run("q", model=RawModel(first))
     assert run.record()["termination"] == "final_answer"
     assert executed == EXECUTED
+
+
+
+def test_dict_arguments_reach_the_plugins_as_json_text() -> None:
+    seen: list[Any] = []
+
+    class Peek(Plugin):
+        @hookimpl
+        def after_response(self, response: ModelResponse) -> None:
+            seen.extend(c.arguments for c in response.tool_calls)
+
+    first = ModelResponse(tool_calls=[ProposedCall("lookup", {"key": "a"})])  # type: ignore[arg-type]
+    deployment({"peek": Peek()}).run("q", model=RawModel(first))
+    assert seen == ['{"key": "a"}']

@@ -221,3 +221,19 @@ def test_a_429_after_retries_ends_the_run_with_model_error(
     rec = run.record()
     assert rec["termination"] == "model_error"
     assert rec["evidence"]["status"] == 429 and rec["final_answer"]
+
+
+def test_tool_calls_without_ids_get_unique_ids_from_the_loop(
+    stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, url = stub
+    no_id = completion(None, [{"name": "get_current_time", "arguments": "{}"}],
+                       usage={"prompt_tokens": 1, "completion_tokens": 1})
+    for body in (no_id, json.loads(json.dumps(no_id))):
+        del body["choices"][0]["message"]["tool_calls"][0]["id"]
+        state.push(body)
+    state.push(completion("done", usage={"prompt_tokens": 1, "completion_tokens": 1}))
+    run = deployment_for(url, monkeypatch).run("q")
+    ids = [tc["id"] for m in run.messages if m["role"] == "assistant"
+           for tc in m.get("tool_calls", [])]
+    assert len(ids) == 2 and len(set(ids)) == 2

@@ -114,7 +114,7 @@ class OpenAIChatModel:
         choice = completion.choices[0]
         msg = choice.message
         calls = []
-        for i, tc in enumerate(getattr(msg, "tool_calls", None) or ()):
+        for tc in getattr(msg, "tool_calls", None) or ():
             fn = getattr(tc, "function", None)
             if fn is None:
                 continue
@@ -122,7 +122,8 @@ class OpenAIChatModel:
                 ProposedCall(
                     name=str(getattr(fn, "name", "") or ""),
                     arguments=str(getattr(fn, "arguments", "") or ""),
-                    id=str(getattr(tc, "id", "") or f"call_{i}"),
+                    # no id from the server: the loop assigns one unique in the run
+                    id=str(getattr(tc, "id", "") or ""),
                 )
             )
         u = getattr(completion, "usage", None)
