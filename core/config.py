@@ -179,6 +179,7 @@ class Config(_Strict):
 
     def profile(self, name: str | None) -> ProfileConfig | None:
         """The named profile (or ``[run] profile``), None when no profile applies."""
+        asked = name  # a caller's argument (--profile, profile=), not the file's run.profile
         name = name or self.run.profile
         if name is None:
             return None
@@ -186,9 +187,11 @@ class Config(_Strict):
             return self.profiles[name]
         except KeyError:
             known = ", ".join(sorted(self.profiles)) or "none defined"
+            where = (dict(key="profile") if asked
+                     else dict(path=self.path, key="run.profile"))
             raise ConfigError(
-                f"unknown profile {name!r}", path=self.path, key="run.profile",
-                expected=f"one of: {known}",
+                f"unknown profile {name!r} (profiles come from {self.path or 'the config'})",
+                expected=f"one of: {known}", **where,
             ) from None
 
 

@@ -55,10 +55,8 @@ class ConfigError(LoopwardenError):
         super().__init__(self._format())
 
     def _format(self) -> str:
-        where = self.path or "<config>"
-        if self.key:
-            where += f": {self.key}"
-        text = f"{where}: {self.message}"
+        where = ": ".join(p for p in (self.path, self.key) if p)
+        text = f"{where}: {self.message}" if where else self.message
         if self.expected:
             text += f" (expected {self.expected})"
         return text

@@ -208,20 +208,39 @@ def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | 
             except ValueError:
                 yield lineno, None
                 continue
-            if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list) or not all(
-                    isinstance(s, dict) for s in obj["steps"]):
+            if not _well_formed(obj):
                 yield lineno, None
                 continue
             yield lineno, obj
+
+
+def _well_formed(obj: Any) -> bool:
+    """The shape replay relies on: steps are objects whose lists are lists (a bad line is
+    counted as unreadable, never a crash that loses the whole file)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list):
+        return False
+    for step in obj["steps"]:
+        if not isinstance(step, dict):
+            return False
+        for key in ("tool_calls", "observations", "observation_is_error"):
+            value = step.get(key)
+            if value is not None and not isinstance(value, list):
+                return False
+        if not all(isinstance(tc, dict) for tc in step.get("tool_calls") or ()):
+            return False
+        usage = step.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            return False
+    return True
 
 
 def _usage(step: dict[str, Any]) -> Usage | None:
     u = step.get("usage")
     if not isinstance(u, dict):
         return None
-    try:
-        return Usage(prompt=int(u.get("prompt_tokens") or 0),
-                     completion=int(u.get("completion_tokens") or 0))
+    try:  # negative counts are recording errors: clamped, never subtracted from a total
+        return Usage(prompt=max(0, int(u.get("prompt_tokens") or 0)),
+                     completion=max(0, int(u.get("completion_tokens") or 0)))
     except (TypeError, ValueError):
         return None
 

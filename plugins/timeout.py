@@ -4,11 +4,12 @@
 (``[profiles.*] max_seconds``) overrides it.
 
 * ``before_tool`` gives each call ``min(its own timeout, tool_timeout_s, time left)``
-  (``call.timeout``).  The loop enforces it: a cooperative tool (one that takes a
-  :class:`~loopwarden.tools.ToolContext`) sees the deadline in ``ctx.deadline`` and sleeps on
-  the run's clock; a blocking tool runs in a worker thread that is abandoned at the deadline;
-  an async tool is cancelled.  Either way the result comes back as ``error == "timeout"`` and a
-  late result is discarded, never recorded as a success.
+  (``call.timeout``).  The loop enforces it: a blocking tool runs in a worker thread that is
+  abandoned at the deadline; an async tool is cancelled.  A cooperative tool (one that takes a
+  :class:`~loopwarden.tools.ToolContext`) runs inline in sync runs and *promises* to honour
+  ``ctx.deadline`` (``ctx.sleep``, ``ctx.time_left``): one that blocks past it delays the run
+  until it returns.  Either way an overrun comes back as ``error == "timeout"`` and the late
+  result is discarded, never recorded as a success.
 * ``after_tool`` stops the run with ``timeout`` once the run's time is up -- and, with
   ``stop_on_tool_timeout`` (default), as soon as any tool overran.
 * ``before_model`` refuses a model call once the time is up.

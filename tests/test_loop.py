@@ -741,3 +741,44 @@ def test_dict_arguments_reach_the_plugins_as_json_text() -> None:
     first = ModelResponse(tool_calls=[ProposedCall("lookup", {"key": "a"})])  # type: ignore[arg-type]
     deployment({"peek": Peek()}).run("q", model=RawModel(first))
     assert seen == ['{"key": "a"}']
+
+
+def test_cancelled_during_a_backoff_the_tool_is_not_started(charges: list[str]) -> None:
+    class Backoff(Plugin):
+        @hookimpl
+        def before_tool(self, run: Any, call: Any) -> None:
+            call.delay_s = 5.0
+            run.cancel.cancel("user left")  # arrives while the loop waits
+
+    clock = FakeClock()
+    run = side_effect_deployment({"b": Backoff()}).run(
+        "q", model=charging("charge_refused"), clock=clock)
+    assert charges == []
+    assert run.record()["termination"] == "cancelled"
+    assert any("CANCELLED" in str(m.get("content")) for m in run.messages if m["role"] == "tool")
+
+
+@tool
+async def socket_timeout() -> str:
+    """An async tool whose own network read times out at once."""
+    raise TimeoutError("upstream read timed out")
+
+
+def test_a_tools_own_timeout_error_is_not_the_loops_deadline() -> None:
+    dep = Deployment(parse_config({}), tools=ToolRegistry([socket_timeout]),
+                     plugins={"t": SetTimeout()})
+    for runner in ("sync", "async"):
+        model = script({"tool_calls": [call("socket_timeout")]}, {"content": "ok"})
+        run = (dep.run("q", model=model) if runner == "sync"
+               else asyncio.run(dep.arun("q", model=model)))
+        out = next(m["content"] for m in run.messages if m["role"] == "tool")
+        assert out == "ERROR: TimeoutError: upstream read timed out", runner
+
+
+def test_a_sync_run_of_an_async_tool_works_inside_a_running_event_loop() -> None:
+    async def inside() -> Any:
+        model = script({"tool_calls": [call("alookup", key="x")]}, {"content": "ok"})
+        return deployment().run("q", model=model)  # a sync call from async code
+
+    run = asyncio.run(inside())
+    assert [m["content"] for m in run.messages if m["role"] == "tool"] == ["async value of x"]

@@ -370,3 +370,21 @@ def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
     r = replay_trajectory(dep, t, carry=["repeat_call"])
     assert r.stop is not None and r.stop["reason"] == "repeat_call"
     assert r.runs >= 2 and r.stop["step"] > 2
+
+
+def test_lines_of_the_wrong_shape_are_unreadable_not_fatal(tmp_path: Path) -> None:
+    from loopwarden.replay import iter_trajectories
+
+    good = {"id": "ok", "steps": [{"content": "hi", "tool_calls": [], "observations": []}]}
+    bad_shapes = [
+        {"id": "b1", "steps": [{"content": None, "tool_calls": [], "observations": [],
+                                "observation_is_error": True}]},
+        {"id": "b2", "steps": [{"content": None, "tool_calls": [], "observations": "abc"}]},
+        {"id": "b3", "steps": [{"tool_calls": ["not an object"]}]},
+        {"id": "b4", "steps": [{"usage": 12}]},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(t) for t in [good, *bad_shapes]) + "\n",
+                    encoding="utf-8")
+    got = [t for _, t in iter_trajectories(path)]
+    assert [t["id"] if t else None for t in got] == ["ok", None, None, None, None]

@@ -44,7 +44,12 @@ __all__ = ["Tool", "ToolContext", "ToolError", "ToolRegistry", "tool"]
 
 @dataclass(slots=True)
 class ToolContext:
-    """What a running tool may know about its run: clock, cancel token and deadline."""
+    """What a running tool may know about its run: clock, cancel token and deadline.
+
+    Taking a ``ToolContext`` makes a tool *cooperative*: sync runs call it inline (no worker
+    thread), trusting it to honour ``deadline`` -- sleep with :meth:`sleep`, bound its I/O by
+    :attr:`time_left`.  A result that arrives after the deadline is discarded all the same.
+    """
 
     run_id: str
     clock: Clock
