@@ -879,7 +879,9 @@ async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
                     if acomplete is not None:
                         value: Any = await acomplete(eff.request)
                     else:
-                        value = await asyncio.to_thread(model.complete, eff.request)
+                        # a sync model in an async run: a daemon worker, so that a hung call
+                        # never keeps asyncio.run() from exiting
+                        value = await _daemon_thread(model.complete, eff.request, name="model")
                 except Exception as exc:
                     value = Failed(exc)
             else:
