@@ -125,3 +125,18 @@ def test_guard_logs_reach_stderr_only_when_asked(capsys: pytest.CaptureFixture[s
     assert code == 0
     assert "event=guard_triggered" in err and "plugin=repeat_call" in err
     assert err.count("event=run_stopped") == 1  # one handler, however often main() runs
+
+
+def test_scenarios_lists_every_built_in_scenario_with_its_expectation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from loopwarden.scenario import builtin_scenarios
+
+    code, out, _ = run_cli(capsys, "scenarios")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == len(builtin_scenarios()) >= 11
+    refund = next(line for line in lines if line.startswith("refund "))
+    assert "final_answer" in refund
+    code, out, _ = run_cli(capsys, "scenarios", "--paths")
+    assert all(line.endswith(".toml") for line in out.strip().splitlines())
