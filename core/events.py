@@ -7,6 +7,7 @@ Argument names are identical across hooks (``run``, ``request``, ``response``, `
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -127,6 +128,16 @@ class ToolCall:
     timeout: float | None = None
     delay_s: float = 0.0
     idempotency_key: str | None = None
+
+    def signature(self, limit: int = 200) -> str:
+        """The call for people: ``name({"key": "value"})``, arguments clipped to ``limit``."""
+        if self.arguments is not None:
+            args = json.dumps(self.arguments, ensure_ascii=False, sort_keys=True, default=str)
+        else:
+            args = self.raw_arguments
+        if len(args) > limit:
+            args = args[:limit] + "..."
+        return f"{self.name}({args})"
 
     @property
     def read_only(self) -> bool:

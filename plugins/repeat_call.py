@@ -42,7 +42,6 @@ observation, and a window of ``window`` calls.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,16 +172,6 @@ class _State:
     epoch: int = 0  # bumped by every executed call that may change the world
 
 
-def _signature(call: ToolCall, limit: int = 200) -> str:
-    if call.arguments is not None:
-        args = json.dumps(call.arguments, ensure_ascii=False, sort_keys=True, default=str)
-    else:
-        args = call.raw_arguments
-    if len(args) > limit:
-        args = args[:limit] + "..."
-    return f"{call.name}({args})"
-
-
 def _first_line(text: str, limit: int = 200) -> str:
     line = text.strip().split("\n", 1)[0].strip()
     return line[:limit] + "..." if len(line) > limit else line
@@ -224,7 +213,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     ) -> dict[str, Any]:
         s = self.settings
         return dict(
-            tool=call.name, fingerprint=call.fingerprint, signature=_signature(call),
+            tool=call.name, fingerprint=call.fingerprint, signature=call.signature(),
             count=e.seen, repeats=e.repeats, threshold=s.stop_at_repeat, window=s.window,
             window_count=window_hits, window_threshold=s.window_count, step=call.step,
             **extra,
@@ -235,7 +224,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         """The stop verdict; ``rule`` in its evidence names the rule that fired."""
         s = self.settings
         rule = "repeat" if by_repeats and e.repeats >= s.stop_at_repeat else "window"
-        sig = _signature(call)
+        sig = call.signature()
         return self.stop(
             "repeat_call", soft=s.soft,
             message=s.stop_message.format(name=call.name, signature=sig, count=e.seen),
@@ -283,7 +272,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if e.repeats >= s.stop_at_repeat:
             return self._stop(call, e, hits, across_turns=True)
         error = _first_line(result.content)
-        fields = dict(name=call.name, signature=_signature(call), count=e.seen)
+        fields = dict(name=call.name, signature=call.signature(), count=e.seen)
         return self.warn(s.failed_hint.format(error=error, **fields),
                          **self._evidence(call, e, hits, rule="failed", across_turns=True))
 
@@ -329,7 +318,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             return None
         if self._stops(e, hits):
             return self._stop(call, e, hits)
-        sig = _signature(call)
+        sig = call.signature()
         fields = dict(name=call.name, signature=sig, count=e.seen)
         if not e.ok:
             error = _first_line(e.content)
@@ -375,7 +364,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                     if self._stops(e, hits):
                         verdict = self._stop(call, e, hits, result_digest=result.digest)
                     else:
-                        sig = _signature(call)
+                        sig = call.signature()
                         verdict = self.warn(
                             s.unchanged_hint.format(name=call.name, signature=sig, count=e.seen),
                             **self._evidence(call, e, hits, rule="unchanged",

@@ -173,7 +173,8 @@ class Stall(Plugin[StallSettings]):
         evidence: dict[str, Any] = dict(
             streak=st.streak, threshold=s.stop_after, similarity=round(best, 3),
             similarity_threshold=s.similarity, window=s.window, tool=call.name,
-            fingerprint=call.fingerprint, digest=digest, step=run.step,
+            fingerprint=call.fingerprint, signature=call.signature(), digest=digest,
+            step=run.step,
         )
         fields = dict(count=st.streak, tool=call.name)
         if st.streak >= s.stop_after:

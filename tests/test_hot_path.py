@@ -264,7 +264,8 @@ class _RefStall:
         self.streak += 1
         evidence = dict(streak=self.streak, threshold=s.stop_after, similarity=round(best, 3),
                         similarity_threshold=s.similarity, window=s.window, tool=call.name,
-                        fingerprint=call.fingerprint, digest=result.digest, step=step)
+                        fingerprint=call.fingerprint, signature=call.signature(),
+                        digest=result.digest, step=step)
         fields = dict(count=self.streak, tool=call.name)
         if self.streak >= s.stop_after:
             return ("stop", s.soft, s.stop_message.format(**fields), evidence)
