@@ -72,7 +72,18 @@ class ModelConfig(_Strict):
     max_retries: int = Field(default=2, ge=0)
     temperature: float | None = None
     max_output_tokens: PositiveInt | None = None
+    #: the model's context window in tokens (None: from the table of known models, see
+    #: :mod:`loopwarden.models.windows`); context limits follow it
+    context_window: PositiveInt | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+    def window(self) -> tuple[int, str]:
+        """The context window (tokens) and where it came from (see
+        :func:`loopwarden.models.windows.context_window`)."""
+        from loopwarden.models.windows import context_window
+
+        return context_window(self.name, self.context_window)
 
 
 class Texts(_Strict):
@@ -129,9 +140,12 @@ class RunConfig(_Strict):
         "up before answering, and answer in the user's language."
     )
     profile: str | None = None
+    #: "enforce": verdicts steer the run; "shadow": every verdict is computed, recorded,
+    #: logged, alerted and counted, but only the essential max_steps changes the run
+    mode: Literal["enforce", "shadow"] = "enforce"
     wrap_up_instruction: str = DEFAULT_WRAP_UP
     fallback_answer: str = DEFAULT_FALLBACK
-    warning_role: Literal["user", "system", "developer"] = "user"
+    warning_role: Literal["user", "system", "developer"] = "system"
     warning_prefix: str = "[loopwarden] "
     max_observation_chars: PositiveInt | None = 16000
     volatile_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLATILE_KEYS))
@@ -145,6 +159,8 @@ class ProfileConfig(_Strict):
     max_steps: PositiveInt | None = None
     max_tokens: PositiveInt | None = None
     max_seconds: PositiveFloat | None = None
+    #: the largest request in tokens (token_budget's max_context), e.g. for a small model
+    max_context: PositiveInt | None = None
     description: str | None = None
 
 
@@ -163,7 +179,15 @@ class PluginsConfig(BaseModel):
     blocked: list[str] = Field(default_factory=list)
 
     def tables(self) -> dict[str, dict[str, Any]]:
-        return dict(self.model_extra or {})
+        """Each plugin's settings table, without the ``shadow`` switch every table may carry."""
+        return {name: ({k: v for k, v in table.items() if k != "shadow"}
+                       if isinstance(table, dict) else table)
+                for name, table in (self.model_extra or {}).items()}
+
+    def shadowed(self) -> list[str]:
+        """The plugins whose table says ``shadow = true``."""
+        return [name for name, table in (self.model_extra or {}).items()
+                if isinstance(table, dict) and table.get("shadow") is True]
 
 
 class Config(_Strict):
@@ -240,6 +264,12 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
             raise ConfigError(
                 f"must be a table, got {table!r}", path=path, key=f"plugins.{name}",
                 expected=f"[plugins.{name}] with the plugin's settings",
+            )
+    for name, table in (cfg.plugins.model_extra or {}).items():
+        if isinstance(table, dict) and not isinstance(table.get("shadow", False), bool):
+            raise ConfigError(
+                f"must be true or false, got {table['shadow']!r}", path=path,
+                key=f"plugins.{name}.shadow",
             )
     for name in cfg.plugins.enabled:
         if not isinstance(name, str) or not name.strip():

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Deployment", "scripted_tools"]
 
+#: plugins that end a run normally rather than guard it: not shadowed by ``[run] mode``
+_NOT_SHADOWED = frozenset({"terminal_tool"})
+
 
 class _AnyArgs(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -136,7 +139,7 @@ class Deployment:
         self.config = config if config is not None else load_config()
         self.plugins: PluginSet = load_plugins(self.config, extra=extra_plugins, objects=plugins)
         self.hooks = self.plugins.hooks
-        self.engine = Engine(self.hooks, self.config.run)
+        self.engine = Engine(self.hooks, self.config.run, shadow=self._shadowed())
         self.estimator = get_estimator(self.config.run.token_estimator)
         self.clock = clock or SystemClock()
         self._model = model
@@ -150,6 +153,22 @@ class Deployment:
             connect = getattr(lp.obj, "connect", None)
             if callable(connect):
                 connect(self)
+
+    def _shadowed(self) -> list[str]:
+        """The plugins in shadow mode: every one but the essential ones and normal endings
+        under ``[run] mode = "shadow"``, else those whose table says ``shadow = true``."""
+        essential = {lp.name for lp in self.plugins if getattr(lp.obj, "essential", False)}
+        cfg = self.config
+        if cfg.run.mode == "shadow":
+            return [lp.name for lp in self.plugins
+                    if lp.name not in essential and lp.name not in _NOT_SHADOWED]
+        named = cfg.plugins.shadowed()
+        bad = sorted(essential.intersection(named))
+        if bad:
+            raise ConfigError(
+                f"{bad[0]} is essential: it cannot run in shadow mode (a shadowed run must "
+                "still end)", path=cfg.path, key=f"plugins.{bad[0]}.shadow")
+        return named
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> Deployment:
@@ -192,7 +211,8 @@ class Deployment:
         if p is None:
             return Limits()
         return Limits(name=profile or self.config.run.profile, max_steps=p.max_steps,
-                      max_tokens=p.max_tokens, max_seconds=p.max_seconds)
+                      max_tokens=p.max_tokens, max_seconds=p.max_seconds,
+                      max_context=p.max_context)
 
     def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
         """Subscribe ``receiver`` to ``signal`` for this deployment's runs only.

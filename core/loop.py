@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -37,7 +37,7 @@ from loopwarden.fingerprint import Fingerprinter
 from loopwarden.run import Run, RunOutcome
 from loopwarden.tokens import estimate_tools
 from loopwarden.tools import ToolContext, format_validation_error
-from loopwarden.verdicts import Resolution, Stop
+from loopwarden.verdicts import Resolution, Stop, resolve
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig
@@ -96,9 +96,13 @@ def _to_text(value: Any) -> str:
 class Engine:
     """The loop logic for one deployment (shared by all its runs; holds no run state)."""
 
-    def __init__(self, hooks: Hooks, settings: RunConfig) -> None:
+    def __init__(self, hooks: Hooks, settings: RunConfig,
+                 shadow: Collection[str] = ()) -> None:
         self.hooks = hooks
         self.settings = settings
+        self.mode = settings.mode
+        #: plugins in shadow mode: their verdicts are recorded and signalled, never honoured
+        self.shadow = frozenset(shadow)
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
@@ -134,25 +138,43 @@ class Engine:
         cache[id(schemas)] = (schemas, n)
         return schemas, n
 
-    def _note(self, run: Run, hook: str, res: Resolution) -> None:
-        """Record every verdict, keep every warning, queue warnings for the next request.
+    def _note(self, run: Run, hook: str, res: Resolution) -> Resolution:
+        """Record every verdict, keep every warning, queue warnings for the next request;
+        return the resolution the run honours (without the verdicts of shadowed plugins).
 
         The machine skips the call when ``res.verdicts`` is empty (the common case).
         """
         if not res.verdicts:
-            return
+            return res
+        shadow = self.shadow
+        shadowed = bool(shadow) and any(v.plugin in shadow for v in res.verdicts)
         for v in res.verdicts:
             entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
                                      "kind": v.kind}
             if isinstance(v, Stop):
                 entry["reason"] = v.reason
                 entry["soft"] = v.soft
+            if shadowed and v.plugin in shadow:
+                entry["shadow"] = True
+                if v.message:
+                    entry["message"] = v.message
+                run.verdicts.append(entry)
+                if isinstance(v, Stop) and run.shadow_stop is None:
+                    run.shadow_stop = {k: entry[k] for k in
+                                       ("step", "hook", "plugin", "reason", "soft")}
+                    run.shadow_stop["evidence"] = dict(v.evidence)
+                signals.send(signals.guard_triggered, run, verdict=v, hook=hook,
+                             step=run.step, shadow=True)
+                continue
             run.verdicts.append(entry)
             signals.send(signals.guard_triggered, run, verdict=v, hook=hook, step=run.step)
+        if shadowed:
+            res = resolve(v for v in res.verdicts if v.plugin not in shadow)
         for w in res.warnings:
             message = w.message
             if message:
                 self._warn(run, w.plugin, message)
+        return res
 
     def _warn(self, run: Run, plugin: str, message: str) -> None:
         run.warnings.append({"step": run.step, "plugin": plugin, "message": message})
@@ -367,7 +389,7 @@ class Engine:
         signals.send(signals.run_started, run)
         res = hooks.on_start(run)
         if res.verdicts:
-            self._note(run, "on_start", res)
+            res = self._note(run, "on_start", res)
         if res.stop is not None:
             if not res.stop.soft:
                 return self._hard(run, res.stop)
@@ -388,7 +410,7 @@ class Engine:
             request = self._request(run, final)
             res = hooks.before_model(run, request)
             if res.verdicts:
-                self._note(run, "before_model", res)
+                res = self._note(run, "before_model", res)
             stop = res.stop
             if stop is not None:
                 if not stop.soft:
@@ -449,7 +471,7 @@ class Engine:
                              duration_s=run.clock.now() - t0)
             res = hooks.after_response(run, response)
             if res.verdicts:
-                self._note(run, "after_response", res)
+                res = self._note(run, "after_response", res)
             if (final or not calls) and res.stop is not None and not res.stop.soft:
                 # A hard stop on an answer is a veto (an output guard, or a guard that failed
                 # and fails closed): the model's text is withheld.
@@ -479,7 +501,7 @@ class Engine:
                     break
                 res = hooks.before_tool(run, call)
                 if res.verdicts:
-                    self._note(run, "before_tool", res)
+                    res = self._note(run, "before_tool", res)
                 stop = res.stop
                 if stop is not None:
                     self._close_calls(run, calls[i:], stop.reason)
@@ -519,7 +541,7 @@ class Engine:
                     signals.send(signals.tool_finished, run, call=call, result=result)
                 res = hooks.after_tool(run, call, result)
                 if res.verdicts:
-                    self._note(run, "after_tool", res)
+                    res = self._note(run, "after_tool", res)
                 stop = res.stop
                 if stop is not None:
                     self._close_calls(run, calls[i + 1:], stop.reason)

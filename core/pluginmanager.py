@@ -100,6 +100,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "stall": "loopwarden.plugins.stall:Stall",
     "failure_streak": "loopwarden.plugins.failure_streak:FailureStreak",
     "terminal_tool": "loopwarden.plugins.terminal_tool:TerminalTool",
+    "conversation_limits": "loopwarden.plugins.conversation_limits:ConversationLimits",
     "logging": "loopwarden.plugins.logging:LoggingPlugin",
     "alerting": "loopwarden.plugins.alerting:Alerting",
     "metrics": "loopwarden.plugins.metrics:Metrics",

@@ -20,7 +20,7 @@ __all__ = [
 STOP_REASONS: tuple[str, ...] = (
     "final_answer", "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
     "timeout", "cancelled", "repeat_call", "oscillation", "no_progress", "stall",
-    "failure_streak", "terminal_tool", "plugin_error", "model_error",
+    "failure_streak", "terminal_tool", "plugin_error", "model_error", "max_turns",
 )
 
 #: the run ended as it should: the model answered, or a terminal tool handed it off
@@ -37,6 +37,7 @@ FAILURE_REASONS: tuple[str, ...] = ("failure_streak",)
 #: a budget or cap ran out
 BUDGET_REASONS: tuple[str, ...] = (
     "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls", "timeout",
+    "max_turns",
 )
 
 #: something failed: the model call, a plugin, or the loop itself

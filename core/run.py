@@ -30,6 +30,7 @@ class Limits:
     max_steps: int | None = None
     max_tokens: int | None = None
     max_seconds: float | None = None
+    max_context: int | None = None
 
 
 @dataclass(slots=True)
@@ -139,6 +140,8 @@ class Run:
         self.last_observation: str | None = None
         self.outcome: RunOutcome | None = None
         self.stopping: Any = None  # the Stop verdict being honoured, if any
+        #: the stop a shadowed plugin would have made first (shadow mode), else None
+        self.shadow_stop: dict[str, Any] | None = None
 
     # -- conversation ------------------------------------------------------------------
 
@@ -151,6 +154,13 @@ class Run:
     def elapsed(self) -> float:
         end = self.ended_at if self.ended_at is not None else self.clock.now()
         return end - self.started_at
+
+    @property
+    def mode(self) -> str:
+        """``"shadow"`` when the deployment runs in shadow mode, else ``"enforce"`` (single
+        plugins may still be shadowed: see ``shadow_stop`` and the ``verdicts``)."""
+        engine = getattr(self.deployment, "engine", None)
+        return str(getattr(engine, "mode", "enforce"))
 
     @property
     def finished(self) -> bool:
@@ -194,6 +204,10 @@ class Run:
             "model": self.model_name,
             "errors": list(self.errors),
             "verdicts": list(self.verdicts),
+            "mode": self.mode,
+            "shadow_stop": _jsonable(self.shadow_stop),
+            "meta": _jsonable(self.meta),
+            "conversation_id": self.conversation.id,
         }
 
     def trajectory(self) -> list[dict[str, Any]]:
