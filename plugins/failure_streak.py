@@ -5,8 +5,13 @@ loop marked it failed (``result.ok`` is False: an exception, a timeout, an unkno
 arguments) or when its text looks like an error -- many tools report failures as ordinary
 text.  The error-like patterns (``patterns``, regular expressions searched in the first
 ``scan_chars`` characters) default to ``ERROR``, ``NOT_FOUND``, ``TIMEOUT``, ``UNAVAILABLE`` as
-words, and Python tracebacks.  A success resets the streak; ``warn_after`` failures in a row
-warn, ``stop_after`` in a row stop the run with ``failure_streak``.
+words, and Python tracebacks.  A success resets the streak; ``warn_after`` failed rounds in a
+row warn, ``stop_after`` in a row stop the run with ``failure_streak``.
+
+A parallel batch (the tool calls of one model turn) is one round: it failed when every result
+in it failed, and one success in it resets the streak.  Results of ``neutral_tools`` -- tools
+that do nothing in the world (``think``, ``calculate``) -- neither count nor reset: thinking
+between two failures does not make the next one a first.
 """
 
 from __future__ import annotations
@@ -18,7 +23,16 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden import (
+    ModelResponse,
+    Plugin,
+    PluginSettings,
+    Run,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    hookimpl,
+)
 from loopwarden.plugin import check_patterns, check_templates
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
@@ -48,6 +62,11 @@ class FailureStreakSettings(PluginSettings):
         "first scan_chars characters); results with ok = false always are",
     )
     ignore_case: bool = Field(default=False, description="match the patterns case-insensitively")
+    neutral_tools: list[str] = Field(
+        default_factory=lambda: ["think", "calculate"],
+        description="tools whose results neither count as failures nor reset the streak "
+        "(no-op tools: thinking, arithmetic)",
+    )
     scan_chars: int = Field(
         default=500, ge=1, description="how much of a result's text the patterns look at"
     )
@@ -88,7 +107,13 @@ _EVIDENCE_FAILURES = 5  # the latest failures kept as evidence
 @dataclass(slots=True)
 class _State:
     failures: deque[dict[str, str]]  # the latest failures of the streak (evidence)
-    streak: int = 0
+    streak: int = 0  # failed rounds in a row
+    batch_step: int = -1  # the model turn whose batch size is known
+    batch_size: int = 1
+    round_step: int = -1  # the round being judged
+    round_seen: int = 0
+    round_failed: bool = True  # every counted result so far failed
+    round_counted: int = 0  # results that counted (not skipped, not neutral)
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -109,6 +134,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         self._error_text: re.Pattern[str] | None = (
             re.compile("|".join(f"(?:{p})" for p in s.patterns), flags) if s.patterns else None
         )
+        self._neutral = frozenset(s.neutral_tools)
 
     def new_state(self) -> _State:
         return _State(failures=deque(maxlen=min(self.settings.stop_after, _EVIDENCE_FAILURES)))
@@ -123,22 +149,44 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         return pat.search(result.content[: self.settings.scan_chars]) is not None
 
     @hookimpl
-    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
-        if result.skipped:
-            return None
+    def after_response(self, run: Run, response: ModelResponse) -> None:
+        """Note the size of this turn's batch: its calls are judged as one round."""
         st: _State = self.state(run)
-        if not self.failed(result):
+        st.batch_step, st.batch_size = run.step, max(1, len(response.calls))
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
+        st: _State = self.state(run)
+        batched = st.batch_step == call.step  # else each call is a round of its own
+        if not batched or call.step != st.round_step:
+            st.round_step, st.round_seen, st.round_failed, st.round_counted = call.step, 0, True, 0
+        st.round_seen += 1
+        if not result.skipped and call.name not in self._neutral:
+            st.round_counted += 1
+            if self.failed(result):
+                st.failures.append({"tool": call.name, "error": _first_line(result.content),
+                                    "kind": result.error or "text"})
+            else:
+                st.round_failed = False
+        size = st.batch_size if batched else 1
+        if call.index < size - 1 and st.round_seen < size:
+            return None  # the round is judged once its last call is in
+        if not st.round_counted:
+            return None  # nothing in this round counted either way
+        if not st.round_failed:
             st.streak = 0
             st.failures.clear()
             return None
+        st.round_counted = 0  # judged
         s = self.settings
         st.streak += 1
-        error = _first_line(result.content)
-        st.failures.append({"tool": call.name, "error": error, "kind": result.error or "text"})
+        latest = st.failures[-1] if st.failures else {"tool": call.name, "error": ""}
+        error = latest["error"]
         evidence: dict[str, Any] = dict(
-            streak=st.streak, threshold=s.stop_after, failures=list(st.failures), step=run.step
+            count=st.streak, streak=st.streak, threshold=s.stop_after,
+            failures=list(st.failures), tool=latest["tool"], step=run.step,
         )
-        fields = dict(count=st.streak, error=error, tool=call.name)
+        fields = dict(count=st.streak, error=error, tool=latest["tool"])
         if st.streak >= s.stop_after:
             return self.stop("failure_streak", soft=s.soft,
                              message=s.stop_message.format(**fields), **evidence)

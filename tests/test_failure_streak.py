@@ -101,12 +101,39 @@ def test_skipped_results_are_ignored() -> None:
     assert got == [None, None, None, "warn", "stop:failure_streak"]
 
 
-def test_parallel_failures_in_one_turn_count_one_by_one() -> None:
+def test_a_parallel_batch_is_one_round() -> None:
     f = feed()
     calls = [f.call("lookup", {"key": str(i)}, index=i) for i in range(3)]
     f.respond("", calls)
     got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
-    assert got == [None, "warn", "stop:failure_streak"]
+    assert got == [None, None, None]  # one failed round, judged at its last call
+    for turn in (2, 3):
+        f.run.step = turn
+        calls = [f.call("lookup", {"key": f"{turn}{i}"}, index=i) for i in range(3)]
+        f.respond("", calls)
+        got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
+    assert got == [None, None, "stop:failure_streak"]
+    assert f.verdicts[-1].evidence["count"] == 3
+
+
+def test_one_success_in_a_batch_resets_the_streak() -> None:
+    f = feed()
+    for turn in range(1, 6):
+        f.run.step = turn
+        calls = [f.call("lookup", {"key": f"{turn}{i}"}, index=i) for i in range(2)]
+        f.respond("", calls)
+        f.after(calls[0], fail("ERROR"))
+        assert f.after(calls[1], ok("found")) is None
+    assert f.verdicts == []
+
+
+def test_neutral_tools_neither_count_nor_reset() -> None:
+    f = feed()
+    got = []
+    for i in range(3):
+        got += kinds([f.after(f.call("lookup", {"key": str(i)}), fail("ERROR"))])
+        got += kinds([f.after(f.call("think", {"thought": "hmm"}), ok("thought noted"))])
+    assert got == [None, None, "warn", None, "stop:failure_streak", None]
 
 
 def test_warning_text() -> None:
