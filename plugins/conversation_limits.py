@@ -8,6 +8,10 @@ message):
 ``max_turns``
     user turns (runs); the run of the turn past the limit is refused before its first model
     call.  Stop reason ``max_turns``.
+``max_idle_turns``
+    user turns in a row in which the agent called no tool: a conversation that goes round in
+    circles of talk (asking for the same details again and again) while nothing is done.  The
+    run past the limit is refused.  Stop reason ``max_turns`` (``rule = "idle_turns"``).
 ``max_model_calls``
     model calls, as ``max_steps`` counts them: the call that reaches the limit is the soft
     stop's final tool-less turn, a call past it is refused.  Stop reason ``max_steps``.
@@ -58,6 +62,9 @@ class ConversationLimitsSettings(PluginSettings):
 
     max_turns: int | None = Field(default=40, ge=1, description="user turns (runs) per "
                                   "conversation; the run past it is refused (max_turns)")
+    max_idle_turns: int | None = Field(default=20, ge=1, description="user turns in a row "
+                                       "without a tool call; the run past it is refused "
+                                       "(max_turns, rule idle_turns)")
     max_model_calls: int | None = Field(default=100, ge=1, description="model calls per "
                                         "conversation, the final wrap-up turn included")
     max_tool_calls: int | None = Field(default=80, ge=1, description="tool calls per "
@@ -93,6 +100,7 @@ class _Totals:
     """What the conversation's finished runs spent, and which warnings it was given."""
 
     turns: int = 0
+    idle_turns: int = 0  # turns in a row without a tool call
     model_calls: int = 0
     tool_calls: int = 0
     tokens: int = 0
@@ -105,7 +113,8 @@ class _State:
     tool_calls: int = 0  # this run's counted tool calls
 
 
-_WHAT = {"max_turns": "user turns", "max_steps": "model calls",
+_WHAT = {"max_turns": "user turns",
+         "idle_turns": "user turns in a row without a tool call", "max_steps": "model calls",
          "max_tool_calls": "tool calls", "max_tokens": "tokens", "max_cost": "cost"}
 
 
@@ -123,22 +132,25 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _evidence(self, run: Run, reason: str, used: Any, limit: Any) -> dict[str, Any]:
+    def _evidence(self, run: Run, rule: str, used: Any, limit: Any) -> dict[str, Any]:
         return dict(scope="conversation", window="conversation", key=run.conversation.id,
-                    rule=reason, limit=limit, spent=used, turn=self._totals(run).turns + 1)
+                    rule=rule, limit=limit, spent=used, count=used,
+                    turn=self._totals(run).turns + 1)
 
     def _totals(self, run: Run) -> _Totals:
         totals: _Totals = self.conversation_state(run)
         return totals
 
-    def _text(self, template: str, reason: str, used: Any, limit: Any) -> str:
-        return template.format(what=_WHAT[reason], used=used, limit=limit,
+    def _text(self, template: str, rule: str, used: Any, limit: Any) -> str:
+        return template.format(what=_WHAT[rule], used=used, limit=limit,
                                percent=percent(used, limit))
 
-    def _stop(self, run: Run, reason: str, used: Any, limit: Any, *, soft: bool) -> Verdict:
+    def _stop(self, run: Run, reason: str, used: Any, limit: Any, *, soft: bool,
+              rule: str | None = None) -> Verdict:
+        rule = rule or reason
         return self.stop(reason, soft=soft and self.settings.soft,
-                         message=self._text(self.settings.stop_message, reason, used, limit),
-                         **self._evidence(run, reason, used, limit))
+                         message=self._text(self.settings.stop_message, rule, used, limit),
+                         **self._evidence(run, rule, used, limit))
 
     def _maybe_warn(self, run: Run, reason: str, used: Any, limit: Any) -> Verdict | None:
         s = self.settings
@@ -153,10 +165,16 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
 
     @hookimpl
     def on_start(self, run: Run) -> Verdict | None:
-        limit = self.settings.max_turns
+        s = self.settings
+        totals = self._totals(run)
+        idle = s.max_idle_turns
+        if idle is not None and totals.idle_turns >= idle:
+            return self._stop(run, "max_turns", totals.idle_turns + 1, idle, soft=False,
+                              rule="idle_turns")
+        limit = s.max_turns
         if limit is None:
             return None
-        turn = self._totals(run).turns + 1
+        turn = totals.turns + 1
         if turn > limit:
             return self._stop(run, "max_turns", turn, limit, soft=False)
         return self._maybe_warn(run, "max_turns", turn, limit)
@@ -211,6 +229,7 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         totals = self._totals(run)
         st: _State = self.state(run)
         totals.turns += 1
+        totals.idle_turns = totals.idle_turns + 1 if run.tool_calls == 0 else 0
         totals.model_calls += run.step
         totals.tool_calls += st.tool_calls
         totals.tokens += run.usage.total

@@ -12,6 +12,10 @@ A parallel batch (the tool calls of one model turn) is one round: it failed when
 in it failed, and one success in it resets the streak.  Results of ``neutral_tools`` -- tools
 that do nothing in the world (``think``, ``calculate``) -- neither count nor reset: thinking
 between two failures does not make the next one a first.
+
+With ``across_turns`` (default) the streak carries on through the conversation's next user
+turn: a booking that fails, is discussed with the user, and fails again with the same kind of
+error is the same streak.  Only a success resets it.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ class FailureStreakSettings(PluginSettings):
         "first scan_chars characters); results with ok = false always are",
     )
     ignore_case: bool = Field(default=False, description="match the patterns case-insensitively")
+    across_turns: bool = Field(
+        default=True,
+        description="the streak carries on into the conversation's next user turn (only a "
+        "success resets it); false: every run starts afresh",
+    )
     neutral_tools: list[str] = Field(
         default_factory=lambda: ["think", "calculate"],
         description="tools whose results neither count as failures nor reset the streak "
@@ -105,9 +114,14 @@ _EVIDENCE_FAILURES = 5  # the latest failures kept as evidence
 
 
 @dataclass(slots=True)
-class _State:
+class _Streak:
     failures: deque[dict[str, str]]  # the latest failures of the streak (evidence)
     streak: int = 0  # failed rounds in a row
+
+
+@dataclass(slots=True)
+class _State:
+    own: _Streak  # the run's streak (without across_turns)
     batch_step: int = -1  # the model turn whose batch size is known
     batch_size: int = 1
     round_step: int = -1  # the round being judged
@@ -136,8 +150,14 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         )
         self._neutral = frozenset(s.neutral_tools)
 
+    def _new_streak(self) -> _Streak:
+        return _Streak(failures=deque(maxlen=min(self.settings.stop_after, _EVIDENCE_FAILURES)))
+
     def new_state(self) -> _State:
-        return _State(failures=deque(maxlen=min(self.settings.stop_after, _EVIDENCE_FAILURES)))
+        return _State(own=self._new_streak())
+
+    def new_conversation_state(self) -> _Streak:
+        return self._new_streak()
 
     def failed(self, result: ToolResult) -> bool:
         """Whether ``result`` counts as a failure (see the module docstring)."""
@@ -157,6 +177,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
         st: _State = self.state(run)
+        box: _Streak = self.conversation_state(run) if self.settings.across_turns else st.own
         batched = st.batch_step == call.step  # else each call is a round of its own
         if not batched or call.step != st.round_step:
             st.round_step, st.round_seen, st.round_failed, st.round_counted = call.step, 0, True, 0
@@ -164,7 +185,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         if not result.skipped and call.name not in self._neutral:
             st.round_counted += 1
             if self.failed(result):
-                st.failures.append({"tool": call.name, "error": _first_line(result.content),
+                box.failures.append({"tool": call.name, "error": _first_line(result.content),
                                     "kind": result.error or "text"})
             else:
                 st.round_failed = False
@@ -174,22 +195,22 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         if not st.round_counted:
             return None  # nothing in this round counted either way
         if not st.round_failed:
-            st.streak = 0
-            st.failures.clear()
+            box.streak = 0
+            box.failures.clear()
             return None
         st.round_counted = 0  # judged
         s = self.settings
-        st.streak += 1
-        latest = st.failures[-1] if st.failures else {"tool": call.name, "error": ""}
+        box.streak += 1
+        latest = box.failures[-1] if box.failures else {"tool": call.name, "error": ""}
         error = latest["error"]
         evidence: dict[str, Any] = dict(
-            count=st.streak, streak=st.streak, threshold=s.stop_after,
-            failures=list(st.failures), tool=latest["tool"], step=run.step,
+            count=box.streak, streak=box.streak, threshold=s.stop_after,
+            failures=list(box.failures), tool=latest["tool"], step=run.step,
         )
-        fields = dict(count=st.streak, error=error, tool=latest["tool"])
-        if st.streak >= s.stop_after:
+        fields = dict(count=box.streak, error=error, tool=latest["tool"])
+        if box.streak >= s.stop_after:
             return self.stop("failure_streak", soft=s.soft,
                              message=s.stop_message.format(**fields), **evidence)
-        if s.warn_after is not None and st.streak == s.warn_after:
+        if s.warn_after is not None and box.streak == s.warn_after:
             return self.warn(s.message.format(**fields), **evidence)
         return None

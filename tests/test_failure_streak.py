@@ -156,11 +156,26 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     for i in range(10_000):
         r = fail(f"ERROR {i}") if rng.random() < 0.9 or i == 9_999 else ok("fine")
         f.after(f.call("lookup", {"key": str(i)}), r)
-    st = f.run.state["failure_streak"]
+    st = f.run.conversation.state["failure_streak"]  # across_turns: the conversation's streak
     assert st.streak > 0
     assert len(st.failures) <= 5
     # the evidence it would report is bounded too
     f2 = feed(stop_after=3)
     for i in range(50):
         f2.after(f2.call("lookup", {"key": str(i)}), fail("x"))
-    assert len(f2.run.state["failure_streak"].failures) == 3
+    assert len(f2.run.conversation.state["failure_streak"].failures) == 3
+
+
+def test_the_streak_carries_on_into_the_next_user_turn() -> None:
+    f = feed()
+    for _ in range(2):
+        f.after(f.call("book", {"amount": 1}), fail("ERROR: payment does not add up"))
+    nxt = Feed(f.plugin)
+    nxt.run.conversation = f.run.conversation  # the user answered: the next run
+    assert kinds([nxt.after(nxt.call("book", {"amount": 2}), fail("ERROR: again"))]) == [
+        "stop:failure_streak"]
+    alone = Feed(FailureStreak(FailureStreakSettings(across_turns=False)))
+    for _ in range(2):
+        alone.after(alone.call("book", {"amount": 1}), fail("ERROR"))
+    fresh = Feed(alone.plugin)
+    assert fresh.after(fresh.call("book", {"amount": 2}), fail("ERROR")) is None

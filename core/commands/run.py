@@ -50,6 +50,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     config = load_config(args.config)
     deployment = Deployment(config)
+    window, source = config.model.window()
+    if source == "default":
+        print(f"loopwarden run: note: the context window of model {config.model.name!r} is "
+              f"unknown; assuming {window} tokens (set [model] context_window in "
+              f"{config.path})", file=sys.stderr)
     try:
         if args.scenario:
             run = deployment.run(scenario=args.scenario, profile=args.profile)
