@@ -130,10 +130,11 @@ def _int(value: Any) -> int | None:
     return n if n >= 0 else None
 
 
-def _trajectory(obj: dict[str, Any]) -> tuple[Conversation, list[Turn]]:
+def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
     from loopwarden.replay import _calls, _segments
 
-    group, steps = _group(obj), obj["steps"]
+    group = str(obj.get("source") or "default") if by == "source" else _group(obj)
+    steps = obj["steps"]
     turns = []
     for _, seg, _user in _segments(steps):
         prompts, billed, complete = [], 0, True
@@ -167,7 +168,7 @@ def _trajectory(obj: dict[str, Any]) -> tuple[Conversation, list[Turn]]:
     return conv, turns
 
 
-def _record(obj: dict[str, Any]) -> tuple[Conversation, list[Turn]]:
+def _record(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
     group = _group(obj)
     tokens = obj.get("tokens")
     total = _int(tokens.get("total")) if isinstance(tokens, dict) else None
@@ -195,8 +196,9 @@ def _successful(obj: Mapping[str, Any]) -> bool:
     return obj.get("success") is True
 
 
-def load_stats(path: str | Path) -> Stats:
-    """Read a trajectory or run-record JSONL file into the statistics of its healthy runs.
+def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
+    """Read a trajectory or run-record JSONL file into the statistics of its healthy runs,
+    grouped by domain (a run record: by profile), or by ``source`` when ``by="source"``.
 
     The kind is taken from the first readable line; a line of the other kind, or one that is
     not readable, is counted in ``unreadable``.  A file with no readable line is a
@@ -230,7 +232,7 @@ def load_stats(path: str | Path) -> Stats:
             if not _successful(obj):
                 stats.unsuccessful += 1
                 continue
-            conv, turns = (_record if kind == "records" else _trajectory)(obj)
+            conv, turns = (_record if kind == "records" else _trajectory)(obj, by)
             stats.conversations.append(conv)
             stats.turns.extend(turns)
     if not stats.kind:

@@ -245,3 +245,26 @@ def test_calibrate_refuses_a_file_without_successful_runs(
     path = write_jsonl(tmp_path / "bad.jsonl", [conversation("f", [2], success=False)])
     assert main(["calibrate", str(path)]) == 2
     assert "no successful runs" in capsys.readouterr().err
+
+
+def test_the_derivation_script_prints_the_distributions_and_the_proposals(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    path = write_jsonl(tmp_path / "runs.jsonl", healthy_corpus())
+    script = Path(__file__).resolve().parent.parent / "bench" / "derive_defaults.py"
+    proc = subprocess.run([sys.executable, str(script), str(path), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["successful_conversations"] == 25 and result["unsuccessful"] == 1
+    busiest = result["table"]["busiest_turn_model_calls"]["all"]
+    assert (busiest["n"], busiest["p50"], busiest["max"]) == (25, 14, 26)
+    assert result["table"]["conversation_turns"]["shop"]["max"] == 3
+    # the same numbers calibrate writes
+    assert result["limits"]["plugins.max_steps.max_steps"]["proposed"] == 33
+    assert result["limits"]["profiles.shop.max_steps"]["proposed"] == 33
+    proc = subprocess.run([sys.executable, str(script), str(path), "--by", "source"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and "| test/shop |" in proc.stdout
