@@ -84,6 +84,8 @@ class Conversation:
     turn_model_calls: int = 0
     turn_tool_calls: int = 0
     turn_tokens: int | None = None
+    #: its first recorded request: the system prompt and tool schemas, and the first messages
+    first_prompt: int | None = None
 
 
 @dataclass(slots=True)
@@ -164,6 +166,7 @@ def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, 
         max((t.model_calls for t in turns), default=0),
         max((t.tool_calls for t in turns), default=0),
         max((x for x in tokens if x is not None), default=None),
+        prompts[0] if prompts else None,
     )
     return conv, turns
 
@@ -287,6 +290,8 @@ METRICS: dict[str, Metric] = {
                                       _convs(lambda c: c.turn_tool_calls)),
     "busiest_turn_tokens": Metric("most billed tokens in one turn, per conversation (recorded)",
                                   _convs(lambda c: c.turn_tokens), tokens=True),
+    "first_prompt_tokens": Metric("first request per conversation (recorded)",
+                                  _convs(lambda c: c.first_prompt), tokens=True),
     "request_prompt_tokens": Metric(
         "prompt tokens per request (recorded)",
         lambda s: [float(p) for t in s.turns for p in t.prompts], tokens=True),

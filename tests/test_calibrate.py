@@ -98,6 +98,7 @@ def test_stats_of_trajectories_count_healthy_turns_and_busiest_turns(tmp_path: P
     # no recorded usage: no token figures (estimates would understate the real prompt)
     assert b.tokens is None and b.max_prompt is None and b.turn_tokens is None
     assert b.seconds == 12.5
+    assert a.first_prompt == 2100 and b.first_prompt is None
 
 
 def test_stats_of_run_records_use_the_finished_runs(tmp_path: Path) -> None:
