@@ -511,9 +511,9 @@ def calibrated_config(stats: Stats, base: Mapping[str, Any], *, margin: float = 
             f"({len(part.turns)} turns)")}
         for lim in profile_limits:
             metric = METRICS[lim.metric]
-            value = propose(metric.values(part), tokens=metric.tokens, margin=margin)
-            if value is not None:
-                prof[lim.key] = value
+            proposed = propose(metric.values(part), tokens=metric.tokens, margin=margin)
+            if proposed is not None:
+                prof[lim.key] = proposed
         data.setdefault("profiles", {})[group] = prof
     text = "\n".join(f"# {x}" if x else "#" for x in lines) + "\n\n" + dump_toml(data, pending)
     return data, text
