@@ -6,7 +6,11 @@ per-run limits start afresh, while the conversation's messages carry on (so cont
 grows as it did).  Each recorded step is fed through the very same step machine that serves
 live runs (:meth:`loopwarden.loop.Engine.machine`): the "model" answers with the recorded
 turn and the "tools" with the recorded observations.  The replay of a trajectory ends at its
-first stop: what the agent did afterwards would not have happened.
+first stop that cut recorded work: what the agent did afterwards would not have happened.  A
+stop that only replaced a run's closing text still gave the user an answer, so the
+conversation goes on with the user's next message (``closing_stops`` counts those) -- unless
+the stop was of the conversation as a whole (``max_turns``, or ``scope = "conversation"``
+in its evidence).
 
 For each trajectory the replay reports (steps numbered from 1, as in the file) the first
 warning, the stop (step, reason, plugin) -- or None when the guards let it run to its end --
@@ -170,6 +174,7 @@ class ReplayResult:
     calls_cut: int = 0
     calls_cut_in_run: int = 0
     stop_kind: str | None = None
+    closing_stops: int = 0
     warned_by: list[str] = field(default_factory=list)
     repeat_streak: int = 0
     tool_calls: int = 0
@@ -179,6 +184,11 @@ class ReplayResult:
     model: str | None = None
     runs: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ended_early(self) -> bool:
+        """Whether the guards ended the conversation before its recorded end."""
+        return self.stop is not None and (self.calls_cut > 0 or self.steps_after_stop > 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -192,6 +202,7 @@ class ReplayResult:
             "calls_cut": self.calls_cut,
             "calls_cut_in_run": self.calls_cut_in_run,
             "stop_kind": self.stop_kind,
+            "closing_stops": self.closing_stops,
             "warned_by": self.warned_by,
             "repeat_streak": self.repeat_streak,
             "tool_calls": self.tool_calls,
@@ -414,7 +425,9 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     reached = 0
     state: dict[str, Any] = {}
     clock = FakeClock()  # recordings carry no timings: time does not pass in a replay
-    for offset, seg_steps, user in _segments(steps):
+    segments = _segments(steps)
+    first_closing: dict[str, Any] | None = None
+    for k, (offset, seg_steps, user) in enumerate(segments):
         run = Run(
             user if user is not None else first_user,
             deployment=deployment,
@@ -442,14 +455,33 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
             if entry["kind"] in ("warn", "skip") and entry["plugin"] not in result.warned_by:
                 result.warned_by.append(entry["plugin"])
         if result.stop is not None:
-            result.calls_cut_in_run = sum(len(_calls(s)) for s in seg_steps) - n
-            result.stop_kind = ("hand_off" if result.stop["reason"] == "terminal_tool"
-                                else "work_left" if result.calls_cut_in_run > 0
-                                else "closing_text")
+            cut = sum(len(_calls(s)) for s in seg_steps) - n
+            kind = ("hand_off" if result.stop["reason"] == "terminal_tool"
+                    else "work_left" if cut > 0 else "closing_text")
+            if kind == "closing_text" and k + 1 < len(segments) and not _ends_conversation(
+                    outcome):
+                # The stop only replaced this run's closing text: the user still got an
+                # answer, so the conversation goes on with their next message.
+                result.closing_stops += 1
+                first_closing = first_closing or result.stop
+                result.stop = None
+                continue
+            result.calls_cut_in_run, result.stop_kind = cut, kind
             break
     if result.stop is not None:
         result.calls_cut = result.tool_calls - reached
+    elif first_closing is not None:  # the conversation ran to its end past those stops
+        result.stop, result.stop_kind = first_closing, "closing_text"
+        result.steps_after_stop = 0
+        result.tokens_after_stop = 0 if result.recorded_tokens is not None else None
     return result
+
+
+def _ends_conversation(outcome: RunOutcome) -> bool:
+    """A stop of the conversation as a whole (``max_turns``, or ``scope = "conversation"`` in
+    its evidence): no later run of it would go ahead either."""
+    return (outcome.termination == "max_turns"
+            or outcome.evidence.get("scope") == "conversation")
 
 
 def _system_prompt_gap(deployment: Deployment, system_prompt_tokens: int | None) -> int:
@@ -593,7 +625,8 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
       ``successful_warned_by_plugin`` counts the runs each plugin warned;
     * *runaway runs* ended at the source's step or error cap (:data:`STEP_CAP_TERMINATIONS`)
       or made one call :data:`RUNAWAY_REPEAT` or more times in a row (:func:`repeat_streak`);
-      ``runaway_runs_missed`` names those no guard stopped;
+      one is *stopped* when the guards ended it before its recorded end
+      (:attr:`ReplayResult.ended_early`); ``runaway_runs_missed`` names the others;
     * steps and recorded tokens saved are counted on the runaway runs that were stopped.
 
     The older figures follow: ``successful_stopped_early`` counts a stop that cut any recorded
@@ -613,9 +646,9 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
                     and r.stop["reason"] not in BUDGET_REASONS]
     stopped_ok = [r for r in successful if r.stop is not None]
     warned_ok = [r for r in successful if r.first_warning is not None]
-    caught = [r for r in runaway.values() if r.stop is not None]
-    caught_capped = [r for r in capped if r.stop is not None]
-    caught_repeated = [r for r in repeated if r.stop is not None]
+    caught = [r for r in runaway.values() if r.ended_early]
+    caught_capped = [r for r in capped if r.ended_early]
+    caught_repeated = [r for r in repeated if r.ended_early]
     caught_no_answer = [r for r in no_answer if r.stop is not None]
     saved_steps = sum(r.steps_after_stop for r in caught)
     saved_tokens = sum(r.tokens_after_stop or 0 for r in caught)
@@ -638,7 +671,7 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
         "runaway_runs_stopped": len(caught),
         "runaway_runs_stopped_pct": _pct(len(caught), len(runaway)),
         "runaway_runs_successful": sum(1 for r in runaway.values() if r.success is True),
-        "runaway_runs_missed": sorted(r.id for r in runaway.values() if r.stop is None),
+        "runaway_runs_missed": sorted(r.id for r in runaway.values() if not r.ended_early),
         "step_cap_runs": len(capped),
         "step_cap_runs_stopped": len(caught_capped),
         "step_cap_runs_stopped_pct": _pct(len(caught_capped), len(capped)),

@@ -466,15 +466,24 @@ def test_stops_are_classified_by_what_they_cut_from_their_own_run(
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     # run 1 = three steps, run 2 = two; a stop before call 3 of a run replaces run 1's
-    # closing text only, even though run 2 still holds a tool call
+    # closing text only: the user got an answer, so the conversation goes on with run 2
     conv = traj("closing", [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"),
                             lookup("3"), step("Done.")])
     work = traj("work", [lookup("1"), lookup("2"), lookup("3"), step("Done.")])
+    # the same closing-text stop, then a run whose third call is cut: work was left
+    later = traj("later", [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"),
+                           lookup("3"), lookup("4"), lookup("5"), step("Done.")])
     with Deployment(cfg(), plugins={"probe": Probe(stop_before_call=3)}) as dep:
-        closing, cut = replay_trajectory(dep, conv), replay_trajectory(dep, work)
+        closing, cut, late = (replay_trajectory(dep, t) for t in (conv, work, later))
     assert (closing.stop_kind, closing.calls_cut_in_run, closing.calls_cut) == (
-        "closing_text", 0, 1)
-    assert (cut.stop_kind, cut.calls_cut_in_run) == ("work_left", 1)
+        "closing_text", 0, 0)
+    assert closing.runs == 2 and closing.closing_stops == 1
+    assert closing.stop is not None and closing.stop["step"] == 3
+    assert not closing.ended_early and closing.steps_after_stop == 0
+    assert (cut.stop_kind, cut.calls_cut_in_run, cut.closing_stops) == ("work_left", 1, 0)
+    assert cut.ended_early
+    assert (late.stop_kind, late.calls_cut_in_run, late.closing_stops) == ("work_left", 1, 1)
+    assert late.stop is not None and late.stop["step"] == 6
     config = parse_config({"plugins": {"enabled": ["max_steps", "terminal_tool"],
                                        "max_steps": {"max_steps": 50, "warn_remaining": 0}}},
                           path="<t>")
@@ -483,14 +492,42 @@ def test_stops_are_classified_by_what_they_cut_from_their_own_run(
     handed = replay_trajectory(deployment_factory(config), hand)
     assert handed.stop is not None and handed.stop["reason"] == "terminal_tool"
     assert handed.stop_kind == "hand_off" and handed.calls_cut_in_run == 1
-    s = summarize([closing, cut, handed])
-    assert s["successful"] == 3
-    assert s["successful_stopped_with_work_left"] == 1
-    assert s["successful_stopped_with_work_left_by_reason"] == {"probe_cap": 1}
+    s = summarize([closing, cut, late, handed])
+    assert s["successful"] == 4
+    assert s["successful_stopped_with_work_left"] == 2
+    assert s["successful_stopped_with_work_left_by_reason"] == {"probe_cap": 2}
     assert s["successful_stopped_closing_text_only"] == 1
     assert s["successful_stopped_at_hand_off"] == 1
-    # the earlier figure counted every cut call of the conversation
+    # the earlier figure counted a hand-off that cut a call as an early stop too
     assert s["successful_stopped_early"] == 3
+
+
+class TurnCap(Plugin):
+    """Stops every run after the second of a conversation, as a conversation-scope limit."""
+
+    name = "turn_cap"
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        if run.conversation.runs >= 2 and not request.final:
+            return self.stop("max_turns", soft=False, scope="conversation")
+        return None
+
+
+def test_a_conversation_scope_stop_ends_the_conversation(
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    """A per-run stop of a closing text lets the conversation go on; a stop of the
+    conversation itself ends it, even in a turn without tool calls."""
+    chat = traj("chat", [step(f"Reply {i}.", user_reply="And?") for i in range(5)]
+                + [step("Bye.")], success=False, termination="max_steps")
+    dep = deployment_factory(cfg(), plugins={"turn_cap": TurnCap()})
+    r = replay_trajectory(dep, chat)
+    assert r.stop is not None and r.stop["reason"] == "max_turns" and r.stop["step"] == 3
+    assert r.runs == 3 and r.closing_stops == 0
+    assert (r.stop_kind, r.steps_after_stop) == ("closing_text", 3)
+    assert r.ended_early
+    assert summarize([r])["runaway_runs_stopped"] == 1
 
 
 def test_warned_runs_are_counted_by_plugin(

@@ -12,6 +12,7 @@ go to stderr as well.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ def _replay_figures(config: Config, path: Path, stats: Stats,
             f"  {label}: {s['trajectories']} trajectories",
             f"    successful runs stopped with tool work left  "
             f"{_pct(s['successful_stopped_with_work_left'], s['successful'])}"
-            + (f" by {s['successful_stopped_with_work_left_by_reason']}"
+            + (f" by {json.dumps(s['successful_stopped_with_work_left_by_reason'])}"
                if s["successful_stopped_with_work_left"] else ""),
             f"    successful runs warned                       "
             f"{_pct(s['successful_warned'], s['successful'])}",
