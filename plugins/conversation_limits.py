@@ -12,6 +12,12 @@ message):
     user turns in a row in which the agent called no tool: a conversation that goes round in
     circles of talk (asking for the same details again and again) while nothing is done.  The
     run past the limit is refused.  Stop reason ``max_turns`` (``rule = "idle_turns"``).
+``max_loop_stops``
+    runs of the conversation that a loop or failure guard stopped (``repeat_call``, ``stall``,
+    ``oscillation``, ``no_progress``, ``failure_streak``): an agent that goes back to the
+    same failing approach after every user message is not helped by another turn.  The run
+    after the limit is refused (stop reason ``max_turns``, ``rule = "loop_stops"``) -- hand
+    the conversation to a person.
 ``max_model_calls``
     model calls, as ``max_steps`` counts them: the call that reaches the limit is the soft
     stop's final tool-less turn, a call past it is refused.  Stop reason ``max_steps``.
@@ -51,9 +57,11 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugins._budgets import check_templates, ladder, percent
+from loopwarden.reasons import FAILURE_REASONS, LOOP_REASONS
 
 __all__ = ["ConversationLimits", "ConversationLimitsSettings"]
 
+_LOOPS = frozenset((*LOOP_REASONS, *FAILURE_REASONS))
 _TEMPLATE_FIELDS = {"what": "model calls", "used": 60, "limit": 80, "percent": 75}
 
 
@@ -65,6 +73,9 @@ class ConversationLimitsSettings(PluginSettings):
     max_idle_turns: int | None = Field(default=20, ge=1, description="user turns in a row "
                                        "without a tool call; the run past it is refused "
                                        "(max_turns, rule idle_turns)")
+    max_loop_stops: int | None = Field(default=3, ge=1, description="runs stopped by a loop "
+                                       "or failure guard per conversation; the run after "
+                                       "them is refused (max_turns, rule loop_stops)")
     max_model_calls: int | None = Field(default=100, ge=1, description="model calls per "
                                         "conversation, the final wrap-up turn included")
     max_tool_calls: int | None = Field(default=80, ge=1, description="tool calls per "
@@ -101,6 +112,7 @@ class _Totals:
 
     turns: int = 0
     idle_turns: int = 0  # turns in a row without a tool call
+    loop_stops: int = 0  # runs a loop or failure guard stopped
     model_calls: int = 0
     tool_calls: int = 0
     tokens: int = 0
@@ -114,7 +126,8 @@ class _State:
 
 
 _WHAT = {"max_turns": "user turns",
-         "idle_turns": "user turns in a row without a tool call", "max_steps": "model calls",
+         "idle_turns": "user turns in a row without a tool call",
+         "loop_stops": "runs stopped by a loop guard", "max_steps": "model calls",
          "max_tool_calls": "tool calls", "max_tokens": "tokens", "max_cost": "cost"}
 
 
@@ -171,6 +184,10 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         if idle is not None and totals.idle_turns >= idle:
             return self._stop(run, "max_turns", totals.idle_turns + 1, idle, soft=False,
                               rule="idle_turns")
+        loops = s.max_loop_stops
+        if loops is not None and totals.loop_stops >= loops:
+            return self._stop(run, "max_turns", totals.loop_stops, loops, soft=False,
+                              rule="loop_stops")
         limit = s.max_turns
         if limit is None:
             return None
@@ -230,6 +247,8 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         st: _State = self.state(run)
         totals.turns += 1
         totals.idle_turns = totals.idle_turns + 1 if run.tool_calls == 0 else 0
+        if outcome.termination in _LOOPS:
+            totals.loop_stops += 1
         totals.model_calls += run.step
         totals.tool_calls += st.tool_calls
         totals.tokens += run.usage.total

@@ -5,8 +5,9 @@ loop marked it failed (``result.ok`` is False: an exception, a timeout, an unkno
 arguments) or when its text looks like an error -- many tools report failures as ordinary
 text.  The error-like patterns (``patterns``, regular expressions searched in the first
 ``scan_chars`` characters) default to ``ERROR``, ``NOT_FOUND``, ``TIMEOUT``, ``UNAVAILABLE`` as
-words, and Python tracebacks.  A success resets the streak; ``warn_after`` failed rounds in a
-row warn, ``stop_after`` in a row stop the run with ``failure_streak``.
+words, a result that starts with ``Error:``, and Python tracebacks.  A success resets the
+streak; ``warn_after`` failed rounds in a row warn, ``stop_after`` in a row stop the run with
+``failure_streak``.
 
 A parallel batch (the tool calls of one model turn) is one round: it failed when every result
 in it failed, and one success in it resets the streak.  Results of ``neutral_tools`` -- tools
@@ -43,6 +44,7 @@ __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 
 DEFAULT_PATTERNS: tuple[str, ...] = (
     r"\bERROR\b",
+    r"^\s*[Ee]rror\s*:",  # a result that starts "Error: ..." (many tools report failures so)
     r"\bNOT_FOUND\b",
     r"\bTIMEOUT\b",
     r"\bUNAVAILABLE\b",

@@ -280,3 +280,24 @@ def test_report_shows_what_shadowed_guards_would_have_stopped() -> None:
     text = format_text(report)
     assert "guards would have stopped 3" in text
     assert f"run {recs[5]['run_id'][:12]}: step 0 conversation_limits (max_turns)" in text
+
+
+def test_a_conversation_whose_runs_keep_looping_is_handed_over() -> None:
+    cfg = parse_config({"plugins": {
+        "enabled": ["max_steps", "conversation_limits", "repeat_call"],
+        "conversation_limits": {"max_loop_stops": 2}}}, path="<test>")
+    dep = Deployment(cfg, tools=TOOLS, clock=FakeClock())
+    conv = Conversation()
+    recs = [dep.run(f"q{i}", model=script(turn(call("lookup", key="same")), then="repeat_last"),
+                    conversation=conv).record() for i in range(3)]
+    assert [r["termination"] for r in recs] == ["repeat_call", "repeat_call", "max_turns"]
+    assert recs[2]["evidence"]["rule"] == "loop_stops" and recs[2]["steps"] == 0
+
+
+def test_a_result_that_starts_with_error_is_a_failure() -> None:
+    from loopwarden.plugins.failure_streak import FailureStreak
+    from loopwarden.testing import make_tool_result
+
+    p = FailureStreak()
+    assert p.failed(make_tool_result("Error: payment amount does not add up"))
+    assert not p.failed(make_tool_result("No errors found; the booking is confirmed."))
