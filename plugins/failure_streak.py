@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -39,6 +39,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugin import check_patterns, check_templates
+from loopwarden.plugins._rounds import Rounds
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 
@@ -124,10 +125,7 @@ class _Streak:
 @dataclass(slots=True)
 class _State:
     own: _Streak  # the run's streak (without across_turns)
-    batch_step: int = -1  # the model turn whose batch size is known
-    batch_size: int = 1
-    round_step: int = -1  # the round being judged
-    round_seen: int = 0
+    rounds: Rounds = field(default_factory=Rounds)
     round_failed: bool = True  # every counted result so far failed
     round_counted: int = 0  # results that counted (not skipped, not neutral)
 
@@ -174,16 +172,15 @@ class FailureStreak(Plugin[FailureStreakSettings]):
     def after_response(self, run: Run, response: ModelResponse) -> None:
         """Note the size of this turn's batch: its calls are judged as one round."""
         st: _State = self.state(run)
-        st.batch_step, st.batch_size = run.step, max(1, len(response.calls))
+        st.rounds.batch(run.step, len(response.calls))
 
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
         st: _State = self.state(run)
         box: _Streak = self.conversation_state(run) if self.settings.across_turns else st.own
-        batched = st.batch_step == call.step  # else each call is a round of its own
-        if not batched or call.step != st.round_step:
-            st.round_step, st.round_seen, st.round_failed, st.round_counted = call.step, 0, True, 0
-        st.round_seen += 1
+        new_round, last = st.rounds.enter(call)
+        if new_round:
+            st.round_failed, st.round_counted = True, 0
         if not result.skipped and call.name not in self._neutral:
             st.round_counted += 1
             if self.failed(result):
@@ -191,8 +188,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
                                     "kind": result.error or "text"})
             else:
                 st.round_failed = False
-        size = st.batch_size if batched else 1
-        if call.index < size - 1 and st.round_seen < size:
+        if not last:
             return None  # the round is judged once its last call is in
         if not st.round_counted:
             return None  # nothing in this round counted either way

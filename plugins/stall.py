@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -51,6 +51,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugin import check_patterns, check_templates
+from loopwarden.plugins._rounds import Rounds
 from loopwarden.plugins._text import free_text_differs, structurally_empty, token_set
 
 __all__ = ["Stall", "StallSettings"]
@@ -144,13 +145,11 @@ class _State:
     recent: deque[tuple[str, frozenset[str], str, str, dict[str, Any] | None]]
     streak: int = 0  # stalled rounds in a row
     strong: int = 0  # ... of which strong
-    batch_step: int = -1  # the model turn whose batch size is known
-    batch_size: int = 1
-    round_step: int = -1  # the round being judged
-    round_seen: int = 0  # its results so far
+    rounds: Rounds = field(default_factory=Rounds)
     round_stalled: bool = True  # every result so far stalled
     round_strong: bool = False  # one of them strongly
     round_best: float = 0.0
+    round_digest: str | None = None  # the round's latest real result (None: nothing real yet)
 
 
 class Stall(Plugin[StallSettings]):
@@ -179,7 +178,7 @@ class Stall(Plugin[StallSettings]):
     def after_response(self, run: Run, response: ModelResponse) -> None:
         """Note the size of this turn's batch: its calls are judged as one round."""
         st: _State = self.state(run)
-        st.batch_step, st.batch_size = run.step, max(1, len(response.calls))
+        st.rounds.batch(run.step, len(response.calls))
 
     def _similarity(self, st: _State, digest: str, tokens: frozenset[str], call: ToolCall,
                     empty: bool) -> tuple[float, bool]:
@@ -218,15 +217,27 @@ class Stall(Plugin[StallSettings]):
 
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
-        if result.skipped:
-            return None
-        s = self.settings
         st: _State = self.state(run)
-        batched = st.batch_step == call.step  # else each call is a round of its own
-        if not batched or call.step != st.round_step:  # a new round
-            st.round_step, st.round_seen = call.step, 0
+        new_round, last = st.rounds.enter(call)
+        if new_round:
             st.round_stalled, st.round_strong, st.round_best = True, False, 0.0
-        st.round_seen += 1
+            st.round_digest = None
+        if not result.skipped:  # skipped calls' synthetic observations never count
+            self._observe(st, call, result)
+        if not last or st.round_digest is None:
+            return None  # judged once its last call is in, if anything real was in it
+        if not st.round_stalled:
+            st.streak = st.strong = 0
+            return None
+        st.round_stalled = False  # judged: later calls of this turn start nothing new
+        st.streak += 1
+        st.strong += 1 if st.round_strong else 0
+        run.stall_rounds += 1
+        return self._verdict(run, call, st, st.round_digest)
+
+    def _observe(self, st: _State, call: ToolCall, result: ToolResult) -> None:
+        """Compare ``result`` with the recent ones and fold it into the round."""
+        s = self.settings
         digest = result.digest
         tokens = token_set(result.content, s.max_chars)
         changed_world = result.ok and call.tool is not None and not call.read_only
@@ -238,17 +249,7 @@ class Stall(Plugin[StallSettings]):
         st.round_stalled = st.round_stalled and stalled
         st.round_strong = st.round_strong or (stalled and strong)
         st.round_best = max(st.round_best, best)
-        size = st.batch_size if batched else 1
-        if call.index < size - 1 and st.round_seen < size:
-            return None  # the round is judged once its last call is in
-        if not st.round_stalled:
-            st.streak = st.strong = 0
-            return None
-        st.round_stalled = False  # judged: later calls of this turn start nothing new
-        st.streak += 1
-        st.strong += 1 if st.round_strong else 0
-        run.stall_rounds += 1
-        return self._verdict(run, call, st, digest)
+        st.round_digest = digest
 
     def _verdict(self, run: Run, call: ToolCall, st: _State, digest: str) -> Verdict | None:
         s = self.settings

@@ -254,3 +254,16 @@ def test_empty_patterns_are_validated_and_configurable() -> None:
     f = feed(empty_patterns=[])
     got = observe_calls(f, *[({"q": q}, NOTHING) for q in ("a", "b", "c", "d")])
     assert got == [None] * 4
+
+
+def test_a_batch_whose_last_call_was_skipped_is_still_judged() -> None:
+    f = feed()
+    got = []
+    for turn in range(4):
+        f.run.step = turn + 1
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
+                 for i in range(2)]
+        f.respond("", calls)
+        f.after(calls[0], ok(NOTHING))
+        got.append(kinds([f.after(calls[1], skipped("cached"))])[0])
+    assert got == [None, None, "warn", "stop:stall"]
