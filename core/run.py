@@ -17,6 +17,7 @@ from loopwarden.events import ToolResult, Usage
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
+    from loopwarden.store import Shared
     from loopwarden.tools import ToolRegistry
 
 __all__ = ["Conversation", "Limits", "Run", "RunOutcome"]
@@ -110,7 +111,12 @@ class Run:
         self.cancel = cancel or CancelToken()
         self.limits = limits or Limits()
         self.model_name = model_name
+        #: scope keys of this run (``{"tenant": "acme", "user": "u-17"}``): shared budgets
+        #: are kept per scope key; the run record carries them
         self.meta: dict[str, Any] = meta or {}
+        #: the deployment's shared store (budgets, ledger) -- set for live runs by
+        #: ``Deployment.prepare``; None in replays and hand-built runs
+        self.shared: Shared | None = None
         self.estimator = estimator
         self.started_at = self.clock.now()
         self.ended_at: float | None = None
@@ -194,6 +200,7 @@ class Run:
             "model": self.model_name,
             "errors": list(self.errors),
             "verdicts": list(self.verdicts),
+            "meta": _jsonable(self.meta),
         }
 
     def trajectory(self) -> list[dict[str, Any]]:
