@@ -394,8 +394,11 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                 after = now + (following[q] if following is not None else 0)
                 warn_level = (None if a.warn_level is None or i in st.warned or warning
                               else limit * a.warn_level)
-                rung = ladder(now, after, limit, warn_level=warn_level,
-                              final=final or following is None or not s.soft)
+                if following is None:  # a run or a tool call: nothing comes "next"
+                    rung = "warn" if warn_level is not None and now >= warn_level else None
+                else:
+                    rung = ladder(now, after, limit, warn_level=warn_level,
+                                  final=final or not s.soft)
                 if rung in ("soft", "hard"):  # hard: others' usage grew past the limit
                     return self.stop(budget_reason(QUANTITIES[q]), soft=not final,
                                      message=self._text(s.stop_message, a, q, after),
