@@ -5,8 +5,9 @@ run carries in its ``meta`` (``tenant``, ``user``, ...: ``dep.run(..., meta={"te
 "acme"})``, ``loopwarden run --meta tenant=acme``) -- a **window** -- ``run``,
 ``conversation``, ``hour``, ``day``, ``month`` (calendar windows in ``timezone``) or
 ``total`` -- and limits: ``max_tokens``, ``max_cost``, ``max_runs``, ``max_model_calls``,
-``max_tool_calls``.  The counters live in the deployment's store (``[store] url``: SQLite by
-default, Redis for many hosts), so every process of the deployment shares them.
+``max_tool_calls`` (at least one), and optionally its own ``warn_at``.  The counters live in
+the deployment's store (``[store] url``: SQLite by default, Redis for many hosts), so every
+process of the deployment shares them.
 
 **Reserve before, reconcile after.**  A run counts when it starts (``on_start``: past
 ``max_runs`` it is refused before its first model call, and its evidence says so).  Before
@@ -23,7 +24,8 @@ refuses it (hard stop), the next one not fitting makes this call the final tool-
 is also an alert: the alerting plugin routes ``warn`` severities to sinks that ask for them).
 Stop reasons are the budget reasons (``max_runs``, ``max_model_calls``, ``max_tool_calls``,
 ``max_tokens``, ``max_cost``) with ``scope``, ``key``, ``window``, ``limit`` and ``spent`` in
-the evidence.  A store that cannot be reached stops the run with ``store_unavailable``
+the evidence (and ``before_first_call = true`` when the run never reached the model).  A
+store that cannot be reached stops the run with ``store_unavailable``
 (``on_store_error = "fail_closed"``, the default) or lets it go on unmetered
 (``"fail_open"``); either way the failure is logged and noted in the run record's ``errors``.
 
@@ -376,7 +378,8 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         except StoreError as exc:
             return self._store_failed(st, run, exc, "reserving a model call")
         if res.refused is not None:
-            return self._refused(st, res.used, res.refused, self.settings.stop_message)
+            return self._refused(st, res.used, res.refused, self.settings.stop_message,
+                                 before_first_call=run.step == 0)
         st.pending = (token, amount)
         return self._ladder(st, res.used, amount, following, final=request.final)
 

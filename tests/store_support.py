@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -17,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +108,100 @@ def make_store(url: str) -> Store:
     store = open_store(base, namespace=ns)
     assert isinstance(store, (SQLiteStore, RedisStore))
     return store
+
+
+# ---------------------------------------------------------------------------------------------
+# Deployments on a store, and workers for real subprocesses (spawned: module-level functions)
+# ---------------------------------------------------------------------------------------------
+
+PAY = """
+name = "pay"
+user = "Pay invoice 7."
+[model]
+turns = [
+  { content = "Paying.", tool_calls = [{ name = "pay_invoice", arguments = { invoice = "7" } }] },
+  { content = "Paid." },
+]
+then = "final"
+final_text = "Paid."
+"""
+
+
+def write_scenario(directory: Path, text: str = PAY, name: str = "pay") -> Path:
+    path = directory / f"{name}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def pay_tool(effects: Path, *, kill: bool = False, delay_s: float = 0.0) -> Any:
+    """A side-effecting tool that appends one line to ``effects`` per execution (``kill``:
+    the process dies by SIGKILL in the middle of the call, after the effect)."""
+    from loopwarden.tools import tool
+
+    @tool(side_effect=True, idempotency_keys=("invoice",))
+    def pay_invoice(invoice: str) -> str:
+        """Pay an invoice (a side effect)."""
+        with effects.open("a", encoding="utf-8") as fh:
+            fh.write(f"{invoice} {os.getpid()}\n")
+        if delay_s:
+            time.sleep(delay_s)
+        if kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"PAID {invoice}"
+
+    return pay_invoice
+
+
+def deployment_for(url: str, *, plugins: dict[str, Any] | None = None,
+                   store: dict[str, Any] | None = None, tools: Any = None,
+                   enabled: tuple[str, ...] = ("spend_limits",)) -> Any:
+    """A deployment on the store at ``url``: ``plugins`` tables, ``[store]`` extras."""
+    from loopwarden import Deployment
+    from loopwarden.config import parse_config
+
+    tables: dict[str, Any] = {"enabled": list(enabled), **(plugins or {})}
+    config = parse_config({"store": store_table(url, **(store or {})), "plugins": tables},
+                          path="<test>")
+    return Deployment(config, tools=tools)
+
+
+def pay_worker(url: str, directory: str, start: float, kill: bool = False) -> dict[str, Any]:
+    """Run the pay scenario once in this process (its own deployment); returns the record."""
+    d = Path(directory)
+    dep = deployment_for(url, enabled=(), tools=[pay_tool(d / "effects.txt", kill=kill)])
+    while time.time() < start:
+        time.sleep(0.001)
+    run = dep.run(scenario=str(d / "pay.toml"))
+    dep.close()
+    record: dict[str, Any] = run.record()
+    record["observation"] = [m["content"] for m in run.messages if m["role"] == "tool"]
+    return record
+
+
+class BlockingModel:
+    """A model whose call never returns: it touches ``marker`` and sleeps (to be killed)."""
+
+    name = "scripted"
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def complete(self, request: Any) -> Any:
+        self.marker.write_text("calling", encoding="utf-8")
+        time.sleep(600)
+        raise RuntimeError("unreachable")
+
+
+def blocked_run_worker(url: str, marker: str, budgets: list[dict[str, Any]]) -> None:
+    """Start a tenant run whose first model call blocks until the process is killed."""
+    dep = deployment_for(url, plugins={"spend_limits": {"budgets": budgets}},
+                         store={"reservation_ttl_s": 1.0})
+    dep.run("hello", model=BlockingModel(Path(marker)), meta={"tenant": "acme"})
+
+
+ALERTS: list[dict[str, Any]] = []
+
+
+def collect_alert(alert: dict[str, Any]) -> None:
+    """A callable alert sink for the tests."""
+    ALERTS.append(alert)

@@ -7,7 +7,7 @@ import time
 from decimal import Decimal
 
 import pytest
-from store_support import make_store, redis_server, split_url, store_url  # noqa: F401
+from store_support import make_store, split_url
 
 from loopwarden.config import ConfigError
 from loopwarden.exceptions import StoreError
@@ -20,8 +20,6 @@ from loopwarden.store import (
     open_store,
     redact_url,
 )
-
-NONE = (None,) * len(QUANTITIES)
 
 
 def counter(key: str = "acme", *, tokens: int | None = None, runs: int | None = None,
