@@ -612,7 +612,7 @@ class RedisStore:
                 d = {k.decode(): v.decode() for k, v in h.items()}
                 out.append(CounterRow(d["scope"], d["key"], d["window"], d["bucket"],
                                       _amounts([d.get(q, 0) for q in QUANTITIES]),
-                                      _amounts(reserved), now + exp if exp > 0 else None))
+                                      _amounts(reserved), float(round(now + exp)) if exp > 0 else None))
             if gone:
                 self._r.srem(self._index, *gone)
         out.sort(key=lambda r: (r.scope, r.key, r.window, r.bucket))

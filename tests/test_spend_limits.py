@@ -451,3 +451,18 @@ def test_a_killed_worker_leaves_the_budget_consistent_after_the_ttl(store_url: s
     with deployment_for(store_url, plugins=limits(budgets)) as dep:
         rec = dep.run(scenario="refund", meta={"tenant": "acme"}).record()
     assert (rec["termination"], rec["steps"]) == ("final_answer", 4)
+
+
+def test_the_readme_example_is_a_valid_config() -> None:
+    import re
+
+    from loopwarden.config import tomllib
+    from loopwarden.pluginmanager import load_plugins
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("\n## Shared budgets")
+    text = readme[start:readme.index("\n## ", start + 1)]
+    (toml,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    plugins = load_plugins(parse_config(tomllib.loads(toml), path="README"))
+    assert plugins.names == ["max_steps", "cost_budget", "spend_limits"]
+    assert len(plugins.get("spend_limits").settings.budgets) == 3
