@@ -445,7 +445,7 @@ for i = 1, n do
       for q = 1, 5 do used[q] = used[q] + p[q] end
     end
   end
-  for q = 1, 5 do out[#out + 1] = tostring(used[q]) end
+  for q = 1, 5 do out[#out + 1] = used[q] end  -- integer replies: exact to 2^53
   if not refused then
     for q = 1, 5 do
       local lim = tonumber(ARGV[o + 5 + q])
@@ -570,7 +570,7 @@ class RedisStore:
         keys.append(self._index)
         with self._errors_as_store_error():
             out = self._reserve(keys=keys, args=args)
-        nums = [int(float(x)) for x in out]
+        nums = [int(x) for x in out]
         used = tuple(_amounts(nums[2 + 5 * i: 7 + 5 * i]) for i in range(len(counters)))
         refused = (nums[0] - 1, nums[1] - 1) if nums[0] else None
         return Reserved(used, refused)
@@ -610,11 +610,12 @@ class RedisStore:
                     parts = value.decode().split(",")
                     if float(parts[5]) > now:
                         for q in range(len(QUANTITIES)):
-                            reserved[q] += int(float(parts[q]))
+                            reserved[q] += int(parts[q])
                 d = {k.decode(): v.decode() for k, v in h.items()}
+                expires = float(round(now + exp)) if exp > 0 else None
                 out.append(CounterRow(d["scope"], d["key"], d["window"], d["bucket"],
                                       _amounts([d.get(q, 0) for q in QUANTITIES]),
-                                      _amounts(reserved), float(round(now + exp)) if exp > 0 else None))
+                                      _amounts(reserved), expires))
             if gone:
                 self._r.srem(self._index, *gone)
         out.sort(key=lambda r: (r.scope, r.key, r.window, r.bucket))

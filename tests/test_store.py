@@ -205,3 +205,14 @@ def test_an_unreachable_redis_is_a_store_error(redis_server: str) -> None:
         store.claim("k", "o", 1)
     base, _ = split_url(redis_server)
     assert make_store(base) is not None
+
+
+def test_large_amounts_stay_exact(store_url: str) -> None:
+    store = make_store(store_url)
+    big = 10**15 + 7  # past Lua's 14-digit number formatting
+    c = Counter("tenant", "acme", "month", "2026-11", (None,) * 5)
+    store.reserve([c], (0, 0, 0, 0, big), token="a", ttl_s=1, commit=True)
+    res = store.reserve([c], (0, 0, 0, 0, 1), token="b", ttl_s=60)
+    assert res.used[0][QUANTITIES.index("cost")] == big
+    assert store.rows()[0].reserved[QUANTITIES.index("cost")] == 1
+    store.close()
