@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -279,25 +280,34 @@ class SQLiteStore:
         self.path = path
         self.url = "sqlite:///" + str(path)
         self.now = time.time  #: the wall clock (tests may replace it)
+        self._timeout = max(timeout_s, 1.0) * 6  # waiting for another writer's lock
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self._conn = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(path), timeout=max(timeout_s, 1.0) * 6,
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), timeout=self._timeout,
                                    isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SQL_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open the SQLite store {path}: {exc}", url=self.url) from exc
-        self._conn: sqlite3.Connection | None = conn
+            raise StoreError(f"cannot open the SQLite store {self.path}: {exc}",
+                             url=self.url) from exc
+        return conn
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction (serialised across threads and processes)."""
         with self._lock:
-            conn = self._conn
-            if conn is None:
+            if self._closed:
                 raise StoreError("the store is closed", url=self.url)
+            if os.getpid() != self._pid:  # a forked child: never share the parent's connection
+                self._pid, self._conn = os.getpid(), self._connect()
+            conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
@@ -407,9 +417,9 @@ class SQLiteStore:
 
     def close(self) -> None:
         with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+            if not self._closed and self._pid == os.getpid():
+                self._conn.close()
+            self._closed = True
 
 
 # ---------------------------------------------------------------------------------------------

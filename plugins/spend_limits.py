@@ -143,7 +143,7 @@ class SpendLimitsSettings(PluginSettings):
                                   "limit; unset it to never warn")
     missing_key: Literal["skip", "refuse"] = Field(
         default="skip", description='a run without the scope\'s meta key: "skip" the budget, '
-        'or "refuse" the run')
+        'or "refuse" the run (stop reason missing_scope_key)')
     reserve_output_tokens: int = Field(default=1000, ge=0, description="output tokens reserved "
                                        "per call (the request's max_output_tokens if set)")
     soft: bool = Field(default=True, description="a budget that the next call would pass "
@@ -321,7 +321,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             key = self._key(b.scope, run)
             if key is None:
                 if s.missing_key == "refuse":
-                    return self.stop("max_runs", message=s.missing_message.format(
+                    return self.stop("missing_scope_key", message=s.missing_message.format(
                         scope=b.scope, window=b.window), rule="missing_scope_key",
                         scope=b.scope, window=b.window, before_first_call=True)
                 continue

@@ -194,7 +194,52 @@ def test_a_run_without_the_scope_key_is_skipped_or_refused(store_url: str) -> No
             assert dep.run(scenario="refund").outcome.termination == "final_answer"
     with deployment_for(store_url, plugins=limits(RUNS_3, missing_key="refuse")) as dep:
         rec = dep.run(scenario="refund").record()
-    assert rec["termination"] == "max_runs" and rec["evidence"]["rule"] == "missing_scope_key"
+    assert rec["termination"] == "missing_scope_key" and rec["steps"] == 0
+    assert (rec["evidence"]["scope"], rec["evidence"]["before_first_call"]) == ("tenant", True)
+
+
+def test_async_runs_share_the_budget_too(store_url: str) -> None:
+    import asyncio
+
+    async def runs(dep: Any) -> list[str]:
+        done = await asyncio.gather(*(dep.arun(scenario="refund", meta={"tenant": "acme"})
+                                      for _ in range(5)))
+        return sorted(r.outcome.termination for r in done)
+
+    with deployment_for(store_url, plugins=limits(RUNS_3)) as dep:
+        assert asyncio.run(runs(dep)) == ["final_answer"] * 3 + ["max_runs"] * 2
+
+
+def test_a_forked_worker_opens_its_own_sqlite_connection(tmp_path: Path) -> None:
+    """A deployment built before fork (a pre-forking server) keeps working in the children."""
+    global _FORKED
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    _FORKED = dep = deployment_for(url, plugins=limits(RUNS_3))
+    assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
+        "final_answer")  # the store is open in the parent now
+    parent_conn = id(dep.shared.store._conn)  # type: ignore[attr-defined]
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    children = [ctx.Process(target=_run_forked, args=(results, parent_conn)) for _ in range(3)]
+    for child in children:
+        child.start()
+    got = [results.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(30)
+    assert sorted(end for end, _ in got) == ["final_answer", "final_answer", "max_runs"]
+    assert all(own for _, own in got)  # each child ran on a connection of its own
+    assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
+        "max_runs")  # the parent's connection still works
+    dep.close()
+    _FORKED = None
+
+
+_FORKED: Any = None
+
+
+def _run_forked(results: Any, parent_conn: int) -> None:
+    end = str(_FORKED.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination)
+    results.put((end, id(_FORKED.shared.store._conn) != parent_conn))
 
 
 def test_bad_budgets_fail_when_the_config_loads(tmp_path: Path) -> None:
