@@ -59,7 +59,8 @@ class Conversation:
 
     The messages carry on from run to run (so the context grows as it really does), so does
     the ledger of side effects that took place (such an idempotency key never runs again in
-    the conversation), and so does conversation-scoped plugin state
+    the conversation; across conversations, processes and hosts the deployment's shared ledger
+    in ``[store]`` sees to it), and so does conversation-scoped plugin state
     (:meth:`loopwarden.Plugin.conversation_state`); per-run state and per-run limits start
     afresh with every run.  Pass one to
     ``Deployment.run(..., conversation=conv)`` for each user message; a run without one gets a

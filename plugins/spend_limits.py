@@ -44,7 +44,15 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from loopwarden import (
     ModelRequest,
@@ -58,6 +66,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.config import validation_error
 from loopwarden.exceptions import StoreError
 from loopwarden.plugins._budgets import check_templates, ladder, percent
 from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, ModelPrice, _money
@@ -252,7 +261,11 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         pricing = deployment.plugins.get("cost_budget")
         if not isinstance(pricing, CostBudget):
             table = deployment.config.plugins.tables().get("cost_budget", {})
-            pricing = CostBudget(CostBudgetSettings.model_validate(table))
+            try:
+                pricing = CostBudget(CostBudgetSettings.model_validate(table))
+            except ValidationError as exc:
+                raise validation_error(exc, path=deployment.config.path,
+                                       prefix="plugins.cost_budget") from None
         self.pricing = pricing
         self.currency = pricing.settings.currency
 
@@ -441,7 +454,9 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         try:
             st.shared.store.settle([a.counter for a in st.applied], pending[0], actual)
         except StoreError as exc:
-            return self._store_failed(st, run, exc, "recording a model call")
+            verdict = self._store_failed(st, run, exc, "recording a model call")
+            # the call is paid for: an answer is never withheld, only further calls refused
+            return verdict if response.tool_calls else None
         for q, v in enumerate(actual):
             st.charged[q] += v
         return None

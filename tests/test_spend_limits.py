@@ -32,9 +32,10 @@ from store_support import (
 from loopwarden import Conversation
 from loopwarden.cli import main as cli_main
 from loopwarden.config import ConfigError, parse_config
+from loopwarden.exceptions import StoreError
 from loopwarden.plugins.spend_limits import _bucket
 from loopwarden.run import Run
-from loopwarden.store import QUANTITIES
+from loopwarden.store import QUANTITIES, SQLiteStore
 
 RUNS_3 = [{"scope": "tenant", "window": "day", "max_runs": 3}]
 
@@ -395,6 +396,38 @@ def test_an_unreachable_store_fails_open_when_configured(broken_url: str, tmp_pa
     assert effects.read_text().count("\n") == 1  # the side effect ran, without the ledger
     assert {e["on_store_error"] for e in rec["errors"]} == {"fail_open"}
     assert "carrying on without it (fail_open)" in caplog.text
+
+
+class _SettleFails(SQLiteStore):
+    """A real SQLite store that fails from its first settle on (the store going away mid-run;
+    fault injection: a real outage cannot be timed to one call)."""
+
+    def settle(self, *args: Any, **kwargs: Any) -> None:
+        raise StoreError("injected: the store went away", url=self.url)
+
+
+HELLO = """
+name = "hello"
+user = "hi"
+[model]
+turns = [{ content = "Hello!" }]
+then = "final"
+final_text = "Hello!"
+"""
+
+
+def test_a_store_lost_mid_run_refuses_further_calls_but_never_withholds_an_answer(
+        tmp_path: Path) -> None:
+    budget = [{"scope": "tenant", "window": "day", "max_tokens": 100_000}]
+    dep = deployment_for(f"sqlite:///{tmp_path / 's.db'}", plugins=limits(budget))
+    dep.shared._store = _SettleFails(tmp_path / "s.db")
+    refund = dep.run(scenario="refund", meta={"tenant": "acme"}).record()
+    hello = dep.run(scenario=str(write_scenario(tmp_path, HELLO, "hello")),
+                    meta={"tenant": "acme"}).record()
+    dep.close()
+    assert (refund["termination"], refund["steps"]) == ("store_unavailable", 1)
+    assert (hello["termination"], hello["final_answer"]) == ("final_answer", "Hello!")
+    assert hello["errors"][0]["on_store_error"] == "fail_closed"
 
 
 def test_the_ledger_fails_closed_without_the_store(broken_url: str, tmp_path: Path) -> None:
