@@ -544,3 +544,24 @@ def test_the_readme_example_is_a_valid_config() -> None:
     plugins = load_plugins(parse_config(tomllib.loads(toml), path="README"))
     assert plugins.names == ["max_steps", "cost_budget", "spend_limits"]
     assert len(plugins.get("spend_limits").settings.budgets) == 3
+
+
+class _Failing:
+    name = "scripted"
+
+    def complete(self, request: Any) -> Any:
+        from loopwarden.exceptions import ModelError
+
+        raise ModelError("503 upstream", status=503)
+
+
+def test_a_failed_model_call_releases_its_reservation_at_once(store_url: str) -> None:
+    budget = [{"scope": "tenant", "window": "day", "max_model_calls": 10}]
+    with deployment_for(store_url, plugins=limits(budget)) as dep:
+        rec = dep.run("hi", model=_Failing(), meta={"tenant": "acme"}).record()
+    assert rec["termination"] == "model_error"
+    store = make_store(store_url)
+    (row,) = store.rows()
+    store.close()
+    assert row.reserved == (0, 0, 0, 0, 0)  # not left to the TTL
+    assert row.committed[:2] == (1, 0)
