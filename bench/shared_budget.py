@@ -11,7 +11,8 @@ Reported per store:
 
 * ``spent_cost`` / ``spent_tokens``: what the store recorded; ``bound`` = budget + one
   reserved request per worker (the largest reservation any worker made), and ``within_bound``;
-* ``runs``: how the runs ended (``final_answer``, ``max_cost`` ...);
+* ``runs``: how the runs ended (``final_answer``; ``max_cost (cut short)``: stopped after
+  some calls, ``max_cost (refused)``: refused before the first);
 * ``refund_executions``: how often ``apply_refund`` actually executed across all workers (the
   shared ledger: 1), ``refund_rows`` in the shop;
 * ``store_us_per_model_call``: p50 / p99 of the time spent in ``spend_limits`` per model call
@@ -129,6 +130,8 @@ def worker(store: dict[str, Any], shop: str, max_cost: float, runs: int,
     for _ in range(runs):
         run = dep.run(scenario="refund", meta={"tenant": "acme"})
         term = run.outcome.termination if run.outcome else "?"
+        if term != "final_answer":  # cut short (soft stop) or refused before the first call
+            term += " (refused)" if run.step == 0 else " (cut short)"
         ends[term] = ends.get(term, 0) + 1
     dep.close()
     others = [total - own for total, own in zip(guard_time, plugin.samples, strict=False)]
