@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
     "config": ("loopwarden.commands.config", "check a config file, or print its JSON Schema"),
     "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
+    "budgets": ("loopwarden.commands.budgets",
+                "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`"),
 }
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "ModelConfig",
     "ProfileConfig",
     "RunConfig",
+    "StoreConfig",
     "Texts",
     "default_config_path",
     "find_config",
@@ -120,6 +121,23 @@ class Texts(_Strict):
         "in time; it may have taken effect, so it was not executed again. Check its effect "
         "with a read-only tool before asking for it again. ({content})"
     )
+    shared_side_effect_done: str = (
+        "{name} was already executed with these arguments by an earlier run and was not "
+        "executed again. Its recorded result: {content}"
+    )
+    shared_side_effect_unknown: str = (
+        "{name} was already started with these arguments by another run, which did not record "
+        "its outcome; it may have taken effect, so it was not executed again. Check its effect "
+        "with a read-only tool before asking for it again. ({content})"
+    )
+    shared_side_effect_in_progress: str = (
+        "{name} is being executed with these arguments by another run right now; it was not "
+        "executed again. Check its effect with a read-only tool in a moment."
+    )
+    store_unavailable: str = (
+        "ERROR: {name} was not executed: the shared store that makes sure it runs only once "
+        "cannot be reached ({content})."
+    )
     best_effort: str = "Here is the last information I found: {observation}"
 
     @model_validator(mode="after")
@@ -170,6 +188,40 @@ class ShopConfig(_Strict):
     db_path: str | None = None
 
 
+class StoreConfig(_Strict):
+    """``[store]``: where budgets and the side-effect ledger are shared (see loopwarden.store)."""
+
+    url: str | None = Field(
+        default=None,
+        description='"sqlite:///PATH" or "redis://HOST:PORT/DB" (default: store.sqlite3 in '
+        "the data directory, LOOPWARDEN_DATA_DIR)",
+    )
+    namespace: str = Field(default="loopwarden", min_length=1,
+                           description="prefix of every Redis key (several deployments, one "
+                           "server)")
+    timeout_s: PositiveFloat = Field(default=5.0, description="connect / read timeout")
+    on_store_error: Literal["fail_closed", "fail_open"] = Field(
+        default="fail_closed",
+        description='an unreachable store: "fail_closed" refuses (runs with shared budgets '
+        'stop, side effects do not run), "fail_open" carries on without it; logged and noted '
+        "in the run record either way",
+    )
+    reservation_ttl_s: PositiveFloat = Field(
+        default=300.0, description="a reservation not settled within this long (its process "
+        "died) stops counting")
+    ledger: bool = Field(default=True, description="keep the side-effect ledger in the store: "
+                         "an idempotency key runs once across runs, processes and hosts")
+    ledger_ttl_s: PositiveFloat = Field(default=7 * 86400.0,
+                                        description="how long an executed key is remembered")
+    ledger_lease_s: PositiveFloat = Field(
+        default=600.0, description='a claim older than this without an outcome is reported as '
+        '"may have taken effect" instead of "in progress"')
+    ledger_scope: list[str] = Field(
+        default_factory=list, description="meta keys whose values prefix ledger keys (e.g. "
+        '["tenant"]: side effects of one tenant never answer those of another); default: '
+        "one ledger for the deployment")
+
+
 class PluginsConfig(BaseModel):
     """``[plugins]``: ``enabled`` (call order), ``blocked``, and one table per plugin."""
 
@@ -197,6 +249,7 @@ class Config(_Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     shop: ShopConfig = Field(default_factory=ShopConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     #: the file it came from (not a TOML key)
     path: str | None = Field(default=None, exclude=True)

@@ -31,6 +31,7 @@ from loopwarden.loop import Engine, adrive, drive
 from loopwarden.pluginmanager import PluginSet, load_plugins
 from loopwarden.run import Conversation, Limits, Run
 from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
+from loopwarden.store import Shared
 from loopwarden.tokens import get_estimator
 from loopwarden.tools import Tool, ToolContext, ToolRegistry
 
@@ -147,6 +148,8 @@ class Deployment:
             self._tools: ToolRegistry | None = tools
         else:
             self._tools = ToolRegistry(tools)
+        #: the shared store (budgets, side-effect ledger), opened on first use
+        self.shared = Shared(self.config.store)
         self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
         self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
         for lp in self.plugins:
@@ -255,6 +258,7 @@ class Deployment:
             close = getattr(lp.obj, "close", None)
             if callable(close):
                 close()
+        self.shared.close()
 
     def __enter__(self) -> Deployment:
         return self
@@ -311,6 +315,7 @@ class Deployment:
             meta=meta,
             conversation=conversation,
         )
+        run.shared = self.shared
         self.engine.start(run)
         return run, model
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from loopwarden.config import RunConfig
     from loopwarden.models import Model
     from loopwarden.pluginmanager import Hooks
+    from loopwarden.store import LedgerEntry
     from loopwarden.tools import Tool
 
 __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
@@ -520,6 +521,12 @@ class Engine:
                            or failed_here.get(call.idempotency_key)) is not None
                       and not earlier.retryable):
                     result = self._side_effect_replay(call, earlier)
+                elif (call.idempotency_key is not None and run.shared is not None
+                      and (entry := run.shared.claim(run, call)) is not None):
+                    # the shared ledger: another run executed (or is executing) this key
+                    result = self._shared_replay(run, call, entry)
+                    if entry.state == "done":
+                        ledger[call.idempotency_key] = result
                 else:
                     ctx = ToolContext(run.run_id, run.clock, run.cancel)
                     if call.timeout is not None:
@@ -532,6 +539,8 @@ class Engine:
                         # budget and clear the flag on this very object) runs again.
                         done = result.ok or result.error in ("timeout", "cancelled")
                         (ledger if done else failed_here)[call.idempotency_key] = result
+                        if run.shared is not None:
+                            run.shared.finish(run, call, result)
                 result.content = self._clip(result.content)
                 run.add_message({"role": "tool", "tool_call_id": call.id,
                                  "content": result.content})
@@ -581,6 +590,30 @@ class Engine:
             text = t.side_effect_failed.format(name=call.name, content=earlier.content)
         return ToolResult(content=text, ok=earlier.ok, error=earlier.error, skipped=True,
                           skipped_by=CORE, value=earlier.value)
+
+    def _shared_replay(self, run: Run, call: ToolCall, entry: LedgerEntry) -> ToolResult:
+        """The observation for a side effect the shared ledger already holds: recorded by
+        another run, in progress there, possibly taken effect, or a store that failed closed."""
+        t = self.texts
+        recorded = entry.result or {}
+        content = str(recorded.get("content", ""))
+        state = entry.state
+        if state == "running" and run.shared is not None and run.shared.stale(entry):
+            state = "unknown"
+        error: ErrorKind
+        if state == "done":
+            text = t.shared_side_effect_done.format(name=call.name, content=content)
+            return ToolResult(content=text, skipped=True, skipped_by=CORE)
+        if state == "unknown":
+            text, error = t.shared_side_effect_unknown.format(
+                name=call.name, content=content), "unknown_outcome"
+        elif state == "running":
+            text, error = t.shared_side_effect_in_progress.format(name=call.name,
+                                                                  content=content), "in_progress"
+        else:
+            text, error = t.store_unavailable.format(name=call.name,
+                                                     content=content), "store_unavailable"
+        return ToolResult(content=text, ok=False, error=error, skipped=True, skipped_by=CORE)
 
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call

@@ -92,6 +92,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "timeout": "loopwarden.plugins.timeout:Timeout",
     "token_budget": "loopwarden.plugins.token_budget:TokenBudget",
     "cost_budget": "loopwarden.plugins.cost_budget:CostBudget",
+    "spend_limits": "loopwarden.plugins.spend_limits:SpendLimits",
     "tool_calls": "loopwarden.plugins.tool_calls:ToolCalls",
     "retry_policy": "loopwarden.plugins.retry_policy:RetryPolicy",
     "repeat_call": "loopwarden.plugins.repeat_call:RepeatCall",

@@ -37,8 +37,8 @@ FAILURE_REASONS: tuple[str, ...] = ("failure_streak",)
 #: a budget or cap ran out
 BUDGET_REASONS: tuple[str, ...] = (
     "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls", "timeout",
-    "max_turns",
+    "max_turns", "max_runs", "max_model_calls",
 )
 
 #: something failed: the model call, a plugin, or the loop itself
-ERROR_REASONS: tuple[str, ...] = ("model_error", "plugin_error", "error")
+ERROR_REASONS: tuple[str, ...] = ("model_error", "plugin_error", "error", "store_unavailable")

@@ -17,6 +17,7 @@ from loopwarden.events import ToolResult, Usage
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
+    from loopwarden.store import Shared
     from loopwarden.tools import ToolRegistry
 
 __all__ = ["Conversation", "Limits", "Run", "RunOutcome"]
@@ -59,7 +60,8 @@ class Conversation:
 
     The messages carry on from run to run (so the context grows as it really does), so does
     the ledger of side effects that took place (such an idempotency key never runs again in
-    the conversation), and so does conversation-scoped plugin state
+    the conversation; across conversations, processes and hosts the deployment's shared ledger
+    in ``[store]`` sees to it), and so does conversation-scoped plugin state
     (:meth:`loopwarden.Plugin.conversation_state`); per-run state and per-run limits start
     afresh with every run.  Pass one to
     ``Deployment.run(..., conversation=conv)`` for each user message; a run without one gets a
@@ -111,7 +113,12 @@ class Run:
         self.cancel = cancel or CancelToken()
         self.limits = limits or Limits()
         self.model_name = model_name
+        #: scope keys of this run (``{"tenant": "acme", "user": "u-17"}``): shared budgets
+        #: are kept per scope key; the run record carries them
         self.meta: dict[str, Any] = meta or {}
+        #: the deployment's shared store (budgets, ledger) -- set for live runs by
+        #: ``Deployment.prepare``; None in replays and hand-built runs
+        self.shared: Shared | None = None
         self.estimator = estimator
         self.started_at = self.clock.now()
         self.ended_at: float | None = None
