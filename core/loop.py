@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from pydantic import ValidationError
 
 from loopwarden import signals
+from loopwarden._deadline import await_within
 from loopwarden.events import (
     ErrorKind,
     ModelRequest,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from loopwarden.config import RunConfig
     from loopwarden.models import Model
     from loopwarden.pluginmanager import Hooks
+    from loopwarden.redaction import Redactor
     from loopwarden.tools import Tool
 
 __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
@@ -50,6 +52,12 @@ __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
 log = logging.getLogger("loopwarden.loop")
 
 CORE = "loopwarden"
+_DEADLINE_SLACK_S = 0.05  # a call that ended this close to its deadline overran it
+_ERROR_CHARS = 2000  # the longest error text kept in a record
+
+
+def _clip_error(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " ...[truncated]"
 _T = TypeVar("_T")  # the plugin name on notes the loop writes itself
 _SCHEMA_CACHE_SIZE = 64  # tool-schema lists whose token estimate an engine remembers
 
@@ -101,6 +109,7 @@ class Engine:
         self.settings = settings
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
+        self._redactor: Redactor | None = None  # built on the first error text
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
         # id cannot be reused by another list while cached; bounded (cleared when full)
         self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
@@ -173,6 +182,7 @@ class Engine:
             step=run.step + 1,
             notes=notes,
             estimated_tokens=run.context_tokens + schema_tokens,
+            cancel=run.cancel,
         )
         if final:
             self._make_final(run, request)
@@ -325,6 +335,37 @@ class Engine:
             message=stop.message,
         )
 
+    def _model_failed(self, run: Run, request: ModelRequest, err: BaseException,
+                      took: float) -> RunOutcome:
+        """The outcome of a failed model call: ``cancelled`` when the run was cancelled,
+        ``timeout`` when the call overran the time a plugin gave it (``request.timeout``),
+        else ``model_error``.  The error text is redacted."""
+        text = self.redact(run, f"{type(err).__name__}: {err}")
+        evidence: dict[str, Any] = {"error": text}
+        if isinstance(err, ModelError):
+            evidence.update(kind=err.kind, status=err.status)
+        termination = "model_error"
+        if run.cancel.is_set():
+            termination = "cancelled"
+            evidence["reason"] = run.cancel.reason
+        elif (isinstance(err, ModelError) and err.kind == "timeout"
+              and request.timeout is not None and took >= request.timeout - _DEADLINE_SLACK_S):
+            termination = "timeout"
+            evidence.update(limit_s=round(request.timeout, 3), elapsed_s=round(run.elapsed, 3))
+        return RunOutcome(termination=termination, evidence=evidence,
+                          final_answer=self._best_effort(run), error=text)
+
+    def redact(self, run: Run, text: str) -> str:
+        """``text`` with secrets masked -- the model's API key, bearer credentials, ``sk-``
+        keys -- and cut to :data:`_ERROR_CHARS` (error texts go to records, logs, alerts)."""
+        redactor = self._redactor
+        if redactor is None:
+            from loopwarden.redaction import Redactor, model_api_key
+
+            key = model_api_key(run.deployment)
+            redactor = self._redactor = Redactor(literals=[key] if key else ())
+        return _clip_error(redactor.text(_clip_error(text, 2 * _ERROR_CHARS)), _ERROR_CHARS)
+
     def _settled_history(self, run: Run, outcome: RunOutcome) -> list[dict[str, Any]]:
         """The run's messages as the conversation's next turn must see them: every tool call
         answered, and the answer the user was given (a fallback, a best effort) as the last
@@ -412,16 +453,7 @@ class Engine:
                     f"the model returned {type(response).__name__} {response!r:.200}, "
                     "not a well-formed ModelResponse", kind="malformed"))
             if isinstance(response, Failed):
-                err = response.error
-                evidence: dict[str, Any] = {"error": f"{type(err).__name__}: {err}"}
-                if isinstance(err, ModelError):
-                    evidence.update(kind=err.kind, status=err.status)
-                return RunOutcome(
-                    termination="model_error",
-                    evidence=evidence,
-                    final_answer=self._best_effort(run),
-                    error=str(err),
-                )
+                return self._model_failed(run, request, response.error, run.clock.now() - t0)
             run.step += 1
             if response.usage is not None:
                 run.usage.add(response.usage)
@@ -839,10 +871,32 @@ def _well_formed(response: Any) -> bool:
                and isinstance(c.id, str) for c in calls)
 
 
-def _internal_error(exc: BaseException) -> RunOutcome:
+def _internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
     kind = "cancelled" if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)) else "error"
-    return RunOutcome(termination=kind, evidence={"error": f"{type(exc).__name__}: {exc}"},
-                      error=repr(exc))
+    text = engine.redact(run, f"{type(exc).__name__}: {_safe_str(exc)}")
+    return RunOutcome(termination=kind, evidence={"error": text}, error=text)
+
+
+def _safe_str(value: object) -> str:
+    """``str(value)``, or a placeholder when its ``__str__`` raises (it is third-party code)."""
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> Any:
+    """Await a model call, abandoning it when ``request.timeout`` passes or the run is
+    cancelled (a watchdog for any async model, the built-in client bounds itself too)."""
+    if request.timeout is None:
+        return await aw
+    ending, value = await await_within(aw, request.timeout + _DEADLINE_SLACK_S, run.cancel)
+    if ending == "ok":
+        return value
+    if ending == "cancelled":
+        raise ModelError("the run was cancelled during the model call", kind="cancelled")
+    raise ModelError(f"the model did not answer within {request.timeout:.3f}s",
+                     kind="timeout")
 
 
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
@@ -863,7 +917,7 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         return engine.finish(run, done.value)
     except BaseException as exc:
         if run.outcome is None:
-            engine.finish(run, _internal_error(exc))
+            engine.finish(run, _internal_error(engine, run, exc))
         raise
 
 
@@ -877,11 +931,12 @@ async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
             if isinstance(eff, CallModel):
                 try:
                     if acomplete is not None:
-                        value: Any = await acomplete(eff.request)
+                        aw: Awaitable[Any] = acomplete(eff.request)
                     else:
                         # a sync model in an async run: a daemon worker, so that a hung call
                         # never keeps asyncio.run() from exiting
-                        value = await _daemon_thread(model.complete, eff.request, name="model")
+                        aw = _daemon_thread(model.complete, eff.request, name="model")
+                    value = await _model_within(aw, eff.request, run)
                 except Exception as exc:
                     value = Failed(exc)
             else:
@@ -891,5 +946,5 @@ async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
         return engine.finish(run, done.value)
     except BaseException as exc:
         if run.outcome is None:
-            engine.finish(run, _internal_error(exc))
+            engine.finish(run, _internal_error(engine, run, exc))
         raise
