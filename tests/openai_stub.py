@@ -177,6 +177,8 @@ def serve() -> Iterator[tuple[Stub, str]]:
     state = Stub()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real endpoints: clients pool connections
+
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
 
