@@ -109,7 +109,8 @@ class Engine:
         self.settings = settings
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
-        self._redactor: Redactor | None = None  # built on the first error text
+        #: masks secrets in error texts (the deployment sets one that knows the model's key)
+        self.redactor: Redactor | None = None
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
         # id cannot be reused by another list while cached; bounded (cleared when full)
         self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
@@ -358,12 +359,11 @@ class Engine:
     def redact(self, run: Run, text: str) -> str:
         """``text`` with secrets masked -- the model's API key, bearer credentials, ``sk-``
         keys -- and cut to :data:`_ERROR_CHARS` (error texts go to records, logs, alerts)."""
-        redactor = self._redactor
+        redactor = self.redactor
         if redactor is None:
-            from loopwarden.redaction import Redactor, model_api_key
+            from loopwarden.redaction import Redactor
 
-            key = model_api_key(run.deployment)
-            redactor = self._redactor = Redactor(literals=[key] if key else ())
+            redactor = self.redactor = Redactor()
         return _clip_error(redactor.text(_clip_error(text, 2 * _ERROR_CHARS)), _ERROR_CHARS)
 
     def _settled_history(self, run: Run, outcome: RunOutcome) -> list[dict[str, Any]]:

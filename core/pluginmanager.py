@@ -31,6 +31,7 @@ import inspect
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -680,6 +681,18 @@ _HOOK_ARGS: dict[str, tuple[str, ...]] = {
 _Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None"]
 
 
+_REDACTOR: list[Any] = []  # the default redactor, built on first use
+
+
+def _default_redact(text: str) -> str:
+    if not _REDACTOR:
+        from loopwarden.redaction import Redactor
+
+        _REDACTOR.append(Redactor())
+    out: str = _REDACTOR[0].text(text)
+    return out
+
+
 class Hooks:
     """The typed facade the loop calls hooks through.
 
@@ -702,6 +715,9 @@ class Hooks:
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
         self._pm = pm
         self._order = list(order)
+        #: masks secrets in the error texts of failing plugins (records, logs); a deployment
+        #: sets its own (which also knows the model's API key)
+        self.redact: Callable[[str], str] = _default_redact
         h = pm.hook
         self._on_start = h.on_start
         self._before_model = h.before_model
@@ -776,15 +792,26 @@ class Hooks:
 
     def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
         plugin = plugin or self._blame(exc)
-        log.error("plugin %r failed in %s: %r", plugin, hook, exc, exc_info=exc)
+        error = self._log_failure(plugin, hook, exc)
         verdict = Stop(
             reason="plugin_error",
             plugin=plugin,
             soft=False,
-            message=f"plugin {plugin!r} raised in {hook}: {type(exc).__name__}: {exc}",
-            evidence={"hook": hook, "error": f"{type(exc).__name__}: {exc}"},
+            message=f"plugin {plugin!r} raised in {hook}: {error}",
+            evidence={"hook": hook, "error": error},
         )
         return Resolution(verdict, (), (verdict,))
+
+    def _log_failure(self, plugin: str, hook: str, exc: BaseException) -> str:
+        """Log a plugin's failure with its traceback, both redacted; return the error text."""
+        redact = self.redact
+        try:
+            text = f"{type(exc).__name__}: {exc}"
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        except Exception:  # an exception whose __str__ raises is third-party code too
+            text = trace = f"{type(exc).__name__}: <unprintable>"
+        log.error("plugin %r failed in %s: %s", plugin, hook, redact(trace.rstrip()))
+        return redact(text)
 
     @staticmethod
     def _not_a_verdict(hook: str, returned: Any, plugin: str | None = None) -> Resolution:
@@ -866,9 +893,8 @@ class Hooks:
                 return failures
             except Exception as exc:
                 plugin = self._blame(exc)
-                log.error("plugin %r failed in on_stop: %r", plugin, exc, exc_info=exc)
                 failures.append({"plugin": plugin, "hook": "on_stop",
-                                 "error": f"{type(exc).__name__}: {exc}"})
+                                 "error": self._log_failure(plugin, "on_stop", exc)})
                 # Call the implementations that the exception skipped: the ones after the
                 # failing plugin in call order.
                 impls = [i.plugin_name for i in reversed(self._on_stop.get_hookimpls())

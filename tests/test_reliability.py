@@ -7,14 +7,27 @@ the CLI runs as a real subprocess where signals are involved.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from openai_stub import Stub, completion
 
-from loopwarden import Deployment
+from loopwarden import (
+    Deployment,
+    ModelError,
+    ModelRequest,
+    Plugin,
+    Run,
+    RunOutcome,
+    hookimpl,
+)
 from loopwarden.config import parse_config
+from loopwarden.plugins.alerting import Alerting, AlertingSettings
+from loopwarden.verdicts import stop
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2}
 KEY = "sk-planted-secret-0123456789abcdef"
@@ -65,3 +78,89 @@ def test_one_deployment_serves_event_loops_in_several_threads_at_once(
     for t in threads:
         t.join(30)
     assert results == ["final_answer"] * 6
+
+
+# -- no secret in any output --------------------------------------------------------------
+
+
+def test_a_key_echoed_in_an_error_body_reaches_no_record_log_alert_or_exception(
+    stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    state, url = stub
+    state.push_echo_auth(401)
+    records = tmp_path / "runs.jsonl"
+    dep = live(url, monkeypatch, plugins={
+        "enabled": ["logging", "alerting", "run_record"],
+        "logging": {"level": "DEBUG"},
+        "alerting": {"sinks": [{"type": "log"}], "dedup_window_s": 0},
+        "run_record": {"path": str(records)},
+    })
+    with caplog.at_level(logging.DEBUG):
+        run = dep.run("q")
+        dep.close()
+    rec = run.record()
+    assert rec["termination"] == "model_error" and rec["evidence"]["status"] == 401
+    assert "[REDACTED]" in rec["evidence"]["error"]  # the echo arrived, and was masked
+    outputs = {
+        "record": json.dumps(rec, ensure_ascii=False),
+        "run_record file": records.read_text(encoding="utf-8"),
+        "logs": "\n".join(r.getMessage() + str(r.__dict__.get("alert", "")) for r in
+                          caplog.records),
+    }
+    assert outputs["logs"]  # logging and alerting did log the run
+    for where, text in outputs.items():
+        assert KEY not in text, where
+    # the exception the model client raises carries no key either
+    state.push_echo_auth(401)
+    with pytest.raises(ModelError) as info:
+        dep.model.complete(ModelRequest(messages=[{"role": "user", "content": "q"}], tools=[]))
+    assert KEY not in str(info.value) and "[REDACTED]" in str(info.value)
+
+
+class _Leaky(Plugin):
+    name = "leaky"
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> None:
+        raise RuntimeError(f"cannot reach the billing API with key {KEY}")
+
+    @hookimpl
+    def on_stop(self, run: Run, outcome: RunOutcome) -> None:
+        raise RuntimeError(f"Authorization: Bearer {KEY}")
+
+
+def test_a_plugin_error_quoting_the_key_is_redacted_in_record_and_logs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("STUB_KEY", KEY)
+    cfg = parse_config({"model": {"api_key_env": "STUB_KEY"},
+                        "plugins": {"enabled": ["max_steps"]}}, path="<test>")
+    with Deployment(cfg, plugins={"leaky": _Leaky()}) as dep, caplog.at_level(logging.ERROR):
+        rec = dep.run(scenario="refund").record()
+    assert rec["termination"] == "plugin_error" and rec["stopped_by"] == "leaky"
+    assert rec["errors"] and rec["errors"][0]["plugin"] == "leaky"
+    text = json.dumps(rec) + "\n".join(r.getMessage() for r in caplog.records)
+    assert "billing API" in text and "Traceback" in text  # the failure is still explained
+    assert KEY not in text
+
+
+def test_a_failing_webhook_logs_no_credentials_from_its_url(
+    stub: tuple[Stub, str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    state, url = stub
+    state.push({"error": {"message": "unauthorized"}}, status=401)
+    hook = url.replace("http://", "http://alice:PASSWORD123@") + "/hook?token=QUERYTOKEN99&x=1"
+    plugin = Alerting(AlertingSettings.model_validate(
+        {"sinks": [{"type": "webhook", "url": hook, "min_severity": "warn", "timeout_s": 5}],
+         "dedup_window_s": 0}))
+    plugin.name = "alerting"
+    with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.alerting"):
+        plugin.on_guard_triggered(Run("u", run_id="r1"), verdict=stop("repeat_call", plugin="a"),
+                                  hook="before_tool", step=1)
+        assert plugin.flush(10)
+        plugin.close()
+    lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(lines) == 1 and "401" in lines[0] and "/v1/hook" in lines[0]
+    for secret in ("PASSWORD123", "QUERYTOKEN99", "alice"):
+        assert secret not in lines[0]
