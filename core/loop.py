@@ -636,20 +636,27 @@ class Engine:
                 return self.error_result(eff, exc, run.clock.now() - started)
             return self.tool_result(eff, value, started, run)
         # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
-        # deadline.  Python cannot kill the thread; its late result is discarded.
-        done = threading.Lock()
-        done.acquire()
+        # deadline, or when the run is cancelled.  Python cannot kill the thread; its late
+        # result is discarded.
+        done = threading.Event()
         box: list[Any] = []
 
         def finished(ok: bool, payload: Any) -> None:
             box.append((ok, payload))
-            done.release()
+            done.set()
 
         # a fresh context per call, as a new thread would have
         _WORKERS.submit(contextvars.Context(), tool.invoke, (eff.arguments, ctx), tool.name,
                         finished, lambda: bool(box))  # abandoned: the marker appended below
-        if not done.acquire(timeout=timeout):
+        remove = run.cancel.on_cancel(done.set)
+        try:
+            done.wait(timeout)
+        finally:
+            remove()
+        if not box or box[0] is None:
             box.append(None)  # abandoned (if the result came just now, it is discarded)
+            if run.cancel.is_set():
+                return self._cancelled_before(eff)
             return self.timeout_result(eff.call, run.clock.now() - started)
         ok, payload = box[0]
         if not ok:

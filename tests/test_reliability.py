@@ -9,7 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +169,76 @@ def test_a_failing_webhook_logs_no_credentials_from_its_url(
     assert len(lines) == 1 and "401" in lines[0] and "/v1/hook" in lines[0]
     for secret in ("PASSWORD123", "QUERYTOKEN99", "alice"):
         assert secret not in lines[0]
+
+
+# -- exit codes and signals ---------------------------------------------------------------
+
+
+def cli_config(tmp_path: Path, url: str, enabled: str = '"run_record"') -> Path:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[model]\nprovider = "openai"\nname = "stub-model"\nbase_url = "{url}"\n'
+        'api_key_env = "STUB_KEY"\nmax_retries = 0\ntimeout_s = 60\n'
+        f'[plugins]\nenabled = [{enabled}]\n'
+        f'[plugins.run_record]\npath = "{tmp_path / "runs.jsonl"}"\n', encoding="utf-8")
+    return cfg
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "LOOPWARDEN_DATA_DIR": str(tmp_path), "STUB_KEY": KEY}
+    return subprocess.Popen([sys.executable, "-m", "loopwarden", "run", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_a_model_call_exits_with_its_code_and_a_cancelled_record(
+    stub: tuple[Stub, str], tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    state, url = stub
+    state.push_hang(60)
+    proc = cli(tmp_path, "--json", "--config", str(cli_config(tmp_path, url)), "q")
+    deadline = time.monotonic() + 30
+    while not state.requests and time.monotonic() < deadline:  # the call is in flight
+        time.sleep(0.05)
+    assert state.requests, "the run never called the model"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    rec = json.loads(out)
+    assert rec["termination"] == "cancelled"
+    assert rec["evidence"]["reason"] == sig.name
+    written = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["termination"] for r in written] == ["cancelled"]
+
+
+def test_a_model_error_exits_3_and_prints_no_key(stub: tuple[Stub, str], tmp_path: Path) -> None:
+    state, url = stub
+    state.push_echo_auth(401)
+    proc = cli(tmp_path, "--json", "--config", str(cli_config(tmp_path, url)), "q")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert json.loads(out)["termination"] == "model_error"
+    assert KEY not in out and KEY not in err
+
+
+@pytest.mark.parametrize(("enabled", "code", "termination"), [
+    ('"max_steps"', 0, "final_answer"),
+    ('"max_steps", "test_reliability:_Leaky"', 3, "plugin_error"),
+])
+def test_run_exit_codes_per_outcome(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, enabled: str, code: int,
+    termination: str,
+) -> None:
+    from loopwarden.cli import main
+
+    cfg = cli_config(tmp_path, "http://127.0.0.1:9/v1", enabled)
+    assert main(["run", "--scenario", "refund", "--json", "--config", str(cfg)]) == code
+    assert json.loads(capsys.readouterr().out)["termination"] == termination
+
+
+def test_a_guard_s_stop_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    from loopwarden.cli import main
+
+    assert main(["run", "--scenario", "always-not-found", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["termination"] == "repeat_call"
