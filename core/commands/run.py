@@ -64,8 +64,8 @@ def cancel_on_signals(cancel: CancelToken, received: list[int]) -> Iterator[None
     try:
         yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
