@@ -14,16 +14,15 @@ import contextlib
 import contextvars
 import json
 import logging
-import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from loopwarden import signals
-from loopwarden._deadline import await_within
+from loopwarden._deadline import CANCEL_GRACE_S, Ending, await_within, call_within
 from loopwarden.events import (
     ErrorKind,
     ModelRequest,
@@ -41,6 +40,7 @@ from loopwarden.tools import ToolContext, format_validation_error
 from loopwarden.verdicts import Resolution, Stop
 
 if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken
     from loopwarden.config import RunConfig
     from loopwarden.models import Model
     from loopwarden.pluginmanager import Hooks
@@ -51,14 +51,15 @@ __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
 
 log = logging.getLogger("loopwarden.loop")
 
-CORE = "loopwarden"
+CORE = "loopwarden"  # the plugin name on notes the loop writes itself
 _DEADLINE_SLACK_S = 0.05  # a call that ended this close to its deadline overran it
 _ERROR_CHARS = 2000  # the longest error text kept in a record
 
 
 def _clip_error(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " ...[truncated]"
-_T = TypeVar("_T")  # the plugin name on notes the loop writes itself
+
+
 _SCHEMA_CACHE_SIZE = 64  # tool-schema lists whose token estimate an engine remembers
 
 
@@ -91,14 +92,16 @@ Machine = Generator[Effect, Any, RunOutcome]
 
 
 def _to_text(value: Any) -> str:
+    """A tool's return value as the observation text -- whatever the value: one whose
+    ``__str__`` raises, or an int too long to print (``10**5000``), gives a placeholder."""
     if isinstance(value, str):
         return value
     if value is None:
         return "(no output)"
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(value)
+    except Exception:  # not JSON, or its __str__ / __repr__ raise: third-party objects
+        return _safe_str(value)
 
 
 class Engine:
@@ -455,6 +458,8 @@ class Engine:
             if isinstance(response, Failed):
                 return self._model_failed(run, request, response.error, run.clock.now() - t0)
             run.step += 1
+            if response.model is not None and not isinstance(response.model, str):
+                response.model = None  # a server's odd "model" field is not passed on
             if response.usage is not None:
                 run.usage.add(response.usage)
             content = response.content
@@ -595,13 +600,13 @@ class Engine:
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call
         if isinstance(exc, ToolError):
-            return ToolResult(content=exc.message, ok=False, error="tool_error",
+            return ToolResult(content=_to_text(exc.message), ok=False, error="tool_error",
                               retryable=exc.retryable, duration_s=elapsed)
         if eff.ctx.cancel.cancelled:
             return ToolResult(content=self.texts.tool_cancelled.format(name=call.name),
                               ok=False, error="cancelled", duration_s=elapsed)
         return ToolResult(
-            content=f"ERROR: {type(exc).__name__}: {exc}",
+            content=f"ERROR: {type(exc).__name__}: {_safe_str(exc)}",
             ok=False, error="exception", retryable=eff.tool.is_retryable(exc),
             duration_s=elapsed,
         )
@@ -621,13 +626,20 @@ class Engine:
             ctx.deadline = started + eff.call.timeout
         timeout = eff.call.timeout
         if tool.is_async:
+            # on an event loop of its own in a daemon thread: a coroutine that swallows its
+            # cancellation at the deadline is abandoned there, not waited for
             try:
-                overran, value = _run_coroutine(_bounded(tool.invoke(eff.arguments, ctx), timeout))
+                ending, value = call_within(
+                    asyncio.run, _bounded(tool.invoke(eff.arguments, ctx), timeout, run.cancel),
+                    timeout=None if timeout is None else timeout + CANCEL_GRACE_S,
+                    cancel=run.cancel, name="tool-" + tool.name)
             except Exception as exc:
                 return self.error_result(eff, exc, run.clock.now() - started)
-            if overran:
+            if ending == "cancelled" or (ending == "ok" and value[0] == "cancelled"):
+                return self._cancelled_before(eff)
+            if ending == "timeout" or value[0] == "timeout":
                 return self.timeout_result(eff.call, run.clock.now() - started)
-            return self.tool_result(eff, value, started, run)
+            return self.tool_result(eff, value[1], started, run)
         if timeout is None or tool.context_param is not None:
             # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
             try:
@@ -678,10 +690,12 @@ class Engine:
                 aw = tool.invoke(eff.arguments, ctx)
             else:
                 aw = _daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
-            overran, value = await _bounded(aw, timeout)
+            ending, value = await _bounded(aw, timeout, run.cancel)
         except Exception as exc:
             return self.error_result(eff, exc, run.clock.now() - started)
-        if overran:
+        if ending == "cancelled":
+            return self._cancelled_before(eff)
+        if ending == "timeout":
             return self.timeout_result(eff.call, run.clock.now() - started)
         return self.tool_result(eff, value, started, run)
 
@@ -815,49 +829,15 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
     return future
 
 
-async def _bounded(aw: Awaitable[Any], timeout: float | None) -> tuple[bool, Any]:
-    """Await ``aw`` within ``timeout``: (True, None) when the deadline passed, else
-    (False, value).  A ``TimeoutError`` the tool raises itself (a socket read timing out) is
-    its own error, not the loop's deadline, and propagates as such."""
-    if timeout is None:
-        return False, await aw
-    if sys.version_info >= (3, 11):  # a deadline on this task, no extra task per call
-        cm = asyncio.timeout(timeout)
-        try:
-            async with cm:
-                return False, await aw
-        except TimeoutError:
-            if cm.expired():
-                return True, None
-            raise
-    try:  # pragma: no cover - Python 3.10, where asyncio.TimeoutError is the loop's own
-        return False, await asyncio.wait_for(aw, timeout)
-    except asyncio.TimeoutError:  # pragma: no cover
-        return True, None
-
-
-def _run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``coro`` to its end from sync code -- in a helper thread when this thread already
-    runs an event loop (a sync ``run()`` called from async code, a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: list[Any] = []
-
-    def target() -> None:
-        try:
-            box.append((True, asyncio.run(coro)))
-        except BaseException as exc:  # handed back to the caller below
-            box.append((False, exc))
-
-    worker = threading.Thread(target=target, name="loopwarden-async-tool", daemon=True)
-    worker.start()
-    worker.join()
-    ok, payload = box[0]
-    if not ok:
-        raise payload
-    return cast(_T, payload)
+async def _bounded(aw: Awaitable[Any], timeout: float | None,
+                   cancel: CancelToken | None = None) -> tuple[Ending, Any]:
+    """Await a tool within ``timeout`` (and until ``cancel``): ``("ok", value)``, else
+    ``("timeout" | "cancelled", None)``.  A tool that swallows its cancellation is abandoned
+    (see :mod:`loopwarden._deadline`).  A ``TimeoutError`` the tool raises itself (a socket
+    read timing out) is its own error, not the loop's deadline, and propagates as such."""
+    if timeout is None and cancel is None:
+        return "ok", await aw
+    return await await_within(aw, timeout, cancel)
 
 
 def _well_formed(response: Any) -> bool:
@@ -885,10 +865,13 @@ def _internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
 
 
 def _safe_str(value: object) -> str:
-    """``str(value)``, or a placeholder when its ``__str__`` raises (it is third-party code)."""
+    """``str(value)``, or a placeholder when that raises (third-party objects; an int longer
+    than Python prints)."""
     try:
         return str(value)
     except Exception as exc:
+        if isinstance(value, int):
+            return f"<an integer of {value.bit_length()} bits, too long to print>"
         return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
 
 

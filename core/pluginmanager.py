@@ -684,6 +684,41 @@ _Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None"]
 _REDACTOR: list[Any] = []  # the default redactor, built on first use
 
 
+def _ill_typed(v: Warn | Skip | Stop) -> str | None:
+    """What is wrong with a verdict's fields (a plugin built it by hand), or None.
+
+    The loop puts these texts into requests, records and logs: they must be text."""
+    texts: dict[str, Any] = {"message": v.message}
+    if isinstance(v, Skip):
+        texts["observation"] = v.observation
+    if isinstance(v, Stop):
+        texts["answer"] = v.answer
+        reason: Any = v.reason  # typed str, but a plugin may have passed anything
+        soft: Any = v.soft
+        if not isinstance(reason, str) or not reason:
+            return "a reason that is not a non-empty str"
+        if not isinstance(soft, bool):
+            return "soft that is not a bool"
+    for field_name, value in texts.items():
+        required = field_name in ("observation",) or isinstance(v, Warn)
+        if not isinstance(value, str) and (required or value is not None):
+            return f"a {field_name} of type {type(value).__name__}, not str"
+    evidence: Any = v.evidence
+    plugin: Any = v.plugin
+    if not isinstance(evidence, dict):
+        return f"evidence of type {type(evidence).__name__}, not dict"
+    if not isinstance(plugin, str):
+        return "a plugin name that is not a str"
+    return None
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+
+
 def _default_redact(text: str) -> str:
     if not _REDACTOR:
         from loopwarden.redaction import Redactor
@@ -767,7 +802,7 @@ class Hooks:
             except Exception as exc:
                 return self._failed(hook, exc, plugin=name)
             if r is not None:
-                if not isinstance(r, (Warn, Skip, Stop)):
+                if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r):
                     return self._not_a_verdict(hook, r, plugin=name)
                 if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
                     r = dataclasses.replace(r, plugin=name)
@@ -813,15 +848,17 @@ class Hooks:
         log.error("plugin %r failed in %s: %s", plugin, hook, redact(trace.rstrip()))
         return redact(text)
 
-    @staticmethod
-    def _not_a_verdict(hook: str, returned: Any, plugin: str | None = None) -> Resolution:
-        who = f"plugin {plugin!r}" if plugin else f"a {hook} implementation"
+    def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
+        who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
+        why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
+        shown = self.redact(_safe_repr(returned)[:500])
+        what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
         verdict = Stop(
             reason="plugin_error",
-            plugin=plugin or UNKNOWN_PLUGIN,
+            plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
             soft=False,
-            message=f"{who} returned {returned!r} from {hook}, not a verdict",
-            evidence={"hook": hook, "returned": repr(returned)},
+            message=f"{who} returned {what} from {hook}",
+            evidence={"hook": hook, "returned": shown},
         )
         return Resolution(verdict, (), (verdict,))
 
@@ -829,8 +866,8 @@ class Hooks:
         if not results:
             return EMPTY
         for r in results:
-            if not isinstance(r, (Warn, Skip, Stop)):
-                return self._not_a_verdict(hook, r)
+            if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r):
+                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
     def on_start(self, run: Run) -> Resolution:

@@ -227,6 +227,14 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        return f"<an integer of {value.bit_length()} bits>"  # json cannot print it
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    return str(value)
+    try:
+        return str(value)
+    except Exception as exc:  # a third-party object whose __str__ raises
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+_MAX_INT_BITS = 4000  # about 1200 digits: far below what int -> str refuses (4300 digits)

@@ -32,7 +32,7 @@ from loopwarden import (
 )
 from loopwarden.config import parse_config
 from loopwarden.plugins.alerting import Alerting, AlertingSettings
-from loopwarden.verdicts import stop
+from loopwarden.verdicts import stop, warn
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2}
 KEY = "sk-planted-secret-0123456789abcdef"
@@ -242,3 +242,132 @@ def test_a_guard_s_stop_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["run", "--scenario", "always-not-found", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["termination"] == "repeat_call"
+
+
+# -- odd values from the model, plugins and tools -----------------------------------------
+
+
+def test_an_odd_model_field_is_not_priced_and_crashes_nothing(
+    stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, url = stub
+    first = completion(None, [{"name": "query_order", "arguments": '{"order_id": "88231"}'}],
+                       usage={"prompt_tokens": 1_000_000, "completion_tokens": 0})
+    first["model"] = 7
+    second = completion("done", usage={"prompt_tokens": 1_000_000, "completion_tokens": 0})
+    second["model"] = "free-model"  # the server claims a model that costs nothing
+    state.push(first)
+    state.push(second)
+    dep = live(url, monkeypatch, plugins={
+        "enabled": ["cost_budget"],
+        "cost_budget": {"max_cost": 100, "prices": {
+            "stub-model": {"input": 1, "output": 1}, "free-model": {"input": 0, "output": 0}}},
+    })
+    rec = dep.run("q").record()
+    assert rec["termination"] == "final_answer" and rec["errors"] == []
+    assert rec["cost"] == 2.0  # both calls at the configured model's price
+
+
+def scripted_run(tool_obj: Any, *, sync: bool = True, plugins: dict[str, Any] | None = None,
+                 **settings: Any) -> dict[str, Any]:
+    from loopwarden.models.scripted import ScriptedModel
+    from loopwarden.testing import script, tool_call, turn
+    from loopwarden.tools import ToolRegistry
+
+    cfg = parse_config({"plugins": plugins or {"enabled": ["max_steps"]}, **settings})
+    model = ScriptedModel(script([turn("calling", tool_call(tool_obj.name, {}))],
+                                 then="final", final_text="finished"))
+    with Deployment(cfg, tools=ToolRegistry([tool_obj])) as dep:
+        if sync:
+            return dep.run("q", model=model).record()
+        return asyncio.run(dep.arun("q", model=model)).record()
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+    __repr__ = __str__
+
+
+@pytest.mark.parametrize("sync", [True, False])
+@pytest.mark.parametrize("value", [10 ** 5000, _Unprintable(), [_Unprintable()],
+                                   {"n": 10 ** 5000}],
+                         ids=["huge-int", "bad-str", "list-of-bad-str", "dict-huge-int"])
+def test_a_tool_returning_an_unprintable_value_does_not_escape_the_run(
+    value: Any, sync: bool
+) -> None:
+    from loopwarden.testing import make_tool
+
+    rec = scripted_run(make_tool("odd", value), sync=sync)
+    assert rec["termination"] == "final_answer" and rec["final_answer"] == "finished"
+    json.dumps(rec)  # the record stays writable
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_tool_raising_an_unprintable_error_does_not_escape_the_run(sync: bool) -> None:
+    from loopwarden.testing import make_tool
+
+    class Weird(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    rec = scripted_run(make_tool("odd", Weird()), sync=sync)
+    assert rec["termination"] == "final_answer"
+
+
+class _BadVerdicts(Plugin):
+    name = "bad_verdicts"
+
+    def __init__(self, verdict: Any) -> None:
+        super().__init__()
+        self.verdict = verdict
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Any:
+        return self.verdict
+
+
+@pytest.mark.parametrize("verdict", [
+    stop("custom", message=7),  # type: ignore[arg-type]
+    stop("custom", answer=["not", "text"]),  # type: ignore[arg-type]
+    warn(12345),  # type: ignore[arg-type]
+    stop(None),  # type: ignore[arg-type]
+])
+def test_a_verdict_with_non_text_fields_ends_the_run_plugin_error(verdict: Any) -> None:
+    from loopwarden.models.scripted import ScriptedModel
+    from loopwarden.testing import script
+
+    cfg = parse_config({"plugins": {"enabled": ["max_steps"]}})
+    with Deployment(cfg, plugins={"bad_verdicts": _BadVerdicts(verdict)}) as dep:
+        rec = dep.run("q", model=ScriptedModel(script([], final_text="x"))).record()
+    assert rec["termination"] == "plugin_error" and rec["stopped_by"] == "bad_verdicts"
+    assert "not str" in rec["evidence"]["returned"] or "verdict" in json.dumps(rec)
+    assert isinstance(rec["final_answer"], str)
+    json.dumps(rec)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_deadline(
+    sync: bool,
+) -> None:
+    from loopwarden.tools import tool
+
+    @tool(name="stubborn", read_only=True, timeout_s=0.5)
+    async def stubborn() -> str:
+        """Never gives up."""
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue  # swallowed
+        return "late"
+
+    rec = scripted_run(stubborn, sync=sync,
+                       plugins={"enabled": ["max_steps", "timeout"],
+                                "timeout": {"stop_on_tool_timeout": True}})
+    assert rec["termination"] == "timeout" and rec["evidence"]["tool_error"] == "timeout"
+    # the run itself ended soon after the tool's deadline (the tool would run 5 s); under
+    # asyncio.run() the abandoned task still delays the loop's closing -- a documented limit
+    assert rec["elapsed_s"] < 0.5 + 3.0

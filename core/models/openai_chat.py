@@ -225,7 +225,7 @@ class OpenAIChatModel:
             tool_calls=calls,
             usage=usage,
             finish_reason=choice.finish_reason,
-            model=getattr(completion, "model", None) or self.name,
+            model=_text_or(getattr(completion, "model", None), self.name),
         )
 
     def complete(self, request: ModelRequest) -> ModelResponse:
@@ -311,6 +311,10 @@ class OpenAIChatModel:
                     raise self._too_late(exc, wait, bounds) from None
             await asyncio.sleep(wait)
             attempt += 1
+
+
+def _text_or(value: Any, default: str) -> str:
+    return value if isinstance(value, str) and value else default
 
 
 def _wait(seconds: float, cancel: CancelToken | None) -> bool:
