@@ -14,14 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import heapq
+import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
 
-__all__ = ["Ending", "await_within", "call_within"]
+__all__ = ["WATCHDOG", "Ending", "Watchdog", "await_within", "call_within"]
+
+log = logging.getLogger("loopwarden.watchdog")
 
 #: how the wait ended: the work finished ("ok"), the deadline passed, or the run was cancelled
 Ending = Literal["ok", "timeout", "cancelled"]
@@ -110,3 +115,76 @@ def _consume(task: asyncio.Future[Any]) -> None:
     """Retrieve an abandoned task's outcome, so asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
+
+
+class Watchdog:
+    """One daemon thread that calls ``fire()`` of every watch whose time has come.
+
+    Each ``fire`` runs in a daemon thread of its own, so one that blocks delays no other
+    watch.  :meth:`watch` returns a function that withdraws the watch (cheap; withdrawn
+    entries are dropped lazily, and compacted when they dominate).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []  # [due (monotonic), sequence, fire or None]
+        self._cond = threading.Condition()
+        self._live = 0
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, seconds: float, fire: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fire()`` in ``seconds`` unless the returned function is called first."""
+        with self._cond:
+            self._seq += 1
+            entry: list[Any] = [time.monotonic() + seconds, self._seq, fire]
+            heapq.heappush(self._heap, entry)
+            self._live += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="loopwarden-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._cond.notify()
+
+        def withdraw() -> None:
+            with self._cond:
+                if entry[2] is None:
+                    return
+                entry[2] = None
+                self._live -= 1
+                if len(self._heap) > 64 and len(self._heap) > 4 * self._live:
+                    self._heap = [e for e in self._heap if e[2] is not None]
+                    heapq.heapify(self._heap)
+
+        return withdraw
+
+    def _loop(self) -> None:
+        heap_pop = heapq.heappop
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heap_pop(self._heap)
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    left = self._heap[0][0] - time.monotonic()
+                    if left <= 0:
+                        entry = heap_pop(self._heap)
+                        fire, entry[2] = entry[2], None
+                        self._live -= 1
+                        break
+                    self._cond.wait(left)
+            threading.Thread(target=_fire, args=(fire,), name="loopwarden-watchdog-fire",
+                             daemon=True).start()
+
+
+def _fire(fire: Callable[[], None]) -> None:
+    try:
+        fire()
+    except Exception:
+        log.exception("a watchdog action failed")
+
+
+#: the process's watchdog (its thread starts with the first watch)
+WATCHDOG = Watchdog()

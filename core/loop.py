@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from loopwarden import signals
-from loopwarden._deadline import CANCEL_GRACE_S, Ending, await_within, call_within
+from loopwarden._deadline import (
+    CANCEL_GRACE_S,
+    WATCHDOG,
+    Ending,
+    await_within,
+    call_within,
+)
 from loopwarden.events import (
     ErrorKind,
     ModelRequest,
@@ -54,6 +60,7 @@ log = logging.getLogger("loopwarden.loop")
 CORE = "loopwarden"  # the plugin name on notes the loop writes itself
 _DEADLINE_SLACK_S = 0.05  # a call that ended this close to its deadline overran it
 _ERROR_CHARS = 2000  # the longest error text kept in a record
+WATCHDOG_SLACK_S = 1.0  # how long past its deadline a run may go before the watchdog ends it
 
 
 def _clip_error(text: str, limit: int) -> str:
@@ -391,9 +398,14 @@ class Engine:
         return msgs
 
     def finish(self, run: Run, outcome: RunOutcome) -> RunOutcome:
-        """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``."""
-        run.ended_at = run.clock.now()
-        run.outcome = outcome
+        """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``.
+
+        Only once: when the watchdog finished the run first, its outcome stands."""
+        with run.finish_lock:
+            if run.outcome is not None:
+                return run.outcome
+            run.ended_at = run.clock.now()
+            run.outcome = outcome
         conversation = run.conversation
         conversation.messages = self._settled_history(run, outcome)
         conversation.runs += 1
@@ -889,12 +901,42 @@ async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> 
                      kind="timeout")
 
 
+def _watch(engine: Engine, run: Run) -> Callable[[], None]:
+    """Have the watchdog end ``run`` shortly after ``run.deadline`` unless it ended itself."""
+    if run.deadline is None:
+        return _nothing
+    seconds = max(0.0, run.deadline - run.clock.now()) + WATCHDOG_SLACK_S
+
+    def fire() -> None:
+        if run.outcome is None:
+            log.error("run %s passed its deadline by %.1fs without reaching a check (a hook, "
+                      "tool or model call blocks): the watchdog ends it", run.run_id,
+                      WATCHDOG_SLACK_S)
+            engine.finish(run, RunOutcome(
+                termination="timeout", evidence={
+                    "watchdog": True, "elapsed_s": round(run.elapsed, 3),
+                    "deadline_s": round(run.deadline - run.started_at, 3)
+                    if run.deadline is not None else None},
+                final_answer=engine._best_effort(run)))
+
+    return WATCHDOG.watch(seconds, fire)
+
+
+def _nothing() -> None:
+    pass
+
+
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     """Run the machine synchronously: call the model and the tools, finish the run."""
     gen = engine.machine(run)
+    unwatch = _nothing
     try:
         eff: Effect = next(gen)
+        unwatch = _watch(engine, run)
         while True:
+            if run.outcome is not None:  # the watchdog ended the run meanwhile
+                gen.close()
+                return run.outcome
             if isinstance(eff, CallModel):
                 try:
                     value: Any = model.complete(eff.request)
@@ -909,15 +951,22 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         if run.outcome is None:
             engine.finish(run, _internal_error(engine, run, exc))
         raise
+    finally:
+        unwatch()
 
 
 async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
     """Run the machine asynchronously (models with ``acomplete`` are awaited)."""
     gen = engine.machine(run)
     acomplete = getattr(model, "acomplete", None)
+    unwatch = _nothing
     try:
         eff: Effect = next(gen)
+        unwatch = _watch(engine, run)
         while True:
+            if run.outcome is not None:  # the watchdog ended the run meanwhile
+                gen.close()
+                return run.outcome
             if isinstance(eff, CallModel):
                 try:
                     if acomplete is not None:
@@ -938,3 +987,5 @@ async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
         if run.outcome is None:
             engine.finish(run, _internal_error(engine, run, exc))
         raise
+    finally:
+        unwatch()

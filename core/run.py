@@ -7,6 +7,7 @@ from ``run.clock``; the caller cancels through ``run.cancel``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -139,6 +140,13 @@ class Run:
         self.last_observation: str | None = None
         self.outcome: RunOutcome | None = None
         self.stopping: Any = None  # the Stop verdict being honoured, if any
+        #: the time on ``clock`` by which the run must have ended (set in ``on_start`` by the
+        #: timeout plugin: its limit plus grace).  A watchdog ends a run still going shortly
+        #: after it -- outcome ``timeout``, record written -- even while a hook, a tool or a
+        #: model call blocks; the blocked code runs on, and its caller gets the run back
+        #: when it returns.
+        self.deadline: float | None = None
+        self.finish_lock = threading.Lock()  # one outcome, whoever finishes first
 
     # -- conversation ------------------------------------------------------------------
 

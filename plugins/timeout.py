@@ -16,6 +16,10 @@
   time left (``request.timeout``; a final turn: up to the end of the grace period).  A call
   that overruns it is abandoned and the run ends ``timeout``.
 
+A watchdog backs these checks up: past ``max_seconds + grace_s`` (``run.deadline``) a run still
+going -- stuck in a hook, or in a tool or model call that cannot be abandoned -- is ended with
+``timeout`` from outside and its record written; the stuck code runs on until it returns.
+
 The stop is **soft** while the run is still inside the grace period (``grace_s`` past
 ``max_seconds``): the final tool-less turn fits in it.  Past the grace period it is **hard**.
 ``warn_at`` warns once when that fraction of ``max_seconds`` has passed.
@@ -149,6 +153,12 @@ class Timeout(Plugin[TimeoutSettings]):
             evidence.update(tool_error=result.error, tool_duration_s=round(result.duration_s, 3))
         return self.stop("timeout", soft=in_grace,
                          message=template.format(**self._fields(run, tool)), **evidence)
+
+    @hookimpl
+    def on_start(self, run: Run) -> None:
+        # the watchdog's deadline: a run still going past it is ended from outside
+        deadline = run.started_at + self.limit(run) + self.settings.grace_s
+        run.deadline = deadline if run.deadline is None else min(run.deadline, deadline)
 
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:

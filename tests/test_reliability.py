@@ -371,3 +371,46 @@ def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_deadline(
     # the run itself ended soon after the tool's deadline (the tool would run 5 s); under
     # asyncio.run() the abandoned task still delays the loop's closing -- a documented limit
     assert rec["elapsed_s"] < 0.5 + 3.0
+
+
+class _Blocking(Plugin):
+    name = "blocking"
+
+    @hookimpl
+    def before_tool(self, run: Run, call: Any) -> None:
+        time.sleep(3.0)  # a hook that blocks: no deadline can interrupt it
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_blocking_hook_cannot_keep_the_run_from_its_record(
+    tmp_path: Path, sync: bool
+) -> None:
+    from loopwarden.models.scripted import ScriptedModel
+    from loopwarden.testing import script, tool_call, turn
+
+    records = tmp_path / "runs.jsonl"
+    cfg = parse_config({"plugins": {
+        "enabled": ["max_steps", "timeout", "run_record"],
+        "timeout": {"max_seconds": 0.3, "grace_s": 0},
+        "run_record": {"path": str(records)}}})
+    written: list[float] = []
+    model = ScriptedModel(script([turn("x", tool_call("get_current_time", {}))]))
+    with Deployment(cfg, plugins={"blocking": _Blocking()}) as dep:
+
+        def watch() -> None:  # when does the record appear?
+            end = time.monotonic() + 10
+            while time.monotonic() < end and not written:
+                if records.exists() and records.read_text():
+                    written.append(time.monotonic())
+                time.sleep(0.05)
+
+        t0 = time.monotonic()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        run = dep.run("q", model=model) if sync else asyncio.run(dep.arun("q", model=model))
+        watcher.join()
+    rec = run.record()
+    assert rec["termination"] == "timeout" and rec["evidence"]["watchdog"] is True
+    assert written and written[0] - t0 < 0.3 + 1.0 + 1.0  # deadline + slack + a loaded machine
+    assert json.loads(records.read_text())["termination"] == "timeout"
+    assert len(records.read_text().splitlines()) == 1  # once, though the run ended twice
