@@ -168,3 +168,27 @@ def test_tool_calls_without_ids_get_unique_ids_from_the_loop(
     ids = [tc["id"] for m in run.messages if m["role"] == "assistant"
            for tc in m.get("tool_calls", [])]
     assert len(ids) == 2 and len(set(ids)) == 2
+
+
+@pytest.mark.parametrize("where", ["content", "arguments", "name"])
+def test_the_stub_sends_a_lone_surrogate_as_json_allows(stub: tuple[Stub, str],
+                                                       where: str) -> None:
+    from openai_stub import lone_surrogate_completion
+
+    state, url = stub
+    state.push(lone_surrogate_completion(where))
+    resp = make_model(url).complete(request())
+    if where == "arguments":  # JSON text whose string holds the escaped half emoji
+        assert json.loads(resp.tool_calls[0].arguments) == {"order_id": "\ud83d"}
+    else:
+        text = resp.content if where == "content" else resp.tool_calls[0].name
+        assert text is not None and "\ud83d" in text
+
+
+def test_the_stub_sends_arguments_nested_deep(stub: tuple[Stub, str]) -> None:
+    from openai_stub import nested_arguments
+
+    state, url = stub
+    state.push(nested_arguments(5000))
+    resp = make_model(url).complete(request())
+    assert resp.tool_calls[0].arguments.count("[") == 5000

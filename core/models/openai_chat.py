@@ -47,7 +47,6 @@ __all__ = ["OpenAIChatModel", "missing_key_message"]
 
 _RETRY_STATUS = frozenset({408, 409, 429})
 _BACKOFF_S, _MAX_BACKOFF_S = 0.5, 8.0
-_MAX_AFTER_CALLS = 8  # async clients kept for event loops that are gone, before a sweep
 
 
 def missing_key_message(env: str) -> str:
@@ -267,10 +266,9 @@ class OpenAIChatModel:
         held = self._aclients.get(id(loop))
         if held is not None and held[0] is loop:
             return held[1]
-        if len(self._aclients) >= _MAX_AFTER_CALLS:  # forget clients of closed loops
-            for key, (other, _client) in list(self._aclients.items()):
-                if other.is_closed():
-                    del self._aclients[key]
+        for key, (other, _client) in list(self._aclients.items()):
+            if other.is_closed():  # forget the clients of loops that are gone
+                self._aclients.pop(key, None)
         client = self._openai.AsyncOpenAI(
             api_key=self._api_key, base_url=self._base_url, timeout=self._timeout_s,
             max_retries=0,
