@@ -226,3 +226,15 @@ def test_max_response_bytes_is_a_config_key_with_a_default() -> None:
     assert parse_config({}).model.max_response_bytes == 8 * 1024 * 1024
     with pytest.raises(Exception, match="max_response_bytes"):
         parse_config({"model": {"max_response_bytes": 0}})
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_the_issue_s_case_one_byte_every_1_5_s_with_timeout_2_and_max_seconds_5(
+    stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch, sync: bool
+) -> None:
+    # before: ~8 minutes without output, then final_answer with elapsed_s 443
+    state, url = stub
+    state.push_slow(interval_s=1.5)
+    took, rec = run_both(deployment(url, monkeypatch, max_seconds=5, timeout_s=2), sync)
+    assert rec["termination"] == "model_error" and rec["evidence"]["kind"] == "timeout"
+    assert took < 2 + SLACK_S and rec["elapsed_s"] < 2 + SLACK_S
