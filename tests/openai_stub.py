@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -208,6 +209,10 @@ def serve() -> Iterator[tuple[Stub, str]]:
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up
+                super().handle_error(request, client_address)
 
     server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
