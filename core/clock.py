@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 __all__ = ["CancelToken", "Clock", "FakeClock", "SystemClock"]
@@ -90,10 +91,12 @@ class CancelToken:
     plugin sets one per tool call): :meth:`wait` then returns at the deadline at the latest.
     """
 
-    __slots__ = ("_event", "reason")
+    __slots__ = ("_callbacks", "_event", "_lock", "reason")
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
         self.reason: str | None = None
 
     def cancel(self, reason: str = "cancelled") -> None:
@@ -101,6 +104,26 @@ class CancelToken:
         if self.reason is None:
             self.reason = reason
         self._event.set()
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def on_cancel(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` (from the cancelling thread) when the token is cancelled -- at once
+        when it already is.  Returns a function that removes ``fn`` again.  This is how a
+        model call in flight is interrupted."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return lambda: self._remove(fn)
+        fn()
+        return lambda: None
+
+    def _remove(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if fn in self._callbacks:
+                self._callbacks.remove(fn)
 
     @property
     def cancelled(self) -> bool:

@@ -69,8 +69,11 @@ class ModelConfig(_Strict):
     name: str = "gpt-4o-mini"
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
+    #: the most one model call may take in all, retries and their waits included
     timeout_s: PositiveFloat = 60.0
     max_retries: int = Field(default=2, ge=0)
+    #: the largest response body accepted (after decompression); a larger one fails the call
+    max_response_bytes: PositiveInt = 8 * 1024 * 1024
     temperature: float | None = None
     max_output_tokens: PositiveInt | None = None
     #: the model's context window in tokens (None: from the table of known models, see

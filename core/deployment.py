@@ -29,6 +29,7 @@ from loopwarden.config import Config, load_config
 from loopwarden.exceptions import ConfigError, ToolError
 from loopwarden.loop import Engine, adrive, drive
 from loopwarden.pluginmanager import PluginSet, load_plugins
+from loopwarden.redaction import Redactor, model_api_key
 from loopwarden.run import Conversation, Limits, Run
 from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
 from loopwarden.store import Shared
@@ -140,7 +141,13 @@ class Deployment:
         self.config = config if config is not None else load_config()
         self.plugins: PluginSet = load_plugins(self.config, extra=extra_plugins, objects=plugins)
         self.hooks = self.plugins.hooks
+        key = model_api_key(self)
+        #: masks secrets (the model's API key, bearer credentials, ``sk-`` keys, ``token=``
+        #: pairs) in the error texts that reach records, logs and alerts
+        self.redactor = Redactor(literals=[key] if key else ())
+        self.hooks.redact = self.redactor.text
         self.engine = Engine(self.hooks, self.config.run, shadow=self._shadowed())
+        self.engine.redactor = self.redactor
         self.estimator = get_estimator(self.config.run.token_estimator)
         self.clock = clock or SystemClock()
         self._model = model

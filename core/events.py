@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken
     from loopwarden.tools import Tool
 
 __all__ = [
@@ -51,7 +52,12 @@ class ModelRequest:
 
     ``notes`` are the guard warnings injected into this request (also present in
     ``messages``); ``final`` marks the tool-less wrap-up turn of a soft stop.
-    ``estimated_tokens`` is the project's estimate of the prompt size.
+    ``estimated_tokens`` is the project's estimate of the prompt size.  ``timeout`` is the
+    most this call may take, in seconds (None: only the model's own ``timeout_s``); in
+    ``before_model`` a plugin may lower it (``request.timeout = min(request.timeout or t, t)``)
+    -- the timeout plugin sets it to the run's time left.  A call that overruns it ends the
+    run with ``timeout``.  ``cancel`` is the run's cancel token, so that a model client can
+    give up on a call in flight when the run is cancelled.
     """
 
     messages: list[dict[str, Any]]
@@ -62,6 +68,8 @@ class ModelRequest:
     final: bool = False
     estimated_tokens: int = 0
     max_output_tokens: int | None = None
+    timeout: float | None = None
+    cancel: CancelToken | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(slots=True)

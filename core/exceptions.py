@@ -112,7 +112,14 @@ class StoreError(LoopwardenError):
 
 
 class ModelError(LoopwardenError):
-    """The model call failed for good: timeout, rate limit or server error after retries."""
+    """The model call failed for good: timeout, rate limit or server error after retries.
+
+    ``kind`` says how: ``timeout`` (the call's total deadline passed), ``rate_limited``,
+    ``server_error``, ``client_error`` (a 4xx: a bad key, a bad request), ``connection``,
+    ``too_large`` (the body passed ``[model] max_response_bytes``), ``cancelled`` (the run was
+    cancelled during the call), ``malformed`` (no usable response), or ``error``.  ``status``
+    is the HTTP status, when there was one.  The message is redacted (no API key).
+    """
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "error") -> None:
         self.status = status

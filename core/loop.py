@@ -14,15 +14,21 @@ import contextlib
 import contextvars
 import json
 import logging
-import sys
 import threading
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Collection, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from loopwarden import signals
+from loopwarden._deadline import (
+    CANCEL_GRACE_S,
+    WATCHDOG,
+    Ending,
+    await_within,
+    call_within,
+)
 from loopwarden.events import (
     ErrorKind,
     ModelRequest,
@@ -40,9 +46,11 @@ from loopwarden.tools import ToolContext, format_validation_error
 from loopwarden.verdicts import Resolution, Stop, resolve
 
 if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken
     from loopwarden.config import RunConfig
     from loopwarden.models import Model
     from loopwarden.pluginmanager import Hooks
+    from loopwarden.redaction import Redactor
     from loopwarden.store import LedgerEntry
     from loopwarden.tools import Tool
 
@@ -50,8 +58,16 @@ __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
 
 log = logging.getLogger("loopwarden.loop")
 
-CORE = "loopwarden"
-_T = TypeVar("_T")  # the plugin name on notes the loop writes itself
+CORE = "loopwarden"  # the plugin name on notes the loop writes itself
+_DEADLINE_SLACK_S = 0.05  # a call that ended this close to its deadline overran it
+_ERROR_CHARS = 2000  # the longest error text kept in a record
+WATCHDOG_SLACK_S = 1.0  # how long past its deadline a run may go before the watchdog ends it
+
+
+def _clip_error(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " ...[truncated]"
+
+
 _SCHEMA_CACHE_SIZE = 64  # tool-schema lists whose token estimate an engine remembers
 
 
@@ -84,14 +100,16 @@ Machine = Generator[Effect, Any, RunOutcome]
 
 
 def _to_text(value: Any) -> str:
+    """A tool's return value as the observation text -- whatever the value: one whose
+    ``__str__`` raises, or an int too long to print (``10**5000``), gives a placeholder."""
     if isinstance(value, str):
         return value
     if value is None:
         return "(no output)"
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(value)
+    except Exception:  # not JSON, or its __str__ / __repr__ raise: third-party objects
+        return _safe_str(value)
 
 
 class Engine:
@@ -106,6 +124,8 @@ class Engine:
         self.shadow = frozenset(shadow)
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
+        #: masks secrets in error texts (the deployment sets one that knows the model's key)
+        self.redactor: Redactor | None = None
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
         # id cannot be reused by another list while cached; bounded (cleared when full)
         self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
@@ -196,6 +216,7 @@ class Engine:
             step=run.step + 1,
             notes=notes,
             estimated_tokens=run.context_tokens + schema_tokens,
+            cancel=run.cancel,
         )
         if final:
             self._make_final(run, request)
@@ -348,6 +369,36 @@ class Engine:
             message=stop.message,
         )
 
+    def _model_failed(self, run: Run, request: ModelRequest, err: BaseException,
+                      took: float) -> RunOutcome:
+        """The outcome of a failed model call: ``cancelled`` when the run was cancelled,
+        ``timeout`` when the call overran the time a plugin gave it (``request.timeout``),
+        else ``model_error``.  The error text is redacted."""
+        text = self.redact(run, f"{type(err).__name__}: {err}")
+        evidence: dict[str, Any] = {"error": text}
+        if isinstance(err, ModelError):
+            evidence.update(kind=err.kind, status=err.status)
+        termination = "model_error"
+        if run.cancel.is_set():
+            termination = "cancelled"
+            evidence["reason"] = run.cancel.reason
+        elif (isinstance(err, ModelError) and err.kind == "timeout"
+              and request.timeout is not None and took >= request.timeout - _DEADLINE_SLACK_S):
+            termination = "timeout"
+            evidence.update(limit_s=round(request.timeout, 3), elapsed_s=round(run.elapsed, 3))
+        return RunOutcome(termination=termination, evidence=evidence,
+                          final_answer=self._best_effort(run), error=text)
+
+    def redact(self, run: Run, text: str) -> str:
+        """``text`` with secrets masked -- the model's API key, bearer credentials, ``sk-``
+        keys -- and cut to :data:`_ERROR_CHARS` (error texts go to records, logs, alerts)."""
+        redactor = self.redactor
+        if redactor is None:
+            from loopwarden.redaction import Redactor
+
+            redactor = self.redactor = Redactor()
+        return _clip_error(redactor.text(_clip_error(text, 2 * _ERROR_CHARS)), _ERROR_CHARS)
+
     def _settled_history(self, run: Run, outcome: RunOutcome) -> list[dict[str, Any]]:
         """The run's messages as the conversation's next turn must see them: every tool call
         answered, and the answer the user was given (a fallback, a best effort) as the last
@@ -370,9 +421,14 @@ class Engine:
         return msgs
 
     def finish(self, run: Run, outcome: RunOutcome) -> RunOutcome:
-        """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``."""
-        run.ended_at = run.clock.now()
-        run.outcome = outcome
+        """Close the run: set its outcome, call every ``on_stop``, send ``run_stopped``.
+
+        Only once: when the watchdog finished the run first, its outcome stands."""
+        with run.finish_lock:
+            if run.outcome is not None:
+                return run.outcome
+            run.ended_at = run.clock.now()
+            run.outcome = outcome
         conversation = run.conversation
         conversation.messages = self._settled_history(run, outcome)
         conversation.runs += 1
@@ -435,17 +491,10 @@ class Engine:
                     f"the model returned {type(response).__name__} {response!r:.200}, "
                     "not a well-formed ModelResponse", kind="malformed"))
             if isinstance(response, Failed):
-                err = response.error
-                evidence: dict[str, Any] = {"error": f"{type(err).__name__}: {err}"}
-                if isinstance(err, ModelError):
-                    evidence.update(kind=err.kind, status=err.status)
-                return RunOutcome(
-                    termination="model_error",
-                    evidence=evidence,
-                    final_answer=self._best_effort(run),
-                    error=str(err),
-                )
+                return self._model_failed(run, request, response.error, run.clock.now() - t0)
             run.step += 1
+            if response.model is not None and not isinstance(response.model, str):
+                response.model = None  # a server's odd "model" field is not passed on
             if response.usage is not None:
                 run.usage.add(response.usage)
             content = response.content
@@ -618,13 +667,13 @@ class Engine:
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call
         if isinstance(exc, ToolError):
-            return ToolResult(content=exc.message, ok=False, error="tool_error",
+            return ToolResult(content=_to_text(exc.message), ok=False, error="tool_error",
                               retryable=exc.retryable, duration_s=elapsed)
         if eff.ctx.cancel.cancelled:
             return ToolResult(content=self.texts.tool_cancelled.format(name=call.name),
                               ok=False, error="cancelled", duration_s=elapsed)
         return ToolResult(
-            content=f"ERROR: {type(exc).__name__}: {exc}",
+            content=f"ERROR: {type(exc).__name__}: {_safe_str(exc)}",
             ok=False, error="exception", retryable=eff.tool.is_retryable(exc),
             duration_s=elapsed,
         )
@@ -644,13 +693,20 @@ class Engine:
             ctx.deadline = started + eff.call.timeout
         timeout = eff.call.timeout
         if tool.is_async:
+            # on an event loop of its own in a daemon thread: a coroutine that swallows its
+            # cancellation at the deadline is abandoned there, not waited for
             try:
-                overran, value = _run_coroutine(_bounded(tool.invoke(eff.arguments, ctx), timeout))
+                ending, value = call_within(
+                    asyncio.run, _bounded(tool.invoke(eff.arguments, ctx), timeout, run.cancel),
+                    timeout=None if timeout is None else timeout + CANCEL_GRACE_S,
+                    cancel=run.cancel, name="tool-" + tool.name)
             except Exception as exc:
                 return self.error_result(eff, exc, run.clock.now() - started)
-            if overran:
+            if ending == "cancelled" or (ending == "ok" and value[0] == "cancelled"):
+                return self._cancelled_before(eff)
+            if ending == "timeout" or value[0] == "timeout":
                 return self.timeout_result(eff.call, run.clock.now() - started)
-            return self.tool_result(eff, value, started, run)
+            return self.tool_result(eff, value[1], started, run)
         if timeout is None or tool.context_param is not None:
             # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
             try:
@@ -659,20 +715,27 @@ class Engine:
                 return self.error_result(eff, exc, run.clock.now() - started)
             return self.tool_result(eff, value, started, run)
         # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
-        # deadline.  Python cannot kill the thread; its late result is discarded.
-        done = threading.Lock()
-        done.acquire()
+        # deadline, or when the run is cancelled.  Python cannot kill the thread; its late
+        # result is discarded.
+        done = threading.Event()
         box: list[Any] = []
 
         def finished(ok: bool, payload: Any) -> None:
             box.append((ok, payload))
-            done.release()
+            done.set()
 
         # a fresh context per call, as a new thread would have
         _WORKERS.submit(contextvars.Context(), tool.invoke, (eff.arguments, ctx), tool.name,
                         finished, lambda: bool(box))  # abandoned: the marker appended below
-        if not done.acquire(timeout=timeout):
+        remove = run.cancel.on_cancel(done.set)
+        try:
+            done.wait(timeout)
+        finally:
+            remove()
+        if not box or box[0] is None:
             box.append(None)  # abandoned (if the result came just now, it is discarded)
+            if run.cancel.is_set():
+                return self._cancelled_before(eff)
             return self.timeout_result(eff.call, run.clock.now() - started)
         ok, payload = box[0]
         if not ok:
@@ -694,10 +757,12 @@ class Engine:
                 aw = tool.invoke(eff.arguments, ctx)
             else:
                 aw = _daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
-            overran, value = await _bounded(aw, timeout)
+            ending, value = await _bounded(aw, timeout, run.cancel)
         except Exception as exc:
             return self.error_result(eff, exc, run.clock.now() - started)
-        if overran:
+        if ending == "cancelled":
+            return self._cancelled_before(eff)
+        if ending == "timeout":
             return self.timeout_result(eff.call, run.clock.now() - started)
         return self.tool_result(eff, value, started, run)
 
@@ -831,49 +896,15 @@ def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
     return future
 
 
-async def _bounded(aw: Awaitable[Any], timeout: float | None) -> tuple[bool, Any]:
-    """Await ``aw`` within ``timeout``: (True, None) when the deadline passed, else
-    (False, value).  A ``TimeoutError`` the tool raises itself (a socket read timing out) is
-    its own error, not the loop's deadline, and propagates as such."""
-    if timeout is None:
-        return False, await aw
-    if sys.version_info >= (3, 11):  # a deadline on this task, no extra task per call
-        cm = asyncio.timeout(timeout)
-        try:
-            async with cm:
-                return False, await aw
-        except TimeoutError:
-            if cm.expired():
-                return True, None
-            raise
-    try:  # pragma: no cover - Python 3.10, where asyncio.TimeoutError is the loop's own
-        return False, await asyncio.wait_for(aw, timeout)
-    except asyncio.TimeoutError:  # pragma: no cover
-        return True, None
-
-
-def _run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``coro`` to its end from sync code -- in a helper thread when this thread already
-    runs an event loop (a sync ``run()`` called from async code, a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: list[Any] = []
-
-    def target() -> None:
-        try:
-            box.append((True, asyncio.run(coro)))
-        except BaseException as exc:  # handed back to the caller below
-            box.append((False, exc))
-
-    worker = threading.Thread(target=target, name="loopwarden-async-tool", daemon=True)
-    worker.start()
-    worker.join()
-    ok, payload = box[0]
-    if not ok:
-        raise payload
-    return cast(_T, payload)
+async def _bounded(aw: Awaitable[Any], timeout: float | None,
+                   cancel: CancelToken | None = None) -> tuple[Ending, Any]:
+    """Await a tool within ``timeout`` (and until ``cancel``): ``("ok", value)``, else
+    ``("timeout" | "cancelled", None)``.  A tool that swallows its cancellation is abandoned
+    (see :mod:`loopwarden._deadline`).  A ``TimeoutError`` the tool raises itself (a socket
+    read timing out) is its own error, not the loop's deadline, and propagates as such."""
+    if timeout is None and cancel is None:
+        return "ok", await aw
+    return await await_within(aw, timeout, cancel)
 
 
 def _well_formed(response: Any) -> bool:
@@ -894,18 +925,73 @@ def _well_formed(response: Any) -> bool:
                and isinstance(c.id, str) for c in calls)
 
 
-def _internal_error(exc: BaseException) -> RunOutcome:
+def _internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
     kind = "cancelled" if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)) else "error"
-    return RunOutcome(termination=kind, evidence={"error": f"{type(exc).__name__}: {exc}"},
-                      error=repr(exc))
+    text = engine.redact(run, f"{type(exc).__name__}: {_safe_str(exc)}")
+    return RunOutcome(termination=kind, evidence={"error": text}, error=text)
+
+
+def _safe_str(value: object) -> str:
+    """``str(value)``, or a placeholder when that raises (third-party objects; an int longer
+    than Python prints)."""
+    try:
+        return str(value)
+    except Exception as exc:
+        if isinstance(value, int):
+            return f"<an integer of {value.bit_length()} bits, too long to print>"
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> Any:
+    """Await a model call, abandoning it when ``request.timeout`` passes or the run is
+    cancelled (a watchdog for any async model, the built-in client bounds itself too)."""
+    if request.timeout is None:
+        return await aw
+    ending, value = await await_within(aw, request.timeout + _DEADLINE_SLACK_S, run.cancel)
+    if ending == "ok":
+        return value
+    if ending == "cancelled":
+        raise ModelError("the run was cancelled during the model call", kind="cancelled")
+    raise ModelError(f"the model did not answer within {request.timeout:.3f}s",
+                     kind="timeout")
+
+
+def _watch(engine: Engine, run: Run) -> Callable[[], None]:
+    """Have the watchdog end ``run`` shortly after ``run.deadline`` unless it ended itself."""
+    if run.deadline is None:
+        return _nothing
+    seconds = max(0.0, run.deadline - run.clock.now()) + WATCHDOG_SLACK_S
+
+    def fire() -> None:
+        if run.outcome is None:
+            log.error("run %s passed its deadline by %.1fs without reaching a check (a hook, "
+                      "tool or model call blocks): the watchdog ends it", run.run_id,
+                      WATCHDOG_SLACK_S)
+            engine.finish(run, RunOutcome(
+                termination="timeout", evidence={
+                    "watchdog": True, "elapsed_s": round(run.elapsed, 3),
+                    "deadline_s": round(run.deadline - run.started_at, 3)
+                    if run.deadline is not None else None},
+                final_answer=engine._best_effort(run)))
+
+    return WATCHDOG.watch(seconds, fire)
+
+
+def _nothing() -> None:
+    pass
 
 
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     """Run the machine synchronously: call the model and the tools, finish the run."""
     gen = engine.machine(run)
+    unwatch = _nothing
     try:
         eff: Effect = next(gen)
+        unwatch = _watch(engine, run)
         while True:
+            if run.outcome is not None:  # the watchdog ended the run meanwhile
+                gen.close()
+                return run.outcome
             if isinstance(eff, CallModel):
                 try:
                     value: Any = model.complete(eff.request)
@@ -918,25 +1004,33 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         return engine.finish(run, done.value)
     except BaseException as exc:
         if run.outcome is None:
-            engine.finish(run, _internal_error(exc))
+            engine.finish(run, _internal_error(engine, run, exc))
         raise
+    finally:
+        unwatch()
 
 
 async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
     """Run the machine asynchronously (models with ``acomplete`` are awaited)."""
     gen = engine.machine(run)
     acomplete = getattr(model, "acomplete", None)
+    unwatch = _nothing
     try:
         eff: Effect = next(gen)
+        unwatch = _watch(engine, run)
         while True:
+            if run.outcome is not None:  # the watchdog ended the run meanwhile
+                gen.close()
+                return run.outcome
             if isinstance(eff, CallModel):
                 try:
                     if acomplete is not None:
-                        value: Any = await acomplete(eff.request)
+                        aw: Awaitable[Any] = acomplete(eff.request)
                     else:
                         # a sync model in an async run: a daemon worker, so that a hung call
                         # never keeps asyncio.run() from exiting
-                        value = await _daemon_thread(model.complete, eff.request, name="model")
+                        aw = _daemon_thread(model.complete, eff.request, name="model")
+                    value = await _model_within(aw, eff.request, run)
                 except Exception as exc:
                     value = Failed(exc)
             else:
@@ -946,5 +1040,7 @@ async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
         return engine.finish(run, done.value)
     except BaseException as exc:
         if run.outcome is None:
-            engine.finish(run, _internal_error(exc))
+            engine.finish(run, _internal_error(engine, run, exc))
         raise
+    finally:
+        unwatch()

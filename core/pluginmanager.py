@@ -31,6 +31,7 @@ import inspect
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -682,6 +683,53 @@ _HOOK_ARGS: dict[str, tuple[str, ...]] = {
 _Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None"]
 
 
+_REDACTOR: list[Any] = []  # the default redactor, built on first use
+
+
+def _ill_typed(v: Warn | Skip | Stop) -> str | None:
+    """What is wrong with a verdict's fields (a plugin built it by hand), or None.
+
+    The loop puts these texts into requests, records and logs: they must be text."""
+    texts: dict[str, Any] = {"message": v.message}
+    if isinstance(v, Skip):
+        texts["observation"] = v.observation
+    if isinstance(v, Stop):
+        texts["answer"] = v.answer
+        reason: Any = v.reason  # typed str, but a plugin may have passed anything
+        soft: Any = v.soft
+        if not isinstance(reason, str) or not reason:
+            return "a reason that is not a non-empty str"
+        if not isinstance(soft, bool):
+            return "soft that is not a bool"
+    for field_name, value in texts.items():
+        required = field_name in ("observation",) or isinstance(v, Warn)
+        if not isinstance(value, str) and (required or value is not None):
+            return f"a {field_name} of type {type(value).__name__}, not str"
+    evidence: Any = v.evidence
+    plugin: Any = v.plugin
+    if not isinstance(evidence, dict):
+        return f"evidence of type {type(evidence).__name__}, not dict"
+    if not isinstance(plugin, str):
+        return "a plugin name that is not a str"
+    return None
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+
+
+def _default_redact(text: str) -> str:
+    if not _REDACTOR:
+        from loopwarden.redaction import Redactor
+
+        _REDACTOR.append(Redactor())
+    out: str = _REDACTOR[0].text(text)
+    return out
+
+
 class Hooks:
     """The typed facade the loop calls hooks through.
 
@@ -704,6 +752,9 @@ class Hooks:
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
         self._pm = pm
         self._order = list(order)
+        #: masks secrets in the error texts of failing plugins (records, logs); a deployment
+        #: sets its own (which also knows the model's API key)
+        self.redact: Callable[[str], str] = _default_redact
         h = pm.hook
         self._on_start = h.on_start
         self._before_model = h.before_model
@@ -753,7 +804,7 @@ class Hooks:
             except Exception as exc:
                 return self._failed(hook, exc, plugin=name)
             if r is not None:
-                if not isinstance(r, (Warn, Skip, Stop)):
+                if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r):
                     return self._not_a_verdict(hook, r, plugin=name)
                 if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
                     r = dataclasses.replace(r, plugin=name)
@@ -778,25 +829,38 @@ class Hooks:
 
     def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
         plugin = plugin or self._blame(exc)
-        log.error("plugin %r failed in %s: %r", plugin, hook, exc, exc_info=exc)
+        error = self._log_failure(plugin, hook, exc)
         verdict = Stop(
             reason="plugin_error",
             plugin=plugin,
             soft=False,
-            message=f"plugin {plugin!r} raised in {hook}: {type(exc).__name__}: {exc}",
-            evidence={"hook": hook, "error": f"{type(exc).__name__}: {exc}"},
+            message=f"plugin {plugin!r} raised in {hook}: {error}",
+            evidence={"hook": hook, "error": error},
         )
         return Resolution(verdict, (), (verdict,))
 
-    @staticmethod
-    def _not_a_verdict(hook: str, returned: Any, plugin: str | None = None) -> Resolution:
-        who = f"plugin {plugin!r}" if plugin else f"a {hook} implementation"
+    def _log_failure(self, plugin: str, hook: str, exc: BaseException) -> str:
+        """Log a plugin's failure with its traceback, both redacted; return the error text."""
+        redact = self.redact
+        try:
+            text = f"{type(exc).__name__}: {exc}"
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        except Exception:  # an exception whose __str__ raises is third-party code too
+            text = trace = f"{type(exc).__name__}: <unprintable>"
+        log.error("plugin %r failed in %s: %s", plugin, hook, redact(trace.rstrip()))
+        return redact(text)
+
+    def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
+        who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
+        why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
+        shown = self.redact(_safe_repr(returned)[:500])
+        what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
         verdict = Stop(
             reason="plugin_error",
-            plugin=plugin or UNKNOWN_PLUGIN,
+            plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
             soft=False,
-            message=f"{who} returned {returned!r} from {hook}, not a verdict",
-            evidence={"hook": hook, "returned": repr(returned)},
+            message=f"{who} returned {what} from {hook}",
+            evidence={"hook": hook, "returned": shown},
         )
         return Resolution(verdict, (), (verdict,))
 
@@ -804,8 +868,8 @@ class Hooks:
         if not results:
             return EMPTY
         for r in results:
-            if not isinstance(r, (Warn, Skip, Stop)):
-                return self._not_a_verdict(hook, r)
+            if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r):
+                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
     def on_start(self, run: Run) -> Resolution:
@@ -868,9 +932,8 @@ class Hooks:
                 return failures
             except Exception as exc:
                 plugin = self._blame(exc)
-                log.error("plugin %r failed in on_stop: %r", plugin, exc, exc_info=exc)
                 failures.append({"plugin": plugin, "hook": "on_stop",
-                                 "error": f"{type(exc).__name__}: {exc}"})
+                                 "error": self._log_failure(plugin, "on_stop", exc)})
                 # Call the implementations that the exception skipped: the ones after the
                 # failing plugin in call order.
                 impls = [i.plugin_name for i in reversed(self._on_stop.get_hookimpls())

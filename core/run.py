@@ -7,6 +7,7 @@ from ``run.clock``; the caller cancels through ``run.cancel``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -149,6 +150,13 @@ class Run:
         self.stopping: Any = None  # the Stop verdict being honoured, if any
         #: the stop a shadowed plugin would have made first (shadow mode), else None
         self.shadow_stop: dict[str, Any] | None = None
+        #: the time on ``clock`` by which the run must have ended (set in ``on_start`` by the
+        #: timeout plugin: its limit plus grace).  A watchdog ends a run still going shortly
+        #: after it -- outcome ``timeout``, record written -- even while a hook, a tool or a
+        #: model call blocks; the blocked code runs on, and its caller gets the run back
+        #: when it returns.
+        self.deadline: float | None = None
+        self.finish_lock = threading.Lock()  # one outcome, whoever finishes first
 
     # -- conversation ------------------------------------------------------------------
 
@@ -248,6 +256,14 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        return f"<an integer of {value.bit_length()} bits>"  # json cannot print it
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    return str(value)
+    try:
+        return str(value)
+    except Exception as exc:  # a third-party object whose __str__ raises
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+_MAX_INT_BITS = 4000  # about 1200 digits: far below what int -> str refuses (4300 digits)

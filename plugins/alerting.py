@@ -53,7 +53,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_v
 from loopwarden import Plugin, PluginSettings, signals
 from loopwarden.plugin import check_templates
 from loopwarden.reasons import LOOP_REASONS, NORMAL_ENDINGS
-from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
+from loopwarden.redaction import DEFAULT_REDACT_KEYS, MASK, Redactor, model_api_key
 from loopwarden.verdicts import Stop
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("loopwarden.plugins.alerting")
+_SINK_REDACTOR = Redactor()  # masks credentials in sink failure lines
 
 Severity = Literal["warn", "soft_stop", "hard_stop"]
 SEVERITIES: tuple[str, ...] = ("warn", "soft_stop", "hard_stop")
@@ -273,8 +274,12 @@ class Sink:
             first = not self._failing
             self._failing = True
         if first:
-            log.warning("alert sink %s failed: %s: %s (further failures are not logged until "
-                        "it recovers)", self.label, type(exc).__name__, exc)
+            log.warning("alert sink %s failed: %s (further failures are not logged until "
+                        "it recovers)", self.label, self.describe(exc))
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` as text for a log line, secrets masked (a sink may know credentials)."""
+        return _SINK_REDACTOR.text(f"{type(exc).__name__}: {exc}")
 
     def _succeeded(self) -> None:
         with self._lock:
@@ -438,6 +443,33 @@ class WebhookSink(QueuedSink):
     def label(self) -> str:
         host = self.url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
         return f"webhook({host})"
+
+    def describe(self, exc: BaseException) -> str:
+        """The error without the URL's credentials: user info, query and fragment are
+        replaced by the bare URL, and their values masked wherever else they appear."""
+        from urllib.parse import parse_qsl, urlsplit
+
+        parts = urlsplit(self.url)
+        bare = f"{parts.scheme}://{parts.hostname or ''}"
+        if parts.port:
+            bare += f":{parts.port}"
+        bare += parts.path
+        text = f"{type(exc).__name__}: {exc}"
+        for form in {self.url, self._normalised_url()}:
+            text = text.replace(form, bare)
+        secrets = [parts.username, parts.password, parts.fragment,
+                   *(v for _k, v in parse_qsl(parts.query))]
+        for x in secrets:  # short values too: in this text they are known to be credentials
+            if x and len(x) >= 3:
+                text = text.replace(x, MASK)
+        return _SINK_REDACTOR.text(text)
+
+    def _normalised_url(self) -> str:
+        try:
+            mod, _ = http_module()
+            return str(mod.URL(self.url))
+        except Exception:
+            return self.url
 
     def start(self) -> None:
         mod, self.http_library = http_module()

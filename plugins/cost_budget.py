@@ -2,9 +2,11 @@
 
 Prices are per million tokens -- ``input``, ``cached_input`` (default: ``input``) and
 ``output`` -- in ``currency``, keyed by model name (``[plugins.cost_budget.prices]``).  Every
-response is priced with the price of the model it names (``response.model``), else of the run's
-model (``run.model_name``); the plugin keeps ``run.cost`` and ``run.cost_currency`` (the run
-record prints them).  Arithmetic is Decimal throughout: no float rounding in money.
+response is priced with the price of the run's model (``run.model_name``: the configured one),
+never by the name the server returns in ``response.model`` -- a server must not pick its own
+price, and that field may hold anything; the plugin keeps ``run.cost`` and
+``run.cost_currency`` (the run record prints them).  Arithmetic is Decimal throughout: no
+float rounding in money.
 
 Fails closed: a run whose model has no price is refused in ``on_start`` -- before any model
 call, so nothing is spent -- with a hard ``max_cost`` stop (evidence ``rule =
@@ -241,9 +243,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
     def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
         s = self.settings
         st: _State = self.state(run)
-        price = self.price_of(response.model) if response.model else None
-        if price is None:
-            price = st.price
+        price = st.price  # the configured model's, whatever the server calls itself
         usage = response.usage
         if usage is None:  # unreported: count the estimates
             completion = run.estimator(response.content or "") + sum(
@@ -260,7 +260,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
             return self.stop(
                 "max_cost", message=self._text(s.stop_message, run.cost, st),
                 spent=run.cost, limit=s.max_cost, currency=s.currency,
-                model=response.model or st.model, reconciled=True,
+                model=st.model, reconciled=True,
             )
         return None
 

@@ -12,7 +12,13 @@
   result is discarded, never recorded as a success.
 * ``after_tool`` stops the run with ``timeout`` once the run's time is up -- and, with
   ``stop_on_tool_timeout`` (default), as soon as any tool overran.
-* ``before_model`` refuses a model call once the time is up.
+* ``before_model`` refuses a model call once the time is up, and gives every call at most the
+  time left (``request.timeout``; a final turn: up to the end of the grace period).  A call
+  that overruns it is abandoned and the run ends ``timeout``.
+
+A watchdog backs these checks up: past ``max_seconds + grace_s`` (``run.deadline``) a run still
+going -- stuck in a hook, or in a tool or model call that cannot be abandoned -- is ended with
+``timeout`` from outside and its record written; the stuck code runs on until it returns.
 
 The stop is **soft** while the run is still inside the grace period (``grace_s`` past
 ``max_seconds``): the final tool-less turn fits in it.  Past the grace period it is **hard**.
@@ -150,9 +156,19 @@ class Timeout(Plugin[TimeoutSettings]):
                          message=template.format(**self._fields(run, tool)), **evidence)
 
     @hookimpl
+    def on_start(self, run: Run) -> None:
+        # the watchdog's deadline: a run still going past it is ended from outside
+        deadline = run.started_at + self.limit(run) + self.settings.grace_s
+        run.deadline = deadline if run.deadline is None else min(run.deadline, deadline)
+
+    @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
         s = self.settings
         limit, elapsed = self.limit(run), run.elapsed
+        # the call itself may take no more than the time left (a final turn: the grace too)
+        left = limit + (s.grace_s if request.final else 0.0) - elapsed
+        if left > 0:
+            request.timeout = left if request.timeout is None else min(request.timeout, left)
         if elapsed >= limit:
             return self._stop(run, final=request.final)
         st: _State = self.state(run)

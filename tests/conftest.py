@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai_stub import Stub, serve
 
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
@@ -57,3 +58,10 @@ def deployment_factory() -> Iterator[Callable[..., Deployment]]:
     yield make
     for dep in made:
         dep.close()
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, str]]:
+    """A local OpenAI-compatible server: ``(stub, base_url)`` (see tests/openai_stub.py)."""
+    with serve() as served:
+        yield served

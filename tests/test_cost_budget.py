@@ -119,15 +119,18 @@ def test_run_cost_is_the_exact_sum_of_every_response() -> None:
     assert rec["cost"] == float(expected) and rec["cost_currency"] == "USD"
 
 
-def test_a_response_is_priced_by_the_model_it_names() -> None:
-    p = plugin(prices={"scripted": UNIT, "big": {"input": 2_000_000, "output": 0}})
+def test_a_response_is_priced_by_the_configured_model_not_the_name_it_returns() -> None:
+    # The server names its own model: trusting that name would let it pick its own price
+    # (cheaper than the budget assumes), and an odd value ("model": 7) would crash pricing.
+    p = plugin(prices={"scripted": UNIT, "free-model": {"input": 0, "output": 0}})
     run = started(p)
     p.before_model(run, request(run, 10))
     run.step = 1
-    p.after_response(run, response(prompt=10, model="big"))
-    assert run.cost == 20
-    p.after_response(run, response(prompt=10, model="unpriced-snapshot"))  # falls back
-    assert run.cost == 30
+    p.after_response(run, response(prompt=10, model="free-model"))
+    assert run.cost == 10
+    for odd in (7, None, ["x"], "unpriced-snapshot"):
+        p.after_response(run, response(prompt=10, model=odd))
+    assert run.cost == 50 and run.errors == []
 
 
 def test_unreported_usage_is_priced_from_the_estimate() -> None:

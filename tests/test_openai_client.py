@@ -8,84 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from openai_stub import Stub, completion
 
 from loopwarden import Deployment, ModelError, ModelRequest
 from loopwarden.config import ModelConfig, parse_config
 from loopwarden.exceptions import ConfigError
 from loopwarden.models.openai_chat import OpenAIChatModel
-
-
-class Stub:
-    """A queue of canned responses and a log of received requests."""
-
-    def __init__(self) -> None:
-        self.responses: list[tuple[int, Any, dict[str, str]]] = []
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.lock = threading.Lock()
-
-    def push(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
-        self.responses.append((status, body, headers or {}))
-
-
-def completion(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-               usage: dict[str, Any] | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": tc["name"], "arguments": tc["arguments"]}}
-            for i, tc in enumerate(tool_calls)
-        ]
-    body: dict[str, Any] = {
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "stub-model",
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body
-
-
-@pytest.fixture
-def stub() -> Iterator[tuple[Stub, str]]:
-    state = Stub()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:  # keep test output clean
-            pass
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length", 0))
-            payload = json.loads(self.rfile.read(length) or b"{}")
-            with state.lock:
-                state.requests.append(payload)
-                state.headers.append({k.lower(): v for k, v in self.headers.items()})
-                status, body, headers = (state.responses.pop(0) if state.responses
-                                         else (500, {"error": {"message": "no response"}}, {}))
-            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def make_model(base_url: str, **kw: Any) -> OpenAIChatModel:
@@ -237,3 +168,27 @@ def test_tool_calls_without_ids_get_unique_ids_from_the_loop(
     ids = [tc["id"] for m in run.messages if m["role"] == "assistant"
            for tc in m.get("tool_calls", [])]
     assert len(ids) == 2 and len(set(ids)) == 2
+
+
+@pytest.mark.parametrize("where", ["content", "arguments", "name"])
+def test_the_stub_sends_a_lone_surrogate_as_json_allows(stub: tuple[Stub, str],
+                                                       where: str) -> None:
+    from openai_stub import lone_surrogate_completion
+
+    state, url = stub
+    state.push(lone_surrogate_completion(where))
+    resp = make_model(url).complete(request())
+    if where == "arguments":  # JSON text whose string holds the escaped half emoji
+        assert json.loads(resp.tool_calls[0].arguments) == {"order_id": "\ud83d"}
+    else:
+        text = resp.content if where == "content" else resp.tool_calls[0].name
+        assert text is not None and "\ud83d" in text
+
+
+def test_the_stub_sends_arguments_nested_deep(stub: tuple[Stub, str]) -> None:
+    from openai_stub import nested_arguments
+
+    state, url = stub
+    state.push(nested_arguments(5000))
+    resp = make_model(url).complete(request())
+    assert resp.tool_calls[0].arguments.count("[") == 5000

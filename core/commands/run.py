@@ -1,13 +1,71 @@
-"""``loopwarden run``: one agent loop, against the configured model or a scenario."""
+"""``loopwarden run``: one agent loop, against the configured model or a scenario.
+
+Exit codes (scripts rely on them):
+
+* 0 -- the run was carried out: the model answered, or a guard stopped it (any stop reason
+  that a plugin decided, ``timeout`` included);
+* 3 -- the run could not be carried out: ``model_error`` (a 401 for a bad key included),
+  ``plugin_error``, or an internal ``error``;
+* 2 -- bad input: config, scenario, arguments, a missing API key (nothing was run);
+* 130 / 143 -- interrupted by SIGINT / SIGTERM: the run is cancelled (the model call in flight
+  is abandoned, a blocking tool too), ends with a ``cancelled`` record (printed, and written by
+  ``run_record``), then the command exits.  A second signal interrupts at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-from typing import Any, TextIO
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
 
 from loopwarden.commands import add_config_argument
+
+if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken
+
+#: the run was carried out (an answer, or a guard's stop)
+EXIT_OK = 0
+#: bad input: nothing was run
+EXIT_BAD_INPUT = 2
+#: the run could not be carried out (the model or a plugin failed)
+EXIT_NOT_CARRIED_OUT = 3
+#: terminations that mean the run could not be carried out
+NOT_CARRIED_OUT = frozenset({"model_error", "plugin_error", "error"})
+#: the exit code after each signal (128 + its number, the shell's convention)
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def exit_code(record: dict[str, Any]) -> int:
+    """The exit code for a finished run's record (see the module doc)."""
+    return EXIT_NOT_CARRIED_OUT if record.get("termination") in NOT_CARRIED_OUT else EXIT_OK
+
+
+@contextlib.contextmanager
+def cancel_on_signals(cancel: CancelToken, received: list[int]) -> Iterator[None]:
+    """While the block runs, SIGINT / SIGTERM cancel the run (``received`` notes which); a
+    second signal raises KeyboardInterrupt at once.  Outside the main thread: no change."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+        cancel.cancel(reason=signal.Signals(signum).name)
+
+    previous: dict[int, Any] = {}
+    try:
+        for sig in SIGNAL_EXIT:
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +117,8 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario and args.question:
         print("loopwarden run: give a question or --scenario, not both", file=sys.stderr)
         return 2
+    from loopwarden.clock import CancelToken
+
     meta = dict(args.meta) or None
     config = load_config(args.config)
     deployment = Deployment(config)
@@ -67,16 +127,21 @@ def main(args: argparse.Namespace) -> int:
         print(f"loopwarden run: note: the context window of model {config.model.name!r} is "
               f"unknown; assuming {window} tokens (set [model] context_window in "
               f"{config.path})", file=sys.stderr)
+    cancel = CancelToken()
+    received: list[int] = []
     try:
-        if args.scenario:
-            run = deployment.run(scenario=args.scenario, profile=args.profile, meta=meta)
-        else:
-            try:
-                deployment.model  # noqa: B018 - builds the client, checks the key
-            except ConfigError as exc:
-                print(exc.message, file=sys.stderr)
-                return 2
-            run = deployment.run(args.question, profile=args.profile, meta=meta)
+        with cancel_on_signals(cancel, received):
+            if args.scenario:
+                run = deployment.run(scenario=args.scenario, profile=args.profile,
+                                     cancel=cancel, meta=meta)
+            else:
+                try:
+                    deployment.model  # noqa: B018 - builds the client, checks the key
+                except ConfigError as exc:
+                    print(exc.message, file=sys.stderr)
+                    return EXIT_BAD_INPUT
+                run = deployment.run(args.question, profile=args.profile, cancel=cancel,
+                                     meta=meta)
     finally:
         deployment.close()
     record = run.record()
@@ -84,4 +149,6 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(record, ensure_ascii=False))
     else:
         print_summary(record)
-    return 0
+    if received:
+        return SIGNAL_EXIT[signal.Signals(received[0])]
+    return exit_code(record)

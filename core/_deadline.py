@@ -1,0 +1,190 @@
+"""Waiting for work that may never end: a deadline and a cancel token, then walk away.
+
+Python cannot kill a thread, and a coroutine may swallow its cancellation.  These helpers
+therefore never wait for the work itself past its deadline: they run it apart (a daemon
+thread, a separate task), wait for whichever comes first -- its end, the deadline, the run's
+cancel token -- and *abandon* it otherwise.  Abandoned work keeps running until it ends by
+itself; its result is discarded.  Limits: an abandoned thread holds whatever it holds (a
+socket, a lock) until it returns; an abandoned task that swallows every cancellation keeps
+running on its event loop, and ``asyncio.run()`` waits for it when the loop closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken
+
+__all__ = ["WATCHDOG", "Ending", "Watchdog", "await_within", "call_within"]
+
+log = logging.getLogger("loopwarden.watchdog")
+
+#: how the wait ended: the work finished ("ok"), the deadline passed, or the run was cancelled
+Ending = Literal["ok", "timeout", "cancelled"]
+
+#: seconds a cancelled task gets to wind down (close its sockets) before it is abandoned
+CANCEL_GRACE_S = 0.5
+
+
+def call_within(fn: Callable[..., Any], *args: Any, timeout: float | None,
+                cancel: CancelToken | None = None, name: str = "call") -> tuple[Ending, Any]:
+    """Run ``fn(*args)`` in a daemon thread; wait at most ``timeout`` seconds, or until
+    ``cancel`` is set.  ``("ok", value)``, or ``("timeout" | "cancelled", None)``; an exception
+    from ``fn`` is raised here."""
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box.append((True, context.run(fn, *args)))
+        except BaseException as exc:  # handed to the waiter below
+            box.append((False, exc))
+        done.set()
+
+    remove = cancel.on_cancel(done.set) if cancel is not None else None
+    try:
+        threading.Thread(target=target, name=f"loopwarden-{name}", daemon=True).start()
+        done.wait(timeout)
+    finally:
+        if remove is not None:
+            remove()
+    if box:
+        ok, payload = box[0]
+        if not ok:
+            raise payload
+        return "ok", payload
+    if cancel is not None and cancel.is_set():
+        return "cancelled", None
+    return "timeout", None
+
+
+async def await_within(aw: Awaitable[Any], timeout: float | None,
+                       cancel: CancelToken | None = None) -> tuple[Ending, Any]:
+    """Await ``aw`` as a task of its own, at most ``timeout`` seconds or until ``cancel``.
+
+    ``("ok", value)``, or ``("timeout" | "cancelled", None)`` after the task was cancelled
+    (and given :data:`CANCEL_GRACE_S` to wind down; one that ignores the cancellation is
+    abandoned).  An exception from ``aw`` is raised here; cancelling the caller cancels it.
+    """
+    task = asyncio.ensure_future(aw)
+    waiting: set[asyncio.Future[Any]] = {task}
+    remove: Callable[[], None] | None = None
+    if cancel is not None:
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def wake() -> None:
+            # a closed loop: nobody waits any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, woken)
+
+        remove = cancel.on_cancel(wake)
+        waiting.add(woken)
+    try:
+        await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled: so is the work
+        task.cancel()
+        raise
+    finally:
+        if remove is not None:
+            remove()
+    if task.done():
+        return "ok", task.result()
+    task.cancel()
+    task.add_done_callback(_consume)
+    await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    return ("cancelled" if cancel is not None and cancel.is_set() else "timeout"), None
+
+
+def _settle(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Watchdog:
+    """One daemon thread that calls ``fire()`` of every watch whose time has come.
+
+    Each ``fire`` runs in a daemon thread of its own, so one that blocks delays no other
+    watch.  :meth:`watch` returns a function that withdraws the watch (cheap; withdrawn
+    entries are dropped lazily, and compacted when they dominate).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []  # [due (monotonic), sequence, fire or None]
+        self._cond = threading.Condition()
+        self._live = 0
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, seconds: float, fire: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fire()`` in ``seconds`` unless the returned function is called first."""
+        with self._cond:
+            self._seq += 1
+            entry: list[Any] = [time.monotonic() + seconds, self._seq, fire]
+            heapq.heappush(self._heap, entry)
+            self._live += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="loopwarden-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._cond.notify()
+
+        def withdraw() -> None:
+            with self._cond:
+                if entry[2] is None:
+                    return
+                entry[2] = None
+                self._live -= 1
+                if len(self._heap) > 64 and len(self._heap) > 4 * self._live:
+                    self._heap = [e for e in self._heap if e[2] is not None]
+                    heapq.heapify(self._heap)
+
+        return withdraw
+
+    def _loop(self) -> None:
+        heap_pop = heapq.heappop
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heap_pop(self._heap)
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    left = self._heap[0][0] - time.monotonic()
+                    if left <= 0:
+                        entry = heap_pop(self._heap)
+                        fire, entry[2] = entry[2], None
+                        self._live -= 1
+                        break
+                    self._cond.wait(left)
+            threading.Thread(target=_fire, args=(fire,), name="loopwarden-watchdog-fire",
+                             daemon=True).start()
+
+
+def _fire(fire: Callable[[], None]) -> None:
+    try:
+        fire()
+    except Exception:
+        log.exception("a watchdog action failed")
+
+
+#: the process's watchdog (its thread starts with the first watch)
+WATCHDOG = Watchdog()
