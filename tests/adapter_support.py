@@ -88,3 +88,82 @@ def only_record(tmp_path: Path) -> dict[str, Any]:
     recs = records(tmp_path)
     assert len(recs) == 1, recs
     return recs[0]
+
+
+@dataclass
+class Outcome:
+    """What a framework run gave back: its final output, the observations the model got for
+    its tool calls (in order), and the tools' real effects."""
+
+    output: str
+    observations: list[str]
+    effects: Effects
+
+
+Runner = Any  # (tmp_path, script, mode, **deployment kwargs) -> Outcome
+
+
+def check_repeat_loop(tmp_path: Path, run: Runner, mode: str) -> None:
+    """Identical lookups: the repeat is answered from the first result, the third call stops
+    the run (repeat_call, soft) and the wrap-up turn -- without tools -- gives the answer."""
+    script = Script([[LOOKUP]], repeat=True)
+    out: Outcome = run(tmp_path, script, mode)
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["soft"] is True
+    assert rec["stopped_by"] == "repeat_call"
+    assert out.effects.counts == {"query_order": 1}
+    assert "already made" in out.observations[1]
+    assert script.toolless == 1
+    assert out.output == FINAL == rec["final_answer"] and rec["final_answer_present"] is True
+    assert any(w["plugin"] == "repeat_call" for w in rec["warnings"])
+
+
+def check_side_effect_once(tmp_path: Path, run: Runner, mode: str) -> None:
+    """A refund proposed twice for one order (``[tools.apply_refund] idempotency_keys``)
+    executes once; the second proposal gets the first one's result."""
+    script = Script([[REFUND_A], [REFUND_B]], final="Refunded.")
+    out: Outcome = run(tmp_path, script, mode)
+    assert out.effects.counts == {"apply_refund": 1}
+    assert "was not executed again" in out.observations[1]
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer" and rec["final_answer"] == "Refunded."
+    assert rec["tool_calls"] == 2 and rec["tools_executed"] == 1
+    assert out.output == "Refunded."
+
+
+TOKEN_LIMIT = 7000
+BIG_USAGE = (3000, 100)
+
+
+def check_token_budget(tmp_path: Path, run: Runner, mode: str) -> None:
+    """Calls that report 3100 tokens each against a 7000-token run budget: the third call
+    would pass it, so the run stops (hard) before making it, with the best-effort answer."""
+    script = Script([[LOOKUP]], repeat=True, usage=BIG_USAGE)
+    out: Outcome = run(tmp_path, script, mode, max_total_tokens=TOKEN_LIMIT)
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "max_tokens" and rec["stopped_by"] == "token_budget"
+    assert rec["tokens"]["total"] <= TOKEN_LIMIT < rec["tokens"]["total"] + sum(BIG_USAGE)
+    assert script.calls == rec["steps"] == 2 and script.toolless == 0
+    assert rec["soft"] is False and rec["final_answer_present"] is False
+    assert out.output == rec["final_answer"]
+    assert out.output.startswith("Here is the last information I found")
+
+
+def check_allowlist(tmp_path: Path, run: Runner, mode: str) -> None:
+    """The example third-party plugin: the forbidden tool never runs; its first call is
+    refused (skip), the second stops the run softly."""
+    script = Script([[FORBIDDEN]], repeat=True, final="I cannot do that.")
+    out: Outcome = run(tmp_path, script, mode, allowlist=True)
+    assert out.effects.counts == {}
+    assert out.observations[0].startswith("NOT ALLOWED: delete_account")
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "tool_not_allowed" and rec["stopped_by"] == "allowlist"
+    assert rec["final_answer"] == "I cannot do that." == out.output
+
+
+SCENARIOS = {
+    "repeat_loop": check_repeat_loop,
+    "side_effect_once": check_side_effect_once,
+    "token_budget": check_token_budget,
+    "allowlist": check_allowlist,
+}
