@@ -32,6 +32,9 @@ class Effects:
         self.counts[name] = self.counts.get(name, 0) + 1
 
 
+Call = tuple[str, dict[str, Any], str]  # name, arguments, call id
+
+
 @dataclass
 class Script:
     """Model turns: ``turns`` of tool calls, then ``final`` (or the last turn again, with
@@ -45,7 +48,7 @@ class Script:
     toolless: int = 0  # of which without tools
     _turn: int = 0
 
-    def next(self, tools_available: bool) -> tuple[str | None, list[tuple[str, dict[str, Any], str]]]:
+    def next(self, tools_available: bool) -> tuple[str | None, list[Call]]:
         self.calls += 1
         if not tools_available:
             self.toolless += 1
@@ -161,7 +164,21 @@ def check_allowlist(tmp_path: Path, run: Runner, mode: str) -> None:
     assert rec["final_answer"] == "I cannot do that." == out.output
 
 
+def check_parallel_calls(tmp_path: Path, run: Runner, mode: str) -> None:
+    """Both refunds in ONE answer: the framework may start them together, loopwarden lets
+    them through one at a time, in the proposed order -- the second is answered from the
+    ledger, never run."""
+    script = Script([[REFUND_A, REFUND_B, LOOKUP]], final="Refunded once.")
+    out: Outcome = run(tmp_path, script, mode)
+    assert out.effects.counts == {"apply_refund": 1, "query_order": 1}
+    assert out.observations[0].startswith("refund #1 created")
+    assert "was not executed again" in out.observations[1]
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer" and rec["tools_executed"] == 2
+
+
 SCENARIOS = {
+    "parallel_calls": check_parallel_calls,
     "repeat_loop": check_repeat_loop,
     "side_effect_once": check_side_effect_once,
     "token_budget": check_token_budget,

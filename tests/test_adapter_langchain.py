@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
 
-from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment
 from loopwarden.adapters.langchain import LoopwardenMiddleware
 
 
@@ -121,3 +121,38 @@ def test_warnings_reach_the_model_as_messages(tmp_path: Path) -> None:
              and str(m.content).startswith("[loopwarden] ")]
     assert len(notes) >= 2  # the repeat warning, then the wrap-up instruction
     assert "already made" in str(notes[0].content)
+
+
+def test_the_frameworks_own_limit_ends_the_run_with_a_record(tmp_path: Path) -> None:
+    from langchain.agents.middleware import ModelCallLimitMiddleware
+
+    effects = Effects()
+    dep = deployment(tmp_path)
+    script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
+    agent = create_agent(make_model(script), make_tools(effects), middleware=[
+        ModelCallLimitMiddleware(run_limit=2, exit_behavior="end"),
+        LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
+    agent.invoke({"messages": [HumanMessage("Orders?")]})
+    dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "ended_by_framework" and rec["steps"] == 2
+
+
+def test_a_tool_exception_that_ends_the_agent_is_recorded(tmp_path: Path) -> None:
+    dep = deployment(tmp_path)
+
+    @tool
+    def query_order(order_id: str) -> str:
+        """Look up an order by its id."""
+        raise RuntimeError("database down")
+
+    script = Script([[("query_order", {"order_id": "1"})]])
+    middleware = LoopwardenMiddleware(dep, model_name="gpt-4o-mini")
+    agent = create_agent(make_model(script), [query_order], middleware=[middleware])
+    with pytest.raises(RuntimeError, match="database down"):
+        agent.invoke({"messages": [HumanMessage("Order 1?")]})
+    dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "error" and "database down" in rec["evidence"]["error"]
+    assert rec["tools_executed"] == 1
+    assert middleware.runs() == []

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 from agents import Agent, RunConfig, function_tool
 from agents.items import ItemHelpers, ToolCallOutputItem
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.usage import Usage
 
-from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 from loopwarden.adapters.openai_agents import LoopwardenRunner
 
 

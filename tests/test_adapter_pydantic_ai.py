@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, records
 from pydantic_ai import Agent
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
-from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, records
 from loopwarden.adapters.pydantic_ai import Loopwarden
 
 

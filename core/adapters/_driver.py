@@ -22,6 +22,7 @@ ones wait on the event loop (:meth:`GuardedRun.atool`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Iterable, Mapping
@@ -233,10 +234,8 @@ class GuardedRun:
         self._cond.notify_all()
         waiters, self._waiters = self._waiters, []
         for loop, event in waiters:
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits
                 loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # that event loop is closed: nobody waits any more
-                pass
 
     def _drain(self) -> None:
         """Tools the machine expected but the framework never ran (it moved on to its model):

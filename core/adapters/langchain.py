@@ -96,12 +96,12 @@ def _response(result: ModelResponse[Any] | AIMessage | Any) -> tuple[AIMessage |
     ai = next((m for m in msgs if isinstance(m, AIMessage)), None)
     if ai is None:
         return None, events.ModelResponse(content=None)
-    meta = ai.usage_metadata or {}
+    meta = ai.usage_metadata
     return ai, events.ModelResponse(
         content=_text(ai) or None,
         tool_calls=[proposed(tc["name"], tc.get("args") or {}, tc.get("id") or "")
                     for tc in ai.tool_calls],
-        usage=usage(meta.get("input_tokens"), meta.get("output_tokens")) if meta else None,
+        usage=usage(meta["input_tokens"], meta["output_tokens"]) if meta else None,
         model=(ai.response_metadata or {}).get("model_name"),
     )
 
@@ -164,6 +164,19 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
             guarded = self._runs.pop(run_id, None) if run_id else None
         if guarded is not None:
             guarded.finish(detail="the agent ended before loopwarden's run did")
+
+    def _failed(self, guarded: GuardedRun, exc: BaseException, *, model: bool = False,
+                call_id: str | None = None) -> None:
+        """The model or a tool raised and the exception leaves the middleware: LangChain has
+        already applied its own error handling (``handle_tool_errors``) inside ``handler``, so
+        the agent ends here -- the guards see the failure, and the run ends (recorded)."""
+        if model:
+            guarded.model_done(exc)
+        elif call_id is not None:
+            guarded.tool_done(call_id, tool_result(None, error=exc))
+        guarded.finish(exc)
+        with self._lock:
+            self._runs.pop(guarded.run.run_id, None)
 
     def runs(self) -> list[Any]:
         """The loopwarden runs in progress (for inspection)."""
@@ -229,7 +242,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         try:
             result = handler(prepared)
         except BaseException as exc:
-            guarded.model_done(exc)
+            self._failed(guarded, exc, model=True)
             raise
         answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result)
         return answer
@@ -247,7 +260,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         try:
             result = await handler(prepared)
         except BaseException as exc:
-            guarded.model_done(exc)
+            self._failed(guarded, exc, model=True)
             raise
         answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result)
         return answer
@@ -277,8 +290,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
             return self._skipped(request, decision)
         try:
             out = handler(request)
-        except Exception as exc:
-            guarded.tool_done(call_id, tool_result(None, error=exc))
+        except BaseException as exc:
+            self._failed(guarded, exc, call_id=call_id)
             raise
         guarded.tool_done(call_id, self._result(out))
         return out
@@ -296,8 +309,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
             return self._skipped(request, decision)
         try:
             out = await handler(request)
-        except Exception as exc:
-            guarded.tool_done(call_id, tool_result(None, error=exc))
+        except BaseException as exc:
+            self._failed(guarded, exc, call_id=call_id)
             raise
         guarded.tool_done(call_id, self._result(out))
         return out
