@@ -29,11 +29,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.loop import CallModel, Failed, RunTool, _internal_error
-from loopwarden.replay import infer_flags
+from loopwarden.replay import recorded_tool
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
 
@@ -60,37 +60,13 @@ ENDED_BY_FRAMEWORK = "ended_by_framework"
 NatureSpec = Mapping[str, Mapping[str, Any]]
 
 
-class _AnyArgs(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-def _nature(name: str, declared: Mapping[str, Any] | None) -> dict[str, Any]:
-    nature: dict[str, Any] = dict(infer_flags(name))
-    nature.update(retryable=False, idempotency_keys=None)
-    if declared:
-        nature.update({k: v for k, v in declared.items() if v is not None})
-    return nature
-
-
 def framework_tool(name: str, description: str = "", parameters: Mapping[str, Any] | None = None,
                    declared: Mapping[str, Any] | None = None) -> Tool:
     """A loopwarden declaration standing for a framework's tool: its schema (counted in token
     estimates) and its nature -- ``declared`` (a ``[tools.<name>]`` table), the rest inferred
-    from the name like ``loopwarden replay`` does.  The framework validates and runs the tool."""
-    n = _nature(name, declared)
-    keys = n["idempotency_keys"]
-    tool = Tool(
-        name=name,
-        func=lambda **kw: None,  # never called: the framework executes its tools
-        description=description or name,
-        args_model=_AnyArgs,
-        read_only=bool(n["read_only"]),
-        deterministic=bool(n["deterministic"]),
-        side_effect=bool(n["side_effect"]),
-        terminal=bool(n["terminal"]),
-        retryable=(Exception,) if n["retryable"] else (),
-        idempotency_keys=tuple(keys) if keys is not None else None,
-    )
+    from the name as ``loopwarden replay`` does.  The framework validates and runs the tool."""
+    tool = recorded_tool(name, declared)
+    tool.description = description or name
     tool._schema = {"type": "function", "function": {
         "name": name, "description": tool.description,
         "parameters": dict(parameters or {"type": "object", "properties": {}})}}
@@ -133,7 +109,6 @@ class Answer:
     earlier result, a refusal of invalid arguments, or "not executed: the run is stopping")."""
 
     text: str
-    skipped: bool = True
 
 
 class GuardedRun:

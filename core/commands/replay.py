@@ -14,9 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="trajectory JSONL (DESIGN's trajectory format)")
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
     parser.add_argument("--tools", metavar="FILE",
-                        help="declared tool natures: a TOML file of [tools.NAME] tables with "
-                        "read_only / deterministic / side_effect / terminal (default: inferred "
-                        "from the tool names)")
+                        help="declared tool natures: a TOML file of [tools.NAME] tables "
+                        "(read_only / deterministic / side_effect / terminal / retryable / "
+                        "idempotency_keys), e.g. the deployment's config.toml (default: "
+                        "inferred from the tool names)")
     parser.add_argument("--json", action="store_true",
                         help="print one result per trajectory, then the summary, as JSON lines")
     parser.add_argument("--summary", action="store_true",
