@@ -115,12 +115,20 @@ def test_warnings_reach_the_model_as_messages(tmp_path: Path) -> None:
     object.__setattr__(model, "_generate", spy)
     agent = create_agent(model, make_tools(effects),
                          middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
-    agent.invoke({"messages": [HumanMessage("Where is my order 99999?")]})
+    out = agent.invoke({"messages": [HumanMessage("Where is my order 99999?")]})
     dep.close()
     notes = [m for m in seen[-1] if isinstance(m, HumanMessage)
              and str(m.content).startswith("[loopwarden] ")]
     assert len(notes) >= 2  # the repeat warning, then the wrap-up instruction
     assert "already made" in str(notes[0].content)
+    # kept in the agent's messages, each just before the model's answer to it
+    kept = out["messages"]
+    for i, m in enumerate(kept):
+        if isinstance(m, HumanMessage) and str(m.content).startswith("[loopwarden] "):
+            assert isinstance(kept[i + 1], (HumanMessage, AIMessage))
+    assert [str(m.content) for m in notes] == [
+        str(m.content) for m in kept
+        if isinstance(m, HumanMessage) and str(m.content).startswith("[loopwarden] ")]
 
 
 def test_the_frameworks_own_limit_ends_the_run_with_a_record(tmp_path: Path) -> None:

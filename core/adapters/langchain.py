@@ -11,15 +11,17 @@
 Each ``invoke`` / ``ainvoke`` of the agent is one loopwarden run (same plugins, run records,
 signals, metrics and alerts as ``loopwarden run``).  Verdicts become:
 
-* **warn** -- ``before_model`` adds the note to the conversation as a message
-  (``[run] warning_role``: a ``HumanMessage`` for "user", else a ``SystemMessage``);
+* **warn** -- the note is added to the next model request as a message (``[run]
+  warning_role``: a ``HumanMessage`` for "user", else a ``SystemMessage``) and kept in the
+  agent's messages just before the model's answer to it;
 * **skip** -- ``wrap_tool_call`` answers with a ``ToolMessage`` holding the skip's observation;
   the tool is not called (so is a side effect already executed with the same idempotency key);
 * **soft stop** -- the next model call is made with no tools bound; its text is the answer
   (tool calls it proposes anyway are dropped);
-* **hard stop** -- no further model call: ``before_model`` jumps to the end with the
-  best-effort answer as the last ``AIMessage`` (or ``wrap_model_call`` returns it in place of
-  the model's answer when the stop came after the answer).
+* **hard stop** -- no further model call: ``wrap_model_call`` answers in the model's place
+  with the best-effort answer as an ``AIMessage`` without tool calls, so the agent ends on
+  it (the effect of ``jump_to="end"``, without a ``before_model`` node on every step); a
+  stop that came with the model's answer replaces that answer the same way.
 
 Needs ``pip install 'loopwarden[langchain]'``.
 """
@@ -36,7 +38,6 @@ from langchain.agents.middleware.types import (
     ModelRequest,
     ModelResponse,
     PrivateStateAttr,
-    hook_config,
 )
 from langchain_core.messages import (
     AIMessage,
@@ -192,43 +193,45 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
                             runtime: Runtime[Any]) -> dict[str, Any] | None:
         return self._begin(state)
 
-    @hook_config(can_jump_to=["end"])
-    def before_model(self, state: LoopwardenState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        guarded = self._guarded(state)
-        if guarded is None:
-            return None
-        request = guarded.model_turn()
-        if request is None:
-            return {"jump_to": "end", "messages": [AIMessage(content=guarded.final_answer)]}
-        if not request.notes:
-            return None
-        settings = self.deployment.engine.settings
-        cls = HumanMessage if settings.warning_role == "user" else SystemMessage
-        return {"messages": [cls(content=settings.warning_prefix + n) for n in request.notes]}
-
-    @hook_config(can_jump_to=["end"])
-    async def abefore_model(self, state: LoopwardenState,
-                            runtime: Runtime[Any]) -> dict[str, Any] | None:
-        return self.before_model(state, runtime)
-
-    def _prepare(self, guarded: GuardedRun, request: ModelRequest[Any]) -> ModelRequest[Any] | None:
+    def _prepare(self, guarded: GuardedRun, request: ModelRequest[Any]
+                 ) -> tuple[ModelRequest[Any] | None, list[BaseMessage]]:
+        """The request as loopwarden's verdicts shape it (None: answer without the model),
+        and the guard notes added to it."""
+        known = guarded.run.tools
         for t in request.tools:
-            guarded.declare(*_schema(t))
+            name = t.get("name") if isinstance(t, dict) else getattr(t, "name", None)
+            if known is None or name not in known:
+                guarded.declare(*_schema(t))
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
         turn = guarded.model_turn()
         if turn is None:
-            return None
+            return None, []
+        notes: list[BaseMessage] = []
+        if turn.notes:
+            settings = self.deployment.engine.settings
+            cls = HumanMessage if settings.warning_role == "user" else SystemMessage
+            notes = [cls(content=settings.warning_prefix + n) for n in turn.notes]
+            request = request.override(messages=[*request.messages, *notes])
         if turn.final:
-            return request.override(tools=[], tool_choice=None)
-        return request
+            request = request.override(tools=[], tool_choice=None)
+        return request, notes
 
-    def _answer(self, guarded: GuardedRun, result: Any) -> Any:
+    @staticmethod
+    def _answer(guarded: GuardedRun, result: Any, notes: list[BaseMessage]) -> Any:
+        """The model's answer as the agent keeps it: the notes that preceded it first (so they
+        stay in the conversation, in order), and loopwarden's answer in its place when the
+        run ended on it."""
         _, response = _response(result)
         guarded.model_done(response)
         if guarded.replaced:
-            return AIMessage(content=guarded.final_answer)
-        return result
+            result = AIMessage(content=guarded.final_answer)
+        if not notes:
+            return result
+        if isinstance(result, ModelResponse):
+            return ModelResponse(result=[*notes, *result.result],
+                                 structured_response=result.structured_response)
+        return ModelResponse(result=[*notes, result])
 
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
@@ -236,7 +239,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         guarded = self._guarded(request.state)
         if guarded is None:
             return handler(request)
-        prepared = self._prepare(guarded, request)
+        prepared, notes = self._prepare(guarded, request)
         if prepared is None:
             return AIMessage(content=guarded.final_answer)
         try:
@@ -244,7 +247,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         except BaseException as exc:
             self._failed(guarded, exc, model=True)
             raise
-        answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result)
+        answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result, notes)
         return answer
 
     async def awrap_model_call(
@@ -254,7 +257,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         guarded = self._guarded(request.state)
         if guarded is None:
             return await handler(request)
-        prepared = self._prepare(guarded, request)
+        prepared, notes = self._prepare(guarded, request)
         if prepared is None:
             return AIMessage(content=guarded.final_answer)
         try:
@@ -262,7 +265,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         except BaseException as exc:
             self._failed(guarded, exc, model=True)
             raise
-        answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result)
+        answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result, notes)
         return answer
 
     @staticmethod
