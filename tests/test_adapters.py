@@ -99,3 +99,18 @@ def test_calls_the_framework_never_ran_are_recorded(tmp_path: Path) -> None:
     assert rec["termination"] == "ended_by_framework"
     assert rec["evidence"]["adapter"] == ["query_order (x) was not run by the framework"]
     dep.close()
+
+
+def test_call_ids_may_repeat_from_one_answer_to_the_next(tmp_path: Path) -> None:
+    dep = deployment(tmp_path)
+    g = GuardedRun(dep, user="hi", model_name="gpt-4o-mini")
+    g.declare("query_order")
+    for order in ("1", "2"):
+        g.model_turn()
+        g.model_done(ModelResponse(tool_calls=[ProposedCall("query_order", {"order_id": order},
+                                                            "call_0")]))
+        assert g.tool("call_0") == Execute("call_0")
+        g.tool_done("call_0", ToolResult(content=f"order {order}: shipped"))
+    assert g.run.tools_executed == 2
+    g.finish()
+    dep.close()

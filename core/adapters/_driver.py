@@ -35,6 +35,7 @@ from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolRes
 from loopwarden.loop import CallModel, Failed, RunTool, _internal_error
 from loopwarden.replay import recorded_tool
 from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.tokens import estimate_message
 from loopwarden.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ class GuardedRun:
         self._gen = self.engine.machine(self.run)
         self._eff: CallModel | RunTool | None = None
         self._started = False
+        self._system_seen = False
         self.outcome: RunOutcome | None = None
         self._answered: dict[str, str] = {}  # tool call id -> the machine's own observation
         self._seen = 0  # messages of run.messages already scanned for tool answers
@@ -174,6 +176,20 @@ class GuardedRun:
         reg = self.run.tools
         if reg is not None and name not in reg:
             reg.add(framework_tool(name, description, parameters, self._declared.get(name)))
+
+    def system(self, text: str | None) -> None:
+        """The framework's system prompt (or instructions), counted in token estimates from
+        now on; once per run (frameworks add it to each request, not to their history)."""
+        if not text or self._system_seen:
+            return
+        self._system_seen = True
+        run = self.run
+        if run.messages and run.messages[0].get("role") == "system":
+            return
+        message = {"role": "system", "content": text}
+        run.messages.insert(0, message)
+        run.context_tokens += estimate_message(message, run.estimator)
+        self._seen += 1
 
     # -- the machine ---------------------------------------------------------------------
 
@@ -243,6 +259,10 @@ class GuardedRun:
         with self._cond:
             if not isinstance(self._eff, CallModel):
                 return  # the run ended meanwhile (or the framework called twice)
+            # the last answer's calls are settled: call ids are matched within one answer
+            # (some providers number them afresh in every answer: call_0, call_1 ...)
+            self._answered.clear()
+            self._claimed.clear()
             self._send(Failed(response) if isinstance(response, BaseException) else response)
 
     @property

@@ -204,6 +204,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
                 guarded.declare(*_schema(t))
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
+        guarded.system(request.system_prompt)
         turn = guarded.model_turn()
         if turn is None:
             return None, []

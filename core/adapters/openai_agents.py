@@ -137,6 +137,7 @@ class _GuardedModel(Model):
         for t in tools:
             if isinstance(t, FunctionTool):
                 guarded.declare(t.name, t.description, t.params_json_schema)
+        guarded.system(system_instructions)
         turn = guarded.model_turn()
         if turn is None:
             return self._answer(guarded.final_answer)

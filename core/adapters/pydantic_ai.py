@@ -173,7 +173,10 @@ class Loopwarden(AbstractCapability[Any]):
 
     async def before_model_request(self, ctx: RunContext[Any],
                                    request_context: ModelRequestContext) -> ModelRequestContext:
-        turn = self._guard(ctx).model_turn()
+        guarded = self._guard(ctx)
+        parts = request_context.model_request_parameters.instruction_parts or []
+        guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
+        turn = guarded.model_turn()
         if turn is not None and turn.notes:
             settings = self.deployment.engine.settings
             for note in turn.notes:
