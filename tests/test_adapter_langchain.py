@@ -164,3 +164,33 @@ def test_a_tool_exception_that_ends_the_agent_is_recorded(tmp_path: Path) -> Non
     assert rec["termination"] == "error" and "database down" in rec["evidence"]["error"]
     assert rec["tools_executed"] == 1
     assert middleware.runs() == []
+
+
+def test_an_interrupted_tool_resumes_in_the_same_run(tmp_path: Path) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command, interrupt
+
+    effects = Effects()
+    dep = deployment(tmp_path)
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order (a person approves it first)."""
+        if interrupt({"approve": order_id}) != "yes":
+            return "refund declined"
+        effects.hit("apply_refund")
+        return f"refund #1 created for order {order_id}"
+
+    script = Script([[("apply_refund", {"order_id": "88231", "reason": "damaged"})]],
+                    final="Refunded.")
+    agent = create_agent(make_model(script), [apply_refund], checkpointer=InMemorySaver(),
+                         middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
+    config: Any = {"configurable": {"thread_id": "t1"}}
+    first = agent.invoke({"messages": [HumanMessage("Refund 88231")]}, config)
+    assert "__interrupt__" in first and effects.counts == {}
+    out = agent.invoke(Command(resume="yes"), config)
+    dep.close()
+    assert effects.counts == {"apply_refund": 1}
+    assert out["messages"][-1].content == "Refunded."
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer" and rec["tools_executed"] == 1

@@ -317,6 +317,11 @@ class GuardedRun:
                 self._waiters.append((loop, event))
             await event.wait()
 
+    def release(self, call_id: str) -> None:
+        """The framework paused the call before it finished (an interrupt): it may come again."""
+        with self._cond:
+            self._claimed.discard(call_id)
+
     def tool_done(self, call_id: str, result: ToolResult) -> None:
         """Send the result of an executed tool call."""
         with self._cond:

@@ -47,7 +47,7 @@ from langchain_core.messages import (
     ToolMessage,
     convert_to_openai_messages,
 )
-from langgraph.channels.untracked_value import UntrackedValue
+from langgraph.errors import GraphBubbleUp
 from typing_extensions import NotRequired
 
 from loopwarden import events
@@ -76,7 +76,7 @@ _KEY = "loopwarden_run_id"
 class LoopwardenState(AgentState[Any]):
     """The agent state with the id of the loopwarden run of this invocation (private)."""
 
-    loopwarden_run_id: NotRequired[Annotated[str, UntrackedValue, PrivateStateAttr]]
+    loopwarden_run_id: NotRequired[Annotated[str, PrivateStateAttr]]
 
 
 def _text(msg: BaseMessage) -> str:
@@ -170,7 +170,13 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
                 call_id: str | None = None) -> None:
         """The model or a tool raised and the exception leaves the middleware: LangChain has
         already applied its own error handling (``handle_tool_errors``) inside ``handler``, so
-        the agent ends here -- the guards see the failure, and the run ends (recorded)."""
+        the agent ends here -- the guards see the failure, and the run ends (recorded).
+        An interrupt (``GraphBubbleUp``: human-in-the-loop) is not a failure: the run stays
+        open for the resumed invocation, which finds it by the id kept in the state."""
+        if isinstance(exc, GraphBubbleUp):
+            if call_id is not None:
+                guarded.release(call_id)
+            return
         if model:
             guarded.model_done(exc)
         elif call_id is not None:
