@@ -200,7 +200,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         return self._begin(state)
 
     def _prepare(self, guarded: GuardedRun, request: ModelRequest[Any]
-                 ) -> tuple[ModelRequest[Any] | None, list[BaseMessage]]:
+                 ) -> tuple[ModelRequest[Any] | None, list[HumanMessage | SystemMessage]]:
         """The request as loopwarden's verdicts shape it (None: answer without the model),
         and the guard notes added to it."""
         known = guarded.run.tools
@@ -214,7 +214,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         turn = guarded.model_turn()
         if turn is None:
             return None, []
-        notes: list[BaseMessage] = []
+        notes: list[HumanMessage | SystemMessage] = []
         if turn.notes:
             settings = self.deployment.engine.settings
             cls = HumanMessage if settings.warning_role == "user" else SystemMessage
@@ -225,7 +225,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
         return request, notes
 
     @staticmethod
-    def _answer(guarded: GuardedRun, result: Any, notes: list[BaseMessage]) -> Any:
+    def _answer(guarded: GuardedRun, result: Any,
+                notes: list[HumanMessage | SystemMessage]) -> Any:
         """The model's answer as the agent keeps it: the notes that preceded it first (so they
         stay in the conversation, in order), and loopwarden's answer in its place when the
         run ended on it."""
