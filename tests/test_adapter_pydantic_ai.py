@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, records
+from adapter_support import (
+    REFUND_A as REFUND,
+)
+from adapter_support import (
+    SCENARIOS,
+    Effects,
+    Outcome,
+    Script,
+    deployment,
+    only_record,
+    records,
+)
 from pydantic_ai import Agent
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -96,3 +107,19 @@ def test_each_run_is_its_own_loopwarden_run(tmp_path: Path) -> None:
     assert recs[0]["run_id"] != recs[1]["run_id"]
     assert effects.counts == {"query_order": 2}  # not a repeat: a new run
     assert first.output == second.output
+
+
+def test_refused_arguments_do_not_hold_up_the_next_call(tmp_path: Path) -> None:
+    """pydantic-ai refuses the first call's arguments (a retry prompt) and never runs it; the
+    second call of the same answer runs at once, and the record says what happened."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    script = Script([[("query_order", {"order": "99999"}), REFUND]], final="Refunded.")
+    agent = make_agent(script, effects, dep)
+    result = agent.run_sync("Refund 88231, and where is 99999?")
+    dep.close()
+    assert effects.counts == {"apply_refund": 1} and result.output == "Refunded."
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer"
+    (note,) = rec["evidence"]["adapter"]
+    assert "not run by the framework: arguments refused" in note

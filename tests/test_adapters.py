@@ -114,3 +114,27 @@ def test_call_ids_may_repeat_from_one_answer_to_the_next(tmp_path: Path) -> None
     assert g.run.tools_executed == 2
     g.finish()
     dep.close()
+
+
+def test_a_call_the_framework_never_starts_does_not_hold_up_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from loopwarden.adapters import _driver
+
+    monkeypatch.setattr(_driver, "GRACE_S", 0.05)
+    dep = deployment(tmp_path)
+    g = GuardedRun(dep, user="hi", model_name="gpt-4o-mini")
+    g.declare("query_order")
+    g.model_turn()
+    g.model_done(ModelResponse(tool_calls=[
+        ProposedCall("query_order", {"order_id": str(n)}, f"c{n}") for n in range(3)]))
+    assert g.tool("c1") == Execute("c1")  # c0 never started: abandoned after the grace
+    g.tool_done("c1", ToolResult(content="ok"))
+    assert asyncio.run(g.atool("c2")) == Execute("c2")
+    g.tool_done("c2", ToolResult(content="ok"))
+    late = g.tool("c0")
+    assert isinstance(late, Answer) and late.text.startswith("NOT EXECUTED")
+    assert g.run.tools_executed == 2
+    g.finish()
+    dep.close()

@@ -57,6 +57,10 @@ __all__ = [
 #: step limit, a usage limit, an exception that it handled by ending the run)
 ENDED_BY_FRAMEWORK = "ended_by_framework"
 
+#: seconds a tool call waits for an earlier call that no framework wrapper has started; then
+#: the earlier one is taken as never coming (see :meth:`GuardedRun.tool`)
+GRACE_S = 2.0
+
 #: tool natures an adapter argument gives: ``{"refund": {"side_effect": True, ...}}``
 NatureSpec = Mapping[str, Mapping[str, Any]]
 
@@ -162,6 +166,7 @@ class GuardedRun:
         self._answered: dict[str, str] = {}  # tool call id -> the machine's own observation
         self._seen = 0  # messages of run.messages already scanned for tool answers
         self._claimed: set[str] = set()
+        self._preset: dict[str, ToolResult] = {}  # calls the framework refused before running
         self._cond = threading.Condition(threading.RLock())
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         #: what the adapter did where the framework could not follow a verdict exactly;
@@ -194,6 +199,15 @@ class GuardedRun:
     # -- the machine ---------------------------------------------------------------------
 
     def _send(self, value: Any) -> None:
+        self._step(value)
+        self._presets()
+
+    def _presets(self) -> None:
+        # calls the framework already refused answer themselves when the machine reaches them
+        while isinstance(self._eff, RunTool) and self._eff.call.id in self._preset:
+            self._send_not_run(self._preset.pop(self._eff.call.id))
+
+    def _step(self, value: Any) -> None:
         try:
             self._eff = self._gen.send(value) if self._started else next(self._gen)
             self._started = True
@@ -228,6 +242,16 @@ class GuardedRun:
             with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits
                 loop.call_soon_threadsafe(event.set)
 
+    def _not_run(self, reason: str) -> ToolResult:
+        """The result for a call the framework did not run: a failure that may be tried
+        again (so a side effect's key is not taken as done)."""
+        return ToolResult(content=self.engine.texts.not_executed.format(reason=reason),
+                          ok=False, error="invalid_arguments", retryable=True)
+
+    def _send_not_run(self, result: ToolResult) -> None:
+        self._step(result)
+        self.run.tools_executed -= 1  # the machine counted the effect; nothing ran
+
     def _drain(self) -> None:
         """Tools the machine expected but the framework never ran (it moved on to its model):
         answered as not executed, so the transcripts stay aligned."""
@@ -235,8 +259,7 @@ class GuardedRun:
             call = self._eff.call
             self.adaptations.append(f"{call.name} ({call.id}) was not run by the framework")
             self._claimed.add(call.id)
-            self._send(ToolResult(content=self.engine.texts.not_executed.format(
-                reason="not run by the framework"), ok=False, error="cancelled"))
+            self._send_not_run(self._not_run("not run by the framework"))
 
     @property
     def finished(self) -> bool:
@@ -263,6 +286,7 @@ class GuardedRun:
             # (some providers number them afresh in every answer: call_0, call_1 ...)
             self._answered.clear()
             self._claimed.clear()
+            self._preset.clear()
             self._send(Failed(response) if isinstance(response, BaseException) else response)
 
     @property
@@ -296,6 +320,21 @@ class GuardedRun:
         self.adaptations.append(f"call {call_id} was not proposed in the model's last answer")
         return Answer(self.engine.texts.not_executed.format(reason="unknown call"))
 
+    def _abandon(self, waited_for: str) -> None:
+        """An earlier call that no framework wrapper has claimed in :data:`GRACE_S`: taken as
+        never coming (refused before execution, or run out of order) -- answered as not run,
+        so the later calls go on.  Should it come after all, it gets that answer too."""
+        eff = self._eff
+        if (isinstance(eff, RunTool) and eff.call.id == waited_for
+                and waited_for not in self._claimed):
+            self.not_run(waited_for, "not run by the framework")
+
+    def _blocking(self) -> str | None:
+        eff = self._eff
+        if isinstance(eff, RunTool) and eff.call.id not in self._claimed:
+            return eff.call.id
+        return None
+
     def tool(self, call_id: str) -> Execute | Answer:
         """What to do with the framework's tool call ``call_id`` (waits for earlier calls)."""
         with self._cond:
@@ -303,7 +342,9 @@ class GuardedRun:
                 decision = self._decide(call_id)
                 if decision is not None:
                     return decision
-                self._cond.wait()
+                blocking = self._blocking()
+                if not self._cond.wait(GRACE_S) and blocking is not None:
+                    self._abandon(blocking)
 
     async def atool(self, call_id: str) -> Execute | Answer:
         """:meth:`tool` for async frameworks: waits on the event loop."""
@@ -313,9 +354,31 @@ class GuardedRun:
                 decision = self._decide(call_id)
                 if decision is not None:
                     return decision
+                blocking = self._blocking()
                 event = asyncio.Event()
                 self._waiters.append((loop, event))
-            await event.wait()
+            try:
+                await asyncio.wait_for(event.wait(), GRACE_S)
+            except asyncio.TimeoutError:
+                if blocking is not None:
+                    with self._cond:
+                        self._abandon(blocking)
+
+    def not_run(self, call_id: str, reason: str) -> None:
+        """The framework will not run ``call_id`` (it refused the arguments, say): the machine
+        gets a not-executed result for it, now or when it reaches the call."""
+        with self._cond:
+            if call_id in self._answered or call_id in self._claimed:
+                return
+            self.adaptations.append(f"call {call_id} was not run by the framework: {reason}")
+            result = self._not_run(reason)
+            eff = self._eff
+            if isinstance(eff, RunTool) and eff.call.id == call_id:
+                self._claimed.add(call_id)
+                self._send_not_run(result)
+                self._presets()
+            else:
+                self._preset[call_id] = result
 
     def release(self, call_id: str) -> None:
         """The framework paused the call before it finished (an interrupt): it may come again."""

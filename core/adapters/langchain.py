@@ -118,7 +118,7 @@ def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
     return str(tool.name), str(getattr(tool, "description", "") or ""), params
 
 
-class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any, Any]):
+class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     """loopwarden's plugins guarding a LangChain ``create_agent`` loop (see the module doc).
 
     ``tools`` adds tool natures to the deployment's ``[tools.<name>]`` tables

@@ -22,9 +22,9 @@ every run its own instance.  Verdicts become:
   answer as text, which ends the run.
 
 Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
-fails output validation on it (pydantic-ai then retries or raises); a tool call that
-pydantic-ai rejects before execution (unknown tool, invalid arguments: a retry prompt) never
-reaches loopwarden's ``before_tool`` and is recorded as not run by the framework.
+fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
+pydantic-ai refuses before execution (a retry prompt) is recorded as not run by the framework
+(``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same.
 
 Needs ``pip install 'loopwarden[pydantic-ai]'``.
 """
@@ -52,10 +52,12 @@ from loopwarden.adapters._driver import (
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (
+        RawToolArgs,
         ValidatedToolArgs,
         WrapModelRequestHandler,
         WrapRunHandler,
         WrapToolExecuteHandler,
+        WrapToolValidateHandler,
     )
     from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.run import AgentRunResult
@@ -205,6 +207,16 @@ class Loopwarden(AbstractCapability[Any]):
         return response
 
     # -- tools ---------------------------------------------------------------------------
+
+    async def wrap_tool_validate(self, ctx: RunContext[Any], *, call: pm.ToolCallPart,
+                                 tool_def: ToolDefinition, args: RawToolArgs,
+                                 handler: WrapToolValidateHandler) -> ValidatedToolArgs:
+        try:
+            return await handler(args)
+        except Exception as exc:  # refused before execution: a retry prompt, not a run
+            self._guard(ctx).not_run(call.tool_call_id,
+                                     f"arguments refused ({type(exc).__name__})")
+            raise
 
     async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: pm.ToolCallPart,
                                 tool_def: ToolDefinition, args: ValidatedToolArgs,
