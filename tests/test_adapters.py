@@ -138,3 +138,21 @@ def test_a_call_the_framework_never_starts_does_not_hold_up_the_next(
     assert g.run.tools_executed == 2
     g.finish()
     dep.close()
+
+
+def test_a_model_failure_the_framework_retries_does_not_end_the_run(tmp_path: Path) -> None:
+    dep = deployment(tmp_path)
+    g = GuardedRun(dep, user="hi", model_name="gpt-4o-mini")
+    first = g.model_turn()
+    g.model_failed(TimeoutError("read timed out"))  # the framework retries the same call
+    assert g.model_turn() is first and not g.finished
+    g.model_done(ModelResponse(content="Hello.", usage=Usage(10, 2)))
+    assert g.run.record()["termination"] == "final_answer"
+    g2 = GuardedRun(dep, user="hi", model_name="gpt-4o-mini")
+    g2.model_turn()
+    err = TimeoutError("read timed out")
+    g2.model_failed(err)
+    g2.finish(err)  # ...and this time the exception ended the framework's run
+    rec = g2.run.record()
+    assert rec["termination"] == "model_error" and "read timed out" in rec["evidence"]["error"]
+    dep.close()

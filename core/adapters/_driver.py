@@ -162,6 +162,7 @@ class GuardedRun:
         self._eff: CallModel | RunTool | None = None
         self._started = False
         self._system_seen = False
+        self._model_error: BaseException | None = None
         self.outcome: RunOutcome | None = None
         self._answered: dict[str, str] = {}  # tool call id -> the machine's own observation
         self._seen = 0  # messages of run.messages already scanned for tool answers
@@ -276,6 +277,13 @@ class GuardedRun:
             if isinstance(self._eff, CallModel):
                 return self._eff.request
             return None
+
+    def model_failed(self, error: BaseException) -> None:
+        """The model call raised ``error``.  Frameworks may retry it (a retry policy, a
+        fallback model), so the run goes on; if the exception ends the framework's run,
+        :meth:`finish` records it as ``model_error``."""
+        with self._cond:
+            self._model_error = error
 
     def model_done(self, response: ModelResponse | BaseException) -> None:
         """Send the framework model's answer (or the exception it raised) to the machine."""
@@ -396,6 +404,9 @@ class GuardedRun:
         """The framework's run is over: finish loopwarden's run if the machine has not
         (``ended_by_framework``, or ``error`` when ``error`` is given)."""
         with self._cond:
+            if (error is not None and error is self._model_error
+                    and isinstance(self._eff, CallModel)):
+                self._send(Failed(error))  # the machine's own model_error outcome
             if self.outcome is not None:
                 return
             self._gen.close()

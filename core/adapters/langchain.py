@@ -178,7 +178,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
                 guarded.release(call_id)
             return
         if model:
-            guarded.model_done(exc)
+            guarded.model_failed(exc)
         elif call_id is not None:
             guarded.tool_done(call_id, tool_result(None, error=exc))
         guarded.finish(exc)

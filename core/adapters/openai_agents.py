@@ -153,7 +153,7 @@ class _GuardedModel(Model):
                                                  tools, output_schema, handoffs, tracing,
                                                  **kwargs)
         except BaseException as exc:
-            guarded.model_done(exc)
+            guarded.model_failed(exc)  # the SDK may retry; recorded if the run ends on it
             raise
         guarded.model_done(_response(resp, {h.tool_name for h in handoffs}))
         if guarded.replaced:
@@ -162,6 +162,12 @@ class _GuardedModel(Model):
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         raise NotImplementedError("LoopwardenRunner does not wrap Runner.run_streamed")
+
+    def get_retry_advice(self, request: Any) -> Any:
+        return self.inner.get_retry_advice(request)
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:

@@ -198,7 +198,7 @@ class Loopwarden(AbstractCapability[Any]):
         try:
             response = await handler(request_context)
         except BaseException as exc:
-            guarded.model_done(exc)
+            guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
         _, event = _response(response)
         guarded.model_done(event)
