@@ -12,6 +12,9 @@ variants interleaved run by run:
                  the guards run every step but never stop it; Python logging at WARNING)
 ``limits``       (LangChain only) LangChain's own ``ModelCallLimitMiddleware`` +
                  ``ToolCallLimitMiddleware`` with limits above the workload: the comparison
+``hooks``        (LangChain, pydantic-ai) a middleware / capability with the same hooks as
+                 loopwarden's adapter, each only passing the call on: what the framework
+                 charges for calling hooks at all
 
 and, as a floor, ``driver``: loopwarden's own work for the same steps with no framework at all
 (the shared driver of :mod:`loopwarden.adapters` fed the same answers and results) -- what
@@ -69,12 +72,16 @@ def _args(i: int) -> dict[str, Any]:
 
 def langchain_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]]:
     from langchain.agents import create_agent
-    from langchain.agents.middleware import ModelCallLimitMiddleware, ToolCallLimitMiddleware
+    from langchain.agents.middleware import (
+        AgentMiddleware,
+        ModelCallLimitMiddleware,
+        ToolCallLimitMiddleware,
+    )
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
 
-    from loopwarden.adapters.langchain import LoopwardenMiddleware
+    from loopwarden.adapters.langchain import LoopwardenMiddleware, LoopwardenState
 
     class FakeToolModel(GenericFakeChatModel):
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
@@ -103,8 +110,24 @@ def langchain_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]]:
 
         return once
 
+    class PassThrough(AgentMiddleware[Any, Any]):
+        state_schema = LoopwardenState
+
+        def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+            return {"loopwarden_run_id": "-"}
+
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            return handler(request)
+
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            return handler(request)
+
+        def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+            return None
+
     return {
         "bare": make([]),
+        "hooks": make([PassThrough()]),
         "loopwarden": make([LoopwardenMiddleware(dep, model_name=MODEL)]),
         "limits": make([ModelCallLimitMiddleware(run_limit=BIG, exit_behavior="end"),
                         ToolCallLimitMiddleware(run_limit=BIG, exit_behavior="end")]),
@@ -157,6 +180,7 @@ def openai_agents_variants(n: int, dep: Deployment) -> dict[str, Callable[[], st
 def pydantic_ai_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]]:
     from pydantic_ai import Agent
     from pydantic_ai import messages as pm
+    from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.models.function import AgentInfo, FunctionModel
     from pydantic_ai.usage import RequestUsage, UsageLimits
 
@@ -185,7 +209,33 @@ def pydantic_ai_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]
 
         return once
 
-    return {"bare": make([]), "loopwarden": make([Loopwarden(dep, model_name=MODEL)])}
+    class PassThrough(AbstractCapability[Any]):
+        async def for_run(self, ctx: Any) -> AbstractCapability[Any]:
+            return PassThrough()
+
+        async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+            return await handler()
+
+        async def prepare_tools(self, ctx: Any, tool_defs: Any) -> Any:
+            return tool_defs
+
+        async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
+            return request_context
+
+        async def wrap_model_request(self, ctx: Any, *, request_context: Any,
+                                     handler: Any) -> Any:
+            return await handler(request_context)
+
+        async def wrap_tool_validate(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
+                                     handler: Any) -> Any:
+            return await handler(args)
+
+        async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
+                                    handler: Any) -> Any:
+            return await handler(args)
+
+    return {"bare": make([]), "hooks": make([PassThrough()]),
+            "loopwarden": make([Loopwarden(dep, model_name=MODEL)])}
 
 
 def driver_steps(n: int, dep: Deployment) -> Callable[[], str]:

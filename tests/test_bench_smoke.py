@@ -182,6 +182,7 @@ def test_adapters_bench_prints_the_promised_json() -> None:
     assert set(data["frameworks"]) == {"langchain", "openai_agents", "pydantic_ai"}
     for name, row in data["frameworks"].items():
         variants = {"bare", "loopwarden"} | ({"limits"} if name == "langchain" else set())
+        variants |= {"hooks"} if name in ("langchain", "pydantic_ai") else set()
         for key in ("ms_per_step", "ms_per_step_wall"):
             assert set(row[key]) == variants
             assert all(_number(v) and v > 0 for v in row[key].values())
