@@ -33,6 +33,8 @@ LIMIT_OVERRIDES: dict[str, dict[str, Any]] = {
         name: {"input": 0.15, "cached_input": 0.075, "output": 0.60}
         for name in ("instant", "slow")}},
     "tool_calls": {"max_tool_calls": BIG},
+    "conversation_limits": {"max_turns": BIG, "max_model_calls": BIG, "max_tool_calls": BIG,
+                            "max_tokens": BIG},
 }
 
 

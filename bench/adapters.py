@@ -42,6 +42,7 @@ import logging
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,6 +60,12 @@ MODEL = "instant"  # priced in the bench config (bench/_common.py)
 
 def _deployment() -> Deployment:
     data = bench_config_data(load_toml(default_config_path()))
+    # the workload's tool is a lookup: declared so (by its bare name it would be taken for a
+    # side effect, and the shared ledger would answer later runs' calls without running them)
+    data["tools"] = {"lookup": {"read_only": True, "deterministic": True}}
+    # a store of its own: nothing from earlier bench runs (or the user's runs) answers a call
+    data["store"] = {**data.get("store", {}),
+                     "url": "sqlite:///" + str(Path(tempfile.mkdtemp()) / "store.sqlite3")}
     return Deployment(parse_config(data, path="<bench>"), tools=[])
 
 

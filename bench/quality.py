@@ -34,15 +34,16 @@ tools, minus its onset (0 when the stop came at the onset turn itself): a stop i
 one before; a stop in any other hook happens in the turn it names.  A runaway that no guard
 stopped wastes every turn from its onset to the end.
 
-**Real runs** (``--trajectories``): the same numbers ``loopwarden replay`` reports -- successful
-runs stopped before their natural end (a stop that cut off recorded tool calls), successful
-runs warned, runs that hit a step cap or ended without an answer that were stopped, and the
-steps and recorded tokens saved.
+**Real runs** (``--trajectories``, ``--system-prompt-tokens N``): the same numbers
+``loopwarden replay`` reports -- successful runs stopped with tool work left (a stop that cut
+recorded tool calls of its own run; closing-text stops and hand-offs counted apart),
+successful runs warned, runaway runs (a step or error cap, or one call 5+ times in a row)
+stopped, and the steps and recorded tokens saved.
 
-Targets (issue 6): recall 100%; no healthy scenario stopped; median steps wasted after onset
-<= 1; on real runs at most 1% of successful runs stopped early and at least 90% of step-cap
-runs stopped.  A missed target is printed as a ``MISSED`` line: the defaults are never tuned to
-this corpus or to one file of recordings.
+Targets (issues 6 and 10): recall 100%; no healthy scenario stopped; median steps wasted after
+onset <= 1; on real runs at most 1% of successful runs stopped with tool work left, at most 5%
+warned, and at least 90% of runaway runs stopped.  A missed target is printed as a
+``MISSED`` line: the defaults are never tuned to this corpus or to one file of recordings.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ TARGETS = {
     "recall_pct": ("recall", ">=", 100.0),
     "healthy_stopped": ("healthy scenarios stopped", "<=", 0),
     "wasted_median": ("median steps wasted after onset", "<=", 1),
-    "replay_successful_stopped_early_pct": ("real successful runs stopped early (%)", "<=", 1.0),
-    "replay_step_cap_runs_stopped_pct": ("real step-cap runs stopped (%)", ">=", 90.0),
+    "replay_successful_stopped_with_work_left_pct": (
+        "real successful runs stopped with tool work left (%)", "<=", 1.0),
+    "replay_successful_warned_pct": ("real successful runs warned (%)", "<=", 5.0),
+    "replay_runaway_runs_stopped_pct": ("real runaway runs stopped (%)", ">=", 90.0),
 }
 
 
@@ -181,7 +184,8 @@ def _round(x: float | None) -> float | None:
 
 
 def replay_metrics(config: Config, path: Path, *, profile: str | None = None,
-                   tools: Path | None = None, carry: Sequence[str] = ()) -> dict[str, Any]:
+                   tools: Path | None = None, carry: Sequence[str] = (),
+                   system_prompt_tokens: int | None = None) -> dict[str, Any]:
     """``loopwarden replay``'s summary for the trajectories in ``path``."""
     from loopwarden.deployment import Deployment
     from loopwarden.replay import load_tool_flags, replay_config, replay_file, summarize
@@ -194,9 +198,11 @@ def replay_metrics(config: Config, path: Path, *, profile: str | None = None,
     flags = load_tool_flags(tools) if tools else None
     started = time.perf_counter()
     with Deployment(config) as dep:
-        results, bad = replay_file(dep, path, flags, carry)
+        results, bad = replay_file(dep, path, flags, carry,
+                                   system_prompt_tokens=system_prompt_tokens)
     summary = summarize(results)
     summary["profile"] = profile
+    summary["system_prompt_tokens"] = system_prompt_tokens
     if carry:
         summary["carry_state"] = list(carry)
     summary["unreadable_lines"] = bad
@@ -272,13 +278,18 @@ def report(sc: dict[str, Any], replay: dict[str, Any] | None,
             f"real runs: {r['trajectories']} trajectories"
             + (f" (profile {r['profile']})" if r.get("profile") else " (no profile)")
             + f", replayed in {r['seconds']} s",
-            f"successful runs stopped early          {r['successful_stopped_early']}"
-            f"/{r['successful']} ({r['successful_stopped_early_pct']}%)"
-            f"   by: {json.dumps(r['early_stops_of_successful_by_reason'])}",
-            f"  of which by loop detectors           {r['successful_stopped_early_by_detectors']}"
-            f"/{r['successful']} ({r['successful_stopped_early_by_detectors_pct']}%)",
+            f"successful runs stopped, work left     {r['successful_stopped_with_work_left']}"
+            f"/{r['successful']} ({r['successful_stopped_with_work_left_pct']}%)"
+            f"   by: {json.dumps(r['successful_stopped_with_work_left_by_reason'])}",
+            f"  closing text only / at a hand-off    {r['successful_stopped_closing_text_only']}"
+            f" / {r['successful_stopped_at_hand_off']}",
             f"successful runs warned                 {r['successful_warned']}/{r['successful']}"
-            f" ({r['successful_warned_pct']}%)",
+            f" ({r['successful_warned_pct']}%)"
+            f"   by: {json.dumps(r['successful_warned_by_plugin'])}",
+            f"runaway runs stopped                   {r['runaway_runs_stopped']}"
+            f"/{r['runaway_runs']} ({r['runaway_runs_stopped_pct']}%)"
+            + (f"   missed: {', '.join(r['runaway_runs_missed'])}"
+               if r["runaway_runs_missed"] else ""),
             f"step-cap runs stopped                  {r['step_cap_runs_stopped']}"
             f"/{r['step_cap_runs']} ({r['step_cap_runs_stopped_pct']}%)",
             f"runs without an answer stopped         {r['runs_without_answer_stopped']}"
@@ -316,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--carry-state", metavar="PLUGINS", default="",
                         help="experimental, replay only: plugins whose state carries over "
                         "between the runs of one conversation (see loopwarden replay)")
+    parser.add_argument("--system-prompt-tokens", type=int, default=None, metavar="N",
+                        help="replay only: the system prompt the recordings leave out, in "
+                        "tokens (see loopwarden replay)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.trajectories_file is not None:
@@ -336,15 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.trajectories is not None:
             carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
             replay = replay_metrics(config, args.trajectories, profile=args.profile,
-                                    tools=args.tools, carry=carry)
+                                    tools=args.tools, carry=carry,
+                                    system_prompt_tokens=args.system_prompt_tokens)
     except LoopwardenError as exc:
         print(f"bench/quality.py: error: {exc}", file=sys.stderr)
         return 2
     values: dict[str, Any] = {k: sc.get(k) for k in ("recall_pct", "healthy_stopped",
                                                      "wasted_median")}
     if replay is not None:
-        values["replay_successful_stopped_early_pct"] = replay["successful_stopped_early_pct"]
-        values["replay_step_cap_runs_stopped_pct"] = replay["step_cap_runs_stopped_pct"]
+        for key in ("successful_stopped_with_work_left_pct", "successful_warned_pct",
+                    "runaway_runs_stopped_pct"):
+            values[f"replay_{key}"] = replay[key]
     targets = check_targets(values)
     try:
         if args.json:

@@ -20,10 +20,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("loopwarden.commands.run", "run one agent loop: a question, or --scenario FILE"),
     "demo": ("loopwarden.commands.demo", "play every built-in scenario guarded and unguarded"),
     "replay": ("loopwarden.commands.replay", "feed recorded real runs through the guards"),
+    "calibrate": ("loopwarden.commands.calibrate",
+                  "propose limits from the successful runs of a recorded file, as a config"),
     "report": ("loopwarden.commands.report", "summarise a run-record JSONL file with advice"),
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
     "config": ("loopwarden.commands.config", "check a config file, or print its JSON Schema"),
     "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
+    "budgets": ("loopwarden.commands.budgets",
+                "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`"),
 }
 
 

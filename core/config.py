@@ -41,6 +41,7 @@ __all__ = [
     "ModelConfig",
     "ProfileConfig",
     "RunConfig",
+    "StoreConfig",
     "Texts",
     "ToolNature",
     "default_config_path",
@@ -73,7 +74,18 @@ class ModelConfig(_Strict):
     max_retries: int = Field(default=2, ge=0)
     temperature: float | None = None
     max_output_tokens: PositiveInt | None = None
+    #: the model's context window in tokens (None: from the table of known models, see
+    #: :mod:`loopwarden.models.windows`); context limits follow it
+    context_window: PositiveInt | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+    def window(self) -> tuple[int, str]:
+        """The context window (tokens) and where it came from (see
+        :func:`loopwarden.models.windows.context_window`)."""
+        from loopwarden.models.windows import context_window
+
+        return context_window(self.name, self.context_window)
 
 
 class Texts(_Strict):
@@ -110,6 +122,23 @@ class Texts(_Strict):
         "in time; it may have taken effect, so it was not executed again. Check its effect "
         "with a read-only tool before asking for it again. ({content})"
     )
+    shared_side_effect_done: str = (
+        "{name} was already executed with these arguments by an earlier run and was not "
+        "executed again. Its recorded result: {content}"
+    )
+    shared_side_effect_unknown: str = (
+        "{name} was already started with these arguments by another run, which did not record "
+        "its outcome; it may have taken effect, so it was not executed again. Check its effect "
+        "with a read-only tool before asking for it again. ({content})"
+    )
+    shared_side_effect_in_progress: str = (
+        "{name} is being executed with these arguments by another run right now; it was not "
+        "executed again. Check its effect with a read-only tool in a moment."
+    )
+    store_unavailable: str = (
+        "ERROR: {name} was not executed: the shared store that makes sure it runs only once "
+        "cannot be reached ({content})."
+    )
     best_effort: str = "Here is the last information I found: {observation}"
 
     @model_validator(mode="after")
@@ -130,9 +159,12 @@ class RunConfig(_Strict):
         "up before answering, and answer in the user's language."
     )
     profile: str | None = None
+    #: "enforce": verdicts steer the run; "shadow": every verdict is computed, recorded,
+    #: logged, alerted and counted, but only the essential max_steps changes the run
+    mode: Literal["enforce", "shadow"] = "enforce"
     wrap_up_instruction: str = DEFAULT_WRAP_UP
     fallback_answer: str = DEFAULT_FALLBACK
-    warning_role: Literal["user", "system", "developer"] = "user"
+    warning_role: Literal["user", "system", "developer"] = "system"
     warning_prefix: str = "[loopwarden] "
     max_observation_chars: PositiveInt | None = 16000
     volatile_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLATILE_KEYS))
@@ -146,6 +178,8 @@ class ProfileConfig(_Strict):
     max_steps: PositiveInt | None = None
     max_tokens: PositiveInt | None = None
     max_seconds: PositiveFloat | None = None
+    #: the largest request in tokens (token_budget's max_context), e.g. for a small model
+    max_context: PositiveInt | None = None
     description: str | None = None
 
 
@@ -174,6 +208,40 @@ class ToolNature(_Strict):
         default=None, description="the arguments that identify one side effect (default: all)")
 
 
+class StoreConfig(_Strict):
+    """``[store]``: where budgets and the side-effect ledger are shared (see loopwarden.store)."""
+
+    url: str | None = Field(
+        default=None,
+        description='"sqlite:///PATH" or "redis://HOST:PORT/DB" (default: store.sqlite3 in '
+        "the data directory, LOOPWARDEN_DATA_DIR)",
+    )
+    namespace: str = Field(default="loopwarden", min_length=1,
+                           description="prefix of every Redis key (several deployments, one "
+                           "server)")
+    timeout_s: PositiveFloat = Field(default=5.0, description="connect / read timeout")
+    on_store_error: Literal["fail_closed", "fail_open"] = Field(
+        default="fail_closed",
+        description='an unreachable store: "fail_closed" refuses (runs with shared budgets '
+        'stop, side effects do not run), "fail_open" carries on without it; logged and noted '
+        "in the run record either way",
+    )
+    reservation_ttl_s: PositiveFloat = Field(
+        default=300.0, description="a reservation not settled within this long (its process "
+        "died) stops counting")
+    ledger: bool = Field(default=True, description="keep the side-effect ledger in the store: "
+                         "an idempotency key runs once across runs, processes and hosts")
+    ledger_ttl_s: PositiveFloat = Field(default=7 * 86400.0,
+                                        description="how long an executed key is remembered")
+    ledger_lease_s: PositiveFloat = Field(
+        default=600.0, description='a claim older than this without an outcome is reported as '
+        '"may have taken effect" instead of "in progress"')
+    ledger_scope: list[str] = Field(
+        default_factory=list, description="meta keys whose values prefix ledger keys (e.g. "
+        '["tenant"]: side effects of one tenant never answer those of another); default: '
+        "one ledger for the deployment")
+
+
 class PluginsConfig(BaseModel):
     """``[plugins]``: ``enabled`` (call order), ``blocked``, and one table per plugin."""
 
@@ -183,7 +251,15 @@ class PluginsConfig(BaseModel):
     blocked: list[str] = Field(default_factory=list)
 
     def tables(self) -> dict[str, dict[str, Any]]:
-        return dict(self.model_extra or {})
+        """Each plugin's settings table, without the ``shadow`` switch every table may carry."""
+        return {name: ({k: v for k, v in table.items() if k != "shadow"}
+                       if isinstance(table, dict) else table)
+                for name, table in (self.model_extra or {}).items()}
+
+    def shadowed(self) -> list[str]:
+        """The plugins whose table says ``shadow = true``."""
+        return [name for name, table in (self.model_extra or {}).items()
+                if isinstance(table, dict) and table.get("shadow") is True]
 
 
 class Config(_Strict):
@@ -194,6 +270,9 @@ class Config(_Strict):
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     shop: ShopConfig = Field(default_factory=ShopConfig)
     tools: dict[str, ToolNature] = Field(default_factory=dict)
+
+
+    store: StoreConfig = Field(default_factory=StoreConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     #: the file it came from (not a TOML key)
     path: str | None = Field(default=None, exclude=True)
@@ -261,6 +340,12 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
             raise ConfigError(
                 f"must be a table, got {table!r}", path=path, key=f"plugins.{name}",
                 expected=f"[plugins.{name}] with the plugin's settings",
+            )
+    for name, table in (cfg.plugins.model_extra or {}).items():
+        if isinstance(table, dict) and not isinstance(table.get("shadow", False), bool):
+            raise ConfigError(
+                f"must be true or false, got {table['shadow']!r}", path=path,
+                key=f"plugins.{name}.shadow",
             )
     for name in cfg.plugins.enabled:
         if not isinstance(name, str) or not name.strip():

@@ -8,8 +8,9 @@ Every scenario is played twice through the scripted model and the real demo shop
   essential ``max_steps`` plugin alone, no warning, profiles ignored), as in the incident where
   an unguarded agent ran 50 rounds overnight.
 
-Each run gets a fresh shop database (seeded the same way) and a :class:`~loopwarden.FakeClock`,
-so runs never influence each other, the user's own shop data is never touched, refunds are
+Each run gets a fresh shop database (seeded the same way), a shared store of its own (the
+side-effect ledger, budgets) and a :class:`~loopwarden.FakeClock`, so runs never influence each
+other, the user's own shop data is never touched, refunds are
 still real rows (counted per run), and a scenario's simulated slowness (``delay_s``) costs no
 real time.  The shop's clock starts at :data:`DEMO_NOW`, inside the 7-day return window of
 the seed order 88231, and moves on 20 seconds per reading, so the results do not depend on
@@ -33,8 +34,10 @@ from loopwarden.clock import FakeClock
 from loopwarden.config import Config, ProfileConfig
 from loopwarden.deployment import Deployment
 from loopwarden.exceptions import ScenarioError
+from loopwarden.loop import drive
 from loopwarden.run import Run
 from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
+from loopwarden.store import Shared
 from loopwarden.tools.shop import Shop
 
 __all__ = [
@@ -328,10 +331,18 @@ def play(deployment: Deployment, scenario: Scenario, db: Path, *,
     ``stop_step`` / ``stop_hook`` (see :func:`stop_step`), ``first_warning_step``,
     ``priced_cost`` (usage priced by ``pricer``), ``expect``.
     """
-    if db.exists():
-        db.unlink()
+    store = db.with_suffix(".store")
+    for path in (db, store):
+        if path.exists():
+            path.unlink()
     shop = Shop(db, now=_TickingNow())
-    run = deployment.run(scenario=scenario, tools=shop.tools(), clock=FakeClock())
+    run, model = deployment.prepare(scenario=scenario, tools=shop.tools(), clock=FakeClock())
+    # a world of its own: the shared store (ledger, budgets) beside this run's shop
+    run.shared = Shared(deployment.config.store.model_copy(update={"url": f"sqlite:///{store}"}))
+    try:
+        drive(deployment.engine, run, model)
+    finally:
+        run.shared.close()
     rec = run.record()
     step, hook = stop_step(run)
     rec["guarded"] = guarded

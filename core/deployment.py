@@ -31,6 +31,7 @@ from loopwarden.loop import Engine, adrive, drive
 from loopwarden.pluginmanager import PluginSet, load_plugins
 from loopwarden.run import Conversation, Limits, Run
 from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
+from loopwarden.store import Shared
 from loopwarden.tokens import get_estimator
 from loopwarden.tools import Tool, ToolContext, ToolRegistry
 
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from loopwarden.models import Model
 
 __all__ = ["Deployment", "scripted_tools"]
+
+#: plugins that end a run normally rather than guard it: not shadowed by ``[run] mode``
+_NOT_SHADOWED = frozenset({"terminal_tool"})
 
 
 class _AnyArgs(BaseModel):
@@ -136,7 +140,7 @@ class Deployment:
         self.config = config if config is not None else load_config()
         self.plugins: PluginSet = load_plugins(self.config, extra=extra_plugins, objects=plugins)
         self.hooks = self.plugins.hooks
-        self.engine = Engine(self.hooks, self.config.run)
+        self.engine = Engine(self.hooks, self.config.run, shadow=self._shadowed())
         self.estimator = get_estimator(self.config.run.token_estimator)
         self.clock = clock or SystemClock()
         self._model = model
@@ -144,12 +148,30 @@ class Deployment:
             self._tools: ToolRegistry | None = tools
         else:
             self._tools = ToolRegistry(tools)
+        #: the shared store (budgets, side-effect ledger), opened on first use
+        self.shared = Shared(self.config.store)
         self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
         self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
         for lp in self.plugins:
             connect = getattr(lp.obj, "connect", None)
             if callable(connect):
                 connect(self)
+
+    def _shadowed(self) -> list[str]:
+        """The plugins in shadow mode: every one but the essential ones and normal endings
+        under ``[run] mode = "shadow"``, else those whose table says ``shadow = true``."""
+        essential = {lp.name for lp in self.plugins if getattr(lp.obj, "essential", False)}
+        cfg = self.config
+        if cfg.run.mode == "shadow":
+            return [lp.name for lp in self.plugins
+                    if lp.name not in essential and lp.name not in _NOT_SHADOWED]
+        named = cfg.plugins.shadowed()
+        bad = sorted(essential.intersection(named))
+        if bad:
+            raise ConfigError(
+                f"{bad[0]} is essential: it cannot run in shadow mode (a shadowed run must "
+                "still end)", path=cfg.path, key=f"plugins.{bad[0]}.shadow")
+        return named
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> Deployment:
@@ -192,7 +214,8 @@ class Deployment:
         if p is None:
             return Limits()
         return Limits(name=profile or self.config.run.profile, max_steps=p.max_steps,
-                      max_tokens=p.max_tokens, max_seconds=p.max_seconds)
+                      max_tokens=p.max_tokens, max_seconds=p.max_seconds,
+                      max_context=p.max_context)
 
     def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
         """Subscribe ``receiver`` to ``signal`` for this deployment's runs only.
@@ -235,6 +258,7 @@ class Deployment:
             close = getattr(lp.obj, "close", None)
             if callable(close):
                 close()
+        self.shared.close()
 
     def __enter__(self) -> Deployment:
         return self
@@ -291,6 +315,7 @@ class Deployment:
             meta=meta,
             conversation=conversation,
         )
+        run.shared = self.shared
         self.engine.start(run)
         return run, model
 

@@ -98,6 +98,10 @@ ErrorKind = Literal[
     "timeout",
     "cancelled",
     "exception",
+    # the shared ledger (loopwarden.store) stood in for a side effect
+    "in_progress",
+    "unknown_outcome",
+    "store_unavailable",
 ]
 
 

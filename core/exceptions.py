@@ -9,6 +9,7 @@ exceptions.  Exceptions are for the caller's mistakes and for broken set-ups::
     │   └── ScenarioError      a scenario or trajectory file is invalid
     ├── PluginLoadError        a plugin cannot be found, imported, configured or ordered
     ├── ToolDefinitionError    a tool cannot be declared (bad signature, duplicate name)
+    ├── StoreError             the shared store (budgets, ledger) cannot be reached or used
     └── ModelError             the model call failed for good (after the client's retries)
 
 ``ToolError`` is separate: tools raise it to report a failure *to the model* (with a
@@ -25,6 +26,7 @@ __all__ = [
     "ModelError",
     "PluginLoadError",
     "ScenarioError",
+    "StoreError",
     "ToolDefinitionError",
     "ToolError",
 ]
@@ -94,6 +96,19 @@ class PluginLoadError(LoopwardenError):
 
 class ToolDefinitionError(LoopwardenError):
     """A tool declaration is invalid (unsupported signature, duplicate name, ...)."""
+
+
+class StoreError(LoopwardenError):
+    """The shared store cannot be reached or used (``url``: the store, without a password).
+
+    Inside a run it is never raised to the caller: ``[store] on_store_error`` decides (fail
+    closed: refuse; fail open: carry on without the store), with a log line and a note in the
+    run record either way.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        self.url = url
+        super().__init__(message)
 
 
 class ModelError(LoopwardenError):

@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -37,12 +37,13 @@ from loopwarden.fingerprint import Fingerprinter
 from loopwarden.run import Run, RunOutcome
 from loopwarden.tokens import estimate_tools
 from loopwarden.tools import ToolContext, format_validation_error
-from loopwarden.verdicts import Resolution, Stop
+from loopwarden.verdicts import Resolution, Stop, resolve
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig
     from loopwarden.models import Model
     from loopwarden.pluginmanager import Hooks
+    from loopwarden.store import LedgerEntry
     from loopwarden.tools import Tool
 
 __all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
@@ -96,9 +97,13 @@ def _to_text(value: Any) -> str:
 class Engine:
     """The loop logic for one deployment (shared by all its runs; holds no run state)."""
 
-    def __init__(self, hooks: Hooks, settings: RunConfig) -> None:
+    def __init__(self, hooks: Hooks, settings: RunConfig,
+                 shadow: Collection[str] = ()) -> None:
         self.hooks = hooks
         self.settings = settings
+        self.mode = settings.mode
+        #: plugins in shadow mode: their verdicts are recorded and signalled, never honoured
+        self.shadow = frozenset(shadow)
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
@@ -134,25 +139,43 @@ class Engine:
         cache[id(schemas)] = (schemas, n)
         return schemas, n
 
-    def _note(self, run: Run, hook: str, res: Resolution) -> None:
-        """Record every verdict, keep every warning, queue warnings for the next request.
+    def _note(self, run: Run, hook: str, res: Resolution) -> Resolution:
+        """Record every verdict, keep every warning, queue warnings for the next request;
+        return the resolution the run honours (without the verdicts of shadowed plugins).
 
         The machine skips the call when ``res.verdicts`` is empty (the common case).
         """
         if not res.verdicts:
-            return
+            return res
+        shadow = self.shadow
+        shadowed = bool(shadow) and any(v.plugin in shadow for v in res.verdicts)
         for v in res.verdicts:
             entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
                                      "kind": v.kind}
             if isinstance(v, Stop):
                 entry["reason"] = v.reason
                 entry["soft"] = v.soft
+            if shadowed and v.plugin in shadow:
+                entry["shadow"] = True
+                if v.message:
+                    entry["message"] = v.message
+                run.verdicts.append(entry)
+                if isinstance(v, Stop) and run.shadow_stop is None:
+                    run.shadow_stop = {k: entry[k] for k in
+                                       ("step", "hook", "plugin", "reason", "soft")}
+                    run.shadow_stop["evidence"] = dict(v.evidence)
+                signals.send(signals.guard_triggered, run, verdict=v, hook=hook,
+                             step=run.step, shadow=True)
+                continue
             run.verdicts.append(entry)
             signals.send(signals.guard_triggered, run, verdict=v, hook=hook, step=run.step)
+        if shadowed:
+            res = resolve(v for v in res.verdicts if v.plugin not in shadow)
         for w in res.warnings:
             message = w.message
             if message:
                 self._warn(run, w.plugin, message)
+        return res
 
     def _warn(self, run: Run, plugin: str, message: str) -> None:
         run.warnings.append({"step": run.step, "plugin": plugin, "message": message})
@@ -367,7 +390,7 @@ class Engine:
         signals.send(signals.run_started, run)
         res = hooks.on_start(run)
         if res.verdicts:
-            self._note(run, "on_start", res)
+            res = self._note(run, "on_start", res)
         if res.stop is not None:
             if not res.stop.soft:
                 return self._hard(run, res.stop)
@@ -388,7 +411,7 @@ class Engine:
             request = self._request(run, final)
             res = hooks.before_model(run, request)
             if res.verdicts:
-                self._note(run, "before_model", res)
+                res = self._note(run, "before_model", res)
             stop = res.stop
             if stop is not None:
                 if not stop.soft:
@@ -449,7 +472,7 @@ class Engine:
                              duration_s=run.clock.now() - t0)
             res = hooks.after_response(run, response)
             if res.verdicts:
-                self._note(run, "after_response", res)
+                res = self._note(run, "after_response", res)
             if (final or not calls) and res.stop is not None and not res.stop.soft:
                 # A hard stop on an answer is a veto (an output guard, or a guard that failed
                 # and fails closed): the model's text is withheld.
@@ -479,7 +502,7 @@ class Engine:
                     break
                 res = hooks.before_tool(run, call)
                 if res.verdicts:
-                    self._note(run, "before_tool", res)
+                    res = self._note(run, "before_tool", res)
                 stop = res.stop
                 if stop is not None:
                     self._close_calls(run, calls[i:], stop.reason)
@@ -498,6 +521,12 @@ class Engine:
                            or failed_here.get(call.idempotency_key)) is not None
                       and not earlier.retryable):
                     result = self._side_effect_replay(call, earlier)
+                elif (call.idempotency_key is not None and run.shared is not None
+                      and (entry := run.shared.claim(run, call)) is not None):
+                    # the shared ledger: another run executed (or is executing) this key
+                    result = self._shared_replay(run, call, entry)
+                    if entry.state == "done":
+                        ledger[call.idempotency_key] = result
                 else:
                     ctx = ToolContext(run.run_id, run.clock, run.cancel)
                     if call.timeout is not None:
@@ -510,6 +539,8 @@ class Engine:
                         # budget and clear the flag on this very object) runs again.
                         done = result.ok or result.error in ("timeout", "cancelled")
                         (ledger if done else failed_here)[call.idempotency_key] = result
+                        if run.shared is not None:
+                            run.shared.finish(run, call, result)
                 result.content = self._clip(result.content)
                 run.add_message({"role": "tool", "tool_call_id": call.id,
                                  "content": result.content})
@@ -519,7 +550,7 @@ class Engine:
                     signals.send(signals.tool_finished, run, call=call, result=result)
                 res = hooks.after_tool(run, call, result)
                 if res.verdicts:
-                    self._note(run, "after_tool", res)
+                    res = self._note(run, "after_tool", res)
                 stop = res.stop
                 if stop is not None:
                     self._close_calls(run, calls[i + 1:], stop.reason)
@@ -559,6 +590,30 @@ class Engine:
             text = t.side_effect_failed.format(name=call.name, content=earlier.content)
         return ToolResult(content=text, ok=earlier.ok, error=earlier.error, skipped=True,
                           skipped_by=CORE, value=earlier.value)
+
+    def _shared_replay(self, run: Run, call: ToolCall, entry: LedgerEntry) -> ToolResult:
+        """The observation for a side effect the shared ledger already holds: recorded by
+        another run, in progress there, possibly taken effect, or a store that failed closed."""
+        t = self.texts
+        recorded = entry.result or {}
+        content = str(recorded.get("content", ""))
+        state = entry.state
+        if state == "running" and run.shared is not None and run.shared.stale(entry):
+            state = "unknown"
+        error: ErrorKind
+        if state == "done":
+            text = t.shared_side_effect_done.format(name=call.name, content=content)
+            return ToolResult(content=text, skipped=True, skipped_by=CORE)
+        if state == "unknown":
+            text, error = t.shared_side_effect_unknown.format(
+                name=call.name, content=content), "unknown_outcome"
+        elif state == "running":
+            text, error = t.shared_side_effect_in_progress.format(name=call.name,
+                                                                  content=content), "in_progress"
+        else:
+            text, error = t.store_unavailable.format(name=call.name,
+                                                     content=content), "store_unavailable"
+        return ToolResult(content=text, ok=False, error=error, skipped=True, skipped_by=CORE)
 
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call

@@ -6,13 +6,27 @@ per-run limits start afresh, while the conversation's messages carry on (so cont
 grows as it did).  Each recorded step is fed through the very same step machine that serves
 live runs (:meth:`loopwarden.loop.Engine.machine`): the "model" answers with the recorded
 turn and the "tools" with the recorded observations.  The replay of a trajectory ends at its
-first stop: what the agent did afterwards would not have happened.
+first stop that cut recorded work: what the agent did afterwards would not have happened.  A
+stop that only replaced a run's closing text still gave the user an answer, so the
+conversation goes on with the user's next message (``closing_stops`` counts those) -- unless
+the stop was of the conversation as a whole (``max_turns``, or ``scope = "conversation"``
+in its evidence).
 
 For each trajectory the replay reports (steps numbered from 1, as in the file) the first
 warning, the stop (step, reason, plugin) -- or None when the guards let it run to its end --
 the recorded tokens spent after the stop (where usage is recorded), and how many recorded tool
 calls the stop cut off (``calls_cut``: a stop that cuts none ended the run where it ended
-anyway, e.g. a hand-off tool stopping at the hand-off).
+anyway, e.g. a hand-off tool stopping at the hand-off).  A stop is classified by what it cut
+from its own run (``stop_kind``): ``work_left`` (recorded tool calls of that run never ran),
+``closing_text`` (it only replaced the run's closing text) or ``hand_off`` (a terminal tool).
+
+Request sizes are what the recording says.  Where a step has ``usage.prompt_tokens``, the
+request that stands for it is sized at exactly that (the budget plugins see the real prompt,
+system prompt and tool schemas included); a request without one is sized at the project's
+estimate plus the gap measured at the last recorded step -- or, before any, plus what the
+trajectory leaves out: ``system_prompt_tokens`` (``--system-prompt-tokens``) in place of the
+configured system prompt, else nothing beyond the configured system prompt itself.  A step
+without recorded usage is billed at those estimates, as a live model that reports no usage.
 
 Recordings carry no timings, so time does not pass in a replay (runs share a
 :class:`~loopwarden.FakeClock`; the timeout line never fires).  They carry no tool
@@ -25,6 +39,7 @@ before it starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -36,10 +51,12 @@ from pydantic import BaseModel, ConfigDict
 
 from loopwarden import signals
 from loopwarden.clock import FakeClock
-from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
+from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.exceptions import ConfigError
+from loopwarden.fingerprint import canonical_arguments
 from loopwarden.loop import CallModel, Engine
 from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.tokens import estimate_message
 from loopwarden.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
@@ -47,11 +64,14 @@ if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
 
 __all__ = [
+    "RUNAWAY_REPEAT",
+    "ReplayEngine",
     "ReplayResult",
     "infer_flags",
     "iter_trajectories",
     "load_tool_flags",
     "recorded_tool",
+    "repeat_streak",
     "replay_config",
     "replay_file",
     "replay_trajectory",
@@ -105,7 +125,13 @@ def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
     (:func:`infer_flags`)."""
     nature = infer_flags(name)
     flags = flags or {}
-    nature.update({k: bool(v) for k, v in flags.items() if k in FLAG_NAMES and v is not None})
+    declared = {k: bool(v) for k, v in flags.items() if k in FLAG_NAMES and v is not None}
+    # a declared nature is consistent: read-only means no side effect, and the reverse
+    if declared.get("read_only") and "side_effect" not in declared:
+        declared["side_effect"] = False
+    if declared.get("side_effect") and "read_only" not in declared:
+        declared["read_only"] = False
+    nature.update(declared)
     keys = flags.get("idempotency_keys")
     return Tool(
         name=name,
@@ -158,6 +184,11 @@ class ReplayResult:
     tokens_after_stop: int | None = None
     steps_after_stop: int = 0
     calls_cut: int = 0
+    calls_cut_in_run: int = 0
+    stop_kind: str | None = None
+    closing_stops: int = 0
+    warned_by: list[str] = field(default_factory=list)
+    repeat_streak: int = 0
     tool_calls: int = 0
     recorded_tokens: int | None = None
     final_answer_present: bool | None = None
@@ -165,6 +196,11 @@ class ReplayResult:
     model: str | None = None
     runs: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ended_early(self) -> bool:
+        """Whether the guards ended the conversation before its recorded end."""
+        return self.stop is not None and (self.calls_cut > 0 or self.steps_after_stop > 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -176,6 +212,11 @@ class ReplayResult:
             "tokens_after_stop": self.tokens_after_stop,
             "steps_after_stop": self.steps_after_stop,
             "calls_cut": self.calls_cut,
+            "calls_cut_in_run": self.calls_cut_in_run,
+            "stop_kind": self.stop_kind,
+            "closing_stops": self.closing_stops,
+            "warned_by": self.warned_by,
+            "repeat_streak": self.repeat_streak,
             "tool_calls": self.tool_calls,
             "recorded_tokens": self.recorded_tokens,
             "final_answer_present": self.final_answer_present,
@@ -251,9 +292,86 @@ def _usage(step: dict[str, Any]) -> Usage | None:
         return None
 
 
+def _recorded_prompt(step: dict[str, Any]) -> int | None:
+    """The step's recorded ``usage.prompt_tokens``; None when absent or not a positive count."""
+    u = step.get("usage")
+    if not isinstance(u, dict):
+        return None
+    try:
+        n = int(u.get("prompt_tokens") or 0)
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
 def _calls(step: dict[str, Any]) -> list[dict[str, Any]]:
     tcs = step.get("tool_calls")
     return [tc for tc in tcs if isinstance(tc, dict)] if isinstance(tcs, list) else []
+
+
+def _signature(tc: dict[str, Any]) -> str:
+    """A recorded call's name and canonical arguments (volatile keys left out)."""
+    args = tc.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):
+            args = json.loads(args)
+    return f"{tc.get('name')}:{canonical_arguments(args)}"
+
+
+def repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
+    """The most times one call (tool name and canonical arguments) was made in a row in a
+    recording: consecutive tool calls, parallel ones included; text turns in between do not
+    break the streak (a conversation that repeats one lookup turn after turn), a different
+    call does."""
+    best = streak = 0
+    last: str | None = None
+    for step in steps:
+        for tc in _calls(step):
+            sig = _signature(tc)
+            streak = streak + 1 if sig == last else 1
+            last = sig
+            best = max(best, streak)
+    return best
+
+
+@dataclass(slots=True)
+class _Prompts:
+    """Request sizing for one replayed trajectory (see :class:`ReplayEngine`)."""
+
+    offset: int  # tokens the estimate misses: measured at the last recorded step
+    recorded: list[int | None] = field(default_factory=list)  # this run's, by step index
+
+
+_PROMPTS = "_replay_prompts"  # the run.state slot of the sizing (private to the replay)
+
+
+class ReplayEngine(Engine):
+    """The deployment's engine with request sizes from the recording (module doc): the very
+    same step machine, only ``estimated_tokens`` is set from ``usage.prompt_tokens``."""
+
+    def _request(self, run: Run, final: bool) -> ModelRequest:
+        request = super()._request(run, final)
+        if not final:  # a final request was sized by _make_final
+            self._size(run, request)
+        return request
+
+    def _make_final(self, run: Run, request: ModelRequest) -> None:
+        super()._make_final(run, request)
+        self._size(run, request)
+
+    @staticmethod
+    def _size(run: Run, request: ModelRequest) -> None:
+        p: _Prompts | None = run.state.get(_PROMPTS)
+        if p is None:
+            return
+        idx = run.step  # 0-based index of the recorded turn this request stands for
+        recorded = (p.recorded[idx] if idx < len(p.recorded) and not request.final
+                    else None)
+        if recorded is not None:
+            p.offset = recorded - request.estimated_tokens
+            request.estimated_tokens = recorded
+        else:
+            request.estimated_tokens = max(0, request.estimated_tokens + p.offset)
 
 
 def _segments(steps: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any]], str | None]]:
@@ -280,10 +398,14 @@ def _model_name(traj: dict[str, Any]) -> str:
 
 def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
                       flags: Mapping[str, Mapping[str, bool]] | None = None,
-                      carry: Iterable[str] = ()) -> ReplayResult:
+                      carry: Iterable[str] = (), *,
+                      system_prompt_tokens: int | None = None) -> ReplayResult:
     """Feed one trajectory through the deployment's guards; see the module docstring.
 
     ``flags`` declares tool natures by name (the rest are inferred, see :func:`infer_flags`).
+    ``system_prompt_tokens`` is the size of the system prompt (policy text, tool schemas) the
+    recording leaves out; it stands in for the configured system prompt until a step with
+    recorded usage says how large the prompt really was.
     The trajectory is one :class:`~loopwarden.Conversation`: messages and conversation-scoped
     plugin state carry on from run to run.  ``carry`` (an experiment) also hands the named
     plugins' *per-run* state on to the next run.
@@ -304,16 +426,20 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
     if any(u is not None for u in usages):
         result.recorded_tokens = sum(u.total for u in usages if u is not None)
     result.tool_calls = sum(len(_calls(s)) for s in steps)
+    result.repeat_streak = repeat_streak(steps)
     names = {str(tc.get("name")) for s in steps for tc in _calls(s)}
     declared = flags or {}
     tools = ToolRegistry(recorded_tool(n, declared.get(n)) for n in sorted(names))
-    engine = deployment.engine
+    engine = ReplayEngine(deployment.hooks, deployment.config.run)
+    prompts = _Prompts(offset=_system_prompt_gap(deployment, system_prompt_tokens))
     conversation = Conversation(result.id)
     first_user = str(traj.get("user") or "(recorded conversation)")
     reached = 0
     state: dict[str, Any] = {}
     clock = FakeClock()  # recordings carry no timings: time does not pass in a replay
-    for offset, seg_steps, user in _segments(steps):
+    segments = _segments(steps)
+    first_closing: dict[str, Any] | None = None
+    for k, (offset, seg_steps, user) in enumerate(segments):
         run = Run(
             user if user is not None else first_user,
             deployment=deployment,
@@ -329,17 +455,56 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
         for name in carried:
             if name in state:
                 run.state[name] = state[name]
+        prompts.recorded = [_recorded_prompt(s) for s in seg_steps]
+        run.state[_PROMPTS] = prompts
         result.runs += 1
         outcome, n = _drive_recorded(engine, run, seg_steps)
         reached += n
         state = run.state
         result.records.append(run.record())
         _attribute(result, run, outcome, offset, steps, usages)
+        for entry in run.verdicts:
+            if entry["kind"] in ("warn", "skip") and entry["plugin"] not in result.warned_by:
+                result.warned_by.append(entry["plugin"])
         if result.stop is not None:
+            cut = sum(len(_calls(s)) for s in seg_steps) - n
+            kind = ("hand_off" if result.stop["reason"] == "terminal_tool"
+                    else "work_left" if cut > 0 else "closing_text")
+            if kind == "closing_text" and k + 1 < len(segments) and not _ends_conversation(
+                    outcome):
+                # The stop only replaced this run's closing text: the user still got an
+                # answer, so the conversation goes on with their next message.
+                result.closing_stops += 1
+                first_closing = first_closing or result.stop
+                result.stop = None
+                continue
+            result.calls_cut_in_run, result.stop_kind = cut, kind
             break
     if result.stop is not None:
         result.calls_cut = result.tool_calls - reached
+    elif first_closing is not None:  # the conversation ran to its end past those stops
+        result.stop, result.stop_kind = first_closing, "closing_text"
+        result.steps_after_stop = 0
+        result.tokens_after_stop = 0 if result.recorded_tokens is not None else None
     return result
+
+
+def _ends_conversation(outcome: RunOutcome) -> bool:
+    """A stop of the conversation as a whole (``max_turns``, or ``scope = "conversation"`` in
+    its evidence): no later run of it would go ahead either."""
+    return (outcome.termination == "max_turns"
+            or outcome.evidence.get("scope") == "conversation")
+
+
+def _system_prompt_gap(deployment: Deployment, system_prompt_tokens: int | None) -> int:
+    """What the estimate of a first request misses: the recording's left-out system prompt
+    in place of the configured one (0 when no size is given)."""
+    if system_prompt_tokens is None:
+        return 0
+    text = deployment.config.run.system_prompt
+    configured = (estimate_message({"role": "system", "content": text}, deployment.estimator)
+                  if text else 0)
+    return system_prompt_tokens - configured
 
 
 def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tuple[RunOutcome, int]:
@@ -358,7 +523,8 @@ def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tupl
                 if isinstance(eff, CallModel):
                     idx = run.step  # 0-based index of the recorded turn this call stands for
                     if eff.request.final or idx >= len(seg):
-                        value: Any = ModelResponse(content=None, usage=Usage())
+                        # a turn the recording does not hold: billed at the estimates
+                        value: Any = ModelResponse(content=None, usage=None)
                     else:
                         step = seg[idx]
                         content = step.get("content")
@@ -374,7 +540,7 @@ def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tupl
                                 )
                                 for tc in _calls(step)
                             ],
-                            usage=_usage(step) or Usage(),
+                            usage=_usage(step),  # None: billed at the estimates
                         )
                 else:  # RunTool: the recorded observation stands in for the tool
                     step = seg[eff.call.step - 1]
@@ -426,7 +592,8 @@ def _attribute(result: ReplayResult, run: Run, outcome: RunOutcome, offset: int,
 
 def replay_file(deployment: Deployment, path: str | Path,
                 flags: Mapping[str, Mapping[str, bool]] | None = None,
-                carry: Iterable[str] = ()) -> tuple[list[ReplayResult], int]:
+                carry: Iterable[str] = (), *,
+                system_prompt_tokens: int | None = None) -> tuple[list[ReplayResult], int]:
     """Replay every trajectory in a JSONL file; returns the results and the unreadable lines."""
     results, bad = [], 0
     carry = tuple(carry)
@@ -434,7 +601,8 @@ def replay_file(deployment: Deployment, path: str | Path,
         if traj is None:
             bad += 1
             continue
-        results.append(replay_trajectory(deployment, traj, flags, carry))
+        results.append(replay_trajectory(deployment, traj, flags, carry,
+                                         system_prompt_tokens=system_prompt_tokens))
     return results, bad
 
 
@@ -442,71 +610,97 @@ def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 1) if whole else 0.0
 
 
-#: the recorded terminations (``meta.termination_reason``) that mean "hit a step cap"
+#: the recorded terminations (``meta.termination_reason``) that mean "hit a step or error cap"
 STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
+#: a recording that made one call this many times in a row (:func:`repeat_streak`) ran away
+RUNAWAY_REPEAT = 5
 #: stop reasons of budgets and caps (the rest are loop detectors and terminal tools)
 BUDGET_REASONS = frozenset({"max_steps", "max_tokens", "max_context", "max_cost",
                             "max_tool_calls", "timeout"})
 
 
+def _count(items: Iterable[str]) -> dict[str, int]:
+    """Occurrences, most frequent first (ties by name)."""
+    d: dict[str, int] = {}
+    for x in items:
+        d[x] = d.get(x, 0) + 1
+    return dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
     """The replay summary: false positives on successful runs, catches on runaway runs.
 
-    * a successful run is *stopped early* when the stop cut off at least one recorded tool
-      call (``calls_cut``); a stop that cuts nothing ended it where it ended anyway; the early
-      stops are also counted apart for the loop detectors (every reason but the budgets and
-      caps of :data:`BUDGET_REASONS`);
-    * *step-cap runs* are those whose recording says they hit the source's step or error cap;
-      *runaway runs* are those plus the runs that ended without a final answer;
+    * a successful run *stopped with tool work left* is one whose stop cut recorded tool calls
+      of its own run (``stop_kind == "work_left"``); stops that only replaced the run's closing
+      text, and terminal hand-offs, are counted apart;
+    * a successful run is *warned* when any guard warned it (or skipped a call with a note);
+      ``successful_warned_by_plugin`` counts the runs each plugin warned;
+    * *runaway runs* ended at the source's step or error cap (:data:`STEP_CAP_TERMINATIONS`)
+      or made one call :data:`RUNAWAY_REPEAT` or more times in a row (:func:`repeat_streak`);
+      one is *stopped* when the guards ended it before its recorded end
+      (:attr:`ReplayResult.ended_early`); ``runaway_runs_missed`` names the others;
     * steps and recorded tokens saved are counted on the runaway runs that were stopped.
+
+    The older figures follow: ``successful_stopped_early`` counts a stop that cut any recorded
+    tool call of the whole conversation; *runs without an answer* are counted apart.
     """
     rs = list(results)
     successful = [r for r in rs if r.success is True]
     capped = [r for r in rs if r.source_termination in STEP_CAP_TERMINATIONS]
+    repeated = [r for r in rs if r.repeat_streak >= RUNAWAY_REPEAT]
     no_answer = [r for r in rs if r.final_answer_present is False]
-    runaway = {r.id: r for r in capped + no_answer}
+    runaway = {r.id: r for r in capped + repeated}
+    work_left = [r for r in successful if r.stop_kind == "work_left"]
+    closing = [r for r in successful if r.stop_kind == "closing_text"]
+    hand_off = [r for r in successful if r.stop_kind == "hand_off"]
     fp = [r for r in successful if r.stop is not None and r.calls_cut > 0]
     fp_detectors = [r for r in fp if r.stop is not None
                     and r.stop["reason"] not in BUDGET_REASONS]
     stopped_ok = [r for r in successful if r.stop is not None]
     warned_ok = [r for r in successful if r.first_warning is not None]
-    caught = [r for r in runaway.values() if r.stop is not None]
-    caught_capped = [r for r in capped if r.stop is not None]
+    caught = [r for r in runaway.values() if r.ended_early]
+    caught_capped = [r for r in capped if r.ended_early]
+    caught_repeated = [r for r in repeated if r.ended_early]
     caught_no_answer = [r for r in no_answer if r.stop is not None]
     saved_steps = sum(r.steps_after_stop for r in caught)
     saved_tokens = sum(r.tokens_after_stop or 0 for r in caught)
-    by_reason: dict[str, int] = {}
-    fp_by_reason: dict[str, int] = {}
-    for r in rs:
-        if r.stop is not None:
-            by_reason[r.stop["reason"]] = by_reason.get(r.stop["reason"], 0) + 1
-    for r in fp:
-        if r.stop is not None:
-            fp_by_reason[r.stop["reason"]] = fp_by_reason.get(r.stop["reason"], 0) + 1
 
-    def ranked(d: dict[str, int]) -> dict[str, int]:
-        return dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
+    def reasons(items: list[ReplayResult]) -> dict[str, int]:
+        return _count(r.stop["reason"] for r in items if r.stop is not None)
 
     return {
         "trajectories": len(rs),
         "successful": len(successful),
+        "successful_stopped_with_work_left": len(work_left),
+        "successful_stopped_with_work_left_pct": _pct(len(work_left), len(successful)),
+        "successful_stopped_with_work_left_by_reason": reasons(work_left),
+        "successful_stopped_closing_text_only": len(closing),
+        "successful_stopped_at_hand_off": len(hand_off),
+        "successful_warned": len(warned_ok),
+        "successful_warned_pct": _pct(len(warned_ok), len(successful)),
+        "successful_warned_by_plugin": _count(p for r in warned_ok for p in r.warned_by),
+        "runaway_runs": len(runaway),
+        "runaway_runs_stopped": len(caught),
+        "runaway_runs_stopped_pct": _pct(len(caught), len(runaway)),
+        "runaway_runs_successful": sum(1 for r in runaway.values() if r.success is True),
+        "runaway_runs_missed": sorted(r.id for r in runaway.values() if not r.ended_early),
+        "step_cap_runs": len(capped),
+        "step_cap_runs_stopped": len(caught_capped),
+        "step_cap_runs_stopped_pct": _pct(len(caught_capped), len(capped)),
+        "repeat_runs": len(repeated),
+        "repeat_runs_stopped": len(caught_repeated),
+        "runaway_stops_by_reason": reasons(caught),
+        "steps_saved": saved_steps,
+        "recorded_tokens_saved": saved_tokens,
+        "stops_by_reason": reasons(rs),
+        # the earlier figures, kept for comparison
         "successful_stopped_early": len(fp),
         "successful_stopped_early_pct": _pct(len(fp), len(successful)),
         "successful_stopped_early_by_detectors": len(fp_detectors),
         "successful_stopped_early_by_detectors_pct": _pct(len(fp_detectors), len(successful)),
         "successful_stopped_at_end": len(stopped_ok) - len(fp),
-        "successful_warned": len(warned_ok),
-        "successful_warned_pct": _pct(len(warned_ok), len(successful)),
-        "step_cap_runs": len(capped),
-        "step_cap_runs_stopped": len(caught_capped),
-        "step_cap_runs_stopped_pct": _pct(len(caught_capped), len(capped)),
+        "early_stops_of_successful_by_reason": reasons(fp),
         "runs_without_answer": len(no_answer),
         "runs_without_answer_stopped": len(caught_no_answer),
         "runs_without_answer_stopped_pct": _pct(len(caught_no_answer), len(no_answer)),
-        "runaway_runs": len(runaway),
-        "runaway_runs_stopped": len(caught),
-        "steps_saved": saved_steps,
-        "recorded_tokens_saved": saved_tokens,
-        "stops_by_reason": ranked(by_reason),
-        "early_stops_of_successful_by_reason": ranked(fp_by_reason),
     }

@@ -331,9 +331,29 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
             for k, e in top
         ],
         "tools": tools,
+        "shadow": _shadow(records),
     }
     report["advice"] = advise(records, report, th)
     return report
+
+
+_SHADOW_LISTED = 20  # would-be stops listed one by one
+
+
+def _shadow(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What shadowed guards would have done: which runs they would have stopped, by what."""
+    shadowed = [r for r in records if r.get("mode") == "shadow" or r.get("shadow_stop")]
+    would = [r for r in shadowed if isinstance(r.get("shadow_stop"), dict)]
+    by: Counter[str] = Counter(
+        f"{r['shadow_stop'].get('plugin')}: {r['shadow_stop'].get('reason')}" for r in would)
+    return {
+        "runs": len(shadowed),
+        "would_stop": len(would),
+        "by": dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "stops": [{"run_id": r.get("run_id"), "termination": r.get("termination"),
+                   **{k: r["shadow_stop"].get(k) for k in ("step", "plugin", "reason", "soft")}}
+                  for r in would[:_SHADOW_LISTED]],
+    }
 
 
 def _loopish(r: Mapping[str, Any]) -> bool:
@@ -466,6 +486,17 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
         for s in report["top_signatures"]:
             lines.append(f"  {s['count']:>5} {s['runs']:>4}  {s['tool'] or '-':<18} "
                          f"{s['signature']}")
+    shadow = report.get("shadow") or {}
+    if shadow.get("runs"):
+        lines.append("")
+        lines.append(f"shadow mode: {shadow['runs']} run(s); guards would have stopped "
+                     f"{shadow['would_stop']}")
+        for label, count in shadow["by"].items():
+            lines.append(f"  {count:>5}  {label}")
+        for stop in shadow["stops"]:
+            lines.append(f"  run {str(stop['run_id'])[:12]}: step {stop['step']} "
+                         f"{stop['plugin']} ({stop['reason']}{', soft' if stop['soft'] else ''}"
+                         f"); it ended {stop['termination']}")
     lines.append("")
     lines.append("advice")
     for a in report["advice"]:

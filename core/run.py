@@ -17,6 +17,7 @@ from loopwarden.events import ToolResult, Usage
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
+    from loopwarden.store import Shared
     from loopwarden.tools import ToolRegistry
 
 __all__ = ["Conversation", "Limits", "Run", "RunOutcome"]
@@ -30,6 +31,7 @@ class Limits:
     max_steps: int | None = None
     max_tokens: int | None = None
     max_seconds: float | None = None
+    max_context: int | None = None
 
 
 @dataclass(slots=True)
@@ -58,7 +60,8 @@ class Conversation:
 
     The messages carry on from run to run (so the context grows as it really does), so does
     the ledger of side effects that took place (such an idempotency key never runs again in
-    the conversation), and so does conversation-scoped plugin state
+    the conversation; across conversations, processes and hosts the deployment's shared ledger
+    in ``[store]`` sees to it), and so does conversation-scoped plugin state
     (:meth:`loopwarden.Plugin.conversation_state`); per-run state and per-run limits start
     afresh with every run.  Pass one to
     ``Deployment.run(..., conversation=conv)`` for each user message; a run without one gets a
@@ -110,7 +113,12 @@ class Run:
         self.cancel = cancel or CancelToken()
         self.limits = limits or Limits()
         self.model_name = model_name
+        #: scope keys of this run (``{"tenant": "acme", "user": "u-17"}``): shared budgets
+        #: are kept per scope key; the run record carries them
         self.meta: dict[str, Any] = meta or {}
+        #: the deployment's shared store (budgets, ledger) -- set for live runs by
+        #: ``Deployment.prepare``; None in replays and hand-built runs
+        self.shared: Shared | None = None
         self.estimator = estimator
         self.started_at = self.clock.now()
         self.ended_at: float | None = None
@@ -139,6 +147,8 @@ class Run:
         self.last_observation: str | None = None
         self.outcome: RunOutcome | None = None
         self.stopping: Any = None  # the Stop verdict being honoured, if any
+        #: the stop a shadowed plugin would have made first (shadow mode), else None
+        self.shadow_stop: dict[str, Any] | None = None
 
     # -- conversation ------------------------------------------------------------------
 
@@ -151,6 +161,13 @@ class Run:
     def elapsed(self) -> float:
         end = self.ended_at if self.ended_at is not None else self.clock.now()
         return end - self.started_at
+
+    @property
+    def mode(self) -> str:
+        """``"shadow"`` when the deployment runs in shadow mode, else ``"enforce"`` (single
+        plugins may still be shadowed: see ``shadow_stop`` and the ``verdicts``)."""
+        engine = getattr(self.deployment, "engine", None)
+        return str(getattr(engine, "mode", "enforce"))
 
     @property
     def finished(self) -> bool:
@@ -194,6 +211,10 @@ class Run:
             "model": self.model_name,
             "errors": list(self.errors),
             "verdicts": list(self.verdicts),
+            "mode": self.mode,
+            "shadow_stop": _jsonable(self.shadow_stop),
+            "meta": _jsonable(self.meta),
+            "conversation_id": self.conversation.id,
         }
 
     def trajectory(self) -> list[dict[str, Any]]:

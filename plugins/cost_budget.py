@@ -89,7 +89,7 @@ class CostBudgetSettings(PluginSettings):
     """``[plugins.cost_budget]``."""
 
     max_cost: Decimal = Field(
-        default=Decimal("0.50"), gt=0, description="most a run may spend, in `currency`"
+        default=Decimal("1.00"), gt=0, description="most a run may spend, in `currency`"
     )
     currency: str = Field(
         default="USD", min_length=1, description="the currency of max_cost and of every price"
@@ -109,13 +109,13 @@ class CostBudgetSettings(PluginSettings):
         "max_output_tokens when it sets one)",
     )
     warn_at: float | None = Field(
-        default=0.7, gt=0, le=1,
+        default=0.8, gt=0, le=1,
         description="warn once when the next call would pass this fraction of max_cost; unset "
         "it to never warn",
     )
     warning: str = Field(
         default="This run has spent {percent}% of its cost budget ({spent} of {limit} "
-        "{currency}). Wrap up soon.",
+        "{currency}). Plan the remaining work within it.",
         description="the warning ({spent}, {limit}, {percent}, {currency}, {model})",
     )
     stop_message: str = Field(

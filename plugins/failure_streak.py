@@ -5,26 +5,47 @@ loop marked it failed (``result.ok`` is False: an exception, a timeout, an unkno
 arguments) or when its text looks like an error -- many tools report failures as ordinary
 text.  The error-like patterns (``patterns``, regular expressions searched in the first
 ``scan_chars`` characters) default to ``ERROR``, ``NOT_FOUND``, ``TIMEOUT``, ``UNAVAILABLE`` as
-words, and Python tracebacks.  A success resets the streak; ``warn_after`` failures in a row
-warn, ``stop_after`` in a row stop the run with ``failure_streak``.
+words, a result that starts with ``Error:``, and Python tracebacks.  A success resets the
+streak; ``warn_after`` failed rounds in a row warn, ``stop_after`` in a row stop the run with
+``failure_streak``.
+
+A parallel batch (the tool calls of one model turn) is one round: it failed when every result
+in it failed, and one success in it resets the streak.  Results of ``neutral_tools`` -- tools
+that do nothing in the world (``think``, ``calculate``) -- neither count nor reset: thinking
+between two failures does not make the next one a first.
+
+With ``across_turns`` (default) the streak carries on through the conversation's next user
+turn: a booking that fails, is discussed with the user, and fails again with the same kind of
+error is the same streak.  Only a success resets it.
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden import (
+    ModelResponse,
+    Plugin,
+    PluginSettings,
+    Run,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    hookimpl,
+)
 from loopwarden.plugin import check_patterns, check_templates
+from loopwarden.plugins._rounds import Rounds
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 
 DEFAULT_PATTERNS: tuple[str, ...] = (
     r"\bERROR\b",
+    r"^\s*[Ee]rror\s*:",  # a result that starts "Error: ..." (many tools report failures so)
     r"\bNOT_FOUND\b",
     r"\bTIMEOUT\b",
     r"\bUNAVAILABLE\b",
@@ -48,6 +69,16 @@ class FailureStreakSettings(PluginSettings):
         "first scan_chars characters); results with ok = false always are",
     )
     ignore_case: bool = Field(default=False, description="match the patterns case-insensitively")
+    across_turns: bool = Field(
+        default=True,
+        description="the streak carries on into the conversation's next user turn (only a "
+        "success resets it); false: every run starts afresh",
+    )
+    neutral_tools: list[str] = Field(
+        default_factory=lambda: ["think", "calculate"],
+        description="tools whose results neither count as failures nor reset the streak "
+        "(no-op tools: thinking, arithmetic)",
+    )
     scan_chars: int = Field(
         default=500, ge=1, description="how much of a result's text the patterns look at"
     )
@@ -86,9 +117,17 @@ _EVIDENCE_FAILURES = 5  # the latest failures kept as evidence
 
 
 @dataclass(slots=True)
-class _State:
+class _Streak:
     failures: deque[dict[str, str]]  # the latest failures of the streak (evidence)
-    streak: int = 0
+    streak: int = 0  # failed rounds in a row
+
+
+@dataclass(slots=True)
+class _State:
+    own: _Streak  # the run's streak (without across_turns)
+    rounds: Rounds = field(default_factory=Rounds)
+    round_failed: bool = True  # every counted result so far failed
+    round_counted: int = 0  # results that counted (not skipped, not neutral)
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -109,9 +148,16 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         self._error_text: re.Pattern[str] | None = (
             re.compile("|".join(f"(?:{p})" for p in s.patterns), flags) if s.patterns else None
         )
+        self._neutral = frozenset(s.neutral_tools)
+
+    def _new_streak(self) -> _Streak:
+        return _Streak(failures=deque(maxlen=min(self.settings.stop_after, _EVIDENCE_FAILURES)))
 
     def new_state(self) -> _State:
-        return _State(failures=deque(maxlen=min(self.settings.stop_after, _EVIDENCE_FAILURES)))
+        return _State(own=self._new_streak())
+
+    def new_conversation_state(self) -> _Streak:
+        return self._new_streak()
 
     def failed(self, result: ToolResult) -> bool:
         """Whether ``result`` counts as a failure (see the module docstring)."""
@@ -123,25 +169,46 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         return pat.search(result.content[: self.settings.scan_chars]) is not None
 
     @hookimpl
-    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
-        if result.skipped:
-            return None
+    def after_response(self, run: Run, response: ModelResponse) -> None:
+        """Note the size of this turn's batch: its calls are judged as one round."""
         st: _State = self.state(run)
-        if not self.failed(result):
-            st.streak = 0
-            st.failures.clear()
+        st.rounds.batch(run.step, len(response.calls))
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
+        st: _State = self.state(run)
+        box: _Streak = self.conversation_state(run) if self.settings.across_turns else st.own
+        new_round, last = st.rounds.enter(call)
+        if new_round:
+            st.round_failed, st.round_counted = True, 0
+        if not result.skipped and call.name not in self._neutral:
+            st.round_counted += 1
+            if self.failed(result):
+                box.failures.append({"tool": call.name, "error": _first_line(result.content),
+                                    "kind": result.error or "text"})
+            else:
+                st.round_failed = False
+        if not last:
+            return None  # the round is judged once its last call is in
+        if not st.round_counted:
+            return None  # nothing in this round counted either way
+        if not st.round_failed:
+            box.streak = 0
+            box.failures.clear()
             return None
+        st.round_counted = 0  # judged
         s = self.settings
-        st.streak += 1
-        error = _first_line(result.content)
-        st.failures.append({"tool": call.name, "error": error, "kind": result.error or "text"})
+        box.streak += 1
+        latest = box.failures[-1] if box.failures else {"tool": call.name, "error": ""}
+        error = latest["error"]
         evidence: dict[str, Any] = dict(
-            streak=st.streak, threshold=s.stop_after, failures=list(st.failures), step=run.step
+            count=box.streak, streak=box.streak, threshold=s.stop_after,
+            failures=list(box.failures), tool=latest["tool"], step=run.step,
         )
-        fields = dict(count=st.streak, error=error, tool=call.name)
-        if st.streak >= s.stop_after:
+        fields = dict(count=box.streak, error=error, tool=latest["tool"])
+        if box.streak >= s.stop_after:
             return self.stop("failure_streak", soft=s.soft,
                              message=s.stop_message.format(**fields), **evidence)
-        if s.warn_after is not None and st.streak == s.warn_after:
+        if s.warn_after is not None and box.streak == s.warn_after:
             return self.warn(s.message.format(**fields), **evidence)
         return None

@@ -21,6 +21,10 @@ in-process name            kind       labels                      Prometheus nam
 ``run_seconds``            histogram  --                          loopwarden_run_seconds
 ``budget_use_ratio``       histogram  budget (steps, tokens,      loopwarden_budget_use_ratio
                                       seconds)
+``scope_spend_total``      counter    scope, window, kind (runs,  loopwarden_scope_spend_total
+                                      model_calls, tool_calls,
+                                      tokens, cost)
+``scope_refusals_total``   counter    scope, window, reason       loopwarden_scope_refusals_total
 =========================  =========  ==========================  ================================
 
 Tool calls to names the deployment does not have are counted under ``tool="(unknown)"``, so
@@ -29,7 +33,10 @@ model output cannot grow the label set.  A guard firing is any verdict (warn, sk
 ``agent.loop_detected`` counts the firings of the loop detectors (``loop_detectors``: by plugin
 name or stop reason).  ``budget_use_ratio`` is what a run used of each limit it had (its
 profile's, else the ``max_steps`` / ``token_budget`` / ``timeout`` plugin's setting): 1.0 means
-the whole budget.
+the whole budget.  ``scope_spend_total`` is what runs charged to the shared budgets of the
+``spend_limits`` plugin (labelled by scope *name* -- ``tenant``, never the tenant itself -- so
+the label set stays bounded); ``scope_refusals_total`` counts the stops whose evidence names a
+scope (a shared or conversation budget refusing).
 """
 
 from __future__ import annotations
@@ -280,6 +287,12 @@ def _definitions(s: MetricsSettings) -> list[_Def]:
         _Def("budget_use_ratio", "histogram",
              "What a run used of each limit it had (1.0: the whole budget).", ("budget",),
              buckets=tuple(s.ratio_buckets), prom_name="budget_use_ratio"),
+        _Def("scope_spend_total", "counter",
+             "What runs charged to shared budgets, by scope name, window and kind.",
+             ("scope", "window", "kind"), prom_name="scope_spend"),
+        _Def("scope_refusals_total", "counter",
+             "Stops by a scoped budget, by scope name, window and stop reason.",
+             ("scope", "window", "reason"), prom_name="scope_refusals"),
     ]
 
 
@@ -468,6 +481,10 @@ class Metrics(Plugin[MetricsSettings]):
                   kind=verdict.kind)
         if verdict.plugin in self._loop or reason in self._loop:
             self._inc("agent.loop_detected", plugin=verdict.plugin, reason=reason)
+        evidence = verdict.evidence
+        if verdict.kind == "stop" and isinstance(evidence.get("scope"), str):
+            self._inc("scope_refusals_total", scope=evidence["scope"],
+                      window=str(evidence.get("window")), reason=reason)
 
     def on_run_stopped(self, run: Run, *, outcome: RunOutcome, record: Mapping[str, Any],
                        **_: Any) -> None:
@@ -481,3 +498,11 @@ class Metrics(Plugin[MetricsSettings]):
         used = {"steps": steps, "tokens": tokens, "seconds": seconds}
         for budget, limit in _budget_limits(run).items():
             self._observe("budget_use_ratio", used[budget] / limit, budget=budget)
+        plugins = getattr(getattr(run, "deployment", None), "plugins", None)
+        charged = getattr(plugins.get("spend_limits"), "charged", None) if plugins else None
+        if callable(charged):
+            for entry in charged(run):
+                for kind, amount in entry.items():
+                    if kind not in ("scope", "window") and amount:
+                        self._inc("scope_spend_total", float(amount), scope=entry["scope"],
+                                  window=entry["window"], kind=kind)

@@ -13,25 +13,46 @@ result that repeats the result of a different call (another fingerprint) only co
 says nothing: a failure, or text matching ``empty_patterns`` (no results, not found, an empty
 list).  ``different_calls = "any"`` counts every repeat, the strictest reading.
 
+Evidence has two strengths.  A result that repeats an earlier result of the *same* call, or
+an empty result of the same tool whose query was only rephrased (free-text arguments changed),
+is strong: ``warn_after`` / ``stop_after`` rounds.  An empty answer to a *different* query --
+another date, airport or id, a sweep that a healthy agent makes ("no flight that day") -- is
+weak: only ``sweep_warn_after`` / ``sweep_stop_after`` rounds of nothing else stop the run.
+Empty means a failure, text matching ``empty_patterns``, or JSON that holds nothing (``[]``,
+``{}``, objects whose values are all null or empty).
+
+A parallel batch (the tool calls of one model turn) is one round: it is stalled when every
+result in it is, and strong when one of them is.  ``run.stall_rounds`` counts stalled rounds.
+
 A successful call of a tool not declared ``read_only`` (a side effect) changed the world: that
 is progress however much its confirmation resembles the last one (updating three reservations
 echoes three near-identical reservation records), so it resets the streak.
 
-State per run is bounded: ``window`` (digest, token set) pairs and a counter.
+State per run is bounded: ``window`` (digest, token set, call) entries and a few counters.
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden import (
+    ModelResponse,
+    Plugin,
+    PluginSettings,
+    Run,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    hookimpl,
+)
 from loopwarden.plugin import check_patterns, check_templates
-from loopwarden.plugins._text import token_set
+from loopwarden.plugins._rounds import Rounds
+from loopwarden.plugins._text import free_text_differs, structurally_empty, token_set
 
 __all__ = ["Stall", "StallSettings"]
 
@@ -48,11 +69,21 @@ class StallSettings(PluginSettings):
         "one (an equal digest always does)",
     )
     stop_after: int = Field(
-        default=3, ge=1, description="stalled results in a row that stop the run"
+        default=3, ge=1, description="stalled rounds in a row that stop the run (strong "
+        "evidence: the same call's result again, or a rephrased query's empty result)"
     )
     warn_after: int | None = Field(
         default=2, ge=1,
-        description="stalled results in a row that warn (null: never warn); below stop_after",
+        description="stalled rounds in a row that warn (null: never warn); below stop_after",
+    )
+    sweep_stop_after: int = Field(
+        default=6, ge=1,
+        description="stalled rounds in a row that stop the run when they are only empty "
+        "answers to different queries (another date, code or id: weak evidence)",
+    )
+    sweep_warn_after: int | None = Field(
+        default=4, ge=1,
+        description="such weak rounds in a row that warn (null: never); below sweep_stop_after",
     )
     soft: bool = Field(
         default=True,
@@ -99,14 +130,26 @@ class StallSettings(PluginSettings):
             raise ValueError(
                 f"warn_after ({self.warn_after}) must be below stop_after ({self.stop_after})"
             )
+        if self.sweep_warn_after is not None and self.sweep_warn_after >= self.sweep_stop_after:
+            raise ValueError(
+                f"sweep_warn_after ({self.sweep_warn_after}) must be below sweep_stop_after "
+                f"({self.sweep_stop_after})"
+            )
         check_templates(self, ("message", "stop_message"), dict(count=2, tool="t"))
         return self
 
 
 @dataclass(slots=True)
 class _State:
-    recent: deque[tuple[str, frozenset[str], str]]  # (digest, token set, call fingerprint)
-    streak: int = 0
+    #: (digest, token set, call fingerprint, tool name, arguments) of the latest results
+    recent: deque[tuple[str, frozenset[str], str, str, dict[str, Any] | None]]
+    streak: int = 0  # stalled rounds in a row
+    strong: int = 0  # ... of which strong
+    rounds: Rounds = field(default_factory=Rounds)
+    round_stalled: bool = True  # every result so far stalled
+    round_strong: bool = False  # one of them strongly
+    round_best: float = 0.0
+    round_digest: str | None = None  # the round's latest real result (None: nothing real yet)
 
 
 class Stall(Plugin[StallSettings]):
@@ -124,33 +167,35 @@ class Stall(Plugin[StallSettings]):
     def _says_nothing(self, result: ToolResult) -> bool:
         if not result.ok:
             return True
-        return self._empty is not None and bool(
-            self._empty.search(result.content[: self.settings.max_chars]))
+        head = result.content[: self.settings.max_chars]
+        return (self._empty is not None and bool(self._empty.search(head))) or (
+            structurally_empty(head))
 
     def new_state(self) -> _State:
         return _State(recent=deque(maxlen=self.settings.window))
 
     @hookimpl
-    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
-        if result.skipped:
-            return None
-        s = self.settings
+    def after_response(self, run: Run, response: ModelResponse) -> None:
+        """Note the size of this turn's batch: its calls are judged as one round."""
         st: _State = self.state(run)
-        digest = result.digest
-        tokens = token_set(result.content, s.max_chars)
-        changed_world = result.ok and call.tool is not None and not call.read_only
+        st.rounds.batch(run.step, len(response.calls))
+
+    def _similarity(self, st: _State, digest: str, tokens: frozenset[str], call: ToolCall,
+                    empty: bool) -> tuple[float, bool]:
+        """The best similarity with a comparable earlier result, and whether it is strong
+        evidence (the same call, or a rephrased query of the same tool)."""
+        s = self.settings
         fp = call.fingerprint
-        # A repeat of another call's result counts only when the result says nothing.
-        any_call = s.different_calls == "any" or self._says_nothing(result)
-        best = 0.0  # the highest similarity -- exact whenever it reaches the threshold
-        if not changed_world:  # (a side effect is progress: nothing to compare)
-            n, threshold = len(tokens), s.similarity
-            for d, t, f in st.recent:
-                if f != fp and not any_call:
-                    continue
-                if d == digest:
-                    best = 1.0
-                    break
+        any_call = s.different_calls == "any" or empty
+        best, strong = 0.0, False
+        n, threshold = len(tokens), s.similarity
+        for d, t, f, name, args in st.recent:
+            same = f == fp
+            if not same and not any_call:
+                continue
+            if d == digest:
+                sim = 1.0
+            else:
                 m = len(t)
                 if n != m and (n / m if n < m else m / n) < threshold:
                     continue  # Jaccard <= min/max: this pair cannot reach the threshold
@@ -159,27 +204,67 @@ class Stall(Plugin[StallSettings]):
                     sim = inter / (n + m - inter)
                 else:
                     sim = 1.0
-                if sim > best:
-                    best = sim
-                    if best >= 1.0:
-                        break
-        stalled = bool(st.recent) and best >= s.similarity and not changed_world
-        st.recent.append((digest, tokens, fp))
-        if not stalled:
-            st.streak = 0
+                if sim < threshold:
+                    continue
+            is_strong = (same or s.different_calls == "any"
+                         or (name == call.name and free_text_differs(args, call.arguments)))
+            if sim > best or (is_strong and not strong):
+                best = max(best, sim)
+                strong = strong or is_strong
+            if strong and best >= 1.0:
+                break
+        return best, strong
+
+    @hookimpl
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
+        st: _State = self.state(run)
+        new_round, last = st.rounds.enter(call)
+        if new_round:
+            st.round_stalled, st.round_strong, st.round_best = True, False, 0.0
+            st.round_digest = None
+        if not result.skipped:  # skipped calls' synthetic observations never count
+            self._observe(st, call, result)
+        if not last or st.round_digest is None:
+            return None  # judged once its last call is in, if anything real was in it
+        if not st.round_stalled:
+            st.streak = st.strong = 0
             return None
+        st.round_stalled = False  # judged: later calls of this turn start nothing new
         st.streak += 1
+        st.strong += 1 if st.round_strong else 0
         run.stall_rounds += 1
+        return self._verdict(run, call, st, st.round_digest)
+
+    def _observe(self, st: _State, call: ToolCall, result: ToolResult) -> None:
+        """Compare ``result`` with the recent ones and fold it into the round."""
+        s = self.settings
+        digest = result.digest
+        tokens = token_set(result.content, s.max_chars)
+        changed_world = result.ok and call.tool is not None and not call.read_only
+        best, strong = 0.0, False
+        if not changed_world and st.recent:  # (a side effect is progress: nothing to compare)
+            best, strong = self._similarity(st, digest, tokens, call, self._says_nothing(result))
+        stalled = best >= s.similarity and not changed_world
+        st.recent.append((digest, tokens, call.fingerprint, call.name, call.arguments))
+        st.round_stalled = st.round_stalled and stalled
+        st.round_strong = st.round_strong or (stalled and strong)
+        st.round_best = max(st.round_best, best)
+        st.round_digest = digest
+
+    def _verdict(self, run: Run, call: ToolCall, st: _State, digest: str) -> Verdict | None:
+        s = self.settings
         evidence: dict[str, Any] = dict(
-            streak=st.streak, threshold=s.stop_after, similarity=round(best, 3),
+            count=st.streak, streak=st.streak, strong=st.strong, threshold=s.stop_after,
+            sweep_threshold=s.sweep_stop_after, similarity=round(st.round_best, 3),
             similarity_threshold=s.similarity, window=s.window, tool=call.name,
             fingerprint=call.fingerprint, signature=call.signature(), digest=digest,
-            step=run.step,
+            step=run.step, rule="repeat" if st.round_strong else "sweep",
         )
         fields = dict(count=st.streak, tool=call.name)
-        if st.streak >= s.stop_after:
+        if st.strong >= s.stop_after or st.streak >= s.sweep_stop_after:
             return self.stop("stall", soft=s.soft, message=s.stop_message.format(**fields),
                              **evidence)
-        if s.warn_after is not None and st.streak == s.warn_after:
+        if (s.warn_after is not None and st.strong == s.warn_after and st.round_strong) or (
+                s.sweep_warn_after is not None and st.streak == s.sweep_warn_after):
             return self.warn(s.message.format(**fields), **evidence)
         return None

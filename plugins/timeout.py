@@ -52,7 +52,7 @@ class TimeoutSettings(PluginSettings):
     """``[plugins.timeout]``."""
 
     max_seconds: float = Field(
-        default=120.0, gt=0,
+        default=600.0, gt=0,
         description="seconds a run may take on its clock; a run profile's max_seconds "
         "overrides it",
     )
@@ -72,12 +72,13 @@ class TimeoutSettings(PluginSettings):
         "the run's time is up (a tool's own timeout is then a retryable failure)",
     )
     warn_at: float | None = Field(
-        default=0.7, gt=0, le=1,
+        default=0.8, gt=0, le=1,
         description="warn once when this fraction of max_seconds has passed; unset it to "
         "never warn",
     )
     warning: str = Field(
-        default="This run has used {elapsed:.0f}s of its {limit:.0f}s time budget. Wrap up soon.",
+        default="This run has used {elapsed:.0f}s of its {limit:.0f}s time budget. Plan to "
+        "finish within the time left.",
         description="the warning ({elapsed}, {limit}, {left}, {percent})",
     )
     stop_message: str = Field(

@@ -3,20 +3,24 @@
 ``max_context``
     the size of one request: its estimated prompt (``request.estimated_tokens``) plus the
     output reserved for the answer (``request.max_output_tokens`` when set, else
-    ``reserve_output_tokens``).  Stop reason ``max_context``.
+    ``reserve_output_tokens``).  Stop reason ``max_context``.  Unset (the default), it is
+    ``context_fraction`` of the model's context window (``[model] context_window``, else the
+    table of known models, else a conservative 32,768 -- see :mod:`loopwarden.models.windows`).
 ``max_total_tokens``
     the run's billed tokens (``run.usage``: prompt + completion, summed over calls).  A run's
     profile (``[profiles.*] max_tokens``) overrides it.  Stop reason ``max_tokens``.
 
 Reserve, then reconcile.  Before a call (``before_model``) the plugin projects the usage once
-this call is made, and once the next one is made too -- assuming the next prompt grows as much
-as the last one did, and at least by this call's reserved output:
+this call is made, and once the next one is made too -- assuming the next prompt grows by the
+median of the recent growths (the reserved output counting as the first), so one large
+parallel batch of results is not assumed to repeat at every step:
 
 * this call does not fit -> **hard stop** (the best-effort answer, at once);
 * this call fits, the next would not -> **soft stop**: this call becomes the final tool-less
   turn, because one final turn still fits;
 * the next call would pass ``warn_at`` of a limit -> **warn** once (the note reaches the
-  model in that next request).
+  model in that next request).  The context carries on through a conversation, so its
+  warning is given once per conversation; the per-run total's once per run.
 
 After a call (``after_response``) the real ``usage`` is accounted; a response that reported no
 usage is counted with the estimates.  If the real usage already reached ``max_total_tokens``,
@@ -30,15 +34,23 @@ English alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
 from loopwarden import ModelRequest, ModelResponse, Plugin, PluginSettings, Run, Verdict, hookimpl
 from loopwarden.plugins._budgets import Rung, check_templates, ladder, percent
 
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+
 __all__ = ["TokenBudget", "TokenBudgetSettings"]
+
+log = logging.getLogger("loopwarden.plugins.token_budget")
+_GROWTH_WINDOW = 5
 
 _TEMPLATE_FIELDS = {"used": 5600, "limit": 8000, "percent": 70}
 
@@ -46,13 +58,18 @@ _TEMPLATE_FIELDS = {"used": 5600, "limit": 8000, "percent": 70}
 class TokenBudgetSettings(PluginSettings):
     """``[plugins.token_budget]``."""
 
-    max_context: int = Field(
-        default=8000, ge=1,
+    max_context: int | None = Field(
+        default=None, ge=1,
         description="largest request allowed, in tokens: the estimated prompt plus the output "
-        "reserved for its answer",
+        "reserved for its answer; unset: context_fraction of the model's context window",
+    )
+    context_fraction: float = Field(
+        default=0.8, gt=0, le=1,
+        description="with max_context unset: the share of the model's context window "
+        "([model] context_window, else the table of known models) a request may fill",
     )
     max_total_tokens: int = Field(
-        default=200000, ge=1,
+        default=400_000, ge=1,
         description="billed tokens (prompt + completion, all calls) allowed per run; a run "
         "profile's max_tokens overrides it",
     )
@@ -62,18 +79,18 @@ class TokenBudgetSettings(PluginSettings):
         "request's max_output_tokens when it sets one)",
     )
     warn_at: float | None = Field(
-        default=0.7, gt=0, le=1,
+        default=0.8, gt=0, le=1,
         description="warn once per limit when the next call would pass this fraction of it; "
         "unset it to never warn",
     )
     context_warning: str = Field(
         default="The conversation is at {percent}% of its context budget ({used} of {limit} "
-        "tokens). Keep tool results short and wrap up soon.",
+        "tokens). Keep tool results short and plan to finish within it.",
         description="the warning for max_context ({used}, {limit}, {percent})",
     )
     total_warning: str = Field(
         default="This run has used {percent}% of its token budget ({used} of {limit} tokens). "
-        "Wrap up soon.",
+        "Plan the remaining work within it.",
         description="the warning for max_total_tokens ({used}, {limit}, {percent})",
     )
     context_stop_message: str = Field(
@@ -97,10 +114,15 @@ class TokenBudgetSettings(PluginSettings):
 @dataclass(slots=True)
 class _State:
     last_prompt: int | None = None  # the previous call's estimated prompt
+    growths: deque[int] = field(default_factory=lambda: deque(maxlen=_GROWTH_WINDOW))
     in_flight: int = 0  # the estimated prompt of the call being made
     unbilled: int = 0  # estimated tokens of responses that reported no usage
-    warned_context: bool = False
     warned_total: bool = False
+
+
+@dataclass(slots=True)
+class _ConversationState:
+    warned_context: bool = False  # the context carries on: one warning per conversation
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +143,37 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
     name = "token_budget"
     Settings = TokenBudgetSettings
 
+    def __init__(self, settings: TokenBudgetSettings | None = None) -> None:
+        super().__init__(settings)
+        self.max_context, self.context_source = self._context_limit(None)
+
+    def _context_limit(self, deployment: Deployment | None) -> tuple[int, str]:
+        s = self.settings
+        if s.max_context is not None:
+            return s.max_context, "plugins.token_budget.max_context"
+        from loopwarden.models.windows import context_window
+
+        model = deployment.config.model if deployment is not None else None
+        window, source = (model.window() if model is not None
+                          else context_window(None))
+        return max(1, int(window * s.context_fraction)), (
+            f"{s.context_fraction:g} of the context window {window} ({source})")
+
+    def connect(self, deployment: Deployment) -> None:
+        """Size ``max_context`` from the deployment's model (when not set explicitly)."""
+        self.max_context, self.context_source = self._context_limit(deployment)
+        model = deployment.config.model
+        if self.settings.max_context is None and model.window()[1] == "default":
+            log.warning(
+                "model %r: context window unknown, assuming %d tokens (max_context %d); set "
+                "[model] context_window in %s", model.name, model.window()[0],
+                self.max_context, deployment.config.path or "the config")
+
     def new_state(self) -> _State:
         return _State()
+
+    def new_conversation_state(self) -> _ConversationState:
+        return _ConversationState()
 
     def total_limit(self, run: Run) -> int:
         """The run's total-token limit: its profile's, else ``max_total_tokens``."""
@@ -140,18 +191,24 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         prompt = request.estimated_tokens
         reserve = request.max_output_tokens or s.reserve_output_tokens
         growth = 0 if st.last_prompt is None else max(0, prompt - st.last_prompt)
+        growths = st.growths
+        if st.last_prompt is not None:
+            growths.append(growth)
+        expected = _median(reserve, growths)
         this_call = prompt + reserve
-        next_call = prompt + max(growth, reserve) + reserve
+        next_call = prompt + expected + reserve
         st.last_prompt = st.in_flight = prompt
+        conv: _ConversationState = self.conversation_state(run)
+        max_context = run.limits.max_context or self.max_context
         spent = self.spent(run)
         total = self.total_limit(run)
         final = request.final
         warn_at = s.warn_at
         checks = [
             _Check("max_context", ladder(
-                this_call, next_call, s.max_context, final=final,
-                warn_level=None if warn_at is None or st.warned_context
-                else s.max_context * warn_at), this_call, next_call, s.max_context),
+                this_call, next_call, max_context, final=final,
+                warn_level=None if warn_at is None or conv.warned_context
+                else max_context * warn_at), this_call, next_call, max_context),
             _Check("max_tokens", ladder(
                 spent + this_call, spent + this_call + next_call, total, final=final,
                 warn_level=None if warn_at is None or st.warned_total else total * warn_at),
@@ -160,7 +217,9 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         worst = min(checks, key=lambda c: _SEVERITY[c.rung])  # ties: max_context first
         evidence: dict[str, Any] = dict(
             estimate=prompt, reserved_output=reserve, spent=spent, growth=growth,
-            max_context=s.max_context, max_total_tokens=total,
+            expected_growth=expected, max_context=max_context,
+            context_source=f"profile {run.limits.name}" if run.limits.max_context
+            else self.context_source, max_total_tokens=total,
             total_source=f"profile {run.limits.name}" if run.limits.max_tokens
             else "plugins.token_budget",
         )
@@ -181,7 +240,7 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
                 continue
             used = c.after
             if c.reason == "max_context":
-                st.warned_context = True
+                conv.warned_context = True
                 template = s.context_warning
             else:
                 st.warned_total = True
@@ -212,3 +271,9 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
                 reconciled=True, usage_reported=response.usage is not None,
             )
         return None
+
+
+def _median(prior: int, growths: deque[int]) -> int:
+    """The median of ``prior`` and the recent ``growths`` (the upper one of an even count)."""
+    values = sorted((prior, *growths))
+    return values[len(values) // 2]

@@ -37,7 +37,7 @@ _TEMPLATE_FIELDS = {"name": "query_order", "limit": 30, "used": 30, "scope": "ru
 class ToolCallsSettings(PluginSettings):
     """``[plugins.tool_calls]``."""
 
-    max_tool_calls: int = Field(default=30, ge=1, description="tool calls allowed per run")
+    max_tool_calls: int = Field(default=40, ge=1, description="tool calls allowed per run")
     max_per_tool: int | None = Field(
         default=None, ge=1,
         description="tool calls allowed per tool name, for every declared tool; unset: no "
@@ -59,7 +59,7 @@ class ToolCallsSettings(PluginSettings):
         "stops at once",
     )
     warn_at: float | None = Field(
-        default=0.7, gt=0, le=1,
+        default=0.8, gt=0, le=1,
         description="warn once when the run's count reaches this fraction of max_tool_calls; "
         "unset it to never warn",
     )

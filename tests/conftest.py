@@ -11,6 +11,9 @@ import pytest
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
 
+# the shared-store fixtures: store_url (SQLite and Redis), redis_server
+pytest_plugins = ["store_support"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory,

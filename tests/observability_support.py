@@ -133,4 +133,4 @@ def blocked(alert: dict[str, Any]) -> None:
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
     """A run record without the fields that differ between identical runs."""
-    return {k: v for k, v in record.items() if k not in ("run_id", "elapsed_s")}
+    return {k: v for k, v in record.items() if k not in ("run_id", "elapsed_s", "conversation_id")}

@@ -15,7 +15,13 @@ import pytest
 from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
 
@@ -117,18 +123,20 @@ def test_warnings_reach_the_model_as_messages(tmp_path: Path) -> None:
                          middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
     out = agent.invoke({"messages": [HumanMessage("Where is my order 99999?")]})
     dep.close()
-    notes = [m for m in seen[-1] if isinstance(m, HumanMessage)
-             and str(m.content).startswith("[loopwarden] ")]
+    role = HumanMessage if dep.config.run.warning_role == "user" else SystemMessage
+
+    def is_note(m: BaseMessage) -> bool:
+        return isinstance(m, role) and str(m.content).startswith("[loopwarden] ")
+
+    notes = [m for m in seen[-1] if is_note(m)]
     assert len(notes) >= 2  # the repeat warning, then the wrap-up instruction
     assert "already made" in str(notes[0].content)
     # kept in the agent's messages, each just before the model's answer to it
     kept = out["messages"]
     for i, m in enumerate(kept):
-        if isinstance(m, HumanMessage) and str(m.content).startswith("[loopwarden] "):
-            assert isinstance(kept[i + 1], (HumanMessage, AIMessage))
-    assert [str(m.content) for m in notes] == [
-        str(m.content) for m in kept
-        if isinstance(m, HumanMessage) and str(m.content).startswith("[loopwarden] ")]
+        if is_note(m):
+            assert is_note(kept[i + 1]) or isinstance(kept[i + 1], AIMessage)
+    assert [str(m.content) for m in notes] == [str(m.content) for m in kept if is_note(m)]
 
 
 def test_the_frameworks_own_limit_ends_the_run_with_a_record(tmp_path: Path) -> None:

@@ -123,3 +123,21 @@ def test_refused_arguments_do_not_hold_up_the_next_call(tmp_path: Path) -> None:
     assert rec["termination"] == "final_answer"
     (note,) = rec["evidence"]["adapter"]
     assert "not run by the framework: arguments refused" in note
+
+
+def test_a_side_effect_runs_once_across_runs(tmp_path: Path) -> None:
+    """The deployment's shared ledger holds for framework runs too: the same refund asked for
+    in a second run (a second conversation) is answered from the first."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    script = Script([[REFUND]], final="Refunded.")
+    agent = make_agent(script, effects, dep)
+    agent.run_sync("Refund 88231")
+    script._turn = 0
+    second = agent.run_sync("Refund 88231, please")
+    dep.close()
+    assert effects.counts == {"apply_refund": 1}
+    replayed = [p.model_response_str() for m in second.all_messages()
+                if isinstance(m, pm.ModelRequest) for p in m.parts
+                if isinstance(p, pm.ToolReturnPart)]
+    assert "refund #1 created" in replayed[0] and len(records(tmp_path)) == 2

@@ -34,10 +34,12 @@ def test_import_loopwarden_imports_no_framework() -> None:
 def test_tool_natures_come_from_config_and_the_adapter_argument(tmp_path: Path) -> None:
     dep = deployment(tmp_path)  # [tools.apply_refund] side_effect, idempotency_keys order_id
     g = GuardedRun(dep, user="hi", natures={"query_order": {"deterministic": False},
-                                            "apply_refund": {"retryable": True}})
+                                            "apply_refund": {"retryable": True},
+                                            "lookup": {"read_only": True}})
     g.declare("apply_refund")
     g.declare("query_order")
     g.declare("get_weather")
+    g.declare("lookup")  # by name a side effect; declared read-only below
     tools = g.run.tools
     assert tools is not None
     refund, query, weather = (tools.get(n) for n in ("apply_refund", "query_order", "get_weather"))
@@ -46,6 +48,8 @@ def test_tool_natures_come_from_config_and_the_adapter_argument(tmp_path: Path) 
     assert refund.is_retryable(RuntimeError("429"))  # the adapter argument adds to the table
     assert query.read_only and not query.deterministic  # inferred, then overridden
     assert weather.read_only and weather.deterministic  # inferred from the name
+    lookup = tools.get("lookup")
+    assert lookup is not None and lookup.read_only and not lookup.side_effect  # consistent
     g.finish()
     dep.close()
 

@@ -17,7 +17,8 @@ from loopwarden.config import default_config_path, parse_config
 from loopwarden.scenario import builtin_scenarios, load_scenario, scenario_path
 from loopwarden.tools.shop import Shop, default_data_dir
 
-BUDGET_PLUGINS = ["timeout", "token_budget", "cost_budget", "tool_calls", "retry_policy",
+BUDGET_PLUGINS = ["timeout", "token_budget", "cost_budget", "tool_calls", "conversation_limits",
+                  "retry_policy",
                   "terminal_tool"]
 SCENARIOS = ["never-finish", "token-flood", "retry-storm", "slow-tool", "transfer-loop"]
 
@@ -67,7 +68,8 @@ def test_never_finish(shipped_config: Config) -> None:
     rec, _ = _run("never-finish", shipped_config)
     assert rec["termination"] == "max_steps" and rec["soft"] is True
     assert rec["stopped_by"] == "max_steps" and rec["steps"] == 10
-    assert rec["evidence"] == {"limit": 10, "steps": 9, "source": "plugins.max_steps"}
+    # the scenario keeps the worked example's tight limits through the "demo" profile
+    assert rec["evidence"] == {"limit": 10, "steps": 9, "source": "profile demo"}
     assert rec["final_answer_present"] is True
     assert rec["final_answer"] == load_scenario(scenario_path("never-finish")).model.final_text
     assert {"step": 8, "plugin": "max_steps",
@@ -192,7 +194,8 @@ def test_shipped_config_sets_every_budget_setting_at_its_default(shipped_config:
         assert lp.settings == default, lp.name
         fields = set(type(lp.settings).model_fields)
         unset = fields - set(tables[lp.name])
-        assert unset <= {"max_per_tool"}, (lp.name, unset)  # None defaults stay commented out
+        # None defaults stay commented out
+        assert unset <= {"max_per_tool", "max_context", "max_cost"}, (lp.name, unset)
 
 
 def test_every_setting_is_described() -> None:

@@ -178,13 +178,13 @@ def test_reserved_output_is_priced_in() -> None:
 
 
 def test_warns_once_at_70_percent() -> None:
-    p = plugin(max_cost=100)
+    p = plugin(max_cost=100, warn_at=0.7)
     run = started(p)
     assert p.before_model(run, request(run, 34)) is None  # after the next call: 68
     v = p.before_model(run, request(run, 35))  # growth 1: 35 + 36 = 71 >= 70
     assert isinstance(v, Warn)
     assert v.message == ("This run has spent 71% of its cost budget (71.00 of 100.00 USD). "
-                         "Wrap up soon.")
+                         "Plan the remaining work within it.")
     assert p.before_model(run, request(run, 35)) is None
 
 

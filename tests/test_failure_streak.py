@@ -101,12 +101,39 @@ def test_skipped_results_are_ignored() -> None:
     assert got == [None, None, None, "warn", "stop:failure_streak"]
 
 
-def test_parallel_failures_in_one_turn_count_one_by_one() -> None:
+def test_a_parallel_batch_is_one_round() -> None:
     f = feed()
     calls = [f.call("lookup", {"key": str(i)}, index=i) for i in range(3)]
     f.respond("", calls)
     got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
-    assert got == [None, "warn", "stop:failure_streak"]
+    assert got == [None, None, None]  # one failed round, judged at its last call
+    for turn in (2, 3):
+        f.run.step = turn
+        calls = [f.call("lookup", {"key": f"{turn}{i}"}, index=i) for i in range(3)]
+        f.respond("", calls)
+        got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
+    assert got == [None, None, "stop:failure_streak"]
+    assert f.verdicts[-1].evidence["count"] == 3
+
+
+def test_one_success_in_a_batch_resets_the_streak() -> None:
+    f = feed()
+    for turn in range(1, 6):
+        f.run.step = turn
+        calls = [f.call("lookup", {"key": f"{turn}{i}"}, index=i) for i in range(2)]
+        f.respond("", calls)
+        f.after(calls[0], fail("ERROR"))
+        assert f.after(calls[1], ok("found")) is None
+    assert f.verdicts == []
+
+
+def test_neutral_tools_neither_count_nor_reset() -> None:
+    f = feed()
+    got = []
+    for i in range(3):
+        got += kinds([f.after(f.call("lookup", {"key": str(i)}), fail("ERROR"))])
+        got += kinds([f.after(f.call("think", {"thought": "hmm"}), ok("thought noted"))])
+    assert got == [None, None, "warn", None, "stop:failure_streak", None]
 
 
 def test_warning_text() -> None:
@@ -129,11 +156,26 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     for i in range(10_000):
         r = fail(f"ERROR {i}") if rng.random() < 0.9 or i == 9_999 else ok("fine")
         f.after(f.call("lookup", {"key": str(i)}), r)
-    st = f.run.state["failure_streak"]
+    st = f.run.conversation.state["failure_streak"]  # across_turns: the conversation's streak
     assert st.streak > 0
     assert len(st.failures) <= 5
     # the evidence it would report is bounded too
     f2 = feed(stop_after=3)
     for i in range(50):
         f2.after(f2.call("lookup", {"key": str(i)}), fail("x"))
-    assert len(f2.run.state["failure_streak"].failures) == 3
+    assert len(f2.run.conversation.state["failure_streak"].failures) == 3
+
+
+def test_the_streak_carries_on_into_the_next_user_turn() -> None:
+    f = feed()
+    for _ in range(2):
+        f.after(f.call("book", {"amount": 1}), fail("ERROR: payment does not add up"))
+    nxt = Feed(f.plugin)
+    nxt.run.conversation = f.run.conversation  # the user answered: the next run
+    assert kinds([nxt.after(nxt.call("book", {"amount": 2}), fail("ERROR: again"))]) == [
+        "stop:failure_streak"]
+    alone = Feed(FailureStreak(FailureStreakSettings(across_turns=False)))
+    for _ in range(2):
+        alone.after(alone.call("book", {"amount": 1}), fail("ERROR"))
+    fresh = Feed(alone.plugin)
+    assert fresh.after(fresh.call("book", {"amount": 2}), fail("ERROR")) is None

@@ -262,10 +262,13 @@ class _RefStall:
             self.streak = 0
             return None
         self.streak += 1
-        evidence = dict(streak=self.streak, threshold=s.stop_after, similarity=round(best, 3),
+        # (with "any" every stalled round is strong: strong == streak, rule "repeat")
+        evidence = dict(count=self.streak, streak=self.streak, strong=self.streak,
+                        threshold=s.stop_after, sweep_threshold=s.sweep_stop_after,
+                        similarity=round(best, 3),
                         similarity_threshold=s.similarity, window=s.window, tool=call.name,
                         fingerprint=call.fingerprint, signature=call.signature(),
-                        digest=result.digest, step=step)
+                        digest=result.digest, step=step, rule="repeat")
         fields = dict(count=self.streak, tool=call.name)
         if self.streak >= s.stop_after:
             return ("stop", s.soft, s.stop_message.format(**fields), evidence)

@@ -281,7 +281,8 @@ def test_warning_is_injected_into_the_next_request_and_recorded() -> None:
     run = deployment({"nag": p}, max_steps=4).run("q", model=model)
     second = model.requests[1]
     assert second.notes == ["3 steps left"]
-    assert {"role": "user", "content": "[loopwarden] 3 steps left"} in run.messages
+    # a system note by default: a guard's note never reaches the model as the user's words
+    assert {"role": "system", "content": "[loopwarden] 3 steps left"} in run.messages
     assert run.record()["warnings"][0] == {"step": 1, "plugin": "nag", "message": "3 steps left"}
 
 
@@ -299,7 +300,7 @@ def test_soft_stop_grants_one_final_turn_without_tools(hook: str) -> None:
     assert rec["final_answer"] == "best answer from what I know"
     assert rec["final_answer_present"] is True
     # the stopped turn's tool calls are answered, so the final request is well-formed
-    assert run.messages[-2]["role"] in ("tool", "user")
+    assert run.messages[-2]["role"] in ("tool", "system")
 
 
 def test_soft_stop_in_before_model_turns_that_call_into_the_final_turn() -> None:

@@ -69,7 +69,7 @@ def test_no_warning_for_a_final_answer_or_when_switched_off() -> None:
 
 
 def test_warning_text_is_configurable_and_checked() -> None:
-    s = MaxStepsSettings(message="只剩 {remaining} 步（上限 {limit}）")
+    s = MaxStepsSettings(message="只剩 {remaining} 步（上限 {limit}）", max_steps=10)
     run = make_run()
     run.step = 8
     v = MaxSteps(s).after_response(run, response())

@@ -24,7 +24,8 @@ def _metrics(**settings: Any) -> Metrics:
 def _deployment(make_config: Callable[..., Config], factory: Callable[..., Deployment],
                 **metrics: Any) -> Deployment:
     names, objects = repeat_guard()
-    plugins: dict[str, Any] = {"enabled": ["max_steps", *names, "metrics"]}
+    plugins: dict[str, Any] = {"enabled": ["max_steps", *names, "metrics"],
+                               "max_steps": {"max_steps": 10}}
     if metrics:
         plugins["metrics"] = metrics
     return factory(make_config(plugins=plugins), plugins=objects, clock=FakeClock())

@@ -148,16 +148,18 @@ def test_steps_wasted_after_onset() -> None:
 def test_targets_say_met_or_missed() -> None:
     checks = quality.check_targets({"recall_pct": 100.0, "healthy_stopped": 1,
                                     "wasted_median": 1.0,
-                                    "replay_step_cap_runs_stopped_pct": 75.0})
+                                    "replay_runaway_runs_stopped_pct": 75.0,
+                                    "replay_successful_warned_pct": 5.0})
     met = {c["target"]: c["met"] for c in checks}
     assert met == {"recall_pct": True, "healthy_stopped": False, "wasted_median": True,
-                   "replay_step_cap_runs_stopped_pct": False}
+                   "replay_runaway_runs_stopped_pct": False,
+                   "replay_successful_warned_pct": True}
     text = quality.report(
         quality.scenario_metrics([_pair(2), _pair(None, termination="final_answer",
                                                   stopped_by=None)]),
         None, checks)
     assert "MISSED healthy scenarios stopped: 1 (target <= 0)" in text
-    assert "MISSED real step-cap runs stopped (%): 75 (target >= 90)" in text
+    assert "MISSED real runaway runs stopped (%): 75 (target >= 90)" in text
     assert "met    recall: 100 (target >= 100)" in text
 
 
@@ -185,10 +187,11 @@ def test_quality_runs_end_to_end_on_a_few_scenarios_and_a_small_replay(
     assert sc["wasted_by_scenario"] == {"rep-not-found-zh": 3}
     assert sc["tokens"]["runaways"]["ratio"] > 5
     assert out["replay"]["step_cap_runs_stopped"] == 1
-    assert out["replay"]["successful_stopped_early"] == 0
+    assert out["replay"]["successful_stopped_with_work_left"] == 0
     met = {t["target"]: t["met"] for t in out["targets"]}
     assert met["wasted_median"] is False and met["recall_pct"] is True
-    assert met["replay_step_cap_runs_stopped_pct"] is True
+    assert met["replay_runaway_runs_stopped_pct"] is True
+    assert met["replay_successful_stopped_with_work_left_pct"] is True
 
 
 def test_profiles_named_by_the_corpus_exist() -> None:

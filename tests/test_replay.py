@@ -388,3 +388,227 @@ def test_lines_of_the_wrong_shape_are_unreadable_not_fatal(tmp_path: Path) -> No
                     encoding="utf-8")
     got = [t for _, t in iter_trajectories(path)]
     assert [t["id"] if t else None for t in got] == ["ok", None, None, None, None]
+
+
+# -- realistic replay: recorded request sizes, stop kinds, warnings, runaways ---------------
+
+
+class Sizes(Plugin):
+    """Records the request size every ``before_model`` sees (final turns included)."""
+
+    name = "sizes"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, bool]] = []
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        self.seen.append((request.estimated_tokens, request.final))
+        return None
+
+
+def test_requests_are_sized_by_the_recorded_prompt_tokens() -> None:
+    sizes = Sizes()
+    with Deployment(cfg(), plugins={"sizes": sizes}) as dep:
+        t = traj("sized", [lookup("1", usage=(5200, 10)), lookup("2", usage=(5600, 10)),
+                           lookup("3", usage=None), step("Done.", usage=(6100, 20))])
+        replay_trajectory(dep, t)
+    got = [n for n, _ in sizes.seen]
+    assert got[0] == 5200 and got[1] == 5600 and got[3] == 6100
+    # an unrecorded request: the estimate plus the gap measured at the last recorded one,
+    # so it follows the real size (between its neighbours), not the small estimate
+    assert 5600 < got[2] < 6100
+
+
+def test_system_prompt_tokens_stand_in_for_what_the_recording_leaves_out() -> None:
+    def first_sizes(n: int | None) -> list[int]:
+        sizes = Sizes()
+        with Deployment(cfg(), plugins={"sizes": sizes}) as dep:
+            t = traj("plain", [lookup("1", usage=None), lookup("2", usage=None),
+                               step("Done.", usage=None)])
+            replay_trajectory(dep, t, system_prompt_tokens=n)
+        return [s for s, _ in sizes.seen]
+
+    plain, with_prompt = first_sizes(None), first_sizes(5000)
+    assert len(plain) == len(with_prompt) == 3
+    gaps = {b - a for a, b in zip(plain, with_prompt, strict=True)}
+    assert len(gaps) == 1  # one constant gap on every request
+    gap = gaps.pop()
+    # the configured system prompt (estimated) is replaced by the 5000 tokens
+    assert 4800 < gap < 5000
+    # recorded usage wins over the stand-in
+    sizes = Sizes()
+    with Deployment(cfg(), plugins={"sizes": sizes}) as dep:
+        replay_trajectory(dep, traj("rec", [lookup("1", usage=(3000, 5)), step("ok")]),
+                          system_prompt_tokens=5000)
+    assert sizes.seen[0][0] == 3000
+
+
+def test_unrecorded_steps_are_billed_at_the_estimates(
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    """Without recorded usage the run's token budget still counts what the calls cost."""
+    config = parse_config({"plugins": {
+        "enabled": ["max_steps", "token_budget"],
+        "max_steps": {"max_steps": 50, "warn_remaining": 0},
+        "token_budget": {"max_context": 100000, "max_total_tokens": 20000, "warn_at": None,
+                         "reserve_output_tokens": 100}}}, path="<t>")
+    dep = deployment_factory(config)
+    t = traj("billed", [lookup(str(i), usage=None) for i in range(10)] + [step("ok", usage=None)])
+    assert replay_trajectory(dep, t).stop is None  # small estimated requests fit
+    r = replay_trajectory(dep, t, system_prompt_tokens=5000)
+    assert r.stop is not None and r.stop["reason"] == "max_tokens"
+    assert 3 <= r.stop["step"] <= 4  # about 5,000 tokens a call against 20,000
+
+
+def test_stops_are_classified_by_what_they_cut_from_their_own_run(
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    # run 1 = three steps, run 2 = two; a stop before call 3 of a run replaces run 1's
+    # closing text only: the user got an answer, so the conversation goes on with run 2
+    conv = traj("closing", [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"),
+                            lookup("3"), step("Done.")])
+    work = traj("work", [lookup("1"), lookup("2"), lookup("3"), step("Done.")])
+    # the same closing-text stop, then a run whose third call is cut: work was left
+    later = traj("later", [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"),
+                           lookup("3"), lookup("4"), lookup("5"), step("Done.")])
+    with Deployment(cfg(), plugins={"probe": Probe(stop_before_call=3)}) as dep:
+        closing, cut, late = (replay_trajectory(dep, t) for t in (conv, work, later))
+    assert (closing.stop_kind, closing.calls_cut_in_run, closing.calls_cut) == (
+        "closing_text", 0, 0)
+    assert closing.runs == 2 and closing.closing_stops == 1
+    assert closing.stop is not None and closing.stop["step"] == 3
+    assert not closing.ended_early and closing.steps_after_stop == 0
+    assert (cut.stop_kind, cut.calls_cut_in_run, cut.closing_stops) == ("work_left", 1, 0)
+    assert cut.ended_early
+    assert (late.stop_kind, late.calls_cut_in_run, late.closing_stops) == ("work_left", 1, 1)
+    assert late.stop is not None and late.stop["step"] == 6
+    config = parse_config({"plugins": {"enabled": ["max_steps", "terminal_tool"],
+                                       "max_steps": {"max_steps": 50, "warn_remaining": 0}}},
+                          path="<t>")
+    hand = traj("hand", [step(None, [("transfer_to_human_agents", {"summary": "x"})],
+                              ["Transfer successful"]), lookup("late"), step("Bye.")])
+    handed = replay_trajectory(deployment_factory(config), hand)
+    assert handed.stop is not None and handed.stop["reason"] == "terminal_tool"
+    assert handed.stop_kind == "hand_off" and handed.calls_cut_in_run == 1
+    s = summarize([closing, cut, late, handed])
+    assert s["successful"] == 4
+    assert s["successful_stopped_with_work_left"] == 2
+    assert s["successful_stopped_with_work_left_by_reason"] == {"probe_cap": 2}
+    assert s["successful_stopped_closing_text_only"] == 1
+    assert s["successful_stopped_at_hand_off"] == 1
+    # the earlier figure counted a hand-off that cut a call as an early stop too
+    assert s["successful_stopped_early"] == 3
+
+
+class TurnCap(Plugin):
+    """Stops every run after the second of a conversation, as a conversation-scope limit."""
+
+    name = "turn_cap"
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        if run.conversation.runs >= 2 and not request.final:
+            return self.stop("max_turns", soft=False, scope="conversation")
+        return None
+
+
+def test_a_conversation_scope_stop_ends_the_conversation(
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    """A per-run stop of a closing text lets the conversation go on; a stop of the
+    conversation itself ends it, even in a turn without tool calls."""
+    chat = traj("chat", [step(f"Reply {i}.", user_reply="And?") for i in range(5)]
+                + [step("Bye.")], success=False, termination="max_steps")
+    dep = deployment_factory(cfg(), plugins={"turn_cap": TurnCap()})
+    r = replay_trajectory(dep, chat)
+    assert r.stop is not None and r.stop["reason"] == "max_turns" and r.stop["step"] == 3
+    assert r.runs == 3 and r.closing_stops == 0
+    assert (r.stop_kind, r.steps_after_stop) == ("closing_text", 3)
+    assert r.ended_early
+    assert summarize([r])["runaway_runs_stopped"] == 1
+
+
+def test_warned_runs_are_counted_by_plugin(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    dep = probe_deployment()
+    warned = traj("w1", [step(None, [("warn_me", {})], ["x"]), step("ok")])
+    warned_later = traj("w2", [step("Hi", user_reply="go"), step(None, [("warn_me", {})],
+                                                                   ["x"]), step("ok")])
+    quiet = traj("q", [lookup("1"), step("ok")])
+    failed = traj("f", [step(None, [("warn_me", {})], ["x"]), step("ok")], success=False)
+    results = [replay_trajectory(dep, t) for t in (warned, warned_later, quiet, failed)]
+    assert [r.warned_by for r in results] == [["probe"], ["probe"], [], ["probe"]]
+    s = summarize(results)
+    assert s["successful"] == 3 and s["successful_warned"] == 2
+    assert s["successful_warned_pct"] == 66.7
+    assert s["successful_warned_by_plugin"] == {"probe": 2}
+
+
+def test_repeat_streak_counts_one_call_in_a_row() -> None:
+    from loopwarden.replay import repeat_streak
+
+    same = ("get_record", {"key": "7"})
+    # text turns between the calls do not break a streak; a different call does
+    steps = [step(None, [same]), step("Still checking.", user_reply="ok"),
+             step(None, [same, same]), step(None, [same])]
+    assert repeat_streak(steps) == 4
+    assert repeat_streak([*steps, step(None, [("get_record", {"key": "8"})]),
+                          step(None, [same])]) == 4
+    # argument order and JSON-text arguments do not matter
+    a = {"name": "f", "arguments": {"x": 1, "y": 2}}
+    b = {"name": "f", "arguments": '{"y": 2, "x": 1}'}
+    assert repeat_streak([{"tool_calls": [a, b]}]) == 2
+
+
+def test_runaways_are_step_cap_runs_and_runs_repeating_one_call(
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    dep = probe_deployment(stop_before_call=4)
+    capped = traj("capped", [lookup(str(i)) for i in range(6)], success=False, answer=False,
+                  termination="max_steps")
+    errors = traj("errors", [lookup(str(i)) for i in range(2)] + [step("x")], success=False,
+                  termination="too_many_errors")  # stopped by nothing: too short
+    # the same lookup once per user turn, five turns: only conversation scope sees it
+    repeated = traj("repeated", [s for i in range(5) for s in
+                                 (lookup("7"), step(f"Still pending ({i}).",
+                                                    user_reply="Check again?"))],
+                    success=False, termination="user_stop")
+    looping = traj("looping", [lookup("7") for _ in range(6)] + [step("ok")],
+                   success=False, termination="user_stop")
+    healthy = traj("healthy", [lookup("1"), lookup("2"), step("ok")])
+    s = summarize([replay_trajectory(dep, t)
+                   for t in (capped, errors, repeated, looping, healthy)])
+    assert s["runaway_runs"] == 4
+    assert (s["step_cap_runs"], s["step_cap_runs_stopped"]) == (2, 1)
+    assert (s["repeat_runs"], s["repeat_runs_stopped"]) == (2, 1)
+    assert s["runaway_runs_stopped"] == 2 and s["runaway_runs_stopped_pct"] == 50.0
+    assert s["runaway_runs_missed"] == ["errors", "repeated"]
+    assert s["runaway_stops_by_reason"] == {"probe_cap": 2}
+    assert s["runaway_runs_successful"] == 0
+
+
+def test_cli_replay_summary_json_and_system_prompt_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        traj("a", [lookup("1", usage=None), lookup("2", usage=None), step("ok", usage=None)]),
+    ])
+    conf = tmp_path / "c.toml"
+    conf.write_text('[plugins]\nenabled = ["max_steps", "token_budget"]\n'
+                    '[plugins.token_budget]\nmax_context = 4000\nwarn_at = 0.99\n',
+                    encoding="utf-8")
+    args = ["replay", str(path), "--summary", "--json", "--config", str(conf)]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)  # one object: the summary alone
+    assert plain["successful_stopped_with_work_left"] == 0
+    assert plain["system_prompt_tokens"] is None
+    assert main([*args, "--system-prompt-tokens", "5000"]) == 0
+    big = json.loads(capsys.readouterr().out)
+    assert big["system_prompt_tokens"] == 5000
+    assert big["successful_stopped_with_work_left"] == 1
+    assert big["successful_stopped_with_work_left_by_reason"] == {"max_context": 1}
+    assert main([*args, "--system-prompt-tokens", "-1"]) == 2
+    assert "--system-prompt-tokens" in capsys.readouterr().err

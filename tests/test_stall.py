@@ -19,9 +19,10 @@ def feed(**settings: Any) -> Feed:
 
 
 def observe(f: Feed, *results: Any) -> list[str | None]:
+    """One call per result, each a rephrasing of one search (free-text queries)."""
     out = []
     for i, r in enumerate(results):
-        c = f.call("lookup", {"key": str(i)})
+        c = f.call("lookup", {"query": f"search phrased way {i}"})
         out.append(kinds([f.after(c, r if not isinstance(r, str) else ok(r))])[0])
     return out
 
@@ -97,12 +98,39 @@ def test_repeated_failures_stall_too() -> None:
     assert got[-1] == "stop:stall"
 
 
-def test_parallel_results_in_one_turn_are_counted_one_by_one() -> None:
+def test_a_parallel_batch_is_one_round() -> None:
+    """Twelve empty searches in one turn are one stalled round, not a stall of twelve."""
     f = feed()
-    calls = [f.call("lookup", {"key": str(i)}, index=i) for i in range(4)]
+    calls = [f.call("lookup", {"query": f"search phrased way {i}"}, index=i) for i in range(12)]
     f.respond("", calls)
     got = [kinds([f.after(c, ok(NOTHING))])[0] for c in calls]
+    assert got == [None] * 12
+    # judged once, when the batch's last result is in: its first result was new
+    assert f.run.stall_rounds == 0
+
+
+def test_rounds_of_batches_still_stall() -> None:
+    f = feed()
+    got = []
+    for turn in range(4):
+        f.run.step = turn + 1
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
+                 for i in range(3)]
+        f.respond("", calls)
+        got.append([kinds([f.after(c, ok(NOTHING))])[0] for c in calls][-1])
     assert got == [None, None, "warn", "stop:stall"]
+
+
+def test_one_novel_result_in_a_batch_keeps_the_round_alive() -> None:
+    f = feed()
+    for turn in range(5):
+        f.run.step = turn + 1
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
+                 for i in range(2)]
+        f.respond("", calls)
+        f.after(calls[0], ok(NOTHING))
+        assert f.after(calls[1], ok(f"found item {turn}")) is None
+    assert f.run.stall_rounds == 0
 
 
 def test_warning_text_and_hard_stop() -> None:
@@ -165,18 +193,46 @@ def test_the_same_answer_to_different_questions_is_not_a_stall() -> None:
     assert got == [None] * 4 and f.run.stall_rounds == 0
 
 
-def test_empty_answers_to_different_questions_are_a_stall() -> None:
-    for empty in (NOTHING, "[]", "No results for this query.", "未找到相关条目", "NOT_FOUND"):
+# the first result is new; then sweep_warn_after (4) and sweep_stop_after (6) stalled rounds
+SWEEP = [None, None, None, None, "warn", None, "stop:stall"]
+
+
+def test_empty_answers_to_a_sweep_of_ids_are_weak_evidence() -> None:
+    """Another date, airport or id with nothing there is a healthy sweep: it stops only
+    after sweep_stop_after rounds of nothing else."""
+    for empty in (NOTHING, "[]", "No results for this query.", "未找到相关条目", "NOT_FOUND",
+                  '{"flights": [], "next_page": null}'):
         f = feed()
-        got = observe_calls(f, *[({"q": q}, empty) for q in ("a", "b", "c", "d")])
+        got = observe_calls(f, *[({"date": f"2024-05-0{d}"}, empty) for d in range(1, 8)])
+        assert got == SWEEP, empty
+
+
+def test_rephrasing_one_search_with_nothing_found_is_strong_evidence() -> None:
+    f = feed()
+    queries = ("refund policy", "return rules", "how to get money back", "refund terms")
+    got = observe_calls(f, *[({"query": q}, "[]") for q in queries])
+    assert got == [None, None, "warn", "stop:stall"]
+    f = feed()
+    got = observe_calls(f, *[({"query": q}, NOTHING) for q in ("退货政策", "退货规则", "怎么退货",
+                                                              "退款条款")])
+    assert got == [None, None, "warn", "stop:stall"]
+
+
+def test_structured_empties_are_recognised() -> None:
+    for empty in ("[]", "{}", '{"results": []}', '{"a": null, "b": {"c": []}}', " null "):
+        f = feed()
+        got = observe_calls(f, *[({"query": f"phrasing number {i}"}, empty) for i in range(4)])
         assert got == [None, None, "warn", "stop:stall"], empty
+    f = feed()  # JSON with content is news for a different call
+    got = observe_calls(f, *[({"date": f"2024-05-0{d}"}, '{"results": [1]}') for d in range(1, 7)])
+    assert got == [None] * 6
 
 
-def test_failures_to_different_questions_are_a_stall() -> None:
+def test_failures_to_different_questions_are_weak_evidence() -> None:
     f = feed()
     bad = ToolResult(content="upstream said 503", ok=False, error="tool_error")
-    got = observe_calls(f, *[({"q": q}, bad) for q in ("a", "b", "c", "d")])
-    assert got == [None, None, "warn", "stop:stall"]
+    got = observe_calls(f, *[({"q": q}, bad) for q in ("a", "b", "c", "d", "e", "f", "g")])
+    assert got == SWEEP
 
 
 def test_the_same_call_with_the_same_answer_is_a_stall() -> None:
@@ -193,8 +249,21 @@ def test_any_counts_every_repeat_the_strict_reading() -> None:
 
 def test_empty_patterns_are_validated_and_configurable() -> None:
     f = feed(empty_patterns=[r"^sold out$"])
-    got = observe_calls(f, *[({"sku": s}, "sold out") for s in ("A", "B", "C", "D")])
-    assert got == [None, None, "warn", "stop:stall"]
+    got = observe_calls(f, *[({"sku": s}, "sold out") for s in ("A", "B", "C", "D", "E", "F", "G")])
+    assert got == SWEEP
     f = feed(empty_patterns=[])
     got = observe_calls(f, *[({"q": q}, NOTHING) for q in ("a", "b", "c", "d")])
     assert got == [None] * 4
+
+
+def test_a_batch_whose_last_call_was_skipped_is_still_judged() -> None:
+    f = feed()
+    got = []
+    for turn in range(4):
+        f.run.step = turn + 1
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
+                 for i in range(2)]
+        f.respond("", calls)
+        f.after(calls[0], ok(NOTHING))
+        got.append(kinds([f.after(calls[1], skipped("cached"))])[0])
+    assert got == [None, None, "warn", "stop:stall"]

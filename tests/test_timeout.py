@@ -80,13 +80,14 @@ def test_profile_overrides_max_seconds() -> None:
 def test_warns_once_at_70_percent() -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
-    p = plugin(max_seconds=100)
+    p = plugin(max_seconds=100, warn_at=0.7)
     clock.advance(69.9)
     assert p.before_model(run, request(run, 10)) is None
     clock.advance(0.1)
     v = p.before_model(run, request(run, 10))
     assert isinstance(v, Warn)
-    assert v.message == "This run has used 70s of its 100s time budget. Wrap up soon."
+    assert v.message == ("This run has used 70s of its 100s time budget. Plan to finish within "
+                         "the time left.")
     assert p.before_model(run, request(run, 10)) is None
 
 

@@ -98,7 +98,7 @@ def test_request_max_output_tokens_is_the_reserve() -> None:
 
 
 def test_context_warns_once_when_the_next_request_passes_70_percent() -> None:
-    p = plugin()  # warn_at 0.7 -> 5600
+    p = plugin(warn_at=0.7)  # -> 5600
     run = make_run()
     assert p.before_model(run, request(run, 5600 - 2 * R - 1)) is None  # next: 5599
     v = p.before_model(run, request(run, 5600 - 2 * R))  # next: growth 1 -> 5600

@@ -108,7 +108,7 @@ def test_max_per_tool_applies_to_declared_tools_and_per_tool_overrides_it() -> N
 
 
 def test_warns_once_at_70_percent() -> None:
-    p = plugin(max_tool_calls=10)
+    p = plugin(max_tool_calls=10, warn_at=0.7)
     run = make_run()
     verdicts = []
     for i in range(10):
@@ -164,7 +164,8 @@ def test_parallel_calls_past_the_cap_end_the_run() -> None:
 
 def test_a_run_cap_across_turns() -> None:
     sc = scenario([turn(call("search_knowledge", query=f"q{i}")) for i in range(6)], then="final")
-    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end"}))
+    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end",
+                                                      "warn_at": 0.7}))
     rec = dep.run(scenario=sc).record()
     assert rec["termination"] == "max_tool_calls" and rec["tools_executed"] == 4
     assert rec["warnings"][0]["plugin"] == "tool_calls"  # 3 of 4 (70% rounded up)

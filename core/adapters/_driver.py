@@ -154,6 +154,8 @@ class GuardedRun:
             meta=dict(meta or {}, adapter=adapter),
             conversation=conversation,
         )
+        # a live run: shared budgets, and the side-effect ledger across runs and processes
+        self.run.shared = deployment.shared
         for m in history:
             self.run.add_message(dict(m))
         if not self.run.messages or self.run.messages[-1].get("role") != "user":

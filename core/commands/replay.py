@@ -18,8 +18,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(read_only / deterministic / side_effect / terminal / retryable / "
                         "idempotency_keys), e.g. the deployment's config.toml (default: "
                         "inferred from the tool names)")
+    parser.add_argument("--system-prompt-tokens", type=int, default=None, metavar="N",
+                        help="the size of the system prompt (policy text, tool schemas) the "
+                        "recordings leave out: requests without recorded usage.prompt_tokens "
+                        "are sized with N tokens in place of the configured system prompt "
+                        "(default: the configured system prompt, estimated)")
     parser.add_argument("--json", action="store_true",
-                        help="print one result per trajectory, then the summary, as JSON lines")
+                        help="print one result per trajectory, then the summary, as JSON lines "
+                        "(with --summary: only the summary, one JSON object)")
     parser.add_argument("--summary", action="store_true",
                         help="print only the summary, not one line per trajectory")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N")
@@ -38,7 +44,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     """The summary as aligned ``key  value`` lines."""
     width = max(len(k) for k in summary)
     for k, v in summary.items():
-        text = json.dumps(v, ensure_ascii=False) if isinstance(v, dict) else str(v)
+        text = json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
         print(f"{k:<{width}}  {text}")
 
 
@@ -61,6 +67,8 @@ def main(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise ConfigError("file not found", path=path)
+    if args.system_prompt_tokens is not None and args.system_prompt_tokens < 0:
+        raise ConfigError("must be a token count >= 0", key="--system-prompt-tokens")
     config = replay_config(load_config(args.config), observers=args.observers)
     if args.profile:
         config.profile(args.profile)  # validates the name
@@ -75,22 +83,28 @@ def main(args: argparse.Namespace) -> int:
             if traj is None:
                 bad += 1
                 continue
-            r = replay_trajectory(dep, traj, flags, carry)
+            r = replay_trajectory(dep, traj, flags, carry,
+                                  system_prompt_tokens=args.system_prompt_tokens)
             results.append(r)
+            if args.summary:
+                continue
             if args.json:
                 print(json.dumps(r.as_dict(), ensure_ascii=False))
-            elif not args.summary:
+            else:
                 fw, st = r.first_warning, r.stop
                 warn = "-" if fw is None else "@{step} {plugin}".format(**fw)
                 stop = "-" if st is None else "@{step} {reason} ({plugin})".format(**st)
                 print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
     summary = summarize(results)
     summary["profile"] = config.run.profile
+    summary["system_prompt_tokens"] = args.system_prompt_tokens
     if carry:
         summary["carry_state"] = carry
     summary["unreadable_lines"] = bad
     summary["seconds"] = round(time.perf_counter() - started, 2)
-    if args.json:
+    if args.json and args.summary:
+        print(json.dumps(summary, ensure_ascii=False))
+    elif args.json:
         print(json.dumps({"summary": summary}, ensure_ascii=False))
     else:
         if not args.summary:

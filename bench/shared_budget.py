@@ -1,0 +1,288 @@
+"""Shared budgets and the shared ledger under real concurrency: many processes, one tenant.
+
+``--workers`` (default 8) processes each play ``--runs`` (default 25) runs of the built-in
+``refund`` scenario for tenant ``acme``, all at once, against one ``tenant/day`` cost budget
+(``--max-cost``, default 0.05 USD: about half of what the runs would spend) and one demo shop
+whose order 88231 every run tries to refund.  Each worker is a separate process with its own
+deployment (the shipped guards: config.toml without the observers, plus ``spend_limits``) on
+the same store -- once on SQLite, once on Redis.
+
+Reported per store:
+
+* ``spent_cost`` / ``spent_tokens``: what the store recorded; ``bound`` = budget + one
+  reserved request per worker (the largest reservation any worker made), and ``within_bound``;
+* ``runs``: how the runs ended (``final_answer``; ``max_cost (cut short)``: stopped after
+  some calls, ``max_cost (refused)``: refused before the first);
+* ``refund_executions``: how often ``apply_refund`` actually executed across all workers (the
+  shared ledger: 1), ``refund_rows`` in the shop;
+* ``store_us_per_model_call``: p50 / p99 of the time spent in ``spend_limits`` per model call
+  (its ``before_model`` reserve + ``after_response`` settle, each one store round trip),
+  beside ``other_guards_us_per_model_call``: the rest of the guard stack's hooks for the same
+  call; ``single_worker`` has the same figures for one worker alone (no CPU contention).
+
+    python bench/shared_budget.py --json
+    python bench/shared_budget.py --quick --json     # a smoke test of the bench itself
+
+Redis: ``--redis-url``, else ``LOOPWARDEN_TEST_REDIS_URL``, else a ``redis-server`` on PATH
+started on a free port for the bench; without any, the Redis half is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from loopwarden import ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
+from loopwarden.config import default_config_path, load_toml, parse_config
+from loopwarden.deployment import Deployment
+from loopwarden.plugins.spend_limits import SpendLimits
+from loopwarden.store import COST_UNIT, QUANTITIES, open_store
+
+OBSERVERS = ("logging", "metrics", "alerting", "run_record")
+
+
+class TimedSpendLimits(SpendLimits):
+    """spend_limits, timing its own hooks per model call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.samples: list[float] = []
+        self.pending: dict[str, float] = {}
+        self.max_reserved = 0  # the largest cost reservation, in store units
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        t = time.perf_counter()
+        verdict = super().before_model(run, request)
+        self.pending[run.run_id] = time.perf_counter() - t
+        st = self.state(run)
+        if st.pending is not None:
+            self.max_reserved = max(self.max_reserved, st.pending[1][QUANTITIES.index("cost")])
+        return verdict
+
+    @hookimpl
+    def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
+        t = time.perf_counter()
+        verdict = super().after_response(run, response)
+        self.samples.append(self.pending.pop(run.run_id, 0.0) + time.perf_counter() - t)
+        return verdict
+
+
+def _config(store: dict[str, Any], shop: str, max_cost: float) -> Any:
+    data = load_toml(default_config_path())
+    plugins = data["plugins"]
+    plugins["enabled"] = [n for n in plugins["enabled"] if n not in OBSERVERS] + ["spend_limits"]
+    plugins["spend_limits"] = {"budgets": [
+        {"scope": "tenant", "window": "day", "max_cost": max_cost}]}
+    data["store"] = {**data.get("store", {}), **store}
+    data["shop"] = {"db_path": shop}
+    return parse_config(data, path="<bench>")
+
+
+def worker(store: dict[str, Any], shop: str, max_cost: float, runs: int,
+           start: float) -> dict[str, Any]:
+    """One process: ``runs`` refund runs for tenant acme; returns its outcomes and timings."""
+    config = _config(store, shop, max_cost)
+    dep = Deployment(config, plugins={"spend_limits": TimedSpendLimits})
+    plugin: TimedSpendLimits = dep.plugins.get("spend_limits")
+    engine_hooks = dep.engine.hooks
+    guard_time: list[float] = []
+    inner_bm, inner_ar = engine_hooks.before_model, engine_hooks.after_response
+    began: dict[str, float] = {}
+
+    def before_model(run: Run, request: ModelRequest) -> Any:
+        t = time.perf_counter()
+        res = inner_bm(run, request)
+        began[run.run_id] = time.perf_counter() - t
+        return res
+
+    def after_response(run: Run, response: ModelResponse) -> Any:
+        t = time.perf_counter()
+        res = inner_ar(run, response)
+        guard_time.append(began.pop(run.run_id, 0.0) + time.perf_counter() - t)
+        return res
+
+    engine_hooks.before_model = before_model  # type: ignore[method-assign]
+    engine_hooks.after_response = after_response  # type: ignore[method-assign]
+    executions = [0]
+
+    def on_tool(run: Run, *, call: Any, result: Any, **_: Any) -> None:
+        if call.name == "apply_refund" and not result.skipped:
+            executions[0] += 1
+
+    dep.connect(signals.tool_finished, on_tool)
+    while time.time() < start:
+        time.sleep(0.001)
+    ends: dict[str, int] = {}
+    for _ in range(runs):
+        run = dep.run(scenario="refund", meta={"tenant": "acme"})
+        term = run.outcome.termination if run.outcome else "?"
+        if term != "final_answer":  # cut short (soft stop) or refused before the first call
+            term += " (refused)" if run.step == 0 else " (cut short)"
+        ends[term] = ends.get(term, 0) + 1
+    dep.close()
+    others = [total - own for total, own in zip(guard_time, plugin.samples, strict=False)]
+    return {"ends": ends, "executions": executions[0], "store_s": plugin.samples,
+            "others_s": others, "max_reserved": plugin.max_reserved}
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * len(values)))]
+
+
+def measure(name: str, store: dict[str, Any], workers: int, runs: int,
+            max_cost: float) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"lw-bench-{name}-"))
+    try:
+        shop = str(tmp / "shop.sqlite3")
+        from loopwarden.tools.shop import Shop
+
+        Shop(shop).refunds()  # created and seeded once, before the race
+        ctx = multiprocessing.get_context("spawn")
+        start = time.time() + 3.0 + 0.3 * workers
+        with ctx.Pool(workers) as pool:
+            results = pool.starmap(worker, [(store, shop, max_cost, runs, start)] * workers)
+        st = open_store(store["url"], namespace=store.get("namespace", "loopwarden"))
+        rows = [r for r in st.rows() if r.scope == "tenant" and r.key == "acme"]
+        st.close()
+        committed = rows[0].committed if rows else (0,) * len(QUANTITIES)
+        spent = Decimal(committed[QUANTITIES.index("cost")]) * COST_UNIT
+        reserved_max = Decimal(max(r["max_reserved"] for r in results)) * COST_UNIT
+        bound = Decimal(str(max_cost)) + workers * reserved_max
+        ends: dict[str, int] = {}
+        for r in results:
+            for k, v in r["ends"].items():
+                ends[k] = ends.get(k, 0) + v
+        store_us = [s * 1e6 for r in results for s in r["store_s"]]
+        other_us = [s * 1e6 for r in results for s in r["others_s"]]
+        return {
+            "workers": workers, "runs_per_worker": runs, "budget_cost": max_cost,
+            "spent_cost": float(spent), "spent_tokens": committed[QUANTITIES.index("tokens")],
+            "runs_counted": committed[QUANTITIES.index("runs")],
+            "largest_reservation_cost": float(reserved_max), "bound": float(bound),
+            "within_bound": spent <= bound, "overspend_cost": float(max(Decimal(0),
+                                                                         spent - Decimal(
+                                                                             str(max_cost)))),
+            "runs": dict(sorted(ends.items())),
+            "refund_executions": sum(r["executions"] for r in results),
+            "refund_rows": len(Shop(shop).refunds()),
+            "model_calls": len(store_us),
+            "store_us_per_model_call": {"p50": round(_pct(store_us, 0.5), 1),
+                                        "p99": round(_pct(store_us, 0.99), 1)},
+            "other_guards_us_per_model_call": {"p50": round(_pct(other_us, 0.5), 1),
+                                               "p99": round(_pct(other_us, 0.99), 1)},
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _redis(url: str | None) -> tuple[str | None, Any]:
+    """A Redis URL (and the server process started for it, if any)."""
+    url = url or os.environ.get("LOOPWARDEN_TEST_REDIS_URL")
+    if url:
+        return url, None
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None, None
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", tempfile.gettempdir()],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return f"redis://127.0.0.1:{port}/0", proc
+        except OSError:
+            time.sleep(0.05)
+    proc.terminate()
+    return None, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=25, help="runs per worker")
+    parser.add_argument("--max-cost", type=float, default=0.05,
+                        help="the tenant/day budget in USD")
+    parser.add_argument("--stores", default="sqlite,redis")
+    parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--quick", action="store_true", help="2 workers x 3 runs (smoke test)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workers, args.runs, args.max_cost = 2, 3, 0.01
+    out: dict[str, Any] = {
+        "bench": "shared_budget",
+        "python": platform.python_version(), "machine": platform.machine(),
+        "cpus": os.cpu_count(), "stores": {},
+    }
+    proc = None
+    try:
+        for name in args.stores.split(","):
+            if name == "sqlite":
+                tmp = tempfile.mkdtemp(prefix="lw-bench-store-")
+                store = {"url": f"sqlite:///{tmp}/store.sqlite3"}
+            else:
+                url, proc = _redis(args.redis_url)
+                if url is None:
+                    out["stores"][name] = {"skipped": "no redis-server (give --redis-url)"}
+                    continue
+                store = {"url": url, "namespace": "lwbench-" + uuid.uuid4().hex[:8]}
+            out["stores"][name] = result = measure(name, store, args.workers, args.runs,
+                                                   args.max_cost)
+            # the same store, one worker, a budget it never reaches: the store's round trips
+            # without 8 processes competing for the CPU (and, for Redis, with its server)
+            alone = {**store, "url": store["url"].replace("store.sqlite3", "alone.sqlite3")}
+            if "namespace" in store:
+                alone["namespace"] = store["namespace"] + "-alone"
+            single = measure(name, alone, 1, args.runs, 1000.0)
+            result["single_worker"] = {k: single[k] for k in (
+                "model_calls", "store_us_per_model_call", "other_guards_us_per_model_call")}
+            if name == "sqlite":
+                shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    for name, r in out["stores"].items():
+        if "skipped" in r:
+            print(f"{name}: skipped ({r['skipped']})")
+            continue
+        print(f"{name}: {r['workers']} workers x {r['runs_per_worker']} runs, budget "
+              f"{r['budget_cost']} USD: spent {r['spent_cost']:.6f} (bound {r['bound']:.6f}, "
+              f"within: {r['within_bound']}); runs {r['runs']}; refund executions "
+              f"{r['refund_executions']}, rows {r['refund_rows']}; store "
+              f"{r['store_us_per_model_call']} us per model call, other guards "
+              f"{r['other_guards_us_per_model_call']} us; one worker alone: store "
+              f"{r['single_worker']['store_us_per_model_call']} us, other guards "
+              f"{r['single_worker']['other_guards_us_per_model_call']} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+"""spend_limits: budgets shared across runs, processes and hosts -- per tenant, user, day...
+
+Each budget names a **scope** -- ``deployment`` (every run), ``conversation``, or any key a
+run carries in its ``meta`` (``tenant``, ``user``, ...: ``dep.run(..., meta={"tenant":
+"acme"})``, ``loopwarden run --meta tenant=acme``) -- a **window** -- ``run``,
+``conversation``, ``hour``, ``day``, ``month`` (calendar windows in ``timezone``) or
+``total`` -- and limits: ``max_tokens``, ``max_cost``, ``max_runs``, ``max_model_calls``,
+``max_tool_calls`` (at least one), and optionally its own ``warn_at``.  The counters live in
+the deployment's store (``[store] url``: SQLite by default, Redis for many hosts), so every
+process of the deployment shares them.
+
+**Reserve before, reconcile after.**  A run counts when it starts (``on_start``: past
+``max_runs`` it is refused before its first model call, and its evidence says so).  Before
+each model call the projected tokens and cost of the call (prompt estimate plus the reserved
+output, priced with the cost_budget plugin's prices) are *reserved* in the store atomically
+for every budget of the run; after the response the reservation is replaced by the real usage.
+So N concurrent workers overspend a budget by at most one reserved request each, and a
+reservation of a process that died stops counting after ``[store] reservation_ttl_s``.  With
+``max_tool_calls`` each proposed tool call is counted before it runs.
+
+The ladder is the budget plugins' (:mod:`loopwarden.plugins._budgets`): this call not fitting
+refuses it (hard stop), the next one not fitting makes this call the final tool-less turn
+(soft), the next one passing ``warn_at`` warns once per run and budget (the warning verdict
+is also an alert: the alerting plugin routes ``warn`` severities to sinks that ask for them).
+Stop reasons are the budget reasons (``max_runs``, ``max_model_calls``, ``max_tool_calls``,
+``max_tokens``, ``max_cost``) with ``scope``, ``key``, ``window``, ``limit`` and ``spent`` in
+the evidence (and ``before_first_call = true`` when the run never reached the model).  A
+store that cannot be reached stops the run with ``store_unavailable``
+(``on_store_error = "fail_closed"``, the default) or lets it go on unmetered
+(``"fail_open"``); either way the failure is logged and noted in the run record's ``errors``.
+
+Replays (``loopwarden replay``) never charge shared budgets.  Operations: ``loopwarden
+budgets [--json]`` shows what each scope spent per window, ``loopwarden budgets reset SCOPE
+KEY`` forgets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from loopwarden import (
+    ModelRequest,
+    ModelResponse,
+    Plugin,
+    PluginSettings,
+    Run,
+    RunOutcome,
+    ToolCall,
+    Usage,
+    Verdict,
+    hookimpl,
+)
+from loopwarden.config import validation_error
+from loopwarden.exceptions import StoreError
+from loopwarden.plugins._budgets import check_templates, ladder, percent
+from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, ModelPrice, _money
+from loopwarden.store import COST_UNIT, QUANTITIES, Counter, cost_units
+
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+    from loopwarden.store import Shared
+
+__all__ = ["Budget", "SpendLimits", "SpendLimitsSettings", "budget_reason"]
+
+log = logging.getLogger("loopwarden.plugins.spend_limits")
+
+Window = Literal["run", "conversation", "hour", "day", "month", "total"]
+
+#: quantity -> (stop reason, the Budget field that limits it, how messages name it)
+_QUANTITY = {
+    "runs": ("max_runs", "runs"),
+    "model_calls": ("max_model_calls", "model calls"),
+    "tool_calls": ("max_tool_calls", "tool calls"),
+    "tokens": ("max_tokens", "tokens"),
+    "cost": ("max_cost", "cost"),
+}
+RUNS, MODEL_CALLS, TOOL_CALLS, TOKENS, COST = range(len(QUANTITIES))
+
+
+def budget_reason(quantity: str) -> str:
+    """The stop reason for a budget of ``quantity`` (``"cost"`` -> ``"max_cost"``)."""
+    return _QUANTITY[quantity][0]
+
+
+class Budget(BaseModel):
+    """One shared budget: a scope, a window and at least one limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scope: str = Field(min_length=1, description='"deployment", "conversation", or a meta key '
+                       '("tenant", "user", ...)')
+    window: Window = Field(description='"run", "conversation", "hour", "day", "month" or '
+                           '"total"')
+    max_tokens: PositiveInt | None = Field(default=None, description="tokens (prompt + "
+                                           "completion)")
+    max_cost: Decimal | None = Field(default=None, gt=0, description="cost, in the "
+                                     "cost_budget plugin's currency")
+    max_runs: PositiveInt | None = Field(default=None, description="runs started")
+    max_model_calls: PositiveInt | None = Field(default=None, description="model calls")
+    max_tool_calls: PositiveInt | None = Field(default=None, description="tool calls proposed")
+    warn_at: float | None = Field(default=None, gt=0, le=1,
+                                  description="overrides the plugin's warn_at for this budget")
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Budget:
+        if all(getattr(self, budget_reason(q)) is None for q in QUANTITIES):
+            raise ValueError("a budget needs at least one of "
+                             + ", ".join(budget_reason(q) for q in QUANTITIES))
+        return self
+
+    def limits(self) -> tuple[int | None, ...]:
+        """The limits in the store's units, in :data:`loopwarden.store.QUANTITIES` order."""
+        out: list[int | None] = []
+        for q in QUANTITIES:
+            value = getattr(self, budget_reason(q))
+            out.append(None if value is None else (cost_units(value) if q == "cost"
+                                                   else int(value)))
+        return tuple(out)
+
+
+_TEMPLATE_FIELDS = {"scope": "tenant", "key": "acme", "window": "day", "quantity": "cost",
+                    "spent": "35.00", "limit": "50.00", "percent": 70}
+
+
+class SpendLimitsSettings(PluginSettings):
+    """``[plugins.spend_limits]``."""
+
+    budgets: list[Budget] = Field(
+        default_factory=list,
+        description='the budgets: [{ scope = "tenant", window = "day", max_cost = 50.0 }, ...]',
+    )
+    timezone: str = Field(default="UTC", description="the time zone of the hour, day and "
+                          "month windows (an IANA name: \"Asia/Shanghai\")")
+    warn_at: float | None = Field(default=0.8, gt=0, le=1, description="warn once per run and "
+                                  "budget when the next call would pass this fraction of a "
+                                  "limit; unset it to never warn")
+    missing_key: Literal["skip", "refuse"] = Field(
+        default="skip", description='a run without the scope\'s meta key: "skip" the budget, '
+        'or "refuse" the run (stop reason missing_scope_key)')
+    reserve_output_tokens: int = Field(default=1000, ge=0, description="output tokens reserved "
+                                       "per call (the request's max_output_tokens if set)")
+    soft: bool = Field(default=True, description="a budget that the next call would pass "
+                       "makes this call the final tool-less turn (false: stop at once)")
+    keep_windows_s: float = Field(default=35 * 86400.0, gt=0, description="how long the "
+                                  "counters of a past hour / day / month stay listed")
+    keep_runs_s: float = Field(default=86400.0, gt=0, description="how long the counters of "
+                               "run and conversation windows stay after their last use")
+    warning: str = Field(
+        default="The {window} budget of this {scope} is at {percent}% ({quantity}: {spent} of "
+        "{limit}). Plan the remaining work within it.",
+        description="the warning ({scope}, {key}, {window}, {quantity}, {spent}, {limit}, "
+        "{percent})")
+    stop_message: str = Field(
+        default="The {window} budget of this {scope} ({quantity}: {limit}) is used up.",
+        description="why the run stops (same fields)")
+    refused_message: str = Field(
+        default="This run was refused before its first model call: the {window} budget of this "
+        "{scope} ({quantity}: {limit}) is used up.",
+        description="why a run is refused at its start (same fields)")
+    missing_message: str = Field(
+        default="This run was refused: it carries no {scope!r} in its meta, which a budget "
+        "needs.", description='why a run without the scope\'s key is refused ("refuse"; '
+        "{scope}, {window})")
+    unavailable_message: str = Field(
+        default="The shared budget store cannot be reached, so this run's spending cannot be "
+        "bounded; it was stopped.", description="why a run stops when the store fails closed")
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {v!r}: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> SpendLimitsSettings:
+        check_templates(self, ("warning", "stop_message", "refused_message"), _TEMPLATE_FIELDS)
+        check_templates(self, ("missing_message",), {"scope": "tenant", "window": "day"})
+        return self
+
+
+@dataclass(slots=True)
+class _Applied:
+    """One budget as it applies to this run: its counter in the store."""
+
+    budget: Budget
+    counter: Counter
+    warn_level: float | None
+
+
+@dataclass(slots=True)
+class _State:
+    shared: Shared | None = None  # None: inert (a replay, or the store failed open)
+    applied: list[_Applied] = field(default_factory=list)
+    price: ModelPrice | None = None
+    count_tools: bool = False  # a budget limits tool calls: count each before it runs
+    pending: tuple[str, tuple[int, ...]] | None = None  # reservation token, amount
+    last_prompt: int | None = None
+    warned: set[int] = field(default_factory=set)
+    #: what this run charged (QUANTITIES order), for metrics
+    charged: list[int] = field(default_factory=lambda: [0] * len(QUANTITIES))
+
+
+def _bucket(window: str, now: float, tz: ZoneInfo, run: Run) -> tuple[str, float | None]:
+    """The window's bucket label and when it ends (wall-clock seconds; None: never)."""
+    if window == "run":
+        return run.run_id, None
+    if window == "conversation":
+        return run.conversation.id, None
+    if window == "total":
+        return "total", None
+    local = datetime.fromtimestamp(now, tz)
+    if window == "hour":
+        start = local.replace(minute=0, second=0, microsecond=0)
+        return start.strftime("%Y-%m-%dT%H%z"), start.timestamp() + 3600
+    day = local.date()
+    if window == "day":
+        end = datetime.combine(day + timedelta(days=1), datetime.min.time(), tz)
+        return day.isoformat(), end.timestamp()
+    nxt = (day.replace(day=1) + timedelta(days=32)).replace(day=1)
+    end = datetime.combine(nxt, datetime.min.time(), tz)
+    return day.strftime("%Y-%m"), end.timestamp()
+
+
+class SpendLimits(Plugin[SpendLimitsSettings]):
+    """Budgets per scope and window, shared through the store (see the module doc)."""
+
+    name = "spend_limits"
+    Settings = SpendLimitsSettings
+
+    def __init__(self, settings: SpendLimitsSettings | None = None) -> None:
+        super().__init__(settings)
+        self.zone = ZoneInfo(self.settings.timezone)
+        self.wall = time.time  #: the wall clock of calendar windows (tests may replace it)
+        self.pricing: CostBudget | None = None
+        self.currency = "USD"
+
+    def new_state(self) -> _State:
+        return _State()
+
+    def connect(self, deployment: Deployment) -> None:
+        """Borrow the cost_budget plugin's prices (or its config table, when not enabled)."""
+        pricing = deployment.plugins.get("cost_budget")
+        if not isinstance(pricing, CostBudget):
+            table = deployment.config.plugins.tables().get("cost_budget", {})
+            try:
+                pricing = CostBudget(CostBudgetSettings.model_validate(table))
+            except ValidationError as exc:
+                raise validation_error(exc, path=deployment.config.path,
+                                       prefix="plugins.cost_budget") from None
+        self.pricing = pricing
+        self.currency = pricing.settings.currency
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _key(self, scope: str, run: Run) -> str | None:
+        if scope == "deployment":
+            return "*"
+        if scope == "conversation":
+            return run.conversation.id
+        value = run.meta.get(scope)
+        return None if value is None or value == "" else str(value)
+
+    def _evidence(self, a: _Applied, q: int, spent: int, **extra: Any) -> dict[str, Any]:
+        quantity = QUANTITIES[q]
+        limit = a.counter.limits[q]
+        ev: dict[str, Any] = dict(scope=a.counter.scope, key=a.counter.key,
+                                  window=a.counter.window, bucket=a.counter.bucket,
+                                  limit=self._value(q, limit or 0),
+                                  spent=self._value(q, spent), quantity=quantity)
+        if quantity == "cost":
+            ev["currency"] = self.currency
+        ev.update(extra)
+        return ev
+
+    @staticmethod
+    def _value(q: int, units: int) -> Any:
+        return Decimal(units) * COST_UNIT if q == COST else units
+
+    def _text(self, template: str, a: _Applied, q: int, spent: int) -> str:
+        limit = a.counter.limits[q] or 0
+        show = (lambda u: _money(Decimal(u) * COST_UNIT)) if q == COST else str
+        return template.format(scope=a.counter.scope, key=a.counter.key,
+                               window=a.counter.window, quantity=_QUANTITY[QUANTITIES[q]][1],
+                               spent=show(spent), limit=show(limit),
+                               percent=percent(spent, limit))
+
+    def _store_failed(self, st: _State, run: Run, exc: StoreError, what: str) -> Verdict | None:
+        shared = st.shared
+        if shared is not None and shared.failed(exc, what, run, self.name):
+            st.shared = None  # fail open: the rest of the run is unmetered
+            return None
+        st.shared = None
+        return self.stop("store_unavailable", message=self.settings.unavailable_message,
+                         store=exc.url, error=str(exc), on_store_error="fail_closed")
+
+    def _release(self, st: _State, run: Run) -> None:
+        pending, st.pending = st.pending, None
+        if pending is None or st.shared is None:
+            return
+        try:
+            st.shared.store.settle([a.counter for a in st.applied], pending[0], None)
+        except StoreError as exc:
+            st.shared.failed(exc, "releasing a reservation", run, self.name)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    @hookimpl
+    def on_start(self, run: Run) -> Verdict | None:
+        s = self.settings
+        st: _State = self.state(run)
+        if run.shared is None or not s.budgets:
+            return None
+        now = self.wall()
+        for b in s.budgets:
+            key = self._key(b.scope, run)
+            if key is None:
+                if s.missing_key == "refuse":
+                    return self.stop("missing_scope_key", message=s.missing_message.format(
+                        scope=b.scope, window=b.window), rule="missing_scope_key",
+                        scope=b.scope, window=b.window, before_first_call=True)
+                continue
+            bucket, ends = _bucket(b.window, now, self.zone, run)
+            expires = ends + s.keep_windows_s if ends is not None else (
+                None if b.window == "total" else now + s.keep_runs_s)
+            warn_at = b.warn_at if b.warn_at is not None else s.warn_at
+            st.applied.append(_Applied(b, Counter(b.scope, key, b.window, bucket, b.limits(),
+                                                  expires), warn_at))
+        if not st.applied:
+            return None
+        st.shared = run.shared
+        st.count_tools = any(a.budget.max_tool_calls is not None for a in st.applied)
+        pricing = self.pricing
+        st.price = pricing.price_of(run.model_name) if pricing is not None else None
+        if (st.price is None and any(a.budget.max_cost is not None for a in st.applied)
+                and (pricing is None or pricing.settings.unknown_model == "error")):
+            return self.stop("max_cost", message=pricing.settings.unpriced_message.format(
+                model=run.model_name, currency=self.currency) if pricing else None,
+                rule="unpriced_model", model=run.model_name, before_first_call=True)
+        amount = (1, 0, 0, 0, 0)
+        try:
+            res = st.shared.store.reserve([a.counter for a in st.applied], amount,
+                                          token=run.run_id, ttl_s=1.0, commit=True)
+        except StoreError as exc:
+            return self._store_failed(st, run, exc, "counting a run")
+        if res.refused is not None:
+            verdict = self._refused(st, res.used, res.refused, s.refused_message,
+                                    before_first_call=True)
+            st.shared = None  # nothing more to charge: the run never calls the model
+            return verdict
+        st.charged[RUNS] += 1
+        return self._ladder(st, res.used, amount, None, final=False)
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        st: _State = self.state(run)
+        if st.shared is None:
+            return None
+        self._release(st, run)  # a reservation left by a call that never happened
+        prompt = request.estimated_tokens
+        growth = 0 if st.last_prompt is None else max(0, prompt - st.last_prompt)
+        st.last_prompt = prompt
+        out = request.max_output_tokens or self.settings.reserve_output_tokens
+        next_prompt = prompt + max(growth, out)
+        this_cost = cost_units(st.price.cost(prompt, out)) if st.price else 0
+        next_cost = cost_units(st.price.cost(next_prompt, out)) if st.price else 0
+        amount = (0, 1, 0, prompt + out, this_cost)
+        following = (0, 1, 0, next_prompt + out, next_cost)
+        token = f"{run.run_id}:{run.step + 1}"
+        try:
+            res = st.shared.store.reserve([a.counter for a in st.applied], amount, token=token,
+                                          ttl_s=st.shared.config.reservation_ttl_s)
+        except StoreError as exc:
+            return self._store_failed(st, run, exc, "reserving a model call")
+        if res.refused is not None:
+            return self._refused(st, res.used, res.refused, self.settings.stop_message,
+                                 before_first_call=run.step == 0)
+        st.pending = (token, amount)
+        return self._ladder(st, res.used, amount, following, final=request.final)
+
+    def _ladder(self, st: _State, used: tuple[tuple[int, ...], ...], amount: tuple[int, ...],
+                following: tuple[int, ...] | None, *, final: bool) -> Verdict | None:
+        """The rung of a granted charge over every budget and limit: soft when the next call
+        (``following``) would not fit, else warn once per budget past its ``warn_at``."""
+        s = self.settings
+        warning: Verdict | None = None
+        for i, a in enumerate(st.applied):
+            for q, limit in enumerate(a.counter.limits):
+                if limit is None or (amount[q] == 0 and (following is None or following[q] == 0)):
+                    continue
+                now = used[i][q] + amount[q]
+                after = now + (following[q] if following is not None else 0)
+                warn_level = (None if a.warn_level is None or i in st.warned or warning
+                              else limit * a.warn_level)
+                if following is None:  # a run or a tool call: nothing comes "next"
+                    rung = "warn" if warn_level is not None and now >= warn_level else None
+                else:
+                    rung = ladder(now, after, limit, warn_level=warn_level,
+                                  final=final or not s.soft)
+                if rung in ("soft", "hard"):  # hard: others' usage grew past the limit
+                    return self.stop(budget_reason(QUANTITIES[q]), soft=not final,
+                                     message=self._text(s.stop_message, a, q, after),
+                                     **self._evidence(a, q, used[i][q],
+                                                      projected=self._value(q, after)))
+                if rung == "warn":
+                    st.warned.add(i)
+                    warning = self.warn(self._text(s.warning, a, q, after),
+                                        **self._evidence(a, q, used[i][q], threshold=a.warn_level,
+                                                         projected=self._value(q, after)))
+        return warning
+
+    def _refused(self, st: _State, used: tuple[tuple[int, ...], ...], refused: tuple[int, int],
+                 template: str, *, soft: bool = False, **extra: Any) -> Verdict:
+        i, q = refused
+        a = st.applied[i]
+        return self.stop(budget_reason(QUANTITIES[q]), soft=soft,
+                         message=self._text(template, a, q, used[i][q]),
+                         **self._evidence(a, q, used[i][q], **extra))
+
+    @hookimpl
+    def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
+        st: _State = self.state(run)
+        pending, st.pending = st.pending, None
+        if st.shared is None or pending is None:
+            return None
+        usage = response.usage
+        if usage is None:  # unreported: count the estimates
+            completion = run.estimator(response.content or "") + sum(
+                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls)
+            usage = Usage(prompt=pending[1][TOKENS], completion=completion)
+        price = (self.pricing.price_of(response.model)
+                 if self.pricing is not None and response.model else None) or st.price
+        cost = cost_units(price.cost(usage.prompt, usage.completion, usage.cached)) if price else 0
+        tools = 0 if st.count_tools else len(response.tool_calls)
+        actual = (0, 1, tools, usage.total, cost)
+        try:
+            st.shared.store.settle([a.counter for a in st.applied], pending[0], actual)
+        except StoreError as exc:
+            verdict = self._store_failed(st, run, exc, "recording a model call")
+            # the call is paid for: an answer is never withheld, only further calls refused
+            return verdict if response.tool_calls else None
+        for q, v in enumerate(actual):
+            st.charged[q] += v
+        return None
+
+    @hookimpl
+    def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
+        st: _State = self.state(run)
+        if st.shared is None or not st.count_tools:
+            return None
+        amount = (0, 0, 1, 0, 0)
+        try:
+            res = st.shared.store.reserve([a.counter for a in st.applied], amount,
+                                          token=f"{run.run_id}:{call.id}", ttl_s=1.0,
+                                          commit=True)
+        except StoreError as exc:
+            return self._store_failed(st, run, exc, "counting a tool call")
+        if res.refused is not None:
+            # soft: one last tool-less turn to answer from what is known
+            return self._refused(st, res.used, res.refused, self.settings.stop_message,
+                                 soft=self.settings.soft, tool=call.name)
+        st.charged[TOOL_CALLS] += 1
+        return self._ladder(st, res.used, amount, None, final=False)
+
+    @hookimpl
+    def on_stop(self, run: Run, outcome: RunOutcome) -> None:
+        st: _State = self.state(run)
+        self._release(st, run)
+
+    # -- for observers -----------------------------------------------------------------------
+
+    def charged(self, run: Run) -> list[dict[str, Any]]:
+        """What ``run`` charged to each of its budgets: ``scope``, ``window`` and the amounts
+        (``cost`` in the currency) -- the metrics plugin's ``scope_spend_total``."""
+        st: _State | None = run.state.get(self.name)
+        if st is None or not st.applied:
+            return []
+        amounts = {q: self._value(i, v) for i, (q, v) in enumerate(zip(QUANTITIES, st.charged,
+                                                                     strict=True))}
+        return [{"scope": a.counter.scope, "window": a.counter.window, **amounts}
+                for a in st.applied]
+
