@@ -43,6 +43,7 @@ __all__ = [
     "RunConfig",
     "StoreConfig",
     "Texts",
+    "ToolNature",
     "default_config_path",
     "find_config",
     "load_config",
@@ -191,6 +192,25 @@ class ShopConfig(_Strict):
     db_path: str | None = None
 
 
+class ToolNature(_Strict):
+    """``[tools.<name>]``: the nature of a tool the deployment does not define itself.
+
+    Framework tools (the adapters in :mod:`loopwarden.adapters`) and recorded runs carry no
+    loopwarden declaration; these tables give guards what :func:`loopwarden.tools.tool` flags
+    would.  A flag left out is inferred from the tool's name
+    (:func:`loopwarden.replay.infer_flags`).
+    """
+
+    read_only: bool | None = None
+    deterministic: bool | None = None
+    side_effect: bool | None = None
+    terminal: bool | None = None
+    retryable: bool | None = Field(
+        default=None, description="every error of this tool may succeed when tried again")
+    idempotency_keys: list[str] | None = Field(
+        default=None, description="the arguments that identify one side effect (default: all)")
+
+
 class StoreConfig(_Strict):
     """``[store]``: where budgets and the side-effect ledger are shared (see loopwarden.store)."""
 
@@ -252,6 +272,9 @@ class Config(_Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     shop: ShopConfig = Field(default_factory=ShopConfig)
+    tools: dict[str, ToolNature] = Field(default_factory=dict)
+
+
     store: StoreConfig = Field(default_factory=StoreConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     #: the file it came from (not a TOML key)

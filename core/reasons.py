@@ -21,6 +21,9 @@ STOP_REASONS: tuple[str, ...] = (
     "final_answer", "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
     "timeout", "cancelled", "repeat_call", "oscillation", "no_progress", "stall",
     "failure_streak", "terminal_tool", "plugin_error", "model_error", "max_turns",
+    # loopwarden.adapters: the framework ended the run before loopwarden's loop did (its own
+    # step or usage limit, a handoff)
+    "ended_by_framework",
 )
 
 #: the run ended as it should: the model answered, or a terminal tool handed it off

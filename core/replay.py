@@ -118,12 +118,21 @@ def infer_flags(name: str) -> dict[str, bool]:
     return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": False}
 
 
-def recorded_tool(name: str, flags: Mapping[str, bool] | None = None) -> Tool:
-    """A stand-in declaration for a tool seen in a recording: its nature from ``flags``, the
-    rest inferred from its name (:func:`infer_flags`)."""
+def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
+    """A stand-in declaration for a tool seen in a recording (or run by a framework): its
+    nature from ``flags`` -- a ``[tools.<name>]`` table: the booleans of :data:`FLAG_NAMES`,
+    ``retryable`` and ``idempotency_keys`` -- the rest inferred from its name
+    (:func:`infer_flags`)."""
     nature = infer_flags(name)
-    if flags:
-        nature.update({k: bool(v) for k, v in flags.items() if k in FLAG_NAMES})
+    flags = flags or {}
+    declared = {k: bool(v) for k, v in flags.items() if k in FLAG_NAMES and v is not None}
+    # a declared nature is consistent: read-only means no side effect, and the reverse
+    if declared.get("read_only") and "side_effect" not in declared:
+        declared["side_effect"] = False
+    if declared.get("side_effect") and "read_only" not in declared:
+        declared["read_only"] = False
+    nature.update(declared)
+    keys = flags.get("idempotency_keys")
     return Tool(
         name=name,
         func=lambda **kw: None,
@@ -133,30 +142,33 @@ def recorded_tool(name: str, flags: Mapping[str, bool] | None = None) -> Tool:
         deterministic=nature["deterministic"],
         side_effect=nature["side_effect"],
         terminal=nature["terminal"],
-        idempotency_keys=None,
+        retryable=(Exception,) if flags.get("retryable") else (),
+        idempotency_keys=tuple(keys) if keys is not None else None,
     )
 
 
-def load_tool_flags(path: str | Path) -> dict[str, dict[str, bool]]:
-    """Read declared tool natures from a TOML file: ``[tools.NAME]`` tables with
-    ``read_only`` / ``deterministic`` / ``side_effect`` / ``terminal`` booleans."""
-    from loopwarden.config import load_toml
+def load_tool_flags(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read declared tool natures from a TOML file: its ``[tools.NAME]`` tables, the shape of
+    ``config.toml``'s (:class:`loopwarden.config.ToolNature`), so a deployment's config file
+    serves as well; other tables are ignored."""
+    from pydantic import ValidationError
+
+    from loopwarden.config import ToolNature, load_toml, validation_error
 
     p = Path(path)
     data = load_toml(p)
     tools = data.get("tools")
     if not isinstance(tools, dict):
         raise ConfigError("needs [tools.NAME] tables", path=p, key="tools")
-    out: dict[str, dict[str, bool]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, table in tools.items():
         if not isinstance(table, dict):
             raise ConfigError("must be a table", path=p, key=f"tools.{name}")
-        for k, v in table.items():
-            if k not in FLAG_NAMES or not isinstance(v, bool):
-                raise ConfigError(f"unknown flag or not a boolean: {k} = {v!r}", path=p,
-                                  key=f"tools.{name}.{k}",
-                                  expected=" / ".join(FLAG_NAMES) + " = true | false")
-        out[str(name)] = dict(table)
+        try:
+            nature = ToolNature.model_validate(table)
+        except ValidationError as exc:
+            raise validation_error(exc, path=str(p), prefix=f"tools.{name}") from None
+        out[str(name)] = nature.model_dump(exclude_none=True)
     return out
 
 

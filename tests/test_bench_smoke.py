@@ -175,3 +175,22 @@ def test_structure_size_sees_growth() -> None:
     base = {"a": deque([1, 2], maxlen=5)}
     grown = {"a": deque([1, 2, 3], maxlen=5)}
     assert structure_size(grown)[0] > structure_size(base)[0]
+
+
+def test_adapters_bench_prints_the_promised_json() -> None:
+    data = _bench("adapters.py")
+    assert set(data["frameworks"]) == {"langchain", "openai_agents", "pydantic_ai"}
+    for name, row in data["frameworks"].items():
+        variants = {"bare", "loopwarden"} | ({"limits"} if name == "langchain" else set())
+        variants |= {"hooks"} if name in ("langchain", "pydantic_ai") else set()
+        for key in ("ms_per_step", "ms_per_step_wall"):
+            assert set(row[key]) == variants
+            assert all(_number(v) and v > 0 for v in row[key].values())
+        for key in ("added_ms_per_step", "added_ratio", "added_ms_per_step_wall"):
+            assert set(row[key]) == variants - {"bare"}
+            assert all(isinstance(v, float) for v in row[key].values())  # may be < 0: noise
+    assert _number(data["driver_ms_per_step"]) and data["driver_ms_per_step"] > 0
+    assert data["steps"] == 3 and "max_steps" in data["plugins"]
+    assert set(data["versions"]) == {"langchain", "openai-agents", "pydantic-ai-slim"}
+    ratio = data["loopwarden_vs_langchain_limits"]
+    assert ratio is None or isinstance(ratio, float)

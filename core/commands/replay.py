@@ -14,9 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="trajectory JSONL (DESIGN's trajectory format)")
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
     parser.add_argument("--tools", metavar="FILE",
-                        help="declared tool natures: a TOML file of [tools.NAME] tables with "
-                        "read_only / deterministic / side_effect / terminal (default: inferred "
-                        "from the tool names)")
+                        help="declared tool natures: a TOML file of [tools.NAME] tables "
+                        "(read_only / deterministic / side_effect / terminal / retryable / "
+                        "idempotency_keys), e.g. the deployment's config.toml (default: "
+                        "inferred from the tool names)")
     parser.add_argument("--system-prompt-tokens", type=int, default=None, metavar="N",
                         help="the size of the system prompt (policy text, tool schemas) the "
                         "recordings leave out: requests without recorded usage.prompt_tokens "

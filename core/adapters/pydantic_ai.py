@@ -1,0 +1,234 @@
+"""loopwarden's guards in a pydantic-ai agent: the ``Loopwarden`` capability.
+
+::
+
+    from pydantic_ai import Agent
+    from loopwarden import Deployment
+    from loopwarden.adapters.pydantic_ai import Loopwarden
+
+    agent = Agent(model, tools=[...], capabilities=[Loopwarden(Deployment.from_config())])
+
+Each agent run (``run``, ``run_sync``, ``iter``) is one loopwarden run (same plugins, run
+records, signals, metrics and alerts as ``loopwarden run``): :meth:`Loopwarden.for_run` gives
+every run its own instance.  Verdicts become:
+
+* **warn** -- ``before_model_request`` enqueues the note (``RunContext.enqueue``): it reaches
+  this request and stays in the message history;
+* **skip** -- ``wrap_tool_execute`` returns the skip's observation as the tool's return value
+  without running the tool (so is a side effect already executed with the same idempotency key);
+* **soft stop** -- ``prepare_tools`` removes every function tool for the next request, whose
+  text is the answer (tool calls it proposes anyway are dropped);
+* **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
+  answer as text, which ends the run.
+
+Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
+fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
+pydantic-ai refuses before execution (a retry prompt) is recorded as not run by the framework
+(``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same.
+
+Needs ``pip install 'loopwarden[pydantic-ai]'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai import messages as pm
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import UsageLimitExceeded
+
+from loopwarden import events
+from loopwarden.adapters._driver import (
+    Answer,
+    GuardedRun,
+    NatureSpec,
+    nature_tables,
+    proposed,
+    tool_result,
+    usage,
+)
+
+if TYPE_CHECKING:
+    from pydantic_ai.capabilities.abstract import (
+        RawToolArgs,
+        ValidatedToolArgs,
+        WrapModelRequestHandler,
+        WrapRunHandler,
+        WrapToolExecuteHandler,
+        WrapToolValidateHandler,
+    )
+    from pydantic_ai.models import ModelRequestContext
+    from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.tools import RunContext, ToolDefinition
+
+    from loopwarden.deployment import Deployment
+
+__all__ = ["Loopwarden"]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(c if isinstance(c, str) else "" for c in content or ())
+
+
+def _openai(history: list[pm.ModelMessage]) -> list[dict[str, Any]]:
+    """pydantic-ai messages as OpenAI chat messages (for loopwarden's token estimates)."""
+    out: list[dict[str, Any]] = []
+    for msg in history:
+        if isinstance(msg, pm.ModelRequest):
+            for part in msg.parts:
+                if isinstance(part, pm.SystemPromptPart):
+                    out.append({"role": "system", "content": part.content})
+                elif isinstance(part, pm.UserPromptPart):
+                    out.append({"role": "user", "content": _text(part.content)})
+                elif isinstance(part, pm.ToolReturnPart):
+                    out.append({"role": "tool", "tool_call_id": part.tool_call_id,
+                                "content": part.model_response_str()})
+        elif isinstance(msg, pm.ModelResponse):
+            _, response = _response(msg)
+            entry: dict[str, Any] = {"role": "assistant", "content": response.content}
+            if response.tool_calls:
+                entry["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": str(c.arguments)}}
+                    for c in response.tool_calls]
+            out.append(entry)
+    return out
+
+
+def _response(msg: pm.ModelResponse) -> tuple[list[pm.ToolCallPart], events.ModelResponse]:
+    calls = [p for p in msg.parts if isinstance(p, pm.ToolCallPart)]
+    text = "".join(p.content for p in msg.parts if isinstance(p, pm.TextPart))
+    u = msg.usage
+    return calls, events.ModelResponse(
+        content=text or None,
+        tool_calls=[proposed(c.tool_name, c.args if c.args is not None else {}, c.tool_call_id)
+                    for c in calls],
+        usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
+        model=msg.model_name,
+    )
+
+
+class Loopwarden(AbstractCapability[Any]):
+    """loopwarden's plugins guarding a pydantic-ai agent (see the module doc).
+
+    ``tools`` adds tool natures to the deployment's ``[tools.<name>]`` tables;
+    ``model_name`` prices the run for ``cost_budget`` (default: the model's own name);
+    ``profile`` and ``meta`` are those of ``Deployment.run``.
+    """
+
+    def __init__(self, deployment: Deployment, *, tools: NatureSpec | None = None,
+                 model_name: str | None = None, profile: str | None = None,
+                 meta: Mapping[str, Any] | None = None) -> None:
+        self.deployment = deployment
+        self.natures = nature_tables(tools)
+        self.model_name = model_name
+        self.profile = profile
+        self.meta = dict(meta or {})
+        self.guarded: GuardedRun | None = None  # this run's (set on the for_run copy)
+
+    async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
+        return Loopwarden(self.deployment, tools=self.natures, model_name=self.model_name,
+                          profile=self.profile, meta=self.meta)
+
+    def _guard(self, ctx: RunContext[Any]) -> GuardedRun:
+        if self.guarded is None:
+            model_name = self.model_name or getattr(ctx.model, "model_name", None)
+            self.guarded = GuardedRun(
+                self.deployment, user=_text(ctx.prompt), history=_openai(list(ctx.messages)),
+                natures=self.natures, model_name=model_name, meta=self.meta,
+                profile=self.profile, adapter="pydantic_ai")
+        return self.guarded
+
+    # -- the run -------------------------------------------------------------------------
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler
+                       ) -> AgentRunResult[Any]:
+        try:
+            result = await handler()
+        except UsageLimitExceeded as exc:  # pydantic-ai's own limits ended the run
+            if self.guarded is not None:
+                self.guarded.finish(detail=f"{type(exc).__name__}: {exc}")
+            raise
+        except BaseException as exc:
+            if self.guarded is not None:
+                self.guarded.finish(exc)
+            raise
+        if self.guarded is not None:
+            self.guarded.finish(detail="the agent ended before loopwarden's run did")
+        return result
+
+    # -- model requests ------------------------------------------------------------------
+
+    async def prepare_tools(self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]
+                            ) -> list[ToolDefinition]:
+        guarded = self._guard(ctx)
+        for t in tool_defs:
+            guarded.declare(t.name, t.description or "", t.parameters_json_schema)
+        turn = guarded.model_turn()
+        if turn is None or turn.final:
+            return []  # the wrap-up turn (or the run is over): no tool can be called
+        return tool_defs
+
+    async def before_model_request(self, ctx: RunContext[Any],
+                                   request_context: ModelRequestContext) -> ModelRequestContext:
+        guarded = self._guard(ctx)
+        parts = request_context.model_request_parameters.instruction_parts or []
+        guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
+        turn = guarded.model_turn()
+        if turn is not None and turn.notes:
+            settings = self.deployment.engine.settings
+            for note in turn.notes:
+                text = settings.warning_prefix + note
+                if settings.warning_role == "user":
+                    ctx.enqueue(text)
+                else:
+                    ctx.enqueue(pm.SystemPromptPart(content=text))
+        return request_context
+
+    async def wrap_model_request(self, ctx: RunContext[Any], *,
+                                 request_context: ModelRequestContext,
+                                 handler: WrapModelRequestHandler) -> pm.ModelResponse:
+        guarded = self._guard(ctx)
+        if guarded.model_turn() is None:
+            return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
+        try:
+            response = await handler(request_context)
+        except BaseException as exc:
+            guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
+            raise
+        _, event = _response(response)
+        guarded.model_done(event)
+        if guarded.replaced:
+            return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
+        return response
+
+    # -- tools ---------------------------------------------------------------------------
+
+    async def wrap_tool_validate(self, ctx: RunContext[Any], *, call: pm.ToolCallPart,
+                                 tool_def: ToolDefinition, args: RawToolArgs,
+                                 handler: WrapToolValidateHandler) -> ValidatedToolArgs:
+        try:
+            return await handler(args)
+        except Exception as exc:  # refused before execution: a retry prompt, not a run
+            self._guard(ctx).not_run(call.tool_call_id,
+                                     f"arguments refused ({type(exc).__name__})")
+            raise
+
+    async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: pm.ToolCallPart,
+                                tool_def: ToolDefinition, args: ValidatedToolArgs,
+                                handler: WrapToolExecuteHandler) -> Any:
+        guarded = self._guard(ctx)
+        decision = await guarded.atool(call.tool_call_id)
+        if isinstance(decision, Answer):
+            return decision.text
+        try:
+            value = await handler(args)
+        except Exception as exc:
+            guarded.tool_done(call.tool_call_id, tool_result(None, error=exc))
+            raise
+        guarded.tool_done(call.tool_call_id, tool_result(value))
+        return value
