@@ -220,7 +220,7 @@ class GuardedRun:
         except BaseException as exc:
             self._eff = None
             if self.outcome is None:
-                self._end(_internal_error(exc))
+                self._end(_internal_error(self.engine, self.run, exc))
             raise
         finally:
             self._scan()
@@ -414,7 +414,7 @@ class GuardedRun:
             self._gen.close()
             self._eff = None
             if error is not None:
-                outcome = _internal_error(error)
+                outcome = _internal_error(self.engine, self.run, error)
             else:
                 outcome = RunOutcome(
                     termination=ENDED_BY_FRAMEWORK,
