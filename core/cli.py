@@ -9,6 +9,7 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -57,6 +58,16 @@ def _setup_logging(level: str) -> None:
     logger.setLevel(level.upper())
 
 
+def _tolerant_output() -> None:
+    """Never fail on printing: a character the terminal cannot encode (or a lone surrogate
+    that slipped through) is written as an escape instead of raising UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            with contextlib.suppress(ValueError, OSError):  # a stream that cannot change
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -78,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ns = sub.parse_args(args[1:])
     _setup_logging(ns.log_level)
+    _tolerant_output()
     from loopwarden.exceptions import LoopwardenError
 
     try:

@@ -35,6 +35,7 @@ from loopwarden.events import (
 from loopwarden.exceptions import ModelError, ToolError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.run import Run, RunOutcome
+from loopwarden.sanitize import clean_text, loads_arguments
 from loopwarden.tokens import estimate_tools
 from loopwarden.tools import ToolContext, format_validation_error
 from loopwarden.verdicts import Resolution, Stop
@@ -115,6 +116,7 @@ class Engine:
                 run.add_message(m)
         elif self.settings.system_prompt:
             run.add_message({"role": "system", "content": self.settings.system_prompt})
+        run.user = clean_text(run.user)
         run.add_message({"role": "user", "content": run.user})
 
     def _schemas(self, run: Run) -> tuple[list[dict[str, Any]], int]:
@@ -199,17 +201,21 @@ class Engine:
             detail: str | None = None
             parsed: Any = None
             raw: Any = pc.arguments
-            if isinstance(raw, dict):  # adapters that hand over parsed arguments
-                parsed, raw = raw, json.dumps(raw, ensure_ascii=False, default=str)
-            elif raw is None:  # some providers send null for a call without arguments
+            if isinstance(raw, dict):  # adapters that hand over parsed arguments: re-read
+                try:  # as text, so that they are checked (depth, surrogates) like text
+                    raw = json.dumps(raw, ensure_ascii=False, default=str)
+                except (ValueError, TypeError, RecursionError) as exc:
+                    raw, err, detail = "{}", "malformed_arguments", f"not encodable: {exc}"
+            if raw is None:  # some providers send null for a call without arguments
                 parsed, raw = {}, ""
             elif not isinstance(raw, str):
-                raw = repr(raw)
+                raw = clean_text(repr(raw))
                 err, detail = "malformed_arguments", "arguments are not JSON text"
-            else:
+            elif err is None:
+                raw = clean_text(raw)
                 try:
-                    parsed = json.loads(raw) if raw.strip() else {}
-                except ValueError as exc:
+                    parsed = loads_arguments(raw) if raw.strip() else {}
+                except ValueError as exc:  # also too deep, or a number Python refuses
                     err, detail = "malformed_arguments", str(exc)
             pc.arguments = raw  # plugins always see JSON text, as ProposedCall promises
             if err is None and not isinstance(parsed, dict):
@@ -261,6 +267,7 @@ class Engine:
             run.add_message({"role": "tool", "tool_call_id": call.id, "content": text})
 
     def _clip(self, text: str) -> str:
+        text = clean_text(text)
         limit = self.settings.max_observation_chars
         if limit is not None and len(text) > limit:
             return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
@@ -425,6 +432,7 @@ class Engine:
             run.step += 1
             if response.usage is not None:
                 run.usage.add(response.usage)
+            _clean_response(response)
             content = response.content
             if content and content.strip():
                 run.best_answer = content
@@ -432,7 +440,11 @@ class Engine:
                 calls = []
                 for pc in response.tool_calls:
                     if not isinstance(pc.arguments, str):
-                        pc.arguments = json.dumps(pc.arguments, ensure_ascii=False, default=str)
+                        try:
+                            text = json.dumps(pc.arguments, ensure_ascii=False, default=str)
+                        except (ValueError, TypeError, RecursionError):
+                            text = "{}"
+                        pc.arguments = clean_text(text)
             else:
                 calls = self._parse_calls(run, response)
             response.calls = calls
@@ -837,6 +849,18 @@ def _well_formed(response: Any) -> bool:
         return False
     return all(isinstance(c, ProposedCall) and isinstance(c.name, str)
                and isinstance(c.id, str) for c in calls)
+
+
+def _clean_response(response: ModelResponse) -> None:
+    """Replace lone surrogates in the model's text, call names and ids (see
+    :func:`loopwarden.sanitize.clean_text`): they could not be stored, printed or sent back."""
+    if response.content:
+        response.content = clean_text(response.content)
+    for pc in response.tool_calls:
+        pc.name = clean_text(pc.name)
+        pc.id = clean_text(pc.id)
+        if isinstance(pc.arguments, str):
+            pc.arguments = clean_text(pc.arguments)
 
 
 def _internal_error(exc: BaseException) -> RunOutcome:

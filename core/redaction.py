@@ -151,10 +151,9 @@ class Redactor:
         masked as free text.
         """
         try:
-            parsed = json.loads(raw)
-        except ValueError:
+            return json.dumps(self(json.loads(raw)), ensure_ascii=False)
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to walk
             return self.text(raw)
-        return json.dumps(self(parsed), ensure_ascii=False)
 
 
 def model_api_key(deployment: Any) -> str | None:
