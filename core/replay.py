@@ -40,6 +40,7 @@ from loopwarden.events import ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.exceptions import ConfigError
 from loopwarden.loop import CallModel, Engine
 from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.sanitize import loads_strict
 from loopwarden.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
@@ -198,13 +199,17 @@ def replay_config(config: Config, *, observers: bool = False) -> Config:
 
 
 def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """(line number, trajectory or None for an unreadable line) for each non-blank line."""
-    with Path(path).open(encoding="utf-8") as fh:
+    """(line number, trajectory or None for an unreadable line) for each non-blank line.
+
+    Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
+    ``1e999``, huge integers, deep nesting, lone surrogates, undecodable bytes), or not the
+    trajectory shape."""
+    with Path(path).open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = loads_strict(line)
             except ValueError:
                 yield lineno, None
                 continue

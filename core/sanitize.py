@@ -33,8 +33,8 @@ __all__ = [
 
 #: the deepest nesting accepted in a tool call's arguments and in a record line
 MAX_DEPTH = 100
-#: integers with more digits are not numbers a record should hold (a float cannot hold them)
-MAX_INT_DIGITS = 300
+#: integers with more digits are not counts a record or a trajectory holds (usage, ids)
+MAX_INT_DIGITS = 30
 
 _MAX_INT_BITS = (10**MAX_INT_DIGITS).bit_length() - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -160,7 +160,7 @@ def jsonable(value: Any, limit: int = MAX_DEPTH) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        # at most MAX_INT_DIGITS digits (10**300 has 997 bits), without printing a huge int
+        # at most about MAX_INT_DIGITS digits, checked without printing a huge int
         return value if value.bit_length() <= _MAX_INT_BITS else "(an integer too long)"
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
