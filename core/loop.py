@@ -237,7 +237,8 @@ class Engine:
                 id=call_id,
                 step=run.step,
                 index=i,
-                fingerprint=self.fingerprint(pc.name, fp_args),
+                fingerprint=self.fingerprint(
+                    pc.name, fp_args, tool.normalize_arguments if tool is not None else True),
                 tool=tool,
                 error=err,
                 error_detail=detail,
@@ -245,7 +246,8 @@ class Engine:
             if tool is not None:
                 call.timeout = tool.timeout_s
                 if err is None and tool.side_effect and args is not None:
-                    call.idempotency_key = tool.idempotency_key(args)
+                    call.idempotency_key = tool.idempotency_key(
+                        args, self.fingerprint.volatile_keys)
             calls.append(call)
         return calls
 
