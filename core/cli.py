@@ -102,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path given on the command line that cannot be read or written
+        print(f"loopwarden {name}: error: {exc.strerror or exc}"
+              + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,6 +15,7 @@ on the :class:`~loopwarden.Run`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from loopwarden import signals
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
-from loopwarden.exceptions import ConfigError, ToolError
+from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
 from loopwarden.loop import Engine, adrive, drive
 from loopwarden.pluginmanager import PluginSet, load_plugins
 from loopwarden.run import Conversation, Limits, Run
@@ -149,7 +150,14 @@ class Deployment:
         for lp in self.plugins:
             connect = getattr(lp.obj, "connect", None)
             if callable(connect):
-                connect(self)
+                try:
+                    connect(self)
+                except Exception as exc:  # a plugin that cannot start: a clear start-up error
+                    with contextlib.suppress(Exception):
+                        self.close()
+                    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    raise PluginLoadError(f"connect() failed: {text}", plugin=lp.name,
+                                          path=self.config.path) from exc
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> Deployment:

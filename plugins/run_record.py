@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, PositiveInt
 
 from loopwarden import Plugin, PluginSettings, signals
+from loopwarden.exceptions import ConfigError
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
 from loopwarden.sanitize import jsonable
 
@@ -229,6 +230,17 @@ class RunRecord(Plugin[RunRecordSettings]):
 
     def close(self) -> None:
         self.appender.close()
+
+    def check_config(self, *, path: str | None = None) -> None:
+        """For ``loopwarden config check``: fail when records could not be written to the
+        configured file (a missing parent that cannot be created, a file in the way, a FIFO
+        or a device, no permission).  Creates nothing."""
+        problem = check_writable(self.path)
+        if problem is not None:
+            raise ConfigError(f"records cannot be written to {self.path}: {problem}",
+                              path=path, key="plugins.run_record.path",
+                              expected="a writable regular file (or a directory to create "
+                              "it in)")
 
     def on_model_responded(self, run: Run, *, request: ModelRequest, response: ModelResponse,
                            **_: Any) -> None:
