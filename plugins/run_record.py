@@ -144,11 +144,19 @@ class JsonlAppender:
         """Nothing to release (no descriptor is held between appends); kept for callers."""
 
 
+# Characters that some line splitters (str.splitlines, JavaScript) take for line breaks; JSON
+# leaves them raw inside strings, so they are escaped to keep one record on one line for all.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def encode_line(obj: Mapping[str, Any]) -> bytes:
     """One record as a line of strict JSON in UTF-8 (see :func:`loopwarden.sanitize.jsonable`:
-    lone surrogates replaced, NaN and huge numbers as strings)."""
-    return (json.dumps(jsonable(obj), ensure_ascii=False, allow_nan=False) + "\n").encode(
-        "utf-8")
+    lone surrogates replaced, NaN and huge numbers as strings; no character that any line
+    splitter could break the line at)."""
+    text = json.dumps(jsonable(obj), ensure_ascii=False, allow_nan=False)
+    if not text.isascii():
+        text = text.translate(_LINE_BREAKS)
+    return (text + "\n").encode("utf-8")
 
 
 _OPEN_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)

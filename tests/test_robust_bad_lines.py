@@ -84,3 +84,15 @@ def test_report_of_records_the_plugin_wrote_from_odd_values(tmp_path: Path) -> N
     (back,) = loaded.records
     assert back["cost"] == "nan" and back["tokens"]["completion"] == "inf"
     assert back["evidence"]["text"] == "a\ufffdb"
+
+
+def test_a_written_record_is_one_line_for_every_line_splitter() -> None:
+    """JSON leaves U+2028, U+2029 and U+0085 raw inside strings; str.splitlines (and
+    JavaScript) break lines there.  Found by bench/fuzz.py."""
+    from loopwarden.plugins.run_record import encode_line
+
+    record = {"run_id": "x", "termination": "final_answer",
+              "final_answer": "a\u2028b\u2029c\x85d\x1ce\x0bf\rg"}
+    text = encode_line(record).decode("utf-8")
+    assert len(text.splitlines()) == 1
+    assert json.loads(text)["final_answer"] == record["final_answer"]
