@@ -28,9 +28,11 @@ Tools: two read-only lookups, a clock, and two side effects (``send_email`` keye
 ``bad_requests``     (http) a request the client sent back was not valid UTF-8 JSON
 ``blamed_model``     (http) a run ended ``model_error`` although every body was well formed
 
-and the terminations seen.  Exit code 0 when every count is 0.  Measured (2 shared cores,
-Python 3.11): ``python bench/fuzz.py 5000 1`` -- see the README's reliability section for
-the figures; the smoke test in ``tests/test_bench_smoke.py`` runs a few cases.
+and the terminations seen, with how many side effects executed and how many repeats of them
+the ledger answered without executing.  Exit code 0 when every count above is 0.
+
+Measured (2 shared cores, Python 3.11): ``python bench/fuzz.py 5000 1`` -- MEASURED.
+The smoke test in ``tests/test_bench_smoke.py`` runs a few cases.
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ class Call:
     name: str
     arguments: str  # raw text (may be anything)
     id: str
+    #: (http only) a field sent with the wrong JSON type: ("arguments", '{"a": 1}'), ...
+    wire: tuple[str, str] | None = None
 
 
 @dataclass
@@ -224,8 +228,24 @@ def make_case(rng: random.Random) -> Case:
         for j in range(rng.choice([0, 1, 1, 1, 2, 3, 4])):
             name = _name(rng)
             ident = rng.choice([f"call_{j}", "", "dup", "c\ud800"])
-            calls.append(Call(name, _arguments(rng, name.strip()), ident))
+            wire = None
+            if rng.random() < 0.05:
+                wire = rng.choice([("arguments", '{"order_id": "88231"}'), ("arguments", "5"),
+                                   ("arguments", "null"), ("arguments", "[1]"),
+                                   ("name", "7"), ("name", "null"), ("id", "42")])
+            calls.append(Call(name, _arguments(rng, name.strip()), ident, wire))
         turns.append((content, calls))
+    if rng.random() < 0.4:  # side effects proposed again with keys that differ in form
+        for _ in range(rng.randint(1, 2)):
+            calls = []
+            for j in range(rng.randint(1, 3)):
+                if rng.random() < 0.5:
+                    args = {"to": rng.choice(EMAILS), "body": _text(rng)}
+                    calls.append(Call("send_email", json.dumps(args), f"e{j}"))
+                else:
+                    args = {"order_id": rng.choice(ORDERS), "amount": rng.choice([1, 1.0, 2])}
+                    calls.append(Call("refund", json.dumps(args), f"r{j}"))
+            turns.insert(rng.randint(0, len(turns)), (_text(rng) or None, calls))
     garbage = [rng.choice(GARBAGE) if rng.random() < 0.05 else None for _ in turns]
     return Case(turns, _text(rng) or "done", garbage)
 
@@ -245,14 +265,28 @@ def _body(content: str | None, calls: list[Call], usage: bool = True) -> str:
     msg = '"role": "assistant", "content": ' + (json.dumps(content) if content is not None
                                                 else "null")
     if calls:
-        msg += ', "tool_calls": [' + ", ".join(
-            f'{{"id": {json.dumps(c.id)}, "type": "function", "function": {{"name": '
-            f'{json.dumps(c.name)}, "arguments": {json.dumps(c.arguments)}}}}}'
-            for c in calls) + "]"
+        msg += ', "tool_calls": [' + ", ".join(_wire_call(c) for c in calls) + "]"
     tail = ', "usage": {"prompt_tokens": 10, "completion_tokens": 5}' if usage else ""
     return ('{"id": "fz", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
             '"choices": [{"index": 0, "message": {' + msg + '}, "finish_reason": "stop"}]'
             + tail + "}")
+
+
+def _wire_call(c: Call) -> str:
+    fields = {"id": json.dumps(c.id), "name": json.dumps(c.name),
+              "arguments": json.dumps(c.arguments)}
+    if c.wire is not None:
+        fields[c.wire[0]] = c.wire[1]
+    return (f'{{"id": {fields["id"]}, "type": "function", "function": {{"name": '
+            f'{fields["name"]}, "arguments": {fields["arguments"]}}}}}')
+
+
+def well_formed(case: Case) -> bool:
+    """Whether every body of the case is a completion of the documented shape (a run that
+    ends ``model_error`` then blamed the model for what the loop should have handled)."""
+    return all(g is None for g in case.garbage) and not any(
+        c.wire is not None and c.wire[0] != "arguments" for _, calls in case.turns
+        for c in calls)
 
 
 def http_bodies(case: Case) -> list[str]:
@@ -320,6 +354,9 @@ class Tally:
     blamed_model: int = 0
     terminations: collections.Counter[str] = field(default_factory=collections.Counter)
     examples: list[str] = field(default_factory=list)
+    #: side effects executed, and repeats of them the ledger answered without executing
+    effects_executed: int = 0
+    effects_replayed: int = 0
 
     def note(self, kind: str, case_no: int, detail: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
@@ -330,6 +367,8 @@ class Tally:
         return {"cases": self.cases, "crashes": self.crashes, "hangs": self.hangs,
                 "missing_records": self.missing_records, "double_effects": self.double_effects,
                 "bad_requests": self.bad_requests, "blamed_model": self.blamed_model,
+                "effects_executed": self.effects_executed,
+                "effects_replayed": self.effects_replayed,
                 "terminations": dict(self.terminations.most_common()),
                 "examples": self.examples}
 
@@ -432,14 +471,16 @@ class Runner:
         self._check_record(case_no, record)
         with _EXEC_LOCK:
             twice = {k: n for k, n in _EXECUTED.items() if n > 1}
+            t.effects_executed += sum(_EXECUTED.values())
+        t.effects_replayed += sum(1 for m in run.messages if m.get("role") == "tool"
+                                  and "not executed again" in str(m.get("content")))
         if twice:
             t.note("double_effects", case_no, repr(twice))
         if self.stub is not None:
             bad = self.stub.bad_requests - bad_before
             if bad:
                 t.note("bad_requests", case_no, f"{bad} request(s)")
-            if record["termination"] == "model_error" and not any(
-                    g is not None for g in case.garbage):
+            if record["termination"] == "model_error" and well_formed(case):
                 t.note("blamed_model", case_no, json.dumps(record["evidence"])[:300])
 
     def _check_record(self, case_no: int, record: dict[str, Any]) -> None:
@@ -514,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         "double_effects", "bad_requests",
                                                         "blamed_model"))
             print(f"{name:>9}: {p['cases']} runs: {counts}")
+            print(f"{'':>9}  side effects executed {p['effects_executed']}, repeats answered "
+                  f"by the ledger {p['effects_replayed']}")
             print(f"{'':>9}  terminations: {json.dumps(p['terminations'])}")
             for ex in p["examples"]:
                 print(f"{'':>9}  {ex}".encode("ascii", "backslashreplace").decode())
