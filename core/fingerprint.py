@@ -98,13 +98,12 @@ def idempotency_key(name: str, arguments: Mapping[str, Any], keys: Iterable[str]
     values are case-sensitive, such as tokens or file names) compares values exactly, in
     both places.  The one function every ledger computes its keys with.
     """
+    volatile = frozenset(k.casefold() for k in volatile_keys)
     if keys is None:
-        picked: Any = arguments
-        volatile = frozenset(k.casefold() for k in volatile_keys)
+        canon: Any = _canon(arguments, volatile, normalize)
     else:  # named keys are kept even when they look volatile: the tool chose them
-        picked = {k: arguments.get(k) for k in keys}
-        volatile = frozenset()
-    return name + ":" + _encode(_canon(picked, volatile, normalize))
+        canon = {k: _canon(arguments.get(k), volatile, normalize) for k in keys}
+    return name + ":" + _encode(canon)
 
 
 class Fingerprinter:
