@@ -121,6 +121,12 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
     return reg
 
 
+def _disconnect_all(receivers: list[tuple[NamedSignal, Callable[..., Any]]]) -> None:
+    for signal, receiver in receivers:
+        signal.disconnect(receiver)
+    receivers.clear()
+
+
 class Deployment:
     """A configured set of plugins, a model and tools, serving many runs."""
 
@@ -147,6 +153,9 @@ class Deployment:
             self._tools = ToolRegistry(tools)
         self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
         self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
+        # an unclosed deployment's receivers go when it does (a signal that is rarely sent
+        # would otherwise keep one dead receiver per deployment connected for ever)
+        weakref.finalize(self, _disconnect_all, self._receivers)
         for lp in self.plugins:
             connect = getattr(lp.obj, "connect", None)
             if callable(connect):
@@ -208,7 +217,8 @@ class Deployment:
         The deployment connects one blinker receiver per signal, which checks the run's
         deployment once and fans out to its receivers (each isolated: a failing one is logged
         once and never stops the others).  It holds the deployment weakly and disconnects
-        itself once the deployment is gone, so an unclosed deployment leaks nothing.
+        itself once the deployment is gone (at its next send, or when the deployment is
+        collected), so an unclosed deployment leaks nothing.
         """
         local = self._local_receivers.get(signal)
         if local is None:
@@ -235,9 +245,7 @@ class Deployment:
 
     def close(self) -> None:
         """Disconnect signal receivers and close plugins (files, threads)."""
-        for signal, receiver in self._receivers:
-            signal.disconnect(receiver)
-        self._receivers.clear()
+        _disconnect_all(self._receivers)
         self._local_receivers.clear()
         for lp in self.plugins:
             close = getattr(lp.obj, "close", None)

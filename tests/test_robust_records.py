@@ -200,3 +200,22 @@ def test_unwritable_paths_are_reported_and_never_hang(
     assert str(path) in record["errors"][0]["error"]
     assert dep.plugins.get("metrics").value("record_write_failures_total") == 1
     assert any("cannot append" in r.getMessage() for r in caplog.records)
+
+
+def test_receivers_of_dead_deployments_are_disconnected(
+    tmp_path: Path, make_config: Callable[..., Config],
+) -> None:
+    """A fan-out receiver used to disconnect itself only when its signal was next sent: a
+    rarely sent signal kept one receiver per dead deployment connected for ever."""
+    import gc
+
+    from loopwarden import signals
+
+    cfg = make_config(plugins={"enabled": ["max_steps", "metrics", "run_record"],
+                               "run_record": {"path": str(tmp_path / "runs.jsonl")}})
+    before = {s.name: len(s.receivers) for s in signals.ALL}
+    for _ in range(20):
+        _quick_run(Deployment(cfg, clock=FakeClock()))  # never closed
+    gc.collect()
+    assert {s.name: len(s.receivers) - before[s.name] for s in signals.ALL} == {
+        s.name: 0 for s in signals.ALL}
