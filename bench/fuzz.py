@@ -33,11 +33,13 @@ the ledger answered without executing.  Exit code 0 when every count above is 0.
 
 Measured (2 shared cores, Python 3.11.7): ``python bench/fuzz.py 5000 1 --json`` -- 0 crashes,
 0 hangs, 0 missing records, 0 double side effects, 0 bad requests, 0 blamed models on both
-paths, in 869 s.  Scripted: 3,598 side effects executed, 1,125 repeats answered by the
-ledger; terminations final_answer 2,868, failure_streak 1,310, max_context 708, max_tokens
-64, repeat_call 48, stall 2.  HTTP: 3,238 executed, 996 replayed; final_answer 2,620,
-failure_streak 1,219, max_context 650, model_error 474 (broken bodies), repeat_call 36,
-stall 1.  The smoke test in ``tests/test_bench_smoke.py`` runs a few cases.
+paths, in 759 s (869 s in an earlier run: the machine is shared).  Scripted: 3,598 side
+effects executed, 1,125 repeats answered by the ledger; terminations final_answer 2,868,
+failure_streak 1,310, max_context 708, max_tokens 64, repeat_call 48, stall 2.  HTTP: 3,238
+executed, 996 replayed; final_answer 2,620, failure_streak 1,219, max_context 650,
+model_error 474 (broken bodies), repeat_call 36, stall 1.
+
+The smoke test in ``tests/test_bench_smoke.py`` runs a few cases.
 """
 
 from __future__ import annotations
