@@ -100,7 +100,7 @@ def observer_names(config: Config) -> list[str]:
     metrics, alerting, run records), which subscribe to signals and can never change a run."""
     from loopwarden.pluginmanager import load_plugins
 
-    return [lp.name for lp in load_plugins(config) if not lp.hooks]
+    return [lp.name for lp in load_plugins(config) if lp.observer]
 
 
 def without_observers(config: Config) -> tuple[Config, list[str]]:

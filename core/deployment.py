@@ -159,10 +159,7 @@ class Deployment:
         self.shared = Shared(self.config.store)
         self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
         self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
-        for lp in self.plugins:
-            connect = getattr(lp.obj, "connect", None)
-            if callable(connect):
-                connect(self)
+        self.hooks.configure(self)
 
     def _shadowed(self) -> list[str]:
         """The plugins in shadow mode: every one but the essential ones and normal endings
@@ -207,14 +204,11 @@ class Deployment:
         return self._model
 
     def check_model(self, name: str) -> None:
-        """Let plugins refuse a model before any run (``check_model(name, path=...)``).
+        """Let plugins refuse a model before any run (the ``validate_model`` hook).
 
         The cost budget raises :class:`ConfigError` for a model it has no price for.
         """
-        for lp in self.plugins:
-            check = getattr(lp.obj, "check_model", None)
-            if callable(check):
-                check(name, path=self.config.path)
+        self.hooks.validate_model(name, self.config.path)
 
     def limits(self, profile: str | None = None) -> Limits:
         p = self.config.profile(profile)
@@ -261,10 +255,7 @@ class Deployment:
             signal.disconnect(receiver)
         self._receivers.clear()
         self._local_receivers.clear()
-        for lp in self.plugins:
-            close = getattr(lp.obj, "close", None)
-            if callable(close):
-                close()
+        self.hooks.unconfigure(self)
         self.shared.close()
 
     def __enter__(self) -> Deployment:

@@ -357,7 +357,8 @@ class Engine:
         )
 
     def _soft_end(self, run: Run, response: ModelResponse) -> RunOutcome:
-        stop: Stop = run.stopping
+        stop = run.stopping
+        assert stop is not None  # only called while a soft stop is honoured
         content = (response.content or "").strip()
         return RunOutcome(
             termination=stop.reason,

@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType, TracebackType
@@ -44,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 from loopwarden import hookspecs
 from loopwarden.config import Config, validation_error
 from loopwarden.exceptions import ConfigError, PluginLoadError
+from loopwarden.plugin import unused_shim
 from loopwarden.verdicts import (
     EMPTY,
     UNKNOWN_PLUGIN,
@@ -56,6 +57,7 @@ from loopwarden.verdicts import (
 )
 
 if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
 
@@ -132,6 +134,12 @@ class LoadedPlugin:
     obj: Any
     settings: BaseModel | None = None
     hooks: list[str] = field(default_factory=list)
+
+    @property
+    def observer(self) -> bool:
+        """True for a pure observer: it implements no run hook, so it can never change a run
+        (it subscribes to signals in ``on_configure``)."""
+        return not any(h in hookspecs.RUN_HOOK_NAMES for h in self.hooks)
 
 
 # -- environment -------------------------------------------------------------------------
@@ -476,6 +484,11 @@ class LoopwardenPluginManager(pluggy.PluginManager):
         self.monitors = 0
         self.generation = 0
 
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        if unused_shim(plugin, name):  # Plugin's lifecycle shims, when they would do nothing
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
     def register(self, plugin: object, name: str | None = None) -> str | None:
         try:
             return super().register(plugin, name)
@@ -517,16 +530,26 @@ def _trace_writer(text: str) -> None:
     sys.stderr.write("".join("[loopwarden trace] " + ln for ln in text.splitlines(True)))
 
 
-def _owns_connect(obj: Any) -> bool:
-    """True when ``obj`` subscribes to signals itself (a hook-less observer)."""
+#: 0.1 method names a plain (non-Plugin) object may still carry -> the hook that replaced them
+_LEGACY_METHODS = {"connect": "on_configure", "close": "on_unconfigure",
+                   "check_model": "validate_model"}
+
+
+def _check_legacy(lp: LoadedPlugin, implemented: list[str]) -> None:
+    """A plain object's 0.1 lifecycle method is no longer called: say so, instead of silently
+    skipping it (a :class:`~loopwarden.Plugin` subclass's methods are called by the base
+    class's hook implementations)."""
     from loopwarden.plugin import Plugin
 
-    connect = getattr(obj, "connect", None)
-    if not callable(connect):
-        return False
-    if isinstance(obj, Plugin):
-        return type(obj).connect is not Plugin.connect
-    return True
+    if isinstance(lp.obj, Plugin):
+        return
+    for method, hook in _LEGACY_METHODS.items():
+        if hook not in implemented and callable(getattr(lp.obj, method, None)):
+            raise PluginLoadError(
+                f"defines {method}(), which loopwarden no longer calls on a plain object: "
+                f"implement the hook {hook} with @hookimpl (or subclass loopwarden.Plugin)",
+                plugin=lp.name,
+            )
 
 
 def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
@@ -558,14 +581,16 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
         if hname in implemented:
             continue
         attr = inspect.getattr_static(lp.obj, hname, None)
-        if attr is not None and callable(getattr(lp.obj, hname, None)):
+        if attr is not None and not unused_shim(lp.obj, hname) \
+                and callable(getattr(lp.obj, hname, None)):
             raise PluginLoadError(
                 f"defines {hname}() without @hookimpl, so it would never be called "
                 "(decorate it with 'from loopwarden import hookimpl')",
                 plugin=lp.name,
             )
+    _check_legacy(lp, implemented)
     lp.hooks = sorted(set(implemented), key=_hook_rank)
-    if not lp.hooks and not _owns_connect(lp.obj):
+    if not lp.hooks:
         raise PluginLoadError(
             "implements no hook (expected @hookimpl methods named one of: "
             f"{', '.join(hookspecs.HOOK_NAMES)}, or a connect() that subscribes to signals)",
@@ -648,7 +673,8 @@ def plugin_hooks(obj: Any) -> list[str]:
     out = []
     for attr in dir(obj):
         fn = getattr(obj, attr, None)
-        if fn is not None and hasattr(fn, hookspecs.PROJECT + "_impl"):
+        if fn is not None and hasattr(fn, hookspecs.PROJECT + "_impl") \
+                and not unused_shim(obj, attr):
             out.append(attr)
     return sorted(out, key=_hook_rank)
 
@@ -804,7 +830,8 @@ class Hooks:
             except Exception as exc:
                 return self._failed(hook, exc, plugin=name)
             if r is not None:
-                if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r):
+                if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r) \
+                        or (type(r) is Skip and hook != "before_tool"):
                     return self._not_a_verdict(hook, r, plugin=name)
                 if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
                     r = dataclasses.replace(r, plugin=name)
@@ -853,6 +880,17 @@ class Hooks:
     def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
         who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
         why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
+        if why is None and isinstance(returned, Skip):
+            shown = self.redact(_safe_repr(returned)[:500])
+            verdict = Stop(
+                reason="plugin_error",
+                plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
+                soft=False,
+                message=f"{who} returned a skip from {hook}, which cannot honour it (only "
+                        "before_tool can skip a call): warn or stop instead",
+                evidence={"hook": hook, "returned": shown},
+            )
+            return Resolution(verdict, (), (verdict,))
         shown = self.redact(_safe_repr(returned)[:500])
         what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
         verdict = Stop(
@@ -868,7 +906,8 @@ class Hooks:
         if not results:
             return EMPTY
         for r in results:
-            if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r):
+            if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r) \
+                    or (type(r) is Skip and hook != "before_tool"):
                 return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
@@ -943,6 +982,55 @@ class Hooks:
                 done.update(impls[: impls.index(plugin) + 1])
                 remove = [self._pm.get_plugin(n) for n in done]
                 caller = self._pm.subset_hook_caller("on_stop", remove_plugins=remove)
+
+    # -- lifecycle hooks (not on the hot path: pluggy dispatches them) ---------------------
+
+    def configure(self, deployment: Deployment) -> None:
+        """``on_configure``: once, when ``deployment`` has loaded its plugins."""
+        self._pm.hook.on_configure(deployment=deployment)
+
+    def unconfigure(self, deployment: Deployment) -> None:
+        """``on_unconfigure``: once, when ``deployment`` closes."""
+        self._pm.hook.on_unconfigure(deployment=deployment)
+
+    def validate_model(self, model: str, path: str | None) -> None:
+        """``validate_model``: a plugin refuses ``model`` by raising ConfigError."""
+        self._pm.hook.validate_model(model=model, path=path)
+
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """``budget_limits``: the limits the plugins enforce for ``run``, by budget (the
+        earlier plugin in config order wins a tie)."""
+        out: dict[str, float] = {}
+        for limits in self._pm.hook.budget_limits(run=run):
+            if isinstance(limits, Mapping):
+                for budget, value in limits.items():
+                    out.setdefault(str(budget), value)
+        return out
+
+    def record_fields(
+        self, run: Run, reserved: Container[str] = ()
+    ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+        """``record_fields``: the plugins' fields for ``run``'s record, and the failures
+        (plugin, hook, error) of implementations that raised or named a ``reserved`` field
+        -- each called on its own, so one failing plugin never costs the others' fields."""
+        fields: dict[str, Any] = {}
+        failures: list[dict[str, str]] = []
+        for impl in reversed(self._pm.hook.record_fields.get_hookimpls()):
+            try:
+                got = impl.function(run) if impl.argnames else impl.function()
+                if got is not None and not isinstance(got, Mapping):
+                    raise TypeError(f"returned {_safe_repr(got)[:200]}, not a mapping")
+                taken = sorted(str(k) for k in (got or {}) if k in reserved)
+                if taken:
+                    raise ValueError(f"the record's own fields cannot be replaced: {taken}")
+            except Exception as exc:
+                failures.append({"plugin": impl.plugin_name, "hook": "record_fields",
+                                 "error": self._log_failure(impl.plugin_name, "record_fields",
+                                                            exc)})
+                continue
+            for key, value in (got or {}).items():
+                fields.setdefault(str(key), value)
+        return fields, failures
 
     @property
     def order(self) -> list[str]:

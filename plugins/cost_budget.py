@@ -193,6 +193,10 @@ class CostBudget(Plugin[CostBudgetSettings]):
             )
 
     @hookimpl
+    def validate_model(self, model: str, path: str | None) -> None:
+        self.check_model(model, path=path)
+
+    @hookimpl
     def on_start(self, run: Run) -> Verdict | None:
         s = self.settings
         st: _State = self.state(run)

@@ -66,6 +66,11 @@ class MaxSteps(Plugin[MaxStepsSettings]):
     def new_state(self) -> _State:
         return _State()
 
+    @hookimpl
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The ``steps`` budget this plugin enforces for ``run`` (for the metrics)."""
+        return {"steps": self.limit(run)}
+
     def limit(self, run: Run) -> int:
         """The step limit of ``run``: its profile's, else this plugin's setting."""
         return run.limits.max_steps or self.settings.max_steps

@@ -339,13 +339,9 @@ class _Prometheus:
             server[0].server_close()
 
 
-#: budget -> (the run's profile limit, the plugin that enforces it, its limit methods, its
-#: settings fields) -- read with getattr, so a missing or different plugin just has no limit
-_BUDGETS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
-    "steps": ("max_steps", "max_steps", ("limit",), ("max_steps",)),
-    "tokens": ("max_tokens", "token_budget", ("total_limit", "limit"),
-               ("max_total_tokens", "max_tokens")),
-    "seconds": ("max_seconds", "timeout", ("limit",), ("max_seconds",)),
+#: budget -> the run's profile limit for it
+_PROFILE_FIELDS: dict[str, str] = {
+    "steps": "max_steps", "tokens": "max_tokens", "seconds": "max_seconds",
 }
 
 
@@ -356,27 +352,17 @@ def _positive(value: Any) -> float | None:
 
 
 def _budget_limits(run: Run) -> dict[str, float]:
-    """The limits this run had: its profile's, else what the budget plugin enforces."""
+    """The limits this run had: its profile's, else what the budget plugins enforce (the
+    ``budget_limits`` hook)."""
+    enforced: dict[str, Any] = {}
+    if run.deployment is not None:
+        try:
+            enforced = run.deployment.hooks.budget_limits(run)
+        except Exception:  # other plugins' hooks: never break the metrics on them
+            log.debug("budget_limits failed", exc_info=True)
     limits: dict[str, float] = {}
-    plugins = getattr(getattr(run, "deployment", None), "plugins", None)
-    for budget, (profile_field, plugin, methods, fields) in _BUDGETS.items():
-        value = _positive(getattr(run.limits, profile_field, None))
-        obj = plugins.get(plugin) if plugins is not None else None
-        if value is None and obj is not None:
-            for method in methods:
-                fn = getattr(obj, method, None)
-                if callable(fn):
-                    try:
-                        value = _positive(fn(run))
-                    except Exception:  # another plugin's helper: never break on it
-                        value = None
-                    if value is not None:
-                        break
-            settings = getattr(obj, "settings", None)
-            for f in fields if value is None else ():
-                value = _positive(getattr(settings, f, None))
-                if value is not None:
-                    break
+    for budget, profile_field in _PROFILE_FIELDS.items():
+        value = _positive(getattr(run.limits, profile_field)) or _positive(enforced.get(budget))
         if value is not None:
             limits[budget] = value
     return limits

@@ -11,7 +11,8 @@ business), is a hit.
 The check runs in ``after_response``, on the proposals of the turn (``response.calls``), so a
 stop prevents those calls from running.  The first hit warns ("you are alternating between
 ...; change strategy or answer now"); the hit numbered ``stop_at_hit`` (default: the next one)
-stops the run with ``oscillation``.  Every hit adds one to ``run.oscillation_hits``.
+stops the run with ``oscillation``.  Every hit adds one to the run record's
+``oscillation_hits``.
 
 Detection is incremental: for each period ``p`` the plugin keeps how many of the latest
 symbols equal the symbol ``p`` places earlier; a cycle of period ``p`` has repeated ``c``
@@ -39,6 +40,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugin import check_templates
+from loopwarden.stash import StashKey
 
 __all__ = ["CycleDetector", "Oscillation", "OscillationSettings"]
 
@@ -162,6 +164,15 @@ class Oscillation(Plugin[OscillationSettings]):
     name = "oscillation"
     Settings = OscillationSettings
 
+    def __init__(self, settings: OscillationSettings | None = None) -> None:
+        super().__init__(settings)
+        #: oscillation hits in a run (the record's ``oscillation_hits``)
+        self.hits = StashKey[int]()
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        return {"oscillation_hits": run.stash.get(self.hits, 0)}
+
     def new_state(self) -> _State:
         s = self.settings
         return _State(CycleDetector(s.min_period, s.max_period, s.cycles, s.window))
@@ -194,7 +205,7 @@ class Oscillation(Plugin[OscillationSettings]):
         if found is None:
             return None
         st.hits += 1
-        run.oscillation_hits += 1
+        run.stash[self.hits] = run.stash.get(self.hits, 0) + 1
         return self._verdict(run, st, found)
 
     def _verdict(self, run: Run, st: _State, period: int) -> Verdict:

@@ -35,9 +35,9 @@ repeats of each other (looking an order up again after a refund, or re-running a
 after toggling a setting, is how an agent checks its work).  Repeated side-effect calls
 themselves count across epochs: the loop replays them, so they change nothing.
 
-Every repeat detected adds one to ``run.duplicate_calls``.  State per run is bounded: at most
-``max_fingerprints`` fingerprints (least recently used forgotten first), each with one clipped
-observation, and a window of ``window`` calls.
+Every repeat detected adds one to the run record's ``duplicate_calls``.  State per run is
+bounded: at most ``max_fingerprints`` fingerprints (least recently used forgotten first),
+each with one clipped observation, and a window of ``window`` calls.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.plugin import check_templates
+from loopwarden.stash import StashKey
 
 __all__ = ["RepeatCall", "RepeatCallSettings"]
 
@@ -183,6 +184,15 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     name = "repeat_call"
     Settings = RepeatCallSettings
 
+    def __init__(self, settings: RepeatCallSettings | None = None) -> None:
+        super().__init__(settings)
+        #: duplicate calls in a run (the record's ``duplicate_calls``)
+        self.repeats = StashKey[int]()
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        return {"duplicate_calls": run.stash.get(self.repeats, 0)}
+
     def new_state(self) -> _State:
         return _State(window=deque(maxlen=self.settings.window))
 
@@ -267,7 +277,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         carried[2] += 1
         e.repeats = carried[2]
         e.seen = max(e.seen, e.repeats + 1)  # calls made, counting the earlier turns
-        run.duplicate_calls += 1
+        run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
         hits = self._in_window(st, f"{call.fingerprint}@{st.epoch}")
         if e.repeats >= s.stop_at_repeat:
             return self._stop(call, e, hits, across_turns=True)
@@ -306,7 +316,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 return self._stop(call, e, hits, by_repeats=False)
             return None
         e.repeats += 1
-        run.duplicate_calls += 1
+        run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
         if not e.ok and s.failures_across_turns:
             remembered = self.conversation_state(run).get(fp)
             if remembered is not None:
@@ -359,7 +369,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 st.window.append((key, not pending.retry))
                 if unchanged:
                     e.repeats += 1
-                    run.duplicate_calls += 1
+                    run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
                     hits = self._in_window(st, key)
                     if self._stops(e, hits):
                         verdict = self._stop(call, e, hits, result_digest=result.digest)

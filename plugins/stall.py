@@ -3,9 +3,10 @@
 Each real tool result (skipped calls' synthetic observations are ignored) is compared with the
 last ``window`` results: the same digest, or a token-set Jaccard similarity at or above
 ``similarity`` (CJK characters one by one, words otherwise), makes it a stalled result and
-adds one to ``run.stall_rounds``; a novel result resets the streak.  ``warn_after`` stalled
-results in a row warn; ``stop_after`` in a row stop the run with ``stall``.  This catches an
-agent that explores "different" searches that all return the same nothing.
+adds one to the run record's ``stall_rounds``; a novel result resets the streak.
+``warn_after`` stalled results in a row warn; ``stop_after`` in a row stop the run with
+``stall``.  This catches an agent that explores "different" searches that all return the
+same nothing.
 
 The same answer to a *different* question is news, not a stall: four products each "in
 stock", five flights each "available" -- checking several items one by one is healthy.  So a
@@ -22,7 +23,8 @@ Empty means a failure, text matching ``empty_patterns``, or JSON that holds noth
 ``{}``, objects whose values are all null or empty).
 
 A parallel batch (the tool calls of one model turn) is one round: it is stalled when every
-result in it is, and strong when one of them is.  ``run.stall_rounds`` counts stalled rounds.
+result in it is, and strong when one of them is.  The run record's ``stall_rounds`` counts
+stalled rounds.
 
 A successful call of a tool not declared ``read_only`` (a side effect) changed the world: that
 is progress however much its confirmation resembles the last one (updating three reservations
@@ -53,6 +55,7 @@ from loopwarden import (
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
 from loopwarden.plugins._text import free_text_differs, structurally_empty, token_set
+from loopwarden.stash import StashKey
 
 __all__ = ["Stall", "StallSettings"]
 
@@ -160,9 +163,15 @@ class Stall(Plugin[StallSettings]):
 
     def __init__(self, settings: StallSettings | None = None) -> None:
         super().__init__(settings)
+        #: stalled rounds in a run (the record's ``stall_rounds``)
+        self.stalled = StashKey[int]()
         patterns = self.settings.empty_patterns
         self._empty = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) \
             if patterns else None
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        return {"stall_rounds": run.stash.get(self.stalled, 0)}
 
     def _says_nothing(self, result: ToolResult) -> bool:
         if not result.ok:
@@ -232,7 +241,7 @@ class Stall(Plugin[StallSettings]):
         st.round_stalled = False  # judged: later calls of this turn start nothing new
         st.streak += 1
         st.strong += 1 if st.round_strong else 0
-        run.stall_rounds += 1
+        run.stash[self.stalled] = run.stash.get(self.stalled, 0) + 1
         return self._verdict(run, call, st, st.round_digest)
 
     def _observe(self, st: _State, call: ToolCall, result: ToolResult) -> None:

@@ -122,6 +122,11 @@ class Timeout(Plugin[TimeoutSettings]):
     def new_state(self) -> _State:
         return _State()
 
+    @hookimpl
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The ``seconds`` budget this plugin enforces for ``run`` (for the metrics)."""
+        return {"seconds": self.limit(run)}
+
     def limit(self, run: Run) -> float:
         """The run's time limit in seconds: its profile's, else ``max_seconds``."""
         return run.limits.max_seconds or self.settings.max_seconds

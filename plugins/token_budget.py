@@ -175,6 +175,11 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
     def new_conversation_state(self) -> _ConversationState:
         return _ConversationState()
 
+    @hookimpl
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The ``tokens`` budget this plugin enforces for ``run`` (for the metrics)."""
+        return {"tokens": self.total_limit(run)}
+
     def total_limit(self, run: Run) -> int:
         """The run's total-token limit: its profile's, else ``max_total_tokens``."""
         return run.limits.max_tokens or self.settings.max_total_tokens

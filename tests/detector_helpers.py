@@ -78,6 +78,10 @@ class Feed:
             error=error if error is not None else (None if t is not None else "unknown_tool"),
         )
 
+    def field(self, name: str) -> Any:
+        """The plugin's run-record field ``name`` (its ``record_fields`` hook)."""
+        return self.plugin.record_fields(run=self.run)[name]
+
     def _hook(self, name: str, **kwargs: Any) -> Verdict | None:
         fn = getattr(self.plugin, name, None)
         if fn is None:

@@ -69,7 +69,7 @@ def test_hooks_md_is_generated_and_current() -> None:
 def test_hooks_md_keeps_the_phase_banners() -> None:
     sections = docs.hook_sections()
     assert [t for t, _ in sections] == ["Pre-flight", "The model turn", "Tool calls",
-                                        "Post-flight"]
+                                        "Post-flight", "Lifecycle"]
     assert [h for _, hooks in sections for h in hooks] == list(hookspecs.HOOK_NAMES)
 
 

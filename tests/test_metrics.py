@@ -222,26 +222,18 @@ def test_budget_plugins_limits_are_read_when_the_profile_has_none(
     from loopwarden import Plugin, hookimpl
 
     class FakeTokenBudget(Plugin):
-        def total_limit(self, run: Run) -> int:
-            return 10_000
-
         @hookimpl
-        def on_start(self, run: Run) -> None:
-            return None
-
-    class FakeTimeoutSettings:
-        max_seconds = 120.0
+        def budget_limits(self, run: Run) -> dict[str, float]:
+            return {"tokens": 10_000}
 
     class FakeTimeout(Plugin):
         @hookimpl
-        def on_start(self, run: Run) -> None:
-            return None
+        def budget_limits(self) -> dict[str, float]:
+            return {"seconds": 120.0, "tokens": 1}  # tokens: the earlier plugin's figure wins
 
-    timeout = FakeTimeout()
-    timeout.settings = FakeTimeoutSettings()
     cfg = make_config(plugins={"enabled": ["max_steps", "metrics"]})
     dep = deployment_factory(cfg, plugins={"token_budget": FakeTokenBudget(),
-                                           "timeout": timeout}, clock=FakeClock())
+                                           "timeout": FakeTimeout()}, clock=FakeClock())
     rec = dep.run(scenario="refund").record()
     m: Metrics = dep.plugins.get("metrics")
     assert m.histogram("budget_use_ratio", budget="tokens").sum == pytest.approx(

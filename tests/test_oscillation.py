@@ -79,7 +79,7 @@ def test_period_two_warns_at_two_full_cycles_then_stops() -> None:
     f = feed()
     got = play(f, "ABABA")
     assert got == [None, None, None, "warn", "stop:oscillation"]
-    assert f.run.oscillation_hits == 2
+    assert f.field("oscillation_hits") == 2
     warn, stop = f.verdicts
     assert isinstance(warn, Warn)
     assert warn.message.startswith('You are alternating between lookup(key="A") -> '
@@ -125,7 +125,7 @@ def test_parallel_calls_in_one_turn_count_one_by_one_with_one_hit_per_turn() -> 
     calls = [f.call("lookup", {"key": k}, index=i) for i, k in enumerate("ABABAB")]
     v = f.respond("", calls)
     assert kinds([v]) == ["warn"]
-    assert f.run.oscillation_hits == 1
+    assert f.field("oscillation_hits") == 1
     v2 = f.respond("", [f.call("lookup", {"key": "A"})])
     assert kinds([v2]) == ["stop:oscillation"]
 

@@ -35,10 +35,7 @@ def main(args: argparse.Namespace) -> int:
         plugins = load_plugins(config)
         check_tables(config)
         if config.model.provider == "openai":  # the live model must be acceptable too
-            for lp in plugins:
-                check = getattr(lp.obj, "check_model", None)
-                if callable(check):
-                    check(config.model.name, path=config.path)
+            plugins.hooks.validate_model(config.model.name, config.path)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     from loopwarden.schema import config_schema

@@ -110,6 +110,8 @@ def test_a_model_that_insists_on_a_refund_never_gets_one() -> None:
     assert [v.kind for v in result.verdicts] == ["skip", "skip", "stop"]
     assert result.executed == ["query_order"]
     assert result.shop.refunds() == []  # the side effect never happened
+    # the plugin's own field in the run record (the record_fields hook)
+    assert result.record["refused_calls"] == 3
     # the model saw why: the refusal is the tool observation of each refused call
     observations = [c.result.content for c in result.hooks.getcalls("after_tool")]
     assert sum("NOT ALLOWED: apply_refund" in o for o in observations) == 2
@@ -121,6 +123,7 @@ def test_allowed_runs_are_untouched() -> None:
     assert result.termination == "final_answer"
     assert result.verdicts == []
     assert len(result.shop.refunds()) == 1
+    assert result.record["refused_calls"] == 0
 
 
 # -- as an installed distribution --------------------------------------------------------------
@@ -131,7 +134,7 @@ def test_the_installed_entry_point_is_found_by_name() -> None:
     result = run_plugin("allowlist", settings={"max_refusals": 0}, turns=[turn("退款", REFUND)])
     (row,) = [r for r in result.deployment.plugins.describe() if r["name"] == "allowlist"]
     assert row["source"] == f"entry point (loopwarden-allowlist {dist.version})"
-    assert row["hooks"] == ["before_tool"]
+    assert row["hooks"] == ["before_tool", "record_fields"]
     assert result.termination == "tool_not_allowed"
 
 

@@ -121,3 +121,9 @@ class Allowlist(Plugin[AllowlistSettings]):
         allowed = ", ".join(self._allowed_names(run)) or "(none)"
         return self.skip(self.settings.refusal.format(name=call.name, allowed=allowed),
                          tool=call.name, refused=state.refused, max_refusals=limit)
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        """The run record's ``refused_calls``: how many calls this run had refused."""
+        state: _RunState = self.state(run)
+        return {"refused_calls": state.refused}
