@@ -152,10 +152,9 @@ class _Sig:
     reasons: Counter[str] = field(default_factory=Counter)
 
 
-#: evidence keys read as "how many times", in order of preference
-_COUNT_KEYS = ("count", "occurrences", "streak", "cycles", "repeats")
-#: evidence keys that hold a list of call signatures (e.g. an oscillation's cycle)
-_LIST_KEYS = ("cycle", "fingerprints", "signatures")
+# The standard evidence keys (docs/contracts.md) are the only ones read: ``count`` (how many
+# times), ``fingerprint`` / ``signature`` / ``tool`` (the call involved) and ``signatures``
+# (several calls, e.g. an oscillation's cycle).
 
 Found = tuple[str, str, str | None, int]  # key, label, tool, count
 
@@ -168,10 +167,9 @@ def _tool_of(signature: str) -> str | None:
 
 
 def _count_of(value: Mapping[str, Any]) -> int:
-    for key in _COUNT_KEYS:
-        raw = value.get(key)
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 1:
-            return int(raw)
+    raw = value.get("count")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 1:
+        return int(raw)
     return 1
 
 
@@ -179,7 +177,7 @@ def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[Found]:
     """(key, label, tool, count) for every call signature named in ``value``.
 
     A mapping with ``fingerprint`` (the stable key) and/or ``signature`` (readable) names one
-    call; ``cycle`` / ``fingerprints`` / ``signatures`` lists name several.
+    call; a ``signatures`` list names several.
     """
     if depth > 4:
         return
@@ -188,16 +186,15 @@ def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[Found]:
         key = fp if isinstance(fp, str) and fp else sg if isinstance(sg, str) and sg else None
         if key is not None:
             label = sg if isinstance(sg, str) and sg else key
-            tool = value.get("tool") or value.get("name")
+            tool = value.get("tool")
             yield key, label, tool if isinstance(tool, str) else _tool_of(key), _count_of(value)
             return
-        for lk in _LIST_KEYS:
-            items = value.get(lk)
-            if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
-                count = _count_of(value)
-                for item in dict.fromkeys(items):
-                    yield item, item, _tool_of(item), count
-                return
+        items = value.get("signatures")
+        if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
+            count = _count_of(value)
+            for item in dict.fromkeys(items):
+                yield item, item, _tool_of(item), count
+            return
         for v in value.values():
             yield from _evidence_signatures(v, depth + 1)
     elif isinstance(value, list):

@@ -213,8 +213,9 @@ class Oscillation(Plugin[OscillationSettings]):
         cycle_syms = st.detector.last(period)
         cycle = " -> ".join(st.labels.get(sym, sym) for sym in cycle_syms)
         evidence: dict[str, Any] = dict(
-            period=period, cycles=s.cycles, window=s.window, hits=st.hits,
-            threshold=s.stop_at_hit, cycle=cycle_syms, calls=cycle, step=run.step,
+            count=st.hits, signatures=list(cycle_syms), period=period, cycles=s.cycles,
+            window=s.window, hits=st.hits, threshold=s.stop_at_hit, cycle=cycle_syms,
+            calls=cycle, step=run.step,
         )
         fields = dict(cycle=cycle, period=period, hits=st.hits)
         if st.hits >= s.stop_at_hit:

@@ -149,6 +149,7 @@ class Timeout(Plugin[TimeoutSettings]):
         time_up = elapsed >= limit
         template = s.stop_message if time_up or call is None else s.tool_stop_message
         evidence: dict[str, Any] = dict(
+            limit=limit, spent=round(elapsed, 3),
             elapsed_s=round(elapsed, 3), limit_s=limit, grace_s=s.grace_s,
             source=f"profile {run.limits.name}" if run.limits.max_seconds
             else "plugins.timeout",
@@ -180,7 +181,8 @@ class Timeout(Plugin[TimeoutSettings]):
         if s.warn_at is not None and not st.warned and elapsed >= limit * s.warn_at:
             st.warned = True
             return self.warn(s.warning.format(**self._fields(run)),
-                             elapsed_s=round(elapsed, 3), limit_s=limit, threshold=s.warn_at)
+                             limit=limit, spent=round(elapsed, 3), elapsed_s=round(elapsed, 3),
+                             limit_s=limit, threshold=s.warn_at)
         return None
 
     @hookimpl

@@ -56,7 +56,8 @@ LOOPY = [
                     {"content": None, "tool_calls": [_search("退货")], "observations": []}]),
     rec("final_answer", 3, 2000, 0.006, 2),
     rec("oscillation", 8, 12000, 0.040, 8, stopped_by="oscillation",
-        evidence={"period": 2, "cycles": 2, "cycle": ["query_order:aaa", "query_logistics:bbb"],
+        evidence={"period": 2, "count": 2,
+                  "signatures": ["query_order:aaa", "query_logistics:bbb"],
                   "calls": "query_order(...) -> query_logistics(...)"}),
 ]
 
