@@ -13,7 +13,6 @@ the test suite does the same.
 from __future__ import annotations
 
 import argparse
-import enum
 import importlib
 import inspect
 import json
@@ -30,6 +29,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from loopwarden import hookspecs
+from loopwarden._util import jsonable
 from loopwarden.pluginmanager import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
 
 __all__ = ["main", "parse_docstring", "render_hooks", "render_plugins", "rst_to_markdown"]
@@ -234,20 +234,6 @@ def _default(info: FieldInfo) -> Any:
     return None if info.default is PydanticUndefined else info.default
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -280,7 +266,7 @@ def settings_rows(model: type[BaseModel], prefix: str = "") -> list[dict[str, An
         rows.append({
             "key": key,
             "type": _type_name(ann) + (f" ({bounds})" if bounds else ""),
-            "default": _jsonable(_default(info)),
+            "default": jsonable(_default(info), exact=True),
             "required": info.is_required(),
             "description": info.description or "",
         })

@@ -199,12 +199,11 @@ class Engine:
 
     def _warn(self, run: Run, plugin: str, message: str) -> None:
         run.warnings.append({"step": run.step, "plugin": plugin, "message": message})
-        pending: list[str] = run.state.setdefault("_pending_notes", [])
-        if message not in pending:
-            pending.append(message)
+        if message not in run.pending_notes:
+            run.pending_notes.append(message)
 
     def _request(self, run: Run, final: bool) -> ModelRequest:
-        notes: list[str] = run.state.pop("_pending_notes", None) or []
+        notes, run.pending_notes = run.pending_notes, []
         role, prefix = self.settings.warning_role, self.settings.warning_prefix
         for n in notes:
             run.add_message({"role": role, "content": prefix + n})

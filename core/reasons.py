@@ -44,4 +44,4 @@ BUDGET_REASONS: tuple[str, ...] = (
 )
 
 #: something failed: the model call, a plugin, or the loop itself
-ERROR_REASONS: tuple[str, ...] = ("model_error", "plugin_error", "error", "store_unavailable")
+ERROR_REASONS: tuple[str, ...] = ("plugin_error", "model_error", "error", "store_unavailable")

@@ -55,6 +55,7 @@ from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolRes
 from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import canonical_arguments
 from loopwarden.loop import CallModel, Engine
+from loopwarden.reasons import BUDGET_REASONS
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.tokens import estimate_message
 from loopwarden.tools import Tool, ToolRegistry
@@ -614,9 +615,6 @@ def _pct(part: int, whole: int) -> float:
 STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
 #: a recording that made one call this many times in a row (:func:`repeat_streak`) ran away
 RUNAWAY_REPEAT = 5
-#: stop reasons of budgets and caps (the rest are loop detectors and terminal tools)
-BUDGET_REASONS = frozenset({"max_steps", "max_tokens", "max_context", "max_cost",
-                            "max_tool_calls", "timeout"})
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopwarden.reasons import LOOP_REASONS
+from loopwarden.reasons import BUDGET_REASONS, ERROR_REASONS, LOOP_REASONS
 
 __all__ = [
     "BUDGET_REASONS",
@@ -45,13 +45,8 @@ __all__ = [
     "read_records",
 ]
 
-#: stop reasons that mean "a budget ran out"
-BUDGET_REASONS = ("max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
-                  "timeout")
-#: stop reasons that mean "a loop detector fired"
-#: stop reasons that mean "no progress"
+#: stop reasons that mean "no progress" (a subset of the loop guards' LOOP_REASONS)
 STALL_REASONS = ("no_progress", "stall")
-ERROR_REASONS = ("plugin_error", "model_error", "error")
 
 QUANTILES = (50, 90, 95, 99)
 

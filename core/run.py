@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from loopwarden._util import jsonable as _jsonable
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.events import ToolResult, Usage
 from loopwarden.stash import Stash
@@ -146,6 +147,8 @@ class Run:
         self.cost = Decimal(0)
         self.cost_currency: str | None = None
         self.warnings: list[dict[str, Any]] = []
+        #: warnings not yet injected: the loop adds them to the next model request
+        self.pending_notes: list[str] = []
         self.verdicts: list[dict[str, Any]] = []
         self.errors: list[dict[str, Any]] = []
         #: per-plugin state slots, keyed by plugin name
@@ -258,23 +261,3 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.run_id[:8]} step={self.step} scenario={self.scenario!r}>"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
-        return f"<an integer of {value.bit_length()} bits>"  # json cannot print it
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    try:
-        return str(value)
-    except Exception as exc:  # a third-party object whose __str__ raises
-        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
-
-
-_MAX_INT_BITS = 4000  # about 1200 digits: far below what int -> str refuses (4300 digits)

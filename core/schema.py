@@ -61,13 +61,14 @@ def plugin_settings_models(
         if name in out or name in BUILTIN_PLUGINS:
             continue
         target, source, spec = _find(name, eps)
-        doc = _first_line(inspect.getdoc(target))
+        doc = _summary(inspect.getdoc(target))
         out[name] = (settings_model(target), f"plugin {name!r} ({source}: {spec})"
                      + (f": {doc}" if doc else ""))
     return out
 
 
-def _first_line(doc: str | None) -> str:
+def _summary(doc: str | None) -> str:
+    """The first paragraph of a docstring, on one line."""
     return doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""
 
 
@@ -75,7 +76,7 @@ def _doc_of(spec: str) -> str:
     import importlib
 
     mod_name, _, attr = spec.partition(":")
-    return _first_line(inspect.getdoc(getattr(importlib.import_module(mod_name), attr)))
+    return _summary(inspect.getdoc(getattr(importlib.import_module(mod_name), attr)))
 
 
 def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:

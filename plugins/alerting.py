@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from loopwarden import Plugin, PluginSettings, signals
+from loopwarden._util import jsonable as _jsonable
 from loopwarden.plugin import check_templates
 from loopwarden.reasons import LOOP_REASONS, NORMAL_ENDINGS
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, MASK, Redactor, model_api_key
@@ -734,13 +735,3 @@ class Alerting(Plugin[AlertingSettings]):
             except Exception as exc:  # a sink's own bug: count it like a delivery failure
                 sink._failed(exc)
         return True
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)

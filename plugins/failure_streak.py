@@ -38,6 +38,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden._util import first_line as _first_line
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
 
@@ -128,11 +129,6 @@ class _State:
     rounds: Rounds = field(default_factory=Rounds)
     round_failed: bool = True  # every counted result so far failed
     round_counted: int = 0  # results that counted (not skipped, not neutral)
-
-
-def _first_line(text: str, limit: int = 200) -> str:
-    line = text.strip().split("\n", 1)[0].strip()
-    return line[:limit] + "..." if len(line) > limit else line
 
 
 class FailureStreak(Plugin[FailureStreakSettings]):

@@ -49,6 +49,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden._util import first_line as _first_line
 from loopwarden.plugin import check_templates
 from loopwarden.stash import StashKey
 
@@ -171,11 +172,6 @@ class _State:
     window: deque[tuple[str, bool]] = field(default_factory=deque)
     pending: _Pending | None = None
     epoch: int = 0  # bumped by every executed call that may change the world
-
-
-def _first_line(text: str, limit: int = 200) -> str:
-    line = text.strip().split("\n", 1)[0].strip()
-    return line[:limit] + "..." if len(line) > limit else line
 
 
 class RepeatCall(Plugin[RepeatCallSettings]):
