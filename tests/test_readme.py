@@ -1,4 +1,5 @@
-"""The README's examples are code: the plugin example runs, the TOML examples load."""
+"""The README's and the guides' examples are code: the plugin example runs, the TOML examples
+load."""
 
 from __future__ import annotations
 
@@ -18,13 +19,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def section(title: str) -> str:
-    start = README.index(f"\n## {title}")
-    end = README.find("\n## ", start + 1)
-    return README[start:end if end != -1 else None]
+def section(title: str, text: str = README) -> str:
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def doc(name: str) -> str:
+    return "\n" + (ROOT / "docs" / name).read_text(encoding="utf-8")
 
 
 def blocks(text: str, lang: str) -> list[str]:
@@ -32,7 +38,10 @@ def blocks(text: str, lang: str) -> list[str]:
 
 
 def test_the_plugin_example_and_its_tests_run() -> None:
-    code = blocks(section("A plugin in ten lines") + section("Write a plugin"), "python")
+    guide = doc("writing-a-plugin.md")
+    code = blocks(section("A plugin in ten lines", guide) + section("Write a plugin", guide),
+                  "python")
+    assert code[0] in section("A plugin in ten lines")  # the README shows the same ten lines
     assert len(code[0].strip().splitlines()) <= 10
     module = types.ModuleType("lw_readme")
     sys.modules[module.__name__] = module
@@ -54,7 +63,7 @@ def test_the_alerting_example_is_a_valid_plugin_table(monkeypatch: pytest.Monkey
     pkg.alerts = mod  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mypackage", pkg)
     monkeypatch.setitem(sys.modules, "mypackage.alerts", mod)
-    (toml,) = blocks(section("Observability"), "toml")
+    (toml,) = blocks(section("Observability", doc("observability.md")), "toml")
     data: dict[str, Any] = tomllib.loads(toml)
     cfg = parse_config({"plugins": {"enabled": ["alerting"], **data["plugins"]}}, path="README")
     plugins = load_plugins(cfg)

@@ -537,9 +537,11 @@ def test_the_readme_example_is_a_valid_config() -> None:
     from loopwarden.config import tomllib
     from loopwarden.pluginmanager import load_plugins
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "shared-budgets.md").read_text(
+        encoding="utf-8")
     start = readme.index("\n## Shared budgets")
-    text = readme[start:readme.index("\n## ", start + 1)]
+    end = readme.find("\n## ", start + 1)
+    text = readme[start:end if end != -1 else None]
     (toml,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
     plugins = load_plugins(parse_config(tomllib.loads(toml), path="README"))
     assert plugins.names == ["max_steps", "cost_budget", "spend_limits"]
