@@ -35,6 +35,7 @@ from loopwarden.config import Config, ProfileConfig
 from loopwarden.deployment import Deployment
 from loopwarden.exceptions import ScenarioError
 from loopwarden.loop import drive
+from loopwarden.offline import observer_names, without_observers
 from loopwarden.run import Run
 from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.store import Shared
@@ -90,33 +91,6 @@ def find_scenarios(
     if only:
         paths = [p for p in paths if any(fnmatch.fnmatchcase(p.stem, pat) for pat in only)]
     return paths
-
-
-# -- observers -----------------------------------------------------------------------------
-
-
-def observer_names(config: Config) -> list[str]:
-    """The plugins ``config`` loads that implement no hook: pure observers (logging,
-    metrics, alerting, run records), which subscribe to signals and can never change a run."""
-    from loopwarden.pluginmanager import load_plugins
-
-    return [lp.name for lp in load_plugins(config) if lp.observer]
-
-
-def without_observers(config: Config) -> tuple[Config, list[str]]:
-    """``config`` with its pure observers blocked, and their names.
-
-    Offline runs -- the demo, the benchmark, replays of recorded runs -- are judged by their
-    verdicts, which observers cannot change; leaving them out keeps alert webhooks from
-    firing and logs from filling the terminal for runs that never served a user.
-    """
-    names = observer_names(config)
-    if not names:
-        return config, []
-    data = config.plugins.model_dump()
-    data["blocked"] = [*config.plugins.blocked, *[n for n in names
-                                                  if n not in config.plugins.blocked]]
-    return config.model_copy(update={"plugins": config.plugins.model_validate(data)}), names
 
 
 # -- the unguarded deployment --------------------------------------------------------------

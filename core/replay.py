@@ -231,9 +231,10 @@ def replay_config(config: Config, *, observers: bool = False) -> Config:
     """``config`` adjusted for replay: an enabled ``cost_budget`` counts a recorded model
     without a price as free (it can neither refuse nor price a run that already happened),
     and, unless ``observers``, pure observers are left out (see
-    :func:`loopwarden.demo.without_observers`: no alerts or logs for runs that are history)."""
+    :func:`loopwarden.offline.without_observers`: no alerts or logs for runs that are
+    history)."""
     if not observers:
-        from loopwarden.demo import without_observers
+        from loopwarden.offline import without_observers
 
         config, _ = without_observers(config)
     if "cost_budget" not in config.plugins.enabled:

@@ -194,9 +194,9 @@ class Store(Protocol):
 
 def default_store_url() -> str:
     """``store.sqlite3`` in the data directory (``LOOPWARDEN_DATA_DIR`` overrides it)."""
-    from loopwarden.tools.shop import default_data_dir
+    from loopwarden.paths import data_dir
 
-    return "sqlite:///" + str(default_data_dir() / "store.sqlite3")
+    return "sqlite:///" + str(data_dir() / "store.sqlite3")
 
 
 def redact_url(url: str) -> str:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, PositiveInt
 
 from loopwarden import Plugin, PluginSettings, signals
+from loopwarden.paths import records_path
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
 
 if TYPE_CHECKING:
@@ -49,9 +50,7 @@ log = logging.getLogger("loopwarden.plugins.run_record")
 
 def default_records_path() -> Path:
     """``runs.jsonl`` in loopwarden's data directory (``LOOPWARDEN_DATA_DIR`` overrides it)."""
-    from loopwarden.tools.shop import default_data_dir
-
-    return default_data_dir() / "runs.jsonl"
+    return records_path()
 
 
 class RunRecordSettings(PluginSettings):

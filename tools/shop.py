@@ -23,7 +23,6 @@ import json
 import os
 import re
 import sqlite3
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from typing import Annotated
 from pydantic import Field
 
 from loopwarden.exceptions import ToolError
+from loopwarden.paths import data_dir
 from loopwarden.tools import Tool, ToolRegistry, tool
 
 __all__ = ["Shop", "default_data_dir", "shop_tools"]
@@ -92,17 +92,8 @@ _KNOWLEDGE = [
 
 
 def default_data_dir() -> Path:
-    """The user's data directory for loopwarden (``LOOPWARDEN_DATA_DIR`` overrides it)."""
-    env = os.environ.get("LOOPWARDEN_DATA_DIR")
-    if env:
-        return Path(env)
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "loopwarden"
+    """The user's data directory for loopwarden (:func:`loopwarden.paths.data_dir`)."""
+    return data_dir()
 
 
 _TOKEN = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]", re.IGNORECASE)

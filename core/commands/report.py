@@ -37,9 +37,9 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.report import Thresholds, analyse, format_text, load_records, plot
 
     if args.file is None:
-        from loopwarden.plugins.run_record import default_records_path
+        from loopwarden.paths import records_path
 
-        path = default_records_path()
+        path = records_path()
     else:
         path = Path(args.file)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
