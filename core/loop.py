@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from loopwarden.store import LedgerEntry
     from loopwarden.tools import Tool
 
-__all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
+__all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive", "parse_calls"]
 
 log = logging.getLogger("loopwarden.loop")
 
@@ -233,6 +233,11 @@ class Engine:
         request.final = True
         _, schema_tokens = self._schemas(run)
         request.estimated_tokens = run.context_tokens + schema_tokens
+
+    def parse_calls(self, run: Run, response: ModelResponse) -> list[ToolCall]:
+        """The response's proposed calls parsed into :class:`ToolCall` objects, as
+        ``after_response`` and ``before_tool`` see them (see :func:`parse_calls`)."""
+        return self._parse_calls(run, response)
 
     def _parse_calls(self, run: Run, response: ModelResponse) -> list[ToolCall]:
         calls = []
@@ -765,6 +770,23 @@ class Engine:
         if ending == "timeout":
             return self.timeout_result(eff.call, run.clock.now() - started)
         return self.tool_result(eff, value, started, run)
+
+
+def parse_calls(
+    run: Run, response: ModelResponse, settings: RunConfig | None = None
+) -> list[ToolCall]:
+    """Parse ``response.tool_calls`` exactly as the loop does: arguments decoded and validated
+    against ``run.tools`` (an unknown tool or bad arguments set ``call.error``), and
+    ``fingerprint`` (with ``settings.volatile_keys``), ``idempotency_key`` and ``timeout``
+    computed -- for the test kit and the framework adapters, which must see the calls the
+    plugins see.  ``settings`` defaults to the run's deployment's ``[run]`` table."""
+    if settings is None:
+        from loopwarden.config import RunConfig
+
+        dep = run.deployment
+        settings = dep.config.run if dep is not None else RunConfig()
+    parser = Engine(None, settings)  # type: ignore[arg-type]  # parsing calls no hook
+    return parser.parse_calls(run, response)
 
 
 Finished = Callable[[bool, Any], None]

@@ -57,7 +57,7 @@ from loopwarden.events import (
     ToolResult,
     Usage,
 )
-from loopwarden.loop import Engine
+from loopwarden.loop import parse_calls
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import (
     LoadedPlugin,
@@ -299,12 +299,6 @@ def _proposed(calls: Iterable[Any]) -> list[ProposedCall]:
     return out
 
 
-def _engine(run: Run) -> Engine:
-    # The loop's own parser: fingerprints, validation, idempotency keys and timeouts come out
-    # exactly as in a run (a test pins this).
-    return Engine(hooks=None, settings=_run_config(run))  # type: ignore[arg-type]
-
-
 def make_response(
     content: str | None = None,
     *calls: Any,
@@ -330,7 +324,7 @@ def make_response(
     parsed_field = "calls"  # ModelResponse.calls, where the loop provides it
     if parsed_field in {f.name for f in dataclasses.fields(ModelResponse)}:
         run = run if run is not None else make_run()
-        setattr(response, parsed_field, _engine(run)._parse_calls(run, response))
+        setattr(response, parsed_field, parse_calls(run, response, _run_config(run)))
     return response
 
 
@@ -357,7 +351,7 @@ def make_tool_call(
     (proposed,) = _proposed([proposal])
     proposed.id = id or f"call_{run.step}_{index}"
     response = ModelResponse(tool_calls=[proposed])
-    (call,) = _engine(run)._parse_calls(run, response)
+    (call,) = parse_calls(run, response, _run_config(run))
     call.index = index
     return call
 

@@ -170,3 +170,20 @@ def test_a_run_cap_across_turns() -> None:
     assert rec["termination"] == "max_tool_calls" and rec["tools_executed"] == 4
     assert rec["warnings"][0]["plugin"] == "tool_calls"  # 3 of 4 (70% rounded up)
     assert rec["warnings"][0]["message"].startswith("You have used 3 of 4 tool calls")
+
+
+def test_parse_calls_is_the_loops_own_parser() -> None:
+    from loopwarden.events import ModelResponse, ProposedCall
+    from loopwarden.loop import parse_calls
+    from loopwarden.testing import make_run
+
+    run = make_run()
+    response = ModelResponse(tool_calls=[
+        ProposedCall(id="a", name="query_order", arguments='{"order_id": "88231"}'),
+        ProposedCall(id="b", name="no_such_tool", arguments="{}"),
+        ProposedCall(id="c", name="query_order", arguments="{not json"),
+    ])
+    ok, unknown, malformed = parse_calls(run, response)
+    assert (ok.error, ok.arguments, ok.index) == (None, {"order_id": "88231"}, 0)
+    assert ok.fingerprint == parse_calls(run, response)[0].fingerprint  # stable
+    assert unknown.error == "unknown_tool" and malformed.error == "malformed_arguments"
