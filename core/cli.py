@@ -10,6 +10,7 @@ traceback; ``run`` also exits 3 when the run could not be carried out (``model_e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -62,6 +63,16 @@ def _setup_logging(level: str) -> None:
     logger.setLevel(level.upper())
 
 
+def _tolerant_output() -> None:
+    """Never fail on printing: a character the terminal cannot encode (or a lone surrogate
+    that slipped through) is written as an escape instead of raising UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            with contextlib.suppress(ValueError, OSError):  # a stream that cannot change
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -83,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ns = sub.parse_args(args[1:])
     _setup_logging(ns.log_level)
+    _tolerant_output()
     from loopwarden.exceptions import LoopwardenError
 
     try:
@@ -95,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path given on the command line that cannot be read or written
+        print(f"loopwarden {name}: error: {exc.strerror or exc}"
+              + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -373,8 +373,26 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("is a directory, not a file", path=path) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", path=path) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
+        raise ConfigError(
+            f"not UTF-8 text ({_encoding_hint(path)}byte {exc.start} cannot be decoded)",
+            path=path, expected="a TOML file saved as UTF-8") from None
+    except RecursionError:
+        raise ConfigError("values nested too deeply to read", path=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def _encoding_hint(path: Path) -> str:
+    """A guess at what the file is, when it is not UTF-8."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return ""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "it looks like UTF-16; "
+    return ""
 
 
 def load_config(path: str | Path | None = None) -> Config:

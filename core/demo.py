@@ -33,7 +33,7 @@ from typing import Any
 from loopwarden.clock import FakeClock
 from loopwarden.config import Config, ProfileConfig
 from loopwarden.deployment import Deployment
-from loopwarden.exceptions import ScenarioError
+from loopwarden.exceptions import ConfigError, ScenarioError
 from loopwarden.loop import drive
 from loopwarden.offline import observer_names, without_observers
 from loopwarden.run import Run
@@ -275,7 +275,13 @@ def unguarded_deployment(config: Config, cap: int = UNGUARDED_CAP) -> Deployment
 def _db_dir(keep: str | Path | None) -> Iterator[Path]:
     if keep is not None:
         d = Path(keep)
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the directory: {exc.strerror or exc}",
+                              path=d, key="--db-dir") from None
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ConfigError("cannot write in this directory", path=d, key="--db-dir")
         yield d
         return
     with tempfile.TemporaryDirectory(prefix="loopwarden-demo-") as tmp:

@@ -15,6 +15,7 @@ on the :class:`~loopwarden.Run`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from loopwarden import signals
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
-from loopwarden.exceptions import ConfigError, ToolError
+from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
 from loopwarden.loop import Engine, adrive, drive
 from loopwarden.pluginmanager import PluginSet, load_plugins
 from loopwarden.redaction import Redactor, model_api_key
@@ -125,6 +126,12 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
     return reg
 
 
+def _disconnect_all(receivers: list[tuple[NamedSignal, Callable[..., Any]]]) -> None:
+    for signal, receiver in receivers:
+        signal.disconnect(receiver)
+    receivers.clear()
+
+
 class Deployment:
     """A configured set of plugins, a model and tools, serving many runs."""
 
@@ -159,7 +166,17 @@ class Deployment:
         self.shared = Shared(self.config.store)
         self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
         self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
-        self.hooks.configure(self)
+        # an unclosed deployment's receivers go when it does (a signal that is rarely sent
+        # would otherwise keep one dead receiver per deployment connected for ever)
+        weakref.finalize(self, _disconnect_all, self._receivers)
+        try:
+            self.hooks.configure(self)
+        except Exception as exc:  # a plugin that cannot start: a clear start-up error
+            with contextlib.suppress(Exception):
+                self.close()
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise PluginLoadError(f"on_configure (connect) failed: {text}",
+                                  plugin=self.hooks.blame(exc), path=self.config.path) from exc
 
     def _shadowed(self) -> list[str]:
         """The plugins in shadow mode: every one but the essential ones and normal endings
@@ -224,7 +241,8 @@ class Deployment:
         The deployment connects one blinker receiver per signal, which checks the run's
         deployment once and fans out to its receivers (each isolated: a failing one is logged
         once and never stops the others).  It holds the deployment weakly and disconnects
-        itself once the deployment is gone, so an unclosed deployment leaks nothing.
+        itself once the deployment is gone (at its next send, or when the deployment is
+        collected), so an unclosed deployment leaks nothing.
         """
         local = self._local_receivers.get(signal)
         if local is None:
@@ -251,9 +269,7 @@ class Deployment:
 
     def close(self) -> None:
         """Disconnect signal receivers and close plugins (files, threads)."""
-        for signal, receiver in self._receivers:
-            signal.disconnect(receiver)
-        self._receivers.clear()
+        _disconnect_all(self._receivers)
         self._local_receivers.clear()
         self.hooks.unconfigure(self)
         self.shared.close()

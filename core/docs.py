@@ -29,8 +29,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from loopwarden import hookspecs
-from loopwarden._util import jsonable
 from loopwarden.pluginmanager import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
+from loopwarden.sanitize import jsonable
 
 __all__ = ["main", "parse_docstring", "render_hooks", "render_plugins", "rst_to_markdown"]
 

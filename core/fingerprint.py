@@ -2,17 +2,20 @@
 
 Two calls are "the same call" when their tool name and canonical arguments match: keys sorted,
 whitespace collapsed, strings case-folded, volatile keys (request ids, timestamps, nonces)
-dropped at any depth.  The fingerprint is a short hash of the canonical JSON.
+dropped at any depth.  The fingerprint is a short hash of the canonical JSON.  A side
+effect's idempotency key (:func:`idempotency_key`) is canonicalised the same way, so the
+ledger never runs twice what the repeat detector calls one call.  A tool declared with
+``normalize_arguments=False`` compares its string values exactly, in both.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from hashlib import blake2b
 from typing import Any
 
-__all__ = ["DEFAULT_VOLATILE_KEYS", "Fingerprinter", "canonical_arguments"]
+__all__ = ["DEFAULT_VOLATILE_KEYS", "Fingerprinter", "canonical_arguments", "idempotency_key"]
 
 DEFAULT_VOLATILE_KEYS: tuple[str, ...] = (
     "request_id",
@@ -53,11 +56,11 @@ def _c_encoder() -> Callable[[Any], str] | None:
 _encode: Callable[[Any], str] = _c_encoder() or _ENCODER.encode
 
 
-def _canon(value: Any, volatile: frozenset[str]) -> Any:
+def _canon(value: Any, volatile: frozenset[str], fold: bool = True) -> Any:
     if isinstance(value, str):
         # whitespace runs collapsed to one space, ends stripped (str.split's whitespace is
-        # exactly the regex \s), then case-folded
-        return " ".join(value.split()).casefold()
+        # exactly the regex \s), then case-folded -- unless the tool asks for exact values
+        return " ".join(value.split()).casefold() if fold else value
     if isinstance(value, dict):
         # Key order is left to the encoder's sort_keys.  (Keys that are equal as strings,
         # 1 and "1", keep their dict order: the later one wins, as it would after a stable
@@ -66,10 +69,10 @@ def _canon(value: Any, volatile: frozenset[str]) -> Any:
         for k, v in value.items():
             sk = k if type(k) is str else str(k)
             if sk.casefold() not in volatile:
-                out[sk] = _canon(v, volatile)
+                out[sk] = _canon(v, volatile, fold)
         return out
     if isinstance(value, (list, tuple)):
-        return [_canon(v, volatile) for v in value]
+        return [_canon(v, volatile, fold) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -83,17 +86,41 @@ def canonical_arguments(
     return _encode(_canon(arguments, vol))
 
 
+def idempotency_key(name: str, arguments: Mapping[str, Any], keys: Iterable[str] | None = None,
+                    *, normalize: bool = True,
+                    volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS) -> str:
+    """The key under which a side effect of tool ``name`` happens at most once.
+
+    The tool's idempotency arguments ``keys`` (all arguments when None, volatile keys dropped
+    as in fingerprints), canonicalised exactly as fingerprints are -- so the side-effect
+    ledger and the repeat detector agree on what "the same call" is: ``"Bob@Example.com"``
+    and ``" bob@example.com "`` are one e-mail address.  ``normalize=False`` (a tool whose
+    values are case-sensitive, such as tokens or file names) compares values exactly, in
+    both places.  The one function every ledger computes its keys with.
+    """
+    volatile = frozenset(k.casefold() for k in volatile_keys)
+    if keys is None:
+        canon: Any = _canon(arguments, volatile, normalize)
+    else:  # named keys are kept even when they look volatile: the tool chose them
+        canon = {k: _canon(arguments.get(k), volatile, normalize) for k in keys}
+    return name + ":" + _encode(canon)
+
+
 class Fingerprinter:
     """Computes ``name:hash`` fingerprints with one deployment's volatile-key list."""
 
-    __slots__ = ("_volatile",)
+    __slots__ = ("_volatile", "volatile_keys")
 
     def __init__(self, volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS) -> None:
-        self._volatile = frozenset(k.casefold() for k in volatile_keys)
+        self.volatile_keys = tuple(volatile_keys)
+        self._volatile = frozenset(k.casefold() for k in self.volatile_keys)
 
-    def canonical(self, arguments: Any) -> str:
-        return _encode(_canon(arguments, self._volatile))
+    def canonical(self, arguments: Any, normalize: bool = True) -> str:
+        return _encode(_canon(arguments, self._volatile, normalize))
 
-    def __call__(self, name: str, arguments: Any) -> str:
-        data = _encode(_canon(arguments, self._volatile)).encode("utf-8")
+    def __call__(self, name: str, arguments: Any, normalize: bool = True) -> str:
+        """``name:hash`` of the canonical arguments (values compared exactly when
+        ``normalize`` is False: the tool's choice, see :func:`idempotency_key`)."""
+        data = _encode(_canon(arguments, self._volatile, normalize)).encode(
+            "utf-8", "surrogatepass")
         return name + ":" + blake2b(data, digest_size=8).hexdigest()

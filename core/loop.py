@@ -41,6 +41,7 @@ from loopwarden.events import (
 from loopwarden.exceptions import ModelError, ToolError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.run import Run, RunOutcome
+from loopwarden.sanitize import clean_text, loads_arguments
 from loopwarden.tokens import estimate_tools
 from loopwarden.tools import ToolContext, format_validation_error
 from loopwarden.verdicts import Resolution, Stop, resolve
@@ -140,6 +141,7 @@ class Engine:
                 run.add_message(m)
         elif self.settings.system_prompt:
             run.add_message({"role": "system", "content": self.settings.system_prompt})
+        run.user = clean_text(run.user)
         run.add_message({"role": "user", "content": run.user})
 
     def _schemas(self, run: Run) -> tuple[list[dict[str, Any]], int]:
@@ -247,17 +249,21 @@ class Engine:
             detail: str | None = None
             parsed: Any = None
             raw: Any = pc.arguments
-            if isinstance(raw, dict):  # adapters that hand over parsed arguments
-                parsed, raw = raw, json.dumps(raw, ensure_ascii=False, default=str)
-            elif raw is None:  # some providers send null for a call without arguments
+            if isinstance(raw, dict):  # adapters that hand over parsed arguments: re-read
+                try:  # as text, so that they are checked (depth, surrogates) like text
+                    raw = json.dumps(raw, ensure_ascii=False, default=str)
+                except (ValueError, TypeError, RecursionError) as exc:
+                    raw, err, detail = "{}", "malformed_arguments", f"not encodable: {exc}"
+            if raw is None:  # some providers send null for a call without arguments
                 parsed, raw = {}, ""
             elif not isinstance(raw, str):
-                raw = repr(raw)
+                raw = clean_text(repr(raw))
                 err, detail = "malformed_arguments", "arguments are not JSON text"
-            else:
+            elif err is None:
+                raw = clean_text(raw)
                 try:
-                    parsed = json.loads(raw) if raw.strip() else {}
-                except ValueError as exc:
+                    parsed = loads_arguments(raw) if raw.strip() else {}
+                except ValueError as exc:  # also too deep, or a number Python refuses
                     err, detail = "malformed_arguments", str(exc)
             pc.arguments = raw  # plugins always see JSON text, as ProposedCall promises
             if err is None and not isinstance(parsed, dict):
@@ -279,7 +285,8 @@ class Engine:
                 id=call_id,
                 step=run.step,
                 index=i,
-                fingerprint=self.fingerprint(pc.name, fp_args),
+                fingerprint=self.fingerprint(
+                    pc.name, fp_args, tool.normalize_arguments if tool is not None else True),
                 tool=tool,
                 error=err,
                 error_detail=detail,
@@ -287,7 +294,8 @@ class Engine:
             if tool is not None:
                 call.timeout = tool.timeout_s
                 if err is None and tool.side_effect and args is not None:
-                    call.idempotency_key = tool.idempotency_key(args)
+                    call.idempotency_key = tool.idempotency_key(
+                        args, self.fingerprint.volatile_keys)
             calls.append(call)
         return calls
 
@@ -309,6 +317,7 @@ class Engine:
             run.add_message({"role": "tool", "tool_call_id": call.id, "content": text})
 
     def _clip(self, text: str) -> str:
+        text = clean_text(text)
         limit = self.settings.max_observation_chars
         if limit is not None and len(text) > limit:
             return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
@@ -502,6 +511,7 @@ class Engine:
                 response.model = None  # a server's odd "model" field is not passed on
             if response.usage is not None:
                 run.usage.add(response.usage)
+            _clean_response(response)
             content = response.content
             if content and content.strip():
                 run.best_answer = content
@@ -509,7 +519,11 @@ class Engine:
                 calls = []
                 for pc in response.tool_calls:
                     if not isinstance(pc.arguments, str):
-                        pc.arguments = json.dumps(pc.arguments, ensure_ascii=False, default=str)
+                        try:
+                            text = json.dumps(pc.arguments, ensure_ascii=False, default=str)
+                        except (ValueError, TypeError, RecursionError):
+                            text = "{}"
+                        pc.arguments = clean_text(text)
             else:
                 calls = self._parse_calls(run, response)
             response.calls = calls
@@ -945,6 +959,18 @@ def _well_formed(response: Any) -> bool:
         return False
     return all(isinstance(c, ProposedCall) and isinstance(c.name, str)
                and isinstance(c.id, str) for c in calls)
+
+
+def _clean_response(response: ModelResponse) -> None:
+    """Replace lone surrogates in the model's text, call names and ids (see
+    :func:`loopwarden.sanitize.clean_text`): they could not be stored, printed or sent back."""
+    if response.content:
+        response.content = clean_text(response.content)
+    for pc in response.tool_calls:
+        pc.name = clean_text(pc.name)
+        pc.id = clean_text(pc.id)
+        if isinstance(pc.arguments, str):
+            pc.arguments = clean_text(pc.arguments)
 
 
 def _internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:

@@ -238,8 +238,9 @@ def _import_spec(spec: str, plugin: str) -> Any:
     mod_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(mod_name)
-    except Exception as exc:
-        raise PluginLoadError(f"cannot import {mod_name!r}: {exc}", plugin=plugin) from exc
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # module code may do anything
+        raise PluginLoadError(f"cannot import {mod_name!r}: {_describe_exc(exc)}",
+                              plugin=plugin) from exc
     for part in attr.split(".") if attr else ():
         try:
             obj = getattr(obj, part)
@@ -247,7 +248,15 @@ def _import_spec(spec: str, plugin: str) -> Any:
             raise PluginLoadError(
                 f"{mod_name!r} has no attribute {attr!r}", plugin=plugin
             ) from None
+        except Exception as exc:  # a module __getattr__ or a property that raises
+            raise PluginLoadError(f"reading {attr!r} from {mod_name!r} failed: "
+                                  f"{_describe_exc(exc)}", plugin=plugin) from exc
     return obj
+
+
+def _describe_exc(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any, str, str]:
@@ -275,9 +284,10 @@ def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any,
         ep = candidates[0]
         try:
             target = ep.load()
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raise PluginLoadError(
-                f"cannot load entry point {ep.value!r} of {_dist_label(ep)}: {exc}", plugin=name
+                f"cannot load entry point {ep.value!r} of {_dist_label(ep)}: "
+                f"{_describe_exc(exc)}", plugin=name
             ) from exc
         return target, f"entry point ({_dist_label(ep)})", ep.value
     return _import_spec(name, name), "module:attr", name
@@ -286,9 +296,24 @@ def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any,
 # -- configuring ---------------------------------------------------------------------------
 
 
+def _validate_settings(model: type[BaseModel], table: Mapping[str, Any], cfg_path: str | None,
+                       name: str) -> BaseModel:
+    """Validate a plugin's table; a validator that raises anything is a config error too."""
+    try:
+        return model.model_validate(dict(table))
+    except ValidationError as exc:
+        raise validation_error(exc, path=cfg_path, prefix=f"plugins.{name}") from None
+    except Exception as exc:  # a validator raising TypeError, KeyError, ... (not wrapped)
+        raise ConfigError(f"the plugin's settings validator failed: {_describe_exc(exc)}",
+                          path=cfg_path, key=f"plugins.{name}") from exc
+
+
 def settings_model(target: Any) -> type[BaseModel] | None:
     """The pydantic model that validates ``target``'s ``[plugins.<name>]`` table, if any."""
-    model = getattr(target, "Settings", None)
+    try:
+        model = getattr(target, "Settings", None)
+    except Exception as exc:  # an object whose attribute access raises
+        raise PluginLoadError(f"reading its Settings failed: {_describe_exc(exc)}") from exc
     if isinstance(model, type) and issubclass(model, BaseModel):
         return model
     return None
@@ -306,10 +331,7 @@ def instantiate_plugin(
     model = settings_model(target)
     settings: BaseModel | None = None
     if model is not None:
-        try:
-            settings = model.model_validate(dict(table))
-        except ValidationError as exc:
-            raise validation_error(exc, path=cfg_path, prefix=f"plugins.{name}") from None
+        settings = _validate_settings(model, table, cfg_path, name)
     elif table:
         raise ConfigError(
             f"plugin {name!r} takes no settings, got {sorted(table)}",
@@ -382,10 +404,7 @@ def check_tables(config: Config) -> list[str]:
                 raise ConfigError(f"plugin {tname!r} takes no settings, got {sorted(table)}",
                                   path=config.path, key=f"plugins.{tname}")
         else:
-            try:
-                model.model_validate(table)
-            except ValidationError as exc:
-                raise validation_error(exc, path=config.path, prefix=f"plugins.{tname}") from None
+            _validate_settings(model, table, config.path, tname)
         checked.append(tname)
     return checked
 
@@ -443,7 +462,14 @@ def load_plugins(
             target, source, spec = _find(name, eps)
             obj, settings = instantiate_plugin(name, target, table, config.path)
         except PluginLoadError as exc:
+            if exc.plugin is None:
+                exc = PluginLoadError(exc.reason, plugin=name)
             raise exc.located(config.path, _where(config, name)) from exc.__cause__
+        except ConfigError:
+            raise
+        except Exception as exc:  # plugin code raising while it is looked at or configured
+            raise PluginLoadError(f"loading failed: {_describe_exc(exc)}", plugin=name).located(
+                config.path, _where(config, name)) from exc
         loaded.append(LoadedPlugin(name, source, spec, obj, settings))
     check_tables(config)  # a bad table of a switched-off built-in fails before any run, too
     try:
@@ -452,6 +478,9 @@ def load_plugins(
         if exc.path is not None or exc.plugin is None:
             raise
         raise exc.located(config.path, _where(config, exc.plugin)) from exc.__cause__
+    except Exception as exc:  # a plugin object whose attributes raise while registered
+        raise PluginLoadError(f"registering the plugins failed: {_describe_exc(exc)}",
+                              path=config.path, key="plugins.enabled") from exc
 
 
 def _where(config: Config, name: str) -> str:
@@ -837,6 +866,10 @@ class Hooks:
                     r = dataclasses.replace(r, plugin=name)
                 results.append(r)
         return resolve(results) if results else EMPTY
+
+    def blame(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation raised ``exc`` (``<unknown>`` if none)."""
+        return self._blame(exc)
 
     def _blame(self, exc: BaseException) -> str:
         """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""

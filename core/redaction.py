@@ -86,9 +86,13 @@ class Redactor:
                 sorted((re.escape(k).replace("_", "[_-]") for k in self.keys), key=len,
                        reverse=True)
             )
-            # "key": "value"  /  key=value  /  key: value  (key may carry a prefix: x_api_key)
+            # "key": "value"  /  key=value  /  key: value  (key may carry a prefix: x_api_key).
+            # Linear time: a match may only start where a word starts (the lookbehind), and
+            # the word is taken whole, then given back until a key name ends it -- not a lazy
+            # prefix retried from every position, which was quadratic in a long word.
             self._pairs: re.Pattern[str] | None = re.compile(
-                r"""(?i)(["']?[\w-]*?(?<![a-z0-9])(?:""" + names + r""")["']?\s*[:=]\s*)"""
+                r"""(?i)(["']?(?<![\w-])(?:[\w-]*(?<![a-z0-9]))?(?:""" + names
+                + r""")["']?\s*[:=]\s*)"""
                 r"""(?!""" + re.escape(mask) + r""")"""  # already masked (by a pattern)
                 r"""("(?:[^"\\]|\\.)*"|'[^']*'"""  # a quoted value, or a bare one with
                 r"""|(?:(?:bearer|basic|digest|token|apikey)[ \t]+)?[^\s,;&}\]]+)"""  # scheme
@@ -147,10 +151,9 @@ class Redactor:
         masked as free text.
         """
         try:
-            parsed = json.loads(raw)
-        except ValueError:
+            return json.dumps(self(json.loads(raw)), ensure_ascii=False)
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to walk
             return self.text(raw)
-        return json.dumps(self(parsed), ensure_ascii=False)
 
 
 def model_api_key(deployment: Any) -> str | None:

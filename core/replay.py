@@ -57,6 +57,7 @@ from loopwarden.fingerprint import canonical_arguments
 from loopwarden.loop import CallModel, Engine
 from loopwarden.reasons import BUDGET_REASONS
 from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.sanitize import depth_exceeds, loads_arguments, loads_strict
 from loopwarden.tokens import estimate_message
 from loopwarden.tools import Tool, ToolRegistry
 
@@ -247,13 +248,17 @@ def replay_config(config: Config, *, observers: bool = False) -> Config:
 
 
 def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """(line number, trajectory or None for an unreadable line) for each non-blank line."""
-    with Path(path).open(encoding="utf-8") as fh:
+    """(line number, trajectory or None for an unreadable line) for each non-blank line.
+
+    Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
+    ``1e999``, huge integers, deep nesting, lone surrogates, undecodable bytes), or not the
+    trajectory shape."""
+    with Path(path).open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = loads_strict(line)
             except ValueError:
                 yield lineno, None
                 continue
@@ -316,7 +321,9 @@ def _signature(tc: dict[str, Any]) -> str:
     args = tc.get("arguments")
     if isinstance(args, str):
         with contextlib.suppress(ValueError):
-            args = json.loads(args)
+            args = loads_arguments(args)  # depth-bounded: a hostile line cannot recurse
+    if depth_exceeds(args):
+        return f"{tc.get('name')}:<too deep>"
     return f"{tc.get('name')}:{canonical_arguments(args)}"
 
 

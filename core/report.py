@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden.reasons import BUDGET_REASONS, ERROR_REASONS, LOOP_REASONS
+from loopwarden.sanitize import loads_strict
 
 __all__ = [
     "BUDGET_REASONS",
@@ -64,7 +65,9 @@ class Loaded:
 def read_records(lines: Iterable[str]) -> Loaded:
     """Parse JSONL lines; blank lines are ignored, corrupt ones skipped and counted.
 
-    A line is corrupt when it is not JSON, not an object, or has no ``termination``.
+    A line is corrupt when it is not strict JSON (:func:`loopwarden.sanitize.loads_strict`:
+    no ``NaN``, no number beyond a float or of more than 30 digits, no nesting deeper than 100
+    levels, no lone surrogate or undecodable byte), not an object, or has no ``termination``.
     """
     out = Loaded()
     for no, line in enumerate(lines, 1):
@@ -72,7 +75,7 @@ def read_records(lines: Iterable[str]) -> Loaded:
         if not text:
             continue
         try:
-            obj = json.loads(text)
+            obj = loads_strict(text)
         except ValueError:
             obj = None
         if not isinstance(obj, dict) or not isinstance(obj.get("termination"), str):
@@ -85,8 +88,8 @@ def read_records(lines: Iterable[str]) -> Loaded:
 
 
 def load_records(path: str | Path) -> Loaded:
-    """Read a run-record file (undecodable bytes count as a corrupt line, not an error)."""
-    with Path(path).open(encoding="utf-8", errors="replace") as fh:
+    """Read a run-record file (undecodable bytes make their line corrupt, not an error)."""
+    with Path(path).open(encoding="utf-8", errors="surrogateescape") as fh:
         return read_records(fh)
 
 

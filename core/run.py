@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from loopwarden._util import jsonable as _jsonable
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.events import ToolResult, Usage
+from loopwarden.sanitize import jsonable as _jsonable
 from loopwarden.stash import Stash
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 

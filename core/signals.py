@@ -14,6 +14,7 @@ tool_finished      ``call``, ``result``
 guard_triggered    ``verdict``, ``hook``, ``step``
 step_finished      ``step``
 run_stopped        ``outcome``, ``record``
+record_failed      ``path``, ``error`` (a run record could not be written)
 =================  ===========================================================
 """
 
@@ -27,6 +28,7 @@ from blinker import NamedSignal, Namespace
 __all__ = [
     "guard_triggered",
     "model_responded",
+    "record_failed",
     "run_started",
     "run_stopped",
     "send",
@@ -50,8 +52,12 @@ step_finished: NamedSignal = _signals.signal(
     "step-finished", doc="A model turn and its tools ended."
 )
 run_stopped: NamedSignal = _signals.signal("run-stopped", doc="A run ended; its record is final.")
+record_failed: NamedSignal = _signals.signal(
+    "record-failed", doc="A run record could not be written (sent by run_record)."
+)
 
-ALL = (run_started, model_responded, tool_finished, guard_triggered, step_finished, run_stopped)
+ALL = (run_started, model_responded, tool_finished, guard_triggered, step_finished, run_stopped,
+       record_failed)
 
 log = logging.getLogger("loopwarden.signals")
 _reported: set[tuple[str, int]] = set()

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from loopwarden import Plugin, PluginSettings, signals
-from loopwarden._util import jsonable as _jsonable
 from loopwarden.plugin import check_templates
 from loopwarden.plugins._alert_sinks import (
     SEVERITIES,
@@ -64,6 +63,7 @@ from loopwarden.plugins._alert_sinks import (
 )
 from loopwarden.reasons import LOOP_REASONS, NORMAL_ENDINGS
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
+from loopwarden.sanitize import jsonable as _jsonable
 from loopwarden.verdicts import Stop
 
 if TYPE_CHECKING:

@@ -27,6 +27,10 @@ in-process name            kind       labels                      Prometheus nam
 ``scope_refusals_total``   counter    scope, window, reason       loopwarden_scope_refusals_total
 =========================  =========  ==========================  ================================
 
+``record_write_failures_total`` (a counter without labels; Prometheus
+``loopwarden_record_write_failures_total``) counts run records that ``run_record`` could not
+write (the ``record-failed`` signal).
+
 Tool calls to names the deployment does not have are counted under ``tool="(unknown)"``, so
 model output cannot grow the label set.  A guard firing is any verdict (warn, skip, stop); its
 ``reason`` is the stop reason, or the verdict kind for warnings and skips.
@@ -293,6 +297,9 @@ def _definitions(s: MetricsSettings) -> list[_Def]:
         _Def("scope_refusals_total", "counter",
              "Stops by a scoped budget, by scope name, window and stop reason.",
              ("scope", "window", "reason"), prom_name="scope_refusals"),
+        _Def("record_write_failures_total", "counter",
+             "Run records that could not be written (run_record).",
+             prom_name="record_write_failures"),
     ]
 
 
@@ -423,6 +430,7 @@ class Metrics(Plugin[MetricsSettings]):
         deployment.connect(signals.tool_finished, self.on_tool_finished)
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)
         deployment.connect(signals.run_stopped, self.on_run_stopped)
+        deployment.connect(signals.record_failed, self.on_record_failed)
         port = self.settings.prometheus_port
         if self.prometheus is not None and port is not None and self.prometheus.server is None:
             try:
@@ -471,6 +479,9 @@ class Metrics(Plugin[MetricsSettings]):
         if verdict.kind == "stop" and isinstance(evidence.get("scope"), str):
             self._inc("scope_refusals_total", scope=evidence["scope"],
                       window=str(evidence.get("window")), reason=reason)
+
+    def on_record_failed(self, run: Run, **_: Any) -> None:
+        self._inc("record_write_failures_total")
 
     def on_run_stopped(self, run: Run, *, outcome: RunOutcome, record: Mapping[str, Any],
                        **_: Any) -> None:

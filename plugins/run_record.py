@@ -1,11 +1,16 @@
 """run_record: append every run's record (DESIGN's fields) to a JSONL file.
 
 One JSON object per line, appended when the run stops.  Appends are whole lines: each record
-is encoded first and written with one ``write`` on a file opened with ``O_APPEND``, under a
-lock shared by the deployment's concurrent runs -- so a crash mid-write can only leave a
-partial *last* line, never damage an earlier record.  When the file is opened and its last
-line has no newline (such a crash), the plugin starts on a new line; ``loopwarden report``
-skips the partial line and says so.
+is encoded first (as strict UTF-8 JSON, see :func:`encode_line`) and written with one
+``write`` on a file opened with ``O_APPEND``, under a lock shared by the deployment's
+concurrent runs and an ``flock`` shared with other processes -- so a crash mid-write can only
+leave a partial *last* line, never damage an earlier record.  Before every append, under
+those locks, the plugin checks that the file ends in a newline and starts a new line if not
+(a writer killed mid-line); ``loopwarden report`` skips the fragment and counts it.  No file
+descriptor is held between appends.  A record that cannot be written (a full disk, no
+descriptors left, a path that is a directory, a FIFO or a device) is reported three ways: a
+log line, the ``record-failed`` signal (``metrics`` counts it as
+``record_write_failures_total``) and an entry in the run's ``errors``.
 
 Optional additions (DESIGN's fields are never changed, only added to):
 
@@ -23,10 +28,10 @@ current directory; a relative ``path`` is taken relative to the current director
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,8 +40,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, PositiveInt
 
 from loopwarden import Plugin, PluginSettings, signals
+from loopwarden.exceptions import ConfigError
 from loopwarden.paths import records_path
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
+from loopwarden.sanitize import jsonable
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: appends are serialised per process only
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
@@ -78,9 +90,15 @@ class RunRecordSettings(PluginSettings):
 
 
 class JsonlAppender:
-    """Appends whole JSON lines to one file, safely across threads (see the module docstring).
+    """Appends whole JSON lines to one file, safely across threads and processes.
 
-    Never raises from :meth:`append`: a failure is logged once and reported as False.
+    No file descriptor is held between appends: each :meth:`append` opens the file, takes an
+    exclusive ``flock`` (where the platform has one), starts a new line if the file does not
+    end in one -- a writer killed mid-line left a fragment, which ``report`` then counts as
+    corrupt instead of losing this record with it -- writes the record with one ``write``
+    and closes the file.  Only regular files are written: a FIFO, a device or ``/dev/full`` is
+    refused without blocking.  Never raises from :meth:`append`: a failure is logged (once
+    until a write succeeds again), counted in ``failed`` and returned as its reason.
     """
 
     def __init__(self, path: Path, *, fsync: bool = False) -> None:
@@ -88,67 +106,81 @@ class JsonlAppender:
         self.fsync = fsync
         self.written = 0
         self.failed = 0
-        self._fd: int | None = None
+        #: the reason of the latest failure (None after a success)
+        self.last_error: str | None = None
         self._lock = threading.Lock()
         self._reported = False
 
-    def _open(self) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size > 0:
-                with self.path.open("rb") as fh:
-                    fh.seek(-1, os.SEEK_END)
-                    last = fh.read(1)
-                if last != b"\n":
-                    log.warning("run_record: %s ends with a truncated line (an interrupted "
-                                "write?); starting a new line", self.path)
-                    _write_all(fd, b"\n")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
     def append(self, obj: Mapping[str, Any]) -> bool:
-        """Encode ``obj`` as one line and append it with one write; True when written."""
+        """Encode ``obj`` as one line and append it; True when written (else the reason is in
+        ``last_error``)."""
         try:
-            data = (json.dumps(obj, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            self._fail(exc)
-            return False
+            data = encode_line(obj)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return self._fail(f"cannot encode the record: {exc}")
         with self._lock:
             try:
-                if self._fd is None:
-                    self._fd = self._open()
-                _write_all(self._fd, data)
-                if self.fsync:
-                    os.fsync(self._fd)
+                _append_line(self.path, data, self.fsync)
             except OSError as exc:
-                self._close_fd()
-                self._fail(exc)
-                return False
+                return self._fail(exc.strerror or str(exc) if exc.errno else str(exc))
             self.written += 1
+            self.last_error = None
             if self._reported:
                 self._reported = False
                 log.info("run_record: writing to %s again", self.path)
         return True
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, reason: str) -> bool:
         self.failed += 1
+        self.last_error = reason
         if not self._reported:
             self._reported = True
             log.warning("run_record: cannot append to %s: %s (further failures are not "
-                        "logged until a write succeeds)", self.path, exc)
-
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+                        "logged until a write succeeds)", self.path, reason)
+        return False
 
     def close(self) -> None:
-        with self._lock:
-            self._close_fd()
+        """Nothing to release (no descriptor is held between appends); kept for callers."""
+
+
+# Characters that some line splitters (str.splitlines, JavaScript) take for line breaks; JSON
+# leaves them raw inside strings, so they are escaped to keep one record on one line for all.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def encode_line(obj: Mapping[str, Any]) -> bytes:
+    """One record as a line of strict JSON in UTF-8 (see :func:`loopwarden.sanitize.jsonable`:
+    lone surrogates replaced, NaN and huge numbers as strings; no character that any line
+    splitter could break the line at)."""
+    text = json.dumps(jsonable(obj), ensure_ascii=False, allow_nan=False)
+    if not text.isascii():
+        text = text.translate(_LINE_BREAKS)
+    return (text + "\n").encode("utf-8")
+
+
+_OPEN_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0))
+
+
+def _append_line(path: Path, data: bytes, fsync: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, _OPEN_FLAGS, 0o644)  # non-blocking: a FIFO never hangs the run
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"not a regular file: {path}")
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or its process dies
+        size = os.fstat(fd).st_size
+        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+            log.warning("run_record: %s ends with a truncated line (an interrupted write?); "
+                        "starting a new line", path)
+            data = b"\n" + data
+        _write_all(fd, data)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -156,6 +188,27 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def check_writable(path: Path) -> str | None:
+    """Why records could not be appended to ``path`` (None when they could); creates
+    nothing.  For ``loopwarden config check``."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe == path:
+        if not path.is_file():
+            return "not a regular file"
+        if not os.access(path, os.W_OK):
+            return "not writable"
+        return None
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"cannot create files in {probe}"
+    return None
 
 
 class RunRecord(Plugin[RunRecordSettings]):
@@ -184,6 +237,17 @@ class RunRecord(Plugin[RunRecordSettings]):
 
     def close(self) -> None:
         self.appender.close()
+
+    def check_config(self, *, path: str | None = None) -> None:
+        """For ``loopwarden config check``: fail when records could not be written to the
+        configured file (a missing parent that cannot be created, a file in the way, a FIFO
+        or a device, no permission).  Creates nothing."""
+        problem = check_writable(self.path)
+        if problem is not None:
+            raise ConfigError(f"records cannot be written to {self.path}: {problem}",
+                              path=path, key="plugins.run_record.path",
+                              expected="a writable regular file (or a directory to create "
+                              "it in)")
 
     def on_model_responded(self, run: Run, *, request: ModelRequest, response: ModelResponse,
                            **_: Any) -> None:
@@ -219,4 +283,16 @@ class RunRecord(Plugin[RunRecordSettings]):
         return out
 
     def on_run_stopped(self, run: Run, *, record: Mapping[str, Any], **_: Any) -> None:
-        self.appender.append(self.build(run, record))
+        try:
+            line = self.build(run, record)
+        except Exception as exc:  # a record that cannot even be built is still reported
+            written = self.appender._fail(f"cannot build the record: {type(exc).__name__}: "
+                                          f"{exc}")
+        else:
+            written = self.appender.append(line)
+        if not written:
+            # Reported where the caller looks: the run's own record (``errors``), a log line
+            # (the appender's) and the ``record-failed`` signal (counted by ``metrics``).
+            error = f"record not written to {self.path}: {self.appender.last_error}"
+            run.errors.append({"plugin": self.name, "hook": "run_stopped", "error": error})
+            signals.send(signals.record_failed, run, path=str(self.path), error=error)

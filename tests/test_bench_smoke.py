@@ -194,3 +194,17 @@ def test_adapters_bench_prints_the_promised_json() -> None:
     assert set(data["versions"]) == {"langchain", "openai-agents", "pydantic-ai-slim"}
     ratio = data["loopwarden_vs_langchain_limits"]
     assert ratio is None or isinstance(ratio, float)
+
+
+def test_fuzz_bench_prints_the_promised_json_and_finds_nothing() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "fuzz.py"), "16", "3", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert (data["n"], data["seed"], data["ok"]) == (16, 3, True)
+    assert set(data["paths"]) == {"scripted", "http"}
+    for path in data["paths"].values():
+        assert path["cases"] == 16
+        assert sum(path["terminations"].values()) == 16  # every run ended with a record
+    assert data["totals"] == {"crashes": 0, "hangs": 0, "missing_records": 0,
+                              "double_effects": 0, "bad_requests": 0, "blamed_model": 0}

@@ -169,7 +169,10 @@ def test_an_unwritable_path_never_breaks_a_run(
         a = dep.run(scenario="refund")
         b = dep.run(scenario="refund")
     assert a.record()["termination"] == b.record()["termination"] == "final_answer"
-    assert a.record()["errors"] == []
+    # the failure is reported in the record the caller gets (issue 14, item 8)
+    errors = a.record()["errors"]
+    assert [(e["plugin"], e["hook"]) for e in errors] == [("run_record", "run_stopped")]
+    assert str(path) in errors[0]["error"] and "directory" in errors[0]["error"]
     plugin: RunRecord = dep.plugins.get("run_record")
     assert plugin.appender.failed == 2
     assert len([r for r in caplog.records if "cannot append" in r.getMessage()]) == 1

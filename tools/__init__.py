@@ -7,6 +7,7 @@ from flags that guards read:
 ``read_only``       it changes nothing outside the run
 ``deterministic``   the same arguments give the same result (a clock is not)
 ``side_effect``     it changes the world; never executed twice for the same idempotency key
+                    (its ``idempotency_keys`` arguments, normalised as fingerprints are)
 ``terminal``        a successful call ends the run (a hand-off to a human, a "done" tool)
 ``retryable``       exception types that mean "trying again may work" (besides ToolError)
 
@@ -27,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_args, get_type_hints, overload
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, get_args, get_type_hints, overload
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from loopwarden.exceptions import ToolDefinitionError, ToolError
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, idempotency_key
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken, Clock
@@ -95,6 +96,7 @@ class Tool:
     retryable: tuple[type[BaseException], ...] = ()
     timeout_s: float | None = None
     idempotency_keys: tuple[str, ...] | None = None
+    normalize_arguments: bool = True
     context_param: str | None = None
     is_async: bool = False
     _schema: dict[str, Any] | None = field(default=None, repr=False)
@@ -121,11 +123,13 @@ class Tool:
         """Validate model-given arguments; raises pydantic's ValidationError."""
         return self.args_model.model_validate(dict(arguments)).model_dump()
 
-    def idempotency_key(self, arguments: Mapping[str, Any]) -> str:
-        """The key under which a side effect must happen at most once."""
-        keys = self.idempotency_keys
-        picked = arguments if keys is None else {k: arguments.get(k) for k in keys}
-        return self.name + ":" + json.dumps(picked, sort_keys=True, ensure_ascii=False)
+    def idempotency_key(self, arguments: Mapping[str, Any],
+                        volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS) -> str:
+        """The key under which a side effect must happen at most once: the idempotency
+        arguments, normalised as fingerprints are (see
+        :func:`loopwarden.fingerprint.idempotency_key`)."""
+        return idempotency_key(self.name, arguments, self.idempotency_keys,
+                               normalize=self.normalize_arguments, volatile_keys=volatile_keys)
 
     def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
         """Call the function (sync tools return the value, async ones an awaitable)."""
@@ -152,6 +156,7 @@ def _build(
     retryable: Iterable[type[BaseException]],
     timeout_s: float | None,
     idempotency_keys: Sequence[str] | None,
+    normalize_arguments: bool = True,
 ) -> Tool:
     if read_only and side_effect:
         raise ToolDefinitionError(
@@ -190,6 +195,7 @@ def _build(
         retryable=tuple(retryable),
         timeout_s=timeout_s,
         idempotency_keys=tuple(idempotency_keys) if idempotency_keys is not None else None,
+        normalize_arguments=normalize_arguments,
         context_param=context_param,
         is_async=inspect.iscoroutinefunction(func),
     )
@@ -209,6 +215,7 @@ def tool(
     retryable: Iterable[type[BaseException]] = (),
     timeout_s: float | None = None,
     idempotency_keys: Sequence[str] | None = None,
+    normalize_arguments: bool = True,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -225,8 +232,14 @@ def tool(
     retryable: Iterable[type[BaseException]] = (),
     timeout_s: float | None = None,
     idempotency_keys: Sequence[str] | None = None,
+    normalize_arguments: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Declare a tool; usable bare (``@tool``) or with flags (``@tool(read_only=True)``)."""
+    """Declare a tool; usable bare (``@tool``) or with flags (``@tool(read_only=True)``).
+
+    ``normalize_arguments=False`` makes string arguments count as different when they differ
+    only in case or surrounding whitespace -- for repeat detection and for the side-effect
+    ledger alike (by default ``"Bob@Example.com"`` and ``" bob@example.com "`` are the same
+    call, and a side effect keyed on them runs once)."""
 
     def deco(f: Callable[..., Any]) -> Tool:
         return _build(
@@ -240,6 +253,7 @@ def tool(
             retryable=retryable,
             timeout_s=timeout_s,
             idempotency_keys=idempotency_keys,
+            normalize_arguments=normalize_arguments,
         )
 
     return deco(func) if func is not None else deco

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,14 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import find_config, load_config
-    from loopwarden.pluginmanager import check_tables, load_plugins
+    from loopwarden.deployment import Deployment
+    from loopwarden.pluginmanager import check_tables
 
     if args.action == "check":
         config = load_config(args.file or args.config)
-        plugins = load_plugins(config)
-        check_tables(config)
-        if config.model.provider == "openai":  # the live model must be acceptable too
-            plugins.hooks.validate_model(config.model.name, config.path)
+        # a deployment, as a run would build it: plugins load and connect (and are closed)
+        with Deployment(config) as dep:
+            plugins = dep.plugins
+            check_tables(config)
+            for lp in plugins:  # what a plugin can only find out about its surroundings
+                check_config = getattr(lp.obj, "check_config", None)
+                if callable(check_config):
+                    check_config(path=config.path)
+            if config.model.provider == "openai":  # the live model must be acceptable too
+                dep.check_model(config.model.name)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     from loopwarden.schema import config_schema
@@ -43,8 +51,13 @@ def main(args: argparse.Namespace) -> int:
     text = json.dumps(config_schema(find_config(args.config)), indent=2,
                       ensure_ascii=False) + "\n"
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            print(f"loopwarden config: cannot write {args.output}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     else:
         print(text, end="")
     return 0

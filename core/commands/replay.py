@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(with --summary: only the summary, one JSON object)")
     parser.add_argument("--summary", action="store_true",
                         help="print only the summary, not one line per trajectory")
-    parser.add_argument("--limit", type=int, default=None, help="replay only the first N")
+    parser.add_argument("--limit", type=_count, default=None, metavar="N",
+                        help="replay only the first N")
     parser.add_argument("--carry-state", metavar="PLUGINS", default="",
                         help="experimental: comma-separated plugins whose state carries over "
                         "from one run of a conversation to the next (conversation-scoped "
@@ -38,6 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "by default a replay leaves them out: they cannot change a verdict, "
                         "and recorded runs should not page anyone")
     add_config_argument(parser)
+
+
+def _count(text: str) -> int:
+    """argparse type: a whole number >= 0 (a bad value is a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -69,6 +69,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"loopwarden report: no valid run record in {path}", file=sys.stderr)
         return 1
     if args.plot:
-        note = plot(loaded.records, args.plot)
+        try:
+            note = plot(loaded.records, args.plot)
+        except OSError as exc:
+            print(f"loopwarden report: cannot write {args.plot}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
         print(f"loopwarden report: {note}: {args.plot}", file=sys.stderr)
     return 0

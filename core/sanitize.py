@@ -1,0 +1,192 @@
+"""Untrusted text and JSON made safe to store, send and read back.
+
+Model output, tool results and record files come from outside; none of them may crash a run
+or a report.  Three dangers are handled here, once for every caller:
+
+* **lone UTF-16 surrogates** (a truncated emoji, which JSON's ``\\ud83d`` escapes allow): such
+  a string cannot be encoded as UTF-8, so it would break the next request, the record file
+  and ``--json`` output.  :func:`clean_text` replaces them with U+FFFD (a split but complete
+  pair is joined back into its character);
+* **deep nesting**: parsing or walking 100,000 nested ``[`` recurses past Python's limit.
+  :func:`loads_arguments` bounds the depth of a tool call's arguments (:data:`MAX_DEPTH`);
+* **numbers and constants that are not JSON**: ``NaN``, ``Infinity``, ``1e999``, integers too
+  long to convert.  :func:`loads_strict` rejects them when a record file is read back, and
+  :func:`jsonable` turns them into strings before a record is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "clean_text",
+    "depth_exceeds",
+    "jsonable",
+    "loads_arguments",
+    "loads_strict",
+]
+
+#: the deepest nesting accepted in a tool call's arguments and in a record line
+MAX_DEPTH = 100
+#: integers with more digits are not counts a record or a trajectory holds (usage, ids)
+MAX_INT_DIGITS = 30
+
+_MAX_INT_BITS = (10**MAX_INT_DIGITS).bit_length() - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (unchanged when it has none)."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    # a UTF-16 round trip joins a high+low pair that arrived as two code points
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether lists and dicts in ``value`` nest deeper than ``limit`` (checked iteratively)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, tuple)))
+    return False
+
+
+def _too_deep(text: str, value: Any, limit: int) -> bool:
+    # the bracket count (C speed) rules out deep nesting for almost every text
+    return text.count("[") + text.count("{") > limit and depth_exceeds(value, limit)
+
+
+def loads_arguments(text: str, limit: int = MAX_DEPTH) -> Any:
+    """Parse a tool call's JSON arguments; ``ValueError`` for anything that is not usable JSON
+    (including nesting deeper than ``limit`` and numbers Python refuses to convert).  Lone
+    surrogates from ``\\ud800`` escapes are replaced (:func:`clean_text`)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:  # json's own limit (~1000 levels, less when the stack is deep)
+        raise ValueError(f"the arguments nest deeper than {limit} levels") from None
+    if _too_deep(text, value, limit):
+        raise ValueError(f"the arguments nest deeper than {limit} levels")
+    if "\\u" in text:  # an escaped lone surrogate parses into one: replace it
+        value = _clean_tree(value)
+    return value
+
+
+def _clean_tree(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(k): _clean_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_tree(v) for v in value]
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _strict_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} does not fit a float")
+    return value
+
+
+def _strict_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def loads_strict(text: str, limit: int = MAX_DEPTH) -> Any:
+    """Parse one line of a JSONL file as strict JSON; ``ValueError`` when it is not.
+
+    Not accepted: ``NaN`` / ``Infinity``, numbers beyond a float (``1e999``) or with more than
+    :data:`MAX_INT_DIGITS` digits, nesting deeper than ``limit``, and lone surrogates --
+    escaped (``\\ud800``) or from undecodable bytes read with ``surrogateescape``.
+    """
+    if _SURROGATE.search(text) is not None and clean_text(text) != text:
+        raise ValueError("the line holds undecodable bytes or a lone surrogate")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_strict_float,
+                           parse_int=_strict_int)
+    except RecursionError:
+        raise ValueError(f"the line nests deeper than {limit} levels") from None
+    if _too_deep(text, value, limit):
+        raise ValueError(f"the line nests deeper than {limit} levels")
+    if "\\u" in text and _has_lone_surrogate(value):
+        raise ValueError("the line holds a lone surrogate")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if clean_text(item) != item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def jsonable(value: Any, limit: int = MAX_DEPTH, *, exact: bool = False) -> Any:
+    """A copy of ``value`` that encodes as strict, UTF-8-encodable JSON -- the one conversion
+    used for run records, alert payloads and the generated docs.
+
+    Strings are cleaned (:func:`clean_text`), non-finite floats and integers longer than
+    :data:`MAX_INT_DIGITS` digits become strings, mappings dicts, tuples and sets lists,
+    Decimals floats (the record's ``cost`` is a number) or, when ``exact``, their exact text
+    (money in a config file), pydantic models their fields, enums their values, other objects
+    their ``str()``, and anything nested deeper than ``limit`` a placeholder string.
+    """
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        # at most about MAX_INT_DIGITS digits, checked without printing a huge int
+        return value if value.bit_length() <= _MAX_INT_BITS else "(an integer too long)"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if limit <= 0:
+        return "(nested too deep)"
+    if isinstance(value, Mapping):
+        return {clean_text(k if isinstance(k, str) else str(k)): jsonable(v, limit - 1,
+                                                                          exact=exact)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v, limit - 1, exact=exact) for v in value]
+    if isinstance(value, Decimal):
+        return str(value) if exact else jsonable(float(value), limit)
+    if isinstance(value, BaseModel):
+        return jsonable(value.model_dump(), limit - 1, exact=exact)
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value, limit - 1, exact=exact)
+    try:
+        return clean_text(str(value))
+    except Exception:  # an object whose __str__ fails
+        return f"(unprintable {type(value).__name__})"
