@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopwarden.events import ModelResponse, ToolCall, ToolResult
+from loopwarden.execution import _ToolThreads
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter, canonical_arguments
-from loopwarden.loop import _ToolThreads
 from loopwarden.plugins._text import token_set
 from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
 from loopwarden.plugins.stall import Stall, StallSettings
