@@ -68,8 +68,15 @@ _EXPORTS: dict[str, str] = {
         "events",
     ),
     **dict.fromkeys(
-        ("ConfigError", "LoopwardenError", "ModelError", "PluginLoadError", "ScenarioError",
-         "ToolDefinitionError", "ToolError"),
+        (
+            "ConfigError",
+            "LoopwardenError",
+            "ModelError",
+            "PluginLoadError",
+            "ScenarioError",
+            "ToolDefinitionError",
+            "ToolError",
+        ),
         "exceptions",
     ),
     **dict.fromkeys(("hookimpl", "hookspec"), "hookspecs"),

@@ -103,13 +103,15 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
                 for k in ("read_only", "deterministic", "side_effect", "terminal")
                 if getattr(script, k) is not None
             }
-            tool = dataclasses.replace(real, func=func, context_param="_ctx", is_async=False,
-                                       **flags)
+            tool = dataclasses.replace(
+                real, func=func, context_param="_ctx", is_async=False, **flags
+            )
         else:
             if plays_real:
                 raise ConfigError(
                     "a tool the shop does not have needs results or error",
-                    path=scenario.path, key=f"tools.{name}",
+                    path=scenario.path,
+                    key=f"tools.{name}",
                 )
             tool = Tool(
                 name=name,
@@ -175,8 +177,11 @@ class Deployment:
             with contextlib.suppress(Exception):
                 self.close()
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            raise PluginLoadError(f"on_configure (connect) failed: {text}",
-                                  plugin=self.hooks.blame(exc), path=self.config.path) from exc
+            raise PluginLoadError(
+                f"on_configure (connect) failed: {text}",
+                plugin=self.hooks.blame(exc),
+                path=self.config.path,
+            ) from exc
 
     def _shadowed(self) -> list[str]:
         """The plugins in shadow mode: every one but the essential ones and normal endings
@@ -184,14 +189,20 @@ class Deployment:
         essential = {lp.name for lp in self.plugins if getattr(lp.obj, "essential", False)}
         cfg = self.config
         if cfg.run.mode == "shadow":
-            return [lp.name for lp in self.plugins
-                    if lp.name not in essential and lp.name not in _NOT_SHADOWED]
+            return [
+                lp.name
+                for lp in self.plugins
+                if lp.name not in essential and lp.name not in _NOT_SHADOWED
+            ]
         named = cfg.plugins.shadowed()
         bad = sorted(essential.intersection(named))
         if bad:
             raise ConfigError(
                 f"{bad[0]} is essential: it cannot run in shadow mode (a shadowed run must "
-                "still end)", path=cfg.path, key=f"plugins.{bad[0]}.shadow")
+                "still end)",
+                path=cfg.path,
+                key=f"plugins.{bad[0]}.shadow",
+            )
         return named
 
     @classmethod
@@ -231,9 +242,13 @@ class Deployment:
         p = self.config.profile(profile)
         if p is None:
             return Limits()
-        return Limits(name=profile or self.config.run.profile, max_steps=p.max_steps,
-                      max_tokens=p.max_tokens, max_seconds=p.max_seconds,
-                      max_context=p.max_context)
+        return Limits(
+            name=profile or self.config.run.profile,
+            max_steps=p.max_steps,
+            max_tokens=p.max_tokens,
+            max_seconds=p.max_seconds,
+            max_context=p.max_context,
+        )
 
     def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
         """Subscribe ``receiver`` to ``signal`` for this deployment's runs only.
@@ -303,8 +318,11 @@ class Deployment:
         """
         sc: Scenario | None = None
         if scenario is not None:
-            sc = scenario if isinstance(scenario, Scenario) else load_scenario(
-                scenario_path(str(scenario)))
+            sc = (
+                scenario
+                if isinstance(scenario, Scenario)
+                else load_scenario(scenario_path(str(scenario)))
+            )
         if sc is not None:
             from loopwarden.models.scripted import ScriptedModel
 

@@ -164,8 +164,13 @@ class Hooks:
             plan: list[_Step] = []
             for impl in reversed(impls):  # pluggy calls the last registered first
                 idx = tuple(full.index(a) for a in impl.argnames)
-                plan.append((impl.plugin_name, impl.function,
-                             None if idx == tuple(range(len(full))) else idx))
+                plan.append(
+                    (
+                        impl.plugin_name,
+                        impl.function,
+                        None if idx == tuple(range(len(full))) else idx,
+                    )
+                )
             plans[hook] = tuple(plan)
         self._plans = plans
         self._generation = getattr(pm, "generation", 0)
@@ -188,8 +193,11 @@ class Hooks:
             except Exception as exc:
                 return self._failed(hook, exc, plugin=name)
             if r is not None:
-                if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r) \
-                        or (type(r) is Skip and hook != "before_tool"):
+                if (
+                    not isinstance(r, (Warn, Skip, Stop))
+                    or _ill_typed(r)
+                    or (type(r) is Skip and hook != "before_tool")
+                ):
                     return self._not_a_verdict(hook, r, plugin=name)
                 if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
                     r = dataclasses.replace(r, plugin=name)
@@ -249,7 +257,7 @@ class Hooks:
                 plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
                 soft=False,
                 message=f"{who} returned a skip from {hook}, which cannot honour it (only "
-                        "before_tool can skip a call): warn or stop instead",
+                "before_tool can skip a call): warn or stop instead",
                 evidence={"hook": hook, "returned": shown},
             )
             return Resolution(verdict, (), (verdict,))
@@ -268,8 +276,11 @@ class Hooks:
         if not results:
             return EMPTY
         for r in results:
-            if not isinstance(r, (Warn, Skip, Stop)) or _ill_typed(r) \
-                    or (type(r) is Skip and hook != "before_tool"):
+            if (
+                not isinstance(r, (Warn, Skip, Stop))
+                or _ill_typed(r)
+                or (type(r) is Skip and hook != "before_tool")
+            ):
                 return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
@@ -296,9 +307,7 @@ class Hooks:
         if plan is not None:
             return self._direct("after_response", plan, (run, response))
         try:
-            return self._resolve(
-                "after_response", self._after_response(run=run, response=response)
-            )
+            return self._resolve("after_response", self._after_response(run=run, response=response))
         except Exception as exc:
             return self._failed("after_response", exc)
 
@@ -316,9 +325,7 @@ class Hooks:
         if plan is not None:
             return self._direct("after_tool", plan, (run, call, result))
         try:
-            return self._resolve(
-                "after_tool", self._after_tool(run=run, call=call, result=result)
-            )
+            return self._resolve("after_tool", self._after_tool(run=run, call=call, result=result))
         except Exception as exc:
             return self._failed("after_tool", exc)
 
@@ -333,12 +340,20 @@ class Hooks:
                 return failures
             except Exception as exc:
                 plugin = self._blame(exc)
-                failures.append({"plugin": plugin, "hook": "on_stop",
-                                 "error": self._log_failure(plugin, "on_stop", exc)})
+                failures.append(
+                    {
+                        "plugin": plugin,
+                        "hook": "on_stop",
+                        "error": self._log_failure(plugin, "on_stop", exc),
+                    }
+                )
                 # Call the implementations that the exception skipped: the ones after the
                 # failing plugin in call order.
-                impls = [i.plugin_name for i in reversed(self._on_stop.get_hookimpls())
-                         if not (i.hookwrapper or i.wrapper)]
+                impls = [
+                    i.plugin_name
+                    for i in reversed(self._on_stop.get_hookimpls())
+                    if not (i.hookwrapper or i.wrapper)
+                ]
                 if plugin not in impls:
                     return failures
                 done.update(impls[: impls.index(plugin) + 1])
@@ -386,9 +401,13 @@ class Hooks:
                 if taken:
                     raise ValueError(f"the record's own fields cannot be replaced: {taken}")
             except Exception as exc:
-                failures.append({"plugin": impl.plugin_name, "hook": "record_fields",
-                                 "error": self._log_failure(impl.plugin_name, "record_fields",
-                                                            exc)})
+                failures.append(
+                    {
+                        "plugin": impl.plugin_name,
+                        "hook": "record_fields",
+                        "error": self._log_failure(impl.plugin_name, "record_fields", exc),
+                    }
+                )
                 continue
             for key, value in (got or {}).items():
                 fields.setdefault(str(key), value)

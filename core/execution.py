@@ -46,9 +46,12 @@ def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
         # cancellation at the deadline is abandoned there, not waited for
         try:
             ending, value = call_within(
-                asyncio.run, _bounded(tool.invoke(eff.arguments, ctx), timeout, run.cancel),
+                asyncio.run,
+                _bounded(tool.invoke(eff.arguments, ctx), timeout, run.cancel),
                 timeout=None if timeout is None else timeout + CANCEL_GRACE_S,
-                cancel=run.cancel, name="tool-" + tool.name)
+                cancel=run.cancel,
+                name="tool-" + tool.name,
+            )
         except Exception as exc:
             return engine.error_result(eff, exc, run.clock.now() - started)
         if ending == "cancelled" or (ending == "ok" and value[0] == "cancelled"):
@@ -74,8 +77,14 @@ def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
         done.set()
 
     # a fresh context per call, as a new thread would have
-    _WORKERS.submit(contextvars.Context(), tool.invoke, (eff.arguments, ctx), tool.name,
-                    finished, lambda: bool(box))  # abandoned: the marker appended below
+    _WORKERS.submit(
+        contextvars.Context(),
+        tool.invoke,
+        (eff.arguments, ctx),
+        tool.name,
+        finished,
+        lambda: bool(box),
+    )  # abandoned: the marker appended below
     remove = run.cancel.on_cancel(done.set)
     try:
         done.wait(timeout)
@@ -90,6 +99,7 @@ def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
     if not ok:
         return engine.error_result(eff, payload, run.clock.now() - started)
     return engine.tool_result(eff, payload, started, run)
+
 
 async def run_tool_async(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
@@ -167,8 +177,9 @@ class _Worker:
             del finished, abandoned, result
 
 
-_Job = tuple[contextvars.Context, Callable[..., Any], tuple[Any, ...], str, Finished,
-             Callable[[], bool]]
+_Job = tuple[
+    contextvars.Context, Callable[..., Any], tuple[Any, ...], str, Finished, Callable[[], bool]
+]
 _IDLE_NAME = "loopwarden-worker-idle"
 
 
@@ -188,9 +199,15 @@ class _ToolThreads:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
 
-    def submit(self, context: contextvars.Context, fn: Callable[..., Any],
-               args: tuple[Any, ...], name: str, finished: Finished,
-               abandoned: Callable[[], bool]) -> None:
+    def submit(
+        self,
+        context: contextvars.Context,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        name: str,
+        finished: Finished,
+        abandoned: Callable[[], bool],
+    ) -> None:
         """Run ``context.run(fn, *args)`` in a worker thread, then ``finished(True, value)``
         or ``finished(False, exception)`` there.  ``abandoned()`` (asked when the tool
         returned) says whether the waiter gave up meanwhile: that thread then ends."""
@@ -247,8 +264,9 @@ def daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
     return future
 
 
-async def _bounded(aw: Awaitable[Any], timeout: float | None,
-                   cancel: CancelToken | None = None) -> tuple[Ending, Any]:
+async def _bounded(
+    aw: Awaitable[Any], timeout: float | None, cancel: CancelToken | None = None
+) -> tuple[Ending, Any]:
     """Await a tool within ``timeout`` (and until ``cancel``): ``("ok", value)``, else
     ``("timeout" | "cancelled", None)``.  A tool that swallows its cancellation is abandoned
     (see :mod:`loopwarden._deadline`).  A ``TimeoutError`` the tool raises itself (a socket

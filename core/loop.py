@@ -114,8 +114,7 @@ def _to_text(value: Any) -> str:
 class Engine:
     """The loop logic for one deployment (shared by all its runs; holds no run state)."""
 
-    def __init__(self, hooks: Hooks, settings: RunConfig,
-                 shadow: Collection[str] = ()) -> None:
+    def __init__(self, hooks: Hooks, settings: RunConfig, shadow: Collection[str] = ()) -> None:
         self.hooks = hooks
         self.settings = settings
         self.mode = settings.mode
@@ -170,8 +169,12 @@ class Engine:
         shadow = self.shadow
         shadowed = bool(shadow) and any(v.plugin in shadow for v in res.verdicts)
         for v in res.verdicts:
-            entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
-                                     "kind": v.kind}
+            entry: dict[str, Any] = {
+                "step": run.step,
+                "hook": hook,
+                "plugin": v.plugin,
+                "kind": v.kind,
+            }
             if isinstance(v, Stop):
                 entry["reason"] = v.reason
                 entry["soft"] = v.soft
@@ -181,11 +184,13 @@ class Engine:
                     entry["message"] = v.message
                 run.verdicts.append(entry)
                 if isinstance(v, Stop) and run.shadow_stop is None:
-                    run.shadow_stop = {k: entry[k] for k in
-                                       ("step", "hook", "plugin", "reason", "soft")}
+                    run.shadow_stop = {
+                        k: entry[k] for k in ("step", "hook", "plugin", "reason", "soft")
+                    }
                     run.shadow_stop["evidence"] = dict(v.evidence)
-                signals.send(signals.guard_triggered, run, verdict=v, hook=hook,
-                             step=run.step, shadow=True)
+                signals.send(
+                    signals.guard_triggered, run, verdict=v, hook=hook, step=run.step, shadow=True
+                )
                 continue
             run.verdicts.append(entry)
             signals.send(signals.guard_triggered, run, verdict=v, hook=hook, step=run.step)
@@ -226,8 +231,9 @@ class Engine:
         text = self.settings.wrap_up_instruction
         if stop is not None and stop.message:
             text = f"{stop.message} {text}"
-        run.add_message({"role": self.settings.warning_role,
-                         "content": self.settings.warning_prefix + text})
+        run.add_message(
+            {"role": self.settings.warning_role, "content": self.settings.warning_prefix + text}
+        )
         request.notes.append(text)
         request.tool_choice = "none"
         request.final = True
@@ -284,7 +290,8 @@ class Engine:
                 step=run.step,
                 index=i,
                 fingerprint=self.fingerprint(
-                    pc.name, fp_args, tool.normalize_arguments if tool is not None else True),
+                    pc.name, fp_args, tool.normalize_arguments if tool is not None else True
+                ),
                 tool=tool,
                 error=err,
                 error_detail=detail,
@@ -293,7 +300,8 @@ class Engine:
                 call.timeout = tool.timeout_s
                 if err is None and tool.side_effect and args is not None:
                     call.idempotency_key = tool.idempotency_key(
-                        args, self.fingerprint.volatile_keys)
+                        args, self.fingerprint.volatile_keys
+                    )
             calls.append(call)
         return calls
 
@@ -361,8 +369,7 @@ class Engine:
             soft=False,
             stopped_by=stop.plugin,
             evidence=evidence,
-            final_answer=stop.answer if stop.answer is not None
-            else self.settings.fallback_answer,
+            final_answer=stop.answer if stop.answer is not None else self.settings.fallback_answer,
             final_answer_present=stop.answer is not None,
             message=stop.message,
         )
@@ -381,8 +388,9 @@ class Engine:
             message=stop.message,
         )
 
-    def _model_failed(self, run: Run, request: ModelRequest, err: BaseException,
-                      took: float) -> RunOutcome:
+    def _model_failed(
+        self, run: Run, request: ModelRequest, err: BaseException, took: float
+    ) -> RunOutcome:
         """The outcome of a failed model call: ``cancelled`` when the run was cancelled,
         ``timeout`` when the call overran the time a plugin gave it (``request.timeout``),
         else ``model_error``.  The error text is redacted."""
@@ -394,12 +402,20 @@ class Engine:
         if run.cancel.is_set():
             termination = "cancelled"
             evidence["reason"] = run.cancel.reason
-        elif (isinstance(err, ModelError) and err.kind == "timeout"
-              and request.timeout is not None and took >= request.timeout - _DEADLINE_SLACK_S):
+        elif (
+            isinstance(err, ModelError)
+            and err.kind == "timeout"
+            and request.timeout is not None
+            and took >= request.timeout - _DEADLINE_SLACK_S
+        ):
             termination = "timeout"
             evidence.update(limit_s=round(request.timeout, 3), elapsed_s=round(run.elapsed, 3))
-        return RunOutcome(termination=termination, evidence=evidence,
-                          final_answer=self._best_effort(run), error=text)
+        return RunOutcome(
+            termination=termination,
+            evidence=evidence,
+            final_answer=self._best_effort(run),
+            error=text,
+        )
 
     def redact(self, run: Run, text: str) -> str:
         """``text`` with secrets masked -- the model's API key, bearer credentials, ``sk-``
@@ -419,15 +435,22 @@ class Engine:
         for i in range(len(msgs) - 1, -1, -1):
             m = msgs[i]
             if m.get("role") == "assistant":
-                answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x.get("role") == "tool"}
+                answered = {x.get("tool_call_id") for x in msgs[i + 1 :] if x.get("role") == "tool"}
                 text = self.texts.not_executed.format(reason=outcome.termination)
-                msgs.extend({"role": "tool", "tool_call_id": tc["id"], "content": text}
-                            for tc in m.get("tool_calls") or () if tc.get("id") not in answered)
+                msgs.extend(
+                    {"role": "tool", "tool_call_id": tc["id"], "content": text}
+                    for tc in m.get("tool_calls") or ()
+                    if tc.get("id") not in answered
+                )
                 break
         answer = (outcome.final_answer or "").strip()
         last = msgs[-1] if msgs else None
-        said = (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
-                and (last.get("content") or "").strip() == answer)
+        said = (
+            last is not None
+            and last.get("role") == "assistant"
+            and not last.get("tool_calls")
+            and (last.get("content") or "").strip() == answer
+        )
         if answer and not said:
             msgs.append({"role": "assistant", "content": outcome.final_answer})
         return msgs
@@ -485,9 +508,12 @@ class Engine:
                 if not stop.soft:
                     if run.stopping is not None:
                         return self._hard(
-                            run, run.stopping,
-                            {"final_turn_refused_by": stop.plugin,
-                             "final_turn_refused_reason": stop.reason},
+                            run,
+                            run.stopping,
+                            {
+                                "final_turn_refused_by": stop.plugin,
+                                "final_turn_refused_reason": stop.reason,
+                            },
                         )
                     return self._hard(run, stop)
                 if not final:
@@ -499,9 +525,13 @@ class Engine:
             if not isinstance(response, (ModelResponse, Failed)) or (
                 isinstance(response, ModelResponse) and not _well_formed(response)
             ):
-                response = Failed(ModelError(
-                    f"the model returned {type(response).__name__} {response!r:.200}, "
-                    "not a well-formed ModelResponse", kind="malformed"))
+                response = Failed(
+                    ModelError(
+                        f"the model returned {type(response).__name__} {response!r:.200}, "
+                        "not a well-formed ModelResponse",
+                        kind="malformed",
+                    )
+                )
             if isinstance(response, Failed):
                 return self._model_failed(run, request, response.error, run.clock.now() - t0)
             run.step += 1
@@ -528,14 +558,22 @@ class Engine:
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": c.raw_arguments}}
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.raw_arguments},
+                    }
                     for c in calls
                 ]
             run.add_message(message)
             if signals.model_responded.receivers:
-                signals.send(signals.model_responded, run, request=request, response=response,
-                             duration_s=run.clock.now() - t0)
+                signals.send(
+                    signals.model_responded,
+                    run,
+                    request=request,
+                    response=response,
+                    duration_s=run.clock.now() - t0,
+                )
             res = hooks.after_response(run, response)
             if res.verdicts:
                 res = self._note(run, "after_response", res)
@@ -578,17 +616,26 @@ class Engine:
                     break
                 skip = res.skip
                 if skip is not None:
-                    result = ToolResult(content=skip.observation, skipped=True,
-                                        skipped_by=skip.plugin)
+                    result = ToolResult(
+                        content=skip.observation, skipped=True, skipped_by=skip.plugin
+                    )
                 elif call.error is not None or call.tool is None or call.arguments is None:
                     result = self._invalid_result(run, call)
-                elif (call.idempotency_key is not None
-                      and (earlier := ledger.get(call.idempotency_key)
-                           or failed_here.get(call.idempotency_key)) is not None
-                      and not earlier.retryable):
+                elif (
+                    call.idempotency_key is not None
+                    and (
+                        earlier := ledger.get(call.idempotency_key)
+                        or failed_here.get(call.idempotency_key)
+                    )
+                    is not None
+                    and not earlier.retryable
+                ):
                     result = self._side_effect_replay(call, earlier)
-                elif (call.idempotency_key is not None and run.shared is not None
-                      and (entry := run.shared.claim(run, call)) is not None):
+                elif (
+                    call.idempotency_key is not None
+                    and run.shared is not None
+                    and (entry := run.shared.claim(run, call)) is not None
+                ):
                     # the shared ledger: another run executed (or is executing) this key
                     result = self._shared_replay(run, call, entry)
                     if entry.state == "done":
@@ -608,8 +655,9 @@ class Engine:
                         if run.shared is not None:
                             run.shared.finish(run, call, result)
                 result.content = self._clip(result.content)
-                run.add_message({"role": "tool", "tool_call_id": call.id,
-                                 "content": result.content})
+                run.add_message(
+                    {"role": "tool", "tool_call_id": call.id, "content": result.content}
+                )
                 if result.ok and not result.skipped:
                     run.last_observation = result.content
                 if signals.tool_finished.receivers:
@@ -619,7 +667,7 @@ class Engine:
                     res = self._note(run, "after_tool", res)
                 stop = res.stop
                 if stop is not None:
-                    self._close_calls(run, calls[i + 1:], stop.reason)
+                    self._close_calls(run, calls[i + 1 :], stop.reason)
                     if not stop.soft:
                         return self._hard(run, stop)
                     run.stopping = stop
@@ -642,7 +690,10 @@ class Engine:
         # retried automatically.
         return ToolResult(
             content=self.texts.tool_timeout.format(name=call.name, seconds=call.timeout or elapsed),
-            ok=False, error="timeout", retryable=not call.side_effect, duration_s=elapsed,
+            ok=False,
+            error="timeout",
+            retryable=not call.side_effect,
+            duration_s=elapsed,
         )
 
     def _side_effect_replay(self, call: ToolCall, earlier: ToolResult) -> ToolResult:
@@ -654,8 +705,14 @@ class Engine:
             text = t.side_effect_unknown.format(name=call.name, content=earlier.content)
         else:
             text = t.side_effect_failed.format(name=call.name, content=earlier.content)
-        return ToolResult(content=text, ok=earlier.ok, error=earlier.error, skipped=True,
-                          skipped_by=CORE, value=earlier.value)
+        return ToolResult(
+            content=text,
+            ok=earlier.ok,
+            error=earlier.error,
+            skipped=True,
+            skipped_by=CORE,
+            value=earlier.value,
+        )
 
     def _shared_replay(self, run: Run, call: ToolCall, entry: LedgerEntry) -> ToolResult:
         """The observation for a side effect the shared ledger already holds: recorded by
@@ -671,33 +728,53 @@ class Engine:
             text = t.shared_side_effect_done.format(name=call.name, content=content)
             return ToolResult(content=text, skipped=True, skipped_by=CORE)
         if state == "unknown":
-            text, error = t.shared_side_effect_unknown.format(
-                name=call.name, content=content), "unknown_outcome"
+            text, error = (
+                t.shared_side_effect_unknown.format(name=call.name, content=content),
+                "unknown_outcome",
+            )
         elif state == "running":
-            text, error = t.shared_side_effect_in_progress.format(name=call.name,
-                                                                  content=content), "in_progress"
+            text, error = (
+                t.shared_side_effect_in_progress.format(name=call.name, content=content),
+                "in_progress",
+            )
         else:
-            text, error = t.store_unavailable.format(name=call.name,
-                                                     content=content), "store_unavailable"
+            text, error = (
+                t.store_unavailable.format(name=call.name, content=content),
+                "store_unavailable",
+            )
         return ToolResult(content=text, ok=False, error=error, skipped=True, skipped_by=CORE)
 
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call
         if isinstance(exc, ToolError):
-            return ToolResult(content=_to_text(exc.message), ok=False, error="tool_error",
-                              retryable=exc.retryable, duration_s=elapsed)
+            return ToolResult(
+                content=_to_text(exc.message),
+                ok=False,
+                error="tool_error",
+                retryable=exc.retryable,
+                duration_s=elapsed,
+            )
         if eff.ctx.cancel.cancelled:
-            return ToolResult(content=self.texts.tool_cancelled.format(name=call.name),
-                              ok=False, error="cancelled", duration_s=elapsed)
+            return ToolResult(
+                content=self.texts.tool_cancelled.format(name=call.name),
+                ok=False,
+                error="cancelled",
+                duration_s=elapsed,
+            )
         return ToolResult(
             content=f"ERROR: {type(exc).__name__}: {_safe_str(exc)}",
-            ok=False, error="exception", retryable=eff.tool.is_retryable(exc),
+            ok=False,
+            error="exception",
+            retryable=eff.tool.is_retryable(exc),
             duration_s=elapsed,
         )
 
     def _cancelled_before(self, eff: RunTool) -> ToolResult:
-        return ToolResult(content=self.texts.tool_cancelled.format(name=eff.call.name),
-                          ok=False, error="cancelled")
+        return ToolResult(
+            content=self.texts.tool_cancelled.format(name=eff.call.name),
+            ok=False,
+            error="cancelled",
+        )
 
     def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
         """Execute one tool call in a synchronous run (see :mod:`loopwarden.execution`)."""
@@ -706,7 +783,6 @@ class Engine:
     async def run_tool_async(self, eff: RunTool, run: Run) -> ToolResult:
         """Execute one tool call in an async run (see :mod:`loopwarden.execution`)."""
         return await execution.run_tool_async(self, eff, run)
-
 
 
 def parse_calls(
@@ -740,8 +816,10 @@ def _well_formed(response: Any) -> bool:
     calls = response.tool_calls
     if not isinstance(calls, list):
         return False
-    return all(isinstance(c, ProposedCall) and isinstance(c.name, str)
-               and isinstance(c.id, str) for c in calls)
+    return all(
+        isinstance(c, ProposedCall) and isinstance(c.name, str) and isinstance(c.id, str)
+        for c in calls
+    )
 
 
 def _clean_response(response: ModelResponse) -> None:
@@ -783,8 +861,7 @@ async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> 
         return value
     if ending == "cancelled":
         raise ModelError("the run was cancelled during the model call", kind="cancelled")
-    raise ModelError(f"the model did not answer within {request.timeout:.3f}s",
-                     kind="timeout")
+    raise ModelError(f"the model did not answer within {request.timeout:.3f}s", kind="timeout")
 
 
 def _watch(engine: Engine, run: Run) -> Callable[[], None]:
@@ -795,15 +872,26 @@ def _watch(engine: Engine, run: Run) -> Callable[[], None]:
 
     def fire() -> None:
         if run.outcome is None:
-            log.error("run %s passed its deadline by %.1fs without reaching a check (a hook, "
-                      "tool or model call blocks): the watchdog ends it", run.run_id,
-                      WATCHDOG_SLACK_S)
-            engine.finish(run, RunOutcome(
-                termination="timeout", evidence={
-                    "watchdog": True, "elapsed_s": round(run.elapsed, 3),
-                    "deadline_s": round(run.deadline - run.started_at, 3)
-                    if run.deadline is not None else None},
-                final_answer=engine._best_effort(run)))
+            log.error(
+                "run %s passed its deadline by %.1fs without reaching a check (a hook, "
+                "tool or model call blocks): the watchdog ends it",
+                run.run_id,
+                WATCHDOG_SLACK_S,
+            )
+            engine.finish(
+                run,
+                RunOutcome(
+                    termination="timeout",
+                    evidence={
+                        "watchdog": True,
+                        "elapsed_s": round(run.elapsed, 3),
+                        "deadline_s": round(run.deadline - run.started_at, 3)
+                        if run.deadline is not None
+                        else None,
+                    },
+                    final_answer=engine._best_effort(run),
+                ),
+            )
 
     return WATCHDOG.watch(seconds, fire)
 

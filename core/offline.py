@@ -28,6 +28,8 @@ def without_observers(config: Config) -> tuple[Config, list[str]]:
     if not names:
         return config, []
     data = config.plugins.model_dump()
-    data["blocked"] = [*config.plugins.blocked, *[n for n in names
-                                                  if n not in config.plugins.blocked]]
+    data["blocked"] = [
+        *config.plugins.blocked,
+        *[n for n in names if n not in config.plugins.blocked],
+    ]
     return config.model_copy(update={"plugins": config.plugins.model_validate(data)}), names

@@ -143,9 +143,7 @@ class Plugin(Generic[S]):
         answer: str | None = None,
         **evidence: Any,
     ) -> Stop:
-        return stop(
-            reason, soft=soft, plugin=self.name, message=message, answer=answer, **evidence
-        )
+        return stop(reason, soft=soft, plugin=self.name, message=message, answer=answer, **evidence)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -179,7 +177,9 @@ class Plugin(Generic[S]):
 
 #: lifecycle hook -> the method the base class's implementation calls
 _SHIMS: dict[str, str] = {
-    "on_configure": "connect", "on_unconfigure": "close", "validate_model": "check_model",
+    "on_configure": "connect",
+    "on_unconfigure": "close",
+    "validate_model": "check_model",
 }
 
 

@@ -134,7 +134,8 @@ def resolve_names(config: Config, extra: Iterable[str] = ()) -> tuple[list[str],
             source = "plugins.blocked" if name in config.plugins.blocked else ENV_BLOCK
             raise ConfigError(
                 f"{name!r} is essential and cannot be blocked (configure its limits instead)",
-                path=path, key=source,
+                path=path,
+                key=source,
             )
     names: list[str] = []
     for name in [*config.plugins.enabled, *_env_list(ENV_EXTRA), *extra]:
@@ -190,8 +191,7 @@ def _import_spec(spec: str, plugin: str) -> Any:
         hint = ""
         if _env_flag(ENV_NO_AUTOLOAD):
             hint = f" ({ENV_NO_AUTOLOAD} is set: installed entry points are not loaded)"
-        close = difflib.get_close_matches(spec, [*BUILTIN_PLUGINS, *installed_entry_points()],
-                                          n=1)
+        close = difflib.get_close_matches(spec, [*BUILTIN_PLUGINS, *installed_entry_points()], n=1)
         if close:
             hint += f"; did you mean {close[0]!r}?"
         raise PluginLoadError(
@@ -203,8 +203,9 @@ def _import_spec(spec: str, plugin: str) -> Any:
     try:
         obj: Any = importlib.import_module(mod_name)
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # module code may do anything
-        raise PluginLoadError(f"cannot import {mod_name!r}: {_describe_exc(exc)}",
-                              plugin=plugin) from exc
+        raise PluginLoadError(
+            f"cannot import {mod_name!r}: {_describe_exc(exc)}", plugin=plugin
+        ) from exc
     for part in attr.split(".") if attr else ():
         try:
             obj = getattr(obj, part)
@@ -213,8 +214,9 @@ def _import_spec(spec: str, plugin: str) -> Any:
                 f"{mod_name!r} has no attribute {attr!r}", plugin=plugin
             ) from None
         except Exception as exc:  # a module __getattr__ or a property that raises
-            raise PluginLoadError(f"reading {attr!r} from {mod_name!r} failed: "
-                                  f"{_describe_exc(exc)}", plugin=plugin) from exc
+            raise PluginLoadError(
+                f"reading {attr!r} from {mod_name!r} failed: {_describe_exc(exc)}", plugin=plugin
+            ) from exc
     return obj
 
 
@@ -250,8 +252,8 @@ def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any,
             target = ep.load()
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raise PluginLoadError(
-                f"cannot load entry point {ep.value!r} of {_dist_label(ep)}: "
-                f"{_describe_exc(exc)}", plugin=name
+                f"cannot load entry point {ep.value!r} of {_dist_label(ep)}: {_describe_exc(exc)}",
+                plugin=name,
             ) from exc
         return target, f"entry point ({_dist_label(ep)})", ep.value
     return _import_spec(name, name), "module:attr", name
@@ -260,16 +262,20 @@ def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any,
 # -- configuring ---------------------------------------------------------------------------
 
 
-def _validate_settings(model: type[BaseModel], table: Mapping[str, Any], cfg_path: str | None,
-                       name: str) -> BaseModel:
+def _validate_settings(
+    model: type[BaseModel], table: Mapping[str, Any], cfg_path: str | None, name: str
+) -> BaseModel:
     """Validate a plugin's table; a validator that raises anything is a config error too."""
     try:
         return model.model_validate(dict(table))
     except ValidationError as exc:
         raise validation_error(exc, path=cfg_path, prefix=f"plugins.{name}") from None
     except Exception as exc:  # a validator raising TypeError, KeyError, ... (not wrapped)
-        raise ConfigError(f"the plugin's settings validator failed: {_describe_exc(exc)}",
-                          path=cfg_path, key=f"plugins.{name}") from exc
+        raise ConfigError(
+            f"the plugin's settings validator failed: {_describe_exc(exc)}",
+            path=cfg_path,
+            key=f"plugins.{name}",
+        ) from exc
 
 
 def settings_model(target: Any) -> type[BaseModel] | None:
@@ -299,16 +305,15 @@ def instantiate_plugin(
     elif table:
         raise ConfigError(
             f"plugin {name!r} takes no settings, got {sorted(table)}",
-            path=cfg_path, key=f"plugins.{name}",
+            path=cfg_path,
+            key=f"plugins.{name}",
         )
     if inspect.isclass(target):
         cls: Any = target
         try:
             obj = cls(settings) if settings is not None else cls()
         except Exception as exc:
-            raise PluginLoadError(
-                f"cannot construct {cls.__name__}: {exc}", plugin=name
-            ) from exc
+            raise PluginLoadError(f"cannot construct {cls.__name__}: {exc}", plugin=name) from exc
         _set_name(obj, name)
         return obj, settings
     if table:
@@ -317,7 +322,8 @@ def instantiate_plugin(
             raise ConfigError(
                 f"plugin {name!r} is a ready object ({type(target).__name__}), which cannot take "
                 "settings; point the config or entry point at its class instead",
-                path=cfg_path, key=f"plugins.{name}",
+                path=cfg_path,
+                key=f"plugins.{name}",
             )
         configure(settings)
     return target, settings
@@ -365,8 +371,11 @@ def check_tables(config: Config) -> list[str]:
         model = settings_model(_import_spec(BUILTIN_PLUGINS[tname], tname))
         if model is None:
             if table:
-                raise ConfigError(f"plugin {tname!r} takes no settings, got {sorted(table)}",
-                                  path=config.path, key=f"plugins.{tname}")
+                raise ConfigError(
+                    f"plugin {tname!r} takes no settings, got {sorted(table)}",
+                    path=config.path,
+                    key=f"plugins.{tname}",
+                )
         else:
             _validate_settings(model, table, config.path, tname)
         checked.append(tname)
@@ -401,7 +410,8 @@ def load_plugins(
             raise ConfigError(
                 "settings for a plugin that is neither enabled, blocked, built in nor installed "
                 f"(enabled: {', '.join(names)})",
-                path=config.path, key=f"plugins.{tname}",
+                path=config.path,
+                key=f"plugins.{tname}",
             )
     loaded: list[LoadedPlugin] = []
     for name in names:
@@ -415,12 +425,14 @@ def load_plugins(
             if table:
                 raise ConfigError(
                     "settings given for a plugin object built in code (pass its class instead)",
-                    path=config.path, key=f"plugins.{name}",
+                    path=config.path,
+                    key=f"plugins.{name}",
                 )
             if not isinstance(obj, ModuleType):
                 _set_name(obj, name)
-            loaded.append(LoadedPlugin(name, "object", repr(obj), obj,
-                                       getattr(obj, "settings", None)))
+            loaded.append(
+                LoadedPlugin(name, "object", repr(obj), obj, getattr(obj, "settings", None))
+            )
             continue
         try:
             target, source, spec = _find(name, eps)
@@ -433,7 +445,8 @@ def load_plugins(
             raise
         except Exception as exc:  # plugin code raising while it is looked at or configured
             raise PluginLoadError(f"loading failed: {_describe_exc(exc)}", plugin=name).located(
-                config.path, _where(config, name)) from exc
+                config.path, _where(config, name)
+            ) from exc
         loaded.append(LoadedPlugin(name, source, spec, obj, settings))
     check_tables(config)  # a bad table of a switched-off built-in fails before any run, too
     try:
@@ -443,8 +456,11 @@ def load_plugins(
             raise
         raise exc.located(config.path, _where(config, exc.plugin)) from exc.__cause__
     except Exception as exc:  # a plugin object whose attributes raise while registered
-        raise PluginLoadError(f"registering the plugins failed: {_describe_exc(exc)}",
-                              path=config.path, key="plugins.enabled") from exc
+        raise PluginLoadError(
+            f"registering the plugins failed: {_describe_exc(exc)}",
+            path=config.path,
+            key="plugins.enabled",
+        ) from exc
 
 
 def _where(config: Config, name: str) -> str:

@@ -129,8 +129,11 @@ def _trace_writer(text: str) -> None:
 
 
 #: 0.1 method names a plain (non-Plugin) object may still carry -> the hook that replaced them
-_LEGACY_METHODS = {"connect": "on_configure", "close": "on_unconfigure",
-                   "check_model": "validate_model"}
+_LEGACY_METHODS = {
+    "connect": "on_configure",
+    "close": "on_unconfigure",
+    "check_model": "validate_model",
+}
 
 
 def _check_legacy(lp: LoadedPlugin, implemented: list[str]) -> None:
@@ -162,8 +165,7 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
             close = difflib.get_close_matches(hc.name, hookspecs.HOOK_NAMES, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise PluginLoadError(
-                f"unknown hook {hc.name!r}: {hint}(known hooks: "
-                f"{', '.join(hookspecs.HOOK_NAMES)})",
+                f"unknown hook {hc.name!r}: {hint}(known hooks: {', '.join(hookspecs.HOOK_NAMES)})",
                 plugin=lp.name,
             )
         for impl in impls:
@@ -179,8 +181,11 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
         if hname in implemented:
             continue
         attr = inspect.getattr_static(lp.obj, hname, None)
-        if attr is not None and not unused_shim(lp.obj, hname) \
-                and callable(getattr(lp.obj, hname, None)):
+        if (
+            attr is not None
+            and not unused_shim(lp.obj, hname)
+            and callable(getattr(lp.obj, hname, None))
+        ):
             raise PluginLoadError(
                 f"defines {hname}() without @hookimpl, so it would never be called "
                 "(decorate it with 'from loopwarden import hookimpl')",
@@ -271,8 +276,11 @@ def plugin_hooks(obj: Any) -> list[str]:
     out = []
     for attr in dir(obj):
         fn = getattr(obj, attr, None)
-        if fn is not None and hasattr(fn, hookspecs.PROJECT + "_impl") \
-                and not unused_shim(obj, attr):
+        if (
+            fn is not None
+            and hasattr(fn, hookspecs.PROJECT + "_impl")
+            and not unused_shim(obj, attr)
+        ):
             out.append(attr)
     return sorted(out, key=_hook_rank)
 
@@ -310,7 +318,13 @@ class PluginSet:
     def describe(self) -> list[dict[str, Any]]:
         """One row per plugin, in call order: position, name, source, spec, hooks, essential."""
         return [
-            {"position": i, "name": p.name, "source": p.source, "spec": p.spec,
-             "hooks": list(p.hooks), "essential": p.name in ESSENTIAL_PLUGINS}
+            {
+                "position": i,
+                "name": p.name,
+                "source": p.source,
+                "spec": p.spec,
+                "hooks": list(p.hooks),
+                "essential": p.name in ESSENTIAL_PLUGINS,
+            }
             for i, p in enumerate(self.plugins, 1)
         ]

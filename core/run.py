@@ -31,7 +31,9 @@ __all__ = ["PLUGIN_FIELD_DEFAULTS", "Conversation", "Limits", "Run", "RunOutcome
 #: run-record fields that plugins fill in (``record_fields``), with their value when the
 #: plugin is not enabled -- the record always has them
 PLUGIN_FIELD_DEFAULTS: dict[str, Any] = {
-    "duplicate_calls": 0, "oscillation_hits": 0, "stall_rounds": 0,
+    "duplicate_calls": 0,
+    "oscillation_hits": 0,
+    "stall_rounds": 0,
 }
 
 

@@ -127,8 +127,9 @@ def loads_strict(text: str, limit: int = MAX_DEPTH) -> Any:
     if _SURROGATE.search(text) is not None and clean_text(text) != text:
         raise ValueError("the line holds undecodable bytes or a lone surrogate")
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_strict_float,
-                           parse_int=_strict_int)
+        value = json.loads(
+            text, parse_constant=_reject_constant, parse_float=_strict_float, parse_int=_strict_int
+        )
     except RecursionError:
         raise ValueError(f"the line nests deeper than {limit} levels") from None
     if _too_deep(text, value, limit):
@@ -175,9 +176,10 @@ def jsonable(value: Any, limit: int = MAX_DEPTH, *, exact: bool = False) -> Any:
     if limit <= 0:
         return "(nested too deep)"
     if isinstance(value, Mapping):
-        return {clean_text(k if isinstance(k, str) else str(k)): jsonable(v, limit - 1,
-                                                                          exact=exact)
-                for k, v in value.items()}
+        return {
+            clean_text(k if isinstance(k, str) else str(k)): jsonable(v, limit - 1, exact=exact)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple, set, frozenset)):
         return [jsonable(v, limit - 1, exact=exact) for v in value]
     if isinstance(value, Decimal):

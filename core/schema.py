@@ -62,8 +62,10 @@ def plugin_settings_models(
             continue
         target, source, spec = _find(name, eps)
         doc = _summary(inspect.getdoc(target))
-        out[name] = (settings_model(target), f"plugin {name!r} ({source}: {spec})"
-                     + (f": {doc}" if doc else ""))
+        out[name] = (
+            settings_model(target),
+            f"plugin {name!r} ({source}: {spec})" + (f": {doc}" if doc else ""),
+        )
     return out
 
 
@@ -90,8 +92,9 @@ def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
     for model, _ in plugins.values():
         if model is not None and model not in models:
             models.append(model)
-    refs, top = models_json_schema([(m, "validation") for m in models],
-                                   ref_template="#/$defs/{model}")
+    refs, top = models_json_schema(
+        [(m, "validation") for m in models], ref_template="#/$defs/{model}"
+    )
     defs: dict[str, Any] = dict(top.get("$defs", {}))
     config_key = refs[(Config, "validation")]["$ref"].rsplit("/", 1)[-1]
     root = defs.pop(config_key)
@@ -113,11 +116,17 @@ def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
     )
     for name, (model, description) in plugins.items():
         if model is None:
-            properties[name] = {"type": "object", "additionalProperties": False,
-                                "maxProperties": 0, "description": description}
+            properties[name] = {
+                "type": "object",
+                "additionalProperties": False,
+                "maxProperties": 0,
+                "description": description,
+            }
         else:
-            properties[name] = {"$ref": refs[(model, "validation")]["$ref"],
-                                "description": description}
+            properties[name] = {
+                "$ref": refs[(model, "validation")]["$ref"],
+                "description": description,
+            }
     root["properties"]["plugins"] = {
         "type": "object",
         "description": "[plugins]: enabled (call order), blocked, and one table per plugin.",

@@ -175,8 +175,11 @@ class Sink:
             first = not self._failing
             self._failing = True
         if first:
-            log.warning("alert sink %s failed: %s (further failures are not logged until "
-                        "it recovers)", self.label, self.describe(exc))
+            log.warning(
+                "alert sink %s failed: %s (further failures are not logged until it recovers)",
+                self.label,
+                self.describe(exc),
+            )
 
     def describe(self, exc: BaseException) -> str:
         """``exc`` as text for a log line, secrets masked (a sink may know credentials)."""
@@ -188,8 +191,9 @@ class Sink:
             was_failing = self._failing
             self._failing = False
         if was_failing:
-            log.info("alert sink %s delivers again (%d failure(s) so far)", self.label,
-                     self.failures)
+            log.info(
+                "alert sink %s delivers again (%d failure(s) so far)", self.label, self.failures
+            )
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted was handled; True when it was."""
@@ -255,8 +259,11 @@ class QueuedSink(Sink):
                 first = not self._drop_reported
                 self._drop_reported = True
             if first:
-                log.warning("alert sink %s is falling behind: its queue is full, alerts are "
-                            "dropped (reported once)", self.label)
+                log.warning(
+                    "alert sink %s is falling behind: its queue is full, alerts are "
+                    "dropped (reported once)",
+                    self.label,
+                )
 
     def _work(self) -> None:
         try:
@@ -313,8 +320,12 @@ class QueuedSink(Sink):
             self._queue.put_nowait(None)  # the worker ends after what it is doing
         if not drained:
             # A hung delivery: leave the daemon thread behind rather than hang the caller.
-            log.warning("alert sink %s: %d alert(s) not delivered within %.1fs of closing",
-                        self.label, max(0, self._queue.unfinished_tasks - 1), timeout)
+            log.warning(
+                "alert sink %s: %d alert(s) not delivered within %.1fs of closing",
+                self.label,
+                max(0, self._queue.unfinished_tasks - 1),
+                timeout,
+            )
             return
         thread.join(1.0)
         try:
@@ -358,8 +369,12 @@ class WebhookSink(QueuedSink):
         text = f"{type(exc).__name__}: {exc}"
         for form in {self.url, self._normalised_url()}:
             text = text.replace(form, bare)
-        secrets = [parts.username, parts.password, parts.fragment,
-                   *(v for _k, v in parse_qsl(parts.query))]
+        secrets = [
+            parts.username,
+            parts.password,
+            parts.fragment,
+            *(v for _k, v in parse_qsl(parts.query)),
+        ]
         for x in secrets:  # short values too: in this text they are known to be credentials
             if x and len(x) >= 3:
                 text = text.replace(x, MASK)
@@ -415,8 +430,9 @@ def _import_callable(target: str) -> Callable[[dict[str, Any]], Any]:
     return func
 
 
-def build_sink(config: LogSinkConfig | StderrSinkConfig | WebhookSinkConfig | CallableSinkConfig,
-               ) -> Sink:
+def build_sink(
+    config: LogSinkConfig | StderrSinkConfig | WebhookSinkConfig | CallableSinkConfig,
+) -> Sink:
     """The sink object for one ``sinks`` table."""
     if isinstance(config, LogSinkConfig):
         return LogSink(config)
@@ -428,8 +444,10 @@ def build_sink(config: LogSinkConfig | StderrSinkConfig | WebhookSinkConfig | Ca
 
 
 def _summary(alert: Mapping[str, Any]) -> str:
-    text = (f"[{alert.get('severity')}] {alert.get('reason')} by {alert.get('plugin')} "
-            f"run={alert.get('run_id')}")
+    text = (
+        f"[{alert.get('severity')}] {alert.get('reason')} by {alert.get('plugin')} "
+        f"run={alert.get('run_id')}"
+    )
     if alert.get("scenario"):
         text += f" scenario={alert.get('scenario')}"
     if alert.get("step") is not None:

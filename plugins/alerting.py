@@ -91,7 +91,6 @@ __all__ = [
 log = logging.getLogger("loopwarden.plugins.alerting")
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Settings
 # ---------------------------------------------------------------------------------------------
@@ -107,7 +106,8 @@ class AlertingSettings(PluginSettings):
         description="where alerts go: tables with type = log | stderr | webhook | callable",
     )
     dedup_window_s: float = Field(
-        default=300.0, ge=0,
+        default=300.0,
+        ge=0,
         description="one alert per (reason, plugin) per window, on the run's clock (0: off)",
     )
     rate_limit: PositiveInt = Field(default=20, description="at most this many alerts ...")
@@ -158,10 +158,14 @@ class AlertingSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check_templates(self) -> AlertingSettings:
-        check_templates(self, ("message",), dict(plugin="p", severity="s", reason="r",
-                                                  run_id="i", scenario="c", step=1))
-        check_templates(self, ("threshold_message",),
-                        dict(count=1, window=2, threshold=1, reasons="r"))
+        check_templates(
+            self,
+            ("message",),
+            dict(plugin="p", severity="s", reason="r", run_id="i", scenario="c", step=1),
+        )
+        check_templates(
+            self, ("threshold_message",), dict(count=1, window=2, threshold=1, reasons="r")
+        )
         return self
 
 
@@ -177,8 +181,9 @@ class AlertLimiter:
     at most ``max_keys`` keys (least recently alerted forgotten first).
     """
 
-    def __init__(self, dedup_window: float, rate_limit: int, rate_window: float,
-                 max_keys: int = 1000) -> None:
+    def __init__(
+        self, dedup_window: float, rate_limit: int, rate_window: float, max_keys: int = 1000
+    ) -> None:
         self.dedup_window = dedup_window
         self.rate_limit = rate_limit
         self.rate_window = rate_window
@@ -279,14 +284,21 @@ class Alerting(Plugin[AlertingSettings]):
 
     # -- receivers ------------------------------------------------------------------------
 
-    def on_guard_triggered(self, run: Run, *, verdict: Verdict, hook: str, step: int,
-                           **_: Any) -> None:
+    def on_guard_triggered(
+        self, run: Run, *, verdict: Verdict, hook: str, step: int, **_: Any
+    ) -> None:
         reason = verdict.reason if isinstance(verdict, Stop) else verdict.kind
         if reason in self.settings.quiet_reasons:
             return
         alert = self._alert(
-            run, kind="verdict", reason=reason, plugin=verdict.plugin,
-            severity=verdict.severity, step=step, hook=hook, message=verdict.message,
+            run,
+            kind="verdict",
+            reason=reason,
+            plugin=verdict.plugin,
+            severity=verdict.severity,
+            step=step,
+            hook=hook,
+            message=verdict.message,
             evidence=verdict.evidence,
         )
         alert["verdict"] = verdict.kind
@@ -297,34 +309,67 @@ class Alerting(Plugin[AlertingSettings]):
         s = self.settings
         if outcome.stopped_by is None and outcome.termination in s.core_stop_reasons:
             alert = self._alert(
-                run, kind="run", reason=outcome.termination, plugin="loopwarden",
-                severity="hard_stop", step=run.step, hook=None,
-                message=outcome.error or outcome.message, evidence=outcome.evidence,
+                run,
+                kind="run",
+                reason=outcome.termination,
+                plugin="loopwarden",
+                severity="hard_stop",
+                step=run.step,
+                hook=None,
+                message=outcome.error or outcome.message,
+                evidence=outcome.evidence,
             )
             self.dispatch(run, alert)
         count, seen, reasons = self.loop_rate.add(outcome.termination)
         if reasons and count > s.threshold_runs:
             text = s.threshold_message.format(
-                count=count, window=seen, threshold=s.threshold_runs,
+                count=count,
+                window=seen,
+                threshold=s.threshold_runs,
                 reasons=", ".join(f"{k} {v}" for k, v in sorted(reasons.items())),
             )
             alert = self._alert(
-                run, kind="threshold", reason="loop_rate", plugin=self.name,
-                severity=s.threshold_severity, step=run.step, hook=None, message=text,
-                evidence={"loop_runs": count, "runs": seen, "window": s.threshold_window,
-                          "threshold": s.threshold_runs, "reasons": reasons},
+                run,
+                kind="threshold",
+                reason="loop_rate",
+                plugin=self.name,
+                severity=s.threshold_severity,
+                step=run.step,
+                hook=None,
+                message=text,
+                evidence={
+                    "loop_runs": count,
+                    "runs": seen,
+                    "window": s.threshold_window,
+                    "threshold": s.threshold_runs,
+                    "reasons": reasons,
+                },
             )
             self.dispatch(run, alert)
 
     # -- building and routing -------------------------------------------------------------
 
-    def _alert(self, run: Run, *, kind: str, reason: str, plugin: str, severity: str,
-               step: int | None, hook: str | None, message: str | None,
-               evidence: Mapping[str, Any]) -> dict[str, Any]:
+    def _alert(
+        self,
+        run: Run,
+        *,
+        kind: str,
+        reason: str,
+        plugin: str,
+        severity: str,
+        step: int | None,
+        hook: str | None,
+        message: str | None,
+        evidence: Mapping[str, Any],
+    ) -> dict[str, Any]:
         if not message:
             message = self.settings.message.format(
-                plugin=plugin, severity=severity, reason=reason, run_id=run.run_id,
-                scenario=run.scenario, step=step,
+                plugin=plugin,
+                severity=severity,
+                reason=reason,
+                run_id=run.run_id,
+                scenario=run.scenario,
+                step=step,
             )
         return {
             "source": "loopwarden",
@@ -340,8 +385,9 @@ class Alerting(Plugin[AlertingSettings]):
             "evidence": _jsonable(self.redactor(dict(evidence))),
             "suppressed": 0,
             # wall-clock metadata for the receiver; windows use the run's clock
-            "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds").replace(
-                "+00:00", "Z"),
+            "timestamp": datetime.now(timezone.utc)
+            .isoformat(timespec="seconds")
+            .replace("+00:00", "Z"),
         }
 
     def dispatch(self, run: Run, alert: dict[str, Any]) -> bool:

@@ -57,7 +57,8 @@ class OscillationSettings(PluginSettings):
         default=2, ge=2, description="full repetitions of the cycle that make a hit"
     )
     stop_at_hit: int = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="the hit that stops the run; earlier hits warn (1: stop at the first)",
     )
     soft: bool = Field(
@@ -91,8 +92,7 @@ class OscillationSettings(PluginSettings):
                 f"window ({self.window}) must hold max_period * cycles "
                 f"({self.max_period * self.cycles}) symbols"
             )
-        check_templates(self, ("message", "stop_message"),
-                        dict(cycle="a -> b", period=2, hits=1))
+        check_templates(self, ("message", "stop_message"), dict(cycle="a -> b", period=2, hits=1))
         return self
 
 
@@ -106,8 +106,9 @@ class CycleDetector:
 
     __slots__ = ("_cycles", "_max", "_min", "_runs", "_symbols")
 
-    def __init__(self, min_period: int = 2, max_period: int = 4, cycles: int = 2,
-                 window: int = 8) -> None:
+    def __init__(
+        self, min_period: int = 2, max_period: int = 4, cycles: int = 2, window: int = 8
+    ) -> None:
         self._min, self._max, self._cycles = min_period, max_period, cycles
         self._symbols: deque[str] = deque(maxlen=max(window, max_period * cycles))
         # _runs[p]: how many of the latest symbols equal the symbol p places before them
@@ -213,14 +214,22 @@ class Oscillation(Plugin[OscillationSettings]):
         cycle_syms = st.detector.last(period)
         cycle = " -> ".join(st.labels.get(sym, sym) for sym in cycle_syms)
         evidence: dict[str, Any] = dict(
-            count=st.hits, signatures=list(cycle_syms), period=period, cycles=s.cycles,
-            window=s.window, hits=st.hits, threshold=s.stop_at_hit, cycle=cycle_syms,
-            calls=cycle, step=run.step,
+            count=st.hits,
+            signatures=list(cycle_syms),
+            period=period,
+            cycles=s.cycles,
+            window=s.window,
+            hits=st.hits,
+            threshold=s.stop_at_hit,
+            cycle=cycle_syms,
+            calls=cycle,
+            step=run.step,
         )
         fields = dict(cycle=cycle, period=period, hits=st.hits)
         if st.hits >= s.stop_at_hit:
-            return self.stop("oscillation", soft=s.soft,
-                             message=s.stop_message.format(**fields), **evidence)
+            return self.stop(
+                "oscillation", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         return self.warn(s.message.format(**fields), **evidence)
 
     @hookimpl

@@ -67,25 +67,32 @@ class StallSettings(PluginSettings):
         default=5, ge=1, description="a result is compared with this many earlier results (K)"
     )
     similarity: float = Field(
-        default=0.9, gt=0, le=1,
+        default=0.9,
+        gt=0,
+        le=1,
         description="token-set Jaccard similarity at or above which a result repeats an earlier "
         "one (an equal digest always does)",
     )
     stop_after: int = Field(
-        default=3, ge=1, description="stalled rounds in a row that stop the run (strong "
-        "evidence: the same call's result again, or a rephrased query's empty result)"
+        default=3,
+        ge=1,
+        description="stalled rounds in a row that stop the run (strong "
+        "evidence: the same call's result again, or a rephrased query's empty result)",
     )
     warn_after: int | None = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="stalled rounds in a row that warn (null: never warn); below stop_after",
     )
     sweep_stop_after: int = Field(
-        default=6, ge=1,
+        default=6,
+        ge=1,
         description="stalled rounds in a row that stop the run when they are only empty "
         "answers to different queries (another date, code or id: weak evidence)",
     )
     sweep_warn_after: int | None = Field(
-        default=4, ge=1,
+        default=4,
+        ge=1,
         description="such weak rounds in a row that warn (null: never); below sweep_stop_after",
     )
     soft: bool = Field(
@@ -97,13 +104,19 @@ class StallSettings(PluginSettings):
         default="empty_only",
         description="a result repeating the result of a different call counts as stalled only "
         "when it is empty-like (a failure, or matching empty_patterns): the same answer to "
-        "another question is news; \"any\" counts it always",
+        'another question is news; "any" counts it always',
     )
     empty_patterns: list[str] = Field(
         default_factory=lambda: [
-            r"\bNO_?RESULTS?\b", r"\bNOT_?FOUND\b", r"\bno (results?|matches|records?)\b",
-            r"\bnothing (was )?found\b", r"^\s*(\[\s*\]|\{\s*\}|null|none|n/a)?\s*$",
-            "没有(匹配|找到|相关|结果|记录)", "未找到", "无(结果|记录|匹配)", "查无",
+            r"\bNO_?RESULTS?\b",
+            r"\bNOT_?FOUND\b",
+            r"\bno (results?|matches|records?)\b",
+            r"\bnothing (was )?found\b",
+            r"^\s*(\[\s*\]|\{\s*\}|null|none|n/a)?\s*$",
+            "没有(匹配|找到|相关|结果|记录)",
+            "未找到",
+            "无(结果|记录|匹配)",
+            "查无",
         ],
         description="regular expressions (searched case-insensitively in the first max_chars "
         "characters) that mark a result as saying nothing",
@@ -166,8 +179,9 @@ class Stall(Plugin[StallSettings]):
         #: stalled rounds in a run (the record's ``stall_rounds``)
         self.stalled = StashKey[int]()
         patterns = self.settings.empty_patterns
-        self._empty = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) \
-            if patterns else None
+        self._empty = (
+            re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) if patterns else None
+        )
 
     @hookimpl
     def record_fields(self, run: Run) -> dict[str, int]:
@@ -178,7 +192,8 @@ class Stall(Plugin[StallSettings]):
             return True
         head = result.content[: self.settings.max_chars]
         return (self._empty is not None and bool(self._empty.search(head))) or (
-            structurally_empty(head))
+            structurally_empty(head)
+        )
 
     def new_state(self) -> _State:
         return _State(recent=deque(maxlen=self.settings.window))
@@ -189,8 +204,9 @@ class Stall(Plugin[StallSettings]):
         st: _State = self.state(run)
         st.rounds.batch(run.step, len(response.calls))
 
-    def _similarity(self, st: _State, digest: str, tokens: frozenset[str], call: ToolCall,
-                    empty: bool) -> tuple[float, bool]:
+    def _similarity(
+        self, st: _State, digest: str, tokens: frozenset[str], call: ToolCall, empty: bool
+    ) -> tuple[float, bool]:
         """The best similarity with a comparable earlier result, and whether it is strong
         evidence (the same call, or a rephrased query of the same tool)."""
         s = self.settings
@@ -215,8 +231,11 @@ class Stall(Plugin[StallSettings]):
                     sim = 1.0
                 if sim < threshold:
                     continue
-            is_strong = (same or s.different_calls == "any"
-                         or (name == call.name and free_text_differs(args, call.arguments)))
+            is_strong = (
+                same
+                or s.different_calls == "any"
+                or (name == call.name and free_text_differs(args, call.arguments))
+            )
             if sim > best or (is_strong and not strong):
                 best = max(best, sim)
                 strong = strong or is_strong
@@ -263,17 +282,28 @@ class Stall(Plugin[StallSettings]):
     def _verdict(self, run: Run, call: ToolCall, st: _State, digest: str) -> Verdict | None:
         s = self.settings
         evidence: dict[str, Any] = dict(
-            count=st.streak, streak=st.streak, strong=st.strong, threshold=s.stop_after,
-            sweep_threshold=s.sweep_stop_after, similarity=round(st.round_best, 3),
-            similarity_threshold=s.similarity, window=s.window, tool=call.name,
-            fingerprint=call.fingerprint, signature=call.signature(), digest=digest,
-            step=run.step, rule="repeat" if st.round_strong else "sweep",
+            count=st.streak,
+            streak=st.streak,
+            strong=st.strong,
+            threshold=s.stop_after,
+            sweep_threshold=s.sweep_stop_after,
+            similarity=round(st.round_best, 3),
+            similarity_threshold=s.similarity,
+            window=s.window,
+            tool=call.name,
+            fingerprint=call.fingerprint,
+            signature=call.signature(),
+            digest=digest,
+            step=run.step,
+            rule="repeat" if st.round_strong else "sweep",
         )
         fields = dict(count=st.streak, tool=call.name)
         if st.strong >= s.stop_after or st.streak >= s.sweep_stop_after:
-            return self.stop("stall", soft=s.soft, message=s.stop_message.format(**fields),
-                             **evidence)
+            return self.stop(
+                "stall", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         if (s.warn_after is not None and st.strong == s.warn_after and st.round_strong) or (
-                s.sweep_warn_after is not None and st.streak == s.sweep_warn_after):
+            s.sweep_warn_after is not None and st.streak == s.sweep_warn_after
+        ):
             return self.warn(s.message.format(**fields), **evidence)
         return None

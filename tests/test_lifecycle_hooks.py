@@ -69,7 +69,8 @@ def test_hook_on_unconfigure_and_on_configure_call_a_0_1_plugins_close_and_conne
 
 
 def test_a_plugin_without_lifecycle_methods_registers_no_lifecycle_hook(
-    make_config: MakeConfig, deployment_factory: MakeDeployment,
+    make_config: MakeConfig,
+    deployment_factory: MakeDeployment,
 ) -> None:
     class OnlyStart(Plugin):  # type: ignore[type-arg]
         @hookimpl
@@ -95,8 +96,9 @@ def test_a_plain_object_with_a_0_1_connect_fails_loudly(make_config: MakeConfig)
     assert err.value.plugin == "plain"
 
 
-def test_hook_validate_model_refuses_a_model(make_config: MakeConfig,
-                                             deployment_factory: MakeDeployment) -> None:
+def test_hook_validate_model_refuses_a_model(
+    make_config: MakeConfig, deployment_factory: MakeDeployment
+) -> None:
     class OnlyGpt(Plugin):  # type: ignore[type-arg]
         @hookimpl
         def validate_model(self, model: str, path: str | None) -> None:
@@ -116,20 +118,27 @@ def test_hook_validate_model_refuses_a_model(make_config: MakeConfig,
         dep.check_model("llama")
 
 
-def test_hook_validate_model_of_the_cost_budget(make_config: MakeConfig,
-                                                deployment_factory: MakeDeployment) -> None:
-    cfg = make_config(plugins={"enabled": ["max_steps", "cost_budget"],
-                               "cost_budget": {"unknown_model": "error"}})
+def test_hook_validate_model_of_the_cost_budget(
+    make_config: MakeConfig, deployment_factory: MakeDeployment
+) -> None:
+    cfg = make_config(
+        plugins={"enabled": ["max_steps", "cost_budget"], "cost_budget": {"unknown_model": "error"}}
+    )
     dep = deployment_factory(cfg)
     with pytest.raises(ConfigError, match="no price for model 'no-such-model'"):
         dep.check_model("no-such-model")
 
 
-def test_hook_budget_limits_of_the_builtins(make_config: MakeConfig,
-                                            deployment_factory: MakeDeployment) -> None:
-    cfg = make_config(plugins={"enabled": ["max_steps", "token_budget", "timeout"],
-                               "max_steps": {"max_steps": 7},
-                               "timeout": {"max_seconds": 30}})
+def test_hook_budget_limits_of_the_builtins(
+    make_config: MakeConfig, deployment_factory: MakeDeployment
+) -> None:
+    cfg = make_config(
+        plugins={
+            "enabled": ["max_steps", "token_budget", "timeout"],
+            "max_steps": {"max_steps": 7},
+            "timeout": {"max_seconds": 30},
+        }
+    )
     dep = deployment_factory(cfg)
     run, _ = dep.prepare("hi", scenario="refund")
     limits = dep.hooks.budget_limits(run)
@@ -154,7 +163,8 @@ class Tagger(Plugin):  # type: ignore[type-arg]
 
 
 def test_hook_record_fields_adds_fields_and_keeps_the_counters(
-    make_config: MakeConfig, deployment_factory: MakeDeployment,
+    make_config: MakeConfig,
+    deployment_factory: MakeDeployment,
 ) -> None:
     dep = deployment_factory(_config(make_config), plugins={"tagger": Tagger()})
     rec = dep.run(scenario="refund").record()
@@ -166,7 +176,8 @@ def test_hook_record_fields_adds_fields_and_keeps_the_counters(
 
 
 def test_hook_record_fields_failures_are_recorded_not_raised(
-    make_config: MakeConfig, deployment_factory: MakeDeployment,
+    make_config: MakeConfig,
+    deployment_factory: MakeDeployment,
 ) -> None:
     class Broken(Plugin):  # type: ignore[type-arg]
         @hookimpl
@@ -178,9 +189,9 @@ def test_hook_record_fields_failures_are_recorded_not_raised(
         def record_fields(self) -> dict[str, Any]:
             return {"termination": "final_answer", "extra": 1}
 
-    dep = deployment_factory(_config(make_config),
-                             plugins={"broken": Broken(), "usurper": Usurper(),
-                                      "tagger": Tagger()})
+    dep = deployment_factory(
+        _config(make_config), plugins={"broken": Broken(), "usurper": Usurper(), "tagger": Tagger()}
+    )
     rec = dep.run(scenario="refund").record()
     assert rec["tagger_calls"] > 0  # the others' fields are kept
     assert "extra" not in rec and rec["termination"] != "running"
@@ -189,8 +200,9 @@ def test_hook_record_fields_failures_are_recorded_not_raised(
     assert "cannot be replaced: ['termination']" in errors["usurper"]
 
 
-def test_the_detector_counters_reach_the_record(make_config: MakeConfig,
-                                                deployment_factory: MakeDeployment) -> None:
+def test_the_detector_counters_reach_the_record(
+    make_config: MakeConfig, deployment_factory: MakeDeployment
+) -> None:
     cfg = make_config(plugins={"enabled": ["max_steps", "repeat_call"]})
     rec = deployment_factory(cfg).run(scenario="repeat-then-recover").record()
     assert rec["termination"] == "final_answer" and rec["duplicate_calls"] == 1
@@ -211,7 +223,9 @@ def test_stash_is_typed_and_per_run() -> None:
 
 @pytest.mark.parametrize("hook", ["on_start", "before_model", "after_response", "after_tool"])
 def test_a_skip_where_it_cannot_be_honoured_fails_closed(
-    hook: str, make_config: MakeConfig, deployment_factory: MakeDeployment,
+    hook: str,
+    make_config: MakeConfig,
+    deployment_factory: MakeDeployment,
 ) -> None:
     def skip_here(self: Plugin, run: Run) -> Any:  # type: ignore[type-arg]
         return self.skip("not here")

@@ -153,8 +153,9 @@ def test_non_retryable_failure_of_a_non_deterministic_tool_is_skipped() -> None:
 
 def test_unknown_tool_repeated_is_skipped_then_stopped() -> None:
     f = feed()
-    verdicts = [f.tool(f.call("no_such_tool", {"x": 1}), fail("ERROR: unknown tool"))[0]
-                for _ in range(3)]
+    verdicts = [
+        f.tool(f.call("no_such_tool", {"x": 1}), fail("ERROR: unknown tool"))[0] for _ in range(3)
+    ]
     assert kinds(verdicts) == [None, "skip", "stop:repeat_call"]
 
 
@@ -176,8 +177,9 @@ def test_retryable_failures_are_retries_until_the_retry_budget_is_spent() -> Non
 
 def test_retries_do_not_count_toward_the_window_rule() -> None:
     f = feed()
-    verdicts = [f.tool(f.call("lookup", {"key": "a"}), fail("429", retryable=True))[0]
-                for _ in range(6)]
+    verdicts = [
+        f.tool(f.call("lookup", {"key": "a"}), fail("429", retryable=True))[0] for _ in range(6)
+    ]
     assert verdicts == [None] * 6
 
 
@@ -226,8 +228,11 @@ def test_side_effect_repeats_are_never_skipped_but_the_window_rule_stops_them() 
     seq = ["refund", "lookup", "refund", "lookup2", "refund"]
     verdicts = []
     for i, name in enumerate(seq):
-        c = (f.call("refund", {"order_id": "88231"}) if name == "refund"
-             else f.call("lookup", {"key": str(i)}))
+        c = (
+            f.call("refund", {"order_id": "88231"})
+            if name == "refund"
+            else f.call("lookup", {"key": str(i)})
+        )
         verdicts.append(f.tool(c, ok("done"))[0])
     assert kinds(verdicts) == [None, None, None, None, "stop:repeat_call"]
     stop = verdicts[-1]
@@ -246,8 +251,11 @@ def _window_feed(pattern: str, **settings: Any) -> list[str | None]:
     f = feed(**settings)
     out = []
     for i, ch in enumerate(pattern):
-        c = (f.call("refund", {"order_id": "A"}) if ch == "A"
-             else f.call("lookup", {"key": f"filler{i}"}))
+        c = (
+            f.call("refund", {"order_id": "A"})
+            if ch == "A"
+            else f.call("lookup", {"key": f"filler{i}"})
+        )
         out.append(kinds([f.tool(c, ok("r"))[0]])[0])
     return out
 
@@ -304,8 +312,11 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     rng = random.Random(7)
     for i in range(10_000):
         name = rng.choice(["lookup", "clock", "refund"])
-        args = {"key": str(rng.randrange(500))} if name == "lookup" else (
-            {"order_id": str(i)} if name == "refund" else {})
+        args = (
+            {"key": str(rng.randrange(500))}
+            if name == "lookup"
+            else ({"order_id": str(i)} if name == "refund" else {})
+        )
         f.tool(f.call(name, args), ok("x" * rng.randrange(10_000)))
     st = f.run.state["repeat_call"]
     assert len(st.entries) <= 64
@@ -320,7 +331,7 @@ _words = st.text(alphabet=_ALPHA, max_size=12)
 _keys = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8).filter(
     lambda k: k.casefold() not in DEFAULT_VOLATILE_KEYS
 )
-_leaves = st.none() | st.booleans() | st.integers(-10**6, 10**6) | _words
+_leaves = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | _words
 _json = st.recursive(
     _leaves,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=4),
@@ -364,8 +375,13 @@ def test_fingerprint_ignores_case(args: dict[str, Any]) -> None:
     assert FINGERPRINT("t", _map(args, on_str=str.swapcase)) == FINGERPRINT("t", args)
 
 
-@given(_args, st.sampled_from(DEFAULT_VOLATILE_KEYS), _json, st.randoms(use_true_random=False),
-       st.booleans())
+@given(
+    _args,
+    st.sampled_from(DEFAULT_VOLATILE_KEYS),
+    _json,
+    st.randoms(use_true_random=False),
+    st.booleans(),
+)
 def test_fingerprint_ignores_volatile_keys_at_any_depth(
     args: dict[str, Any], key: str, value: Any, rnd: random.Random, upper: bool
 ) -> None:
@@ -381,8 +397,9 @@ def test_fingerprint_ignores_volatile_keys_at_any_depth(
 
 
 @given(_args, _keys, _json, _json)
-def test_fingerprint_changes_with_a_real_value(args: dict[str, Any], key: str, a: Any,
-                                               b: Any) -> None:
+def test_fingerprint_changes_with_a_real_value(
+    args: dict[str, Any], key: str, a: Any, b: Any
+) -> None:
     fp = Fingerprinter()
     assume(fp.canonical(a) != fp.canonical(b))
     assert fp("t", {**args, key: a}) != fp("t", {**args, key: b})

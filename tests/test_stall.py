@@ -114,8 +114,7 @@ def test_rounds_of_batches_still_stall() -> None:
     got = []
     for turn in range(4):
         f.run.step = turn + 1
-        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
-                 for i in range(3)]
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(3)]
         f.respond("", calls)
         got.append([kinds([f.after(c, ok(NOTHING))])[0] for c in calls][-1])
     assert got == [None, None, "warn", "stop:stall"]
@@ -125,8 +124,7 @@ def test_one_novel_result_in_a_batch_keeps_the_round_alive() -> None:
     f = feed()
     for turn in range(5):
         f.run.step = turn + 1
-        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
-                 for i in range(2)]
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(2)]
         f.respond("", calls)
         f.after(calls[0], ok(NOTHING))
         assert f.after(calls[1], ok(f"found item {turn}")) is None
@@ -163,13 +161,16 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
 def test_a_successful_side_effect_is_progress_however_similar_its_echo() -> None:
     f = feed()
     record = '{"reservation_id": "NM1VX1", "cabin": "business", "flights": ["HAT300"]}'
-    got = [kinds([f.after(f.call("refund", {"order_id": str(i)}), ok(record))])[0]
-           for i in range(5)]
+    got = [
+        kinds([f.after(f.call("refund", {"order_id": str(i)}), ok(record))])[0] for i in range(5)
+    ]
     assert got == [None] * 5
     assert f.field("stall_rounds") == 0
     # a failed side effect is compared like any result
-    got = [kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
-           for _ in range(4)]
+    got = [
+        kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
+        for _ in range(4)
+    ]
     assert got == [None, None, "warn", "stop:stall"]
 
 
@@ -200,8 +201,14 @@ SWEEP = [None, None, None, None, "warn", None, "stop:stall"]
 def test_empty_answers_to_a_sweep_of_ids_are_weak_evidence() -> None:
     """Another date, airport or id with nothing there is a healthy sweep: it stops only
     after sweep_stop_after rounds of nothing else."""
-    for empty in (NOTHING, "[]", "No results for this query.", "未找到相关条目", "NOT_FOUND",
-                  '{"flights": [], "next_page": null}'):
+    for empty in (
+        NOTHING,
+        "[]",
+        "No results for this query.",
+        "未找到相关条目",
+        "NOT_FOUND",
+        '{"flights": [], "next_page": null}',
+    ):
         f = feed()
         got = observe_calls(f, *[({"date": f"2024-05-0{d}"}, empty) for d in range(1, 8)])
         assert got == SWEEP, empty
@@ -213,8 +220,9 @@ def test_rephrasing_one_search_with_nothing_found_is_strong_evidence() -> None:
     got = observe_calls(f, *[({"query": q}, "[]") for q in queries])
     assert got == [None, None, "warn", "stop:stall"]
     f = feed()
-    got = observe_calls(f, *[({"query": q}, NOTHING) for q in ("退货政策", "退货规则", "怎么退货",
-                                                              "退款条款")])
+    got = observe_calls(
+        f, *[({"query": q}, NOTHING) for q in ("退货政策", "退货规则", "怎么退货", "退款条款")]
+    )
     assert got == [None, None, "warn", "stop:stall"]
 
 
@@ -261,8 +269,7 @@ def test_a_batch_whose_last_call_was_skipped_is_still_judged() -> None:
     got = []
     for turn in range(4):
         f.run.step = turn + 1
-        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
-                 for i in range(2)]
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(2)]
         f.respond("", calls)
         f.after(calls[0], ok(NOTHING))
         got.append(kinds([f.after(calls[1], skipped("cached"))])[0])
