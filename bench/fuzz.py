@@ -498,6 +498,9 @@ def fuzz_config(records: Path) -> Config:
     data["plugins"]["enabled"] = [*data["plugins"]["enabled"], "run_record"]
     data["plugins"]["run_record"] = {"path": str(records), "trajectory": True}
     data["plugins"].setdefault("logging", {})
+    # one ledger per case: the shared store would otherwise answer a later case's side effect
+    # with an earlier case's result, and the in-run ledger would go untested
+    data.setdefault("store", {})["ledger_scope"] = ["fuzz_case"]
     return parse_config(data, path="<fuzz>")
 
 
@@ -563,8 +566,9 @@ class Runner:
         bad_before = self.stub.bad_requests if self.stub is not None else 0
         model = self._model(case)
         user = "help me with order 88231 \ud83d"
+        meta = {"fuzz_case": f"{id(self)}-{case_no}"}
         if use_async:
-            fut = self.aloop.submit(self.dep.arun(user, model=model, tools=TOOLS))
+            fut = self.aloop.submit(self.dep.arun(user, model=model, tools=TOOLS, meta=meta))
             try:
                 run = fut.result(self.timeout)
             except TimeoutError:
@@ -576,7 +580,8 @@ class Runner:
                 t.note("crashes", case_no, f"{type(exc).__name__}: {exc}")
                 return
         else:
-            thread, box = _in_thread(lambda: self.dep.run(user, model=model, tools=TOOLS))
+            thread, box = _in_thread(lambda: self.dep.run(user, model=model, tools=TOOLS,
+                                                          meta=meta))
             thread.join(self.timeout)
             if not box:
                 t.note("hangs", case_no, "run")
