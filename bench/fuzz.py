@@ -580,8 +580,9 @@ class Runner:
                 t.note("crashes", case_no, f"{type(exc).__name__}: {exc}")
                 return
         else:
-            thread, box = _in_thread(lambda: self.dep.run(user, model=model, tools=TOOLS,
-                                                          meta=meta))
+            thread, box = _in_thread(
+                lambda: self.dep.run(user, model=model, tools=TOOLS, meta=meta)
+            )
             thread.join(self.timeout)
             if not box:
                 t.note("hangs", case_no, "run")
