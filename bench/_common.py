@@ -29,12 +29,20 @@ LIMIT_OVERRIDES: dict[str, dict[str, Any]] = {
     "timeout": {"max_seconds": float(BIG)},
     "token_budget": {"max_context": BIG, "max_total_tokens": BIG},
     # the bench's models are priced like gpt-4o-mini, so the cost guard does its arithmetic
-    "cost_budget": {"max_cost": BIG, "prices": {
-        name: {"input": 0.15, "cached_input": 0.075, "output": 0.60}
-        for name in ("instant", "slow")}},
+    "cost_budget": {
+        "max_cost": BIG,
+        "prices": {
+            name: {"input": 0.15, "cached_input": 0.075, "output": 0.60}
+            for name in ("instant", "slow")
+        },
+    },
     "tool_calls": {"max_tool_calls": BIG},
-    "conversation_limits": {"max_turns": BIG, "max_model_calls": BIG, "max_tool_calls": BIG,
-                            "max_tokens": BIG},
+    "conversation_limits": {
+        "max_turns": BIG,
+        "max_model_calls": BIG,
+        "max_tool_calls": BIG,
+        "max_tokens": BIG,
+    },
 }
 
 

@@ -64,8 +64,10 @@ def _deployment() -> Deployment:
     # side effect, and the shared ledger would answer later runs' calls without running them)
     data["tools"] = {"lookup": {"read_only": True, "deterministic": True}}
     # a store of its own: nothing from earlier bench runs (or the user's runs) answers a call
-    data["store"] = {**data.get("store", {}),
-                     "url": "sqlite:///" + str(Path(tempfile.mkdtemp()) / "store.sqlite3")}
+    data["store"] = {
+        **data.get("store", {}),
+        "url": "sqlite:///" + str(Path(tempfile.mkdtemp()) / "store.sqlite3"),
+    }
     return Deployment(parse_config(data, path="<bench>"), tools=[])
 
 
@@ -97,9 +99,11 @@ def langchain_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]]:
     def play() -> Iterator[AIMessage]:
         while True:
             for i in range(n):
-                yield AIMessage(content=content(i), tool_calls=[
-                    {"name": "lookup", "args": _args(i), "id": f"call_{i}"}],
-                    usage_metadata={"input_tokens": 50, "output_tokens": 16, "total_tokens": 66})
+                yield AIMessage(
+                    content=content(i),
+                    tool_calls=[{"name": "lookup", "args": _args(i), "id": f"call_{i}"}],
+                    usage_metadata={"input_tokens": 50, "output_tokens": 16, "total_tokens": 66},
+                )
             yield AIMessage(content=FINAL)
 
     @tool("lookup")
@@ -108,8 +112,7 @@ def langchain_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]]:
         return lookup(key)
 
     def make(middleware: list[Any]) -> Callable[[], str]:
-        agent = create_agent(FakeToolModel(messages=play()), [lookup_tool],
-                             middleware=middleware)
+        agent = create_agent(FakeToolModel(messages=play()), [lookup_tool], middleware=middleware)
 
         def once() -> str:
             out = agent.invoke({"messages": [HumanMessage(USER)]})
@@ -136,8 +139,12 @@ def langchain_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]]:
         "bare": make([]),
         "hooks": make([PassThrough()]),
         "loopwarden": make([LoopwardenMiddleware(dep, model_name=MODEL)]),
-        "limits": make([ModelCallLimitMiddleware(run_limit=BIG, exit_behavior="end"),
-                        ToolCallLimitMiddleware(run_limit=BIG, exit_behavior="end")]),
+        "limits": make(
+            [
+                ModelCallLimitMiddleware(run_limit=BIG, exit_behavior="end"),
+                ToolCallLimitMiddleware(run_limit=BIG, exit_behavior="end"),
+            ]
+        ),
     }
 
 
@@ -154,9 +161,16 @@ def openai_agents_variants(n: int, dep: Deployment) -> dict[str, Callable[[], st
     usage = Usage(requests=1, input_tokens=50, output_tokens=16, total_tokens=66)
 
     def model() -> ScriptedModel:
-        steps = [ModelStep(output=[assistant_message(content(i)),
-                                   function_call("lookup", _args(i), call_id=f"call_{i}")],
-                           usage=usage) for i in range(n)]
+        steps = [
+            ModelStep(
+                output=[
+                    assistant_message(content(i)),
+                    function_call("lookup", _args(i), call_id=f"call_{i}"),
+                ],
+                usage=usage,
+            )
+            for i in range(n)
+        ]
         steps.append(ModelStep(output=[assistant_message(FINAL)], usage=usage))
         return ScriptedModel(steps)
 
@@ -198,8 +212,13 @@ def pydantic_ai_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]
         u = RequestUsage(input_tokens=50, output_tokens=16)
         if i >= n:
             return pm.ModelResponse(parts=[pm.TextPart(FINAL)], usage=u)
-        return pm.ModelResponse(parts=[pm.TextPart(content(i)), pm.ToolCallPart(
-            "lookup", _args(i), tool_call_id=f"call_{i}")], usage=u)
+        return pm.ModelResponse(
+            parts=[
+                pm.TextPart(content(i)),
+                pm.ToolCallPart("lookup", _args(i), tool_call_id=f"call_{i}"),
+            ],
+            usage=u,
+        )
 
     limits = UsageLimits(request_limit=None)
 
@@ -229,20 +248,24 @@ def pydantic_ai_variants(n: int, dep: Deployment) -> dict[str, Callable[[], str]
         async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
             return request_context
 
-        async def wrap_model_request(self, ctx: Any, *, request_context: Any,
-                                     handler: Any) -> Any:
+        async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> Any:
             return await handler(request_context)
 
-        async def wrap_tool_validate(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
-                                     handler: Any) -> Any:
+        async def wrap_tool_validate(
+            self, ctx: Any, *, call: Any, tool_def: Any, args: Any, handler: Any
+        ) -> Any:
             return await handler(args)
 
-        async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
-                                    handler: Any) -> Any:
+        async def wrap_tool_execute(
+            self, ctx: Any, *, call: Any, tool_def: Any, args: Any, handler: Any
+        ) -> Any:
             return await handler(args)
 
-    return {"bare": make([]), "hooks": make([PassThrough()]),
-            "loopwarden": make([Loopwarden(dep, model_name=MODEL)])}
+    return {
+        "bare": make([]),
+        "hooks": make([PassThrough()]),
+        "loopwarden": make([Loopwarden(dep, model_name=MODEL)]),
+    }
 
 
 def driver_steps(n: int, dep: Deployment) -> Callable[[], str]:
@@ -252,12 +275,20 @@ def driver_steps(n: int, dep: Deployment) -> Callable[[], str]:
 
     def once() -> str:
         g = GuardedRun(dep, user=USER, model_name=MODEL)
-        g.declare("lookup", "Look up a record.",
-                  {"type": "object", "properties": {"key": {"type": "string"}}})
+        g.declare(
+            "lookup",
+            "Look up a record.",
+            {"type": "object", "properties": {"key": {"type": "string"}}},
+        )
         for i in range(n):
             g.model_turn()
-            g.model_done(ModelResponse(content=content(i), usage=Usage(50, 16), tool_calls=[
-                ProposedCall("lookup", _args(i), f"call_{i}")]))
+            g.model_done(
+                ModelResponse(
+                    content=content(i),
+                    usage=Usage(50, 16),
+                    tool_calls=[ProposedCall("lookup", _args(i), f"call_{i}")],
+                )
+            )
             if not isinstance(g.tool(f"call_{i}"), Execute):
                 return "refused"
             g.tool_done(f"call_{i}", ToolResult(content=lookup(f"k{i}")))
@@ -275,8 +306,9 @@ FRAMEWORKS: dict[str, tuple[str, Callable[[int, Deployment], dict[str, Callable[
 }
 
 
-def measure(fns: dict[str, Callable[[], str]], runs: int, warmup: int
-            ) -> dict[str, dict[str, float]]:
+def measure(
+    fns: dict[str, Callable[[], str]], runs: int, warmup: int
+) -> dict[str, dict[str, float]]:
     """Median wall and CPU seconds per run of each variant, interleaved run by run."""
     for fn in fns.values():
         for _ in range(warmup):
@@ -293,8 +325,10 @@ def measure(fns: dict[str, Callable[[], str]], runs: int, warmup: int
             cpu[name].append(time.process_time() - c0)
             if out != FINAL:
                 raise SystemExit(f"{name}: the run ended with {out!r}, not the final answer")
-    return {name: {"wall": statistics.median(wall[name]), "cpu": statistics.median(cpu[name])}
-            for name in fns}
+    return {
+        name: {"wall": statistics.median(wall[name]), "cpu": statistics.median(cpu[name])}
+        for name in fns
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,8 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     signals.run_stopped.connect(seen, weak=False)
     dep = _deployment()
     result: dict[str, Any] = {
-        "steps": n, "runs": runs, "python": platform.python_version(), "machine": machine(),
-        "plugins": dep.plugins.names, "versions": {}, "frameworks": {},
+        "steps": n,
+        "runs": runs,
+        "python": platform.python_version(),
+        "machine": machine(),
+        "plugins": dep.plugins.names,
+        "versions": {},
+        "frameworks": {},
     }
     for key, (dist, variants) in FRAMEWORKS.items():
         result["versions"][dist] = importlib.metadata.version(dist)
@@ -339,29 +378,40 @@ def main(argv: list[str] | None = None) -> int:
     result["driver_ms_per_step"] = round(floor["cpu"] / n * 1000, 4)
     lc = result["frameworks"]["langchain"]["added_ms_per_step"]
     result["loopwarden_vs_langchain_limits"] = (
-        round(lc["loopwarden"] / lc["limits"], 3) if lc["limits"] > 0 else None)
+        round(lc["loopwarden"] / lc["limits"], 3) if lc["limits"] > 0 else None
+    )
     dep.close()
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{n} tool steps per run, median of {runs} runs; {result['machine']}, "
-          f"Python {result['python']}")
-    print(f"{'framework':<15}{'variant':<12}{'CPU ms/step':>12}{'added':>9}"
-          f"{'added/framework':>17}{'wall ms/step':>14}{'added':>9}")
+    print(
+        f"{n} tool steps per run, median of {runs} runs; {result['machine']}, "
+        f"Python {result['python']}"
+    )
+    print(
+        f"{'framework':<15}{'variant':<12}{'CPU ms/step':>12}{'added':>9}"
+        f"{'added/framework':>17}{'wall ms/step':>14}{'added':>9}"
+    )
     for key, row in result["frameworks"].items():
         for variant, ms in row["ms_per_step"].items():
             add = row["added_ms_per_step"].get(variant)
             ratio = row["added_ratio"].get(variant)
             wadd = row["added_ms_per_step_wall"].get(variant)
-            print(f"{key:<15}{variant:<12}{ms:>12.3f}"
-                  f"{'' if add is None else f'{add:.3f}':>9}"
-                  f"{'' if ratio is None else f'{ratio:.2f}x':>17}"
-                  f"{row['ms_per_step_wall'][variant]:>14.3f}"
-                  f"{'' if wadd is None else f'{wadd:.3f}':>9}")
-    print(f"loopwarden's own work, no framework (driver): {result['driver_ms_per_step']:.3f} "
-          "CPU ms/step")
-    print("loopwarden's added cost / LangChain's two limit middlewares' added cost: "
-          f"{result['loopwarden_vs_langchain_limits']}")
+            print(
+                f"{key:<15}{variant:<12}{ms:>12.3f}"
+                f"{'' if add is None else f'{add:.3f}':>9}"
+                f"{'' if ratio is None else f'{ratio:.2f}x':>17}"
+                f"{row['ms_per_step_wall'][variant]:>14.3f}"
+                f"{'' if wadd is None else f'{wadd:.3f}':>9}"
+            )
+    print(
+        f"loopwarden's own work, no framework (driver): {result['driver_ms_per_step']:.3f} "
+        "CPU ms/step"
+    )
+    print(
+        "loopwarden's added cost / LangChain's two limit middlewares' added cost: "
+        f"{result['loopwarden_vs_langchain_limits']}"
+    )
     return 0
 
 

@@ -80,16 +80,21 @@ def make(latency: float, empty: bool = False) -> tuple[Any, Any]:
 
 async def bare_run(steps: int, latency: float) -> str:
     """The bare async loop (no guards): the floor that the event loop itself sets."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": W.SYSTEM},
-                                      {"role": "user", "content": W.USER}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": W.SYSTEM},
+        {"role": "user", "content": W.USER},
+    ]
     for i in range(steps):
         await asyncio.sleep(latency)  # the model call
         if i == steps - 1:
             messages.append({"role": "assistant", "content": W.FINAL})
             return W.FINAL
         args = json.loads(W.arguments(i))
-        call = {"id": f"call_{i}", "type": "function",
-                "function": {"name": "lookup", "arguments": W.arguments(i)}}
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": W.arguments(i)},
+        }
         messages.append({"role": "assistant", "content": W.content(i), "tool_calls": [call]})
         out = await _alookup(**args)
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": out})
@@ -122,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None, help="concurrent runs (default 1000)")
     ap.add_argument("--steps", type=int, default=5, help="model turns per run (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="model latency per call")
-    ap.add_argument("--empty", action="store_true",
-                    help="no plugins but the essential max_steps, instead of the shipped config")
+    ap.add_argument(
+        "--empty",
+        action="store_true",
+        help="no plugins but the essential max_steps, instead of the shipped config",
+    )
     args = ap.parse_args(argv)
     runs = args.runs or (20 if args.quick else 1000)
     steps = max(1, args.steps)
@@ -188,14 +196,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"loopwarden concurrency -- python {result['python']} on {result['machine']}")
     print(f"{runs} concurrent arun() x {steps} steps, model latency {args.latency_ms:g} ms")
-    print(f"wall {wall:.3f} s against ideal {ideal:.3f} s ({result['wall_to_ideal']:.2f}x); "
-          f"CPU {cpu:.3f} s = {result['cpu_us_per_step']:.1f} us per step")
-    print(f"bare async loop, same batch: wall {bare_wall:.3f} s, "
-          f"CPU {result['bare_cpu_us_per_step']:.1f} us per step")
-    print(f"memory per run: peak {result['peak_kb_per_run']:.1f} KB (tracemalloc), of which "
-          f"message history {result['history_kb_per_run']:.1f} KB, beyond it "
-          f"{result['beyond_history_kb_per_run']:.1f} KB; peak RSS growth "
-          f"{result['rss_kb_per_run']:.1f} KB")
+    print(
+        f"wall {wall:.3f} s against ideal {ideal:.3f} s ({result['wall_to_ideal']:.2f}x); "
+        f"CPU {cpu:.3f} s = {result['cpu_us_per_step']:.1f} us per step"
+    )
+    print(
+        f"bare async loop, same batch: wall {bare_wall:.3f} s, "
+        f"CPU {result['bare_cpu_us_per_step']:.1f} us per step"
+    )
+    print(
+        f"memory per run: peak {result['peak_kb_per_run']:.1f} KB (tracemalloc), of which "
+        f"message history {result['history_kb_per_run']:.1f} KB, beyond it "
+        f"{result['beyond_history_kb_per_run']:.1f} KB; peak RSS growth "
+        f"{result['rss_kb_per_run']:.1f} KB"
+    )
     print("plugins: " + ", ".join(result["plugins"]))
     return 0
 

@@ -54,8 +54,12 @@ def derive(stats: Stats, margin: float = MARGIN) -> dict[str, Any]:
             table[name][g or "all"] = d
     limits: dict[str, dict[str, Any]] = {}
     for lim, value in propose_all(stats, {}, margin=margin):  # plus: the settings' defaults
-        limits[lim.key] = {"metric": lim.metric, "plus": lim.plus_key, "proposed": value,
-                           "p99": percentile(METRICS[lim.metric].values(stats), PERCENTILE)}
+        limits[lim.key] = {
+            "metric": lim.metric,
+            "plus": lim.plus_key,
+            "proposed": value,
+            "p99": percentile(METRICS[lim.metric].values(stats), PERCENTILE),
+        }
     for lim in LIMITS:
         if not lim.profile:
             continue
@@ -63,11 +67,19 @@ def derive(stats: Stats, margin: float = MARGIN) -> dict[str, Any]:
         for g in stats.groups():
             values = metric.values(stats.only(g))
             limits[f"profiles.{g}.{lim.key}"] = {
-                "metric": lim.metric, "plus": None, "p99": percentile(values, PERCENTILE),
-                "proposed": propose(values, tokens=metric.tokens, margin=margin)}
-    return {"successful_conversations": len(stats.conversations), "turns": len(stats.turns),
-            "unsuccessful": stats.unsuccessful, "margin": margin, "table": table,
-            "limits": limits}
+                "metric": lim.metric,
+                "plus": None,
+                "p99": percentile(values, PERCENTILE),
+                "proposed": propose(values, tokens=metric.tokens, margin=margin),
+            }
+    return {
+        "successful_conversations": len(stats.conversations),
+        "turns": len(stats.turns),
+        "unsuccessful": stats.unsuccessful,
+        "margin": margin,
+        "table": table,
+        "limits": limits,
+    }
 
 
 def markdown(result: dict[str, Any], by: str) -> str:
@@ -82,23 +94,32 @@ def markdown(result: dict[str, Any], by: str) -> str:
     for name, rows in result["table"].items():
         for group, d in rows.items():
             label = METRICS[name].label if group == next(iter(rows)) else ""
-            lines.append(f"| {label} | {group} | {d['n']} | {_fmt(d['p50'])} | "
-                         f"{_fmt(d['p90'])} | {_fmt(d['p99'])} | {_fmt(d['max'])} | "
-                         f"{_fmt(d['proposed'])} |")
+            lines.append(
+                f"| {label} | {group} | {d['n']} | {_fmt(d['p50'])} | "
+                f"{_fmt(d['p90'])} | {_fmt(d['p99'])} | {_fmt(d['max'])} | "
+                f"{_fmt(d['proposed'])} |"
+            )
     lines += ["", "| config key | from | p99 | proposed |", "|---|---|--:|--:|"]
     for key, d in result["limits"].items():
         extra = f" + {d['plus'].rsplit('.', 1)[-1]}" if d["plus"] else ""
-        lines.append(f"| `{key}` | {METRICS[d['metric']].label}{extra} | {_fmt(d['p99'])} | "
-                     f"{_fmt(d['proposed'])} |")
+        lines.append(
+            f"| `{key}` | {METRICS[d['metric']].label}{extra} | {_fmt(d['p99'])} | "
+            f"{_fmt(d['proposed'])} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/derive_defaults.py",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="bench/derive_defaults.py", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("file", type=Path, help="trajectory or run-record JSONL")
-    parser.add_argument("--by", choices=("domain", "source"), default="domain",
-                        help="group the runs by domain (meta.domain) or by source")
+    parser.add_argument(
+        "--by",
+        choices=("domain", "source"),
+        default="domain",
+        help="group the runs by domain (meta.domain) or by source",
+    )
     parser.add_argument("--margin", type=float, default=MARGIN)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)

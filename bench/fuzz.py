@@ -121,11 +121,39 @@ TOOLS = ToolRegistry([get_order, search, now, send_email, refund])
 
 # -- generators ------------------------------------------------------------------------------
 
-ODD = ["\ud83d", "\ude00", "\ud83d\ude00", "\udbff", "\x00", "\u202e", "\u200b", "\ufeff",
-       "e\u0301", "\u2028", "\U0001f600", "中文", "ß", "İ", "\\", '"', "\n", "\t", "{", "}",
-       "[REDACTED]", "sk-abcdefghijklmnopqrstuv", "api_key=secret123"]
-EMAILS = ["Bob@Example.com", "bob@example.com", " bob@example.com ", "BOB@EXAMPLE.COM",
-          "bob@example.com\t", "alice@example.com"]
+ODD = [
+    "\ud83d",
+    "\ude00",
+    "\ud83d\ude00",
+    "\udbff",
+    "\x00",
+    "\u202e",
+    "\u200b",
+    "\ufeff",
+    "e\u0301",
+    "\u2028",
+    "\U0001f600",
+    "中文",
+    "ß",
+    "İ",
+    "\\",
+    '"',
+    "\n",
+    "\t",
+    "{",
+    "}",
+    "[REDACTED]",
+    "sk-abcdefghijklmnopqrstuv",
+    "api_key=secret123",
+]
+EMAILS = [
+    "Bob@Example.com",
+    "bob@example.com",
+    " bob@example.com ",
+    "BOB@EXAMPLE.COM",
+    "bob@example.com\t",
+    "alice@example.com",
+]
 ORDERS = ["88231", " 88231", "88231 ", "A-1", "a-1", "99999"]
 NAMES = ["get_order", "search", "now", "send_email", "refund"]
 
@@ -136,8 +164,10 @@ def _text(rng: random.Random) -> str:
         return rng.choice(ODD) * rng.choice([1000, 100_000])
     if r < 0.1:
         return ""
-    return "".join(rng.choice(ODD) if rng.random() < 0.4 else rng.choice("abc xyz 123")
-                   for _ in range(rng.randint(1, 12)))
+    return "".join(
+        rng.choice(ODD) if rng.random() < 0.4 else rng.choice("abc xyz 123")
+        for _ in range(rng.randint(1, 12))
+    )
 
 
 def _deep(rng: random.Random) -> str:
@@ -153,8 +183,22 @@ def _value(rng: random.Random) -> str:
     if r < 0.35:
         return json.dumps(_text(rng))  # ASCII, lone surrogates as \\udXXX escapes
     if r < 0.45:
-        return rng.choice(["0", "-1", "1e308", "1e999", "-1e999", "NaN", "Infinity", "1.5",
-                           "9" * 5000, "1" + "0" * 40, "true", "null"])
+        return rng.choice(
+            [
+                "0",
+                "-1",
+                "1e308",
+                "1e999",
+                "-1e999",
+                "NaN",
+                "Infinity",
+                "1.5",
+                "9" * 5000,
+                "1" + "0" * 40,
+                "true",
+                "null",
+            ]
+        )
     if r < 0.55:
         return _deep(rng)
     if r < 0.65:
@@ -168,13 +212,32 @@ def _arguments(rng: random.Random, name: str) -> str:
     """Arguments as the raw text a model sends (often not a valid object for the tool)."""
     r = rng.random()
     if r < 0.08:
-        return rng.choice(["", "{", '{"to": ', "{'to': 'x'}", '{"to": "a",}', "[]", "5",
-                           '"text"', "null", "true", "{}}", "// comment\n{}", "\x00"])
+        return rng.choice(
+            [
+                "",
+                "{",
+                '{"to": ',
+                "{'to': 'x'}",
+                '{"to": "a",}',
+                "[]",
+                "5",
+                '"text"',
+                "null",
+                "true",
+                "{}}",
+                "// comment\n{}",
+                "\x00",
+            ]
+        )
     if r < 0.16:
         return _deep(rng)
-    fields = {"get_order": ["order_id"], "search": ["query", "limit"], "now": [],
-              "send_email": ["to", "body"], "refund": ["order_id", "amount"]}.get(
-        name, ["to", "order_id", "query"])
+    fields = {
+        "get_order": ["order_id"],
+        "search": ["query", "limit"],
+        "now": [],
+        "send_email": ["to", "body"],
+        "refund": ["order_id", "amount"],
+    }.get(name, ["to", "order_id", "query"])
     parts = []
     for f in fields:
         if rng.random() < 0.1:
@@ -187,7 +250,7 @@ def _arguments(rng: random.Random, name: str) -> str:
             value = _value(rng)
         parts.append(f"{json.dumps(f)}: {value}")
     if rng.random() < 0.15:
-        parts.append(f'{json.dumps(_text(rng))}: {_value(rng)}')  # an unexpected field
+        parts.append(f"{json.dumps(_text(rng))}: {_value(rng)}")  # an unexpected field
     if rng.random() < 0.1:
         parts.append(f'"request_id": "{rng.random()}"')  # volatile
     return "{" + ", ".join(parts) + "}"
@@ -198,9 +261,19 @@ def _name(rng: random.Random) -> str:
     base = rng.choice(NAMES)
     if r < 0.7:
         return base
-    return rng.choice([base.upper(), base + " ", "", "no_such_tool", base[:3] + "\ud800" +
-                       base[3:], "x" * 10_000, base.replace("_", "\u200b_"), "\x00",
-                       "functions." + base])
+    return rng.choice(
+        [
+            base.upper(),
+            base + " ",
+            "",
+            "no_such_tool",
+            base[:3] + "\ud800" + base[3:],
+            "x" * 10_000,
+            base.replace("_", "\u200b_"),
+            "\x00",
+            "functions." + base,
+        ]
+    )
 
 
 @dataclass
@@ -219,12 +292,21 @@ class Case:
     garbage: list[str | None] = field(default_factory=list)  # per turn: a broken body or None
 
 
-GARBAGE = ["", "not json", "{", '{"choices": []}', '{"choices": [{"index": 0}]}',
-           '{"choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}',
-           '{"choices": [{"index": 0, "message": {"role": "assistant", "content": 5}}]}',
-           '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "x", '
-           '"tool_calls": {"a": 1}}}]}', "[1, 2, 3]", '"just a string"', "null",
-           "<html>502 Bad Gateway</html>"]
+GARBAGE = [
+    "",
+    "not json",
+    "{",
+    '{"choices": []}',
+    '{"choices": [{"index": 0}]}',
+    '{"choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}',
+    '{"choices": [{"index": 0, "message": {"role": "assistant", "content": 5}}]}',
+    '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "x", '
+    '"tool_calls": {"a": 1}}}]}',
+    "[1, 2, 3]",
+    '"just a string"',
+    "null",
+    "<html>502 Bad Gateway</html>",
+]
 
 
 def make_case(rng: random.Random) -> Case:
@@ -237,9 +319,17 @@ def make_case(rng: random.Random) -> Case:
             ident = rng.choice([f"call_{j}", "", "dup", "c\ud800"])
             wire = None
             if rng.random() < 0.05:
-                wire = rng.choice([("arguments", '{"order_id": "88231"}'), ("arguments", "5"),
-                                   ("arguments", "null"), ("arguments", "[1]"),
-                                   ("name", "7"), ("name", "null"), ("id", "42")])
+                wire = rng.choice(
+                    [
+                        ("arguments", '{"order_id": "88231"}'),
+                        ("arguments", "5"),
+                        ("arguments", "null"),
+                        ("arguments", "[1]"),
+                        ("name", "7"),
+                        ("name", "null"),
+                        ("id", "42"),
+                    ]
+                )
             calls.append(Call(name, _arguments(rng, name.strip()), ident, wire))
         turns.append((content, calls))
     if rng.random() < 0.4:  # side effects proposed again with keys that differ in form
@@ -261,44 +351,60 @@ def make_case(rng: random.Random) -> Case:
 
 
 def scripted_model(case: Case) -> ScriptedModel:
-    turns = [{"content": content, "tool_calls": [
-        {"name": c.name, "arguments": c.arguments, "id": c.id or None} for c in calls]}
-        for content, calls in case.turns]
-    return ScriptedModel(ScriptConfig.model_validate(
-        {"turns": turns, "then": "final", "final_text": case.final}))
+    turns = [
+        {
+            "content": content,
+            "tool_calls": [
+                {"name": c.name, "arguments": c.arguments, "id": c.id or None} for c in calls
+            ],
+        }
+        for content, calls in case.turns
+    ]
+    return ScriptedModel(
+        ScriptConfig.model_validate({"turns": turns, "then": "final", "final_text": case.final})
+    )
 
 
 def _body(content: str | None, calls: list[Call], usage: bool = True) -> str:
-    msg = '"role": "assistant", "content": ' + (json.dumps(content) if content is not None
-                                                else "null")
+    msg = '"role": "assistant", "content": ' + (
+        json.dumps(content) if content is not None else "null"
+    )
     if calls:
         msg += ', "tool_calls": [' + ", ".join(_wire_call(c) for c in calls) + "]"
     tail = ', "usage": {"prompt_tokens": 10, "completion_tokens": 5}' if usage else ""
-    return ('{"id": "fz", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
-            '"choices": [{"index": 0, "message": {' + msg + '}, "finish_reason": "stop"}]'
-            + tail + "}")
+    return (
+        '{"id": "fz", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
+        '"choices": [{"index": 0, "message": {' + msg + '}, "finish_reason": "stop"}]' + tail + "}"
+    )
 
 
 def _wire_call(c: Call) -> str:
-    fields = {"id": json.dumps(c.id), "name": json.dumps(c.name),
-              "arguments": json.dumps(c.arguments)}
+    fields = {
+        "id": json.dumps(c.id),
+        "name": json.dumps(c.name),
+        "arguments": json.dumps(c.arguments),
+    }
     if c.wire is not None:
         fields[c.wire[0]] = c.wire[1]
-    return (f'{{"id": {fields["id"]}, "type": "function", "function": {{"name": '
-            f'{fields["name"]}, "arguments": {fields["arguments"]}}}}}')
+    return (
+        f'{{"id": {fields["id"]}, "type": "function", "function": {{"name": '
+        f'{fields["name"]}, "arguments": {fields["arguments"]}}}}}'
+    )
 
 
 def well_formed(case: Case) -> bool:
     """Whether every body of the case is a completion of the documented shape (a run that
     ends ``model_error`` then blamed the model for what the loop should have handled)."""
     return all(g is None for g in case.garbage) and not any(
-        c.wire is not None and c.wire[0] != "arguments" for _, calls in case.turns
-        for c in calls)
+        c.wire is not None and c.wire[0] != "arguments" for _, calls in case.turns for c in calls
+    )
 
 
 def http_bodies(case: Case) -> list[str]:
-    out = [g if g is not None else _body(content, calls)
-           for (content, calls), g in zip(case.turns, case.garbage, strict=True)]
+    out = [
+        g if g is not None else _body(content, calls)
+        for (content, calls), g in zip(case.turns, case.garbage, strict=True)
+    ]
     out.append(_body(case.final, []))
     return out
 
@@ -329,8 +435,9 @@ class Stub:
                     json.loads(text)
                 except ValueError:
                     stub.bad_requests += 1
-                body = (stub.queue.popleft() if stub.queue
-                        else _body("done", [])).encode("utf-8", "surrogatepass")
+                body = (stub.queue.popleft() if stub.queue else _body("done", [])).encode(
+                    "utf-8", "surrogatepass"
+                )
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -371,13 +478,19 @@ class Tally:
             self.examples.append(f"case {case_no}: {kind}: {detail[:300]}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cases": self.cases, "crashes": self.crashes, "hangs": self.hangs,
-                "missing_records": self.missing_records, "double_effects": self.double_effects,
-                "bad_requests": self.bad_requests, "blamed_model": self.blamed_model,
-                "effects_executed": self.effects_executed,
-                "effects_replayed": self.effects_replayed,
-                "terminations": dict(self.terminations.most_common()),
-                "examples": self.examples}
+        return {
+            "cases": self.cases,
+            "crashes": self.crashes,
+            "hangs": self.hangs,
+            "missing_records": self.missing_records,
+            "double_effects": self.double_effects,
+            "bad_requests": self.bad_requests,
+            "blamed_model": self.blamed_model,
+            "effects_executed": self.effects_executed,
+            "effects_replayed": self.effects_replayed,
+            "terminations": dict(self.terminations.most_common()),
+            "examples": self.examples,
+        }
 
 
 def fuzz_config(records: Path) -> Config:
@@ -430,8 +543,13 @@ class Runner:
         self.aloop = _Loop()
         self.model: Any = None
         if stub is not None:
-            self.model = OpenAIChatModel(model="gpt-4o-mini", api_key="sk-fuzz-000000000000",
-                                         base_url=stub.url, timeout_s=10, max_retries=0)
+            self.model = OpenAIChatModel(
+                model="gpt-4o-mini",
+                api_key="sk-fuzz-000000000000",
+                base_url=stub.url,
+                timeout_s=10,
+                max_retries=0,
+            )
 
     def _model(self, case: Case) -> Any:
         if self.stub is None:
@@ -462,8 +580,9 @@ class Runner:
                 t.note("crashes", case_no, f"{type(exc).__name__}: {exc}")
                 return
         else:
-            thread, box = _in_thread(lambda: self.dep.run(user, model=model, tools=TOOLS,
-                                                          meta=meta))
+            thread, box = _in_thread(
+                lambda: self.dep.run(user, model=model, tools=TOOLS, meta=meta)
+            )
             thread.join(self.timeout)
             if not box:
                 t.note("hangs", case_no, "run")
@@ -484,8 +603,11 @@ class Runner:
         with _EXEC_LOCK:
             twice = {k: n for k, n in _EXECUTED.items() if n > 1}
             t.effects_executed += sum(_EXECUTED.values())
-        t.effects_replayed += sum(1 for m in run.messages if m.get("role") == "tool"
-                                  and "not executed again" in str(m.get("content")))
+        t.effects_replayed += sum(
+            1
+            for m in run.messages
+            if m.get("role") == "tool" and "not executed again" in str(m.get("content"))
+        )
         if twice:
             t.note("double_effects", case_no, repr(twice))
         if self.stub is not None:
@@ -503,23 +625,29 @@ class Runner:
         lines = new.decode("utf-8", "surrogateescape").split("\n")
         loaded = read_records(lines)
         if loaded.skipped or [r.get("run_id") for r in loaded.records] != [record["run_id"]]:
-            self.tally.note("missing_records", case_no,
-                            f"{len(loaded.records)} record(s), {loaded.skipped} corrupt; "
-                            f"errors {record['errors']}")
+            self.tally.note(
+                "missing_records",
+                case_no,
+                f"{len(loaded.records)} record(s), {loaded.skipped} corrupt; "
+                f"errors {record['errors']}",
+            )
 
     def close(self) -> None:
         self.dep.close()
 
 
-def fuzz(n: int, seed: int, timeout: float = 60.0,
-         progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def fuzz(
+    n: int, seed: int, timeout: float = 60.0, progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     rng = random.Random(seed)
     stub = Stub()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="loopwarden-fuzz-") as tmp:
         os.environ.setdefault("LOOPWARDEN_DATA_DIR", tmp)
-        runners = {"scripted": Runner("scripted", Path(tmp) / "scripted.jsonl", None, timeout),
-                   "http": Runner("http", Path(tmp) / "http.jsonl", stub, timeout)}
+        runners = {
+            "scripted": Runner("scripted", Path(tmp) / "scripted.jsonl", None, timeout),
+            "http": Runner("http", Path(tmp) / "http.jsonl", stub, timeout),
+        }
         try:
             for i in range(n):
                 case = make_case(rng)
@@ -533,12 +661,17 @@ def fuzz(n: int, seed: int, timeout: float = 60.0,
                 runner.close()
             stub.close()
     paths = {name: r.tally.as_dict() for name, r in runners.items()}
-    keys = ("crashes", "hangs", "missing_records", "double_effects", "bad_requests",
-            "blamed_model")
+    keys = ("crashes", "hangs", "missing_records", "double_effects", "bad_requests", "blamed_model")
     totals = {k: sum(p[k] for p in paths.values()) for k in keys}
-    return {"n": n, "seed": seed, "seconds": round(time.perf_counter() - started, 1),
-            "python": sys.version.split()[0], "paths": paths, "totals": totals,
-            "ok": not any(totals.values())}
+    return {
+        "n": n,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - started, 1),
+        "python": sys.version.split()[0],
+        "paths": paths,
+        "totals": totals,
+        "ok": not any(totals.values()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -546,8 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("n", type=int, help="how many cases")
     parser.add_argument("seed", type=int, help="random seed (the same seed, the same cases)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds after which a case counts as hung (default 60)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds after which a case counts as hung (default 60)",
+    )
     args = parser.parse_args(argv)
 
     def progress(done: int) -> None:
@@ -563,17 +700,28 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"fuzz: {args.n} cases, seed {args.seed}, {result['seconds']} s")
         for name, p in result["paths"].items():
-            counts = ", ".join(f"{k} {p[k]}" for k in ("crashes", "hangs", "missing_records",
-                                                        "double_effects", "bad_requests",
-                                                        "blamed_model"))
+            counts = ", ".join(
+                f"{k} {p[k]}"
+                for k in (
+                    "crashes",
+                    "hangs",
+                    "missing_records",
+                    "double_effects",
+                    "bad_requests",
+                    "blamed_model",
+                )
+            )
             print(f"{name:>9}: {p['cases']} runs: {counts}")
-            print(f"{'':>9}  side effects executed {p['effects_executed']}, repeats answered "
-                  f"by the ledger {p['effects_replayed']}")
+            print(
+                f"{'':>9}  side effects executed {p['effects_executed']}, repeats answered "
+                f"by the ledger {p['effects_replayed']}"
+            )
             print(f"{'':>9}  terminations: {json.dumps(p['terminations'])}")
             for ex in p["examples"]:
                 print(f"{'':>9}  {ex}".encode("ascii", "backslashreplace").decode())
-        print("OK: no crash, hang, lost record or repeated side effect" if result["ok"]
-              else "FAILED")
+        print(
+            "OK: no crash, hang, lost record or repeated side effect" if result["ok"] else "FAILED"
+        )
     return 0 if result["ok"] else 1
 
 

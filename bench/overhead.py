@@ -66,8 +66,13 @@ class BareModel:
             return {"content": W.FINAL, "tool_calls": []}
         return {
             "content": W.content(i),
-            "tool_calls": [{"id": f"call_{i}", "type": "function",
-                            "function": {"name": "lookup", "arguments": W.arguments(i)}}],
+            "tool_calls": [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": W.arguments(i)},
+                }
+            ],
         }
 
 
@@ -76,12 +81,15 @@ TOOLS: dict[str, Callable[..., Any]] = {"lookup": W.lookup}
 
 def bare_loop(n: int) -> str:
     model = BareModel(n)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": W.SYSTEM},
-                                      {"role": "user", "content": W.USER}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": W.SYSTEM},
+        {"role": "user", "content": W.USER},
+    ]
     while True:
         reply = model(messages)
-        messages.append({"role": "assistant", "content": reply["content"],
-                         "tool_calls": reply["tool_calls"]})
+        messages.append(
+            {"role": "assistant", "content": reply["content"], "tool_calls": reply["tool_calls"]}
+        )
         if not reply["tool_calls"]:
             return str(reply["content"])
         for tc in reply["tool_calls"]:
@@ -145,14 +153,23 @@ def make_floor() -> Callable[[int], str]:
 
     def floor_loop(n: int) -> str:
         model = BareModel(n)
-        run: dict[str, Any] = {"messages": [{"role": "system", "content": W.SYSTEM},
-                                            {"role": "user", "content": W.USER}]}
+        run: dict[str, Any] = {
+            "messages": [
+                {"role": "system", "content": W.SYSTEM},
+                {"role": "user", "content": W.USER},
+            ]
+        }
         messages = run["messages"]
         while True:
             h.before_model(run=run, request=messages)
             reply = model(messages)
-            messages.append({"role": "assistant", "content": reply["content"],
-                             "tool_calls": reply["tool_calls"]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": reply["content"],
+                    "tool_calls": reply["tool_calls"],
+                }
+            )
             h.after_response(run=run, response=reply)
             if not reply["tool_calls"]:
                 h.on_stop(run=run, outcome=reply["content"])
@@ -170,8 +187,9 @@ def make_floor() -> Callable[[int], str]:
 # -- 3 and 4. loopwarden ------------------------------------------------------------------------
 
 
-def make_loopwarden(shipped: bool, cooperative: bool = False
-                    ) -> tuple[Callable[[int], str], list[str]]:
+def make_loopwarden(
+    shipped: bool, cooperative: bool = False
+) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
     from loopwarden.tools import ToolRegistry, tool
@@ -204,8 +222,9 @@ def make_loopwarden(shipped: bool, cooperative: bool = False
 # -- measuring ----------------------------------------------------------------------------------
 
 
-def measure(fns: dict[str, Callable[[int], str]], n: int, runs: int,
-            warmup: int = 3) -> dict[str, float]:
+def measure(
+    fns: dict[str, Callable[[int], str]], n: int, runs: int, warmup: int = 3
+) -> dict[str, float]:
     """Median microseconds per step of each variant; variants interleaved, order rotated."""
     for fn in fns.values():
         for _ in range(warmup):
@@ -214,7 +233,7 @@ def measure(fns: dict[str, Callable[[int], str]], n: int, runs: int,
     names = list(fns)
     for r in range(runs):
         gc.collect()
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             fn = fns[name]
             t0 = time.perf_counter_ns()
@@ -235,8 +254,10 @@ def _subprocess_ms(cmd: list[str], repeat: int, inner: bool = False) -> float:
 
 def import_ms(repeat: int) -> float:
     """Median time of ``import loopwarden`` in fresh interpreters (the import only)."""
-    code = ("import time; t = time.perf_counter(); import loopwarden; "
-            "print((time.perf_counter() - t) * 1000)")
+    code = (
+        "import time; t = time.perf_counter(); import loopwarden; "
+        "print((time.perf_counter() - t) * 1000)"
+    )
     return _subprocess_ms([sys.executable, "-c", code], repeat, inner=True)
 
 
@@ -249,13 +270,16 @@ def _console_script() -> list[str]:
 def startup_ms(repeat: int) -> dict[str, float]:
     """Median wall times of whole processes: python itself, ``loopwarden --help``, and
     ``import loopwarden`` plus what a first run needs (Deployment)."""
-    deployment = ("import time; t = time.perf_counter(); from loopwarden import Deployment; "
-                  "print((time.perf_counter() - t) * 1000)")
+    deployment = (
+        "import time; t = time.perf_counter(); from loopwarden import Deployment; "
+        "print((time.perf_counter() - t) * 1000)"
+    )
     return {
         "python_startup_ms": _subprocess_ms([sys.executable, "-c", "pass"], repeat),
         "help_ms": _subprocess_ms([*_console_script(), "--help"], repeat),
-        "import_deployment_ms": _subprocess_ms([sys.executable, "-c", deployment], repeat,
-                                               inner=True),
+        "import_deployment_ms": _subprocess_ms(
+            [sys.executable, "-c", deployment], repeat, inner=True
+        ),
     }
 
 
@@ -278,13 +302,20 @@ def profile(fn: Callable[[int], str], n: int, runs: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--quick", action="store_true",
-                    help="3 runs per size, few import timings: a smoke test of the bench")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 runs per size, few import timings: a smoke test of the bench",
+    )
     ap.add_argument("--runs", type=int, default=None, help="runs per size and variant (>= 30)")
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of N")
-    ap.add_argument("--profile", choices=VARIANTS, default=None,
-                    help="instead of timing: run this variant under cProfile (N = the last "
-                    "size) and print the 40 most expensive functions")
+    ap.add_argument(
+        "--profile",
+        choices=VARIANTS,
+        default=None,
+        help="instead of timing: run this variant under cProfile (N = the last "
+        "size) and print the 40 most expensive functions",
+    )
     args = ap.parse_args(argv)
     sizes = args.sizes or [10, 50, 500]
     runs = args.runs or (3 if args.quick else 31)
@@ -294,8 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     default_fn, default_plugins = make_loopwarden(shipped=True)
     ctx_fn, _ = make_loopwarden(shipped=True, cooperative=True)
     empty_fn, empty_plugins = make_loopwarden(shipped=False)
-    fns = {"bare": bare_loop, "pluggy_floor": make_floor(), "empty": empty_fn,
-           "default": default_fn, "default_ctx": ctx_fn}
+    fns = {
+        "bare": bare_loop,
+        "pluggy_floor": make_floor(),
+        "empty": empty_fn,
+        "default": default_fn,
+        "default_ctx": ctx_fn,
+    }
     if args.profile:
         return profile(fns[args.profile], sizes[-1], runs)
     per_step: dict[str, dict[str, float]] = {}
@@ -334,10 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
     print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
     print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
-    print(f"import loopwarden: {result['import_ms']:.1f} ms; "
-          f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "
-          f"loopwarden --help: {result['help_ms']:.1f} ms "
-          f"(python -c pass: {result['python_startup_ms']:.1f} ms)")
+    print(
+        f"import loopwarden: {result['import_ms']:.1f} ms; "
+        f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "
+        f"loopwarden --help: {result['help_ms']:.1f} ms "
+        f"(python -c pass: {result['python_startup_ms']:.1f} ms)"
+    )
     return 0
 
 

@@ -71,7 +71,10 @@ TARGETS = {
     "healthy_stopped": ("healthy scenarios stopped", "<=", 0),
     "wasted_median": ("median steps wasted after onset", "<=", 1),
     "replay_successful_stopped_with_work_left_pct": (
-        "real successful runs stopped with tool work left (%)", "<=", 1.0),
+        "real successful runs stopped with tool work left (%)",
+        "<=",
+        1.0,
+    ),
     "replay_successful_warned_pct": ("real successful runs warned (%)", "<=", 5.0),
     "replay_runaway_runs_stopped_pct": ("real runaway runs stopped (%)", ">=", 90.0),
 }
@@ -119,8 +122,10 @@ def scenario_metrics(pairs: list[Pair]) -> dict[str, Any]:
     run_tot = Totals.of(runaways)
     all_tot = Totals.of(pairs)
     by_kind: dict[str, Any] = {}
-    kinds = [*RUNAWAY_KINDS,
-             *sorted({str(p.scenario.expect.kind) for p in runaways} - set(RUNAWAY_KINDS))]
+    kinds = [
+        *RUNAWAY_KINDS,
+        *sorted({str(p.scenario.expect.kind) for p in runaways} - set(RUNAWAY_KINDS)),
+    ]
     for kind in kinds:
         ps = [p for p in runaways if (p.scenario.expect.kind or "") == kind]
         if not ps:
@@ -132,19 +137,28 @@ def scenario_metrics(pairs: list[Pair]) -> dict[str, Any]:
                 g = str(p.guarded["stopped_by"])
                 guards[g] = guards.get(g, 0) + 1
         by_kind[kind] = {
-            "scenarios": len(ps), "stopped": sum(bool(p.ok) for p in ps),
-            "wasted_median": _median(ws), "wasted_max": max(ws) if ws else None,
+            "scenarios": len(ps),
+            "stopped": sum(bool(p.ok) for p in ps),
+            "wasted_median": _median(ws),
+            "wasted_max": max(ws) if ws else None,
             "stopped_by": dict(sorted(guards.items(), key=lambda kv: (-kv[1], kv[0]))),
         }
     values = list(wasted.values())
     per_scenario = [
-        {"name": p.name, "healthy": p.scenario.expect.healthy, "kind": p.scenario.expect.kind,
-         "onset": p.scenario.expect.onset, "ok": p.ok,
-         "termination": p.guarded["termination"], "stopped_by": p.guarded["stopped_by"],
-         "stop_step": p.guarded.get("stop_step"), "first_warning_step":
-         p.guarded.get("first_warning_step"), "wasted": wasted.get(p.name),
-         "tokens": p.guarded["tokens"]["total"],
-         "unguarded_tokens": p.unguarded["tokens"]["total"]}
+        {
+            "name": p.name,
+            "healthy": p.scenario.expect.healthy,
+            "kind": p.scenario.expect.kind,
+            "onset": p.scenario.expect.onset,
+            "ok": p.ok,
+            "termination": p.guarded["termination"],
+            "stopped_by": p.guarded["stopped_by"],
+            "stop_step": p.guarded.get("stop_step"),
+            "first_warning_step": p.guarded.get("first_warning_step"),
+            "wasted": wasted.get(p.name),
+            "tokens": p.guarded["tokens"]["total"],
+            "unguarded_tokens": p.unguarded["tokens"]["total"],
+        }
         for p in pairs
     ]
     return {
@@ -166,12 +180,18 @@ def scenario_metrics(pairs: list[Pair]) -> dict[str, Any]:
         "by_kind": by_kind,
         "per_scenario": per_scenario,
         "tokens": {
-            "runaways": {"guarded": run_tot.tokens[0], "unguarded": run_tot.tokens[1],
-                         "saved": run_tot.tokens[1] - run_tot.tokens[0],
-                         "ratio": _round(run_tot.token_ratio)},
-            "all": {"guarded": all_tot.tokens[0], "unguarded": all_tot.tokens[1],
-                    "saved": all_tot.tokens[1] - all_tot.tokens[0],
-                    "ratio": _round(all_tot.token_ratio)},
+            "runaways": {
+                "guarded": run_tot.tokens[0],
+                "unguarded": run_tot.tokens[1],
+                "saved": run_tot.tokens[1] - run_tot.tokens[0],
+                "ratio": _round(run_tot.token_ratio),
+            },
+            "all": {
+                "guarded": all_tot.tokens[0],
+                "unguarded": all_tot.tokens[1],
+                "saved": all_tot.tokens[1] - all_tot.tokens[0],
+                "ratio": _round(all_tot.token_ratio),
+            },
         },
     }
 
@@ -183,9 +203,15 @@ def _round(x: float | None) -> float | None:
 # -- replay metrics ------------------------------------------------------------------------
 
 
-def replay_metrics(config: Config, path: Path, *, profile: str | None = None,
-                   tools: Path | None = None, carry: Sequence[str] = (),
-                   system_prompt_tokens: int | None = None) -> dict[str, Any]:
+def replay_metrics(
+    config: Config,
+    path: Path,
+    *,
+    profile: str | None = None,
+    tools: Path | None = None,
+    carry: Sequence[str] = (),
+    system_prompt_tokens: int | None = None,
+) -> dict[str, Any]:
     """``loopwarden replay``'s summary for the trajectories in ``path``."""
     from loopwarden.deployment import Deployment
     from loopwarden.replay import load_tool_flags, replay_config, replay_file, summarize
@@ -193,13 +219,15 @@ def replay_metrics(config: Config, path: Path, *, profile: str | None = None,
     config = replay_config(config)
     if profile:
         config.profile(profile)  # validates the name
-        config = config.model_copy(update={"run": config.run.model_copy(
-            update={"profile": profile})})
+        config = config.model_copy(
+            update={"run": config.run.model_copy(update={"profile": profile})}
+        )
     flags = load_tool_flags(tools) if tools else None
     started = time.perf_counter()
     with Deployment(config) as dep:
-        results, bad = replay_file(dep, path, flags, carry,
-                                   system_prompt_tokens=system_prompt_tokens)
+        results, bad = replay_file(
+            dep, path, flags, carry, system_prompt_tokens=system_prompt_tokens
+        )
     summary = summarize(results)
     summary["profile"] = profile
     summary["system_prompt_tokens"] = system_prompt_tokens
@@ -221,8 +249,9 @@ def check_targets(values: dict[str, Any]) -> list[dict[str, Any]]:
         if value is None:
             continue
         met = value >= bound if op == ">=" else value <= bound
-        out.append({"target": key, "label": label, "value": value, "op": op, "bound": bound,
-                    "met": met})
+        out.append(
+            {"target": key, "label": label, "value": value, "op": op, "bound": bound, "met": met}
+        )
     return out
 
 
@@ -234,8 +263,7 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-def report(sc: dict[str, Any], replay: dict[str, Any] | None,
-           targets: list[dict[str, Any]]) -> str:
+def report(sc: dict[str, Any], replay: dict[str, Any] | None, targets: list[dict[str, Any]]) -> str:
     """The human-readable report."""
     lines = [
         f"loopwarden detection quality: {sc['scenarios']} scenarios "
@@ -256,18 +284,26 @@ def report(sc: dict[str, Any], replay: dict[str, Any] | None,
     lines.append(f"healthy runs warned                   {sc['healthy_warned']}/{sc['healthy']}")
     if sc["healthy_warned_names"]:
         lines.append(f"  warned: {', '.join(sc['healthy_warned_names'])}")
-    lines.append(f"steps wasted after onset              median {_fmt(sc['wasted_median'])}, "
-                 f"max {_fmt(sc['wasted_max'])}")
+    lines.append(
+        f"steps wasted after onset              median {_fmt(sc['wasted_median'])}, "
+        f"max {_fmt(sc['wasted_max'])}"
+    )
     tr, ta = sc["tokens"]["runaways"], sc["tokens"]["all"]
-    lines.append(f"tokens, runaways                      {tr['guarded']:,} guarded vs "
-                 f"{tr['unguarded']:,} unguarded: {_fmt(tr['ratio'])}x, {tr['saved']:,} saved")
-    lines.append(f"tokens, all scenarios                 {ta['guarded']:,} guarded vs "
-                 f"{ta['unguarded']:,} unguarded: {_fmt(ta['ratio'])}x, {ta['saved']:,} saved")
+    lines.append(
+        f"tokens, runaways                      {tr['guarded']:,} guarded vs "
+        f"{tr['unguarded']:,} unguarded: {_fmt(tr['ratio'])}x, {tr['saved']:,} saved"
+    )
+    lines.append(
+        f"tokens, all scenarios                 {ta['guarded']:,} guarded vs "
+        f"{ta['unguarded']:,} unguarded: {_fmt(ta['ratio'])}x, {ta['saved']:,} saved"
+    )
     lines += ["", f"{'form':<14}{'stopped':>9}{'wasted med':>12}{'max':>5}  stopped by"]
     for kind, k in sc["by_kind"].items():
         by = ", ".join(f"{g} {n}" for g, n in k["stopped_by"].items())
-        lines.append(f"{kind:<14}{k['stopped']:>5}/{k['scenarios']:<3}"
-                     f"{_fmt(k['wasted_median']):>12}{_fmt(k['wasted_max']):>5}  {by}")
+        lines.append(
+            f"{kind:<14}{k['stopped']:>5}/{k['scenarios']:<3}"
+            f"{_fmt(k['wasted_median']):>12}{_fmt(k['wasted_max']):>5}  {by}"
+        )
     worst = sorted(sc["wasted_by_scenario"].items(), key=lambda kv: -kv[1])[:5]
     if worst and worst[0][1] > 1:
         lines.append("most steps wasted: " + ", ".join(f"{n} {w}" for n, w in worst if w > 1))
@@ -288,8 +324,11 @@ def report(sc: dict[str, Any], replay: dict[str, Any] | None,
             f"   by: {json.dumps(r['successful_warned_by_plugin'])}",
             f"runaway runs stopped                   {r['runaway_runs_stopped']}"
             f"/{r['runaway_runs']} ({r['runaway_runs_stopped_pct']}%)"
-            + (f"   missed: {', '.join(r['runaway_runs_missed'])}"
-               if r["runaway_runs_missed"] else ""),
+            + (
+                f"   missed: {', '.join(r['runaway_runs_missed'])}"
+                if r["runaway_runs_missed"]
+                else ""
+            ),
             f"step-cap runs stopped                  {r['step_cap_runs_stopped']}"
             f"/{r['step_cap_runs']} ({r['step_cap_runs_stopped_pct']}%)",
             f"runs without an answer stopped         {r['runs_without_answer_stopped']}"
@@ -301,35 +340,75 @@ def report(sc: dict[str, Any], replay: dict[str, Any] | None,
     lines.append("")
     for t in targets:
         status = "met   " if t["met"] else "MISSED"
-        lines.append(f"{status} {t['label']}: {_fmt(t['value'])} (target {t['op']} "
-                     f"{_fmt(t['bound'])})")
+        lines.append(
+            f"{status} {t['label']}: {_fmt(t['value'])} (target {t['op']} {_fmt(t['bound'])})"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/quality.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help="deployment config (default: ./config.toml, else the shipped one)")
-    parser.add_argument("--scenarios", metavar="PATH", action="append", default=[],
-                        help=f"scenario files or directories (default: {CORPUS})")
-    parser.add_argument("--only", metavar="NAME", action="append", default=[],
-                        help="only scenarios whose file name matches (name or glob)")
-    parser.add_argument("trajectories_file", metavar="TRAJECTORIES", type=Path, nargs="?",
-                        default=None,
-                        help="also replay these recorded runs (DESIGN's trajectory JSONL); "
-                        "the same as --trajectories")
-    parser.add_argument("--trajectories", metavar="FILE", type=Path, default=None,
-                        help="also replay these recorded runs (DESIGN's trajectory JSONL)")
-    parser.add_argument("--profile", default=None,
-                        help="the profile for the replayed trajectories (e.g. complex)")
-    parser.add_argument("--tools", metavar="FILE", type=Path, default=None,
-                        help="declared tool natures for the replay (see loopwarden replay)")
-    parser.add_argument("--carry-state", metavar="PLUGINS", default="",
-                        help="experimental, replay only: plugins whose state carries over "
-                        "between the runs of one conversation (see loopwarden replay)")
-    parser.add_argument("--system-prompt-tokens", type=int, default=None, metavar="N",
-                        help="replay only: the system prompt the recordings leave out, in "
-                        "tokens (see loopwarden replay)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="deployment config (default: ./config.toml, else the shipped one)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help=f"scenario files or directories (default: {CORPUS})",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="only scenarios whose file name matches (name or glob)",
+    )
+    parser.add_argument(
+        "trajectories_file",
+        metavar="TRAJECTORIES",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="also replay these recorded runs (DESIGN's trajectory JSONL); "
+        "the same as --trajectories",
+    )
+    parser.add_argument(
+        "--trajectories",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="also replay these recorded runs (DESIGN's trajectory JSONL)",
+    )
+    parser.add_argument(
+        "--profile", default=None, help="the profile for the replayed trajectories (e.g. complex)"
+    )
+    parser.add_argument(
+        "--tools",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="declared tool natures for the replay (see loopwarden replay)",
+    )
+    parser.add_argument(
+        "--carry-state",
+        metavar="PLUGINS",
+        default="",
+        help="experimental, replay only: plugins whose state carries over "
+        "between the runs of one conversation (see loopwarden replay)",
+    )
+    parser.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay only: the system prompt the recordings leave out, in "
+        "tokens (see loopwarden replay)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.trajectories_file is not None:
@@ -349,23 +428,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay = None
         if args.trajectories is not None:
             carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
-            replay = replay_metrics(config, args.trajectories, profile=args.profile,
-                                    tools=args.tools, carry=carry,
-                                    system_prompt_tokens=args.system_prompt_tokens)
+            replay = replay_metrics(
+                config,
+                args.trajectories,
+                profile=args.profile,
+                tools=args.tools,
+                carry=carry,
+                system_prompt_tokens=args.system_prompt_tokens,
+            )
     except LoopwardenError as exc:
         print(f"bench/quality.py: error: {exc}", file=sys.stderr)
         return 2
-    values: dict[str, Any] = {k: sc.get(k) for k in ("recall_pct", "healthy_stopped",
-                                                     "wasted_median")}
+    values: dict[str, Any] = {
+        k: sc.get(k) for k in ("recall_pct", "healthy_stopped", "wasted_median")
+    }
     if replay is not None:
-        for key in ("successful_stopped_with_work_left_pct", "successful_warned_pct",
-                    "runaway_runs_stopped_pct"):
+        for key in (
+            "successful_stopped_with_work_left_pct",
+            "successful_warned_pct",
+            "runaway_runs_stopped_pct",
+        ):
             values[f"replay_{key}"] = replay[key]
     targets = check_targets(values)
     try:
         if args.json:
-            print(json.dumps({"config": config.path, "scenarios": sc, "replay": replay,
-                              "targets": targets}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {"config": config.path, "scenarios": sc, "replay": replay, "targets": targets},
+                    ensure_ascii=False,
+                )
+            )
         else:
             print(report(sc, replay, targets))
     except BrokenPipeError:

@@ -85,15 +85,17 @@ def _config(store: dict[str, Any], shop: str, max_cost: float) -> Any:
     data = load_toml(default_config_path())
     plugins = data["plugins"]
     plugins["enabled"] = [n for n in plugins["enabled"] if n not in OBSERVERS] + ["spend_limits"]
-    plugins["spend_limits"] = {"budgets": [
-        {"scope": "tenant", "window": "day", "max_cost": max_cost}]}
+    plugins["spend_limits"] = {
+        "budgets": [{"scope": "tenant", "window": "day", "max_cost": max_cost}]
+    }
     data["store"] = {**data.get("store", {}), **store}
     data["shop"] = {"db_path": shop}
     return parse_config(data, path="<bench>")
 
 
-def worker(store: dict[str, Any], shop: str, max_cost: float, runs: int,
-           start: float) -> dict[str, Any]:
+def worker(
+    store: dict[str, Any], shop: str, max_cost: float, runs: int, start: float
+) -> dict[str, Any]:
     """One process: ``runs`` refund runs for tenant acme; returns its outcomes and timings."""
     config = _config(store, shop, max_cost)
     dep = Deployment(config, plugins={"spend_limits": TimedSpendLimits})
@@ -135,8 +137,13 @@ def worker(store: dict[str, Any], shop: str, max_cost: float, runs: int,
         ends[term] = ends.get(term, 0) + 1
     dep.close()
     others = [total - own for total, own in zip(guard_time, plugin.samples, strict=False)]
-    return {"ends": ends, "executions": executions[0], "store_s": plugin.samples,
-            "others_s": others, "max_reserved": plugin.max_reserved}
+    return {
+        "ends": ends,
+        "executions": executions[0],
+        "store_s": plugin.samples,
+        "others_s": others,
+        "max_reserved": plugin.max_reserved,
+    }
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -146,8 +153,9 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-def measure(name: str, store: dict[str, Any], workers: int, runs: int,
-            max_cost: float) -> dict[str, Any]:
+def measure(
+    name: str, store: dict[str, Any], workers: int, runs: int, max_cost: float
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"lw-bench-{name}-"))
     try:
         shop = str(tmp / "shop.sqlite3")
@@ -172,21 +180,28 @@ def measure(name: str, store: dict[str, Any], workers: int, runs: int,
         store_us = [s * 1e6 for r in results for s in r["store_s"]]
         other_us = [s * 1e6 for r in results for s in r["others_s"]]
         return {
-            "workers": workers, "runs_per_worker": runs, "budget_cost": max_cost,
-            "spent_cost": float(spent), "spent_tokens": committed[QUANTITIES.index("tokens")],
+            "workers": workers,
+            "runs_per_worker": runs,
+            "budget_cost": max_cost,
+            "spent_cost": float(spent),
+            "spent_tokens": committed[QUANTITIES.index("tokens")],
             "runs_counted": committed[QUANTITIES.index("runs")],
-            "largest_reservation_cost": float(reserved_max), "bound": float(bound),
-            "within_bound": spent <= bound, "overspend_cost": float(max(Decimal(0),
-                                                                         spent - Decimal(
-                                                                             str(max_cost)))),
+            "largest_reservation_cost": float(reserved_max),
+            "bound": float(bound),
+            "within_bound": spent <= bound,
+            "overspend_cost": float(max(Decimal(0), spent - Decimal(str(max_cost)))),
             "runs": dict(sorted(ends.items())),
             "refund_executions": sum(r["executions"] for r in results),
             "refund_rows": len(Shop(shop).refunds()),
             "model_calls": len(store_us),
-            "store_us_per_model_call": {"p50": round(_pct(store_us, 0.5), 1),
-                                        "p99": round(_pct(store_us, 0.99), 1)},
-            "other_guards_us_per_model_call": {"p50": round(_pct(other_us, 0.5), 1),
-                                               "p99": round(_pct(other_us, 0.99), 1)},
+            "store_us_per_model_call": {
+                "p50": round(_pct(store_us, 0.5), 1),
+                "p99": round(_pct(store_us, 0.99), 1),
+            },
+            "other_guards_us_per_model_call": {
+                "p50": round(_pct(other_us, 0.5), 1),
+                "p99": round(_pct(other_us, 0.99), 1),
+            },
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -207,9 +222,23 @@ def _redis(url: str | None) -> tuple[str | None, Any]:
     if binary is None:
         return None, None
     port = _free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", tempfile.gettempdir()],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            tempfile.gettempdir(),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(100):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -224,8 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--runs", type=int, default=25, help="runs per worker")
-    parser.add_argument("--max-cost", type=float, default=0.05,
-                        help="the tenant/day budget in USD")
+    parser.add_argument("--max-cost", type=float, default=0.05, help="the tenant/day budget in USD")
     parser.add_argument("--stores", default="sqlite,redis")
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--quick", action="store_true", help="2 workers x 3 runs (smoke test)")
@@ -235,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         args.workers, args.runs, args.max_cost = 2, 3, 0.01
     out: dict[str, Any] = {
         "bench": "shared_budget",
-        "python": platform.python_version(), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "stores": {},
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "stores": {},
     }
     proc = None
     try:
@@ -250,16 +280,23 @@ def main(argv: list[str] | None = None) -> int:
                     out["stores"][name] = {"skipped": "no redis-server (give --redis-url)"}
                     continue
                 store = {"url": url, "namespace": "lwbench-" + uuid.uuid4().hex[:8]}
-            out["stores"][name] = result = measure(name, store, args.workers, args.runs,
-                                                   args.max_cost)
+            out["stores"][name] = result = measure(
+                name, store, args.workers, args.runs, args.max_cost
+            )
             # the same store, one worker, a budget it never reaches: the store's round trips
             # without 8 processes competing for the CPU (and, for Redis, with its server)
             alone = {**store, "url": store["url"].replace("store.sqlite3", "alone.sqlite3")}
             if "namespace" in store:
                 alone["namespace"] = store["namespace"] + "-alone"
             single = measure(name, alone, 1, args.runs, 1000.0)
-            result["single_worker"] = {k: single[k] for k in (
-                "model_calls", "store_us_per_model_call", "other_guards_us_per_model_call")}
+            result["single_worker"] = {
+                k: single[k]
+                for k in (
+                    "model_calls",
+                    "store_us_per_model_call",
+                    "other_guards_us_per_model_call",
+                )
+            }
             if name == "sqlite":
                 shutil.rmtree(tmp, ignore_errors=True)
     finally:
@@ -273,14 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         if "skipped" in r:
             print(f"{name}: skipped ({r['skipped']})")
             continue
-        print(f"{name}: {r['workers']} workers x {r['runs_per_worker']} runs, budget "
-              f"{r['budget_cost']} USD: spent {r['spent_cost']:.6f} (bound {r['bound']:.6f}, "
-              f"within: {r['within_bound']}); runs {r['runs']}; refund executions "
-              f"{r['refund_executions']}, rows {r['refund_rows']}; store "
-              f"{r['store_us_per_model_call']} us per model call, other guards "
-              f"{r['other_guards_us_per_model_call']} us; one worker alone: store "
-              f"{r['single_worker']['store_us_per_model_call']} us, other guards "
-              f"{r['single_worker']['other_guards_us_per_model_call']} us")
+        print(
+            f"{name}: {r['workers']} workers x {r['runs_per_worker']} runs, budget "
+            f"{r['budget_cost']} USD: spent {r['spent_cost']:.6f} (bound {r['bound']:.6f}, "
+            f"within: {r['within_bound']}); runs {r['runs']}; refund executions "
+            f"{r['refund_executions']}, rows {r['refund_rows']}; store "
+            f"{r['store_us_per_model_call']} us per model call, other guards "
+            f"{r['other_guards_us_per_model_call']} us; one worker alone: store "
+            f"{r['single_worker']['store_us_per_model_call']} us, other guards "
+            f"{r['single_worker']['other_guards_us_per_model_call']} us"
+        )
     return 0
 
 

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from loopwarden.hookspecs import hookimpl, hookspec
     from loopwarden.plugin import NoSettings, Plugin, PluginSettings
     from loopwarden.run import Conversation, Limits, Run, RunOutcome
+    from loopwarden.stash import Stash, StashKey
     from loopwarden.verdicts import Skip, Stop, Verdict, Warn, skip, stop, warn
 
 # Public names -> the private module that defines them.  Imported on first use, so that
@@ -67,13 +68,21 @@ _EXPORTS: dict[str, str] = {
         "events",
     ),
     **dict.fromkeys(
-        ("ConfigError", "LoopwardenError", "ModelError", "PluginLoadError", "ScenarioError",
-         "ToolDefinitionError", "ToolError"),
+        (
+            "ConfigError",
+            "LoopwardenError",
+            "ModelError",
+            "PluginLoadError",
+            "ScenarioError",
+            "ToolDefinitionError",
+            "ToolError",
+        ),
         "exceptions",
     ),
     **dict.fromkeys(("hookimpl", "hookspec"), "hookspecs"),
     **dict.fromkeys(("NoSettings", "Plugin", "PluginSettings"), "plugin"),
     **dict.fromkeys(("Conversation", "Limits", "Run", "RunOutcome"), "run"),
+    **dict.fromkeys(("Stash", "StashKey"), "stash"),
     **dict.fromkeys(("Skip", "Stop", "Verdict", "Warn", "skip", "stop", "warn"), "verdicts"),
 }
 
@@ -99,6 +108,8 @@ __all__ = [
     "RunOutcome",
     "ScenarioError",
     "Skip",
+    "Stash",
+    "StashKey",
     "Stop",
     "SystemClock",
     "ToolCall",

@@ -35,8 +35,13 @@ Ending = Literal["ok", "timeout", "cancelled"]
 CANCEL_GRACE_S = 0.5
 
 
-def call_within(fn: Callable[..., Any], *args: Any, timeout: float | None,
-                cancel: CancelToken | None = None, name: str = "call") -> tuple[Ending, Any]:
+def call_within(
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float | None,
+    cancel: CancelToken | None = None,
+    name: str = "call",
+) -> tuple[Ending, Any]:
     """Run ``fn(*args)`` in a daemon thread; wait at most ``timeout`` seconds, or until
     ``cancel`` is set.  ``("ok", value)``, or ``("timeout" | "cancelled", None)``; an exception
     from ``fn`` is raised here."""
@@ -68,8 +73,9 @@ def call_within(fn: Callable[..., Any], *args: Any, timeout: float | None,
     return "timeout", None
 
 
-async def await_within(aw: Awaitable[Any], timeout: float | None,
-                       cancel: CancelToken | None = None) -> tuple[Ending, Any]:
+async def await_within(
+    aw: Awaitable[Any], timeout: float | None, cancel: CancelToken | None = None
+) -> tuple[Ending, Any]:
     """Await ``aw`` as a task of its own, at most ``timeout`` seconds or until ``cancel``.
 
     ``("ok", value)``, or ``("timeout" | "cancelled", None)`` after the task was cancelled
@@ -140,8 +146,9 @@ class Watchdog:
             heapq.heappush(self._heap, entry)
             self._live += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="loopwarden-watchdog",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="loopwarden-watchdog", daemon=True
+                )
                 self._thread.start()
             elif self._heap[0] is entry:
                 self._cond.notify()
@@ -175,8 +182,9 @@ class Watchdog:
                         self._live -= 1
                         break
                     self._cond.wait(left)
-            threading.Thread(target=_fire, args=(fire,), name="loopwarden-watchdog-fire",
-                             daemon=True).start()
+            threading.Thread(
+                target=_fire, args=(fire,), name="loopwarden-watchdog-fire", daemon=True
+            ).start()
 
 
 def _fire(fire: Callable[[], None]) -> None:

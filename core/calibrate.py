@@ -106,8 +106,11 @@ class Stats:
         """The part of these stats that belongs to ``group`` (all of it for None)."""
         if group is None:
             return self
-        return Stats(self.kind, [t for t in self.turns if t.group == group],
-                     [c for c in self.conversations if c.group == group])
+        return Stats(
+            self.kind,
+            [t for t in self.turns if t.group == group],
+            [c for c in self.conversations if c.group == group],
+        )
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -151,15 +154,26 @@ def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, 
             else:
                 billed += p + c
         batches = [len(_calls(s)) for s in seg]
-        turns.append(Turn(group, len(seg), sum(batches), max(batches, default=0), prompts,
-                          billed if complete and seg else None))
+        turns.append(
+            Turn(
+                group,
+                len(seg),
+                sum(batches),
+                max(batches, default=0),
+                prompts,
+                billed if complete and seg else None,
+            )
+        )
     meta = obj.get("meta")
     seconds = meta.get("duration_s") if isinstance(meta, dict) else None
     tokens = [t.tokens for t in turns]
     prompts = [p for t in turns for p in t.prompts]
     conv = Conversation(
-        group, str(obj.get("source") or group), len(turns),
-        sum(t.model_calls for t in turns), sum(t.tool_calls for t in turns),
+        group,
+        str(obj.get("source") or group),
+        len(turns),
+        sum(t.model_calls for t in turns),
+        sum(t.tool_calls for t in turns),
         sum(x for x in tokens if x is not None) if tokens and None not in tokens else None,
         max(prompts) if prompts else None,
         float(seconds) if isinstance(seconds, (int, float)) else None,
@@ -177,14 +191,26 @@ def _record(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list
     total = _int(tokens.get("total")) if isinstance(tokens, dict) else None
     steps, calls = _int(obj.get("steps")) or 0, _int(obj.get("tool_calls")) or 0
     detail = obj.get("steps_detail")
-    prompts = [n for d in detail if isinstance(d, dict)
-               and (n := _int(d.get("context_tokens")))] if isinstance(detail, list) else []
+    prompts = (
+        [n for d in detail if isinstance(d, dict) and (n := _int(d.get("context_tokens")))]
+        if isinstance(detail, list)
+        else []
+    )
     turn = Turn(group, steps, calls, 0, prompts, total)
     elapsed = obj.get("elapsed_s")
-    conv = Conversation(group, str(obj.get("scenario") or group), 1, steps, calls, total,
-                        max(prompts) if prompts else None,
-                        float(elapsed) if isinstance(elapsed, (int, float)) else None,
-                        steps, calls, total)
+    conv = Conversation(
+        group,
+        str(obj.get("scenario") or group),
+        1,
+        steps,
+        calls,
+        total,
+        max(prompts) if prompts else None,
+        float(elapsed) if isinstance(elapsed, (int, float)) else None,
+        steps,
+        calls,
+        total,
+    )
     return conv, [turn]
 
 
@@ -194,8 +220,10 @@ def _is_record(obj: Mapping[str, Any]) -> bool:
 
 def _successful(obj: Mapping[str, Any]) -> bool:
     if _is_record(obj):
-        return (obj.get("termination") in SUCCESS_TERMINATIONS
-                and obj.get("final_answer_present") is not False)
+        return (
+            obj.get("termination") in SUCCESS_TERMINATIONS
+            and obj.get("final_answer_present") is not False
+        )
     return obj.get("success") is True
 
 
@@ -226,8 +254,7 @@ def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
             if not isinstance(obj, dict):
                 stats.unreadable += 1
                 continue
-            kind = ("records" if _is_record(obj)
-                    else "trajectories" if _well_formed(obj) else None)
+            kind = "records" if _is_record(obj) else "trajectories" if _well_formed(obj) else None
             if kind is None or (stats.kind and kind != stats.kind):
                 stats.unreadable += 1
                 continue
@@ -239,8 +266,11 @@ def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
             stats.conversations.append(conv)
             stats.turns.extend(turns)
     if not stats.kind:
-        raise ConfigError("no readable trajectory or run record", path=p,
-                          expected="JSONL: DESIGN's trajectories or run records")
+        raise ConfigError(
+            "no readable trajectory or run record",
+            path=p,
+            expected="JSONL: DESIGN's trajectories or run records",
+        )
     return stats
 
 
@@ -258,8 +288,13 @@ def percentile(values: Sequence[float], p: float) -> float | None:
 
 def distribution(values: Sequence[float]) -> dict[str, float | None]:
     """n, p50, p90, p99 and max."""
-    return {"n": len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
-            "p99": percentile(values, 99), "max": max(values) if values else None}
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else None,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,35 +319,48 @@ METRICS: dict[str, Metric] = {
     "turn_model_calls": Metric("model calls per user turn", _turns(lambda t: t.model_calls)),
     "turn_tool_calls": Metric("tool calls per user turn", _turns(lambda t: t.tool_calls)),
     "turn_max_batch": Metric("largest parallel batch per turn", _turns(lambda t: t.max_batch)),
-    "busiest_turn_model_calls": Metric("most model calls in one turn, per conversation",
-                                       _convs(lambda c: c.turn_model_calls)),
-    "busiest_turn_tool_calls": Metric("most tool calls in one turn, per conversation",
-                                      _convs(lambda c: c.turn_tool_calls)),
-    "busiest_turn_tokens": Metric("most billed tokens in one turn, per conversation (recorded)",
-                                  _convs(lambda c: c.turn_tokens), tokens=True),
-    "first_prompt_tokens": Metric("first request per conversation (recorded)",
-                                  _convs(lambda c: c.first_prompt), tokens=True),
+    "busiest_turn_model_calls": Metric(
+        "most model calls in one turn, per conversation", _convs(lambda c: c.turn_model_calls)
+    ),
+    "busiest_turn_tool_calls": Metric(
+        "most tool calls in one turn, per conversation", _convs(lambda c: c.turn_tool_calls)
+    ),
+    "busiest_turn_tokens": Metric(
+        "most billed tokens in one turn, per conversation (recorded)",
+        _convs(lambda c: c.turn_tokens),
+        tokens=True,
+    ),
+    "first_prompt_tokens": Metric(
+        "first request per conversation (recorded)", _convs(lambda c: c.first_prompt), tokens=True
+    ),
     "request_prompt_tokens": Metric(
         "prompt tokens per request (recorded)",
-        lambda s: [float(p) for t in s.turns for p in t.prompts], tokens=True),
-    "turn_tokens": Metric("billed tokens per user turn (recorded)",
-                          _turns(lambda t: t.tokens), tokens=True),
-    "conversation_max_prompt": Metric("largest request per conversation (recorded)",
-                                      _convs(lambda c: c.max_prompt), tokens=True),
-    "conversation_tokens": Metric("billed tokens per conversation (recorded)",
-                                  _convs(lambda c: c.tokens), tokens=True),
+        lambda s: [float(p) for t in s.turns for p in t.prompts],
+        tokens=True,
+    ),
+    "turn_tokens": Metric(
+        "billed tokens per user turn (recorded)", _turns(lambda t: t.tokens), tokens=True
+    ),
+    "conversation_max_prompt": Metric(
+        "largest request per conversation (recorded)", _convs(lambda c: c.max_prompt), tokens=True
+    ),
+    "conversation_tokens": Metric(
+        "billed tokens per conversation (recorded)", _convs(lambda c: c.tokens), tokens=True
+    ),
     "conversation_turns": Metric("user turns per conversation", _convs(lambda c: c.turns)),
-    "conversation_model_calls": Metric("model calls per conversation",
-                                       _convs(lambda c: c.model_calls)),
-    "conversation_tool_calls": Metric("tool calls per conversation",
-                                      _convs(lambda c: c.tool_calls)),
-    "conversation_seconds": Metric("wall time per conversation, s",
-                                   _convs(lambda c: c.seconds)),
+    "conversation_model_calls": Metric(
+        "model calls per conversation", _convs(lambda c: c.model_calls)
+    ),
+    "conversation_tool_calls": Metric(
+        "tool calls per conversation", _convs(lambda c: c.tool_calls)
+    ),
+    "conversation_seconds": Metric("wall time per conversation, s", _convs(lambda c: c.seconds)),
 }
 
 
-def propose(values: Sequence[float], *, tokens: bool = False, margin: float = MARGIN,
-            plus: int = 0) -> int | None:
+def propose(
+    values: Sequence[float], *, tokens: bool = False, margin: float = MARGIN, plus: int = 0
+) -> int | None:
     """p99 x ``margin`` (+ ``plus``), rounded up -- token counts to a whole thousand."""
     p99 = percentile(values, PERCENTILE)
     if p99 is None:
@@ -342,8 +390,11 @@ LIMITS: tuple[Limit, ...] = (
     Limit("plugins.max_steps.max_steps", "busiest_turn_model_calls"),
     Limit("plugins.tool_calls.max_tool_calls", "busiest_turn_tool_calls"),
     Limit("plugins.token_budget.max_total_tokens", "busiest_turn_tokens"),
-    Limit("plugins.token_budget.max_context", "conversation_max_prompt",
-          plus_key="plugins.token_budget.reserve_output_tokens"),
+    Limit(
+        "plugins.token_budget.max_context",
+        "conversation_max_prompt",
+        plus_key="plugins.token_budget.reserve_output_tokens",
+    ),
     Limit("plugins.conversation_limits.max_turns", "conversation_turns"),
     Limit("plugins.conversation_limits.max_model_calls", "conversation_model_calls"),
     Limit("plugins.conversation_limits.max_tool_calls", "conversation_tool_calls"),
@@ -396,8 +447,9 @@ def known_key(key: str, *, profile: bool = False) -> bool:
     return True
 
 
-def propose_all(stats: Stats, base: Mapping[str, Any], *,
-                margin: float = MARGIN) -> list[tuple[Limit, int]]:
+def propose_all(
+    stats: Stats, base: Mapping[str, Any], *, margin: float = MARGIN
+) -> list[tuple[Limit, int]]:
     """The proposed value of every plugin-level limit that has data (``base``: the raw
     config it goes into, for ``plus_key``)."""
     out = []
@@ -432,8 +484,13 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(x)}"
-                                for k, x in v.items() if x is not None) + " }"
+        return (
+            "{ "
+            + ", ".join(
+                f"{_toml_key(str(k))} = {_toml_value(x)}" for k, x in v.items() if x is not None
+            )
+            + " }"
+        )
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
 
 
@@ -447,8 +504,9 @@ def dump_toml(data: Mapping[str, Any], comments: Mapping[str, list[str]] | None 
 
     def table(prefix: str, node: Mapping[str, Any]) -> None:
         seen.add(prefix)
-        subs = {k: v for k, v in node.items()
-                if isinstance(v, Mapping) and (v or not prefix)}  # [shop] even when empty
+        subs = {
+            k: v for k, v in node.items() if isinstance(v, Mapping) and (v or not prefix)
+        }  # [shop] even when empty
         plain = {k: v for k, v in node.items() if k not in subs and v is not None}
         if prefix and (plain or not subs or prefix in notes):
             lines.append(f"[{prefix}]")
@@ -474,9 +532,14 @@ def _set(data: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-def calibrated_config(stats: Stats, base: Mapping[str, Any], *, margin: float = MARGIN,
-                      min_runs: int = MIN_RUNS,
-                      header: Iterable[str] = ()) -> tuple[dict[str, Any], str]:
+def calibrated_config(
+    stats: Stats,
+    base: Mapping[str, Any],
+    *,
+    margin: float = MARGIN,
+    min_runs: int = MIN_RUNS,
+    header: Iterable[str] = (),
+) -> tuple[dict[str, Any], str]:
     """The base config's data with the proposed limits, and its TOML text.
 
     Plugin-level limits come from all healthy runs; a ``[profiles.<group>]`` is proposed for
@@ -498,17 +561,23 @@ def calibrated_config(stats: Stats, base: Mapping[str, Any], *, margin: float = 
         else:
             table, _, name = lim.key.rpartition(".")
             pending.setdefault(table, []).append(
-                f"{name} = {value}   # {why}; not a setting of this version")
+                f"{name} = {value}   # {why}; not a setting of this version"
+            )
     profile_limits = [lim for lim in LIMITS if lim.profile and known_key(lim.key, profile=True)]
     for group in stats.groups():
         part = stats.only(group)
         if len(part.conversations) < min_runs:
-            lines.append(f"no profile for {group!r}: {len(part.conversations)} successful "
-                         f"conversation(s), fewer than {min_runs}")
+            lines.append(
+                f"no profile for {group!r}: {len(part.conversations)} successful "
+                f"conversation(s), fewer than {min_runs}"
+            )
             continue
-        prof: dict[str, Any] = {"description": (
-            f"calibrated on {len(part.conversations)} successful {group} conversations "
-            f"({len(part.turns)} turns)")}
+        prof: dict[str, Any] = {
+            "description": (
+                f"calibrated on {len(part.conversations)} successful {group} conversations "
+                f"({len(part.turns)} turns)"
+            )
+        }
         for lim in profile_limits:
             metric = METRICS[lim.metric]
             proposed = propose(metric.values(part), tokens=metric.tokens, margin=margin)

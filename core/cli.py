@@ -22,14 +22,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("loopwarden.commands.run", "run one agent loop: a question, or --scenario FILE"),
     "demo": ("loopwarden.commands.demo", "play every built-in scenario guarded and unguarded"),
     "replay": ("loopwarden.commands.replay", "feed recorded real runs through the guards"),
-    "calibrate": ("loopwarden.commands.calibrate",
-                  "propose limits from the successful runs of a recorded file, as a config"),
+    "calibrate": (
+        "loopwarden.commands.calibrate",
+        "propose limits from the successful runs of a recorded file, as a config",
+    ),
     "report": ("loopwarden.commands.report", "summarise a run-record JSONL file with advice"),
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
     "config": ("loopwarden.commands.config", "check a config file, or print its JSON Schema"),
     "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
-    "budgets": ("loopwarden.commands.budgets",
-                "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`"),
+    "budgets": (
+        "loopwarden.commands.budgets",
+        "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`",
+    ),
 }
 
 
@@ -87,10 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = argparse.ArgumentParser(prog=f"loopwarden {name}", description=COMMANDS[name][1])
     module.add_arguments(sub)
     sub.add_argument(
-        "--log-level", default="error", type=str.lower,
+        "--log-level",
+        default="error",
+        type=str.lower,
         choices=["debug", "info", "warning", "error", "off"],
         help="log records shown on stderr (the logging and alerting plugins log every guard "
-             "verdict at warning; default: error)",
+        "verdict at warning; default: error)",
     )
     ns = sub.parse_args(args[1:])
     _setup_logging(ns.log_level)
@@ -108,8 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a path given on the command line that cannot be read or written
-        print(f"loopwarden {name}: error: {exc.strerror or exc}"
-              + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
+        print(
+            f"loopwarden {name}: error: {exc.strerror or exc}"
+            + (f": {exc.filename}" if exc.filename else ""),
+            file=sys.stderr,
+        )
         return 2
 
 

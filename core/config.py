@@ -82,7 +82,6 @@ class ModelConfig(_Strict):
     context_window: PositiveInt | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
-
     def window(self) -> tuple[int, str]:
         """The context window (tokens) and where it came from (see
         :func:`loopwarden.models.windows.context_window`)."""
@@ -104,9 +103,7 @@ class Texts(_Strict):
         "ERROR: the arguments for {name} are not a valid JSON object ({detail}); nothing was "
         "executed. Call it again with arguments that match its schema."
     )
-    invalid_arguments: str = (
-        "ERROR: invalid arguments for {name}: {detail}; nothing was executed."
-    )
+    invalid_arguments: str = "ERROR: invalid arguments for {name}: {detail}; nothing was executed."
     tool_timeout: str = (
         "ERROR: TIMEOUT: {name} did not finish within {seconds:.1f}s; its result was discarded."
     )
@@ -148,9 +145,19 @@ class Texts(_Strict):
     def _check_templates(self) -> Texts:
         from loopwarden.plugin import check_templates
 
-        check_templates(self, type(self).model_fields, dict(
-            name="t", available="a, b", detail="d", seconds=1.0, reason="r", content="c",
-            observation="o"))
+        check_templates(
+            self,
+            type(self).model_fields,
+            dict(
+                name="t",
+                available="a, b",
+                detail="d",
+                seconds=1.0,
+                reason="r",
+                content="c",
+                observation="o",
+            ),
+        )
         return self
 
 
@@ -206,9 +213,11 @@ class ToolNature(_Strict):
     side_effect: bool | None = None
     terminal: bool | None = None
     retryable: bool | None = Field(
-        default=None, description="every error of this tool may succeed when tried again")
+        default=None, description="every error of this tool may succeed when tried again"
+    )
     idempotency_keys: list[str] | None = Field(
-        default=None, description="the arguments that identify one side effect (default: all)")
+        default=None, description="the arguments that identify one side effect (default: all)"
+    )
 
 
 class StoreConfig(_Strict):
@@ -219,9 +228,11 @@ class StoreConfig(_Strict):
         description='"sqlite:///PATH" or "redis://HOST:PORT/DB" (default: store.sqlite3 in '
         "the data directory, LOOPWARDEN_DATA_DIR)",
     )
-    namespace: str = Field(default="loopwarden", min_length=1,
-                           description="prefix of every Redis key (several deployments, one "
-                           "server)")
+    namespace: str = Field(
+        default="loopwarden",
+        min_length=1,
+        description="prefix of every Redis key (several deployments, one server)",
+    )
     timeout_s: PositiveFloat = Field(default=5.0, description="connect / read timeout")
     on_store_error: Literal["fail_closed", "fail_open"] = Field(
         default="fail_closed",
@@ -230,19 +241,28 @@ class StoreConfig(_Strict):
         "in the run record either way",
     )
     reservation_ttl_s: PositiveFloat = Field(
-        default=300.0, description="a reservation not settled within this long (its process "
-        "died) stops counting")
-    ledger: bool = Field(default=True, description="keep the side-effect ledger in the store: "
-                         "an idempotency key runs once across runs, processes and hosts")
-    ledger_ttl_s: PositiveFloat = Field(default=7 * 86400.0,
-                                        description="how long an executed key is remembered")
+        default=300.0,
+        description="a reservation not settled within this long (its process died) stops counting",
+    )
+    ledger: bool = Field(
+        default=True,
+        description="keep the side-effect ledger in the store: "
+        "an idempotency key runs once across runs, processes and hosts",
+    )
+    ledger_ttl_s: PositiveFloat = Field(
+        default=7 * 86400.0, description="how long an executed key is remembered"
+    )
     ledger_lease_s: PositiveFloat = Field(
-        default=600.0, description='a claim older than this without an outcome is reported as '
-        '"may have taken effect" instead of "in progress"')
+        default=600.0,
+        description="a claim older than this without an outcome is reported as "
+        '"may have taken effect" instead of "in progress"',
+    )
     ledger_scope: list[str] = Field(
-        default_factory=list, description="meta keys whose values prefix ledger keys (e.g. "
+        default_factory=list,
+        description="meta keys whose values prefix ledger keys (e.g. "
         '["tenant"]: side effects of one tenant never answer those of another); default: '
-        "one ledger for the deployment")
+        "one ledger for the deployment",
+    )
 
 
 class PluginsConfig(BaseModel):
@@ -255,14 +275,22 @@ class PluginsConfig(BaseModel):
 
     def tables(self) -> dict[str, dict[str, Any]]:
         """Each plugin's settings table, without the ``shadow`` switch every table may carry."""
-        return {name: ({k: v for k, v in table.items() if k != "shadow"}
-                       if isinstance(table, dict) else table)
-                for name, table in (self.model_extra or {}).items()}
+        return {
+            name: (
+                {k: v for k, v in table.items() if k != "shadow"}
+                if isinstance(table, dict)
+                else table
+            )
+            for name, table in (self.model_extra or {}).items()
+        }
 
     def shadowed(self) -> list[str]:
         """The plugins whose table says ``shadow = true``."""
-        return [name for name, table in (self.model_extra or {}).items()
-                if isinstance(table, dict) and table.get("shadow") is True]
+        return [
+            name
+            for name, table in (self.model_extra or {}).items()
+            if isinstance(table, dict) and table.get("shadow") is True
+        ]
 
 
 class Config(_Strict):
@@ -273,7 +301,6 @@ class Config(_Strict):
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     shop: ShopConfig = Field(default_factory=ShopConfig)
     tools: dict[str, ToolNature] = Field(default_factory=dict)
-
 
     store: StoreConfig = Field(default_factory=StoreConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
@@ -290,11 +317,11 @@ class Config(_Strict):
             return self.profiles[name]
         except KeyError:
             known = ", ".join(sorted(self.profiles)) or "none defined"
-            where = (dict(key="profile") if asked
-                     else dict(path=self.path, key="run.profile"))
+            where = dict(key="profile") if asked else dict(path=self.path, key="run.profile")
             raise ConfigError(
                 f"unknown profile {name!r} (profiles come from {self.path or 'the config'})",
-                expected=f"one of: {known}", **where,
+                expected=f"one of: {known}",
+                **where,
             ) from None
 
 
@@ -341,13 +368,16 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
     for name, table in cfg.plugins.tables().items():
         if not isinstance(table, dict):
             raise ConfigError(
-                f"must be a table, got {table!r}", path=path, key=f"plugins.{name}",
+                f"must be a table, got {table!r}",
+                path=path,
+                key=f"plugins.{name}",
                 expected=f"[plugins.{name}] with the plugin's settings",
             )
     for name, table in (cfg.plugins.model_extra or {}).items():
         if isinstance(table, dict) and not isinstance(table.get("shadow", False), bool):
             raise ConfigError(
-                f"must be true or false, got {table['shadow']!r}", path=path,
+                f"must be true or false, got {table['shadow']!r}",
+                path=path,
                 key=f"plugins.{name}.shadow",
             )
     for name in cfg.plugins.enabled:
@@ -355,7 +385,9 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
             raise ConfigError("empty plugin name", path=path, key="plugins.enabled")
     if cfg.run.profile is not None and cfg.run.profile not in cfg.profiles:
         raise ConfigError(
-            f"unknown profile {cfg.run.profile!r}", path=path, key="run.profile",
+            f"unknown profile {cfg.run.profile!r}",
+            path=path,
+            key="run.profile",
             expected="a name defined under [profiles]",
         )
     return cfg.model_copy(update={"path": path})
@@ -376,7 +408,9 @@ def load_toml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
         raise ConfigError(
             f"not UTF-8 text ({_encoding_hint(path)}byte {exc.start} cannot be decoded)",
-            path=path, expected="a TOML file saved as UTF-8") from None
+            path=path,
+            expected="a TOML file saved as UTF-8",
+        ) from None
     except RecursionError:
         raise ConfigError("values nested too deeply to read", path=path) from None
     except OSError as exc:

@@ -35,6 +35,7 @@ from loopwarden.config import Config, ProfileConfig
 from loopwarden.deployment import Deployment
 from loopwarden.exceptions import ConfigError, ScenarioError
 from loopwarden.loop import drive
+from loopwarden.offline import observer_names, without_observers
 from loopwarden.run import Run
 from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.store import Shared
@@ -70,9 +71,7 @@ NATURAL_ENDS = ("final_answer",)
 # -- selecting scenarios -------------------------------------------------------------------
 
 
-def find_scenarios(
-    sources: Sequence[str | Path] = (), only: Sequence[str] = ()
-) -> list[Path]:
+def find_scenarios(sources: Sequence[str | Path] = (), only: Sequence[str] = ()) -> list[Path]:
     """The scenario files to play: ``sources`` (files or directories of ``*.toml``; default
     the built-in scenarios), kept when their file stem matches one of the ``only`` patterns
     (exact names or shell globs; default: all)."""
@@ -92,33 +91,6 @@ def find_scenarios(
     return paths
 
 
-# -- observers -----------------------------------------------------------------------------
-
-
-def observer_names(config: Config) -> list[str]:
-    """The plugins ``config`` loads that implement no hook: pure observers (logging,
-    metrics, alerting, run records), which subscribe to signals and can never change a run."""
-    from loopwarden.pluginmanager import load_plugins
-
-    return [lp.name for lp in load_plugins(config) if not lp.hooks]
-
-
-def without_observers(config: Config) -> tuple[Config, list[str]]:
-    """``config`` with its pure observers blocked, and their names.
-
-    Offline runs -- the demo, the benchmark, replays of recorded runs -- are judged by their
-    verdicts, which observers cannot change; leaving them out keeps alert webhooks from
-    firing and logs from filling the terminal for runs that never served a user.
-    """
-    names = observer_names(config)
-    if not names:
-        return config, []
-    data = config.plugins.model_dump()
-    data["blocked"] = [*config.plugins.blocked, *[n for n in names
-                                                  if n not in config.plugins.blocked]]
-    return config.model_copy(update={"plugins": config.plugins.model_validate(data)}), names
-
-
 # -- the unguarded deployment --------------------------------------------------------------
 
 
@@ -129,11 +101,15 @@ def unguarded_config(config: Config, cap: int = UNGUARDED_CAP) -> Config:
     their limits, so the cap is the only thing that ends a runaway.
     """
     plugins = config.plugins.model_validate(
-        {"enabled": ["max_steps"], "blocked": [],
-         "max_steps": {"max_steps": cap, "warn_remaining": 0}}
+        {
+            "enabled": ["max_steps"],
+            "blocked": [],
+            "max_steps": {"max_steps": cap, "warn_remaining": 0},
+        }
     )
-    profiles = {name: ProfileConfig(description=p.description)
-                for name, p in config.profiles.items()}
+    profiles = {
+        name: ProfileConfig(description=p.description) for name, p in config.profiles.items()
+    }
     return config.model_copy(update={"plugins": plugins, "profiles": profiles})
 
 
@@ -180,8 +156,11 @@ def stop_step(run: Run) -> tuple[int | None, str | None]:
     if o is None or o.stopped_by is None:
         return None, None
     for entry in run.verdicts:
-        if (entry["kind"] == "stop" and entry["plugin"] == o.stopped_by
-                and entry.get("reason") == o.termination):
+        if (
+            entry["kind"] == "stop"
+            and entry["plugin"] == o.stopped_by
+            and entry.get("reason") == o.termination
+        ):
             hook = str(entry["hook"])
             step = int(entry["step"]) + (1 if hook in ("before_model", "on_start") else 0)
             return step, hook
@@ -265,14 +244,23 @@ class Totals:
     def as_dict(self) -> dict[str, Any]:
         def side(i: int) -> dict[str, Any]:
             c = self.cost[i]
-            return {"steps": self.steps[i], "tool_calls": self.tool_calls[i],
-                    "tokens": self.tokens[i], "cost": None if c is None else float(c),
-                    "final_answers": self.answers[i], "refund_rows": self.refund_rows[i]}
+            return {
+                "steps": self.steps[i],
+                "tool_calls": self.tool_calls[i],
+                "tokens": self.tokens[i],
+                "cost": None if c is None else float(c),
+                "final_answers": self.answers[i],
+                "refund_rows": self.refund_rows[i],
+            }
 
         ratio = self.token_ratio
-        return {"scenarios": self.runs, "guarded": side(0), "unguarded": side(1),
-                "tokens_saved": self.tokens[1] - self.tokens[0],
-                "token_ratio": None if ratio is None else round(ratio, 2)}
+        return {
+            "scenarios": self.runs,
+            "guarded": side(0),
+            "unguarded": side(1),
+            "tokens_saved": self.tokens[1] - self.tokens[0],
+            "token_ratio": None if ratio is None else round(ratio, 2),
+        }
 
 
 Progress = Callable[[str, Scenario, bool, "dict[str, Any] | None"], None]
@@ -304,8 +292,9 @@ def _db_dir(keep: str | Path | None) -> Iterator[Path]:
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create the directory: {exc.strerror or exc}",
-                              path=d, key="--db-dir") from None
+            raise ConfigError(
+                f"cannot create the directory: {exc.strerror or exc}", path=d, key="--db-dir"
+            ) from None
         if not os.access(d, os.W_OK | os.X_OK):
             raise ConfigError("cannot write in this directory", path=d, key="--db-dir")
         yield d
@@ -329,8 +318,14 @@ class _TickingNow:
         return now
 
 
-def play(deployment: Deployment, scenario: Scenario, db: Path, *,
-         pricer: Pricer | None = None, guarded: bool = True) -> tuple[Run, dict[str, Any]]:
+def play(
+    deployment: Deployment,
+    scenario: Scenario,
+    db: Path,
+    *,
+    pricer: Pricer | None = None,
+    guarded: bool = True,
+) -> tuple[Run, dict[str, Any]]:
     """Play one scenario on a fresh shop at ``db``; returns the run and its extended record.
 
     Extensions to the run record: ``guarded``, ``refund_rows`` (rows in this run's shop),
@@ -356,8 +351,7 @@ def play(deployment: Deployment, scenario: Scenario, db: Path, *,
     rec["stop_step"] = step
     rec["stop_hook"] = hook
     rec["first_warning_step"] = rec["warnings"][0]["step"] if rec["warnings"] else None
-    priced = pricer.cost(run.model_name, run.usage.prompt, run.usage.completion) if pricer \
-        else None
+    priced = pricer.cost(run.model_name, run.usage.prompt, run.usage.completion) if pricer else None
     rec["priced_cost"] = None if priced is None else float(priced)
     if not guarded and priced is not None and pricer is not None:
         # no cost plugin ran: report the same prices the guarded side pays
@@ -387,9 +381,11 @@ def play_all(
     if not observers:
         config, _ = without_observers(config)
     pairs: list[Pair] = []
-    with Deployment(config) as guarded_dep, \
-            unguarded_deployment(config, cap) as unguarded_dep, \
-            _db_dir(db_dir) as dbs:
+    with (
+        Deployment(config) as guarded_dep,
+        unguarded_deployment(config, cap) as unguarded_dep,
+        _db_dir(db_dir) as dbs,
+    ):
         pricer = Pricer(guarded_dep)
         for i, sc in enumerate(scenarios):
             recs: list[dict[str, Any]] = []

@@ -103,13 +103,15 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
                 for k in ("read_only", "deterministic", "side_effect", "terminal")
                 if getattr(script, k) is not None
             }
-            tool = dataclasses.replace(real, func=func, context_param="_ctx", is_async=False,
-                                       **flags)
+            tool = dataclasses.replace(
+                real, func=func, context_param="_ctx", is_async=False, **flags
+            )
         else:
             if plays_real:
                 raise ConfigError(
                     "a tool the shop does not have needs results or error",
-                    path=scenario.path, key=f"tools.{name}",
+                    path=scenario.path,
+                    key=f"tools.{name}",
                 )
             tool = Tool(
                 name=name,
@@ -169,17 +171,17 @@ class Deployment:
         # an unclosed deployment's receivers go when it does (a signal that is rarely sent
         # would otherwise keep one dead receiver per deployment connected for ever)
         weakref.finalize(self, _disconnect_all, self._receivers)
-        for lp in self.plugins:
-            connect = getattr(lp.obj, "connect", None)
-            if callable(connect):
-                try:
-                    connect(self)
-                except Exception as exc:  # a plugin that cannot start: a clear start-up error
-                    with contextlib.suppress(Exception):
-                        self.close()
-                    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                    raise PluginLoadError(f"connect() failed: {text}", plugin=lp.name,
-                                          path=self.config.path) from exc
+        try:
+            self.hooks.configure(self)
+        except Exception as exc:  # a plugin that cannot start: a clear start-up error
+            with contextlib.suppress(Exception):
+                self.close()
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise PluginLoadError(
+                f"on_configure (connect) failed: {text}",
+                plugin=self.hooks.blame(exc),
+                path=self.config.path,
+            ) from exc
 
     def _shadowed(self) -> list[str]:
         """The plugins in shadow mode: every one but the essential ones and normal endings
@@ -187,14 +189,20 @@ class Deployment:
         essential = {lp.name for lp in self.plugins if getattr(lp.obj, "essential", False)}
         cfg = self.config
         if cfg.run.mode == "shadow":
-            return [lp.name for lp in self.plugins
-                    if lp.name not in essential and lp.name not in _NOT_SHADOWED]
+            return [
+                lp.name
+                for lp in self.plugins
+                if lp.name not in essential and lp.name not in _NOT_SHADOWED
+            ]
         named = cfg.plugins.shadowed()
         bad = sorted(essential.intersection(named))
         if bad:
             raise ConfigError(
                 f"{bad[0]} is essential: it cannot run in shadow mode (a shadowed run must "
-                "still end)", path=cfg.path, key=f"plugins.{bad[0]}.shadow")
+                "still end)",
+                path=cfg.path,
+                key=f"plugins.{bad[0]}.shadow",
+            )
         return named
 
     @classmethod
@@ -224,22 +232,23 @@ class Deployment:
         return self._model
 
     def check_model(self, name: str) -> None:
-        """Let plugins refuse a model before any run (``check_model(name, path=...)``).
+        """Let plugins refuse a model before any run (the ``validate_model`` hook).
 
         The cost budget raises :class:`ConfigError` for a model it has no price for.
         """
-        for lp in self.plugins:
-            check = getattr(lp.obj, "check_model", None)
-            if callable(check):
-                check(name, path=self.config.path)
+        self.hooks.validate_model(name, self.config.path)
 
     def limits(self, profile: str | None = None) -> Limits:
         p = self.config.profile(profile)
         if p is None:
             return Limits()
-        return Limits(name=profile or self.config.run.profile, max_steps=p.max_steps,
-                      max_tokens=p.max_tokens, max_seconds=p.max_seconds,
-                      max_context=p.max_context)
+        return Limits(
+            name=profile or self.config.run.profile,
+            max_steps=p.max_steps,
+            max_tokens=p.max_tokens,
+            max_seconds=p.max_seconds,
+            max_context=p.max_context,
+        )
 
     def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
         """Subscribe ``receiver`` to ``signal`` for this deployment's runs only.
@@ -277,10 +286,7 @@ class Deployment:
         """Disconnect signal receivers and close plugins (files, threads)."""
         _disconnect_all(self._receivers)
         self._local_receivers.clear()
-        for lp in self.plugins:
-            close = getattr(lp.obj, "close", None)
-            if callable(close):
-                close()
+        self.hooks.unconfigure(self)
         self.shared.close()
 
     def __enter__(self) -> Deployment:
@@ -312,8 +318,11 @@ class Deployment:
         """
         sc: Scenario | None = None
         if scenario is not None:
-            sc = scenario if isinstance(scenario, Scenario) else load_scenario(
-                scenario_path(str(scenario)))
+            sc = (
+                scenario
+                if isinstance(scenario, Scenario)
+                else load_scenario(scenario_path(str(scenario)))
+            )
         if sc is not None:
             from loopwarden.models.scripted import ScriptedModel
 

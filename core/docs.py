@@ -13,7 +13,6 @@ the test suite does the same.
 from __future__ import annotations
 
 import argparse
-import enum
 import importlib
 import inspect
 import json
@@ -31,6 +30,7 @@ from pydantic_core import PydanticUndefined
 
 from loopwarden import hookspecs
 from loopwarden.pluginmanager import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
+from loopwarden.sanitize import jsonable
 
 __all__ = ["main", "parse_docstring", "render_hooks", "render_plugins", "rst_to_markdown"]
 
@@ -65,8 +65,7 @@ def rst_to_markdown(text: str) -> str:
         # Inline markup may span lines: convert a whole run of prose at once.  A line that
         # starts with ">" would become a Markdown quote: escape it.
         converted = _inline("\n".join(prose))
-        out.extend("\\" + ln if ln.lstrip().startswith(">") else ln
-                   for ln in converted.split("\n"))
+        out.extend("\\" + ln if ln.lstrip().startswith(">") else ln for ln in converted.split("\n"))
         prose.clear()
 
     i = 0
@@ -116,8 +115,13 @@ def parse_docstring(doc: str) -> dict[str, Any]:
         elif not fields:
             body.append(line)
     params: dict[str, str] = {}
-    result: dict[str, Any] = {"summary": "\n".join(body).strip(), "params": params,
-                              "return": None, "may_stop": None, "versionadded": version}
+    result: dict[str, Any] = {
+        "summary": "\n".join(body).strip(),
+        "params": params,
+        "return": None,
+        "may_stop": None,
+        "versionadded": version,
+    }
     for key, parts in fields:
         text = " ".join(p for p in parts if p).strip()
         if key.startswith("param "):
@@ -138,8 +142,10 @@ def hook_sections() -> list[tuple[str, list[str]]]:
     sections: list[tuple[str, list[str]]] = []
     for i, line in enumerate(source):
         if (
-            line.startswith("# ---") and i + 2 < len(source)
-            and source[i + 2].startswith("# ---") and source[i + 1].startswith("# ")
+            line.startswith("# ---")
+            and i + 2 < len(source)
+            and source[i + 2].startswith("# ---")
+            and source[i + 1].startswith("# ")
             and not source[i + 1].startswith("# ---")
         ):
             sections.append((source[i + 1][2:].strip(), []))
@@ -214,8 +220,14 @@ def _type_name(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
-_BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"),
-           ("min_length", "min length"), ("max_length", "max length"))
+_BOUNDS = (
+    ("ge", "≥"),
+    ("gt", ">"),
+    ("le", "≤"),
+    ("lt", "<"),
+    ("min_length", "min length"),
+    ("max_length", "max length"),
+)
 
 
 def _constraints(info: FieldInfo) -> str:
@@ -234,20 +246,6 @@ def _default(info: FieldInfo) -> Any:
     return None if info.default is PydanticUndefined else info.default
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -262,8 +260,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}"
-                                for k, v in value.items()) + " }"
+        return (
+            "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        )
     return json.dumps(str(value), ensure_ascii=False)
 
 
@@ -277,13 +276,15 @@ def settings_rows(model: type[BaseModel], prefix: str = "") -> list[dict[str, An
             rows += settings_rows(ann, key + ".")
             continue
         bounds = _constraints(info)
-        rows.append({
-            "key": key,
-            "type": _type_name(ann) + (f" ({bounds})" if bounds else ""),
-            "default": _jsonable(_default(info)),
-            "required": info.is_required(),
-            "description": info.description or "",
-        })
+        rows.append(
+            {
+                "key": key,
+                "type": _type_name(ann) + (f" ({bounds})" if bounds else ""),
+                "default": jsonable(_default(info), exact=True),
+                "required": info.is_required(),
+                "description": info.description or "",
+            }
+        )
     return rows
 
 
@@ -303,8 +304,10 @@ def _toml_table(name: str, rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"{r['key']} = {_toml_value(r['default'])}")
     for head, items in nested.items():
         out += ["", f"[plugins.{name}.{head}]"]
-        out += [f"{k} = {_toml_value(v)}" if v is not None else f"# {k} =   (unset by default)"
-                for k, v in items]
+        out += [
+            f"{k} = {_toml_value(v)}" if v is not None else f"# {k} =   (unset by default)"
+            for k, v in items
+        ]
     return out
 
 
@@ -341,24 +344,35 @@ def render_plugins() -> str:
         summary, module_doc = _plugin_doc(BUILTIN_PLUGINS[name])
         out += [f"## {name}", ""]
         if name in ESSENTIAL_PLUGINS:
-            out += ["*Essential: always loaded, can be configured but not disabled or "
-                    "blocked.*", ""]
-        out += [rst_to_markdown(module_doc or summary), "",
-                f"Class: `{BUILTIN_PLUGINS[name]}`", ""]
+            out += [
+                "*Essential: always loaded, can be configured but not disabled or blocked.*",
+                "",
+            ]
+        out += [rst_to_markdown(module_doc or summary), "", f"Class: `{BUILTIN_PLUGINS[name]}`", ""]
         if model is None:
             out += ["This plugin has no settings.", ""]
             continue
         rows = settings_rows(model)
         out += ["| setting | type | default | description |", "| --- | --- | --- | --- |"]
         for r in rows:
-            default = "*required*" if r["required"] else (
-                f"`{_cell(json.dumps(r['default'], ensure_ascii=False))}`")
-            out.append(f"| `{r['key']}` | {_cell(r['type'])} | {default} | "
-                       f"{_cell(r['description'])} |")
+            default = (
+                "*required*"
+                if r["required"]
+                else (f"`{_cell(json.dumps(r['default'], ensure_ascii=False))}`")
+            )
+            out.append(
+                f"| `{r['key']}` | {_cell(r['type'])} | {default} | {_cell(r['description'])} |"
+            )
         out += ["", "```toml", *_toml_table(name, rows), "```", ""]
     if missing:
-        out += ["---", "", "Not built yet (left out until their modules exist): "
-                + ", ".join(f"`{n}`" for n in missing) + ".", ""]
+        out += [
+            "---",
+            "",
+            "Not built yet (left out until their modules exist): "
+            + ", ".join(f"`{n}`" for n in missing)
+            + ".",
+            "",
+        ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -368,11 +382,13 @@ PAGES: dict[str, Callable[[], str]] = {"hooks.md": render_hooks, "plugins.md": r
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loopwarden.docs", description=__doc__
-                                     and __doc__.split("\n\n", 1)[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loopwarden.docs", description=__doc__ and __doc__.split("\n\n", 1)[0]
+    )
     parser.add_argument("--out", default="docs", help="the docs directory (default: ./docs)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 when a page is stale")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when a page is stale"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     stale = []

@@ -164,8 +164,6 @@ class ToolCall:
         return self.tool is not None and self.tool.side_effect
 
 
-
-
 @dataclass(slots=True, eq=False)
 class ToolResult:
     """The observation a tool call produced.

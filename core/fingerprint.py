@@ -39,8 +39,9 @@ def _c_encoder() -> Callable[[Any], str] | None:
     try:
         from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 
-        make = c_make_encoder(None, _ENCODER.default, encode_basestring, None, ":", ",",
-                              True, False, True)
+        make = c_make_encoder(
+            None, _ENCODER.default, encode_basestring, None, ":", ",", True, False, True
+        )
 
         def encode(obj: Any) -> str:
             return "".join(make(obj, 0))
@@ -86,9 +87,14 @@ def canonical_arguments(
     return _encode(_canon(arguments, vol))
 
 
-def idempotency_key(name: str, arguments: Mapping[str, Any], keys: Iterable[str] | None = None,
-                    *, normalize: bool = True,
-                    volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS) -> str:
+def idempotency_key(
+    name: str,
+    arguments: Mapping[str, Any],
+    keys: Iterable[str] | None = None,
+    *,
+    normalize: bool = True,
+    volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS,
+) -> str:
     """The key under which a side effect of tool ``name`` happens at most once.
 
     The tool's idempotency arguments ``keys`` (all arguments when None, volatile keys dropped
@@ -122,5 +128,6 @@ class Fingerprinter:
         """``name:hash`` of the canonical arguments (values compared exactly when
         ``normalize`` is False: the tool's choice, see :func:`idempotency_key`)."""
         data = _encode(_canon(arguments, self._volatile, normalize)).encode(
-            "utf-8", "surrogatepass")
+            "utf-8", "surrogatepass"
+        )
         return name + ":" + blake2b(data, digest_size=8).hexdigest()

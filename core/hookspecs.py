@@ -11,8 +11,18 @@ The loop calls these hooks, in this order, for every run::
         after_tool(run, call, result)     after it executed (or was skipped)
     on_stop(run, outcome)                 once, always -- also when a model or tool raised
 
-Every hook except ``on_stop`` may return ``None`` (carry on) or one verdict
-(:func:`loopwarden.warn`, :func:`loopwarden.skip`, :func:`loopwarden.stop`).  Every enabled
+Around the runs, the lifecycle hooks (in the manner of pytest's ``pytest_configure``)::
+
+    on_configure(deployment)              once, when a deployment is built
+    validate_model(model, path)           before a model is used (refuse it: raise ConfigError)
+    budget_limits(run)                    when an observer asks which limits a run had
+    record_fields(run)                    whenever the run record is built
+    on_unconfigure(deployment)            once, when the deployment closes
+
+Every run hook except ``on_stop`` may return ``None`` (carry on) or one verdict
+(:func:`loopwarden.warn`, :func:`loopwarden.skip`, :func:`loopwarden.stop`) -- but only one
+the hook can honour: a ``skip`` is for ``before_tool`` alone (anywhere else it fails closed
+as ``plugin_error`` naming the plugin).  Every enabled
 plugin's implementation is called -- none is ``firstresult`` -- in the order ``[plugins]
 enabled`` gives in ``config.toml``; the loop then resolves the verdicts: hard stop > soft stop
 > skip > warn, ties to the plugin earlier in the config, all warnings kept.
@@ -22,8 +32,12 @@ Rules for implementations:
 * Take only the arguments you need; names are identical across hooks (``run``, ``request``,
   ``response``, ``call``, ``result``, ``outcome``).  pluggy never passes an argument to a
   parameter that has a default value.
-* Keep per-run state in ``run.state`` (see :meth:`loopwarden.Plugin.state`), never on the
-  plugin object: one plugin object serves many concurrent runs.
+* Keep per-run state in ``run.stash`` under a typed :class:`~loopwarden.StashKey` (or in
+  ``run.state``, see :meth:`loopwarden.Plugin.state`), never on the plugin object: one plugin
+  object serves many concurrent runs.
+* Evidence uses the standard keys (``count``, ``signature``, ``tool``, ``threshold``,
+  ``limit``, ``spent``, ``scope``, ``window``, ``rule``; docs/contracts.md), so reports and
+  dashboards need no per-plugin knowledge.
 * Hooks are synchronous.  Do not block: read ``run.clock`` for time.
 * An exception in a hook fails closed: the run stops with ``plugin_error`` naming the plugin.
 * Treat payloads as read-only, except where a hook documents a field you may set.
@@ -36,6 +50,9 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from typing import Any
+
+    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
     from loopwarden.verdicts import Verdict
@@ -45,7 +62,8 @@ PROJECT = "loopwarden"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-HOOK_NAMES = (
+#: the hooks of one run, in the order the loop calls them
+RUN_HOOK_NAMES = (
     "on_start",
     "before_model",
     "after_response",
@@ -53,6 +71,19 @@ HOOK_NAMES = (
     "after_tool",
     "on_stop",
 )
+
+#: the hooks around runs: a deployment's life, model checks, limits and the run record
+LIFECYCLE_HOOK_NAMES = (
+    "on_configure",
+    "validate_model",
+    "budget_limits",
+    "record_fields",
+    "on_unconfigure",
+)
+
+#: every hook specification
+HOOK_NAMES = RUN_HOOK_NAMES + LIFECYCLE_HOOK_NAMES
+
 
 # ---------------------------------------------------------------------------------------------
 # Pre-flight
@@ -180,4 +211,90 @@ def on_stop(run: Run, outcome: RunOutcome) -> None:
     :may stop the run: no (it has ended).
 
     .. versionadded:: 0.1
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def on_configure(deployment: Deployment) -> None:
+    """Called once when a deployment has loaded its plugins (subscribe to signals here, with
+    ``deployment.connect(signal, receiver)``, or open files).
+
+    :class:`~loopwarden.Plugin` implements it by calling the plugin's ``connect(deployment)``,
+    so plugins written for 0.1 keep working.
+
+    :param deployment: the deployment being built (``config``, ``plugins``, ``shared``).
+    :return: nothing.  An exception fails the deployment's construction.
+    :may stop the run: no (no run exists yet).
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def validate_model(model: str, path: str | None) -> None:
+    """Called before a deployment uses the model ``model`` (and by ``loopwarden config
+    check``): refuse a model you cannot work with by raising
+    :class:`~loopwarden.ConfigError` (the cost budget refuses a model it has no price for).
+
+    :class:`~loopwarden.Plugin` implements it by calling the plugin's
+    ``check_model(model, path=path)`` when it has one (the 0.1 spelling).
+
+    :param model: the model's name.
+    :param path: the config file the name came from (for the error message), or None.
+    :return: nothing; raise :class:`~loopwarden.ConfigError` to refuse.
+    :may stop the run: no (no run exists yet).
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def budget_limits(run: Run) -> dict[str, float] | None:
+    """Called when an observer (the metrics plugin) asks which limits ``run`` had: return
+    the limits this plugin enforces, by budget (``steps``, ``tokens``, ``seconds``, or a
+    budget of your own).
+
+    :param run: the run (its profile limits are in ``run.limits``).
+    :return: ``{"steps": 30}`` and the like, or ``None``.  Later plugins in the config order
+        do not override an earlier plugin's figure for the same budget.
+    :may stop the run: no.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def record_fields(run: Run) -> dict[str, Any] | None:
+    """Called whenever the run record is built (``run.record()``): add your plugin's fields.
+
+    The detector counters of the record (``duplicate_calls``, ``oscillation_hits``,
+    ``stall_rounds``) are filled in this way by their plugins, and are 0 when the plugin is
+    not enabled.  The record's own fields (``run_id``, ``termination``, ...) cannot be
+    replaced; values must be JSON-serialisable (others are printed with ``str``).
+
+    :param run: the run (finished, or still going for a live view).
+    :return: a mapping of field names to values, or ``None``.  An exception is logged and
+        recorded in the record's ``errors``; the record is still built.
+    :may stop the run: no.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def on_unconfigure(deployment: Deployment) -> None:
+    """Called once when the deployment closes: flush files, stop threads.
+
+    :class:`~loopwarden.Plugin` implements it by calling the plugin's ``close()``.
+
+    :param deployment: the deployment being closed.
+    :return: nothing.
+    :may stop the run: no (it is about the deployment, not a run).
+
+    .. versionadded:: 0.2
     """

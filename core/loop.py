@@ -4,30 +4,29 @@
 or a tool itself: it *yields* an effect (:class:`CallModel`, :class:`RunTool`) and receives its
 outcome.  :func:`drive` (sync), :func:`adrive` (async) and the replay driver execute those
 effects -- so ``run()``, ``arun()`` and ``loopwarden replay`` share one implementation of the
-contract.
+contract.  How a tool call is executed (deadlines, worker threads) lives in
+:mod:`loopwarden.execution`.
+
+Over 500 lines, on purpose: the machine, the verdict handling it applies at each hook and the
+two drivers must be read together -- every path through a run ends in one ``RunOutcome``
+here.  (Splitting the model turn and the tool turn into sub-generators is the next step.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import json
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Collection, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from loopwarden import signals
+from loopwarden import execution, signals
 from loopwarden._deadline import (
-    CANCEL_GRACE_S,
     WATCHDOG,
-    Ending,
     await_within,
-    call_within,
 )
 from loopwarden.events import (
     ErrorKind,
@@ -47,7 +46,6 @@ from loopwarden.tools import ToolContext, format_validation_error
 from loopwarden.verdicts import Resolution, Stop, resolve
 
 if TYPE_CHECKING:
-    from loopwarden.clock import CancelToken
     from loopwarden.config import RunConfig
     from loopwarden.models import Model
     from loopwarden.pluginmanager import Hooks
@@ -55,7 +53,7 @@ if TYPE_CHECKING:
     from loopwarden.store import LedgerEntry
     from loopwarden.tools import Tool
 
-__all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive"]
+__all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive", "parse_calls"]
 
 log = logging.getLogger("loopwarden.loop")
 
@@ -116,8 +114,7 @@ def _to_text(value: Any) -> str:
 class Engine:
     """The loop logic for one deployment (shared by all its runs; holds no run state)."""
 
-    def __init__(self, hooks: Hooks, settings: RunConfig,
-                 shadow: Collection[str] = ()) -> None:
+    def __init__(self, hooks: Hooks, settings: RunConfig, shadow: Collection[str] = ()) -> None:
         self.hooks = hooks
         self.settings = settings
         self.mode = settings.mode
@@ -172,8 +169,12 @@ class Engine:
         shadow = self.shadow
         shadowed = bool(shadow) and any(v.plugin in shadow for v in res.verdicts)
         for v in res.verdicts:
-            entry: dict[str, Any] = {"step": run.step, "hook": hook, "plugin": v.plugin,
-                                     "kind": v.kind}
+            entry: dict[str, Any] = {
+                "step": run.step,
+                "hook": hook,
+                "plugin": v.plugin,
+                "kind": v.kind,
+            }
             if isinstance(v, Stop):
                 entry["reason"] = v.reason
                 entry["soft"] = v.soft
@@ -183,11 +184,13 @@ class Engine:
                     entry["message"] = v.message
                 run.verdicts.append(entry)
                 if isinstance(v, Stop) and run.shadow_stop is None:
-                    run.shadow_stop = {k: entry[k] for k in
-                                       ("step", "hook", "plugin", "reason", "soft")}
+                    run.shadow_stop = {
+                        k: entry[k] for k in ("step", "hook", "plugin", "reason", "soft")
+                    }
                     run.shadow_stop["evidence"] = dict(v.evidence)
-                signals.send(signals.guard_triggered, run, verdict=v, hook=hook,
-                             step=run.step, shadow=True)
+                signals.send(
+                    signals.guard_triggered, run, verdict=v, hook=hook, step=run.step, shadow=True
+                )
                 continue
             run.verdicts.append(entry)
             signals.send(signals.guard_triggered, run, verdict=v, hook=hook, step=run.step)
@@ -201,12 +204,11 @@ class Engine:
 
     def _warn(self, run: Run, plugin: str, message: str) -> None:
         run.warnings.append({"step": run.step, "plugin": plugin, "message": message})
-        pending: list[str] = run.state.setdefault("_pending_notes", [])
-        if message not in pending:
-            pending.append(message)
+        if message not in run.pending_notes:
+            run.pending_notes.append(message)
 
     def _request(self, run: Run, final: bool) -> ModelRequest:
-        notes: list[str] = run.state.pop("_pending_notes", None) or []
+        notes, run.pending_notes = run.pending_notes, []
         role, prefix = self.settings.warning_role, self.settings.warning_prefix
         for n in notes:
             run.add_message({"role": role, "content": prefix + n})
@@ -229,13 +231,19 @@ class Engine:
         text = self.settings.wrap_up_instruction
         if stop is not None and stop.message:
             text = f"{stop.message} {text}"
-        run.add_message({"role": self.settings.warning_role,
-                         "content": self.settings.warning_prefix + text})
+        run.add_message(
+            {"role": self.settings.warning_role, "content": self.settings.warning_prefix + text}
+        )
         request.notes.append(text)
         request.tool_choice = "none"
         request.final = True
         _, schema_tokens = self._schemas(run)
         request.estimated_tokens = run.context_tokens + schema_tokens
+
+    def parse_calls(self, run: Run, response: ModelResponse) -> list[ToolCall]:
+        """The response's proposed calls parsed into :class:`ToolCall` objects, as
+        ``after_response`` and ``before_tool`` see them (see :func:`parse_calls`)."""
+        return self._parse_calls(run, response)
 
     def _parse_calls(self, run: Run, response: ModelResponse) -> list[ToolCall]:
         calls = []
@@ -282,7 +290,8 @@ class Engine:
                 step=run.step,
                 index=i,
                 fingerprint=self.fingerprint(
-                    pc.name, fp_args, tool.normalize_arguments if tool is not None else True),
+                    pc.name, fp_args, tool.normalize_arguments if tool is not None else True
+                ),
                 tool=tool,
                 error=err,
                 error_detail=detail,
@@ -291,7 +300,8 @@ class Engine:
                 call.timeout = tool.timeout_s
                 if err is None and tool.side_effect and args is not None:
                     call.idempotency_key = tool.idempotency_key(
-                        args, self.fingerprint.volatile_keys)
+                        args, self.fingerprint.volatile_keys
+                    )
             calls.append(call)
         return calls
 
@@ -359,14 +369,14 @@ class Engine:
             soft=False,
             stopped_by=stop.plugin,
             evidence=evidence,
-            final_answer=stop.answer if stop.answer is not None
-            else self.settings.fallback_answer,
+            final_answer=stop.answer if stop.answer is not None else self.settings.fallback_answer,
             final_answer_present=stop.answer is not None,
             message=stop.message,
         )
 
     def _soft_end(self, run: Run, response: ModelResponse) -> RunOutcome:
-        stop: Stop = run.stopping
+        stop = run.stopping
+        assert stop is not None  # only called while a soft stop is honoured
         content = (response.content or "").strip()
         return RunOutcome(
             termination=stop.reason,
@@ -378,8 +388,9 @@ class Engine:
             message=stop.message,
         )
 
-    def _model_failed(self, run: Run, request: ModelRequest, err: BaseException,
-                      took: float) -> RunOutcome:
+    def _model_failed(
+        self, run: Run, request: ModelRequest, err: BaseException, took: float
+    ) -> RunOutcome:
         """The outcome of a failed model call: ``cancelled`` when the run was cancelled,
         ``timeout`` when the call overran the time a plugin gave it (``request.timeout``),
         else ``model_error``.  The error text is redacted."""
@@ -391,12 +402,20 @@ class Engine:
         if run.cancel.is_set():
             termination = "cancelled"
             evidence["reason"] = run.cancel.reason
-        elif (isinstance(err, ModelError) and err.kind == "timeout"
-              and request.timeout is not None and took >= request.timeout - _DEADLINE_SLACK_S):
+        elif (
+            isinstance(err, ModelError)
+            and err.kind == "timeout"
+            and request.timeout is not None
+            and took >= request.timeout - _DEADLINE_SLACK_S
+        ):
             termination = "timeout"
             evidence.update(limit_s=round(request.timeout, 3), elapsed_s=round(run.elapsed, 3))
-        return RunOutcome(termination=termination, evidence=evidence,
-                          final_answer=self._best_effort(run), error=text)
+        return RunOutcome(
+            termination=termination,
+            evidence=evidence,
+            final_answer=self._best_effort(run),
+            error=text,
+        )
 
     def redact(self, run: Run, text: str) -> str:
         """``text`` with secrets masked -- the model's API key, bearer credentials, ``sk-``
@@ -416,15 +435,22 @@ class Engine:
         for i in range(len(msgs) - 1, -1, -1):
             m = msgs[i]
             if m.get("role") == "assistant":
-                answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x.get("role") == "tool"}
+                answered = {x.get("tool_call_id") for x in msgs[i + 1 :] if x.get("role") == "tool"}
                 text = self.texts.not_executed.format(reason=outcome.termination)
-                msgs.extend({"role": "tool", "tool_call_id": tc["id"], "content": text}
-                            for tc in m.get("tool_calls") or () if tc.get("id") not in answered)
+                msgs.extend(
+                    {"role": "tool", "tool_call_id": tc["id"], "content": text}
+                    for tc in m.get("tool_calls") or ()
+                    if tc.get("id") not in answered
+                )
                 break
         answer = (outcome.final_answer or "").strip()
         last = msgs[-1] if msgs else None
-        said = (last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
-                and (last.get("content") or "").strip() == answer)
+        said = (
+            last is not None
+            and last.get("role") == "assistant"
+            and not last.get("tool_calls")
+            and (last.get("content") or "").strip() == answer
+        )
         if answer and not said:
             msgs.append({"role": "assistant", "content": outcome.final_answer})
         return msgs
@@ -482,9 +508,12 @@ class Engine:
                 if not stop.soft:
                     if run.stopping is not None:
                         return self._hard(
-                            run, run.stopping,
-                            {"final_turn_refused_by": stop.plugin,
-                             "final_turn_refused_reason": stop.reason},
+                            run,
+                            run.stopping,
+                            {
+                                "final_turn_refused_by": stop.plugin,
+                                "final_turn_refused_reason": stop.reason,
+                            },
                         )
                     return self._hard(run, stop)
                 if not final:
@@ -496,9 +525,13 @@ class Engine:
             if not isinstance(response, (ModelResponse, Failed)) or (
                 isinstance(response, ModelResponse) and not _well_formed(response)
             ):
-                response = Failed(ModelError(
-                    f"the model returned {type(response).__name__} {response!r:.200}, "
-                    "not a well-formed ModelResponse", kind="malformed"))
+                response = Failed(
+                    ModelError(
+                        f"the model returned {type(response).__name__} {response!r:.200}, "
+                        "not a well-formed ModelResponse",
+                        kind="malformed",
+                    )
+                )
             if isinstance(response, Failed):
                 return self._model_failed(run, request, response.error, run.clock.now() - t0)
             run.step += 1
@@ -525,14 +558,22 @@ class Engine:
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": c.raw_arguments}}
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.raw_arguments},
+                    }
                     for c in calls
                 ]
             run.add_message(message)
             if signals.model_responded.receivers:
-                signals.send(signals.model_responded, run, request=request, response=response,
-                             duration_s=run.clock.now() - t0)
+                signals.send(
+                    signals.model_responded,
+                    run,
+                    request=request,
+                    response=response,
+                    duration_s=run.clock.now() - t0,
+                )
             res = hooks.after_response(run, response)
             if res.verdicts:
                 res = self._note(run, "after_response", res)
@@ -575,17 +616,26 @@ class Engine:
                     break
                 skip = res.skip
                 if skip is not None:
-                    result = ToolResult(content=skip.observation, skipped=True,
-                                        skipped_by=skip.plugin)
+                    result = ToolResult(
+                        content=skip.observation, skipped=True, skipped_by=skip.plugin
+                    )
                 elif call.error is not None or call.tool is None or call.arguments is None:
                     result = self._invalid_result(run, call)
-                elif (call.idempotency_key is not None
-                      and (earlier := ledger.get(call.idempotency_key)
-                           or failed_here.get(call.idempotency_key)) is not None
-                      and not earlier.retryable):
+                elif (
+                    call.idempotency_key is not None
+                    and (
+                        earlier := ledger.get(call.idempotency_key)
+                        or failed_here.get(call.idempotency_key)
+                    )
+                    is not None
+                    and not earlier.retryable
+                ):
                     result = self._side_effect_replay(call, earlier)
-                elif (call.idempotency_key is not None and run.shared is not None
-                      and (entry := run.shared.claim(run, call)) is not None):
+                elif (
+                    call.idempotency_key is not None
+                    and run.shared is not None
+                    and (entry := run.shared.claim(run, call)) is not None
+                ):
                     # the shared ledger: another run executed (or is executing) this key
                     result = self._shared_replay(run, call, entry)
                     if entry.state == "done":
@@ -605,8 +655,9 @@ class Engine:
                         if run.shared is not None:
                             run.shared.finish(run, call, result)
                 result.content = self._clip(result.content)
-                run.add_message({"role": "tool", "tool_call_id": call.id,
-                                 "content": result.content})
+                run.add_message(
+                    {"role": "tool", "tool_call_id": call.id, "content": result.content}
+                )
                 if result.ok and not result.skipped:
                     run.last_observation = result.content
                 if signals.tool_finished.receivers:
@@ -616,7 +667,7 @@ class Engine:
                     res = self._note(run, "after_tool", res)
                 stop = res.stop
                 if stop is not None:
-                    self._close_calls(run, calls[i + 1:], stop.reason)
+                    self._close_calls(run, calls[i + 1 :], stop.reason)
                     if not stop.soft:
                         return self._hard(run, stop)
                     run.stopping = stop
@@ -639,7 +690,10 @@ class Engine:
         # retried automatically.
         return ToolResult(
             content=self.texts.tool_timeout.format(name=call.name, seconds=call.timeout or elapsed),
-            ok=False, error="timeout", retryable=not call.side_effect, duration_s=elapsed,
+            ok=False,
+            error="timeout",
+            retryable=not call.side_effect,
+            duration_s=elapsed,
         )
 
     def _side_effect_replay(self, call: ToolCall, earlier: ToolResult) -> ToolResult:
@@ -651,8 +705,14 @@ class Engine:
             text = t.side_effect_unknown.format(name=call.name, content=earlier.content)
         else:
             text = t.side_effect_failed.format(name=call.name, content=earlier.content)
-        return ToolResult(content=text, ok=earlier.ok, error=earlier.error, skipped=True,
-                          skipped_by=CORE, value=earlier.value)
+        return ToolResult(
+            content=text,
+            ok=earlier.ok,
+            error=earlier.error,
+            skipped=True,
+            skipped_by=CORE,
+            value=earlier.value,
+        )
 
     def _shared_replay(self, run: Run, call: ToolCall, entry: LedgerEntry) -> ToolResult:
         """The observation for a side effect the shared ledger already holds: recorded by
@@ -668,257 +728,78 @@ class Engine:
             text = t.shared_side_effect_done.format(name=call.name, content=content)
             return ToolResult(content=text, skipped=True, skipped_by=CORE)
         if state == "unknown":
-            text, error = t.shared_side_effect_unknown.format(
-                name=call.name, content=content), "unknown_outcome"
+            text, error = (
+                t.shared_side_effect_unknown.format(name=call.name, content=content),
+                "unknown_outcome",
+            )
         elif state == "running":
-            text, error = t.shared_side_effect_in_progress.format(name=call.name,
-                                                                  content=content), "in_progress"
+            text, error = (
+                t.shared_side_effect_in_progress.format(name=call.name, content=content),
+                "in_progress",
+            )
         else:
-            text, error = t.store_unavailable.format(name=call.name,
-                                                     content=content), "store_unavailable"
+            text, error = (
+                t.store_unavailable.format(name=call.name, content=content),
+                "store_unavailable",
+            )
         return ToolResult(content=text, ok=False, error=error, skipped=True, skipped_by=CORE)
 
     def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
         call = eff.call
         if isinstance(exc, ToolError):
-            return ToolResult(content=_to_text(exc.message), ok=False, error="tool_error",
-                              retryable=exc.retryable, duration_s=elapsed)
+            return ToolResult(
+                content=_to_text(exc.message),
+                ok=False,
+                error="tool_error",
+                retryable=exc.retryable,
+                duration_s=elapsed,
+            )
         if eff.ctx.cancel.cancelled:
-            return ToolResult(content=self.texts.tool_cancelled.format(name=call.name),
-                              ok=False, error="cancelled", duration_s=elapsed)
+            return ToolResult(
+                content=self.texts.tool_cancelled.format(name=call.name),
+                ok=False,
+                error="cancelled",
+                duration_s=elapsed,
+            )
         return ToolResult(
             content=f"ERROR: {type(exc).__name__}: {_safe_str(exc)}",
-            ok=False, error="exception", retryable=eff.tool.is_retryable(exc),
+            ok=False,
+            error="exception",
+            retryable=eff.tool.is_retryable(exc),
             duration_s=elapsed,
         )
 
     def _cancelled_before(self, eff: RunTool) -> ToolResult:
-        return ToolResult(content=self.texts.tool_cancelled.format(name=eff.call.name),
-                          ok=False, error="cancelled")
+        return ToolResult(
+            content=self.texts.tool_cancelled.format(name=eff.call.name),
+            ok=False,
+            error="cancelled",
+        )
 
     def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
-        tool, ctx = eff.tool, eff.ctx
-        if eff.call.delay_s > 0:
-            run.clock.sleep(eff.call.delay_s, run.cancel)
-            if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
-                return self._cancelled_before(eff)
-        started = run.clock.now()
-        if ctx.deadline is not None and eff.call.timeout is not None:
-            ctx.deadline = started + eff.call.timeout
-        timeout = eff.call.timeout
-        if tool.is_async:
-            # on an event loop of its own in a daemon thread: a coroutine that swallows its
-            # cancellation at the deadline is abandoned there, not waited for
-            try:
-                ending, value = call_within(
-                    asyncio.run, _bounded(tool.invoke(eff.arguments, ctx), timeout, run.cancel),
-                    timeout=None if timeout is None else timeout + CANCEL_GRACE_S,
-                    cancel=run.cancel, name="tool-" + tool.name)
-            except Exception as exc:
-                return self.error_result(eff, exc, run.clock.now() - started)
-            if ending == "cancelled" or (ending == "ok" and value[0] == "cancelled"):
-                return self._cancelled_before(eff)
-            if ending == "timeout" or value[0] == "timeout":
-                return self.timeout_result(eff.call, run.clock.now() - started)
-            return self.tool_result(eff, value[1], started, run)
-        if timeout is None or tool.context_param is not None:
-            # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
-            try:
-                value = tool.invoke(eff.arguments, ctx)
-            except Exception as exc:
-                return self.error_result(eff, exc, run.clock.now() - started)
-            return self.tool_result(eff, value, started, run)
-        # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
-        # deadline, or when the run is cancelled.  Python cannot kill the thread; its late
-        # result is discarded.
-        done = threading.Event()
-        box: list[Any] = []
-
-        def finished(ok: bool, payload: Any) -> None:
-            box.append((ok, payload))
-            done.set()
-
-        # a fresh context per call, as a new thread would have
-        _WORKERS.submit(contextvars.Context(), tool.invoke, (eff.arguments, ctx), tool.name,
-                        finished, lambda: bool(box))  # abandoned: the marker appended below
-        remove = run.cancel.on_cancel(done.set)
-        try:
-            done.wait(timeout)
-        finally:
-            remove()
-        if not box or box[0] is None:
-            box.append(None)  # abandoned (if the result came just now, it is discarded)
-            if run.cancel.is_set():
-                return self._cancelled_before(eff)
-            return self.timeout_result(eff.call, run.clock.now() - started)
-        ok, payload = box[0]
-        if not ok:
-            return self.error_result(eff, payload, run.clock.now() - started)
-        return self.tool_result(eff, payload, started, run)
+        """Execute one tool call in a synchronous run (see :mod:`loopwarden.execution`)."""
+        return execution.run_tool_sync(self, eff, run)
 
     async def run_tool_async(self, eff: RunTool, run: Run) -> ToolResult:
-        tool, ctx = eff.tool, eff.ctx
-        if eff.call.delay_s > 0:
-            await run.clock.asleep(eff.call.delay_s, run.cancel)
-            if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
-                return self._cancelled_before(eff)
-        started = run.clock.now()
-        if ctx.deadline is not None and eff.call.timeout is not None:
-            ctx.deadline = started + eff.call.timeout
-        timeout = eff.call.timeout
-        try:
-            if tool.is_async:
-                aw = tool.invoke(eff.arguments, ctx)
-            else:
-                aw = _daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
-            ending, value = await _bounded(aw, timeout, run.cancel)
-        except Exception as exc:
-            return self.error_result(eff, exc, run.clock.now() - started)
-        if ending == "cancelled":
-            return self._cancelled_before(eff)
-        if ending == "timeout":
-            return self.timeout_result(eff.call, run.clock.now() - started)
-        return self.tool_result(eff, value, started, run)
+        """Execute one tool call in an async run (see :mod:`loopwarden.execution`)."""
+        return await execution.run_tool_async(self, eff, run)
 
 
-Finished = Callable[[bool, Any], None]
+def parse_calls(
+    run: Run, response: ModelResponse, settings: RunConfig | None = None
+) -> list[ToolCall]:
+    """Parse ``response.tool_calls`` exactly as the loop does: arguments decoded and validated
+    against ``run.tools`` (an unknown tool or bad arguments set ``call.error``), and
+    ``fingerprint`` (with ``settings.volatile_keys``), ``idempotency_key`` and ``timeout``
+    computed -- for the test kit and the framework adapters, which must see the calls the
+    plugins see.  ``settings`` defaults to the run's deployment's ``[run]`` table."""
+    if settings is None:
+        from loopwarden.config import RunConfig
 
-
-class _Worker:
-    """One daemon thread of :class:`_ToolThreads`: runs the jobs handed to it, one at a time."""
-
-    __slots__ = ("_job", "_pool", "_ready", "thread")
-
-    def __init__(self, pool: _ToolThreads) -> None:
-        self._pool = pool
-        self._ready = threading.Lock()  # released when a job is handed over
-        self._ready.acquire()
-        self._job: _Job | None = None
-        self.thread = threading.Thread(target=self._loop, name=_IDLE_NAME, daemon=True)
-
-    def give(self, job: _Job) -> None:
-        self._job = job
-        self._ready.release()
-
-    def _loop(self) -> None:
-        pool, thread = self._pool, self.thread
-        while True:
-            if not self._ready.acquire(timeout=pool.idle_s):
-                if pool.retire(self):
-                    return
-                continue  # handed a job just now: it is on its way
-            job, self._job = self._job, None
-            if job is None:
-                continue
-            context, fn, args, name, finished, abandoned = job
-            thread.name = "loopwarden-tool-" + name
-            try:
-                result: tuple[bool, Any] = (True, context.run(fn, *args))
-            except BaseException as exc:  # delivered to whoever waits for the tool
-                result = (False, exc)
-            del job, context, fn, args  # hold nothing of the call while idle
-            reuse = not abandoned()
-            if reuse:  # idle again before the waiter wakes: its next call finds this thread
-                thread.name = _IDLE_NAME
-                pool.rest(self)
-            try:
-                finished(*result)
-            except BaseException:
-                log.exception("delivering the result of tool %r failed", name)
-            if not reuse:  # the waiter gave up at its deadline: end, as a lone thread would
-                return
-            del finished, abandoned, result
-
-
-_Job = tuple[contextvars.Context, Callable[..., Any], tuple[Any, ...], str, Finished,
-             Callable[[], bool]]
-_IDLE_NAME = "loopwarden-worker-idle"
-
-
-class _ToolThreads:
-    """Daemon threads that run blocking tools under a deadline, reused across calls.
-
-    Starting a thread costs far more than a trivial tool call; an idle worker takes the next
-    call instead.  A worker whose call was abandoned at its deadline keeps running the tool
-    (Python cannot kill a thread) and ends when the tool returns; the next call gets another
-    thread.  Workers idle for ``idle_s`` seconds end.  While it runs a tool a worker is named
-    ``loopwarden-tool-<tool>``, and each call runs in the ``contextvars.Context`` it is
-    given; thread-local state that a tool keeps may outlive a call.
-    """
-
-    def __init__(self, idle_s: float = 10.0) -> None:
-        self.idle_s = idle_s
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
-
-    def submit(self, context: contextvars.Context, fn: Callable[..., Any],
-               args: tuple[Any, ...], name: str, finished: Finished,
-               abandoned: Callable[[], bool]) -> None:
-        """Run ``context.run(fn, *args)`` in a worker thread, then ``finished(True, value)``
-        or ``finished(False, exception)`` there.  ``abandoned()`` (asked when the tool
-        returned) says whether the waiter gave up meanwhile: that thread then ends."""
-        job: _Job = (context, fn, args, name, finished, abandoned)
-        with self._lock:
-            worker = self._idle.pop() if self._idle else None
-        if worker is None:
-            worker = _Worker(self)
-            worker.give(job)
-            worker.thread.start()
-        else:
-            worker.give(job)
-
-    def rest(self, worker: _Worker) -> None:
-        with self._lock:
-            self._idle.append(worker)
-
-    def retire(self, worker: _Worker) -> bool:
-        """An idle worker timed out: True when it may end (it was not just handed a job)."""
-        with self._lock:
-            if worker in self._idle:
-                self._idle.remove(worker)
-                return True
-            return False
-
-
-_WORKERS = _ToolThreads()
-
-
-def _daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
-    """Run a blocking tool in a daemon worker thread; return a future for its value.
-
-    Not ``asyncio.to_thread``: an abandoned (timed-out) tool would keep a worker of the
-    event loop's default executor, and ``asyncio.run()`` waits for those at exit -- a hung
-    tool would hang the program.  A late value finds the future cancelled and is dropped.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def deliver(ok: bool, payload: Any) -> None:
-        if future.done():  # cancelled at the deadline: the late result is discarded
-            return
-        if ok:
-            future.set_result(payload)
-        else:
-            future.set_exception(payload)
-
-    def finished(ok: bool, payload: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits any more
-            loop.call_soon_threadsafe(deliver, ok, payload)
-
-    _WORKERS.submit(context, fn, args, name, finished, future.done)
-    return future
-
-
-async def _bounded(aw: Awaitable[Any], timeout: float | None,
-                   cancel: CancelToken | None = None) -> tuple[Ending, Any]:
-    """Await a tool within ``timeout`` (and until ``cancel``): ``("ok", value)``, else
-    ``("timeout" | "cancelled", None)``.  A tool that swallows its cancellation is abandoned
-    (see :mod:`loopwarden._deadline`).  A ``TimeoutError`` the tool raises itself (a socket
-    read timing out) is its own error, not the loop's deadline, and propagates as such."""
-    if timeout is None and cancel is None:
-        return "ok", await aw
-    return await await_within(aw, timeout, cancel)
+        dep = run.deployment
+        settings = dep.config.run if dep is not None else RunConfig()
+    parser = Engine(None, settings)  # type: ignore[arg-type]  # parsing calls no hook
+    return parser.parse_calls(run, response)
 
 
 def _well_formed(response: Any) -> bool:
@@ -935,8 +816,10 @@ def _well_formed(response: Any) -> bool:
     calls = response.tool_calls
     if not isinstance(calls, list):
         return False
-    return all(isinstance(c, ProposedCall) and isinstance(c.name, str)
-               and isinstance(c.id, str) for c in calls)
+    return all(
+        isinstance(c, ProposedCall) and isinstance(c.name, str) and isinstance(c.id, str)
+        for c in calls
+    )
 
 
 def _clean_response(response: ModelResponse) -> None:
@@ -978,8 +861,7 @@ async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> 
         return value
     if ending == "cancelled":
         raise ModelError("the run was cancelled during the model call", kind="cancelled")
-    raise ModelError(f"the model did not answer within {request.timeout:.3f}s",
-                     kind="timeout")
+    raise ModelError(f"the model did not answer within {request.timeout:.3f}s", kind="timeout")
 
 
 def _watch(engine: Engine, run: Run) -> Callable[[], None]:
@@ -990,15 +872,26 @@ def _watch(engine: Engine, run: Run) -> Callable[[], None]:
 
     def fire() -> None:
         if run.outcome is None:
-            log.error("run %s passed its deadline by %.1fs without reaching a check (a hook, "
-                      "tool or model call blocks): the watchdog ends it", run.run_id,
-                      WATCHDOG_SLACK_S)
-            engine.finish(run, RunOutcome(
-                termination="timeout", evidence={
-                    "watchdog": True, "elapsed_s": round(run.elapsed, 3),
-                    "deadline_s": round(run.deadline - run.started_at, 3)
-                    if run.deadline is not None else None},
-                final_answer=engine._best_effort(run)))
+            log.error(
+                "run %s passed its deadline by %.1fs without reaching a check (a hook, "
+                "tool or model call blocks): the watchdog ends it",
+                run.run_id,
+                WATCHDOG_SLACK_S,
+            )
+            engine.finish(
+                run,
+                RunOutcome(
+                    termination="timeout",
+                    evidence={
+                        "watchdog": True,
+                        "elapsed_s": round(run.elapsed, 3),
+                        "deadline_s": round(run.deadline - run.started_at, 3)
+                        if run.deadline is not None
+                        else None,
+                    },
+                    final_answer=engine._best_effort(run),
+                ),
+            )
 
     return WATCHDOG.watch(seconds, fire)
 
@@ -1055,7 +948,7 @@ async def adrive(engine: Engine, run: Run, model: Any) -> RunOutcome:
                     else:
                         # a sync model in an async run: a daemon worker, so that a hung call
                         # never keeps asyncio.run() from exiting
-                        aw = _daemon_thread(model.complete, eff.request, name="model")
+                        aw = execution.daemon_thread(model.complete, eff.request, name="model")
                     value = await _model_within(aw, eff.request, run)
                 except Exception as exc:
                     value = Failed(exc)

@@ -6,7 +6,10 @@ A plugin is any object with ``@hookimpl`` methods.  Subclassing :class:`Plugin` 
   are errors); the loader validates the table and passes the instance to ``__init__``;
 * :meth:`state` -- this plugin's per-run state slot, created by :meth:`new_state`;
 * :meth:`warn`, :meth:`skip`, :meth:`stop` -- verdicts that carry the plugin's name;
-* :meth:`connect` -- called once when a deployment is built, to subscribe to signals.
+* :meth:`connect` / :meth:`close` -- the lifecycle hooks ``on_configure`` /
+  ``on_unconfigure`` call them (subscribe to signals, flush files); a plugin may implement
+  those hooks directly instead, and ``check_model(model, path=...)`` is called for the hook
+  ``validate_model`` (the 0.1 spelling of these methods keeps working).
 
 Example::
 
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from loopwarden.hookspecs import hookimpl
 from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
 
 if TYPE_CHECKING:
@@ -139,9 +143,7 @@ class Plugin(Generic[S]):
         answer: str | None = None,
         **evidence: Any,
     ) -> Stop:
-        return stop(
-            reason, soft=soft, plugin=self.name, message=message, answer=answer, **evidence
-        )
+        return stop(reason, soft=soft, plugin=self.name, message=message, answer=answer, **evidence)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -151,5 +153,43 @@ class Plugin(Generic[S]):
     def close(self) -> None:
         """Called when the deployment closes (flush files, stop threads)."""
 
+    # The lifecycle hooks, implemented by the methods above.  The plugin manager registers
+    # each only when the subclass overrides the method it calls (see :func:`unused_shim`),
+    # so a plugin without them implements no lifecycle hook.
+
+    @hookimpl
+    def on_configure(self, deployment: Deployment) -> None:
+        self.connect(deployment)
+
+    @hookimpl
+    def on_unconfigure(self) -> None:
+        self.close()
+
+    @hookimpl
+    def validate_model(self, model: str, path: str | None) -> None:
+        check = getattr(self, "check_model", None)  # the 0.1 spelling of this hook
+        if callable(check):
+            check(model, path=path)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+#: lifecycle hook -> the method the base class's implementation calls
+_SHIMS: dict[str, str] = {
+    "on_configure": "connect",
+    "on_unconfigure": "close",
+    "validate_model": "check_model",
+}
+
+
+def unused_shim(obj: object, hook: str) -> bool:
+    """True when ``obj``'s ``hook`` is the base class's implementation and the method it
+    calls is not overridden: then it would do nothing, and is not registered."""
+    method = _SHIMS.get(hook)
+    if method is None or not isinstance(obj, Plugin):
+        return False
+    cls = type(obj)
+    if getattr(cls, hook, None) is not getattr(Plugin, hook):
+        return False  # the plugin implements the hook itself
+    return getattr(cls, method, None) is getattr(Plugin, method, None)

@@ -18,9 +18,23 @@ __all__ = [
 
 #: every stop reason the project itself uses (DESIGN's contract)
 STOP_REASONS: tuple[str, ...] = (
-    "final_answer", "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
-    "timeout", "cancelled", "repeat_call", "oscillation", "no_progress", "stall",
-    "failure_streak", "terminal_tool", "plugin_error", "model_error", "max_turns",
+    "final_answer",
+    "max_steps",
+    "max_tokens",
+    "max_context",
+    "max_cost",
+    "max_tool_calls",
+    "timeout",
+    "cancelled",
+    "repeat_call",
+    "oscillation",
+    "no_progress",
+    "stall",
+    "failure_streak",
+    "terminal_tool",
+    "plugin_error",
+    "model_error",
+    "max_turns",
     # loopwarden.adapters: the framework ended the run before loopwarden's loop did (its own
     # step or usage limit, a handoff)
     "ended_by_framework",
@@ -39,9 +53,16 @@ FAILURE_REASONS: tuple[str, ...] = ("failure_streak",)
 
 #: a budget or cap ran out
 BUDGET_REASONS: tuple[str, ...] = (
-    "max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls", "timeout",
-    "max_turns", "max_runs", "max_model_calls",
+    "max_steps",
+    "max_tokens",
+    "max_context",
+    "max_cost",
+    "max_tool_calls",
+    "timeout",
+    "max_turns",
+    "max_runs",
+    "max_model_calls",
 )
 
 #: something failed: the model call, a plugin, or the loop itself
-ERROR_REASONS: tuple[str, ...] = ("model_error", "plugin_error", "error", "store_unavailable")
+ERROR_REASONS: tuple[str, ...] = ("plugin_error", "model_error", "error", "store_unavailable")

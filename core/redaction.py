@@ -79,19 +79,22 @@ class Redactor:
         self.keys = frozenset(_norm(k) for k in keys if k.strip())
         self.mask = mask
         self._patterns = [re.compile(p) for p in patterns]
-        self._literals = sorted({s for s in literals if len(s) >= _MIN_LITERAL}, key=len,
-                                reverse=True)
+        self._literals = sorted(
+            {s for s in literals if len(s) >= _MIN_LITERAL}, key=len, reverse=True
+        )
         if self.keys:
             names = "|".join(
-                sorted((re.escape(k).replace("_", "[_-]") for k in self.keys), key=len,
-                       reverse=True)
+                sorted(
+                    (re.escape(k).replace("_", "[_-]") for k in self.keys), key=len, reverse=True
+                )
             )
             # "key": "value"  /  key=value  /  key: value  (key may carry a prefix: x_api_key).
             # Linear time: a match may only start where a word starts (the lookbehind), and
             # the word is taken whole, then given back until a key name ends it -- not a lazy
             # prefix retried from every position, which was quadratic in a long word.
             self._pairs: re.Pattern[str] | None = re.compile(
-                r"""(?i)(["']?(?<![\w-])(?:[\w-]*(?<![a-z0-9]))?(?:""" + names
+                r"""(?i)(["']?(?<![\w-])(?:[\w-]*(?<![a-z0-9]))?(?:"""
+                + names
                 + r""")["']?\s*[:=]\s*)"""
                 r"""(?!""" + re.escape(mask) + r""")"""  # already masked (by a pattern)
                 r"""("(?:[^"\\]|\\.)*"|'[^']*'"""  # a quoted value, or a bare one with

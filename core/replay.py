@@ -55,6 +55,7 @@ from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolRes
 from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import canonical_arguments
 from loopwarden.loop import CallModel, Engine
+from loopwarden.reasons import BUDGET_REASONS
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.sanitize import depth_exceeds, loads_arguments, loads_strict
 from loopwarden.tokens import estimate_message
@@ -86,12 +87,24 @@ __all__ = [
 #: toggles and restarts change the world but are legitimately repeated (on, then off), so they
 #: are not idempotent side effects; every other tool is taken as a side effect, idempotent per
 #: full arguments; a hand-off to a human is terminal.
-LOOKUP_PREFIXES = ("get_", "find_", "search_", "list_", "query_", "lookup_", "read_", "fetch_",
-                   "calculate", "think")
-PROBE = re.compile(r"^(check_|can_|run_|test_|ping_|measure_)|(status|usage|time|now|speed)"
-                   r"(_|$)", re.IGNORECASE)
-REPEATABLE_ACTION = re.compile(r"^(toggle_|reboot_|restart_|reseat_|reset_|retry_)",
-                               re.IGNORECASE)
+LOOKUP_PREFIXES = (
+    "get_",
+    "find_",
+    "search_",
+    "list_",
+    "query_",
+    "lookup_",
+    "read_",
+    "fetch_",
+    "calculate",
+    "think",
+)
+PROBE = re.compile(
+    r"^(check_|can_|run_|test_|ping_|measure_)|(status|usage|time|now|speed)"
+    r"(_|$)",
+    re.IGNORECASE,
+)
+REPEATABLE_ACTION = re.compile(r"^(toggle_|reboot_|restart_|reseat_|reset_|retry_)", re.IGNORECASE)
 TERMINAL_NAMES = re.compile(r"(^|_)transfer_to_human", re.IGNORECASE)
 FLAG_NAMES = ("read_only", "deterministic", "side_effect", "terminal")
 
@@ -105,17 +118,13 @@ def infer_flags(name: str) -> dict[str, bool]:
     lname = name.lower()
     terminal = bool(TERMINAL_NAMES.search(lname))
     if terminal:
-        return {"read_only": False, "deterministic": False, "side_effect": True,
-                "terminal": True}
+        return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": True}
     if PROBE.search(lname):
-        return {"read_only": True, "deterministic": False, "side_effect": False,
-                "terminal": False}
+        return {"read_only": True, "deterministic": False, "side_effect": False, "terminal": False}
     if lname.startswith(LOOKUP_PREFIXES):
-        return {"read_only": True, "deterministic": True, "side_effect": False,
-                "terminal": False}
+        return {"read_only": True, "deterministic": True, "side_effect": False, "terminal": False}
     if REPEATABLE_ACTION.search(lname):
-        return {"read_only": False, "deterministic": False, "side_effect": False,
-                "terminal": False}
+        return {"read_only": False, "deterministic": False, "side_effect": False, "terminal": False}
     return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": False}
 
 
@@ -231,9 +240,10 @@ def replay_config(config: Config, *, observers: bool = False) -> Config:
     """``config`` adjusted for replay: an enabled ``cost_budget`` counts a recorded model
     without a price as free (it can neither refuse nor price a run that already happened),
     and, unless ``observers``, pure observers are left out (see
-    :func:`loopwarden.demo.without_observers`: no alerts or logs for runs that are history)."""
+    :func:`loopwarden.offline.without_observers`: no alerts or logs for runs that are
+    history)."""
     if not observers:
-        from loopwarden.demo import without_observers
+        from loopwarden.offline import without_observers
 
         config, _ = without_observers(config)
     if "cost_budget" not in config.plugins.enabled:
@@ -291,8 +301,10 @@ def _usage(step: dict[str, Any]) -> Usage | None:
     if not isinstance(u, dict):
         return None
     try:  # negative counts are recording errors: clamped, never subtracted from a total
-        return Usage(prompt=max(0, int(u.get("prompt_tokens") or 0)),
-                     completion=max(0, int(u.get("completion_tokens") or 0)))
+        return Usage(
+            prompt=max(0, int(u.get("prompt_tokens") or 0)),
+            completion=max(0, int(u.get("completion_tokens") or 0)),
+        )
     except (TypeError, ValueError):
         return None
 
@@ -372,8 +384,7 @@ class ReplayEngine(Engine):
         if p is None:
             return
         idx = run.step  # 0-based index of the recorded turn this request stands for
-        recorded = (p.recorded[idx] if idx < len(p.recorded) and not request.final
-                    else None)
+        recorded = p.recorded[idx] if idx < len(p.recorded) and not request.final else None
         if recorded is not None:
             p.offset = recorded - request.estimated_tokens
             request.estimated_tokens = recorded
@@ -403,10 +414,14 @@ def _model_name(traj: dict[str, Any]) -> str:
     return str(name) if name else "replay"
 
 
-def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
-                      flags: Mapping[str, Mapping[str, bool]] | None = None,
-                      carry: Iterable[str] = (), *,
-                      system_prompt_tokens: int | None = None) -> ReplayResult:
+def replay_trajectory(
+    deployment: Deployment,
+    traj: dict[str, Any],
+    flags: Mapping[str, Mapping[str, bool]] | None = None,
+    carry: Iterable[str] = (),
+    *,
+    system_prompt_tokens: int | None = None,
+) -> ReplayResult:
     """Feed one trajectory through the deployment's guards; see the module docstring.
 
     ``flags`` declares tool natures by name (the rest are inferred, see :func:`infer_flags`).
@@ -475,10 +490,14 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
                 result.warned_by.append(entry["plugin"])
         if result.stop is not None:
             cut = sum(len(_calls(s)) for s in seg_steps) - n
-            kind = ("hand_off" if result.stop["reason"] == "terminal_tool"
-                    else "work_left" if cut > 0 else "closing_text")
-            if kind == "closing_text" and k + 1 < len(segments) and not _ends_conversation(
-                    outcome):
+            kind = (
+                "hand_off"
+                if result.stop["reason"] == "terminal_tool"
+                else "work_left"
+                if cut > 0
+                else "closing_text"
+            )
+            if kind == "closing_text" and k + 1 < len(segments) and not _ends_conversation(outcome):
                 # The stop only replaced this run's closing text: the user still got an
                 # answer, so the conversation goes on with their next message.
                 result.closing_stops += 1
@@ -499,8 +518,7 @@ def replay_trajectory(deployment: Deployment, traj: dict[str, Any],
 def _ends_conversation(outcome: RunOutcome) -> bool:
     """A stop of the conversation as a whole (``max_turns``, or ``scope = "conversation"`` in
     its evidence): no later run of it would go ahead either."""
-    return (outcome.termination == "max_turns"
-            or outcome.evidence.get("scope") == "conversation")
+    return outcome.termination == "max_turns" or outcome.evidence.get("scope") == "conversation"
 
 
 def _system_prompt_gap(deployment: Deployment, system_prompt_tokens: int | None) -> int:
@@ -509,8 +527,9 @@ def _system_prompt_gap(deployment: Deployment, system_prompt_tokens: int | None)
     if system_prompt_tokens is None:
         return 0
     text = deployment.config.run.system_prompt
-    configured = (estimate_message({"role": "system", "content": text}, deployment.estimator)
-                  if text else 0)
+    configured = (
+        estimate_message({"role": "system", "content": text}, deployment.estimator) if text else 0
+    )
     return system_prompt_tokens - configured
 
 
@@ -542,8 +561,7 @@ def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tupl
                                     name=str(tc.get("name")),
                                     arguments=tc["arguments"]
                                     if isinstance(tc.get("arguments"), str)
-                                    else json.dumps(tc.get("arguments") or {},
-                                                    ensure_ascii=False),
+                                    else json.dumps(tc.get("arguments") or {}, ensure_ascii=False),
                                 )
                                 for tc in _calls(step)
                             ],
@@ -556,8 +574,9 @@ def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tupl
                     i = eff.call.index
                     text = str(obs[i]) if i < len(obs) else "(no observation recorded)"
                     is_err = bool(errs[i]) if i < len(errs) and errs[i] is not None else False
-                    value = ToolResult(content=text, ok=not is_err,
-                                       error="tool_error" if is_err else None)
+                    value = ToolResult(
+                        content=text, ok=not is_err, error="tool_error" if is_err else None
+                    )
                 eff = gen.send(value)
         except StopIteration as done:
             outcome = cast(RunOutcome, done.value)
@@ -571,36 +590,57 @@ def _file_step(offset: int, entry: dict[str, Any]) -> int:
     return offset + max(local, 1)
 
 
-def _attribute(result: ReplayResult, run: Run, outcome: RunOutcome, offset: int,
-               steps: list[dict[str, Any]], usages: list[Usage | None]) -> None:
+def _attribute(
+    result: ReplayResult,
+    run: Run,
+    outcome: RunOutcome,
+    offset: int,
+    steps: list[dict[str, Any]],
+    usages: list[Usage | None],
+) -> None:
     if result.first_warning is None:
         for entry in run.verdicts:
             if entry["kind"] in ("warn", "skip"):
-                result.first_warning = {"step": _file_step(offset, entry),
-                                        "plugin": entry["plugin"]}
+                result.first_warning = {
+                    "step": _file_step(offset, entry),
+                    "plugin": entry["plugin"],
+                }
                 break
     if outcome.stopped_by is None:
         return  # the recorded run ended by itself (or ran out of recorded steps)
     stop_entry = next(
-        (e for e in run.verdicts if e["kind"] == "stop" and e["plugin"] == outcome.stopped_by
-         and e.get("reason") == outcome.termination),
+        (
+            e
+            for e in run.verdicts
+            if e["kind"] == "stop"
+            and e["plugin"] == outcome.stopped_by
+            and e.get("reason") == outcome.termination
+        ),
         None,
     )
     step = _file_step(offset, stop_entry) if stop_entry else offset + max(run.step, 1)
     step = min(step, len(steps))
-    result.stop = {"step": step, "reason": outcome.termination, "plugin": outcome.stopped_by,
-                   "soft": outcome.soft,
-                   "hook": stop_entry["hook"] if stop_entry else None}
+    result.stop = {
+        "step": step,
+        "reason": outcome.termination,
+        "plugin": outcome.stopped_by,
+        "soft": outcome.soft,
+        "hook": stop_entry["hook"] if stop_entry else None,
+    }
     after = usages[step:]
     result.steps_after_stop = len(steps) - step
     if result.recorded_tokens is not None:
         result.tokens_after_stop = sum(u.total for u in after if u is not None)
 
 
-def replay_file(deployment: Deployment, path: str | Path,
-                flags: Mapping[str, Mapping[str, bool]] | None = None,
-                carry: Iterable[str] = (), *,
-                system_prompt_tokens: int | None = None) -> tuple[list[ReplayResult], int]:
+def replay_file(
+    deployment: Deployment,
+    path: str | Path,
+    flags: Mapping[str, Mapping[str, bool]] | None = None,
+    carry: Iterable[str] = (),
+    *,
+    system_prompt_tokens: int | None = None,
+) -> tuple[list[ReplayResult], int]:
     """Replay every trajectory in a JSONL file; returns the results and the unreadable lines."""
     results, bad = [], 0
     carry = tuple(carry)
@@ -608,8 +648,11 @@ def replay_file(deployment: Deployment, path: str | Path,
         if traj is None:
             bad += 1
             continue
-        results.append(replay_trajectory(deployment, traj, flags, carry,
-                                         system_prompt_tokens=system_prompt_tokens))
+        results.append(
+            replay_trajectory(
+                deployment, traj, flags, carry, system_prompt_tokens=system_prompt_tokens
+            )
+        )
     return results, bad
 
 
@@ -621,9 +664,6 @@ def _pct(part: int, whole: int) -> float:
 STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
 #: a recording that made one call this many times in a row (:func:`repeat_streak`) ran away
 RUNAWAY_REPEAT = 5
-#: stop reasons of budgets and caps (the rest are loop detectors and terminal tools)
-BUDGET_REASONS = frozenset({"max_steps", "max_tokens", "max_context", "max_cost",
-                            "max_tool_calls", "timeout"})
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:
@@ -661,8 +701,7 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
     closing = [r for r in successful if r.stop_kind == "closing_text"]
     hand_off = [r for r in successful if r.stop_kind == "hand_off"]
     fp = [r for r in successful if r.stop is not None and r.calls_cut > 0]
-    fp_detectors = [r for r in fp if r.stop is not None
-                    and r.stop["reason"] not in BUDGET_REASONS]
+    fp_detectors = [r for r in fp if r.stop is not None and r.stop["reason"] not in BUDGET_REASONS]
     stopped_ok = [r for r in successful if r.stop is not None]
     warned_ok = [r for r in successful if r.first_warning is not None]
     caught = [r for r in runaway.values() if r.ended_early]

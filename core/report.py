@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopwarden.reasons import LOOP_REASONS
+from loopwarden.reasons import BUDGET_REASONS, ERROR_REASONS, LOOP_REASONS
 from loopwarden.sanitize import loads_strict
 
 __all__ = [
@@ -46,13 +46,8 @@ __all__ = [
     "read_records",
 ]
 
-#: stop reasons that mean "a budget ran out"
-BUDGET_REASONS = ("max_steps", "max_tokens", "max_context", "max_cost", "max_tool_calls",
-                  "timeout")
-#: stop reasons that mean "a loop detector fired"
-#: stop reasons that mean "no progress"
+#: stop reasons that mean "no progress" (a subset of the loop guards' LOOP_REASONS)
 STALL_REASONS = ("no_progress", "stall")
-ERROR_REASONS = ("plugin_error", "model_error", "error")
 
 QUANTILES = (50, 90, 95, 99)
 
@@ -155,10 +150,9 @@ class _Sig:
     reasons: Counter[str] = field(default_factory=Counter)
 
 
-#: evidence keys read as "how many times", in order of preference
-_COUNT_KEYS = ("count", "occurrences", "streak", "cycles", "repeats")
-#: evidence keys that hold a list of call signatures (e.g. an oscillation's cycle)
-_LIST_KEYS = ("cycle", "fingerprints", "signatures")
+# The standard evidence keys (docs/contracts.md) are the only ones read: ``count`` (how many
+# times), ``fingerprint`` / ``signature`` / ``tool`` (the call involved) and ``signatures``
+# (several calls, e.g. an oscillation's cycle).
 
 Found = tuple[str, str, str | None, int]  # key, label, tool, count
 
@@ -171,10 +165,9 @@ def _tool_of(signature: str) -> str | None:
 
 
 def _count_of(value: Mapping[str, Any]) -> int:
-    for key in _COUNT_KEYS:
-        raw = value.get(key)
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 1:
-            return int(raw)
+    raw = value.get("count")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 1:
+        return int(raw)
     return 1
 
 
@@ -182,7 +175,7 @@ def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[Found]:
     """(key, label, tool, count) for every call signature named in ``value``.
 
     A mapping with ``fingerprint`` (the stable key) and/or ``signature`` (readable) names one
-    call; ``cycle`` / ``fingerprints`` / ``signatures`` lists name several.
+    call; a ``signatures`` list names several.
     """
     if depth > 4:
         return
@@ -191,16 +184,15 @@ def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[Found]:
         key = fp if isinstance(fp, str) and fp else sg if isinstance(sg, str) and sg else None
         if key is not None:
             label = sg if isinstance(sg, str) and sg else key
-            tool = value.get("tool") or value.get("name")
+            tool = value.get("tool")
             yield key, label, tool if isinstance(tool, str) else _tool_of(key), _count_of(value)
             return
-        for lk in _LIST_KEYS:
-            items = value.get(lk)
-            if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
-                count = _count_of(value)
-                for item in dict.fromkeys(items):
-                    yield item, item, _tool_of(item), count
-                return
+        items = value.get("signatures")
+        if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
+            count = _count_of(value)
+            for item in dict.fromkeys(items):
+                yield item, item, _tool_of(item), count
+            return
         for v in value.values():
             yield from _evidence_signatures(v, depth + 1)
     elif isinstance(value, list):
@@ -269,8 +261,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
-            thresholds: Thresholds = Thresholds()) -> dict[str, Any]:
+def analyse(
+    records: Sequence[Mapping[str, Any]], *, skipped: int = 0, thresholds: Thresholds = Thresholds()
+) -> dict[str, Any]:
     """The report as JSON-able data (see the module docstring)."""
     n = len(records)
     th = thresholds
@@ -282,8 +275,11 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
     tool_calls = sum(int(_num(r.get("tool_calls"))) for r in records)
     duplicates = sum(int(_num(r.get("duplicate_calls"))) for r in records)
     dup_runs = [r for r in records if _num(r.get("duplicate_calls")) > 0]
-    stall_runs = [r for r in records
-                  if _num(r.get("stall_rounds")) > 0 or r.get("termination") in STALL_REASONS]
+    stall_runs = [
+        r
+        for r in records
+        if _num(r.get("stall_rounds")) > 0 or r.get("termination") in STALL_REASONS
+    ]
     loop_stops = sum(terms[t] for t in LOOP_REASONS)
 
     sigs: dict[str, _Sig] = {}
@@ -306,8 +302,10 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
         if entry.tool:
             tool_repeats[entry.tool] += entry.count
             tool_runs[entry.tool] += entry.runs
-    tools = [{"tool": t, "calls": c, "runs": tool_runs[t]}
-             for t, c in sorted(tool_repeats.items(), key=lambda kv: (-kv[1], kv[0]))[: th.top]]
+    tools = [
+        {"tool": t, "calls": c, "runs": tool_runs[t]}
+        for t, c in sorted(tool_repeats.items(), key=lambda kv: (-kv[1], kv[0]))[: th.top]
+    ]
 
     report: dict[str, Any] = {
         "runs": n,
@@ -329,8 +327,14 @@ def analyse(records: Sequence[Mapping[str, Any]], *, skipped: int = 0,
         "stall_rate": len(stall_runs) / n if n else 0.0,
         "loop_stops": loop_stops,
         "top_signatures": [
-            {"signature": e.label, "fingerprint": k, "tool": e.tool, "count": e.count,
-             "runs": e.runs, "terminations": dict(e.reasons)}
+            {
+                "signature": e.label,
+                "fingerprint": k,
+                "tool": e.tool,
+                "count": e.count,
+                "runs": e.runs,
+                "terminations": dict(e.reasons),
+            }
             for k, e in top
         ],
         "tools": tools,
@@ -348,24 +352,34 @@ def _shadow(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     shadowed = [r for r in records if r.get("mode") == "shadow" or r.get("shadow_stop")]
     would = [r for r in shadowed if isinstance(r.get("shadow_stop"), dict)]
     by: Counter[str] = Counter(
-        f"{r['shadow_stop'].get('plugin')}: {r['shadow_stop'].get('reason')}" for r in would)
+        f"{r['shadow_stop'].get('plugin')}: {r['shadow_stop'].get('reason')}" for r in would
+    )
     return {
         "runs": len(shadowed),
         "would_stop": len(would),
         "by": dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "stops": [{"run_id": r.get("run_id"), "termination": r.get("termination"),
-                   **{k: r["shadow_stop"].get(k) for k in ("step", "plugin", "reason", "soft")}}
-                  for r in would[:_SHADOW_LISTED]],
+        "stops": [
+            {
+                "run_id": r.get("run_id"),
+                "termination": r.get("termination"),
+                **{k: r["shadow_stop"].get(k) for k in ("step", "plugin", "reason", "soft")},
+            }
+            for r in would[:_SHADOW_LISTED]
+        ],
     }
 
 
 def _loopish(r: Mapping[str, Any]) -> bool:
-    return (_num(r.get("duplicate_calls")) > 0 or _num(r.get("stall_rounds")) > 0
-            or r.get("termination") in LOOP_REASONS)
+    return (
+        _num(r.get("duplicate_calls")) > 0
+        or _num(r.get("stall_rounds")) > 0
+        or r.get("termination") in LOOP_REASONS
+    )
 
 
-def advise(records: Sequence[Mapping[str, Any]], report: Mapping[str, Any],
-           th: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+def advise(
+    records: Sequence[Mapping[str, Any]], report: Mapping[str, Any], th: Thresholds = Thresholds()
+) -> list[dict[str, Any]]:
     """The field's advice, from the data: raise a budget, or fix the prompt and tools."""
     n = len(records)
     if n == 0:
@@ -376,68 +390,94 @@ def advise(records: Sequence[Mapping[str, Any]], report: Mapping[str, Any],
     budget_loopish = [r for r in budget if _loopish(r)]
     loopish = [r for r in records if _loopish(r)]
     tools = report.get("tools") or []
-    tool_text = ", ".join(f"{t['tool']} ({t['calls']} call{'s' if t['calls'] != 1 else ''} "
-                          f"in {t['runs']} run{'s' if t['runs'] != 1 else ''})" for t in tools)
+    tool_text = ", ".join(
+        f"{t['tool']} ({t['calls']} call{'s' if t['calls'] != 1 else ''} "
+        f"in {t['runs']} run{'s' if t['runs'] != 1 else ''})"
+        for t in tools
+    )
 
     if budget and len(budget) / n > th.mostly and len(budget_loopish) / len(budget) <= th.few:
         which = ", ".join(f"{t} {terms[t]}" for t in BUDGET_REASONS if terms[t])
-        advice.append({
-            "kind": "raise_budget",
-            "message": (
-                f"{len(budget)} of {n} runs ({_pct(len(budget) / n)}) ended on a budget "
-                f"({which}) and only {len(budget_loopish)} of them repeated calls or stalled: "
-                "the tasks need a bigger budget. Raise max_steps / max_tokens, or give these "
-                "tasks a larger profile."
-            ),
-        })
+        advice.append(
+            {
+                "kind": "raise_budget",
+                "message": (
+                    f"{len(budget)} of {n} runs ({_pct(len(budget) / n)}) ended on a budget "
+                    f"({which}) and only {len(budget_loopish)} of them repeated calls or stalled: "
+                    "the tasks need a bigger budget. Raise max_steps / max_tokens, or give these "
+                    "tasks a larger profile."
+                ),
+            }
+        )
     if len(loopish) / n >= th.many:
-        parts = [f"{report['runs_with_duplicates']} with duplicate calls",
-                 f"{report['stall_runs']} stalled"]
+        parts = [
+            f"{report['runs_with_duplicates']} with duplicate calls",
+            f"{report['stall_runs']} stalled",
+        ]
         if report.get("loop_stops"):
             parts.append(f"{report['loop_stops']} stopped by a loop guard")
-        text = (f"{len(loopish)} of {n} runs ({_pct(len(loopish) / n)}) looped "
-                f"({', '.join(parts)}): fix the prompt or the tool descriptions -- a bigger "
-                "budget would only buy more repeats.")
+        text = (
+            f"{len(loopish)} of {n} runs ({_pct(len(loopish) / n)}) looped "
+            f"({', '.join(parts)}): fix the prompt or the tool descriptions -- a bigger "
+            "budget would only buy more repeats."
+        )
         if tool_text:
             text += f" Tools most involved: {tool_text}."
-        advice.append({"kind": "fix_prompt", "message": text,
-                       "tools": [t["tool"] for t in tools]})
+        advice.append({"kind": "fix_prompt", "message": text, "tools": [t["tool"] for t in tools]})
     if terms["failure_streak"] and terms["failure_streak"] / n >= th.many:
         failing: Counter[str] = Counter()
         for r in records:
             if r.get("termination") == "failure_streak":
                 failing.update(set(_evidence_tools(r.get("evidence"))))
         named = [t for t, _ in sorted(failing.items(), key=lambda kv: (-kv[1], kv[0]))][: th.top]
-        text = (f"{terms['failure_streak']} of {n} runs stopped on failure streaks: a tool keeps "
-                "failing -- check its availability and the retry policy.")
+        text = (
+            f"{terms['failure_streak']} of {n} runs stopped on failure streaks: a tool keeps "
+            "failing -- check its availability and the retry policy."
+        )
         if named:
-            text += " Tools failing: " + ", ".join(
-                f"{t} ({failing[t]} run{'s' if failing[t] != 1 else ''})" for t in named) + "."
+            text += (
+                " Tools failing: "
+                + ", ".join(
+                    f"{t} ({failing[t]} run{'s' if failing[t] != 1 else ''})" for t in named
+                )
+                + "."
+            )
         advice.append({"kind": "check_tools", "message": text, "tools": named})
     errors = {t: terms[t] for t in ERROR_REASONS if terms[t]}
     if errors:
         which = ", ".join(f"{t} {c}" for t, c in errors.items())
-        advice.append({
-            "kind": "errors",
-            "message": (f"{sum(errors.values())} of {n} runs ended on errors ({which}): check "
-                        "the failing plugin or the model endpoint (see the records' evidence)."),
-        })
+        advice.append(
+            {
+                "kind": "errors",
+                "message": (
+                    f"{sum(errors.values())} of {n} runs ended on errors ({which}): check "
+                    "the failing plugin or the model endpoint (see the records' evidence)."
+                ),
+            }
+        )
     if not advice:
         done = terms["final_answer"] + terms["terminal_tool"]
         if done / n >= 1 - th.many:
-            advice.append({
-                "kind": "healthy",
-                "message": (f"{done} of {n} runs ({_pct(done / n)}) finished by themselves "
-                            "with few repeats: no change needed."),
-            })
+            advice.append(
+                {
+                    "kind": "healthy",
+                    "message": (
+                        f"{done} of {n} runs ({_pct(done / n)}) finished by themselves "
+                        "with few repeats: no change needed."
+                    ),
+                }
+            )
         else:
-            top = ", ".join(f"{t['termination']} {t['runs']}"
-                            for t in report["termination"][:3])
-            advice.append({
-                "kind": "mixed",
-                "message": (f"No dominant pattern ({top}): read the records of the runs "
-                            "stopped by guards before changing budgets or prompts."),
-            })
+            top = ", ".join(f"{t['termination']} {t['runs']}" for t in report["termination"][:3])
+            advice.append(
+                {
+                    "kind": "mixed",
+                    "message": (
+                        f"No dominant pattern ({top}): read the records of the runs "
+                        "stopped by guards before changing budgets or prompts."
+                    ),
+                }
+            )
     return advice
 
 
@@ -480,26 +520,33 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
         f"({100 * report['duplicate_call_rate']:.1f}%); runs with duplicates: "
         f"{report['runs_with_duplicates']} ({100 * report['runs_with_duplicates_share']:.1f}%)"
     )
-    lines.append(f"stalled runs: {report['stall_runs']} ({100 * report['stall_rate']:.1f}%); "
-                 f"stopped by a loop guard: {report['loop_stops']}")
+    lines.append(
+        f"stalled runs: {report['stall_runs']} ({100 * report['stall_rate']:.1f}%); "
+        f"stopped by a loop guard: {report['loop_stops']}"
+    )
     if report["top_signatures"]:
         lines.append("")
         lines.append("top repeated signatures")
         lines.append(f"  {'calls':>5} {'runs':>4}  {'tool':<18} signature")
         for s in report["top_signatures"]:
-            lines.append(f"  {s['count']:>5} {s['runs']:>4}  {s['tool'] or '-':<18} "
-                         f"{s['signature']}")
+            lines.append(
+                f"  {s['count']:>5} {s['runs']:>4}  {s['tool'] or '-':<18} {s['signature']}"
+            )
     shadow = report.get("shadow") or {}
     if shadow.get("runs"):
         lines.append("")
-        lines.append(f"shadow mode: {shadow['runs']} run(s); guards would have stopped "
-                     f"{shadow['would_stop']}")
+        lines.append(
+            f"shadow mode: {shadow['runs']} run(s); guards would have stopped "
+            f"{shadow['would_stop']}"
+        )
         for label, count in shadow["by"].items():
             lines.append(f"  {count:>5}  {label}")
         for stop in shadow["stops"]:
-            lines.append(f"  run {str(stop['run_id'])[:12]}: step {stop['step']} "
-                         f"{stop['plugin']} ({stop['reason']}{', soft' if stop['soft'] else ''}"
-                         f"); it ended {stop['termination']}")
+            lines.append(
+                f"  run {str(stop['run_id'])[:12]}: step {stop['step']} "
+                f"{stop['plugin']} ({stop['reason']}{', soft' if stop['soft'] else ''}"
+                f"); it ended {stop['termination']}"
+            )
     lines.append("")
     lines.append("advice")
     for a in report["advice"]:
@@ -519,14 +566,16 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    detailed = [r for r in records if isinstance(r.get("steps_detail"), list)
-                and r["steps_detail"]]
+    detailed = [r for r in records if isinstance(r.get("steps_detail"), list) and r["steps_detail"]]
     try:
         if detailed:
             fig, (per_step, running) = plt.subplots(1, 2, figsize=(13, 5.5))
             for r in detailed:
-                by_step = {int(_num(s.get("step"))): _num(s.get("total"))
-                           for s in r["steps_detail"] if isinstance(s, Mapping)}
+                by_step = {
+                    int(_num(s.get("step"))): _num(s.get("total"))
+                    for s in r["steps_detail"]
+                    if isinstance(s, Mapping)
+                }
                 xs = sorted(by_step)
                 cumulative: dict[int, float] = {}
                 total = 0.0
@@ -534,8 +583,7 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
                     total += by_step[x]
                     cumulative[x] = total
                 for ax, ys in ((per_step, by_step), (running, cumulative)):
-                    ax.plot(xs, [ys[x] for x in xs], color="tab:blue", alpha=0.35,
-                            linewidth=1)
+                    ax.plot(xs, [ys[x] for x in xs], color="tab:blue", alpha=0.35, linewidth=1)
                 for v in r.get("verdicts") or ():
                     if not isinstance(v, Mapping) or not xs:
                         continue
@@ -546,9 +594,14 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
                         continue
                     stop = v.get("kind") == "stop"
                     for ax, ys in ((per_step, by_step), (running, cumulative)):
-                        ax.plot([x], [ys[x]], marker="X" if stop else "o",
-                                color="tab:red" if stop else "tab:orange",
-                                markersize=9 if stop else 5, linestyle="none")
+                        ax.plot(
+                            [x],
+                            [ys[x]],
+                            marker="X" if stop else "o",
+                            color="tab:red" if stop else "tab:orange",
+                            markersize=9 if stop else 5,
+                            linestyle="none",
+                        )
             per_step.set_ylabel("tokens of the call (prompt + completion)")
             per_step.set_title(f"Tokens per step across {len(detailed)} runs")
             running.set_ylabel("tokens spent so far")
@@ -557,32 +610,56 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
                 ax.set_xlabel("step (model call)")
                 ax.set_ylim(bottom=0)
                 ax.grid(True, alpha=0.3)
-            per_step.legend(handles=[
-                Line2D([], [], color="tab:blue", alpha=0.6, label="one run"),
-                Line2D([], [], marker="o", color="tab:orange", linestyle="none",
-                       label="guard warning / skip"),
-                Line2D([], [], marker="X", color="tab:red", linestyle="none", markersize=9,
-                       label="guard stop"),
-            ], loc="lower right")
+            per_step.legend(
+                handles=[
+                    Line2D([], [], color="tab:blue", alpha=0.6, label="one run"),
+                    Line2D(
+                        [],
+                        [],
+                        marker="o",
+                        color="tab:orange",
+                        linestyle="none",
+                        label="guard warning / skip",
+                    ),
+                    Line2D(
+                        [],
+                        [],
+                        marker="X",
+                        color="tab:red",
+                        linestyle="none",
+                        markersize=9,
+                        label="guard stop",
+                    ),
+                ],
+                loc="lower right",
+            )
             note = f"plotted tokens per step of {len(detailed)} runs"
         else:
             fig, ax = plt.subplots(figsize=(10, 5.5))
             for guarded in (False, True):
-                pts = [(_num(r.get("steps")), _tokens(r)) for r in records
-                       if bool(r.get("stopped_by")) == guarded]
+                pts = [
+                    (_num(r.get("steps")), _tokens(r))
+                    for r in records
+                    if bool(r.get("stopped_by")) == guarded
+                ]
                 if pts:
-                    ax.scatter([p[0] for p in pts], [p[1] for p in pts],
-                               marker="X" if guarded else "o",
-                               color="tab:red" if guarded else "tab:blue",
-                               label="stopped by a guard" if guarded else "finished")
+                    ax.scatter(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        marker="X" if guarded else "o",
+                        color="tab:red" if guarded else "tab:blue",
+                        label="stopped by a guard" if guarded else "finished",
+                    )
             ax.set_xlabel("steps per run")
             ax.set_ylabel("tokens per run")
             ax.set_title(f"Tokens per run across {len(records)} runs")
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
             ax.legend(loc="upper left")
-            note = ("the records carry no per-step tokens (enable [plugins.run_record] "
-                    "steps_detail = true): plotted tokens per run instead")
+            note = (
+                "the records carry no per-step tokens (enable [plugins.run_record] "
+                "steps_detail = true): plotted tokens per run instead"
+            )
         fig.tight_layout()
         fig.savefig(str(path), dpi=100)
     finally:

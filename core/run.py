@@ -1,7 +1,8 @@
 """The run: one agent loop's live state, its outcome and its record.
 
 A deployment's plugin objects serve many runs, concurrently; everything that belongs to one
-run lives here, including one state slot per plugin (``run.state[plugin_name]``).  Time comes
+run lives here, including the plugins' per-run state (typed, in ``run.stash``; or one slot per
+plugin, ``run.state[plugin_name]``).  Time comes
 from ``run.clock``; the caller cancels through ``run.cancel``.
 """
 
@@ -15,13 +16,25 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.events import ToolResult, Usage
+from loopwarden.sanitize import jsonable as _jsonable
+from loopwarden.stash import Stash
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
     from loopwarden.store import Shared
     from loopwarden.tools import ToolRegistry
+    from loopwarden.verdicts import Stop
 
-__all__ = ["Conversation", "Limits", "Run", "RunOutcome"]
+__all__ = ["PLUGIN_FIELD_DEFAULTS", "Conversation", "Limits", "Run", "RunOutcome"]
+
+#: run-record fields that plugins fill in (``record_fields``), with their value when the
+#: plugin is not enabled -- the record always has them
+PLUGIN_FIELD_DEFAULTS: dict[str, Any] = {
+    "duplicate_calls": 0,
+    "oscillation_hits": 0,
+    "stall_rounds": 0,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +105,7 @@ class Run:
         self,
         user: str,
         *,
-        deployment: Any = None,
+        deployment: Deployment | None = None,
         tools: ToolRegistry | None = None,
         clock: Clock | None = None,
         cancel: CancelToken | None = None,
@@ -135,19 +148,20 @@ class Run:
         self.usage = Usage()
         self.cost = Decimal(0)
         self.cost_currency: str | None = None
-        self.duplicate_calls = 0
-        self.oscillation_hits = 0
-        self.stall_rounds = 0
         self.warnings: list[dict[str, Any]] = []
+        #: warnings not yet injected: the loop adds them to the next model request
+        self.pending_notes: list[str] = []
         self.verdicts: list[dict[str, Any]] = []
         self.errors: list[dict[str, Any]] = []
         #: per-plugin state slots, keyed by plugin name
         self.state: dict[str, Any] = {}
+        #: typed per-run plugin state (see :class:`~loopwarden.Stash`)
+        self.stash = Stash()
         #: the latest non-empty model content, and the last successful observation
         self.best_answer: str | None = None
         self.last_observation: str | None = None
         self.outcome: RunOutcome | None = None
-        self.stopping: Any = None  # the Stop verdict being honoured, if any
+        self.stopping: Stop | None = None  # the Stop verdict being honoured, if any
         #: the stop a shadowed plugin would have made first (shadow mode), else None
         self.shadow_stop: dict[str, Any] | None = None
         #: the time on ``clock`` by which the run must have ended (set in ``on_start`` by the
@@ -181,20 +195,16 @@ class Run:
     def finished(self) -> bool:
         return self.outcome is not None
 
-    def slot(self, name: str, factory: Any) -> Any:
-        """The state slot of plugin ``name``, created by ``factory()`` on first use."""
-        try:
-            return self.state[name]
-        except KeyError:
-            value = self.state[name] = factory()
-            return value
-
     # -- record --------------------------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
-        """The run record (see DESIGN: one JSON object per run)."""
+        """The run record (docs/contracts.md: one JSON object per run).
+
+        The plugins add their fields through the ``record_fields`` hook; the detector
+        counters are 0 when their plugin is not enabled.
+        """
         o = self.outcome or RunOutcome(termination="running")
-        return {
+        record = {
             "run_id": self.run_id,
             "scenario": self.scenario,
             "termination": o.termination,
@@ -203,9 +213,7 @@ class Run:
             "tool_calls": self.tool_calls,
             "tokens": self.usage.as_dict(),
             "cost": float(self.cost),
-            "duplicate_calls": self.duplicate_calls,
-            "oscillation_hits": self.oscillation_hits,
-            "stall_rounds": self.stall_rounds,
+            **PLUGIN_FIELD_DEFAULTS,
             "warnings": list(self.warnings),
             "stopped_by": o.stopped_by,
             "evidence": _jsonable(o.evidence),
@@ -224,6 +232,14 @@ class Run:
             "meta": _jsonable(self.meta),
             "conversation_id": self.conversation.id,
         }
+        if self.deployment is not None:
+            reserved = record.keys() - PLUGIN_FIELD_DEFAULTS.keys()
+            fields, failures = self.deployment.hooks.record_fields(self, reserved)
+            for key, value in fields.items():
+                record[key] = _jsonable(value)
+            if failures:
+                record["errors"] = record["errors"] + failures
+        return record
 
     def trajectory(self) -> list[dict[str, Any]]:
         """The run as trajectory steps (DESIGN's format), derived from the messages."""
@@ -247,23 +263,3 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.run_id[:8]} step={self.step} scenario={self.scenario!r}>"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
-        return f"<an integer of {value.bit_length()} bits>"  # json cannot print it
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    try:
-        return str(value)
-    except Exception as exc:  # a third-party object whose __str__ raises
-        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
-
-
-_MAX_INT_BITS = 4000  # about 1200 digits: far below what int -> str refuses (4300 digits)

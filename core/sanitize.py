@@ -16,10 +16,15 @@ or a report.  Three dangers are handled here, once for every caller:
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
+
+from pydantic import BaseModel
 
 __all__ = [
     "MAX_DEPTH",
@@ -122,8 +127,9 @@ def loads_strict(text: str, limit: int = MAX_DEPTH) -> Any:
     if _SURROGATE.search(text) is not None and clean_text(text) != text:
         raise ValueError("the line holds undecodable bytes or a lone surrogate")
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_strict_float,
-                           parse_int=_strict_int)
+        value = json.loads(
+            text, parse_constant=_reject_constant, parse_float=_strict_float, parse_int=_strict_int
+        )
     except RecursionError:
         raise ValueError(f"the line nests deeper than {limit} levels") from None
     if _too_deep(text, value, limit):
@@ -148,12 +154,15 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def jsonable(value: Any, limit: int = MAX_DEPTH) -> Any:
-    """A copy of ``value`` that encodes as strict, UTF-8-encodable JSON.
+def jsonable(value: Any, limit: int = MAX_DEPTH, *, exact: bool = False) -> Any:
+    """A copy of ``value`` that encodes as strict, UTF-8-encodable JSON -- the one conversion
+    used for run records, alert payloads and the generated docs.
 
     Strings are cleaned (:func:`clean_text`), non-finite floats and integers longer than
-    :data:`MAX_INT_DIGITS` digits become strings, tuples and sets lists, other objects their
-    ``str()``, and anything nested deeper than ``limit`` a placeholder string.
+    :data:`MAX_INT_DIGITS` digits become strings, mappings dicts, tuples and sets lists,
+    Decimals floats (the record's ``cost`` is a number) or, when ``exact``, their exact text
+    (money in a config file), pydantic models their fields, enums their values, other objects
+    their ``str()``, and anything nested deeper than ``limit`` a placeholder string.
     """
     if isinstance(value, str):
         return clean_text(value)
@@ -166,11 +175,19 @@ def jsonable(value: Any, limit: int = MAX_DEPTH) -> Any:
         return value if math.isfinite(value) else str(value)
     if limit <= 0:
         return "(nested too deep)"
-    if isinstance(value, dict):
-        return {clean_text(k if isinstance(k, str) else str(k)): jsonable(v, limit - 1)
-                for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return {
+            clean_text(k if isinstance(k, str) else str(k)): jsonable(v, limit - 1, exact=exact)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v, limit - 1) for v in value]
+        return [jsonable(v, limit - 1, exact=exact) for v in value]
+    if isinstance(value, Decimal):
+        return str(value) if exact else jsonable(float(value), limit)
+    if isinstance(value, BaseModel):
+        return jsonable(value.model_dump(), limit - 1, exact=exact)
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value, limit - 1, exact=exact)
     try:
         return clean_text(str(value))
     except Exception:  # an object whose __str__ fails

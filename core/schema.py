@@ -61,13 +61,16 @@ def plugin_settings_models(
         if name in out or name in BUILTIN_PLUGINS:
             continue
         target, source, spec = _find(name, eps)
-        doc = _first_line(inspect.getdoc(target))
-        out[name] = (settings_model(target), f"plugin {name!r} ({source}: {spec})"
-                     + (f": {doc}" if doc else ""))
+        doc = _summary(inspect.getdoc(target))
+        out[name] = (
+            settings_model(target),
+            f"plugin {name!r} ({source}: {spec})" + (f": {doc}" if doc else ""),
+        )
     return out
 
 
-def _first_line(doc: str | None) -> str:
+def _summary(doc: str | None) -> str:
+    """The first paragraph of a docstring, on one line."""
     return doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""
 
 
@@ -75,7 +78,7 @@ def _doc_of(spec: str) -> str:
     import importlib
 
     mod_name, _, attr = spec.partition(":")
-    return _first_line(inspect.getdoc(getattr(importlib.import_module(mod_name), attr)))
+    return _summary(inspect.getdoc(getattr(importlib.import_module(mod_name), attr)))
 
 
 def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
@@ -89,8 +92,9 @@ def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
     for model, _ in plugins.values():
         if model is not None and model not in models:
             models.append(model)
-    refs, top = models_json_schema([(m, "validation") for m in models],
-                                   ref_template="#/$defs/{model}")
+    refs, top = models_json_schema(
+        [(m, "validation") for m in models], ref_template="#/$defs/{model}"
+    )
     defs: dict[str, Any] = dict(top.get("$defs", {}))
     config_key = refs[(Config, "validation")]["$ref"].rsplit("/", 1)[-1]
     root = defs.pop(config_key)
@@ -112,11 +116,17 @@ def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
     )
     for name, (model, description) in plugins.items():
         if model is None:
-            properties[name] = {"type": "object", "additionalProperties": False,
-                                "maxProperties": 0, "description": description}
+            properties[name] = {
+                "type": "object",
+                "additionalProperties": False,
+                "maxProperties": 0,
+                "description": description,
+            }
         else:
-            properties[name] = {"$ref": refs[(model, "validation")]["$ref"],
-                                "description": description}
+            properties[name] = {
+                "$ref": refs[(model, "validation")]["$ref"],
+                "description": description,
+            }
     root["properties"]["plugins"] = {
         "type": "object",
         "description": "[plugins]: enabled (call order), blocked, and one table per plugin.",

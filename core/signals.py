@@ -56,8 +56,15 @@ record_failed: NamedSignal = _signals.signal(
     "record-failed", doc="A run record could not be written (sent by run_record)."
 )
 
-ALL = (run_started, model_responded, tool_finished, guard_triggered, step_finished, run_stopped,
-       record_failed)
+ALL = (
+    run_started,
+    model_responded,
+    tool_finished,
+    guard_triggered,
+    step_finished,
+    run_stopped,
+    record_failed,
+)
 
 log = logging.getLogger("loopwarden.signals")
 _reported: set[tuple[str, int]] = set()

@@ -133,9 +133,15 @@ class CounterRow:
         reserved = dict(zip(QUANTITIES, self.reserved, strict=True))
         spent["cost"] = float(Decimal(spent["cost"]) * COST_UNIT)  # type: ignore[assignment]
         reserved["cost"] = float(Decimal(reserved["cost"]) * COST_UNIT)  # type: ignore[assignment]
-        return {"scope": self.scope, "key": self.key, "window": self.window,
-                "bucket": self.bucket, "spent": spent, "reserved": reserved,
-                "expires_at": self.expires_at}
+        return {
+            "scope": self.scope,
+            "key": self.key,
+            "window": self.window,
+            "bucket": self.bucket,
+            "spent": spent,
+            "reserved": reserved,
+            "expires_at": self.expires_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +160,20 @@ class Store(Protocol):
 
     url: str
 
-    def reserve(self, counters: Sequence[Counter], amount: Sequence[int], *, token: str,
-                ttl_s: float, commit: bool = False) -> Reserved:
+    def reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        *,
+        token: str,
+        ttl_s: float,
+        commit: bool = False,
+    ) -> Reserved:
         """Atomically: if ``amount`` fits every counter's limits, reserve it under ``token``
         for ``ttl_s`` seconds (``commit``: count it at once instead)."""
         ...
 
-    def settle(self, counters: Sequence[Counter], token: str,
-               actual: Sequence[int] | None) -> None:
+    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
         """Drop the reservation ``token``; count ``actual`` instead (None: nothing)."""
         ...
 
@@ -178,8 +190,14 @@ class Store(Protocol):
         a live entry exists, return it untouched."""
         ...
 
-    def finish(self, key: str, owner: str, state: LedgerState,
-               result: Mapping[str, Any] | None, ttl_s: float) -> None:
+    def finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
         """Record the outcome of ``owner``'s claim (ignored when the claim is not theirs)."""
         ...
 
@@ -194,9 +212,9 @@ class Store(Protocol):
 
 def default_store_url() -> str:
     """``store.sqlite3`` in the data directory (``LOOPWARDEN_DATA_DIR`` overrides it)."""
-    from loopwarden.tools.shop import default_data_dir
+    from loopwarden.paths import data_dir
 
-    return "sqlite:///" + str(default_data_dir() / "store.sqlite3")
+    return "sqlite:///" + str(data_dir() / "store.sqlite3")
 
 
 def redact_url(url: str) -> str:
@@ -216,13 +234,19 @@ def open_store(url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
         if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
-            raise ConfigError(f"bad SQLite URL {url!r}", key="store.url",
-                              expected="sqlite:///relative/path or sqlite:////absolute/path")
-        return SQLiteStore(Path(url[len("sqlite:///"):]).expanduser(), timeout_s=timeout_s)
+            raise ConfigError(
+                f"bad SQLite URL {url!r}",
+                key="store.url",
+                expected="sqlite:///relative/path or sqlite:////absolute/path",
+            )
+        return SQLiteStore(Path(url[len("sqlite:///") :]).expanduser(), timeout_s=timeout_s)
     if scheme in ("redis", "rediss", "unix"):
         return RedisStore(url, namespace=namespace, timeout_s=timeout_s)
-    raise ConfigError(f"unsupported store URL {redact_url(url)!r}", key="store.url",
-                      expected="sqlite:///PATH or redis://HOST:PORT/DB")
+    raise ConfigError(
+        f"unsupported store URL {redact_url(url)!r}",
+        key="store.url",
+        expected="sqlite:///PATH or redis://HOST:PORT/DB",
+    )
 
 
 def _amounts(values: Sequence[Any]) -> Amounts:
@@ -230,8 +254,9 @@ def _amounts(values: Sequence[Any]) -> Amounts:
     return (a[0], a[1], a[2], a[3], a[4])
 
 
-def _first_refused(used: Amounts, amount: Sequence[int],
-                   limits: Sequence[int | None]) -> int | None:
+def _first_refused(
+    used: Amounts, amount: Sequence[int], limits: Sequence[int | None]
+) -> int | None:
     for q, (u, a, lim) in enumerate(zip(used, amount, limits, strict=True)):
         if lim is not None and a > 0 and u + a > lim:
             return q
@@ -289,14 +314,16 @@ class SQLiteStore:
     def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=self._timeout,
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                str(self.path), timeout=self._timeout, isolation_level=None, check_same_thread=False
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SQL_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open the SQLite store {self.path}: {exc}",
-                             url=self.url) from exc
+            raise StoreError(
+                f"cannot open the SQLite store {self.path}: {exc}", url=self.url
+            ) from exc
         return conn
 
     @contextmanager
@@ -323,8 +350,9 @@ class SQLiteStore:
         ident = _ident(c)
         row = conn.execute(f"SELECT {_COLS} FROM counters WHERE {_WHERE}", ident).fetchone()
         res = conn.execute(
-            f"SELECT {', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations WHERE "
-            f"{_WHERE}", ident).fetchone()
+            f"SELECT {', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations WHERE {_WHERE}",
+            ident,
+        ).fetchone()
         return _amounts([(row[i] if row else 0) + (res[i] or 0) for i in range(len(QUANTITIES))])
 
     @staticmethod
@@ -334,10 +362,18 @@ class SQLiteStore:
             "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (scope, key, window, bucket) DO UPDATE SET "
             + ", ".join(f"{q} = {q} + excluded.{q}" for q in QUANTITIES)
             + ", expires_at = excluded.expires_at",
-            (*_ident(c), *amount, c.expires_at))
+            (*_ident(c), *amount, c.expires_at),
+        )
 
-    def reserve(self, counters: Sequence[Counter], amount: Sequence[int], *, token: str,
-                ttl_s: float, commit: bool = False) -> Reserved:
+    def reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        *,
+        token: str,
+        ttl_s: float,
+        commit: bool = False,
+    ) -> Reserved:
         now = self.now()
         with self._tx() as conn:
             conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
@@ -354,15 +390,16 @@ class SQLiteStore:
                     conn.execute(
                         "INSERT OR REPLACE INTO reservations (token, scope, key, window, bucket, "
                         f"{_COLS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (token, *_ident(c), *amount, now + ttl_s))
+                        (token, *_ident(c), *amount, now + ttl_s),
+                    )
             return Reserved(used)
 
-    def settle(self, counters: Sequence[Counter], token: str,
-               actual: Sequence[int] | None) -> None:
+    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
         with self._tx() as conn:
             for c in counters:
-                conn.execute(f"DELETE FROM reservations WHERE {_WHERE} AND token = ?",
-                             (*_ident(c), token))
+                conn.execute(
+                    f"DELETE FROM reservations WHERE {_WHERE} AND token = ?", (*_ident(c), token)
+                )
                 if actual is not None:
                     self._add(conn, c, actual)
 
@@ -373,43 +410,70 @@ class SQLiteStore:
             conn.execute("DELETE FROM counters WHERE expires_at <= ?", (now,))
             rows = conn.execute(
                 f"SELECT scope, key, window, bucket, {_COLS}, expires_at FROM counters "
-                "ORDER BY scope, key, window, bucket").fetchall()
+                "ORDER BY scope, key, window, bucket"
+            ).fetchall()
             reserved = {
-                tuple(r[:4]): _amounts(r[4:]) for r in conn.execute(
+                tuple(r[:4]): _amounts(r[4:])
+                for r in conn.execute(
                     "SELECT scope, key, window, bucket, "
                     f"{', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations "
-                    "GROUP BY scope, key, window, bucket")
+                    "GROUP BY scope, key, window, bucket"
+                )
             }
-        return [CounterRow(r[0], r[1], r[2], r[3], _amounts(r[4:9]),
-                           reserved.get(tuple(r[:4]), (0, 0, 0, 0, 0)), r[9]) for r in rows]
+        return [
+            CounterRow(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                _amounts(r[4:9]),
+                reserved.get(tuple(r[:4]), (0, 0, 0, 0, 0)),
+                r[9],
+            )
+            for r in rows
+        ]
 
     def reset(self, scope: str, key: str) -> int:
         with self._tx() as conn:
             conn.execute("DELETE FROM reservations WHERE scope = ? AND key = ?", (scope, key))
-            return conn.execute("DELETE FROM counters WHERE scope = ? AND key = ?",
-                                (scope, key)).rowcount
+            return conn.execute(
+                "DELETE FROM counters WHERE scope = ? AND key = ?", (scope, key)
+            ).rowcount
 
     def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         now = self.now()
         with self._tx() as conn:
             row = conn.execute(
                 "SELECT state, owner, started_at, result FROM ledger "
-                "WHERE key = ? AND expires_at > ?", (key, now)).fetchone()
+                "WHERE key = ? AND expires_at > ?",
+                (key, now),
+            ).fetchone()
             if row is not None:
-                return LedgerEntry(key, row[0], row[1], row[2],
-                                   json.loads(row[3]) if row[3] else None)
+                return LedgerEntry(
+                    key, row[0], row[1], row[2], json.loads(row[3]) if row[3] else None
+                )
             conn.execute(
                 "INSERT OR REPLACE INTO ledger (key, state, owner, started_at, result, "
-                "expires_at) VALUES (?, 'running', ?, ?, NULL, ?)", (key, owner, now, now + ttl_s))
+                "expires_at) VALUES (?, 'running', ?, ?, NULL, ?)",
+                (key, owner, now, now + ttl_s),
+            )
             return None
 
-    def finish(self, key: str, owner: str, state: LedgerState,
-               result: Mapping[str, Any] | None, ttl_s: float) -> None:
+    def finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
         text = json.dumps(result, ensure_ascii=False) if result is not None else None
         with self._tx() as conn:
-            conn.execute("UPDATE ledger SET state = ?, result = ?, expires_at = ? "
-                         "WHERE key = ? AND owner = ?",
-                         (state, text, self.now() + ttl_s, key, owner))
+            conn.execute(
+                "UPDATE ledger SET state = ?, result = ?, expires_at = ? "
+                "WHERE key = ? AND owner = ?",
+                (state, text, self.now() + ttl_s, key, owner),
+            )
 
     def release(self, key: str, owner: str) -> None:
         with self._tx() as conn:
@@ -539,57 +603,80 @@ class RedisStore:
         except ImportError:
             raise ConfigError(
                 "a redis:// store needs the redis package: pip install 'loopwarden[redis]'",
-                key="store.url") from None
+                key="store.url",
+            ) from None
         self.url = url
         self.now = time.time  #: the wall clock (tests may replace it)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._prefix = "{" + namespace + "}:"
         self._index = self._prefix + "counters"
         try:
-            self._r = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                           socket_connect_timeout=timeout_s)
+            self._r = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
             self._reserve = self._r.register_script(_LUA_RESERVE)
             self._settle = self._r.register_script(_LUA_SETTLE)
             self._claim = self._r.register_script(_LUA_CLAIM)
             self._finish = self._r.register_script(_LUA_FINISH)
         except (ValueError, *self._errors) as exc:
-            raise StoreError(f"cannot use the Redis store {redact_url(url)}: {exc}",
-                             url=redact_url(url)) from exc
+            raise StoreError(
+                f"cannot use the Redis store {redact_url(url)}: {exc}", url=redact_url(url)
+            ) from exc
 
     @contextmanager
     def _errors_as_store_error(self) -> Iterator[None]:
         try:
             yield
         except self._errors as exc:
-            raise StoreError(f"Redis store {redact_url(self.url)}: {exc}",
-                             url=redact_url(self.url)) from exc
+            raise StoreError(
+                f"Redis store {redact_url(self.url)}: {exc}", url=redact_url(self.url)
+            ) from exc
 
     def _keys(self, c: Counter) -> tuple[str, str]:
         ident = "\x1f".join(_ident(c))
         return self._prefix + "c:" + ident, self._prefix + "r:" + ident
 
-    def reserve(self, counters: Sequence[Counter], amount: Sequence[int], *, token: str,
-                ttl_s: float, commit: bool = False) -> Reserved:
+    def reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        *,
+        token: str,
+        ttl_s: float,
+        commit: bool = False,
+    ) -> Reserved:
         keys: list[str] = []
-        args: list[Any] = [repr(self.now()), repr(float(ttl_s)), "1" if commit else "0", token,
-                           *(int(a) for a in amount)]
+        args: list[Any] = [
+            repr(self.now()),
+            repr(float(ttl_s)),
+            "1" if commit else "0",
+            token,
+            *(int(a) for a in amount),
+        ]
         for c in counters:
             keys.extend(self._keys(c))
-            args.extend([repr(c.expires_at) if c.expires_at is not None else "-1", *_ident(c),
-                         *(-1 if lim is None else int(lim) for lim in c.limits)])
+            args.extend(
+                [
+                    repr(c.expires_at) if c.expires_at is not None else "-1",
+                    *_ident(c),
+                    *(-1 if lim is None else int(lim) for lim in c.limits),
+                ]
+            )
         keys.append(self._index)
         with self._errors_as_store_error():
             out = self._reserve(keys=keys, args=args)
         nums = [int(x) for x in out]
-        used = tuple(_amounts(nums[2 + 5 * i: 7 + 5 * i]) for i in range(len(counters)))
+        used = tuple(_amounts(nums[2 + 5 * i : 7 + 5 * i]) for i in range(len(counters)))
         refused = (nums[0] - 1, nums[1] - 1) if nums[0] else None
         return Reserved(used, refused)
 
-    def settle(self, counters: Sequence[Counter], token: str,
-               actual: Sequence[int] | None) -> None:
+    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
         keys: list[str] = []
-        args: list[Any] = [token, "1" if actual is not None else "0",
-                           *(int(a) for a in (actual or (0,) * len(QUANTITIES)))]
+        args: list[Any] = [
+            token,
+            "1" if actual is not None else "0",
+            *(int(a) for a in (actual or (0,) * len(QUANTITIES))),
+        ]
         for c in counters:
             keys.extend(self._keys(c))
             args.extend([repr(c.expires_at) if c.expires_at is not None else "-1", *_ident(c)])
@@ -601,8 +688,10 @@ class RedisStore:
         now = self.now()
         out: list[CounterRow] = []
         with self._errors_as_store_error():
-            names = sorted(n if isinstance(n, bytes) else str(n).encode()
-                           for n in self._r.smembers(self._index))
+            names = sorted(
+                n if isinstance(n, bytes) else str(n).encode()
+                for n in self._r.smembers(self._index)
+            )
             pipe = self._r.pipeline(transaction=False)
             for name in names:
                 pipe.hgetall(name)
@@ -623,9 +712,17 @@ class RedisStore:
                             reserved[q] += int(parts[q])
                 d = {k.decode(): v.decode() for k, v in h.items()}
                 expires = float(round(now + exp)) if exp > 0 else None
-                out.append(CounterRow(d["scope"], d["key"], d["window"], d["bucket"],
-                                      _amounts([d.get(q, 0) for q in QUANTITIES]),
-                                      _amounts(reserved), expires))
+                out.append(
+                    CounterRow(
+                        d["scope"],
+                        d["key"],
+                        d["window"],
+                        d["bucket"],
+                        _amounts([d.get(q, 0) for q in QUANTITIES]),
+                        _amounts(reserved),
+                        expires,
+                    )
+                )
             if gone:
                 self._r.srem(self._index, *gone)
         out.sort(key=lambda r: (r.scope, r.key, r.window, r.bucket))
@@ -648,20 +745,29 @@ class RedisStore:
 
     def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         with self._errors_as_store_error():
-            out = self._claim(keys=[self._entry_key(key)],
-                              args=[owner, repr(self.now()), max(1, int(ttl_s * 1000))])
+            out = self._claim(
+                keys=[self._entry_key(key)],
+                args=[owner, repr(self.now()), max(1, int(ttl_s * 1000))],
+            )
         if not out:
             return None
         d = {out[i].decode(): out[i + 1].decode() for i in range(0, len(out), 2)}
         result = json.loads(d["result"]) if d.get("result") else None
         return LedgerEntry(key, d["state"], d["owner"], float(d["started_at"]), result)
 
-    def finish(self, key: str, owner: str, state: LedgerState,
-               result: Mapping[str, Any] | None, ttl_s: float) -> None:
+    def finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
         text = json.dumps(result, ensure_ascii=False) if result is not None else ""
         with self._errors_as_store_error():
-            self._finish(keys=[self._entry_key(key)],
-                         args=[owner, state, text, max(1, int(ttl_s * 1000))])
+            self._finish(
+                keys=[self._entry_key(key)], args=[owner, state, text, max(1, int(ttl_s * 1000))]
+            )
 
     def release(self, key: str, owner: str) -> None:
         with self._errors_as_store_error():
@@ -697,8 +803,9 @@ class Shared:
         if store is None:
             with self._lock:
                 if self._store is None:
-                    self._store = open_store(self.url, namespace=self.config.namespace,
-                                             timeout_s=self.config.timeout_s)
+                    self._store = open_store(
+                        self.url, namespace=self.config.namespace, timeout_s=self.config.timeout_s
+                    )
                 store = self._store
         return store
 
@@ -711,11 +818,23 @@ class Shared:
     def failed(self, exc: StoreError, what: str, run: Run, plugin: str) -> bool:
         """Log a store failure and note it on the run; True when the policy lets it go on."""
         policy = self.config.on_store_error
-        log.error("store %s unavailable while %s (run %s): %s -- %s", redact_url(self.url), what,
-                  run.run_id, exc, "carrying on without it (fail_open)" if self.fail_open
-                  else "refusing (fail_closed)")
-        run.errors.append({"plugin": plugin, "hook": what, "error": str(exc),
-                           "store": redact_url(self.url), "on_store_error": policy})
+        log.error(
+            "store %s unavailable while %s (run %s): %s -- %s",
+            redact_url(self.url),
+            what,
+            run.run_id,
+            exc,
+            "carrying on without it (fail_open)" if self.fail_open else "refusing (fail_closed)",
+        )
+        run.errors.append(
+            {
+                "plugin": plugin,
+                "hook": what,
+                "error": str(exc),
+                "store": redact_url(self.url),
+                "on_store_error": policy,
+            }
+        )
         return self.fail_open
 
     # -- the ledger (called by the loop) ---------------------------------------------------
@@ -738,8 +857,9 @@ class Shared:
         if key is None or not self.config.ledger:
             return None
         try:
-            return self.store.claim(self._ledger_key(run, key), self._owner(run, call),
-                                    self.config.ledger_ttl_s)
+            return self.store.claim(
+                self._ledger_key(run, key), self._owner(run, call), self.config.ledger_ttl_s
+            )
         except StoreError as exc:
             if self.failed(exc, "claiming a side effect", run, "loopwarden"):
                 return None
@@ -754,11 +874,13 @@ class Shared:
         lkey, owner = self._ledger_key(run, key), self._owner(run, call)
         try:
             if result.ok:
-                self.store.finish(lkey, owner, "done", _result_data(result),
-                                  self.config.ledger_ttl_s)
+                self.store.finish(
+                    lkey, owner, "done", _result_data(result), self.config.ledger_ttl_s
+                )
             elif result.error in ("timeout", "cancelled"):
-                self.store.finish(lkey, owner, "unknown", _result_data(result),
-                                  self.config.ledger_ttl_s)
+                self.store.finish(
+                    lkey, owner, "unknown", _result_data(result), self.config.ledger_ttl_s
+                )
             else:
                 self.store.release(lkey, owner)
         except StoreError as exc:

@@ -57,7 +57,7 @@ from loopwarden.events import (
     ToolResult,
     Usage,
 )
-from loopwarden.loop import Engine
+from loopwarden.loop import parse_calls
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import (
     LoadedPlugin,
@@ -164,9 +164,14 @@ def make_tool(
 
     body.__name__ = name
     return Tool(
-        name=name, func=body, description=description or f"Test tool {name}.",
-        args_model=args_model, read_only=read_only, deterministic=deterministic,
-        side_effect=side_effect, terminal=terminal,
+        name=name,
+        func=body,
+        description=description or f"Test tool {name}.",
+        args_model=args_model,
+        read_only=read_only,
+        deterministic=deterministic,
+        side_effect=side_effect,
+        terminal=terminal,
     )
 
 
@@ -207,8 +212,9 @@ def make_run(
     much had happened.  The conversation holds the user's message.
     """
     if limits is None and (max_steps, max_tokens, max_seconds) != (None, None, None):
-        limits = Limits(name="test", max_steps=max_steps, max_tokens=max_tokens,
-                        max_seconds=max_seconds)
+        limits = Limits(
+            name="test", max_steps=max_steps, max_tokens=max_tokens, max_seconds=max_seconds
+        )
     run = Run(
         user,
         deployment=deployment,
@@ -264,8 +270,9 @@ def make_request(
     )
 
 
-def tool_call(name: str, arguments: Mapping[str, Any] | str | None = None, /,
-              **kwargs: Any) -> dict[str, Any]:
+def tool_call(
+    name: str, arguments: Mapping[str, Any] | str | None = None, /, **kwargs: Any
+) -> dict[str, Any]:
     """One proposed tool call for a scripted turn: ``tool_call("query_order", order_id="1")``.
 
     ``arguments`` may also be raw JSON text (e.g. malformed, to test the loop's handling).
@@ -299,12 +306,6 @@ def _proposed(calls: Iterable[Any]) -> list[ProposedCall]:
     return out
 
 
-def _engine(run: Run) -> Engine:
-    # The loop's own parser: fingerprints, validation, idempotency keys and timeouts come out
-    # exactly as in a run (a test pins this).
-    return Engine(hooks=None, settings=_run_config(run))  # type: ignore[arg-type]
-
-
 def make_response(
     content: str | None = None,
     *calls: Any,
@@ -330,7 +331,7 @@ def make_response(
     parsed_field = "calls"  # ModelResponse.calls, where the loop provides it
     if parsed_field in {f.name for f in dataclasses.fields(ModelResponse)}:
         run = run if run is not None else make_run()
-        setattr(response, parsed_field, _engine(run)._parse_calls(run, response))
+        setattr(response, parsed_field, parse_calls(run, response, _run_config(run)))
     return response
 
 
@@ -357,7 +358,7 @@ def make_tool_call(
     (proposed,) = _proposed([proposal])
     proposed.id = id or f"call_{run.step}_{index}"
     response = ModelResponse(tool_calls=[proposed])
-    (call,) = _engine(run)._parse_calls(run, response)
+    (call,) = parse_calls(run, response, _run_config(run))
     call.index = index
     return call
 
@@ -396,8 +397,11 @@ def make_outcome(
 ) -> RunOutcome:
     """How a run ended, as ``on_stop`` receives it."""
     return RunOutcome(
-        termination=termination, soft=soft, stopped_by=stopped_by,
-        evidence=dict(evidence or {}), final_answer=final_answer,
+        termination=termination,
+        soft=soft,
+        stopped_by=stopped_by,
+        evidence=dict(evidence or {}),
+        final_answer=final_answer,
         final_answer_present=final_answer is not None and termination == "final_answer",
     )
 
@@ -411,16 +415,21 @@ def script(
 ) -> ScriptConfig:
     """A scripted model's script (a scenario's ``[model]`` table) from :func:`turn` dicts."""
     return ScriptConfig.model_validate(
-        {"turns": [dict(t) for t in turns], "then": then, "on_warning": on_warning,
-         "final_text": final_text}
+        {
+            "turns": [dict(t) for t in turns],
+            "then": then,
+            "on_warning": on_warning,
+            "final_text": final_text,
+        }
     )
 
 
 # -- calling one hook ----------------------------------------------------------------------
 
 
-def _plugin_object(plugin: Any, settings: Mapping[str, Any] | BaseModel | None,
-                   name: str | None) -> tuple[str, Any]:
+def _plugin_object(
+    plugin: Any, settings: Mapping[str, Any] | BaseModel | None, name: str | None
+) -> tuple[str, Any]:
     import inspect
 
     pname = name or getattr(plugin, "name", None) or getattr(plugin, "__name__", None)
@@ -499,14 +508,18 @@ class HookRecorder:
         self._pending: list[HookCall] = []
         self._undo: Any = self._pm.add_hookcall_monitoring(self._before, self._after)
 
-    def _before(self, hook_name: str, hook_impls: Sequence[Any],
-                kwargs: Mapping[str, Any]) -> None:
+    def _before(self, hook_name: str, hook_impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         call = HookCall(hook_name, kwargs)
         self.calls.append(call)
         self._pending.append(call)
 
-    def _after(self, outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[Any],
-               kwargs: Mapping[str, Any]) -> None:
+    def _after(
+        self,
+        outcome: pluggy.Result[Any],
+        hook_name: str,
+        hook_impls: Sequence[Any],
+        kwargs: Mapping[str, Any],
+    ) -> None:
         call = self._pending.pop()
         if outcome.exception is not None:
             call.excinfo = outcome.exception
@@ -523,8 +536,9 @@ class HookRecorder:
     def __enter__(self) -> HookRecorder:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.finish_recording()
 
     @property
@@ -588,8 +602,10 @@ class SignalRecorder:
 
     def _receiver(self, name: str) -> Any:
         def receive(sender: Any, **kwargs: Any) -> None:
-            if self.deployment is not None and getattr(sender, "deployment", None) is not \
-                    self.deployment:
+            if (
+                self.deployment is not None
+                and getattr(sender, "deployment", None) is not self.deployment
+            ):
                 return
             self.records.append(SignalRecord(name, sender, kwargs))
 
@@ -602,8 +618,9 @@ class SignalRecorder:
         self._stack = stack
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._stack is not None:
             self._stack.close()
             self._stack = None
@@ -690,8 +707,10 @@ class PluginRun:
     @property
     def log(self) -> list[VerdictRecord]:
         """Every plugin's verdicts in order, with step and hook."""
-        return [VerdictRecord(r.kwargs["step"], r.kwargs["hook"], r.kwargs["verdict"])
-                for r in self.signals.get(_signals.guard_triggered.name)]
+        return [
+            VerdictRecord(r.kwargs["step"], r.kwargs["hook"], r.kwargs["verdict"])
+            for r in self.signals.get(_signals.guard_triggered.name)
+        ]
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -706,8 +725,11 @@ class PluginRun:
     @property
     def executed(self) -> list[str]:
         """Names of the tool calls that really executed (not skipped, not invalid)."""
-        return [r.kwargs["call"].name for r in self.signals.get(_signals.tool_finished.name)
-                if not r.kwargs["result"].skipped and r.kwargs["call"].error is None]
+        return [
+            r.kwargs["call"].name
+            for r in self.signals.get(_signals.tool_finished.name)
+            if not r.kwargs["result"].skipped and r.kwargs["call"].error is None
+        ]
 
 
 def run_plugin(
@@ -758,15 +780,17 @@ def run_plugin(
         registry = shop.tools()
     else:
         registry = _registry(tools)
-    data: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v
-                            for k, v in (config or {}).items()}
+    data: dict[str, Any] = {
+        k: dict(v) if isinstance(v, Mapping) else v for k, v in (config or {}).items()
+    }
     plugins_table: dict[str, Any] = dict(data.get("plugins", {}))
     objects: dict[str, Any] = dict(plugins or {})
     if isinstance(plugin, str):
         pname = name or plugin
         if settings is not None:
-            plugins_table[pname] = (settings.model_dump() if isinstance(settings, BaseModel)
-                                    else dict(settings))
+            plugins_table[pname] = (
+                settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
+            )
     else:
         pname, obj = _plugin_object(plugin, settings, name)
         objects[pname] = obj
@@ -776,15 +800,20 @@ def run_plugin(
     data["plugins"] = plugins_table
     cfg = parse_config(data, path="<test>")
     if scenario is not None:
-        sc = scenario if isinstance(scenario, Scenario) else load_scenario(
-            scenario_path(str(scenario)))
+        sc = (
+            scenario
+            if isinstance(scenario, Scenario)
+            else load_scenario(scenario_path(str(scenario)))
+        )
     else:
         sc = Scenario(
             name="test",
             user=user or "查询订单 88231 的物流",
             model=script(turns, then=then, on_warning=on_warning, final_text=final_text),
-            tools={k: ToolScript.model_validate({"results": list(v)})
-                   for k, v in (tool_results or {}).items()},
+            tools={
+                k: ToolScript.model_validate({"results": list(v)})
+                for k, v in (tool_results or {}).items()
+            },
         )
     if user is not None and scenario is not None:
         sc = sc.model_copy(update={"user": user})
@@ -796,5 +825,14 @@ def run_plugin(
             run = dep.run(scenario=sc, model=model, profile=profile)
     finally:
         dep.close()
-    return PluginRun(plugin=dep.plugins.get(pname), name=pname, run=run, hooks=hooks,
-                     signals=sigs, model=model, deployment=dep, shop=shop, _tmp=tmp)
+    return PluginRun(
+        plugin=dep.plugins.get(pname),
+        name=pname,
+        run=run,
+        hooks=hooks,
+        signals=sigs,
+        model=model,
+        deployment=dep,
+        shop=shop,
+        _tmp=tmp,
+    )

@@ -48,4 +48,3 @@ def percent(used: float | Decimal, limit: float | Decimal) -> int:
     if not limit:
         return 100
     return int(Decimal(str(used)) * 100 / Decimal(str(limit)))
-

@@ -82,5 +82,6 @@ def free_text_differs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> boo
     if a is None or b is None:
         return False
     keys = a.keys() | b.keys()
-    return any(a.get(k) != b.get(k) and (_free_text(a.get(k)) or _free_text(b.get(k)))
-               for k in keys)
+    return any(
+        a.get(k) != b.get(k) and (_free_text(a.get(k)) or _free_text(b.get(k))) for k in keys
+    )

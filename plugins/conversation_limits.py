@@ -68,37 +68,64 @@ _TEMPLATE_FIELDS = {"what": "model calls", "used": 60, "limit": 80, "percent": 7
 class ConversationLimitsSettings(PluginSettings):
     """``[plugins.conversation_limits]``."""
 
-    max_turns: int | None = Field(default=40, ge=1, description="user turns (runs) per "
-                                  "conversation; the run past it is refused (max_turns)")
-    max_idle_turns: int | None = Field(default=20, ge=1, description="user turns in a row "
-                                       "without a tool call; the run past it is refused "
-                                       "(max_turns, rule idle_turns)")
-    max_loop_stops: int | None = Field(default=3, ge=1, description="runs stopped by a loop "
-                                       "or failure guard per conversation; the run after "
-                                       "them is refused (max_turns, rule loop_stops)")
-    max_model_calls: int | None = Field(default=100, ge=1, description="model calls per "
-                                        "conversation, the final wrap-up turn included")
-    max_tool_calls: int | None = Field(default=80, ge=1, description="tool calls per "
-                                       "conversation")
-    max_tokens: int | None = Field(default=1_000_000, ge=1, description="billed tokens "
-                                   "(prompt + completion) per conversation")
-    max_cost: Decimal | None = Field(default=None, gt=0, description="cost per conversation "
-                                     "(needs cost_budget enabled before this plugin)")
-    reserve_output_tokens: int = Field(default=1000, ge=0, description="output reserved "
-                                       "per call for max_tokens (the request's "
-                                       "max_output_tokens if set)")
-    warn_at: float | None = Field(default=0.8, gt=0, le=1, description="warn once per "
-                                  "conversation when a limit reaches this fraction; unset: "
-                                  "never")
-    soft: bool = Field(default=True, description="stop softly (one last tool-less turn) "
-                       "where the limit allows it")
+    max_turns: int | None = Field(
+        default=40,
+        ge=1,
+        description="user turns (runs) per conversation; the run past it is refused (max_turns)",
+    )
+    max_idle_turns: int | None = Field(
+        default=20,
+        ge=1,
+        description="user turns in a row "
+        "without a tool call; the run past it is refused "
+        "(max_turns, rule idle_turns)",
+    )
+    max_loop_stops: int | None = Field(
+        default=3,
+        ge=1,
+        description="runs stopped by a loop "
+        "or failure guard per conversation; the run after "
+        "them is refused (max_turns, rule loop_stops)",
+    )
+    max_model_calls: int | None = Field(
+        default=100,
+        ge=1,
+        description="model calls per conversation, the final wrap-up turn included",
+    )
+    max_tool_calls: int | None = Field(default=80, ge=1, description="tool calls per conversation")
+    max_tokens: int | None = Field(
+        default=1_000_000, ge=1, description="billed tokens (prompt + completion) per conversation"
+    )
+    max_cost: Decimal | None = Field(
+        default=None,
+        gt=0,
+        description="cost per conversation (needs cost_budget enabled before this plugin)",
+    )
+    reserve_output_tokens: int = Field(
+        default=1000,
+        ge=0,
+        description="output reserved "
+        "per call for max_tokens (the request's "
+        "max_output_tokens if set)",
+    )
+    warn_at: float | None = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="warn once per conversation when a limit reaches this fraction; unset: never",
+    )
+    soft: bool = Field(
+        default=True, description="stop softly (one last tool-less turn) where the limit allows it"
+    )
     warning: str = Field(
         default="This conversation has used {used} of its {limit} {what} ({percent}%). "
         "Plan the remaining work within that.",
-        description="the warning ({what}, {used}, {limit}, {percent})")
+        description="the warning ({what}, {used}, {limit}, {percent})",
+    )
     stop_message: str = Field(
         default="This conversation has reached its limit of {limit} {what}.",
-        description="why the run stops ({what}, {used}, {limit}, {percent})")
+        description="why the run stops ({what}, {used}, {limit}, {percent})",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ConversationLimitsSettings:
@@ -125,10 +152,15 @@ class _State:
     tool_calls: int = 0  # this run's counted tool calls
 
 
-_WHAT = {"max_turns": "user turns",
-         "idle_turns": "user turns in a row without a tool call",
-         "loop_stops": "runs stopped by a loop guard", "max_steps": "model calls",
-         "max_tool_calls": "tool calls", "max_tokens": "tokens", "max_cost": "cost"}
+_WHAT = {
+    "max_turns": "user turns",
+    "idle_turns": "user turns in a row without a tool call",
+    "loop_stops": "runs stopped by a loop guard",
+    "max_steps": "model calls",
+    "max_tool_calls": "tool calls",
+    "max_tokens": "tokens",
+    "max_cost": "cost",
+}
 
 
 class ConversationLimits(Plugin[ConversationLimitsSettings]):
@@ -146,24 +178,36 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
     # -- helpers -----------------------------------------------------------------------
 
     def _evidence(self, run: Run, rule: str, used: Any, limit: Any) -> dict[str, Any]:
-        return dict(scope="conversation", window="conversation", key=run.conversation.id,
-                    rule=rule, limit=limit, spent=used, count=used,
-                    turn=self._totals(run).turns + 1)
+        return dict(
+            scope="conversation",
+            window="conversation",
+            key=run.conversation.id,
+            rule=rule,
+            limit=limit,
+            spent=used,
+            count=used,
+            turn=self._totals(run).turns + 1,
+        )
 
     def _totals(self, run: Run) -> _Totals:
         totals: _Totals = self.conversation_state(run)
         return totals
 
     def _text(self, template: str, rule: str, used: Any, limit: Any) -> str:
-        return template.format(what=_WHAT[rule], used=used, limit=limit,
-                               percent=percent(used, limit))
+        return template.format(
+            what=_WHAT[rule], used=used, limit=limit, percent=percent(used, limit)
+        )
 
-    def _stop(self, run: Run, reason: str, used: Any, limit: Any, *, soft: bool,
-              rule: str | None = None) -> Verdict:
+    def _stop(
+        self, run: Run, reason: str, used: Any, limit: Any, *, soft: bool, rule: str | None = None
+    ) -> Verdict:
         rule = rule or reason
-        return self.stop(reason, soft=soft and self.settings.soft,
-                         message=self._text(self.settings.stop_message, rule, used, limit),
-                         **self._evidence(run, rule, used, limit))
+        return self.stop(
+            reason,
+            soft=soft and self.settings.soft,
+            message=self._text(self.settings.stop_message, rule, used, limit),
+            **self._evidence(run, rule, used, limit),
+        )
 
     def _maybe_warn(self, run: Run, reason: str, used: Any, limit: Any) -> Verdict | None:
         s = self.settings
@@ -171,8 +215,11 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         if s.warn_at is None or reason in totals.warned or used < limit * s.warn_at:
             return None
         totals.warned.add(reason)
-        return self.warn(self._text(s.warning, reason, used, limit), threshold=s.warn_at,
-                         **self._evidence(run, reason, used, limit))
+        return self.warn(
+            self._text(s.warning, reason, used, limit),
+            threshold=s.warn_at,
+            **self._evidence(run, reason, used, limit),
+        )
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -182,12 +229,14 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         totals = self._totals(run)
         idle = s.max_idle_turns
         if idle is not None and totals.idle_turns >= idle:
-            return self._stop(run, "max_turns", totals.idle_turns + 1, idle, soft=False,
-                              rule="idle_turns")
+            return self._stop(
+                run, "max_turns", totals.idle_turns + 1, idle, soft=False, rule="idle_turns"
+            )
         loops = s.max_loop_stops
         if loops is not None and totals.loop_stops >= loops:
-            return self._stop(run, "max_turns", totals.loop_stops, loops, soft=False,
-                              rule="loop_stops")
+            return self._stop(
+                run, "max_turns", totals.loop_stops, loops, soft=False, rule="loop_stops"
+            )
         limit = s.max_turns
         if limit is None:
             return None
@@ -213,13 +262,14 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         if s.max_tokens is not None:
             limit = s.max_tokens
             spent = totals.tokens + run.usage.total
-            this_call = request.estimated_tokens + (request.max_output_tokens
-                                                    or s.reserve_output_tokens)
-            rung = ladder(spent + this_call, spent + 2 * this_call, limit, final=final,
-                          warn_level=None)
+            this_call = request.estimated_tokens + (
+                request.max_output_tokens or s.reserve_output_tokens
+            )
+            rung = ladder(
+                spent + this_call, spent + 2 * this_call, limit, final=final, warn_level=None
+            )
             if rung in ("hard", "soft"):
-                return self._stop(run, "max_tokens", spent + this_call, limit,
-                                  soft=rung == "soft")
+                return self._stop(run, "max_tokens", spent + this_call, limit, soft=rung == "soft")
             warning = warning or self._maybe_warn(run, "max_tokens", spent, limit)
         if s.max_cost is not None:
             limit_cost = s.max_cost

@@ -55,7 +55,8 @@ class ModelPrice(BaseModel):
 
     input: Decimal = Field(ge=0, description="price per million prompt tokens")
     cached_input: Decimal | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="price per million cached prompt tokens (default: the input price)",
     )
     output: Decimal = Field(ge=0, description="price per million completion tokens")
@@ -78,13 +79,19 @@ def _default_prices() -> dict[str, ModelPrice]:
     return {
         "scripted": mini,
         "gpt-4o-mini": mini,
-        "gpt-4o": ModelPrice(input=Decimal("2.50"), cached_input=Decimal("1.25"),
-                             output=Decimal("10.00")),
+        "gpt-4o": ModelPrice(
+            input=Decimal("2.50"), cached_input=Decimal("1.25"), output=Decimal("10.00")
+        ),
     }
 
 
-_TEMPLATE_FIELDS = {"spent": "0.35", "limit": "0.50", "percent": 70, "currency": "USD",
-                    "model": "gpt-4o-mini"}
+_TEMPLATE_FIELDS = {
+    "spent": "0.35",
+    "limit": "0.50",
+    "percent": 70,
+    "currency": "USD",
+    "model": "gpt-4o-mini",
+}
 
 
 class CostBudgetSettings(PluginSettings):
@@ -106,12 +113,15 @@ class CostBudgetSettings(PluginSettings):
         'call (fail closed); "free" counts its tokens at no cost',
     )
     reserve_output_tokens: int = Field(
-        default=1000, ge=0,
+        default=1000,
+        ge=0,
         description="output tokens priced in before each call (the request's "
         "max_output_tokens when it sets one)",
     )
     warn_at: float | None = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="warn once when the next call would pass this fraction of max_cost; unset "
         "it to never warn",
     )
@@ -189,8 +199,13 @@ class CostBudget(Plugin[CostBudgetSettings]):
                 f"no price for model {model!r} (priced: {', '.join(sorted(s.prices))}); add "
                 f'[plugins.cost_budget.prices] "{model}" = {{ input = ..., output = ... }} per '
                 'million tokens, or set unknown_model = "free"',
-                path=path, key="plugins.cost_budget.prices",
+                path=path,
+                key="plugins.cost_budget.prices",
             )
+
+    @hookimpl
+    def validate_model(self, model: str, path: str | None) -> None:
+        self.check_model(model, path=path)
 
     @hookimpl
     def on_start(self, run: Run) -> Verdict | None:
@@ -203,7 +218,9 @@ class CostBudget(Plugin[CostBudgetSettings]):
             return self.stop(
                 "max_cost",
                 message=s.unpriced_message.format(model=run.model_name, currency=s.currency),
-                rule="unpriced_model", model=run.model_name, priced_models=sorted(s.prices),
+                rule="unpriced_model",
+                model=run.model_name,
+                priced_models=sorted(s.prices),
                 setting="plugins.cost_budget.prices",
             )
         return None
@@ -222,22 +239,33 @@ class CostBudget(Plugin[CostBudgetSettings]):
         next_call = st.price.cost(prompt + max(growth, reserve), reserve)
         spent = run.cost
         now, after = spent + this_call, spent + this_call + next_call
-        warn_level = None if s.warn_at is None or st.warned else s.max_cost * Decimal(
-            str(s.warn_at))
+        warn_level = (
+            None if s.warn_at is None or st.warned else s.max_cost * Decimal(str(s.warn_at))
+        )
         rung = ladder(now, after, s.max_cost, warn_level=warn_level, final=request.final)
         if rung is None:
             return None
         evidence: dict[str, Any] = dict(
-            spent=spent, limit=s.max_cost, currency=s.currency, model=st.model,
-            projected=now, projected_with_next=after, estimate=prompt, reserved_output=reserve,
+            spent=spent,
+            limit=s.max_cost,
+            currency=s.currency,
+            model=st.model,
+            projected=now,
+            projected_with_next=after,
+            estimate=prompt,
+            reserved_output=reserve,
             price=st.price.model_dump(),
         )
         if rung == "warn":
             st.warned = True
             return self.warn(self._text(s.warning, after, st), threshold=s.warn_at, **evidence)
         used = now if rung == "hard" else after
-        return self.stop("max_cost", soft=rung == "soft",
-                         message=self._text(s.stop_message, used, st), **evidence)
+        return self.stop(
+            "max_cost",
+            soft=rung == "soft",
+            message=self._text(s.stop_message, used, st),
+            **evidence,
+        )
 
     @hookimpl
     def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
@@ -258,14 +286,22 @@ class CostBudget(Plugin[CostBudgetSettings]):
         if run.cost >= s.max_cost and response.tool_calls:
             # Real usage passed what was priced in: no further call can be paid for.
             return self.stop(
-                "max_cost", message=self._text(s.stop_message, run.cost, st),
-                spent=run.cost, limit=s.max_cost, currency=s.currency,
-                model=st.model, reconciled=True,
+                "max_cost",
+                message=self._text(s.stop_message, run.cost, st),
+                spent=run.cost,
+                limit=s.max_cost,
+                currency=s.currency,
+                model=st.model,
+                reconciled=True,
             )
         return None
 
     def _text(self, template: str, spent: Decimal, st: _State) -> str:
         s = self.settings
-        return template.format(spent=_money(spent), limit=_money(s.max_cost),
-                               percent=percent(spent, s.max_cost), currency=s.currency,
-                               model=st.model)
+        return template.format(
+            spent=_money(spent),
+            limit=_money(s.max_cost),
+            percent=percent(spent, s.max_cost),
+            currency=s.currency,
+            model=st.model,
+        )

@@ -38,6 +38,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden._util import first_line as _first_line
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
 
@@ -60,7 +61,8 @@ class FailureStreakSettings(PluginSettings):
         default=3, ge=1, description="failed results in a row that stop the run"
     )
     warn_after: int | None = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="failed results in a row that warn (null: never warn); below stop_after",
     )
     patterns: list[str] = Field(
@@ -130,11 +132,6 @@ class _State:
     round_counted: int = 0  # results that counted (not skipped, not neutral)
 
 
-def _first_line(text: str, limit: int = 200) -> str:
-    line = text.strip().split("\n", 1)[0].strip()
-    return line[:limit] + "..." if len(line) > limit else line
-
-
 class FailureStreak(Plugin[FailureStreakSettings]):
     """Stops runs whose tool calls keep failing."""
 
@@ -184,8 +181,13 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         if not result.skipped and call.name not in self._neutral:
             st.round_counted += 1
             if self.failed(result):
-                box.failures.append({"tool": call.name, "error": _first_line(result.content),
-                                    "kind": result.error or "text"})
+                box.failures.append(
+                    {
+                        "tool": call.name,
+                        "error": _first_line(result.content),
+                        "kind": result.error or "text",
+                    }
+                )
             else:
                 st.round_failed = False
         if not last:
@@ -202,13 +204,18 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         latest = box.failures[-1] if box.failures else {"tool": call.name, "error": ""}
         error = latest["error"]
         evidence: dict[str, Any] = dict(
-            count=box.streak, streak=box.streak, threshold=s.stop_after,
-            failures=list(box.failures), tool=latest["tool"], step=run.step,
+            count=box.streak,
+            streak=box.streak,
+            threshold=s.stop_after,
+            failures=list(box.failures),
+            tool=latest["tool"],
+            step=run.step,
         )
         fields = dict(count=box.streak, error=error, tool=latest["tool"])
         if box.streak >= s.stop_after:
-            return self.stop("failure_streak", soft=s.soft,
-                             message=s.stop_message.format(**fields), **evidence)
+            return self.stop(
+                "failure_streak", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         if s.warn_after is not None and box.streak == s.warn_after:
             return self.warn(s.message.format(**fields), **evidence)
         return None

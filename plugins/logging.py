@@ -42,13 +42,21 @@ if TYPE_CHECKING:
 __all__ = ["LoggingPlugin", "LoggingSettings", "format_kv"]
 
 EventName = Literal[
-    "run_started", "model_responded", "tool_finished", "guard_triggered", "step_finished",
+    "run_started",
+    "model_responded",
+    "tool_finished",
+    "guard_triggered",
+    "step_finished",
     "run_stopped",
 ]
 LevelName = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 DEFAULT_EVENTS: tuple[EventName, ...] = (
-    "run_started", "model_responded", "tool_finished", "guard_triggered", "run_stopped",
+    "run_started",
+    "model_responded",
+    "tool_finished",
+    "guard_triggered",
+    "run_stopped",
 )
 
 _TOPIC: dict[str, str] = {
@@ -79,7 +87,8 @@ class LoggingSettings(PluginSettings):
         description="which events to log (step_finished is off by default: it adds little)",
     )
     preview_chars: int = Field(
-        default=200, ge=0,
+        default=200,
+        ge=0,
         description="characters of model text and tool observations to include (0: none)",
     )
     redact_keys: list[str] = Field(
@@ -190,23 +199,34 @@ class LoggingPlugin(Plugin[LoggingSettings]):
             return
         limits = run.limits
         self.emit(
-            "run_started", run, self._level,
-            profile=limits.name, model=run.model_name,
-            max_steps=limits.max_steps, max_tokens=limits.max_tokens,
+            "run_started",
+            run,
+            self._level,
+            profile=limits.name,
+            model=run.model_name,
+            max_steps=limits.max_steps,
+            max_tokens=limits.max_tokens,
             max_seconds=limits.max_seconds,
             tools=len(run.tools) if run.tools is not None else 0,
             user=self._preview(run.user),
         )
 
     def on_model_responded(
-        self, run: Run, *, request: ModelRequest, response: ModelResponse, duration_s: float,
+        self,
+        run: Run,
+        *,
+        request: ModelRequest,
+        response: ModelResponse,
+        duration_s: float,
         **_: Any,
     ) -> None:
         if not self.wants("model_responded", self._level):
             return
         usage = response.usage
         self.emit(
-            "model_responded", run, self._level,
+            "model_responded",
+            run,
+            self._level,
             step=run.step,
             prompt_tokens=usage.prompt if usage is not None else None,
             completion_tokens=usage.completion if usage is not None else None,
@@ -220,16 +240,16 @@ class LoggingPlugin(Plugin[LoggingSettings]):
             content=self._preview(response.content),
         )
 
-    def on_tool_finished(
-        self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any
-    ) -> None:
+    def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any) -> None:
         if not self.wants("tool_finished", self._level):
             return
         arguments: Any = call.arguments
         if arguments is None:  # unparseable: mask what can be found in the raw text
             arguments = self.redactor.json_text(call.raw_arguments)
         self.emit(
-            "tool_finished", run, self._level,
+            "tool_finished",
+            run,
+            self._level,
             step=call.step,
             index=call.index,
             tool=call.name,
@@ -252,7 +272,9 @@ class LoggingPlugin(Plugin[LoggingSettings]):
             return
         message = verdict.message
         self.emit(
-            "guard_triggered", run, self._guard_level,
+            "guard_triggered",
+            run,
+            self._guard_level,
             step=step,
             hook=hook,
             plugin=verdict.plugin,
@@ -268,8 +290,12 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         if not self.wants("step_finished", self._level):
             return
         self.emit(
-            "step_finished", run, self._level,
-            step=step, run_tokens=run.usage.total, tool_calls=run.tool_calls,
+            "step_finished",
+            run,
+            self._level,
+            step=step,
+            run_tokens=run.usage.total,
+            tool_calls=run.tool_calls,
             context_tokens=run.context_tokens,
         )
 
@@ -281,7 +307,9 @@ class LoggingPlugin(Plugin[LoggingSettings]):
             return
         tokens = record.get("tokens") or {}
         self.emit(
-            "run_stopped", run, level,
+            "run_stopped",
+            run,
+            level,
             termination=outcome.termination,
             soft=outcome.soft,
             stopped_by=outcome.stopped_by,

@@ -26,12 +26,14 @@ class MaxStepsSettings(PluginSettings):
     """``[plugins.max_steps]``."""
 
     max_steps: int = Field(
-        default=40, ge=1,
+        default=40,
+        ge=1,
         description="model calls allowed per run, the soft stop's final turn included "
         "(a run profile's max_steps overrides it)",
     )
     warn_remaining: int = Field(
-        default=2, ge=0,
+        default=2,
+        ge=0,
         description="warn once when this many model calls (or fewer) are left; 0: never warn",
     )
     message: str = Field(
@@ -46,8 +48,9 @@ class MaxStepsSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check(self) -> MaxStepsSettings:
-        check_templates(self, ("message", "stop_message"), {"remaining": 2, "limit": 10,
-                                                            "steps": 9})
+        check_templates(
+            self, ("message", "stop_message"), {"remaining": 2, "limit": 10, "steps": 9}
+        )
         return self
 
 
@@ -66,6 +69,11 @@ class MaxSteps(Plugin[MaxStepsSettings]):
     def new_state(self) -> _State:
         return _State()
 
+    @hookimpl
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The ``steps`` budget this plugin enforces for ``run`` (for the metrics)."""
+        return {"steps": self.limit(run)}
+
     def limit(self, run: Run) -> int:
         """The step limit of ``run``: its profile's, else this plugin's setting."""
         return run.limits.max_steps or self.settings.max_steps
@@ -76,14 +84,20 @@ class MaxSteps(Plugin[MaxStepsSettings]):
         call_no = run.step + 1  # the call about to be made
         if call_no > limit:
             return self.stop(
-                "max_steps", message=self.settings.stop_message.format(limit=limit, steps=run.step),
-                limit=limit, steps=run.step, source=self._source(run),
+                "max_steps",
+                message=self.settings.stop_message.format(limit=limit, steps=run.step),
+                limit=limit,
+                steps=run.step,
+                source=self._source(run),
             )
         if call_no == limit:
             return self.stop(
-                "max_steps", soft=True,
+                "max_steps",
+                soft=True,
                 message=self.settings.stop_message.format(limit=limit, steps=run.step),
-                limit=limit, steps=run.step, source=self._source(run),
+                limit=limit,
+                steps=run.step,
+                source=self._source(run),
             )
         return None
 
@@ -100,7 +114,10 @@ class MaxSteps(Plugin[MaxStepsSettings]):
         st.warned = True
         return self.warn(
             s.message.format(remaining=remaining, limit=limit),
-            limit=limit, remaining=remaining, steps=run.step, source=self._source(run),
+            limit=limit,
+            remaining=remaining,
+            steps=run.step,
+            source=self._source(run),
         )
 
     def _source(self, run: Run) -> str:

@@ -120,7 +120,9 @@ class MetricsSettings(PluginSettings):
         default="loopwarden", description="prefix of the Prometheus metric names"
     )
     prometheus_port: int | None = Field(
-        default=None, ge=0, le=65535,
+        default=None,
+        ge=0,
+        le=65535,
         description="serve /metrics on this port (needs prometheus = true; none: do not serve)",
     )
     prometheus_addr: str = Field(
@@ -180,8 +182,9 @@ class MetricsRegistry:
         names = self.defs[name].labels
         try:
             if len(labels) == len(names):
-                return tuple([v if type(v) is str else str(v)
-                              for v in map(labels.__getitem__, names)])
+                return tuple(
+                    [v if type(v) is str else str(v) for v in map(labels.__getitem__, names)]
+                )
         except KeyError:
             pass
         raise KeyError(f"{name} takes labels {list(names)}, got {sorted(labels)}")
@@ -220,7 +223,8 @@ class MetricsRegistry:
         want = {d.labels.index(k): str(v) for k, v in labels.items()}
         with self._lock:
             return sum(
-                v for key, v in self._counters[name].items()
+                v
+                for key, v in self._counters[name].items()
                 if all(key[i] == s for i, s in want.items())
             )
 
@@ -248,17 +252,27 @@ class MetricsRegistry:
             hist_keys = {n: list(s) for n, s in self._hists.items()}
         for name, series in counters.items():
             labels = self.defs[name].labels
-            out[name] = [{"labels": dict(zip(labels, k, strict=True)), "value": v}
-                         for k, v in sorted(series.items())]
+            out[name] = [
+                {"labels": dict(zip(labels, k, strict=True)), "value": v}
+                for k, v in sorted(series.items())
+            ]
         for name, keys in hist_keys.items():
             labels = self.defs[name].labels
             rows = []
             for k in sorted(keys):
                 lab = dict(zip(labels, k, strict=True))
                 h = self.histogram(name, **lab)
-                rows.append({"labels": lab, "count": h.count, "sum": h.sum,
-                             "buckets": {("+Inf" if b == float("inf") else repr(b)): c
-                                         for b, c in h.buckets.items()}})
+                rows.append(
+                    {
+                        "labels": lab,
+                        "count": h.count,
+                        "sum": h.sum,
+                        "buckets": {
+                            ("+Inf" if b == float("inf") else repr(b)): c
+                            for b, c in h.buckets.items()
+                        },
+                    }
+                )
             out[name] = rows
         return out
 
@@ -270,36 +284,92 @@ class MetricsRegistry:
 
 def _definitions(s: MetricsSettings) -> list[_Def]:
     return [
-        _Def("runs_total", "counter", "Runs by termination (stop reason).", ("termination",),
-             prom_name="runs"),
-        _Def("guard_firings_total", "counter",
-             "Verdicts returned by plugins, by plugin, reason and kind (warn, skip, stop).",
-             ("plugin", "reason", "kind"), prom_name="guard_firings"),
-        _Def("agent.loop_detected", "counter", "Loop-detector firings (agent.loop_detected).",
-             ("plugin", "reason"), prom_name="agent_loop_detected", namespaced=False),
-        _Def("tool_calls_total", "counter", "Tool calls by tool and outcome (ok, error, "
-             "skipped).", ("tool", "outcome"), prom_name="tool_calls"),
+        _Def(
+            "runs_total",
+            "counter",
+            "Runs by termination (stop reason).",
+            ("termination",),
+            prom_name="runs",
+        ),
+        _Def(
+            "guard_firings_total",
+            "counter",
+            "Verdicts returned by plugins, by plugin, reason and kind (warn, skip, stop).",
+            ("plugin", "reason", "kind"),
+            prom_name="guard_firings",
+        ),
+        _Def(
+            "agent.loop_detected",
+            "counter",
+            "Loop-detector firings (agent.loop_detected).",
+            ("plugin", "reason"),
+            prom_name="agent_loop_detected",
+            namespaced=False,
+        ),
+        _Def(
+            "tool_calls_total",
+            "counter",
+            "Tool calls by tool and outcome (ok, error, skipped).",
+            ("tool", "outcome"),
+            prom_name="tool_calls",
+        ),
         _Def("model_calls_total", "counter", "Model calls.", prom_name="model_calls"),
-        _Def("tokens_total", "counter", "Tokens used, by kind (prompt, completion).",
-             ("kind",), prom_name="tokens"),
-        _Def("steps_per_run", "histogram", "Model turns per run.",
-             buckets=tuple(s.step_buckets), prom_name="steps_per_run"),
-        _Def("tokens_per_run", "histogram", "Tokens (prompt + completion) per run.",
-             buckets=tuple(s.token_buckets), prom_name="tokens_per_run"),
-        _Def("run_seconds", "histogram", "Run duration in seconds (on the run's clock).",
-             buckets=tuple(s.seconds_buckets), prom_name="run_seconds"),
-        _Def("budget_use_ratio", "histogram",
-             "What a run used of each limit it had (1.0: the whole budget).", ("budget",),
-             buckets=tuple(s.ratio_buckets), prom_name="budget_use_ratio"),
-        _Def("scope_spend_total", "counter",
-             "What runs charged to shared budgets, by scope name, window and kind.",
-             ("scope", "window", "kind"), prom_name="scope_spend"),
-        _Def("scope_refusals_total", "counter",
-             "Stops by a scoped budget, by scope name, window and stop reason.",
-             ("scope", "window", "reason"), prom_name="scope_refusals"),
-        _Def("record_write_failures_total", "counter",
-             "Run records that could not be written (run_record).",
-             prom_name="record_write_failures"),
+        _Def(
+            "tokens_total",
+            "counter",
+            "Tokens used, by kind (prompt, completion).",
+            ("kind",),
+            prom_name="tokens",
+        ),
+        _Def(
+            "steps_per_run",
+            "histogram",
+            "Model turns per run.",
+            buckets=tuple(s.step_buckets),
+            prom_name="steps_per_run",
+        ),
+        _Def(
+            "tokens_per_run",
+            "histogram",
+            "Tokens (prompt + completion) per run.",
+            buckets=tuple(s.token_buckets),
+            prom_name="tokens_per_run",
+        ),
+        _Def(
+            "run_seconds",
+            "histogram",
+            "Run duration in seconds (on the run's clock).",
+            buckets=tuple(s.seconds_buckets),
+            prom_name="run_seconds",
+        ),
+        _Def(
+            "budget_use_ratio",
+            "histogram",
+            "What a run used of each limit it had (1.0: the whole budget).",
+            ("budget",),
+            buckets=tuple(s.ratio_buckets),
+            prom_name="budget_use_ratio",
+        ),
+        _Def(
+            "scope_spend_total",
+            "counter",
+            "What runs charged to shared budgets, by scope name, window and kind.",
+            ("scope", "window", "kind"),
+            prom_name="scope_spend",
+        ),
+        _Def(
+            "scope_refusals_total",
+            "counter",
+            "Stops by a scoped budget, by scope name, window and stop reason.",
+            ("scope", "window", "reason"),
+            prom_name="scope_refusals",
+        ),
+        _Def(
+            "record_write_failures_total",
+            "counter",
+            "Run records that could not be written (run_record).",
+            prom_name="record_write_failures",
+        ),
     ]
 
 
@@ -315,12 +385,18 @@ class _Prometheus:
         for d in defs:
             ns = namespace if d.namespaced else ""
             if d.kind == "counter":
-                self.metrics[d.name] = pc.Counter(d.prom_name, d.help, list(d.labels),
-                                                  namespace=ns, registry=self.registry)
+                self.metrics[d.name] = pc.Counter(
+                    d.prom_name, d.help, list(d.labels), namespace=ns, registry=self.registry
+                )
             else:
-                self.metrics[d.name] = pc.Histogram(d.prom_name, d.help, list(d.labels),
-                                                    namespace=ns, registry=self.registry,
-                                                    buckets=[*d.buckets, float("inf")])
+                self.metrics[d.name] = pc.Histogram(
+                    d.prom_name,
+                    d.help,
+                    list(d.labels),
+                    namespace=ns,
+                    registry=self.registry,
+                    buckets=[*d.buckets, float("inf")],
+                )
         self.server: Any = None
 
     def inc(self, name: str, amount: float, labels: Mapping[str, Any]) -> None:
@@ -346,13 +422,11 @@ class _Prometheus:
             server[0].server_close()
 
 
-#: budget -> (the run's profile limit, the plugin that enforces it, its limit methods, its
-#: settings fields) -- read with getattr, so a missing or different plugin just has no limit
-_BUDGETS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
-    "steps": ("max_steps", "max_steps", ("limit",), ("max_steps",)),
-    "tokens": ("max_tokens", "token_budget", ("total_limit", "limit"),
-               ("max_total_tokens", "max_tokens")),
-    "seconds": ("max_seconds", "timeout", ("limit",), ("max_seconds",)),
+#: budget -> the run's profile limit for it
+_PROFILE_FIELDS: dict[str, str] = {
+    "steps": "max_steps",
+    "tokens": "max_tokens",
+    "seconds": "max_seconds",
 }
 
 
@@ -363,27 +437,17 @@ def _positive(value: Any) -> float | None:
 
 
 def _budget_limits(run: Run) -> dict[str, float]:
-    """The limits this run had: its profile's, else what the budget plugin enforces."""
+    """The limits this run had: its profile's, else what the budget plugins enforce (the
+    ``budget_limits`` hook)."""
+    enforced: dict[str, Any] = {}
+    if run.deployment is not None:
+        try:
+            enforced = run.deployment.hooks.budget_limits(run)
+        except Exception:  # other plugins' hooks: never break the metrics on them
+            log.debug("budget_limits failed", exc_info=True)
     limits: dict[str, float] = {}
-    plugins = getattr(getattr(run, "deployment", None), "plugins", None)
-    for budget, (profile_field, plugin, methods, fields) in _BUDGETS.items():
-        value = _positive(getattr(run.limits, profile_field, None))
-        obj = plugins.get(plugin) if plugins is not None else None
-        if value is None and obj is not None:
-            for method in methods:
-                fn = getattr(obj, method, None)
-                if callable(fn):
-                    try:
-                        value = _positive(fn(run))
-                    except Exception:  # another plugin's helper: never break on it
-                        value = None
-                    if value is not None:
-                        break
-            settings = getattr(obj, "settings", None)
-            for f in fields if value is None else ():
-                value = _positive(getattr(settings, f, None))
-                if value is not None:
-                    break
+    for budget, profile_field in _PROFILE_FIELDS.items():
+        value = _positive(getattr(run.limits, profile_field)) or _positive(enforced.get(budget))
         if value is not None:
             limits[budget] = value
     return limits
@@ -433,7 +497,8 @@ class Metrics(Plugin[MetricsSettings]):
             if not self.settings.prometheus:
                 raise PrometheusUnavailable(
                     "metrics: Prometheus exposition is off; set prometheus = true in "
-                    "[plugins.metrics]")
+                    "[plugins.metrics]"
+                )
             raise PrometheusUnavailable(f"metrics: {INSTALL_HINT}")
         return self.prometheus.text()
 
@@ -450,8 +515,12 @@ class Metrics(Plugin[MetricsSettings]):
             try:
                 self.prometheus.serve(port, self.settings.prometheus_addr)
             except OSError as exc:
-                log.warning("metrics: cannot serve Prometheus metrics on %s:%s: %s",
-                            self.settings.prometheus_addr, port, exc)
+                log.warning(
+                    "metrics: cannot serve Prometheus metrics on %s:%s: %s",
+                    self.settings.prometheus_addr,
+                    port,
+                    exc,
+                )
 
     def close(self) -> None:
         if self.prometheus is not None:
@@ -476,8 +545,7 @@ class Metrics(Plugin[MetricsSettings]):
             self._inc("tokens_total", usage.prompt, kind="prompt")
             self._inc("tokens_total", usage.completion, kind="completion")
 
-    def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult,
-                         **_: Any) -> None:
+    def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any) -> None:
         outcome = "skipped" if result.skipped else ("ok" if result.ok else "error")
         # A name the model invented is not a label: label values must stay a bounded set.
         tool = call.name if call.tool is not None else UNKNOWN_TOOL
@@ -485,20 +553,24 @@ class Metrics(Plugin[MetricsSettings]):
 
     def on_guard_triggered(self, run: Run, *, verdict: Verdict, **_: Any) -> None:
         reason = str(getattr(verdict, "reason", None) or verdict.kind)
-        self._inc("guard_firings_total", plugin=verdict.plugin, reason=reason,
-                  kind=verdict.kind)
+        self._inc("guard_firings_total", plugin=verdict.plugin, reason=reason, kind=verdict.kind)
         if verdict.plugin in self._loop or reason in self._loop:
             self._inc("agent.loop_detected", plugin=verdict.plugin, reason=reason)
         evidence = verdict.evidence
         if verdict.kind == "stop" and isinstance(evidence.get("scope"), str):
-            self._inc("scope_refusals_total", scope=evidence["scope"],
-                      window=str(evidence.get("window")), reason=reason)
+            self._inc(
+                "scope_refusals_total",
+                scope=evidence["scope"],
+                window=str(evidence.get("window")),
+                reason=reason,
+            )
 
     def on_record_failed(self, run: Run, **_: Any) -> None:
         self._inc("record_write_failures_total")
 
-    def on_run_stopped(self, run: Run, *, outcome: RunOutcome, record: Mapping[str, Any],
-                       **_: Any) -> None:
+    def on_run_stopped(
+        self, run: Run, *, outcome: RunOutcome, record: Mapping[str, Any], **_: Any
+    ) -> None:
         self._inc("runs_total", termination=outcome.termination)
         steps = float(record.get("steps") or 0)
         tokens = float((record.get("tokens") or {}).get("total") or 0)
@@ -515,5 +587,10 @@ class Metrics(Plugin[MetricsSettings]):
             for entry in charged(run):
                 for kind, amount in entry.items():
                     if kind not in ("scope", "window") and amount:
-                        self._inc("scope_spend_total", float(amount), scope=entry["scope"],
-                                  window=entry["window"], kind=kind)
+                        self._inc(
+                            "scope_spend_total",
+                            float(amount),
+                            scope=entry["scope"],
+                            window=entry["window"],
+                            kind=kind,
+                        )

@@ -42,7 +42,9 @@ class NoProgressSettings(PluginSettings):
 
     window: int = Field(default=3, ge=2, description="consecutive non-empty contents compared")
     threshold: float = Field(
-        default=0.7, gt=0, le=1,
+        default=0.7,
+        gt=0,
+        le=1,
         description="Jaccard similarity (CJK character sets, word sets otherwise) at or above "
         "which two consecutive contents count as the same",
     )
@@ -57,7 +59,8 @@ class NoProgressSettings(PluginSettings):
         "false stops at once with the best-effort answer",
     )
     result_memory: int = Field(
-        default=32, ge=1,
+        default=32,
+        ge=1,
         description="result digests remembered to tell a new tool result from a seen one",
     )
     max_chars: int = Field(
@@ -130,13 +133,17 @@ class NoProgress(Plugin[NoProgressSettings]):
         lowest = min(x for x in sims if x is not None)
         new = sum(c.new_results for c in st.contents) - st.contents[-1].new_results
         evidence: dict[str, Any] = dict(
-            similarities=[round(x, 3) for x in sims if x is not None], threshold=s.threshold,
-            window=s.window, new_results=new, steps=[c.step for c in st.contents],
+            similarities=[round(x, 3) for x in sims if x is not None],
+            threshold=s.threshold,
+            window=s.window,
+            new_results=new,
+            steps=[c.step for c in st.contents],
         )
         fields = dict(count=s.window, similarity=round(lowest, 2))
         if new == 0:
-            return self.stop("no_progress", soft=s.soft,
-                             message=s.stop_message.format(**fields), **evidence)
+            return self.stop(
+                "no_progress", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         if s.warn_on_similar and not st.warned:
             st.warned = True
             return self.warn(s.message.format(**fields), **evidence)

@@ -11,7 +11,8 @@ business), is a hit.
 The check runs in ``after_response``, on the proposals of the turn (``response.calls``), so a
 stop prevents those calls from running.  The first hit warns ("you are alternating between
 ...; change strategy or answer now"); the hit numbered ``stop_at_hit`` (default: the next one)
-stops the run with ``oscillation``.  Every hit adds one to ``run.oscillation_hits``.
+stops the run with ``oscillation``.  Every hit adds one to the run record's
+``oscillation_hits``.
 
 Detection is incremental: for each period ``p`` the plugin keeps how many of the latest
 symbols equal the symbol ``p`` places earlier; a cycle of period ``p`` has repeated ``c``
@@ -39,6 +40,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugin import check_templates
+from loopwarden.stash import StashKey
 
 __all__ = ["CycleDetector", "Oscillation", "OscillationSettings"]
 
@@ -55,7 +57,8 @@ class OscillationSettings(PluginSettings):
         default=2, ge=2, description="full repetitions of the cycle that make a hit"
     )
     stop_at_hit: int = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="the hit that stops the run; earlier hits warn (1: stop at the first)",
     )
     soft: bool = Field(
@@ -89,8 +92,7 @@ class OscillationSettings(PluginSettings):
                 f"window ({self.window}) must hold max_period * cycles "
                 f"({self.max_period * self.cycles}) symbols"
             )
-        check_templates(self, ("message", "stop_message"),
-                        dict(cycle="a -> b", period=2, hits=1))
+        check_templates(self, ("message", "stop_message"), dict(cycle="a -> b", period=2, hits=1))
         return self
 
 
@@ -104,8 +106,9 @@ class CycleDetector:
 
     __slots__ = ("_cycles", "_max", "_min", "_runs", "_symbols")
 
-    def __init__(self, min_period: int = 2, max_period: int = 4, cycles: int = 2,
-                 window: int = 8) -> None:
+    def __init__(
+        self, min_period: int = 2, max_period: int = 4, cycles: int = 2, window: int = 8
+    ) -> None:
         self._min, self._max, self._cycles = min_period, max_period, cycles
         self._symbols: deque[str] = deque(maxlen=max(window, max_period * cycles))
         # _runs[p]: how many of the latest symbols equal the symbol p places before them
@@ -162,6 +165,15 @@ class Oscillation(Plugin[OscillationSettings]):
     name = "oscillation"
     Settings = OscillationSettings
 
+    def __init__(self, settings: OscillationSettings | None = None) -> None:
+        super().__init__(settings)
+        #: oscillation hits in a run (the record's ``oscillation_hits``)
+        self.hits = StashKey[int]()
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        return {"oscillation_hits": run.stash.get(self.hits, 0)}
+
     def new_state(self) -> _State:
         s = self.settings
         return _State(CycleDetector(s.min_period, s.max_period, s.cycles, s.window))
@@ -194,7 +206,7 @@ class Oscillation(Plugin[OscillationSettings]):
         if found is None:
             return None
         st.hits += 1
-        run.oscillation_hits += 1
+        run.stash[self.hits] = run.stash.get(self.hits, 0) + 1
         return self._verdict(run, st, found)
 
     def _verdict(self, run: Run, st: _State, period: int) -> Verdict:
@@ -202,13 +214,22 @@ class Oscillation(Plugin[OscillationSettings]):
         cycle_syms = st.detector.last(period)
         cycle = " -> ".join(st.labels.get(sym, sym) for sym in cycle_syms)
         evidence: dict[str, Any] = dict(
-            period=period, cycles=s.cycles, window=s.window, hits=st.hits,
-            threshold=s.stop_at_hit, cycle=cycle_syms, calls=cycle, step=run.step,
+            count=st.hits,
+            signatures=list(cycle_syms),
+            period=period,
+            cycles=s.cycles,
+            window=s.window,
+            hits=st.hits,
+            threshold=s.stop_at_hit,
+            cycle=cycle_syms,
+            calls=cycle,
+            step=run.step,
         )
         fields = dict(cycle=cycle, period=period, hits=st.hits)
         if st.hits >= s.stop_at_hit:
-            return self.stop("oscillation", soft=s.soft,
-                             message=s.stop_message.format(**fields), **evidence)
+            return self.stop(
+                "oscillation", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         return self.warn(s.message.format(**fields), **evidence)
 
     @hookimpl

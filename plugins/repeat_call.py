@@ -35,9 +35,9 @@ repeats of each other (looking an order up again after a refund, or re-running a
 after toggling a setting, is how an agent checks its work).  Repeated side-effect calls
 themselves count across epochs: the loop replays them, so they change nothing.
 
-Every repeat detected adds one to ``run.duplicate_calls``.  State per run is bounded: at most
-``max_fingerprints`` fingerprints (least recently used forgotten first), each with one clipped
-observation, and a window of ``window`` calls.
+Every repeat detected adds one to the run record's ``duplicate_calls``.  State per run is
+bounded: at most ``max_fingerprints`` fingerprints (least recently used forgotten first),
+each with one clipped observation, and a window of ``window`` calls.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden._util import first_line as _first_line
 from loopwarden.plugin import check_templates
+from loopwarden.stash import StashKey
 
 __all__ = ["RepeatCall", "RepeatCallSettings"]
 
@@ -58,7 +60,8 @@ class RepeatCallSettings(PluginSettings):
     """``[plugins.repeat_call]``."""
 
     stop_at_repeat: int = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="the repeat of one call (by fingerprint) that stops the run; earlier "
         "repeats are skipped or warned about (1: the first repeat already stops)",
     )
@@ -66,7 +69,8 @@ class RepeatCallSettings(PluginSettings):
         default=5, ge=2, description="the window rule looks at this many most recent tool calls"
     )
     window_count: int = Field(
-        default=3, ge=2,
+        default=3,
+        ge=2,
         description="the same fingerprint this many times within the last `window` tool calls "
         "stops the run, even with other calls in between",
     )
@@ -83,12 +87,14 @@ class RepeatCallSettings(PluginSettings):
         "stopped like one within a run (a successful change forgets them)",
     )
     max_fingerprints: int = Field(
-        default=256, ge=1,
+        default=256,
+        ge=1,
         description="fingerprints remembered per run, least recently used forgotten first "
         "(bounds memory)",
     )
     max_observation_chars: int = Field(
-        default=4000, ge=1,
+        default=4000,
+        ge=1,
         description="how much of an earlier observation is kept to answer a skipped repeat",
     )
     repeat_hint: str = Field(
@@ -132,8 +138,15 @@ class RepeatCallSettings(PluginSettings):
                 f"window_count ({self.window_count}) must not exceed window ({self.window})"
             )
         check_templates(
-            self, ("repeat_hint", "repeat_observation", "failed_hint", "failed_observation",
-                   "unchanged_hint", "stop_message"),
+            self,
+            (
+                "repeat_hint",
+                "repeat_observation",
+                "failed_hint",
+                "failed_observation",
+                "unchanged_hint",
+                "stop_message",
+            ),
             dict(name="t", signature="t()", count=2, error="e", observation="o", hint="h"),
         )
         return self
@@ -172,16 +185,20 @@ class _State:
     epoch: int = 0  # bumped by every executed call that may change the world
 
 
-def _first_line(text: str, limit: int = 200) -> str:
-    line = text.strip().split("\n", 1)[0].strip()
-    return line[:limit] + "..." if len(line) > limit else line
-
-
 class RepeatCall(Plugin[RepeatCallSettings]):
     """Skips, warns about and finally stops repeated tool calls (see the module docstring)."""
 
     name = "repeat_call"
     Settings = RepeatCallSettings
+
+    def __init__(self, settings: RepeatCallSettings | None = None) -> None:
+        super().__init__(settings)
+        #: duplicate calls in a run (the record's ``duplicate_calls``)
+        self.repeats = StashKey[int]()
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        return {"duplicate_calls": run.stash.get(self.repeats, 0)}
 
     def new_state(self) -> _State:
         return _State(window=deque(maxlen=self.settings.window))
@@ -213,20 +230,29 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     ) -> dict[str, Any]:
         s = self.settings
         return dict(
-            tool=call.name, fingerprint=call.fingerprint, signature=call.signature(),
-            count=e.seen, repeats=e.repeats, threshold=s.stop_at_repeat, window=s.window,
-            window_count=window_hits, window_threshold=s.window_count, step=call.step,
+            tool=call.name,
+            fingerprint=call.fingerprint,
+            signature=call.signature(),
+            count=e.seen,
+            repeats=e.repeats,
+            threshold=s.stop_at_repeat,
+            window=s.window,
+            window_count=window_hits,
+            window_threshold=s.window_count,
+            step=call.step,
             **extra,
         )
 
-    def _stop(self, call: ToolCall, e: _Entry, window_hits: int, *, by_repeats: bool = True,
-              **extra: Any) -> Verdict:
+    def _stop(
+        self, call: ToolCall, e: _Entry, window_hits: int, *, by_repeats: bool = True, **extra: Any
+    ) -> Verdict:
         """The stop verdict; ``rule`` in its evidence names the rule that fired."""
         s = self.settings
         rule = "repeat" if by_repeats and e.repeats >= s.stop_at_repeat else "window"
         sig = call.signature()
         return self.stop(
-            "repeat_call", soft=s.soft,
+            "repeat_call",
+            soft=s.soft,
             message=s.stop_message.format(name=call.name, signature=sig, count=e.seen),
             **self._evidence(call, e, window_hits, rule=rule, **extra),
         )
@@ -250,14 +276,18 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 failures.clear()  # the world changed: earlier failures may not hold now
         elif not result.retryable:
             known = failures.get(fp)
-            failures[fp] = [result.content[: self.settings.max_observation_chars], result.digest,
-                            known[2] if known is not None else 0]
+            failures[fp] = [
+                result.content[: self.settings.max_observation_chars],
+                result.digest,
+                known[2] if known is not None else 0,
+            ]
             failures.move_to_end(fp)
             if len(failures) > self.settings.max_fingerprints:
                 failures.popitem(last=False)
 
-    def _failed_again(self, run: Run, call: ToolCall, result: ToolResult, e: _Entry,
-                      st: _State) -> Verdict | None:
+    def _failed_again(
+        self, run: Run, call: ToolCall, result: ToolResult, e: _Entry, st: _State
+    ) -> Verdict | None:
         """A call that failed for good in an earlier user turn ran again: failing again is a
         repeat (warned, then stopped); succeeding forgets the old failure."""
         carried = e.carried
@@ -267,14 +297,16 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         carried[2] += 1
         e.repeats = carried[2]
         e.seen = max(e.seen, e.repeats + 1)  # calls made, counting the earlier turns
-        run.duplicate_calls += 1
+        run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
         hits = self._in_window(st, f"{call.fingerprint}@{st.epoch}")
         if e.repeats >= s.stop_at_repeat:
             return self._stop(call, e, hits, across_turns=True)
         error = _first_line(result.content)
         fields = dict(name=call.name, signature=call.signature(), count=e.seen)
-        return self.warn(s.failed_hint.format(error=error, **fields),
-                         **self._evidence(call, e, hits, rule="failed", across_turns=True))
+        return self.warn(
+            s.failed_hint.format(error=error, **fields),
+            **self._evidence(call, e, hits, rule="failed", across_turns=True),
+        )
 
     @hookimpl
     def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
@@ -306,7 +338,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 return self._stop(call, e, hits, by_repeats=False)
             return None
         e.repeats += 1
-        run.duplicate_calls += 1
+        run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
         if not e.ok and s.failures_across_turns:
             remembered = self.conversation_state(run).get(fp)
             if remembered is not None:
@@ -324,15 +356,18 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             error = _first_line(e.content)
             hint = s.failed_hint.format(error=error, **fields)
             return self.skip(
-                s.failed_observation.format(observation=e.content, hint=hint, error=error,
-                                            **fields),
-                message=hint, **self._evidence(call, e, hits, rule="failed"),
+                s.failed_observation.format(
+                    observation=e.content, hint=hint, error=error, **fields
+                ),
+                message=hint,
+                **self._evidence(call, e, hits, rule="failed"),
             )
         hint = s.repeat_hint.format(**fields)
         if call.read_only:
             return self.skip(
                 s.repeat_observation.format(observation=e.content, hint=hint, **fields),
-                message=hint, **self._evidence(call, e, hits, rule="repeat"),
+                message=hint,
+                **self._evidence(call, e, hits, rule="repeat"),
             )
         # deterministic but not declared read-only: its result is above, but do not skip it
         return self.warn(hint, **self._evidence(call, e, hits, rule="repeat"))
@@ -354,12 +389,18 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 st.window.append((fp, False))
             else:
                 key = f"{fp}@{st.epoch}#{result.digest}"
-                unchanged = (e.has_result and e.epoch == st.epoch and e.ok and result.ok
-                             and not pending.retry and result.digest == e.digest)
+                unchanged = (
+                    e.has_result
+                    and e.epoch == st.epoch
+                    and e.ok
+                    and result.ok
+                    and not pending.retry
+                    and result.digest == e.digest
+                )
                 st.window.append((key, not pending.retry))
                 if unchanged:
                     e.repeats += 1
-                    run.duplicate_calls += 1
+                    run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
                     hits = self._in_window(st, key)
                     if self._stops(e, hits):
                         verdict = self._stop(call, e, hits, result_digest=result.digest)
@@ -367,8 +408,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                         sig = call.signature()
                         verdict = self.warn(
                             s.unchanged_hint.format(name=call.name, signature=sig, count=e.seen),
-                            **self._evidence(call, e, hits, rule="unchanged",
-                                             result_digest=result.digest),
+                            **self._evidence(
+                                call, e, hits, rule="unchanged", result_digest=result.digest
+                            ),
                         )
                 else:
                     e.repeats = 0  # the result changed: not a repeat

@@ -33,7 +33,8 @@ class RetryPolicySettings(PluginSettings):
     """``[plugins.retry_policy]``."""
 
     max_retries: int = Field(
-        default=1, ge=0,
+        default=1,
+        ge=0,
         description="times a call that failed with a retryable error may be executed again",
     )
     backoff_s: float = Field(
@@ -49,7 +50,8 @@ class RetryPolicySettings(PluginSettings):
         "is never retried",
     )
     max_fingerprints: int = Field(
-        default=256, ge=1,
+        default=256,
+        ge=1,
         description="failing calls remembered per run, least recent forgotten first (bounds "
         "memory)",
     )

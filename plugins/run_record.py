@@ -41,6 +41,7 @@ from pydantic import Field, PositiveInt
 
 from loopwarden import Plugin, PluginSettings, signals
 from loopwarden.exceptions import ConfigError
+from loopwarden.paths import records_path
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
 from loopwarden.sanitize import jsonable
 
@@ -61,9 +62,7 @@ log = logging.getLogger("loopwarden.plugins.run_record")
 
 def default_records_path() -> Path:
     """``runs.jsonl`` in loopwarden's data directory (``LOOPWARDEN_DATA_DIR`` overrides it)."""
-    from loopwarden.tools.shop import default_data_dir
-
-    return default_data_dir() / "runs.jsonl"
+    return records_path()
 
 
 class RunRecordSettings(PluginSettings):
@@ -85,9 +84,7 @@ class RunRecordSettings(PluginSettings):
         default_factory=lambda: list(DEFAULT_REDACT_KEYS),
         description="field names whose values are masked at any depth",
     )
-    fsync: bool = Field(
-        default=False, description="fsync after every record (durable, slower)"
-    )
+    fsync: bool = Field(default=False, description="fsync after every record (durable, slower)")
 
 
 class JsonlAppender:
@@ -136,8 +133,12 @@ class JsonlAppender:
         self.last_error = reason
         if not self._reported:
             self._reported = True
-            log.warning("run_record: cannot append to %s: %s (further failures are not "
-                        "logged until a write succeeds)", self.path, reason)
+            log.warning(
+                "run_record: cannot append to %s: %s (further failures are not "
+                "logged until a write succeeds)",
+                self.path,
+                reason,
+            )
         return False
 
     def close(self) -> None:
@@ -159,8 +160,13 @@ def encode_line(obj: Mapping[str, Any]) -> bytes:
     return (text + "\n").encode("utf-8")
 
 
-_OPEN_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
-               | getattr(os, "O_CLOEXEC", 0))
+_OPEN_FLAGS = (
+    os.O_RDWR
+    | os.O_APPEND
+    | os.O_CREAT
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def _append_line(path: Path, data: bytes, fsync: bool) -> None:
@@ -174,8 +180,11 @@ def _append_line(path: Path, data: bytes, fsync: bool) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or its process dies
         size = os.fstat(fd).st_size
         if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
-            log.warning("run_record: %s ends with a truncated line (an interrupted write?); "
-                        "starting a new line", path)
+            log.warning(
+                "run_record: %s ends with a truncated line (an interrupted write?); "
+                "starting a new line",
+                path,
+            )
             data = b"\n" + data
         _write_all(fd, data)
         if fsync:
@@ -245,26 +254,31 @@ class RunRecord(Plugin[RunRecordSettings]):
         or a device, no permission).  Creates nothing."""
         problem = check_writable(self.path)
         if problem is not None:
-            raise ConfigError(f"records cannot be written to {self.path}: {problem}",
-                              path=path, key="plugins.run_record.path",
-                              expected="a writable regular file (or a directory to create "
-                              "it in)")
+            raise ConfigError(
+                f"records cannot be written to {self.path}: {problem}",
+                path=path,
+                key="plugins.run_record.path",
+                expected="a writable regular file (or a directory to create it in)",
+            )
 
-    def on_model_responded(self, run: Run, *, request: ModelRequest, response: ModelResponse,
-                           **_: Any) -> None:
+    def on_model_responded(
+        self, run: Run, *, request: ModelRequest, response: ModelResponse, **_: Any
+    ) -> None:
         steps: list[dict[str, Any]] = self.state(run)
         if len(steps) >= self.settings.max_steps_detail:
             return
         usage = response.usage
-        steps.append({
-            "step": run.step,
-            "prompt": usage.prompt if usage is not None else None,
-            "completion": usage.completion if usage is not None else None,
-            "total": usage.total if usage is not None else None,
-            "context_tokens": request.estimated_tokens,
-            "tool_calls": len(response.tool_calls),
-            "final": request.final,
-        })
+        steps.append(
+            {
+                "step": run.step,
+                "prompt": usage.prompt if usage is not None else None,
+                "completion": usage.completion if usage is not None else None,
+                "total": usage.total if usage is not None else None,
+                "context_tokens": request.estimated_tokens,
+                "tool_calls": len(response.tool_calls),
+                "final": request.final,
+            }
+        )
 
     def build(self, run: Run, record: Mapping[str, Any]) -> dict[str, Any]:
         """The line to write: the record plus the configured additions, redacted."""
@@ -287,8 +301,7 @@ class RunRecord(Plugin[RunRecordSettings]):
         try:
             line = self.build(run, record)
         except Exception as exc:  # a record that cannot even be built is still reported
-            written = self.appender._fail(f"cannot build the record: {type(exc).__name__}: "
-                                          f"{exc}")
+            written = self.appender._fail(f"cannot build the record: {type(exc).__name__}: {exc}")
         else:
             written = self.appender.append(line)
         if not written:

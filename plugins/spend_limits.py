@@ -103,25 +103,28 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    scope: str = Field(min_length=1, description='"deployment", "conversation", or a meta key '
-                       '("tenant", "user", ...)')
-    window: Window = Field(description='"run", "conversation", "hour", "day", "month" or '
-                           '"total"')
-    max_tokens: PositiveInt | None = Field(default=None, description="tokens (prompt + "
-                                           "completion)")
-    max_cost: Decimal | None = Field(default=None, gt=0, description="cost, in the "
-                                     "cost_budget plugin's currency")
+    scope: str = Field(
+        min_length=1,
+        description='"deployment", "conversation", or a meta key ("tenant", "user", ...)',
+    )
+    window: Window = Field(description='"run", "conversation", "hour", "day", "month" or "total"')
+    max_tokens: PositiveInt | None = Field(default=None, description="tokens (prompt + completion)")
+    max_cost: Decimal | None = Field(
+        default=None, gt=0, description="cost, in the cost_budget plugin's currency"
+    )
     max_runs: PositiveInt | None = Field(default=None, description="runs started")
     max_model_calls: PositiveInt | None = Field(default=None, description="model calls")
     max_tool_calls: PositiveInt | None = Field(default=None, description="tool calls proposed")
-    warn_at: float | None = Field(default=None, gt=0, le=1,
-                                  description="overrides the plugin's warn_at for this budget")
+    warn_at: float | None = Field(
+        default=None, gt=0, le=1, description="overrides the plugin's warn_at for this budget"
+    )
 
     @model_validator(mode="after")
     def _some_limit(self) -> Budget:
         if all(getattr(self, budget_reason(q)) is None for q in QUANTITIES):
-            raise ValueError("a budget needs at least one of "
-                             + ", ".join(budget_reason(q) for q in QUANTITIES))
+            raise ValueError(
+                "a budget needs at least one of " + ", ".join(budget_reason(q) for q in QUANTITIES)
+            )
         return self
 
     def limits(self) -> tuple[int | None, ...]:
@@ -129,13 +132,21 @@ class Budget(BaseModel):
         out: list[int | None] = []
         for q in QUANTITIES:
             value = getattr(self, budget_reason(q))
-            out.append(None if value is None else (cost_units(value) if q == "cost"
-                                                   else int(value)))
+            out.append(
+                None if value is None else (cost_units(value) if q == "cost" else int(value))
+            )
         return tuple(out)
 
 
-_TEMPLATE_FIELDS = {"scope": "tenant", "key": "acme", "window": "day", "quantity": "cost",
-                    "spent": "35.00", "limit": "50.00", "percent": 70}
+_TEMPLATE_FIELDS = {
+    "scope": "tenant",
+    "key": "acme",
+    "window": "day",
+    "quantity": "cost",
+    "spent": "35.00",
+    "limit": "50.00",
+    "percent": 70,
+}
 
 
 class SpendLimitsSettings(PluginSettings):
@@ -145,41 +156,69 @@ class SpendLimitsSettings(PluginSettings):
         default_factory=list,
         description='the budgets: [{ scope = "tenant", window = "day", max_cost = 50.0 }, ...]',
     )
-    timezone: str = Field(default="UTC", description="the time zone of the hour, day and "
-                          "month windows (an IANA name: \"Asia/Shanghai\")")
-    warn_at: float | None = Field(default=0.8, gt=0, le=1, description="warn once per run and "
-                                  "budget when the next call would pass this fraction of a "
-                                  "limit; unset it to never warn")
+    timezone: str = Field(
+        default="UTC",
+        description="the time zone of the hour, day and "
+        'month windows (an IANA name: "Asia/Shanghai")',
+    )
+    warn_at: float | None = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="warn once per run and "
+        "budget when the next call would pass this fraction of a "
+        "limit; unset it to never warn",
+    )
     missing_key: Literal["skip", "refuse"] = Field(
-        default="skip", description='a run without the scope\'s meta key: "skip" the budget, '
-        'or "refuse" the run (stop reason missing_scope_key)')
-    reserve_output_tokens: int = Field(default=1000, ge=0, description="output tokens reserved "
-                                       "per call (the request's max_output_tokens if set)")
-    soft: bool = Field(default=True, description="a budget that the next call would pass "
-                       "makes this call the final tool-less turn (false: stop at once)")
-    keep_windows_s: float = Field(default=35 * 86400.0, gt=0, description="how long the "
-                                  "counters of a past hour / day / month stay listed")
-    keep_runs_s: float = Field(default=86400.0, gt=0, description="how long the counters of "
-                               "run and conversation windows stay after their last use")
+        default="skip",
+        description='a run without the scope\'s meta key: "skip" the budget, '
+        'or "refuse" the run (stop reason missing_scope_key)',
+    )
+    reserve_output_tokens: int = Field(
+        default=1000,
+        ge=0,
+        description="output tokens reserved per call (the request's max_output_tokens if set)",
+    )
+    soft: bool = Field(
+        default=True,
+        description="a budget that the next call would pass "
+        "makes this call the final tool-less turn (false: stop at once)",
+    )
+    keep_windows_s: float = Field(
+        default=35 * 86400.0,
+        gt=0,
+        description="how long the counters of a past hour / day / month stay listed",
+    )
+    keep_runs_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="how long the counters of "
+        "run and conversation windows stay after their last use",
+    )
     warning: str = Field(
         default="The {window} budget of this {scope} is at {percent}% ({quantity}: {spent} of "
         "{limit}). Plan the remaining work within it.",
         description="the warning ({scope}, {key}, {window}, {quantity}, {spent}, {limit}, "
-        "{percent})")
+        "{percent})",
+    )
     stop_message: str = Field(
         default="The {window} budget of this {scope} ({quantity}: {limit}) is used up.",
-        description="why the run stops (same fields)")
+        description="why the run stops (same fields)",
+    )
     refused_message: str = Field(
         default="This run was refused before its first model call: the {window} budget of this "
         "{scope} ({quantity}: {limit}) is used up.",
-        description="why a run is refused at its start (same fields)")
+        description="why a run is refused at its start (same fields)",
+    )
     missing_message: str = Field(
-        default="This run was refused: it carries no {scope!r} in its meta, which a budget "
-        "needs.", description='why a run without the scope\'s key is refused ("refuse"; '
-        "{scope}, {window})")
+        default="This run was refused: it carries no {scope!r} in its meta, which a budget needs.",
+        description='why a run without the scope\'s key is refused ("refuse"; {scope}, {window})',
+    )
     unavailable_message: str = Field(
         default="The shared budget store cannot be reached, so this run's spending cannot be "
-        "bounded; it was stopped.", description="why a run stops when the store fails closed")
+        "bounded; it was stopped.",
+        description="why a run stops when the store fails closed",
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -264,8 +303,9 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             try:
                 pricing = CostBudget(CostBudgetSettings.model_validate(table))
             except ValidationError as exc:
-                raise validation_error(exc, path=deployment.config.path,
-                                       prefix="plugins.cost_budget") from None
+                raise validation_error(
+                    exc, path=deployment.config.path, prefix="plugins.cost_budget"
+                ) from None
         self.pricing = pricing
         self.currency = pricing.settings.currency
 
@@ -282,10 +322,15 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
     def _evidence(self, a: _Applied, q: int, spent: int, **extra: Any) -> dict[str, Any]:
         quantity = QUANTITIES[q]
         limit = a.counter.limits[q]
-        ev: dict[str, Any] = dict(scope=a.counter.scope, key=a.counter.key,
-                                  window=a.counter.window, bucket=a.counter.bucket,
-                                  limit=self._value(q, limit or 0),
-                                  spent=self._value(q, spent), quantity=quantity)
+        ev: dict[str, Any] = dict(
+            scope=a.counter.scope,
+            key=a.counter.key,
+            window=a.counter.window,
+            bucket=a.counter.bucket,
+            limit=self._value(q, limit or 0),
+            spent=self._value(q, spent),
+            quantity=quantity,
+        )
         if quantity == "cost":
             ev["currency"] = self.currency
         ev.update(extra)
@@ -298,10 +343,15 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
     def _text(self, template: str, a: _Applied, q: int, spent: int) -> str:
         limit = a.counter.limits[q] or 0
         show = (lambda u: _money(Decimal(u) * COST_UNIT)) if q == COST else str
-        return template.format(scope=a.counter.scope, key=a.counter.key,
-                               window=a.counter.window, quantity=_QUANTITY[QUANTITIES[q]][1],
-                               spent=show(spent), limit=show(limit),
-                               percent=percent(spent, limit))
+        return template.format(
+            scope=a.counter.scope,
+            key=a.counter.key,
+            window=a.counter.window,
+            quantity=_QUANTITY[QUANTITIES[q]][1],
+            spent=show(spent),
+            limit=show(limit),
+            percent=percent(spent, limit),
+        )
 
     def _store_failed(self, st: _State, run: Run, exc: StoreError, what: str) -> Verdict | None:
         shared = st.shared
@@ -309,8 +359,13 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             st.shared = None  # fail open: the rest of the run is unmetered
             return None
         st.shared = None
-        return self.stop("store_unavailable", message=self.settings.unavailable_message,
-                         store=exc.url, error=str(exc), on_store_error="fail_closed")
+        return self.stop(
+            "store_unavailable",
+            message=self.settings.unavailable_message,
+            store=exc.url,
+            error=str(exc),
+            on_store_error="fail_closed",
+        )
 
     def _release(self, st: _State, run: Run) -> None:
         pending, st.pending = st.pending, None
@@ -334,36 +389,58 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             key = self._key(b.scope, run)
             if key is None:
                 if s.missing_key == "refuse":
-                    return self.stop("missing_scope_key", message=s.missing_message.format(
-                        scope=b.scope, window=b.window), rule="missing_scope_key",
-                        scope=b.scope, window=b.window, before_first_call=True)
+                    return self.stop(
+                        "missing_scope_key",
+                        message=s.missing_message.format(scope=b.scope, window=b.window),
+                        rule="missing_scope_key",
+                        scope=b.scope,
+                        window=b.window,
+                        before_first_call=True,
+                    )
                 continue
             bucket, ends = _bucket(b.window, now, self.zone, run)
-            expires = ends + s.keep_windows_s if ends is not None else (
-                None if b.window == "total" else now + s.keep_runs_s)
+            expires = (
+                ends + s.keep_windows_s
+                if ends is not None
+                else (None if b.window == "total" else now + s.keep_runs_s)
+            )
             warn_at = b.warn_at if b.warn_at is not None else s.warn_at
-            st.applied.append(_Applied(b, Counter(b.scope, key, b.window, bucket, b.limits(),
-                                                  expires), warn_at))
+            st.applied.append(
+                _Applied(b, Counter(b.scope, key, b.window, bucket, b.limits(), expires), warn_at)
+            )
         if not st.applied:
             return None
         st.shared = run.shared
         st.count_tools = any(a.budget.max_tool_calls is not None for a in st.applied)
         pricing = self.pricing
         st.price = pricing.price_of(run.model_name) if pricing is not None else None
-        if (st.price is None and any(a.budget.max_cost is not None for a in st.applied)
-                and (pricing is None or pricing.settings.unknown_model == "error")):
-            return self.stop("max_cost", message=pricing.settings.unpriced_message.format(
-                model=run.model_name, currency=self.currency) if pricing else None,
-                rule="unpriced_model", model=run.model_name, before_first_call=True)
+        if (
+            st.price is None
+            and any(a.budget.max_cost is not None for a in st.applied)
+            and (pricing is None or pricing.settings.unknown_model == "error")
+        ):
+            return self.stop(
+                "max_cost",
+                message=pricing.settings.unpriced_message.format(
+                    model=run.model_name, currency=self.currency
+                )
+                if pricing
+                else None,
+                rule="unpriced_model",
+                model=run.model_name,
+                before_first_call=True,
+            )
         amount = (1, 0, 0, 0, 0)
         try:
-            res = st.shared.store.reserve([a.counter for a in st.applied], amount,
-                                          token=run.run_id, ttl_s=1.0, commit=True)
+            res = st.shared.store.reserve(
+                [a.counter for a in st.applied], amount, token=run.run_id, ttl_s=1.0, commit=True
+            )
         except StoreError as exc:
             return self._store_failed(st, run, exc, "counting a run")
         if res.refused is not None:
-            verdict = self._refused(st, res.used, res.refused, s.refused_message,
-                                    before_first_call=True)
+            verdict = self._refused(
+                st, res.used, res.refused, s.refused_message, before_first_call=True
+            )
             st.shared = None  # nothing more to charge: the run never calls the model
             return verdict
         st.charged[RUNS] += 1
@@ -386,18 +463,34 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         following = (0, 1, 0, next_prompt + out, next_cost)
         token = f"{run.run_id}:{run.step + 1}"
         try:
-            res = st.shared.store.reserve([a.counter for a in st.applied], amount, token=token,
-                                          ttl_s=st.shared.config.reservation_ttl_s)
+            res = st.shared.store.reserve(
+                [a.counter for a in st.applied],
+                amount,
+                token=token,
+                ttl_s=st.shared.config.reservation_ttl_s,
+            )
         except StoreError as exc:
             return self._store_failed(st, run, exc, "reserving a model call")
         if res.refused is not None:
-            return self._refused(st, res.used, res.refused, self.settings.stop_message,
-                                 before_first_call=run.step == 0)
+            return self._refused(
+                st,
+                res.used,
+                res.refused,
+                self.settings.stop_message,
+                before_first_call=run.step == 0,
+            )
         st.pending = (token, amount)
         return self._ladder(st, res.used, amount, following, final=request.final)
 
-    def _ladder(self, st: _State, used: tuple[tuple[int, ...], ...], amount: tuple[int, ...],
-                following: tuple[int, ...] | None, *, final: bool) -> Verdict | None:
+    def _ladder(
+        self,
+        st: _State,
+        used: tuple[tuple[int, ...], ...],
+        amount: tuple[int, ...],
+        following: tuple[int, ...] | None,
+        *,
+        final: bool,
+    ) -> Verdict | None:
         """The rung of a granted charge over every budget and limit: soft when the next call
         (``following``) would not fit, else warn once per budget past its ``warn_at``."""
         s = self.settings
@@ -408,32 +501,56 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                     continue
                 now = used[i][q] + amount[q]
                 after = now + (following[q] if following is not None else 0)
-                warn_level = (None if a.warn_level is None or i in st.warned or warning
-                              else limit * a.warn_level)
+                warn_level = (
+                    None
+                    if a.warn_level is None or i in st.warned or warning
+                    else limit * a.warn_level
+                )
                 if following is None:  # a run or a tool call: nothing comes "next"
                     rung = "warn" if warn_level is not None and now >= warn_level else None
                 else:
-                    rung = ladder(now, after, limit, warn_level=warn_level,
-                                  final=final or not s.soft)
+                    rung = ladder(
+                        now, after, limit, warn_level=warn_level, final=final or not s.soft
+                    )
                 if rung in ("soft", "hard"):  # hard: others' usage grew past the limit
-                    return self.stop(budget_reason(QUANTITIES[q]), soft=not final,
-                                     message=self._text(s.stop_message, a, q, after),
-                                     **self._evidence(a, q, used[i][q],
-                                                      projected=self._value(q, after)))
+                    return self.stop(
+                        budget_reason(QUANTITIES[q]),
+                        soft=not final,
+                        message=self._text(s.stop_message, a, q, after),
+                        **self._evidence(a, q, used[i][q], projected=self._value(q, after)),
+                    )
                 if rung == "warn":
                     st.warned.add(i)
-                    warning = self.warn(self._text(s.warning, a, q, after),
-                                        **self._evidence(a, q, used[i][q], threshold=a.warn_level,
-                                                         projected=self._value(q, after)))
+                    warning = self.warn(
+                        self._text(s.warning, a, q, after),
+                        **self._evidence(
+                            a,
+                            q,
+                            used[i][q],
+                            threshold=a.warn_level,
+                            projected=self._value(q, after),
+                        ),
+                    )
         return warning
 
-    def _refused(self, st: _State, used: tuple[tuple[int, ...], ...], refused: tuple[int, int],
-                 template: str, *, soft: bool = False, **extra: Any) -> Verdict:
+    def _refused(
+        self,
+        st: _State,
+        used: tuple[tuple[int, ...], ...],
+        refused: tuple[int, int],
+        template: str,
+        *,
+        soft: bool = False,
+        **extra: Any,
+    ) -> Verdict:
         i, q = refused
         a = st.applied[i]
-        return self.stop(budget_reason(QUANTITIES[q]), soft=soft,
-                         message=self._text(template, a, q, used[i][q]),
-                         **self._evidence(a, q, used[i][q], **extra))
+        return self.stop(
+            budget_reason(QUANTITIES[q]),
+            soft=soft,
+            message=self._text(template, a, q, used[i][q]),
+            **self._evidence(a, q, used[i][q], **extra),
+        )
 
     @hookimpl
     def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
@@ -444,10 +561,14 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         usage = response.usage
         if usage is None:  # unreported: count the estimates
             completion = run.estimator(response.content or "") + sum(
-                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls)
+                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
+            )
             usage = Usage(prompt=pending[1][TOKENS], completion=completion)
-        price = (self.pricing.price_of(response.model)
-                 if self.pricing is not None and response.model else None) or st.price
+        price = (
+            self.pricing.price_of(response.model)
+            if self.pricing is not None and response.model
+            else None
+        ) or st.price
         cost = cost_units(price.cost(usage.prompt, usage.completion, usage.cached)) if price else 0
         tools = 0 if st.count_tools else len(response.tool_calls)
         actual = (0, 1, tools, usage.total, cost)
@@ -468,15 +589,25 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             return None
         amount = (0, 0, 1, 0, 0)
         try:
-            res = st.shared.store.reserve([a.counter for a in st.applied], amount,
-                                          token=f"{run.run_id}:{call.id}", ttl_s=1.0,
-                                          commit=True)
+            res = st.shared.store.reserve(
+                [a.counter for a in st.applied],
+                amount,
+                token=f"{run.run_id}:{call.id}",
+                ttl_s=1.0,
+                commit=True,
+            )
         except StoreError as exc:
             return self._store_failed(st, run, exc, "counting a tool call")
         if res.refused is not None:
             # soft: one last tool-less turn to answer from what is known
-            return self._refused(st, res.used, res.refused, self.settings.stop_message,
-                                 soft=self.settings.soft, tool=call.name)
+            return self._refused(
+                st,
+                res.used,
+                res.refused,
+                self.settings.stop_message,
+                soft=self.settings.soft,
+                tool=call.name,
+            )
         st.charged[TOOL_CALLS] += 1
         return self._ladder(st, res.used, amount, None, final=False)
 
@@ -493,8 +624,10 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         st: _State | None = run.state.get(self.name)
         if st is None or not st.applied:
             return []
-        amounts = {q: self._value(i, v) for i, (q, v) in enumerate(zip(QUANTITIES, st.charged,
-                                                                     strict=True))}
-        return [{"scope": a.counter.scope, "window": a.counter.window, **amounts}
-                for a in st.applied]
-
+        amounts = {
+            q: self._value(i, v)
+            for i, (q, v) in enumerate(zip(QUANTITIES, st.charged, strict=True))
+        }
+        return [
+            {"scope": a.counter.scope, "window": a.counter.window, **amounts} for a in st.applied
+        ]

@@ -3,9 +3,10 @@
 Each real tool result (skipped calls' synthetic observations are ignored) is compared with the
 last ``window`` results: the same digest, or a token-set Jaccard similarity at or above
 ``similarity`` (CJK characters one by one, words otherwise), makes it a stalled result and
-adds one to ``run.stall_rounds``; a novel result resets the streak.  ``warn_after`` stalled
-results in a row warn; ``stop_after`` in a row stop the run with ``stall``.  This catches an
-agent that explores "different" searches that all return the same nothing.
+adds one to the run record's ``stall_rounds``; a novel result resets the streak.
+``warn_after`` stalled results in a row warn; ``stop_after`` in a row stop the run with
+``stall``.  This catches an agent that explores "different" searches that all return the
+same nothing.
 
 The same answer to a *different* question is news, not a stall: four products each "in
 stock", five flights each "available" -- checking several items one by one is healthy.  So a
@@ -22,7 +23,8 @@ Empty means a failure, text matching ``empty_patterns``, or JSON that holds noth
 ``{}``, objects whose values are all null or empty).
 
 A parallel batch (the tool calls of one model turn) is one round: it is stalled when every
-result in it is, and strong when one of them is.  ``run.stall_rounds`` counts stalled rounds.
+result in it is, and strong when one of them is.  The run record's ``stall_rounds`` counts
+stalled rounds.
 
 A successful call of a tool not declared ``read_only`` (a side effect) changed the world: that
 is progress however much its confirmation resembles the last one (updating three reservations
@@ -53,6 +55,7 @@ from loopwarden import (
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
 from loopwarden.plugins._text import free_text_differs, structurally_empty, token_set
+from loopwarden.stash import StashKey
 
 __all__ = ["Stall", "StallSettings"]
 
@@ -64,25 +67,32 @@ class StallSettings(PluginSettings):
         default=5, ge=1, description="a result is compared with this many earlier results (K)"
     )
     similarity: float = Field(
-        default=0.9, gt=0, le=1,
+        default=0.9,
+        gt=0,
+        le=1,
         description="token-set Jaccard similarity at or above which a result repeats an earlier "
         "one (an equal digest always does)",
     )
     stop_after: int = Field(
-        default=3, ge=1, description="stalled rounds in a row that stop the run (strong "
-        "evidence: the same call's result again, or a rephrased query's empty result)"
+        default=3,
+        ge=1,
+        description="stalled rounds in a row that stop the run (strong "
+        "evidence: the same call's result again, or a rephrased query's empty result)",
     )
     warn_after: int | None = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="stalled rounds in a row that warn (null: never warn); below stop_after",
     )
     sweep_stop_after: int = Field(
-        default=6, ge=1,
+        default=6,
+        ge=1,
         description="stalled rounds in a row that stop the run when they are only empty "
         "answers to different queries (another date, code or id: weak evidence)",
     )
     sweep_warn_after: int | None = Field(
-        default=4, ge=1,
+        default=4,
+        ge=1,
         description="such weak rounds in a row that warn (null: never); below sweep_stop_after",
     )
     soft: bool = Field(
@@ -94,13 +104,19 @@ class StallSettings(PluginSettings):
         default="empty_only",
         description="a result repeating the result of a different call counts as stalled only "
         "when it is empty-like (a failure, or matching empty_patterns): the same answer to "
-        "another question is news; \"any\" counts it always",
+        'another question is news; "any" counts it always',
     )
     empty_patterns: list[str] = Field(
         default_factory=lambda: [
-            r"\bNO_?RESULTS?\b", r"\bNOT_?FOUND\b", r"\bno (results?|matches|records?)\b",
-            r"\bnothing (was )?found\b", r"^\s*(\[\s*\]|\{\s*\}|null|none|n/a)?\s*$",
-            "没有(匹配|找到|相关|结果|记录)", "未找到", "无(结果|记录|匹配)", "查无",
+            r"\bNO_?RESULTS?\b",
+            r"\bNOT_?FOUND\b",
+            r"\bno (results?|matches|records?)\b",
+            r"\bnothing (was )?found\b",
+            r"^\s*(\[\s*\]|\{\s*\}|null|none|n/a)?\s*$",
+            "没有(匹配|找到|相关|结果|记录)",
+            "未找到",
+            "无(结果|记录|匹配)",
+            "查无",
         ],
         description="regular expressions (searched case-insensitively in the first max_chars "
         "characters) that mark a result as saying nothing",
@@ -160,16 +176,24 @@ class Stall(Plugin[StallSettings]):
 
     def __init__(self, settings: StallSettings | None = None) -> None:
         super().__init__(settings)
+        #: stalled rounds in a run (the record's ``stall_rounds``)
+        self.stalled = StashKey[int]()
         patterns = self.settings.empty_patterns
-        self._empty = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) \
-            if patterns else None
+        self._empty = (
+            re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) if patterns else None
+        )
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        return {"stall_rounds": run.stash.get(self.stalled, 0)}
 
     def _says_nothing(self, result: ToolResult) -> bool:
         if not result.ok:
             return True
         head = result.content[: self.settings.max_chars]
         return (self._empty is not None and bool(self._empty.search(head))) or (
-            structurally_empty(head))
+            structurally_empty(head)
+        )
 
     def new_state(self) -> _State:
         return _State(recent=deque(maxlen=self.settings.window))
@@ -180,8 +204,9 @@ class Stall(Plugin[StallSettings]):
         st: _State = self.state(run)
         st.rounds.batch(run.step, len(response.calls))
 
-    def _similarity(self, st: _State, digest: str, tokens: frozenset[str], call: ToolCall,
-                    empty: bool) -> tuple[float, bool]:
+    def _similarity(
+        self, st: _State, digest: str, tokens: frozenset[str], call: ToolCall, empty: bool
+    ) -> tuple[float, bool]:
         """The best similarity with a comparable earlier result, and whether it is strong
         evidence (the same call, or a rephrased query of the same tool)."""
         s = self.settings
@@ -206,8 +231,11 @@ class Stall(Plugin[StallSettings]):
                     sim = 1.0
                 if sim < threshold:
                     continue
-            is_strong = (same or s.different_calls == "any"
-                         or (name == call.name and free_text_differs(args, call.arguments)))
+            is_strong = (
+                same
+                or s.different_calls == "any"
+                or (name == call.name and free_text_differs(args, call.arguments))
+            )
             if sim > best or (is_strong and not strong):
                 best = max(best, sim)
                 strong = strong or is_strong
@@ -232,7 +260,7 @@ class Stall(Plugin[StallSettings]):
         st.round_stalled = False  # judged: later calls of this turn start nothing new
         st.streak += 1
         st.strong += 1 if st.round_strong else 0
-        run.stall_rounds += 1
+        run.stash[self.stalled] = run.stash.get(self.stalled, 0) + 1
         return self._verdict(run, call, st, st.round_digest)
 
     def _observe(self, st: _State, call: ToolCall, result: ToolResult) -> None:
@@ -254,17 +282,28 @@ class Stall(Plugin[StallSettings]):
     def _verdict(self, run: Run, call: ToolCall, st: _State, digest: str) -> Verdict | None:
         s = self.settings
         evidence: dict[str, Any] = dict(
-            count=st.streak, streak=st.streak, strong=st.strong, threshold=s.stop_after,
-            sweep_threshold=s.sweep_stop_after, similarity=round(st.round_best, 3),
-            similarity_threshold=s.similarity, window=s.window, tool=call.name,
-            fingerprint=call.fingerprint, signature=call.signature(), digest=digest,
-            step=run.step, rule="repeat" if st.round_strong else "sweep",
+            count=st.streak,
+            streak=st.streak,
+            strong=st.strong,
+            threshold=s.stop_after,
+            sweep_threshold=s.sweep_stop_after,
+            similarity=round(st.round_best, 3),
+            similarity_threshold=s.similarity,
+            window=s.window,
+            tool=call.name,
+            fingerprint=call.fingerprint,
+            signature=call.signature(),
+            digest=digest,
+            step=run.step,
+            rule="repeat" if st.round_strong else "sweep",
         )
         fields = dict(count=st.streak, tool=call.name)
         if st.strong >= s.stop_after or st.streak >= s.sweep_stop_after:
-            return self.stop("stall", soft=s.soft, message=s.stop_message.format(**fields),
-                             **evidence)
+            return self.stop(
+                "stall", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         if (s.warn_after is not None and st.strong == s.warn_after and st.round_strong) or (
-                s.sweep_warn_after is not None and st.streak == s.sweep_warn_after):
+            s.sweep_warn_after is not None and st.streak == s.sweep_warn_after
+        ):
             return self.warn(s.message.format(**fields), **evidence)
         return None

@@ -61,7 +61,9 @@ class TerminalTool(Plugin[TerminalToolSettings]):
         return self.stop(
             "terminal_tool",
             answer=s.answer.format(observation=result.content, tool=call.name),
-            tool=call.name, step=call.step, call_index=call.index,
+            tool=call.name,
+            step=call.step,
+            call_index=call.index,
             declared_terminal=call.tool is not None and call.tool.terminal,
             observation=result.content[: s.max_evidence_chars],
         )

@@ -50,25 +50,32 @@ from loopwarden.plugins._budgets import check_templates
 
 __all__ = ["Timeout", "TimeoutSettings"]
 
-_TEMPLATE_FIELDS = {"elapsed": 84.0, "limit": 120.0, "left": 36.0, "percent": 70,
-                    "tool": "query_logistics"}
+_TEMPLATE_FIELDS = {
+    "elapsed": 84.0,
+    "limit": 120.0,
+    "left": 36.0,
+    "percent": 70,
+    "tool": "query_logistics",
+}
 
 
 class TimeoutSettings(PluginSettings):
     """``[plugins.timeout]``."""
 
     max_seconds: float = Field(
-        default=600.0, gt=0,
-        description="seconds a run may take on its clock; a run profile's max_seconds "
-        "overrides it",
+        default=600.0,
+        gt=0,
+        description="seconds a run may take on its clock; a run profile's max_seconds overrides it",
     )
     tool_timeout_s: float | None = Field(
-        default=30.0, gt=0,
+        default=30.0,
+        gt=0,
         description="the longest any single tool call may run (a tool's own, shorter timeout "
         "wins); unset: only the tool's own timeout and the time left",
     )
     grace_s: float = Field(
-        default=15.0, ge=0,
+        default=15.0,
+        ge=0,
         description="seconds past max_seconds within which the run still gets its final "
         "tool-less turn (soft stop); later the stop is hard",
     )
@@ -78,7 +85,9 @@ class TimeoutSettings(PluginSettings):
         "the run's time is up (a tool's own timeout is then a retryable failure)",
     )
     warn_at: float | None = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="warn once when this fraction of max_seconds has passed; unset it to "
         "never warn",
     )
@@ -101,8 +110,7 @@ class TimeoutSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check(self) -> TimeoutSettings:
-        check_templates(self, ("warning", "stop_message", "tool_stop_message"),
-                        _TEMPLATE_FIELDS)
+        check_templates(self, ("warning", "stop_message", "tool_stop_message"), _TEMPLATE_FIELDS)
         return self
 
 
@@ -122,17 +130,33 @@ class Timeout(Plugin[TimeoutSettings]):
     def new_state(self) -> _State:
         return _State()
 
+    @hookimpl
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The ``seconds`` budget this plugin enforces for ``run`` (for the metrics)."""
+        return {"seconds": self.limit(run)}
+
     def limit(self, run: Run) -> float:
         """The run's time limit in seconds: its profile's, else ``max_seconds``."""
         return run.limits.max_seconds or self.settings.max_seconds
 
     def _fields(self, run: Run, tool: str = "") -> dict[str, float | int | str]:
         limit, elapsed = self.limit(run), run.elapsed
-        return dict(elapsed=elapsed, limit=limit, left=max(0.0, limit - elapsed),
-                    percent=int(100 * elapsed / limit), tool=tool)
+        return dict(
+            elapsed=elapsed,
+            limit=limit,
+            left=max(0.0, limit - elapsed),
+            percent=int(100 * elapsed / limit),
+            tool=tool,
+        )
 
-    def _stop(self, run: Run, *, final: bool = False, call: ToolCall | None = None,
-              result: ToolResult | None = None) -> Verdict | None:
+    def _stop(
+        self,
+        run: Run,
+        *,
+        final: bool = False,
+        call: ToolCall | None = None,
+        result: ToolResult | None = None,
+    ) -> Verdict | None:
         """The stop for a run whose time is up (or whose tool overran); None when a final
         turn already under way may still finish within the grace period."""
         s = self.settings
@@ -144,16 +168,20 @@ class Timeout(Plugin[TimeoutSettings]):
         time_up = elapsed >= limit
         template = s.stop_message if time_up or call is None else s.tool_stop_message
         evidence: dict[str, Any] = dict(
-            elapsed_s=round(elapsed, 3), limit_s=limit, grace_s=s.grace_s,
-            source=f"profile {run.limits.name}" if run.limits.max_seconds
-            else "plugins.timeout",
+            limit=limit,
+            spent=round(elapsed, 3),
+            elapsed_s=round(elapsed, 3),
+            limit_s=limit,
+            grace_s=s.grace_s,
+            source=f"profile {run.limits.name}" if run.limits.max_seconds else "plugins.timeout",
         )
         if call is not None:
             evidence.update(tool=call.name, tool_timeout_s=call.timeout, step=call.step)
         if result is not None:
             evidence.update(tool_error=result.error, tool_duration_s=round(result.duration_s, 3))
-        return self.stop("timeout", soft=in_grace,
-                         message=template.format(**self._fields(run, tool)), **evidence)
+        return self.stop(
+            "timeout", soft=in_grace, message=template.format(**self._fields(run, tool)), **evidence
+        )
 
     @hookimpl
     def on_start(self, run: Run) -> None:
@@ -174,8 +202,14 @@ class Timeout(Plugin[TimeoutSettings]):
         st: _State = self.state(run)
         if s.warn_at is not None and not st.warned and elapsed >= limit * s.warn_at:
             st.warned = True
-            return self.warn(s.warning.format(**self._fields(run)),
-                             elapsed_s=round(elapsed, 3), limit_s=limit, threshold=s.warn_at)
+            return self.warn(
+                s.warning.format(**self._fields(run)),
+                limit=limit,
+                spent=round(elapsed, 3),
+                elapsed_s=round(elapsed, 3),
+                limit_s=limit,
+                threshold=s.warn_at,
+            )
         return None
 
     @hookimpl

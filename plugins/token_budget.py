@@ -59,27 +59,34 @@ class TokenBudgetSettings(PluginSettings):
     """``[plugins.token_budget]``."""
 
     max_context: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="largest request allowed, in tokens: the estimated prompt plus the output "
         "reserved for its answer; unset: context_fraction of the model's context window",
     )
     context_fraction: float = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="with max_context unset: the share of the model's context window "
         "([model] context_window, else the table of known models) a request may fill",
     )
     max_total_tokens: int = Field(
-        default=400_000, ge=1,
+        default=400_000,
+        ge=1,
         description="billed tokens (prompt + completion, all calls) allowed per run; a run "
         "profile's max_tokens overrides it",
     )
     reserve_output_tokens: int = Field(
-        default=1000, ge=0,
+        default=1000,
+        ge=0,
         description="output tokens reserved for each answer before the call is made (the "
         "request's max_output_tokens when it sets one)",
     )
     warn_at: float | None = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="warn once per limit when the next call would pass this fraction of it; "
         "unset it to never warn",
     )
@@ -106,8 +113,11 @@ class TokenBudgetSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check(self) -> TokenBudgetSettings:
-        check_templates(self, ("context_warning", "total_warning", "context_stop_message",
-                               "total_stop_message"), _TEMPLATE_FIELDS)
+        check_templates(
+            self,
+            ("context_warning", "total_warning", "context_stop_message", "total_stop_message"),
+            _TEMPLATE_FIELDS,
+        )
         return self
 
 
@@ -154,10 +164,10 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         from loopwarden.models.windows import context_window
 
         model = deployment.config.model if deployment is not None else None
-        window, source = (model.window() if model is not None
-                          else context_window(None))
+        window, source = model.window() if model is not None else context_window(None)
         return max(1, int(window * s.context_fraction)), (
-            f"{s.context_fraction:g} of the context window {window} ({source})")
+            f"{s.context_fraction:g} of the context window {window} ({source})"
+        )
 
     def connect(self, deployment: Deployment) -> None:
         """Size ``max_context`` from the deployment's model (when not set explicitly)."""
@@ -166,14 +176,23 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         if self.settings.max_context is None and model.window()[1] == "default":
             log.warning(
                 "model %r: context window unknown, assuming %d tokens (max_context %d); set "
-                "[model] context_window in %s", model.name, model.window()[0],
-                self.max_context, deployment.config.path or "the config")
+                "[model] context_window in %s",
+                model.name,
+                model.window()[0],
+                self.max_context,
+                deployment.config.path or "the config",
+            )
 
     def new_state(self) -> _State:
         return _State()
 
     def new_conversation_state(self) -> _ConversationState:
         return _ConversationState()
+
+    @hookimpl
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The ``tokens`` budget this plugin enforces for ``run`` (for the metrics)."""
+        return {"tokens": self.total_limit(run)}
 
     def total_limit(self, run: Run) -> int:
         """The run's total-token limit: its profile's, else ``max_total_tokens``."""
@@ -205,33 +224,65 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         final = request.final
         warn_at = s.warn_at
         checks = [
-            _Check("max_context", ladder(
-                this_call, next_call, max_context, final=final,
-                warn_level=None if warn_at is None or conv.warned_context
-                else max_context * warn_at), this_call, next_call, max_context),
-            _Check("max_tokens", ladder(
-                spent + this_call, spent + this_call + next_call, total, final=final,
-                warn_level=None if warn_at is None or st.warned_total else total * warn_at),
-                spent + this_call, spent + this_call + next_call, total),
+            _Check(
+                "max_context",
+                ladder(
+                    this_call,
+                    next_call,
+                    max_context,
+                    final=final,
+                    warn_level=None
+                    if warn_at is None or conv.warned_context
+                    else max_context * warn_at,
+                ),
+                this_call,
+                next_call,
+                max_context,
+            ),
+            _Check(
+                "max_tokens",
+                ladder(
+                    spent + this_call,
+                    spent + this_call + next_call,
+                    total,
+                    final=final,
+                    warn_level=None if warn_at is None or st.warned_total else total * warn_at,
+                ),
+                spent + this_call,
+                spent + this_call + next_call,
+                total,
+            ),
         ]
         worst = min(checks, key=lambda c: _SEVERITY[c.rung])  # ties: max_context first
         evidence: dict[str, Any] = dict(
-            estimate=prompt, reserved_output=reserve, spent=spent, growth=growth,
-            expected_growth=expected, max_context=max_context,
-            context_source=f"profile {run.limits.name}" if run.limits.max_context
-            else self.context_source, max_total_tokens=total,
-            total_source=f"profile {run.limits.name}" if run.limits.max_tokens
+            estimate=prompt,
+            reserved_output=reserve,
+            spent=spent,
+            growth=growth,
+            expected_growth=expected,
+            max_context=max_context,
+            context_source=f"profile {run.limits.name}"
+            if run.limits.max_context
+            else self.context_source,
+            max_total_tokens=total,
+            total_source=f"profile {run.limits.name}"
+            if run.limits.max_tokens
             else "plugins.token_budget",
         )
         if worst.rung in ("hard", "soft"):
-            template = (s.context_stop_message if worst.reason == "max_context"
-                        else s.total_stop_message)
+            template = (
+                s.context_stop_message if worst.reason == "max_context" else s.total_stop_message
+            )
             used = worst.now if worst.rung == "hard" else worst.after
             return self.stop(
-                worst.reason, soft=worst.rung == "soft",
-                message=template.format(used=used, limit=worst.limit,
-                                        percent=percent(used, worst.limit)),
-                limit=worst.limit, projected=worst.now, projected_with_next=worst.after,
+                worst.reason,
+                soft=worst.rung == "soft",
+                message=template.format(
+                    used=used, limit=worst.limit, percent=percent(used, worst.limit)
+                ),
+                limit=worst.limit,
+                projected=worst.now,
+                projected_with_next=worst.after,
                 **evidence,
             )
         notes = []
@@ -265,10 +316,16 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
             # The real usage passed what was reserved: no further call can fit, so the
             # proposed tools are not run for a turn that could never read their results.
             return self.stop(
-                "max_tokens", message=self.settings.total_stop_message.format(
-                    used=spent, limit=total, percent=percent(spent, total)),
-                limit=total, used=spent, spent=spent, max_total_tokens=total,
-                reconciled=True, usage_reported=response.usage is not None,
+                "max_tokens",
+                message=self.settings.total_stop_message.format(
+                    used=spent, limit=total, percent=percent(spent, total)
+                ),
+                limit=total,
+                used=spent,
+                spent=spent,
+                max_total_tokens=total,
+                reconciled=True,
+                usage_reported=response.usage is not None,
             )
         return None
 

@@ -39,14 +39,15 @@ class ToolCallsSettings(PluginSettings):
 
     max_tool_calls: int = Field(default=40, ge=1, description="tool calls allowed per run")
     max_per_tool: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="tool calls allowed per tool name, for every declared tool; unset: no "
         "cap per tool besides `per_tool`",
     )
     per_tool: dict[str, int] = Field(
         default_factory=dict,
-        description='caps for single tools by name, e.g. { apply_refund = 1 } (override '
-        'max_per_tool)',
+        description="caps for single tools by name, e.g. { apply_refund = 1 } (override "
+        "max_per_tool)",
     )
     on_exceed: Literal["continue", "end"] = Field(
         default="continue",
@@ -59,7 +60,9 @@ class ToolCallsSettings(PluginSettings):
         "stops at once",
     )
     warn_at: float | None = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="warn once when the run's count reaches this fraction of max_tool_calls; "
         "unset it to never warn",
     )
@@ -91,8 +94,11 @@ class ToolCallsSettings(PluginSettings):
         bad = {k: v for k, v in self.per_tool.items() if v < 1}
         if bad:
             raise ValueError(f"per_tool caps must be at least 1, got {bad}")
-        check_templates(self, ("warning", "refused_observation", "refused_hint",
-                               "stop_message"), _TEMPLATE_FIELDS)
+        check_templates(
+            self,
+            ("warning", "refused_observation", "refused_hint", "stop_message"),
+            _TEMPLATE_FIELDS,
+        )
         return self
 
 
@@ -134,11 +140,19 @@ class ToolCalls(Plugin[ToolCallsSettings]):
             return None
         st.refused += 1
         fields = dict(name=call.name, limit=limit, used=used, scope=scope)
-        evidence: dict[str, Any] = dict(tool=call.name, scope=scope, limit=limit, used=used,
-                        refused=st.refused, run_calls=st.used, on_exceed=s.on_exceed)
+        evidence: dict[str, Any] = dict(
+            tool=call.name,
+            scope=scope,
+            limit=limit,
+            used=used,
+            refused=st.refused,
+            run_calls=st.used,
+            on_exceed=s.on_exceed,
+        )
         if s.on_exceed == "end":
-            return self.stop("max_tool_calls", soft=s.soft,
-                             message=s.stop_message.format(**fields), **evidence)
+            return self.stop(
+                "max_tool_calls", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+            )
         hint = None if st.hinted else s.refused_hint.format(**fields)
         st.hinted = True
         return self.skip(s.refused_observation.format(**fields), message=hint, **evidence)
@@ -157,8 +171,9 @@ class ToolCalls(Plugin[ToolCallsSettings]):
         if st.used >= math.ceil(s.max_tool_calls * s.warn_at):
             st.warned = True
             return self.warn(
-                s.warning.format(used=st.used, limit=s.max_tool_calls, scope="run",
-                                 name=call.name),
-                used=st.used, limit=s.max_tool_calls, threshold=s.warn_at,
+                s.warning.format(used=st.used, limit=s.max_tool_calls, scope="run", name=call.name),
+                used=st.used,
+                limit=s.max_tool_calls,
+                threshold=s.warn_at,
             )
         return None

@@ -59,12 +59,14 @@ class Script:
             if not self.repeat:
                 return self.final, []
             i = len(self.turns) - 1
-        return None, [(n, dict(a), f"call_{self.calls}_{k}") for k, (n, a) in
-                      enumerate(self.turns[i])]
+        return None, [
+            (n, dict(a), f"call_{self.calls}_{k}") for k, (n, a) in enumerate(self.turns[i])
+        ]
 
 
-def deployment(tmp_path: Path, *, allowlist: bool = False,
-               max_total_tokens: int | None = None) -> Deployment:
+def deployment(
+    tmp_path: Path, *, allowlist: bool = False, max_total_tokens: int | None = None
+) -> Deployment:
     """The shipped config, plus: run records to ``tmp_path/runs.jsonl``, ``apply_refund``
     declared a side effect keyed by order, optionally the example allowlist plugin and a
     token limit."""
@@ -75,8 +77,11 @@ def deployment(tmp_path: Path, *, allowlist: bool = False,
     data["tools"] = {"apply_refund": {"side_effect": True, "idempotency_keys": ["order_id"]}}
     if allowlist:
         plugins["enabled"].append("allowlist")
-        plugins["allowlist"] = {"allowed": ["query_*", "apply_refund"], "allow_read_only": False,
-                                "max_refusals": 1}
+        plugins["allowlist"] = {
+            "allowed": ["query_*", "apply_refund"],
+            "allow_read_only": False,
+            "max_refusals": 1,
+        }
     if max_total_tokens is not None:
         plugins["token_budget"] = {**plugins["token_budget"], "max_total_tokens": max_total_tokens}
     return Deployment(parse_config(data, path="<adapter-test>"), tools=[])

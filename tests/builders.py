@@ -8,8 +8,12 @@ from loopwarden.models.scripted import ScriptedModel
 from loopwarden.scenario import ScriptConfig
 
 
-def script(*turns: dict[str, Any], then: str = "final", final_text: str = "done",
-           on_warning: str = "ignore") -> ScriptedModel:
+def script(
+    *turns: dict[str, Any],
+    then: str = "final",
+    final_text: str = "done",
+    on_warning: str = "ignore",
+) -> ScriptedModel:
     """A scripted model from turn dicts: {"content": ..., "tool_calls": [{"name", "arguments"}]}."""
     cfg = ScriptConfig.model_validate(
         {"turns": list(turns), "then": then, "final_text": final_text, "on_warning": on_warning}

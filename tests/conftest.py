@@ -17,13 +17,18 @@ pytest_plugins = ["store_support"]
 
 
 @pytest.fixture(autouse=True)
-def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory,
-                       monkeypatch: pytest.MonkeyPatch) -> Path:
+def _isolated_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """Every test gets its own demo-shop database directory."""
     d = tmp_path_factory.mktemp("lwdata")
     monkeypatch.setenv("LOOPWARDEN_DATA_DIR", str(d))
-    for var in ("LOOPWARDEN_PLUGINS", "LOOPWARDEN_BLOCK_PLUGINS",
-                "LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD", "LOOPWARDEN_TRACE_PLUGINS"):
+    for var in (
+        "LOOPWARDEN_PLUGINS",
+        "LOOPWARDEN_BLOCK_PLUGINS",
+        "LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD",
+        "LOOPWARDEN_TRACE_PLUGINS",
+    ):
         monkeypatch.delenv(var, raising=False)
     return d
 

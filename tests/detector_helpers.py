@@ -66,17 +66,32 @@ class Feed:
         self.verdicts: list[Verdict] = []
         self._ids = 0
 
-    def call(self, name: str, arguments: dict[str, Any] | None = None, *, index: int = 0,
-             error: Any = None) -> ToolCall:
+    def call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        index: int = 0,
+        error: Any = None,
+    ) -> ToolCall:
         args = arguments if arguments is not None else {}
         t: Tool | None = self.tools.get(name)
         self._ids += 1
         return ToolCall(
-            name=name, arguments=args, raw_arguments=json.dumps(args, ensure_ascii=False),
-            id=f"call_{self._ids}", step=self.run.step, index=index,
-            fingerprint=FINGERPRINT(name, args), tool=t,
+            name=name,
+            arguments=args,
+            raw_arguments=json.dumps(args, ensure_ascii=False),
+            id=f"call_{self._ids}",
+            step=self.run.step,
+            index=index,
+            fingerprint=FINGERPRINT(name, args),
+            tool=t,
             error=error if error is not None else (None if t is not None else "unknown_tool"),
         )
+
+    def field(self, name: str) -> Any:
+        """The plugin's run-record field ``name`` (its ``record_fields`` hook)."""
+        return self.plugin.record_fields(run=self.run)[name]
 
     def _hook(self, name: str, **kwargs: Any) -> Verdict | None:
         fn = getattr(self.plugin, name, None)

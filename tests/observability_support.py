@@ -41,8 +41,9 @@ class StandInRepeatCall(Plugin):
         if n > 1:
             run.duplicate_calls += 1
         if n >= 3:
-            return self.stop("repeat_call", fingerprint=call.fingerprint, tool=call.name,
-                             count=n, threshold=3)
+            return self.stop(
+                "repeat_call", fingerprint=call.fingerprint, tool=call.name, count=n, threshold=3
+            )
         return None
 
 

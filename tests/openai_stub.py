@@ -59,7 +59,7 @@ class Stub:
             for i in range(0, len(data), chunk):
                 if stub.closing.wait(interval_s):
                     return
-                stub._send(h, data[i:i + chunk])
+                stub._send(h, data[i : i + chunk])
 
         self.responses.append(write)
 
@@ -91,8 +91,15 @@ class Stub:
 
         def write(h: BaseHTTPRequestHandler, stub: Stub) -> None:
             auth = h.headers.get("authorization", "")
-            data = _encode({"error": {"message": f"Incorrect API key provided: {auth}",
-                                      "type": "invalid_request_error", "auth": auth}})
+            data = _encode(
+                {
+                    "error": {
+                        "message": f"Incorrect API key provided: {auth}",
+                        "type": "invalid_request_error",
+                        "auth": auth,
+                    }
+                }
+            )
             _head(h, status, {"content-length": str(len(data))})
             stub._send(h, data)
 
@@ -127,20 +134,34 @@ def _head(h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> No
     h.end_headers()
 
 
-def completion(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-               usage: dict[str, Any] | None = None) -> dict[str, Any]:
+def completion(
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    usage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A chat.completion body with ``content`` and/or ``tool_calls`` ({name, arguments})."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": tc["name"], "arguments": tc["arguments"]}}
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": tc["name"], "arguments": tc["arguments"]},
+            }
             for i, tc in enumerate(tool_calls)
         ]
     body: dict[str, Any] = {
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "stub-model",
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "stub-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
     }
     if usage is not None:
         body["usage"] = usage
@@ -156,11 +177,15 @@ def lone_surrogate_completion(where: str = "content") -> str:
     if where == "content":
         body = json.dumps(completion("broken emoji: @@", usage=usage))
     elif where == "arguments":
-        body = json.dumps(completion(None, [{"name": "query_order",
-                                             "arguments": '{"order_id": "@@"}'}], usage=usage))
+        body = json.dumps(
+            completion(
+                None, [{"name": "query_order", "arguments": '{"order_id": "@@"}'}], usage=usage
+            )
+        )
     else:
-        body = json.dumps(completion(None, [{"name": "query_order@@", "arguments": "{}"}],
-                                     usage=usage))
+        body = json.dumps(
+            completion(None, [{"name": "query_order@@", "arguments": "{}"}], usage=usage)
+        )
     # json.dumps escapes the backslash of a nested JSON string twice
     return body.replace("@@", lone if where != "arguments" else "\\" + lone)
 
@@ -168,8 +193,11 @@ def lone_surrogate_completion(where: str = "content") -> str:
 def nested_arguments(depth: int, name: str = "query_order") -> dict[str, Any]:
     """A completion whose tool call's arguments are ``{"a": [[[...]]]}`` ``depth`` deep."""
     args = '{"a": ' + "[" * depth + "]" * depth + "}"
-    return completion(None, [{"name": name, "arguments": args}],
-                      usage={"prompt_tokens": 5, "completion_tokens": 5})
+    return completion(
+        None,
+        [{"name": name, "arguments": args}],
+        usage={"prompt_tokens": 5, "completion_tokens": 5},
+    )
 
 
 @contextmanager
@@ -189,8 +217,11 @@ def serve() -> Iterator[tuple[Stub, str]]:
             with state.lock:
                 state.requests.append(payload)
                 state.headers.append({k.lower(): v for k, v in self.headers.items()})
-                queued = (state.responses.pop(0) if state.responses
-                          else (500, {"error": {"message": "no response"}}, {}))
+                queued = (
+                    state.responses.pop(0)
+                    if state.responses
+                    else (500, {"error": {"message": "no response"}}, {})
+                )
             try:
                 if callable(queued):
                     queued(self, state)

@@ -43,15 +43,30 @@ def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI: no redis-server and no LOOPWARDEN_TEST_REDIS_URL; the Redis tests "
-                        "must run in CI (.ci/run starts one)")
+            pytest.fail(
+                "CI: no redis-server and no LOOPWARDEN_TEST_REDIS_URL; the Redis tests "
+                "must run in CI (.ci/run starts one)"
+            )
         pytest.skip("no redis-server on PATH and no LOOPWARDEN_TEST_REDIS_URL")
     port = _free_port()
     workdir = tempfile.mkdtemp(prefix="lw-redis-")
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -152,16 +167,22 @@ def pay_tool(effects: Path, *, kill: bool = False, delay_s: float = 0.0) -> Any:
     return pay_invoice
 
 
-def deployment_for(url: str, *, plugins: dict[str, Any] | None = None,
-                   store: dict[str, Any] | None = None, tools: Any = None,
-                   enabled: tuple[str, ...] = ("spend_limits",)) -> Any:
+def deployment_for(
+    url: str,
+    *,
+    plugins: dict[str, Any] | None = None,
+    store: dict[str, Any] | None = None,
+    tools: Any = None,
+    enabled: tuple[str, ...] = ("spend_limits",),
+) -> Any:
     """A deployment on the store at ``url``: ``plugins`` tables, ``[store]`` extras."""
     from loopwarden import Deployment
     from loopwarden.config import parse_config
 
     tables: dict[str, Any] = {"enabled": list(enabled), **(plugins or {})}
-    config = parse_config({"store": store_table(url, **(store or {})), "plugins": tables},
-                          path="<test>")
+    config = parse_config(
+        {"store": store_table(url, **(store or {})), "plugins": tables}, path="<test>"
+    )
     return Deployment(config, tools=tools)
 
 
@@ -194,8 +215,9 @@ class BlockingModel:
 
 def blocked_run_worker(url: str, marker: str, budgets: list[dict[str, Any]]) -> None:
     """Start a tenant run whose first model call blocks until the process is killed."""
-    dep = deployment_for(url, plugins={"spend_limits": {"budgets": budgets}},
-                         store={"reservation_ttl_s": 1.0})
+    dep = deployment_for(
+        url, plugins={"spend_limits": {"budgets": budgets}}, store={"reservation_ttl_s": 1.0}
+    )
     dep.run("hello", model=BlockingModel(Path(marker)), meta={"tenant": "acme"})
 
 

@@ -36,8 +36,9 @@ class ScriptedChatModel(GenericFakeChatModel):
     def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
         return self.bind(lw_tools=[getattr(t, "name", t) for t in tools], **kwargs)
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         self.tools_bound = bool(kwargs.get("lw_tools"))
         return super()._generate(messages, stop=stop, run_manager=run_manager)
 
@@ -84,8 +85,11 @@ def make_tools(effects: Effects) -> list[Any]:
 def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> Outcome:
     effects = Effects()
     dep = deployment(tmp_path, **dep_kwargs)
-    agent = create_agent(make_model(script), make_tools(effects),
-                         middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
+    agent = create_agent(
+        make_model(script),
+        make_tools(effects),
+        middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")],
+    )
     state = {"messages": [HumanMessage("Where is my order 99999?")]}
     try:
         out = agent.invoke(state) if mode == "sync" else asyncio.run(agent.ainvoke(state))
@@ -94,9 +98,11 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
     messages = out["messages"]
     last = messages[-1]
     assert isinstance(last, AIMessage) and not last.tool_calls
-    return Outcome(output=str(last.content),
-                   observations=[str(m.content) for m in messages if isinstance(m, ToolMessage)],
-                   effects=effects)
+    return Outcome(
+        output=str(last.content),
+        observations=[str(m.content) for m in messages if isinstance(m, ToolMessage)],
+        effects=effects,
+    )
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -119,8 +125,9 @@ def test_warnings_reach_the_model_as_messages(tmp_path: Path) -> None:
         return original(messages, *args, **kwargs)
 
     object.__setattr__(model, "_generate", spy)
-    agent = create_agent(model, make_tools(effects),
-                         middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
+    agent = create_agent(
+        model, make_tools(effects), middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")]
+    )
     out = agent.invoke({"messages": [HumanMessage("Where is my order 99999?")]})
     dep.close()
     role = HumanMessage if dep.config.run.warning_role == "user" else SystemMessage
@@ -145,9 +152,14 @@ def test_the_frameworks_own_limit_ends_the_run_with_a_record(tmp_path: Path) -> 
     effects = Effects()
     dep = deployment(tmp_path)
     script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
-    agent = create_agent(make_model(script), make_tools(effects), middleware=[
-        ModelCallLimitMiddleware(run_limit=2, exit_behavior="end"),
-        LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
+    agent = create_agent(
+        make_model(script),
+        make_tools(effects),
+        middleware=[
+            ModelCallLimitMiddleware(run_limit=2, exit_behavior="end"),
+            LoopwardenMiddleware(dep, model_name="gpt-4o-mini"),
+        ],
+    )
     agent.invoke({"messages": [HumanMessage("Orders?")]})
     dep.close()
     rec = only_record(tmp_path)
@@ -189,10 +201,15 @@ def test_an_interrupted_tool_resumes_in_the_same_run(tmp_path: Path) -> None:
         effects.hit("apply_refund")
         return f"refund #1 created for order {order_id}"
 
-    script = Script([[("apply_refund", {"order_id": "88231", "reason": "damaged"})]],
-                    final="Refunded.")
-    agent = create_agent(make_model(script), [apply_refund], checkpointer=InMemorySaver(),
-                         middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")])
+    script = Script(
+        [[("apply_refund", {"order_id": "88231", "reason": "damaged"})]], final="Refunded."
+    )
+    agent = create_agent(
+        make_model(script),
+        [apply_refund],
+        checkpointer=InMemorySaver(),
+        middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")],
+    )
     config: Any = {"configurable": {"thread_id": "t1"}}
     first = agent.invoke({"messages": [HumanMessage("Refund 88231")]}, config)
     assert "__interrupt__" in first and effects.counts == {}

@@ -29,8 +29,10 @@ def make_model(script: Script) -> ScriptedModel:
         if text:
             output.append(assistant_message(text))
         p, c = script.usage
-        return ModelStep(output=output, usage=Usage(requests=1, input_tokens=p, output_tokens=c,
-                                                    total_tokens=p + c))
+        return ModelStep(
+            output=output,
+            usage=Usage(requests=1, input_tokens=p, output_tokens=c, total_tokens=p + c),
+        )
 
     return ScriptedModel([ModelStep.respond(respond) for _ in range(40)])
 
@@ -54,8 +56,12 @@ def make_agent(script: Script, effects: Effects) -> Agent[Any]:
         effects.hit("delete_account")
         return f"account {user} deleted"
 
-    return Agent(name="shop", instructions="Help the customer.", model=make_model(script),
-                 tools=[query_order, apply_refund, delete_account])
+    return Agent(
+        name="shop",
+        instructions="Help the customer.",
+        model=make_model(script),
+        tools=[query_order, apply_refund, delete_account],
+    )
 
 
 def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> Outcome:
@@ -66,12 +72,16 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
     prompt = "Where is my order 99999?"
     config = RunConfig(tracing_disabled=True)
     try:
-        result = (runner.run_sync(agent, prompt, run_config=config) if mode == "sync"
-                  else asyncio.run(runner.run(agent, prompt, run_config=config)))
+        result = (
+            runner.run_sync(agent, prompt, run_config=config)
+            if mode == "sync"
+            else asyncio.run(runner.run(agent, prompt, run_config=config))
+        )
     finally:
         dep.close()
-    observations = [str(item.output) for item in result.new_items
-                    if isinstance(item, ToolCallOutputItem)]
+    observations = [
+        str(item.output) for item in result.new_items if isinstance(item, ToolCallOutputItem)
+    ]
     assert ItemHelpers.text_message_outputs(result.new_items)
     return Outcome(output=str(result.final_output), observations=observations, effects=effects)
 
@@ -88,8 +98,12 @@ def test_the_sdks_max_turns_ends_the_run_with_a_record(tmp_path: Path) -> None:
     dep = deployment(tmp_path)
     script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
     runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
-    result = runner.run_sync(make_agent(script, effects), "Orders?", max_turns=2,
-                             run_config=RunConfig(tracing_disabled=True))
+    result = runner.run_sync(
+        make_agent(script, effects),
+        "Orders?",
+        max_turns=2,
+        run_config=RunConfig(tracing_disabled=True),
+    )
     dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "ended_by_framework" and "max_turns" in rec["evidence"]["detail"]
@@ -102,7 +116,8 @@ def test_a_model_error_is_recorded_and_raised(tmp_path: Path) -> None:
     agent = Agent(name="shop", model=ScriptedModel([ModelStep.raise_error(RuntimeError("boom"))]))
     with pytest.raises(RuntimeError, match="boom"):
         LoopwardenRunner(dep, model_name="gpt-4o-mini").run_sync(
-            agent, "Hi", run_config=RunConfig(tracing_disabled=True))
+            agent, "Hi", run_config=RunConfig(tracing_disabled=True)
+        )
     dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "model_error" and "boom" in rec["evidence"]["error"]
@@ -116,10 +131,14 @@ def test_notes_reach_the_model_input(tmp_path: Path) -> None:
     model = agent.model
     assert isinstance(model, ScriptedModel)
     LoopwardenRunner(dep, model_name="gpt-4o-mini").run_sync(
-        agent, "Where?", run_config=RunConfig(tracing_disabled=True))
+        agent, "Where?", run_config=RunConfig(tracing_disabled=True)
+    )
     dep.close()
     last = model.calls[-1]
-    notes = [i["content"] for i in last.input
-             if isinstance(i, dict) and str(i.get("content", "")).startswith("[loopwarden] ")]
+    notes = [
+        i["content"]
+        for i in last.input
+        if isinstance(i, dict) and str(i.get("content", "")).startswith("[loopwarden] ")
+    ]
     assert notes and "Stop calling tools" in notes[-1]
     assert last.tools == [] and last.handoffs == []

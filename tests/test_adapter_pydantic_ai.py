@@ -75,13 +75,16 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
     agent = make_agent(script, effects, dep)
     prompt = "Where is my order 99999?"
     try:
-        result = (agent.run_sync(prompt) if mode == "sync"
-                  else asyncio.run(agent.run(prompt)))
+        result = agent.run_sync(prompt) if mode == "sync" else asyncio.run(agent.run(prompt))
     finally:
         dep.close()
-    observations = [p.model_response_str() for m in result.all_messages()
-                    if isinstance(m, pm.ModelRequest) for p in m.parts
-                    if isinstance(p, pm.ToolReturnPart)]
+    observations = [
+        p.model_response_str()
+        for m in result.all_messages()
+        if isinstance(m, pm.ModelRequest)
+        for p in m.parts
+        if isinstance(p, pm.ToolReturnPart)
+    ]
     return Outcome(output=result.output, observations=observations, effects=effects)
 
 
@@ -137,7 +140,11 @@ def test_a_side_effect_runs_once_across_runs(tmp_path: Path) -> None:
     second = agent.run_sync("Refund 88231, please")
     dep.close()
     assert effects.counts == {"apply_refund": 1}
-    replayed = [p.model_response_str() for m in second.all_messages()
-                if isinstance(m, pm.ModelRequest) for p in m.parts
-                if isinstance(p, pm.ToolReturnPart)]
+    replayed = [
+        p.model_response_str()
+        for m in second.all_messages()
+        if isinstance(m, pm.ModelRequest)
+        for p in m.parts
+        if isinstance(p, pm.ToolReturnPart)
+    ]
     assert "refund #1 created" in replayed[0] and len(records(tmp_path)) == 2

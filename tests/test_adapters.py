@@ -26,16 +26,23 @@ def test_import_loopwarden_imports_no_framework() -> None:
         "Deployment(tools=[]).run(scenario='always-not-found')\n"
         f"print(json.dumps(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_tool_natures_come_from_config_and_the_adapter_argument(tmp_path: Path) -> None:
     dep = deployment(tmp_path)  # [tools.apply_refund] side_effect, idempotency_keys order_id
-    g = GuardedRun(dep, user="hi", natures={"query_order": {"deterministic": False},
-                                            "apply_refund": {"retryable": True},
-                                            "lookup": {"read_only": True}})
+    g = GuardedRun(
+        dep,
+        user="hi",
+        natures={
+            "query_order": {"deterministic": False},
+            "apply_refund": {"retryable": True},
+            "lookup": {"read_only": True},
+        },
+    )
     g.declare("apply_refund")
     g.declare("query_order")
     g.declare("get_weather")
@@ -58,8 +65,9 @@ def test_a_bad_tools_table_names_the_key() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"tools": {"refund": {"side_efect": True}}}, path="c.toml")
     assert "tools.refund.side_efect" in str(err.value)
-    cfg = parse_config({"tools": {"refund": {"side_effect": True,
-                                             "idempotency_keys": ["order_id"]}}})
+    cfg = parse_config(
+        {"tools": {"refund": {"side_effect": True, "idempotency_keys": ["order_id"]}}}
+    )
     assert cfg.tools["refund"].idempotency_keys == ["order_id"]
 
 
@@ -72,13 +80,16 @@ def test_the_driver_follows_the_machine(tmp_path: Path) -> None:
     request = g.model_turn()
     assert request is not None and not request.final and request.step == 1
     assert g.model_turn() is request  # asked twice (before_model, then the call): one turn
-    calls = [ProposedCall("apply_refund", {"order_id": "1", "reason": r}, f"c{i}")
-             for i, r in enumerate(("a", "b"))]
+    calls = [
+        ProposedCall("apply_refund", {"order_id": "1", "reason": r}, f"c{i}")
+        for i, r in enumerate(("a", "b"))
+    ]
     g.model_done(ModelResponse(content=None, tool_calls=calls, usage=Usage(10, 5)))
     assert g._decide("c1") is None  # the second waits for the first
     assert g.tool("c0") == Execute("c0")
-    assert g.tool("c0") == Answer("NOT EXECUTED: the run is stopping (this call is already "
-                                  "running).")
+    assert g.tool("c0") == Answer(
+        "NOT EXECUTED: the run is stopping (this call is already running)."
+    )
     g.tool_done("c0", ToolResult(content="refunded"))
     second = g.tool("c1")
     assert isinstance(second, Answer) and "was not executed again" in second.text
@@ -111,8 +122,9 @@ def test_call_ids_may_repeat_from_one_answer_to_the_next(tmp_path: Path) -> None
     g.declare("query_order")
     for order in ("1", "2"):
         g.model_turn()
-        g.model_done(ModelResponse(tool_calls=[ProposedCall("query_order", {"order_id": order},
-                                                            "call_0")]))
+        g.model_done(
+            ModelResponse(tool_calls=[ProposedCall("query_order", {"order_id": order}, "call_0")])
+        )
         assert g.tool("call_0") == Execute("call_0")
         g.tool_done("call_0", ToolResult(content=f"order {order}: shipped"))
     assert g.run.tools_executed == 2
@@ -121,7 +133,8 @@ def test_call_ids_may_repeat_from_one_answer_to_the_next(tmp_path: Path) -> None
 
 
 def test_a_call_the_framework_never_starts_does_not_hold_up_the_next(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import asyncio
 
     from loopwarden.adapters import _driver
@@ -131,8 +144,13 @@ def test_a_call_the_framework_never_starts_does_not_hold_up_the_next(
     g = GuardedRun(dep, user="hi", model_name="gpt-4o-mini")
     g.declare("query_order")
     g.model_turn()
-    g.model_done(ModelResponse(tool_calls=[
-        ProposedCall("query_order", {"order_id": str(n)}, f"c{n}") for n in range(3)]))
+    g.model_done(
+        ModelResponse(
+            tool_calls=[
+                ProposedCall("query_order", {"order_id": str(n)}, f"c{n}") for n in range(3)
+            ]
+        )
+    )
     assert g.tool("c1") == Execute("c1")  # c0 never started: abandoned after the grace
     g.tool_done("c1", ToolResult(content="ok"))
     assert asyncio.run(g.atool("c2")) == Execute("c2")

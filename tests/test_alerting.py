@@ -32,9 +32,14 @@ from loopwarden.plugins.alerting import Alerting, AlertingSettings, WebhookSink
 from loopwarden.verdicts import Verdict, skip, stop, warn
 
 
-def _deployment(make_config: Callable[..., Config], factory: Callable[..., Deployment],
-                alerting: dict[str, Any] | None, *, clock: FakeClock | None = None,
-                max_steps: dict[str, Any] | None = None) -> Deployment:
+def _deployment(
+    make_config: Callable[..., Config],
+    factory: Callable[..., Deployment],
+    alerting: dict[str, Any] | None,
+    *,
+    clock: FakeClock | None = None,
+    max_steps: dict[str, Any] | None = None,
+) -> Deployment:
     names, objects = repeat_guard()
     enabled = ["max_steps", *names] + (["alerting"] if alerting is not None else [])
     plugins: dict[str, Any] = {"enabled": enabled}
@@ -51,8 +56,9 @@ def _alerting(**settings: Any) -> Alerting:
     return plugin
 
 
-def _fire(plugin: Alerting, run: Run, verdict: Verdict, step: int = 1,
-          hook: str = "before_tool") -> None:
+def _fire(
+    plugin: Alerting, run: Run, verdict: Verdict, step: int = 1, hook: str = "before_tool"
+) -> None:
     plugin.on_guard_triggered(run, verdict=verdict, hook=hook, step=step)
 
 
@@ -76,13 +82,24 @@ def collected() -> Iterator[list[dict[str, Any]]]:
 
 
 def test_always_not_found_delivers_one_json_alert_to_a_local_webhook(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     with webhook_server() as server:
-        dep = _deployment(make_config, deployment_factory, {
-            "sinks": [{"type": "webhook", "url": server.url, "min_severity": "soft_stop",
-                       "timeout_s": 5.0}],
-        })
+        dep = _deployment(
+            make_config,
+            deployment_factory,
+            {
+                "sinks": [
+                    {
+                        "type": "webhook",
+                        "url": server.url,
+                        "min_severity": "soft_stop",
+                        "timeout_s": 5.0,
+                    }
+                ],
+            },
+        )
         run = dep.run(scenario=ALWAYS_NOT_FOUND)
         dep.close()  # delivers what is queued
         record = run.record()
@@ -112,21 +129,32 @@ def test_webhook_uses_httpx_or_httpx2() -> None:
 
 @pytest.mark.parametrize("dead", ["refused", "hangs"])
 def test_a_dead_webhook_leaves_the_run_record_unchanged(
-    dead: str, make_config: Callable[..., Config],
-    deployment_factory: Callable[..., Deployment], caplog: pytest.LogCaptureFixture,
+    dead: str,
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A short step budget that warns early: a warning and a stop, two alerts to fail on.
     steps = {"max_steps": 6, "warn_remaining": 4}
-    baseline = _deployment(make_config, deployment_factory, None, max_steps=steps).run(
-        scenario=ALWAYS_NOT_FOUND).record()
+    baseline = (
+        _deployment(make_config, deployment_factory, None, max_steps=steps)
+        .run(scenario=ALWAYS_NOT_FOUND)
+        .record()
+    )
     with webhook_server(hang=True) as hanging:
         url = refused_url() if dead == "refused" else hanging.url
-        dep = _deployment(make_config, deployment_factory, {
-            "sinks": [{"type": "webhook", "url": url, "min_severity": "warn",
-                       "timeout_s": 0.3}],
-            "dedup_window_s": 0,
-            "close_timeout_s": 30,
-        }, max_steps=steps)
+        dep = _deployment(
+            make_config,
+            deployment_factory,
+            {
+                "sinks": [
+                    {"type": "webhook", "url": url, "min_severity": "warn", "timeout_s": 0.3}
+                ],
+                "dedup_window_s": 0,
+                "close_timeout_s": 30,
+            },
+            max_steps=steps,
+        )
         with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.alerting"):
             run = dep.run(scenario=ALWAYS_NOT_FOUND)
             record = run.record()
@@ -136,15 +164,20 @@ def test_a_dead_webhook_leaves_the_run_record_unchanged(
     plugin = dep.plugins.get("alerting")
     sink = plugin.sinks[0]
     assert sink.delivered == 0 and sink.failures == len(plugin.sent) >= 2
-    failures = [r for r in caplog.records if "alert sink webhook" in r.getMessage()
-                and "failed" in r.getMessage()]
+    failures = [
+        r
+        for r in caplog.records
+        if "alert sink webhook" in r.getMessage() and "failed" in r.getMessage()
+    ]
     assert len(failures) == 1  # logged once, however many alerts failed
 
 
 def test_a_webhook_that_recovers_is_logged_again_once(caplog: pytest.LogCaptureFixture) -> None:
     with webhook_server() as server:
-        plugin = _alerting(sinks=[{"type": "webhook", "url": server.url, "min_severity": "warn",
-                                   "timeout_s": 2}], dedup_window_s=0)
+        plugin = _alerting(
+            sinks=[{"type": "webhook", "url": server.url, "min_severity": "warn", "timeout_s": 2}],
+            dedup_window_s=0,
+        )
         sink = plugin.sinks[0]
         assert isinstance(sink, WebhookSink)
         good = sink.url
@@ -171,11 +204,14 @@ def test_a_webhook_that_recovers_is_logged_again_once(caplog: pytest.LogCaptureF
 
 
 def test_severity_routing_by_minimum(caplog: pytest.LogCaptureFixture) -> None:
-    plugin = _alerting(sinks=[
-        {"type": "log", "logger": "loopwarden.alerts.all", "min_severity": "warn"},
-        {"type": "log", "logger": "loopwarden.alerts.stops", "min_severity": "soft_stop"},
-        {"type": "log", "logger": "loopwarden.alerts.pager", "min_severity": "hard_stop"},
-    ], dedup_window_s=0)
+    plugin = _alerting(
+        sinks=[
+            {"type": "log", "logger": "loopwarden.alerts.all", "min_severity": "warn"},
+            {"type": "log", "logger": "loopwarden.alerts.stops", "min_severity": "soft_stop"},
+            {"type": "log", "logger": "loopwarden.alerts.pager", "min_severity": "hard_stop"},
+        ],
+        dedup_window_s=0,
+    )
     run = Run("u", clock=FakeClock(), run_id="r-route", scenario="sc")
     with caplog.at_level(logging.DEBUG, logger="loopwarden.alerts"):
         _fire(plugin, run, warn("2 steps left", plugin="max_steps"))
@@ -185,11 +221,17 @@ def test_severity_routing_by_minimum(caplog: pytest.LogCaptureFixture) -> None:
     got: dict[str, list[str]] = {}
     for r in caplog.records:
         got.setdefault(r.name.rsplit(".", 1)[1], []).append(r.alert["severity"])  # type: ignore[attr-defined]
-    assert got == {"all": ["warn", "warn", "soft_stop", "hard_stop"],
-                   "stops": ["soft_stop", "hard_stop"], "pager": ["hard_stop"]}
+    assert got == {
+        "all": ["warn", "warn", "soft_stop", "hard_stop"],
+        "stops": ["soft_stop", "hard_stop"],
+        "pager": ["hard_stop"],
+    }
     levels = {r.alert["severity"]: r.levelno for r in caplog.records}  # type: ignore[attr-defined]
-    assert levels == {"warn": logging.WARNING, "soft_stop": logging.WARNING,
-                      "hard_stop": logging.ERROR}
+    assert levels == {
+        "warn": logging.WARNING,
+        "soft_stop": logging.WARNING,
+        "hard_stop": logging.ERROR,
+    }
     reasons = [a["reason"] for a in plugin.sent]
     assert reasons == ["warn", "skip", "stall", "repeat_call"]
 
@@ -206,16 +248,22 @@ def test_alert_below_every_sink_is_not_counted_by_the_rules() -> None:
 def test_stderr_sink(capsys: pytest.CaptureFixture[str]) -> None:
     plugin = _alerting(sinks=[{"type": "stderr", "min_severity": "hard_stop"}])
     run = Run("u", clock=FakeClock(), run_id="r-err", scenario="always-not-found")
-    _fire(plugin, run, stop("repeat_call", plugin="repeat_call", message="same call 3 times"),
-          step=3)
+    _fire(
+        plugin, run, stop("repeat_call", plugin="repeat_call", message="same call 3 times"), step=3
+    )
     err = capsys.readouterr().err
-    assert err == ("loopwarden alert: [hard_stop] repeat_call by repeat_call run=r-err "
-                   "scenario=always-not-found step=3: same call 3 times\n")
+    assert err == (
+        "loopwarden alert: [hard_stop] repeat_call by repeat_call run=r-err "
+        "scenario=always-not-found step=3: same call 3 times\n"
+    )
 
 
 def test_callable_sink_by_module_attr(collected: list[dict[str, Any]]) -> None:
-    plugin = _alerting(sinks=[{"type": "callable", "target": "observability_support:collect",
-                               "min_severity": "warn"}])
+    plugin = _alerting(
+        sinks=[
+            {"type": "callable", "target": "observability_support:collect", "min_severity": "warn"}
+        ]
+    )
     run = Run("u", clock=FakeClock(), run_id="r-call")
     _fire(plugin, run, stop("oscillation", plugin="oscillation", cycle=["a", "b"]), step=4)
     assert plugin.flush(10)
@@ -227,8 +275,12 @@ def test_callable_sink_by_module_attr(collected: list[dict[str, Any]]) -> None:
 
 
 def test_a_failing_callable_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    plugin = _alerting(sinks=[{"type": "callable", "target": "observability_support:explode",
-                               "min_severity": "warn"}], dedup_window_s=0)
+    plugin = _alerting(
+        sinks=[
+            {"type": "callable", "target": "observability_support:explode", "min_severity": "warn"}
+        ],
+        dedup_window_s=0,
+    )
     run = Run("u", clock=FakeClock(), run_id="r")
     with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.alerting"):
         for i in range(3):
@@ -241,10 +293,20 @@ def test_a_failing_callable_is_logged_once(caplog: pytest.LogCaptureFixture) -> 
 
 
 def test_a_full_queue_drops_and_says_so_once(
-    collected: list[dict[str, Any]], caplog: pytest.LogCaptureFixture,
+    collected: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    plugin = _alerting(sinks=[{"type": "callable", "target": "observability_support:blocked",
-                               "min_severity": "warn", "queue_size": 1}], dedup_window_s=0)
+    plugin = _alerting(
+        sinks=[
+            {
+                "type": "callable",
+                "target": "observability_support:blocked",
+                "min_severity": "warn",
+                "queue_size": 1,
+            }
+        ],
+        dedup_window_s=0,
+    )
     sink = plugin.sinks[0]
     run = Run("u", clock=FakeClock(), run_id="r")
     with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.alerting"):
@@ -263,25 +325,40 @@ def test_a_full_queue_drops_and_says_so_once(
 
 
 def test_bad_sink_settings_fail_before_any_run(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     with pytest.raises(ConfigError) as err:
-        deployment_factory(make_config(plugins={
-            "enabled": ["alerting"],
-            "alerting": {"sinks": [{"type": "webhook", "url": "ftp://x"}]}}))
+        deployment_factory(
+            make_config(
+                plugins={
+                    "enabled": ["alerting"],
+                    "alerting": {"sinks": [{"type": "webhook", "url": "ftp://x"}]},
+                }
+            )
+        )
     assert "plugins.alerting.sinks.0.webhook.url" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        deployment_factory(make_config(plugins={
-            "enabled": ["alerting"], "alerting": {"sinks": [{"type": "pager"}]}}))
+        deployment_factory(
+            make_config(
+                plugins={"enabled": ["alerting"], "alerting": {"sinks": [{"type": "pager"}]}}
+            )
+        )
     assert "plugins.alerting.sinks.0" in str(err.value)
     with pytest.raises(PluginLoadError) as perr:
-        deployment_factory(make_config(plugins={
-            "enabled": ["alerting"],
-            "alerting": {"sinks": [{"type": "callable", "target": "no_such_mod_xyz:f"}]}}))
+        deployment_factory(
+            make_config(
+                plugins={
+                    "enabled": ["alerting"],
+                    "alerting": {"sinks": [{"type": "callable", "target": "no_such_mod_xyz:f"}]},
+                }
+            )
+        )
     assert "alerting" in str(perr.value) and "no_such_mod_xyz" in str(perr.value)
     with pytest.raises(ConfigError) as err:
-        deployment_factory(make_config(plugins={
-            "enabled": ["alerting"], "alerting": {"message": "{nope}"}}))
+        deployment_factory(
+            make_config(plugins={"enabled": ["alerting"], "alerting": {"message": "{nope}"}})
+        )
     assert "plugins.alerting" in str(err.value)
 
 
@@ -294,25 +371,33 @@ def test_deduplication_per_reason_and_plugin_over_a_window_on_the_run_clock() ->
     clock = FakeClock(1000.0)
     plugin = _alerting(sinks=[{"type": "log", "min_severity": "warn"}], dedup_window_s=300)
     run = Run("u", clock=clock, run_id="r")
-    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))      # t=0: sent
+    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))  # t=0: sent
     clock.advance(10)
-    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))      # t=10: duplicate
-    _fire(plugin, run, stop("repeat_call", plugin="custom_guard"))     # other plugin: sent
-    _fire(plugin, run, stop("stall", plugin="repeat_call"))            # other reason: sent
+    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))  # t=10: duplicate
+    _fire(plugin, run, stop("repeat_call", plugin="custom_guard"))  # other plugin: sent
+    _fire(plugin, run, stop("stall", plugin="repeat_call"))  # other reason: sent
     clock.advance(289.9)
-    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))      # t=299.9: duplicate
+    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))  # t=299.9: duplicate
     clock.advance(0.1)
-    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))      # t=300: sent again
+    _fire(plugin, run, stop("repeat_call", plugin="repeat_call"))  # t=300: sent again
     sent = [(a["reason"], a["plugin"], a["suppressed"]) for a in plugin.sent]
-    assert sent == [("repeat_call", "repeat_call", 0), ("repeat_call", "custom_guard", 0),
-                    ("stall", "repeat_call", 0), ("repeat_call", "repeat_call", 2)]
+    assert sent == [
+        ("repeat_call", "repeat_call", 0),
+        ("repeat_call", "custom_guard", 0),
+        ("stall", "repeat_call", 0),
+        ("repeat_call", "repeat_call", 2),
+    ]
     assert plugin.limiter.suppressed == 2
 
 
 def test_rate_limit_over_a_window_on_the_run_clock() -> None:
     clock = FakeClock()
-    plugin = _alerting(sinks=[{"type": "log", "min_severity": "warn"}], dedup_window_s=0,
-                       rate_limit=2, rate_window_s=60)
+    plugin = _alerting(
+        sinks=[{"type": "log", "min_severity": "warn"}],
+        dedup_window_s=0,
+        rate_limit=2,
+        rate_window_s=60,
+    )
     run = Run("u", clock=clock, run_id="r")
     for name in ("a", "b", "c"):
         _fire(plugin, run, stop("x", plugin=name))
@@ -323,13 +408,21 @@ def test_rate_limit_over_a_window_on_the_run_clock() -> None:
     _fire(plugin, run, stop("x", plugin="e"))
     _fire(plugin, run, stop("x", plugin="f"))
     assert [(a["plugin"], a["suppressed"]) for a in plugin.sent] == [
-        ("a", 0), ("b", 0), ("c", 1), ("e", 0)]
+        ("a", 0),
+        ("b", 0),
+        ("c", 1),
+        ("e", 0),
+    ]
 
 
 def test_threshold_more_than_n_of_the_last_m_runs() -> None:
     clock = FakeClock()
-    plugin = _alerting(sinks=[{"type": "log", "min_severity": "warn"}], threshold_runs=2,
-                       threshold_window=4, dedup_window_s=0)
+    plugin = _alerting(
+        sinks=[{"type": "log", "min_severity": "warn"}],
+        threshold_runs=2,
+        threshold_window=4,
+        dedup_window_s=0,
+    )
     run = Run("u", clock=clock, run_id="r", scenario="sc")
 
     def thresholds() -> list[dict[str, Any]]:
@@ -337,30 +430,43 @@ def test_threshold_more_than_n_of_the_last_m_runs() -> None:
 
     for t in ("repeat_call", "final_answer", "stall"):
         _finish(plugin, run, t)
-    assert thresholds() == []                         # 2 of 3: not more than 2
+    assert thresholds() == []  # 2 of 3: not more than 2
     _finish(plugin, run, "max_steps")
-    assert thresholds() == []                         # 2 of 4
-    _finish(plugin, run, "oscillation")               # window: final, stall, max, osc -> 2
+    assert thresholds() == []  # 2 of 4
+    _finish(plugin, run, "oscillation")  # window: final, stall, max, osc -> 2
     assert thresholds() == []
-    _finish(plugin, run, "repeat_call")               # stall, max, osc, repeat -> 3 of 4
+    _finish(plugin, run, "repeat_call")  # stall, max, osc, repeat -> 3 of 4
     (alert,) = thresholds()
     assert alert["plugin"] == "alerting" and alert["severity"] == "hard_stop"
     assert alert["kind"] == "threshold"
-    assert alert["evidence"] == {"loop_runs": 3, "runs": 4, "window": 4, "threshold": 2,
-                                 "reasons": {"oscillation": 1, "repeat_call": 1, "stall": 1}}
+    assert alert["evidence"] == {
+        "loop_runs": 3,
+        "runs": 4,
+        "window": 4,
+        "threshold": 2,
+        "reasons": {"oscillation": 1, "repeat_call": 1, "stall": 1},
+    }
     assert alert["message"].startswith("3 of the last 4 runs stopped on a loop guard")
-    _finish(plugin, run, "final_answer")              # max, osc, repeat, final -> 2: no alert
+    _finish(plugin, run, "final_answer")  # max, osc, repeat, final -> 2: no alert
     assert len(thresholds()) == 1
 
 
 def test_threshold_alert_end_to_end_is_deduplicated_on_the_run_clock(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     clock = FakeClock()
-    dep = _deployment(make_config, deployment_factory, {
-        "sinks": [{"type": "log", "min_severity": "hard_stop"}],
-        "threshold_runs": 2, "threshold_window": 5, "dedup_window_s": 600,
-    }, clock=clock)
+    dep = _deployment(
+        make_config,
+        deployment_factory,
+        {
+            "sinks": [{"type": "log", "min_severity": "hard_stop"}],
+            "threshold_runs": 2,
+            "threshold_window": 5,
+            "dedup_window_s": 600,
+        },
+        clock=clock,
+    )
     plugin = dep.plugins.get("alerting")
     for _ in range(5):
         dep.run(scenario=ALWAYS_NOT_FOUND)
@@ -375,7 +481,8 @@ def test_threshold_alert_end_to_end_is_deduplicated_on_the_run_clock(
 
 
 def test_a_failed_model_alerts_as_a_core_hard_stop(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     class Down:
         name = "down"
@@ -383,8 +490,9 @@ def test_a_failed_model_alerts_as_a_core_hard_stop(
         def complete(self, request: ModelRequest) -> ModelResponse:
             raise ModelError("503 upstream unavailable", status=503, kind="server")
 
-    dep = deployment_factory(make_config(plugins={"enabled": ["max_steps", "alerting"]}),
-                             clock=FakeClock())
+    dep = deployment_factory(
+        make_config(plugins={"enabled": ["max_steps", "alerting"]}), clock=FakeClock()
+    )
     run = dep.run("hello", model=Down(), run_id="r-down")
     assert run.record()["termination"] == "model_error"
     (alert,) = dep.plugins.get("alerting").sent
@@ -396,14 +504,21 @@ def test_a_failed_model_alerts_as_a_core_hard_stop(
 def test_evidence_is_redacted_in_alerts() -> None:
     plugin = _alerting(sinks=[{"type": "log", "min_severity": "warn"}])
     run = Run("u", clock=FakeClock(), run_id="r")
-    _fire(plugin, run, stop("repeat_call", plugin="repeat_call",
-                            arguments={"order_id": "1", "api_key": "sk-abcdefghijklmnopq"}))
-    assert plugin.sent[0]["evidence"] == {
-        "arguments": {"order_id": "1", "api_key": "[REDACTED]"}}
+    _fire(
+        plugin,
+        run,
+        stop(
+            "repeat_call",
+            plugin="repeat_call",
+            arguments={"order_id": "1", "api_key": "sk-abcdefghijklmnopq"},
+        ),
+    )
+    assert plugin.sent[0]["evidence"] == {"arguments": {"order_id": "1", "api_key": "[REDACTED]"}}
 
 
 def test_shipped_config_alerts_to_the_log_only(
-    shipped_config: Config, deployment_factory: Callable[..., Deployment],
+    shipped_config: Config,
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     dep = deployment_factory(shipped_config)
     plugin = dep.plugins.get("alerting")

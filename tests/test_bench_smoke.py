@@ -33,7 +33,10 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 def _bench(script: str, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), "--quick", "--json", *args],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data: dict[str, Any] = json.loads(proc.stdout)
@@ -62,8 +65,7 @@ def test_concurrency_bench_prints_the_promised_json() -> None:
     data = _bench("concurrency.py")
     assert {"runs", "wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run"} <= set(data)
     assert data["runs"] == 20 and isinstance(data["runs"], int)
-    for key in ("wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run",
-                "history_kb_per_run"):
+    for key in ("wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run", "history_kb_per_run"):
         assert _number(data[key]), key
     assert data["ideal_s"] == pytest.approx(data["steps"] * data["latency_ms"] / 1000)
     assert data["wall_s"] >= data["ideal_s"]  # every run waits steps x latency at least
@@ -95,8 +97,11 @@ class _Instant:
         i, self.i = self.i, self.i + 1
         if i >= self.n or request.tool_choice == "none":
             return ModelResponse(content=W.FINAL, usage=Usage(request.estimated_tokens, 8))
-        return ModelResponse(content=W.content(i), usage=Usage(request.estimated_tokens, 16),
-                             tool_calls=[ProposedCall("lookup", W.arguments(i), f"c{i}")])
+        return ModelResponse(
+            content=W.content(i),
+            usage=Usage(request.estimated_tokens, 16),
+            tool_calls=[ProposedCall("lookup", W.arguments(i), f"c{i}")],
+        )
 
 
 _SHARED = (Tool, ToolRegistry, Run, Deployment, type, ModuleType, FunctionType, MethodType)
@@ -122,8 +127,11 @@ def _walk(obj: Any, seen: set[int]) -> Iterator[Any]:
                 stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
             else:
                 for cls in type(o).__mro__:
-                    stack.extend(getattr(o, n) for n in getattr(cls, "__slots__", ())
-                                 if isinstance(n, str) and hasattr(o, n))
+                    stack.extend(
+                        getattr(o, n)
+                        for n in getattr(cls, "__slots__", ())
+                        if isinstance(n, str) and hasattr(o, n)
+                    )
                 stack.extend(getattr(o, "__dict__", {}).values())
 
 
@@ -146,8 +154,11 @@ def structure_size(obj: Any) -> tuple[int, int]:
 def shipped_stack() -> Iterator[Callable[[int], Run]]:
     path = default_config_path()
     config = parse_config(W.bench_config_data(load_toml(path)), path=str(path))
-    dep = Deployment(config, tools=ToolRegistry(
-        [tool(read_only=True, deterministic=True)(W.lookup)]), clock=FakeClock())
+    dep = Deployment(
+        config,
+        tools=ToolRegistry([tool(read_only=True, deterministic=True)(W.lookup)]),
+        clock=FakeClock(),
+    )
 
     def play(n: int) -> Run:
         run = dep.run(W.USER, model=_Instant(n))
@@ -160,7 +171,8 @@ def shipped_stack() -> Iterator[Callable[[int], Run]]:
 
 
 def test_guard_state_per_run_does_not_grow_with_the_run(
-        shipped_stack: Callable[[int], Run]) -> None:
+    shipped_stack: Callable[[int], Run],
+) -> None:
     # 300 steps fill every bounded structure of the shipped stack (the largest cap is
     # repeat_call's 256 fingerprints); 2,000 steps must not add a single entry.
     small, cap, large = (structure_size(shipped_stack(n).state) for n in (50, 300, 2000))
@@ -197,8 +209,13 @@ def test_adapters_bench_prints_the_promised_json() -> None:
 
 
 def test_fuzz_bench_prints_the_promised_json_and_finds_nothing() -> None:
-    proc = subprocess.run([sys.executable, str(BENCH / "fuzz.py"), "16", "3", "--json"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "fuzz.py"), "16", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert (data["n"], data["seed"], data["ok"]) == (16, 3, True)
@@ -206,5 +223,11 @@ def test_fuzz_bench_prints_the_promised_json_and_finds_nothing() -> None:
     for path in data["paths"].values():
         assert path["cases"] == 16
         assert sum(path["terminations"].values()) == 16  # every run ended with a record
-    assert data["totals"] == {"crashes": 0, "hangs": 0, "missing_records": 0,
-                              "double_effects": 0, "bad_requests": 0, "blamed_model": 0}
+    assert data["totals"] == {
+        "crashes": 0,
+        "hangs": 0,
+        "missing_records": 0,
+        "double_effects": 0,
+        "bad_requests": 0,
+        "blamed_model": 0,
+    }

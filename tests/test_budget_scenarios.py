@@ -17,9 +17,15 @@ from loopwarden.config import default_config_path, parse_config
 from loopwarden.scenario import builtin_scenarios, load_scenario, scenario_path
 from loopwarden.tools.shop import Shop, default_data_dir
 
-BUDGET_PLUGINS = ["timeout", "token_budget", "cost_budget", "tool_calls", "conversation_limits",
-                  "retry_policy",
-                  "terminal_tool"]
+BUDGET_PLUGINS = [
+    "timeout",
+    "token_budget",
+    "cost_budget",
+    "tool_calls",
+    "conversation_limits",
+    "retry_policy",
+    "terminal_tool",
+]
 SCENARIOS = ["never-finish", "token-flood", "retry-storm", "slow-tool", "transfer-loop"]
 
 
@@ -31,15 +37,19 @@ def _config_for(name: str, shipped: Config) -> Config:
     if "repeat_call" in shipped.plugins.enabled:
         return shipped
     data = shipped.model_dump(exclude={"path"})
-    data["plugins"] = {"enabled": [*shipped.plugins.enabled, "repeat_call"],
-                       "blocked": [], **shipped.plugins.tables()}
+    data["plugins"] = {
+        "enabled": [*shipped.plugins.enabled, "repeat_call"],
+        "blocked": [],
+        **shipped.plugins.tables(),
+    }
     return parse_config(data, path="<shipped + repeat_call>")
 
 
 def _run(name: str, shipped: Config) -> tuple[dict[str, Any], Any]:
     clock = FakeClock()
     run = Deployment(_config_for(name, shipped), clock=clock).run(
-        scenario=scenario_path(name), clock=clock)
+        scenario=scenario_path(name), clock=clock
+    )
     return run.record(), run
 
 
@@ -72,9 +82,11 @@ def test_never_finish(shipped_config: Config) -> None:
     assert rec["evidence"] == {"limit": 10, "steps": 9, "source": "profile demo"}
     assert rec["final_answer_present"] is True
     assert rec["final_answer"] == load_scenario(scenario_path("never-finish")).model.final_text
-    assert {"step": 8, "plugin": "max_steps",
-            "message": "You have 2 step(s) left. Wrap up: answer from what you know."} in (
-        rec["warnings"])
+    assert {
+        "step": 8,
+        "plugin": "max_steps",
+        "message": "You have 2 step(s) left. Wrap up: answer from what you know.",
+    } in (rec["warnings"])
 
 
 def test_token_flood(shipped_config: Config) -> None:
@@ -100,8 +112,9 @@ def test_slow_tool(shipped_config: Config) -> None:
     assert ev["limit_s"] == 1.0 and ev["source"] == "profile quick"
     assert rec["elapsed_s"] == 1.0  # the fake clock: the tool was cut at the run's deadline
     observations = [m["content"] for m in run.messages if m["role"] == "tool"]
-    assert observations == ["ERROR: TIMEOUT: query_logistics did not finish within 1.0s; its "
-                            "result was discarded."]
+    assert observations == [
+        "ERROR: TIMEOUT: query_logistics did not finish within 1.0s; its result was discarded."
+    ]
     assert rec["final_answer_present"] is True
 
 
@@ -125,9 +138,20 @@ def test_retry_storm_executes_the_failing_tool_exactly_twice(shipped_config: Con
 
 def _cli(*args: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "loopwarden", "run", *args, "--json",
-         "--config", str(default_config_path())],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "loopwarden",
+            "run",
+            *args,
+            "--json",
+            "--config",
+            str(default_config_path()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     out: dict[str, Any] = json.loads(proc.stdout)
@@ -176,7 +200,7 @@ def test_a_run_that_repeats_apply_refund_leaves_exactly_one_refund_row(tmp_path:
 def test_shipped_config_enables_the_budget_plugins_in_order(shipped_config: Config) -> None:
     enabled = shipped_config.plugins.enabled
     start = enabled.index("max_steps") + 1
-    assert enabled[start:start + len(BUDGET_PLUGINS)] == BUDGET_PLUGINS
+    assert enabled[start : start + len(BUDGET_PLUGINS)] == BUDGET_PLUGINS
     text = default_config_path().read_text(encoding="utf-8")
     anchor = text.index("# -- budgets and caps --")
     assert text.index('"timeout"') > anchor

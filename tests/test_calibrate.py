@@ -31,21 +31,36 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-def step(content: str | None = None, calls: int = 0, *, key: str = "k",
-         usage: tuple[int, int] | None = (1000, 50), reply: str | None = None) -> dict[str, Any]:
+def step(
+    content: str | None = None,
+    calls: int = 0,
+    *,
+    key: str = "k",
+    usage: tuple[int, int] | None = (1000, 50),
+    reply: str | None = None,
+) -> dict[str, Any]:
     return {
         "content": content,
-        "tool_calls": [{"name": "get_record", "arguments": {"key": f"{key}{i}"}}
-                       for i in range(calls)],
+        "tool_calls": [
+            {"name": "get_record", "arguments": {"key": f"{key}{i}"}} for i in range(calls)
+        ],
         "observations": [f"record {key}{i}: ok" for i in range(calls)],
         "user_reply": reply,
-        "usage": None if usage is None else {"prompt_tokens": usage[0],
-                                             "completion_tokens": usage[1]},
+        "usage": None
+        if usage is None
+        else {"prompt_tokens": usage[0], "completion_tokens": usage[1]},
     }
 
 
-def conversation(tid: str, turns: list[int], *, success: bool | None = True,
-                 domain: str = "shop", usage: bool = True, **meta: Any) -> dict[str, Any]:
+def conversation(
+    tid: str,
+    turns: list[int],
+    *,
+    success: bool | None = True,
+    domain: str = "shop",
+    usage: bool = True,
+    **meta: Any,
+) -> dict[str, Any]:
     """A conversation whose turn i makes turns[i] single-call lookups, then answers."""
     steps: list[dict[str, Any]] = []
     prompt = 2000
@@ -54,15 +69,28 @@ def conversation(tid: str, turns: list[int], *, success: bool | None = True,
             prompt += 100
             steps.append(step(None, 1, key=f"{t}-{j}-", usage=(prompt, 20) if usage else None))
         prompt += 100
-        steps.append(step(f"Answer {t}.", usage=(prompt, 40) if usage else None,
-                          reply="next" if t < len(turns) - 1 else None))
-    return {"source": f"test/{domain}", "id": tid, "success": success, "steps": steps,
-            "final_answer_present": True, "meta": {"domain": domain, **meta}}
+        steps.append(
+            step(
+                f"Answer {t}.",
+                usage=(prompt, 40) if usage else None,
+                reply="next" if t < len(turns) - 1 else None,
+            )
+        )
+    return {
+        "source": f"test/{domain}",
+        "id": tid,
+        "success": success,
+        "steps": steps,
+        "final_answer_present": True,
+        "meta": {"domain": domain, **meta},
+    }
 
 
 def write_jsonl(path: Path, lines: list[Any]) -> Path:
-    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -77,13 +105,16 @@ def test_percentiles_and_proposals() -> None:
 
 
 def test_stats_of_trajectories_count_healthy_turns_and_busiest_turns(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        conversation("a", [2, 0, 5]),
-        conversation("b", [1], usage=False, duration_s=12.5),
-        conversation("failed", [30], success=False),
-        conversation("unknown", [3], success=None),
-        "{broken",
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            conversation("a", [2, 0, 5]),
+            conversation("b", [1], usage=False, duration_s=12.5),
+            conversation("failed", [30], success=False),
+            conversation("unknown", [3], success=None),
+            "{broken",
+        ],
+    )
     s = load_stats(path)
     assert s.kind == "trajectories" and s.lines == 5
     assert (s.unsuccessful, s.unreadable) == (2, 1)
@@ -103,16 +134,26 @@ def test_stats_of_trajectories_count_healthy_turns_and_busiest_turns(tmp_path: P
 
 def test_stats_of_run_records_use_the_finished_runs(tmp_path: Path) -> None:
     def rec(termination: str, steps: int, answer: bool = True) -> dict[str, Any]:
-        return {"run_id": "r", "termination": termination, "steps": steps, "tool_calls":
-                steps - 1, "tokens": {"prompt": 900 * steps, "completion": 10 * steps,
-                                      "total": 910 * steps},
-                "final_answer_present": answer, "profile": "standard"}
+        return {
+            "run_id": "r",
+            "termination": termination,
+            "steps": steps,
+            "tool_calls": steps - 1,
+            "tokens": {"prompt": 900 * steps, "completion": 10 * steps, "total": 910 * steps},
+            "final_answer_present": answer,
+            "profile": "standard",
+        }
 
-    path = write_jsonl(tmp_path / "r.jsonl", [
-        rec("final_answer", 3), rec("terminal_tool", 2), rec("max_steps", 10),
-        rec("final_answer", 4, answer=False),
-        conversation("a trajectory among records", [1]),
-    ])
+    path = write_jsonl(
+        tmp_path / "r.jsonl",
+        [
+            rec("final_answer", 3),
+            rec("terminal_tool", 2),
+            rec("max_steps", 10),
+            rec("final_answer", 4, answer=False),
+            conversation("a trajectory among records", [1]),
+        ],
+    )
     s = load_stats(path)
     assert s.kind == "records"
     assert [t.model_calls for t in s.turns] == [3, 2]
@@ -132,17 +173,25 @@ def test_toml_writer_round_trips() -> None:
     data = {
         "model": {"name": 'gpt "4o"\nmini', "temperature": 0.5, "extra_body": {}},
         "shop": {},
-        "plugins": {"enabled": ["a", "b"], "blocked": [],
-                    "x": {"n": 3, "flag": True, "per_tool": {},
-                          "sinks": [{"type": "log", "min": "soft"}],
-                          "prices": {"gpt-4o": {"input": 2.5}, "name.with.dots": {"input": 1}}}},
+        "plugins": {
+            "enabled": ["a", "b"],
+            "blocked": [],
+            "x": {
+                "n": 3,
+                "flag": True,
+                "per_tool": {},
+                "sinks": [{"type": "log", "min": "soft"}],
+                "prices": {"gpt-4o": {"input": 2.5}, "name.with.dots": {"input": 1}},
+            },
+        },
         "run": {"warning_prefix": "[注意] ", "patterns": ["\\bERROR\\b", "^\\s*$"]},
     }
     assert tomllib.loads(dump_toml(data)) == data
 
 
-def _calibrate(tmp_path: Path, lines: list[Any], capsys: pytest.CaptureFixture[str],
-               *extra: str) -> tuple[str, str, Path]:
+def _calibrate(
+    tmp_path: Path, lines: list[Any], capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[str, str, Path]:
     path = write_jsonl(tmp_path / "runs.jsonl", lines)
     code = main(["calibrate", str(path), "--config", str(default_config_path()), *extra])
     out, err = capsys.readouterr()
@@ -162,7 +211,8 @@ def healthy_corpus() -> list[dict[str, Any]]:
 
 
 def test_calibrate_writes_a_config_that_config_check_accepts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out, err, target = _calibrate(tmp_path, healthy_corpus(), capsys)
     assert main(["config", "check", str(target)]) == 0
@@ -175,8 +225,10 @@ def test_calibrate_writes_a_config_that_config_check_accepts(
     largest = 2000 + 100 * (1 + 25 + 2 + 3)  # the last request of ok25: 28 lookups, 3 answers
     assert f"(p99 {largest} of largest request per conversation" in out
     reserve = tables["token_budget"]["reserve_output_tokens"]
-    assert tables["token_budget"]["max_context"] == \
-        math.ceil((math.ceil(largest * 1.25) + reserve) / 1000) * 1000
+    assert (
+        tables["token_budget"]["max_context"]
+        == math.ceil((math.ceil(largest * 1.25) + reserve) / 1000) * 1000
+    )
     # one profile for the domain (enough runs), the shipped profiles kept
     shop = config.profiles["shop"]
     assert shop.max_steps == tables["max_steps"]["max_steps"]
@@ -193,30 +245,40 @@ def test_calibrate_writes_a_config_that_config_check_accepts(
     assert "plugins.max_steps.max_steps = 33  (p99 26 of most model calls in one turn" in out
 
 
-def test_calibrate_margin_and_minimum_runs(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    _, _, target = _calibrate(tmp_path, healthy_corpus(), capsys, "--margin", "2",
-                              "--min-runs", "30")
+def test_calibrate_margin_and_minimum_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, target = _calibrate(
+        tmp_path, healthy_corpus(), capsys, "--margin", "2", "--min-runs", "30"
+    )
     config = load_config(target)
     assert config.plugins.tables()["max_steps"]["max_steps"] == 52
     assert "shop" not in config.profiles
-    assert "no profile for 'shop': 25 successful conversation(s), fewer than 30" in \
-        target.read_text(encoding="utf-8")
+    assert (
+        "no profile for 'shop': 25 successful conversation(s), fewer than 30"
+        in target.read_text(encoding="utf-8")
+    )
     path = tmp_path / "runs.jsonl"
     assert main(["calibrate", str(path), "--margin", "0.5"]) == 2
     assert "--margin" in capsys.readouterr().err
 
 
 def test_keys_the_config_model_lacks_are_written_as_comments(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import loopwarden.calibrate as cal
 
-    monkeypatch.setattr(cal, "LIMITS", (
-        *cal.LIMITS,
-        Limit("plugins.max_steps.no_such_setting", "busiest_turn_model_calls"),
-        Limit("plugins.no_such_plugin.max_things", "conversation_turns"),
-    ))
+    monkeypatch.setattr(
+        cal,
+        "LIMITS",
+        (
+            *cal.LIMITS,
+            Limit("plugins.max_steps.no_such_setting", "busiest_turn_model_calls"),
+            Limit("plugins.no_such_plugin.max_things", "conversation_turns"),
+        ),
+    )
     out, _, target = _calibrate(tmp_path, healthy_corpus(), capsys)
     assert main(["config", "check", str(target)]) == 0
     capsys.readouterr()
@@ -228,10 +290,17 @@ def test_keys_the_config_model_lacks_are_written_as_comments(
 
 
 def test_calibrate_on_run_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    records = [{"run_id": str(i), "termination": "final_answer", "steps": 2 + i % 5,
-                "tool_calls": 1 + i % 5, "tokens": {"prompt": 3000, "completion": 100,
-                                                    "total": 3100},
-                "final_answer_present": True} for i in range(40)]
+    records = [
+        {
+            "run_id": str(i),
+            "termination": "final_answer",
+            "steps": 2 + i % 5,
+            "tool_calls": 1 + i % 5,
+            "tokens": {"prompt": 3000, "completion": 100, "total": 3100},
+            "final_answer_present": True,
+        }
+        for i in range(40)
+    ]
     out, _, target = _calibrate(tmp_path, records, capsys)
     assert main(["config", "check", str(target)]) == 0
     capsys.readouterr()
@@ -241,7 +310,8 @@ def test_calibrate_on_run_records(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_calibrate_refuses_a_file_without_successful_runs(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", [conversation("f", [2], success=False)])
     assert main(["calibrate", str(path)]) == 2
@@ -255,8 +325,13 @@ def test_the_derivation_script_prints_the_distributions_and_the_proposals(
 
     path = write_jsonl(tmp_path / "runs.jsonl", healthy_corpus())
     script = Path(__file__).resolve().parent.parent / "bench" / "derive_defaults.py"
-    proc = subprocess.run([sys.executable, str(script), str(path), "--json"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["successful_conversations"] == 25 and result["unsuccessful"] == 1
@@ -266,6 +341,11 @@ def test_the_derivation_script_prints_the_distributions_and_the_proposals(
     # the same numbers calibrate writes
     assert result["limits"]["plugins.max_steps.max_steps"]["proposed"] == 33
     assert result["limits"]["profiles.shop.max_steps"]["proposed"] == 33
-    proc = subprocess.run([sys.executable, str(script), str(path), "--by", "source"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(path), "--by", "source"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0 and "| test/shop |" in proc.stdout

@@ -68,8 +68,9 @@ def test_plugins_lists_in_config_order(capsys: pytest.CaptureFixture[str], tmp_p
     assert rows[0]["source"] == "builtin" and "before_model" in rows[0]["hooks"]
 
 
-def test_bad_config_exits_2_naming_the_key(capsys: pytest.CaptureFixture[str],
-                                          tmp_path: Path) -> None:
+def test_bad_config_exits_2_naming_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[plugins.max_steps]\nmax_steps = "ten"\n', encoding="utf-8")
     code, _, err = run_cli(capsys, "run", "--scenario", "refund", "--config", str(cfg))
@@ -107,21 +108,32 @@ def test_config_check_ok(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_console_script_runs_in_a_subprocess(tmp_path: Path) -> None:
     env = {**os.environ, "LOOPWARDEN_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "loopwarden", "run", "--scenario", "refund",
-                           "--json"], capture_output=True, text=True, env=env, timeout=60,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopwarden", "run", "--scenario", "refund", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["termination"] == "final_answer"
-    proc = subprocess.run([sys.executable, "-m", "loopwarden", "frobnicate"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopwarden", "frobnicate"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "unknown command" in proc.stderr
 
 
 def test_guard_logs_reach_stderr_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "run", "--scenario", "always-not-found")
     assert code == 0 and "guard_triggered" not in err
-    code, _, err = run_cli(capsys, "run", "--scenario", "always-not-found", "--log-level",
-                           "warning")
+    code, _, err = run_cli(
+        capsys, "run", "--scenario", "always-not-found", "--log-level", "warning"
+    )
     assert code == 0
     assert "event=guard_triggered" in err and "plugin=repeat_call" in err
     assert err.count("event=run_stopped") == 1  # one handler, however often main() runs

@@ -75,12 +75,18 @@ def test_malformed_toml_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_profiles_set_run_limits(make_config: object) -> None:
-    cfg = parse_config({"profiles": {"simple": {"max_steps": 3, "max_tokens": 100,
-                                                "max_seconds": 2.5}}}, path="<t>")
+    cfg = parse_config(
+        {"profiles": {"simple": {"max_steps": 3, "max_tokens": 100, "max_seconds": 2.5}}},
+        path="<t>",
+    )
     dep = Deployment(cfg)
     limits = dep.limits("simple")
     assert (limits.name, limits.max_steps, limits.max_tokens, limits.max_seconds) == (
-        "simple", 3, 100, 2.5)
+        "simple",
+        3,
+        100,
+        2.5,
+    )
     with pytest.raises(ConfigError, match="unknown profile"):
         dep.limits("galactic")
 
@@ -122,8 +128,9 @@ def test_an_unknown_plugin_name_names_file_key_and_a_suggestion(tmp_path: Path) 
 
 
 def test_a_bad_table_of_a_switched_off_built_in_fails_before_any_run(tmp_path: Path) -> None:
-    p = write(tmp_path,
-              "[plugins]\nenabled = []\n[plugins.repeat_call]\nrepeat_hint = 'x {nope}'\n")
+    p = write(
+        tmp_path, "[plugins]\nenabled = []\n[plugins.repeat_call]\nrepeat_hint = 'x {nope}'\n"
+    )
     with pytest.raises(ConfigError) as info:
         Deployment(load_config(p))
     assert info.value.key == "plugins.repeat_call" and "nope" in str(info.value)

@@ -117,8 +117,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("key", "value", "valid"), CASES)
-def test_schema_and_loader_agree(schema: dict[str, Any], key: str, value: Any,
-                                 valid: bool) -> None:
+def test_schema_and_loader_agree(schema: dict[str, Any], key: str, value: Any, valid: bool) -> None:
     data = _mutate(key, value)
     schema_ok = validator(schema).is_valid(data)
     try:
@@ -145,16 +144,20 @@ def _site_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> 
     return f"{name}:Cap"
 
 
-def test_a_configs_own_plugins_are_included(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_configs_own_plugins_are_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = _site_module(tmp_path, monkeypatch, "lwschema_cap")
     cfg = tmp_path / "config.toml"
-    cfg.write_text(textwrap.dedent(f"""
+    cfg.write_text(
+        textwrap.dedent(f"""
         [plugins]
         enabled = ["max_steps", "{spec}"]
         [plugins."{spec}"]
         cap = 5
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     schema = config_schema(cfg)
     entry = schema["properties"]["plugins"]["properties"][spec]
     assert "Caps something" in entry["description"] and "module:attr" in entry["description"]
@@ -168,11 +171,10 @@ def test_a_configs_own_plugins_are_included(tmp_path: Path,
 
 
 def test_schema_command_reads_the_local_config_by_default(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = _site_module(tmp_path, monkeypatch, "lwschema_local")
-    (tmp_path / "config.toml").write_text(f'[plugins]\nenabled = ["{spec}"]\n',
-                                          encoding="utf-8")
+    (tmp_path / "config.toml").write_text(f'[plugins]\nenabled = ["{spec}"]\n', encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     assert cli(["config", "schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -180,8 +182,9 @@ def test_schema_command_reads_the_local_config_by_default(
     sys.modules.pop("lwschema_local", None)
 
 
-def test_blocked_plugins_are_not_imported_for_the_schema(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocked_plugins_are_not_imported_for_the_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = _site_module(tmp_path, monkeypatch, "lwschema_blocked")
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'[plugins]\nenabled = ["{spec}"]\nblocked = ["{spec}"]\n', encoding="utf-8")
@@ -190,9 +193,12 @@ def test_blocked_plugins_are_not_imported_for_the_schema(tmp_path: Path,
     assert "lwschema_blocked" not in sys.modules
 
 
-def test_schema_command_prints_the_schema(capsys: pytest.CaptureFixture[str],
-                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          schema: dict[str, Any]) -> None:
+def test_schema_command_prints_the_schema(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    schema: dict[str, Any],
+) -> None:
     monkeypatch.chdir(tmp_path)  # no ./config.toml: the shipped default, built-ins only
     assert cli(["config", "schema"]) == 0
     assert json.loads(capsys.readouterr().out) == schema
@@ -202,13 +208,15 @@ def test_schema_command_prints_the_schema(capsys: pytest.CaptureFixture[str],
     assert validator(written).is_valid(shipped())
 
 
-def test_check_command_names_file_and_key(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_command_names_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli(["config", "check", str(default_config_path())]) == 0
     assert ": OK (" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
-    bad.write_text("[plugins]\nenabled = [\"max_steps\"]\n[plugins.max_steps]\nmax_steps = 0\n",
-                   encoding="utf-8")
+    bad.write_text(
+        '[plugins]\nenabled = ["max_steps"]\n[plugins.max_steps]\nmax_steps = 0\n', encoding="utf-8"
+    )
     assert cli(["config", "check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: plugins.max_steps.max_steps:" in err

@@ -24,10 +24,12 @@ def test_messages_and_conversation_state_carry_on_per_run_state_does_not() -> No
     dep = Deployment(parse_config({}), plugins={"counter": Counter()})
     conv = Conversation("c1")
     lookup = {"tool_calls": [call("query_order", order_id="88231")]}
-    first = dep.run("where is 88231?", model=script(lookup, {"content": "signed"}),
-                    conversation=conv)
-    second = dep.run("and the logistics?", model=script(lookup, lookup, {"content": "ok"}),
-                     conversation=conv)
+    first = dep.run(
+        "where is 88231?", model=script(lookup, {"content": "signed"}), conversation=conv
+    )
+    second = dep.run(
+        "and the logistics?", model=script(lookup, lookup, {"content": "ok"}), conversation=conv
+    )
     assert conv.runs == 2 and conv.messages == second.messages
     users = [m["content"] for m in second.messages if m["role"] == "user"]
     assert users == ["where is 88231?", "and the logistics?"]
@@ -80,26 +82,38 @@ def test_a_fix_between_turns_lets_the_call_succeed() -> None:
 
 
 def test_the_memory_of_failures_can_be_per_run_only() -> None:
-    cfg = parse_config({"plugins": {"enabled": ["repeat_call"],
-                                    "repeat_call": {"failures_across_turns": False}}})
+    cfg = parse_config(
+        {"plugins": {"enabled": ["repeat_call"], "repeat_call": {"failures_across_turns": False}}}
+    )
     dep = Deployment(cfg)
     conv = Conversation()
     for _ in range(3):
-        rec = dep.run("order 99999?", model=script(not_found_turn(), {"content": "no"}),
-                      conversation=conv).record()
+        rec = dep.run(
+            "order 99999?", model=script(not_found_turn(), {"content": "no"}), conversation=conv
+        ).record()
         assert rec["tools_executed"] == 1 and rec["termination"] == "final_answer"
 
 
 def test_a_successful_change_forgets_earlier_failures() -> None:
     dep = Deployment(parse_config({"plugins": {"enabled": ["repeat_call"]}}))
     conv = Conversation()
-    dep.run("refund 99999", model=script(
-        {"tool_calls": [call("apply_refund", order_id="99999", reason="x")]},
-        {"content": "no such order"}), conversation=conv)
+    dep.run(
+        "refund 99999",
+        model=script(
+            {"tool_calls": [call("apply_refund", order_id="99999", reason="x")]},
+            {"content": "no such order"},
+        ),
+        conversation=conv,
+    )
     assert conv.state["repeat_call"]  # remembered
-    dep.run("hand me over", model=script(
-        {"tool_calls": [call("transfer_to_human", reason="refund question")]},
-        {"content": "done"}), conversation=conv)
+    dep.run(
+        "hand me over",
+        model=script(
+            {"tool_calls": [call("transfer_to_human", reason="refund question")]},
+            {"content": "done"},
+        ),
+        conversation=conv,
+    )
     assert not conv.state["repeat_call"]  # a side effect succeeded: the world changed
 
 
@@ -147,7 +161,6 @@ def test_a_side_effect_never_runs_twice_in_a_conversation() -> None:
     assert "was not executed again" in outs[1]
 
 
-
 def test_the_next_turn_sees_a_well_formed_history_with_what_the_user_was_told() -> None:
     from loopwarden import FakeClock
 
@@ -172,14 +185,15 @@ def test_the_next_turn_sees_a_well_formed_history_with_what_the_user_was_told() 
     cfg = parse_config({"run": {"fallback_answer": "Sorry."}})
     dep = Deployment(cfg, plugins={"veto": Veto(), "cut": Cut()}, clock=FakeClock())
     conv = Conversation()
-    r1 = dep.run("q1", model=script({"content": "the password is SECRET123"}),
-                 conversation=conv)
+    r1 = dep.run("q1", model=script({"content": "the password is SECRET123"}), conversation=conv)
     assert r1.record()["final_answer"] == "Sorry."
     assert not any("SECRET" in str(m.get("content")) for m in conv.messages)
     assert conv.messages[-1] == {"role": "assistant", "content": "Sorry."}
-    dep.run("q2", model=script({"content": "cut here",
-                                "tool_calls": [call("query_order", order_id="1")]}),
-            conversation=conv)
+    dep.run(
+        "q2",
+        model=script({"content": "cut here", "tool_calls": [call("query_order", order_id="1")]}),
+        conversation=conv,
+    )
     # the cut call is answered, and the best-effort answer the user got closes the turn
     assert conv.messages[-2]["role"] == "tool" and "NOT EXECUTED" in conv.messages[-2]["content"]
     assert conv.messages[-1]["role"] == "assistant"

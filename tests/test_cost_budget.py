@@ -35,19 +35,23 @@ def started(p: CostBudget, model: str = "scripted") -> Any:
 
 
 def test_price_per_million_tokens_with_cached_input() -> None:
-    price = ModelPrice(input=Decimal("0.15"), cached_input=Decimal("0.075"),
-                       output=Decimal("0.60"))
+    price = ModelPrice(input=Decimal("0.15"), cached_input=Decimal("0.075"), output=Decimal("0.60"))
     assert price.cost(1_000_000, 0) == Decimal("0.15")
     assert price.cost(1_000_000, 1_000_000, cached=1_000_000) == Decimal("0.675")
     assert price.cost(1000, 500, cached=400) == Decimal("0.00042")  # 600*.15+400*.075+500*.6
     # cached input without a cached price costs the input price
     assert ModelPrice(input=Decimal(1), output=Decimal(0)).cost(10, 0, cached=10) == Decimal(
-        "0.00001")
+        "0.00001"
+    )
 
 
 def test_toml_floats_become_exact_decimals() -> None:
-    plugins = load_plugins(config("cost_budget", cost_budget={
-        "max_cost": 0.3, "prices": {"scripted": {"input": 0.1, "output": 0.2}}}))
+    plugins = load_plugins(
+        config(
+            "cost_budget",
+            cost_budget={"max_cost": 0.3, "prices": {"scripted": {"input": 0.1, "output": 0.2}}},
+        )
+    )
     s = plugins.get("cost_budget").settings
     assert s.max_cost == Decimal("0.3")
     assert s.prices["scripted"].cost(1_000_000, 1_000_000) == Decimal("0.3")  # not 0.30000000004
@@ -98,8 +102,13 @@ def test_model_names_match_case_insensitively() -> None:
 
 
 def test_run_cost_is_the_exact_sum_of_every_response() -> None:
-    sc = scenario([turn(call("query_order", order_id="88231"), content="查订单"),
-                   turn(call("search_knowledge", query="退货"), content="查政策")], then="final")
+    sc = scenario(
+        [
+            turn(call("query_order", order_id="88231"), content="查订单"),
+            turn(call("search_knowledge", query="退货"), content="查政策"),
+        ],
+        then="final",
+    )
     dep = Deployment(config("cost_budget"))
     seen: list[ModelResponse] = []
 
@@ -109,9 +118,10 @@ def test_run_cost_is_the_exact_sum_of_every_response() -> None:
     with signals.model_responded.connected_to(on_response):
         run = dep.run(scenario=sc)
     expected = sum(
-        (Decimal(r.usage.prompt) * Decimal("0.15")
-         + Decimal(r.usage.completion) * Decimal("0.60")) / Decimal(1_000_000)
-        for r in seen if r.usage is not None
+        (Decimal(r.usage.prompt) * Decimal("0.15") + Decimal(r.usage.completion) * Decimal("0.60"))
+        / Decimal(1_000_000)
+        for r in seen
+        if r.usage is not None
     )
     assert len(seen) == 3
     assert run.cost == expected and isinstance(run.cost, Decimal)
@@ -144,8 +154,9 @@ def test_unreported_usage_is_priced_from_the_estimate() -> None:
 # -- the ladder: boundaries N-1, N, N+1 --------------------------------------------------------
 
 
-@pytest.mark.parametrize(("prompt", "rung"), [(4, None), (5, None), (6, "soft"), (9, "soft"),
-                                              (10, "soft"), (11, "hard")])
+@pytest.mark.parametrize(
+    ("prompt", "rung"), [(4, None), (5, None), (6, "soft"), (9, "soft"), (10, "soft"), (11, "hard")]
+)
 def test_before_model_boundaries(prompt: int, rung: str | None) -> None:
     # max_cost 10, a token costs 1: this call costs `prompt`, the next one (no growth yet) as
     # much again.  Soft once both no longer fit (> 5), hard once this one does not (> 10).
@@ -173,8 +184,12 @@ def test_spent_money_counts() -> None:
 
 
 def test_reserved_output_is_priced_in() -> None:
-    p = plugin(max_cost=10, warn_at=None, reserve_output_tokens=2,
-               prices={"scripted": {"input": 1_000_000, "output": 1_000_000}})
+    p = plugin(
+        max_cost=10,
+        warn_at=None,
+        reserve_output_tokens=2,
+        prices={"scripted": {"input": 1_000_000, "output": 1_000_000}},
+    )
     run = started(p)
     v = p.before_model(run, request(run, 9))  # 9 + 2 reserved = 11 > 10
     assert isinstance(v, Stop) and not v.soft and v.evidence["reserved_output"] == 2
@@ -186,8 +201,10 @@ def test_warns_once_at_70_percent() -> None:
     assert p.before_model(run, request(run, 34)) is None  # after the next call: 68
     v = p.before_model(run, request(run, 35))  # growth 1: 35 + 36 = 71 >= 70
     assert isinstance(v, Warn)
-    assert v.message == ("This run has spent 71% of its cost budget (71.00 of 100.00 USD). "
-                         "Plan the remaining work within it.")
+    assert v.message == (
+        "This run has spent 71% of its cost budget (71.00 of 100.00 USD). "
+        "Plan the remaining work within it."
+    )
     assert p.before_model(run, request(run, 35)) is None
 
 
@@ -202,10 +219,16 @@ def test_reconcile_stops_when_the_real_bill_passed_the_budget() -> None:
 
 
 def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
-    sc = scenario([turn(call("search_knowledge", query=f"q{i}"), content=f"第 {i} 次检索")
-                   for i in range(30)], then="cycle")
-    dep = Deployment(config("cost_budget", max_steps={"max_steps": 50},
-                            cost_budget={"max_cost": "0.002"}))
+    sc = scenario(
+        [
+            turn(call("search_knowledge", query=f"q{i}"), content=f"第 {i} 次检索")
+            for i in range(30)
+        ],
+        then="cycle",
+    )
+    dep = Deployment(
+        config("cost_budget", max_steps={"max_steps": 50}, cost_budget={"max_cost": "0.002"})
+    )
     rec = dep.run(scenario=sc).record()
     assert rec["termination"] == "max_cost" and rec["soft"] is True
     assert rec["stopped_by"] == "cost_budget"
@@ -217,14 +240,17 @@ def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
 
 
 def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from loopwarden.cli import main
     from loopwarden.exceptions import ConfigError
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n',
-                   encoding="utf-8")
+    cfg.write_text(
+        '[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n', encoding="utf-8"
+    )
     assert main(["config", "check", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "plugins.cost_budget.prices" in err and "qwen-plus" in err and str(cfg) in err
@@ -232,9 +258,13 @@ def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
     assert main(["run", "hello", "--config", str(cfg)]) == 2
     assert "qwen-plus" in capsys.readouterr().err
     # configured otherwise: free
-    cfg.write_text('[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n'
-                   '[plugins.cost_budget]\nunknown_model = "free"\n', encoding="utf-8")
+    cfg.write_text(
+        '[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n'
+        '[plugins.cost_budget]\nunknown_model = "free"\n',
+        encoding="utf-8",
+    )
     assert main(["config", "check", str(cfg)]) == 0
     with pytest.raises(ConfigError):
-        Deployment(parse_config({"model": {"name": "mystery"},
-                                 "plugins": {"enabled": ["cost_budget"]}})).check_model("mystery")
+        Deployment(
+            parse_config({"model": {"name": "mystery"}, "plugins": {"enabled": ["cost_budget"]}})
+        ).check_model("mystery")

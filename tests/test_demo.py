@@ -98,15 +98,17 @@ def test_unguarded_is_the_step_cap_alone_without_warnings_or_profile_limits(
 ) -> None:
     u = unguarded_config(shipped_config)
     assert u.plugins.enabled == ["max_steps"]
-    assert u.plugins.tables() == {"max_steps": {"max_steps": UNGUARDED_CAP,
-                                                "warn_remaining": 0}}
+    assert u.plugins.tables() == {"max_steps": {"max_steps": UNGUARDED_CAP, "warn_remaining": 0}}
     assert set(u.profiles) == set(shipped_config.profiles)
-    assert all(p.max_steps is None and p.max_tokens is None and p.max_seconds is None
-               for p in u.profiles.values())
+    assert all(
+        p.max_steps is None and p.max_tokens is None and p.max_seconds is None
+        for p in u.profiles.values()
+    )
 
 
 def test_the_unguarded_baseline_ignores_plugins_added_from_the_environment(
-    monkeypatch: pytest.MonkeyPatch, shipped_config: Config,
+    monkeypatch: pytest.MonkeyPatch,
+    shipped_config: Config,
 ) -> None:
     monkeypatch.setenv("LOOPWARDEN_PLUGINS", "does.not.exist:Plugin")
     with unguarded_deployment(shipped_config) as dep:
@@ -128,15 +130,20 @@ def test_offline_runs_leave_pure_observers_out(shipped_config: Config) -> None:
 
 
 def test_demo_json_plays_each_scenario_guarded_and_unguarded(
-    capsys: pytest.CaptureFixture[str], scenario_dir: Path, _isolated_data_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    scenario_dir: Path,
+    _isolated_data_dir: Path,
 ) -> None:
     code, out, _ = run_demo(capsys, "--json", "--scenarios", str(scenario_dir))
     assert code == 0
     lines = [json.loads(x) for x in out.splitlines()]
     records, totals = lines[:-1], lines[-1]
     assert [(r["scenario"], r["guarded"]) for r in records] == [
-        ("loop-lookup", True), ("loop-lookup", False), ("one-refund", True),
-        ("one-refund", False)]
+        ("loop-lookup", True),
+        ("loop-lookup", False),
+        ("one-refund", True),
+        ("one-refund", False),
+    ]
     loop_g, loop_u, ok_g, ok_u = records
     # the runaway: stopped by a guard early with guards, run to the cap without
     assert loop_g["stopped_by"] is not None and loop_g["termination"] != "final_answer"
@@ -157,27 +164,40 @@ def test_demo_json_plays_each_scenario_guarded_and_unguarded(
 
 
 def test_demo_can_keep_the_shop_databases_with_their_refund_rows(
-    capsys: pytest.CaptureFixture[str], scenario_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    scenario_dir: Path,
+    tmp_path: Path,
 ) -> None:
     keep = tmp_path / "dbs"
-    code, _, _ = run_demo(capsys, "--scenarios", str(scenario_dir), "--only", "one-*",
-                          "--db-dir", str(keep))
+    code, _, _ = run_demo(
+        capsys, "--scenarios", str(scenario_dir), "--only", "one-*", "--db-dir", str(keep)
+    )
     assert code == 0
     dbs = sorted(keep.glob("*.sqlite3"))
-    assert [p.name for p in dbs] == ["000-one-refund-guarded.sqlite3",
-                                     "000-one-refund-unguarded.sqlite3"]
+    assert [p.name for p in dbs] == [
+        "000-one-refund-guarded.sqlite3",
+        "000-one-refund-unguarded.sqlite3",
+    ]
     for db in dbs:
         assert Shop(db).refunds() == [("RF88231001", "88231", "不想要了")]
 
 
-def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str],
-                                  scenario_dir: Path) -> None:
+def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str], scenario_dir: Path) -> None:
     code, out, err = run_demo(capsys, "--scenarios", str(scenario_dir))
     assert code == 0 and err == ""
     lines = out.splitlines()
     head = next(line for line in lines if line.startswith("scenario"))
-    for col in ("expect", "run", "termination", "turns", "calls", "tokens", "cost",
-                "answer", "result"):
+    for col in (
+        "expect",
+        "run",
+        "termination",
+        "turns",
+        "calls",
+        "tokens",
+        "cost",
+        "answer",
+        "result",
+    ):
         assert col in head
     i = next(k for k, line in enumerate(lines) if line.startswith("loop-lookup"))
     guarded, unguarded = lines[i], lines[i + 1]  # two lines per scenario
@@ -191,8 +211,9 @@ def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str],
     assert "observers left out: " in out and "logging" in out
 
 
-def test_progress_goes_to_stderr_when_not_quiet(capsys: pytest.CaptureFixture[str],
-                                                scenario_dir: Path) -> None:
+def test_progress_goes_to_stderr_when_not_quiet(
+    capsys: pytest.CaptureFixture[str], scenario_dir: Path
+) -> None:
     code = main(["demo", "--json", "--scenarios", str(scenario_dir), "--only", "loop-*"])
     out, err = capsys.readouterr()
     assert code == 0
@@ -201,13 +222,15 @@ def test_progress_goes_to_stderr_when_not_quiet(capsys: pytest.CaptureFixture[st
 
 
 def test_a_healthy_scenario_stopped_by_a_guard_fails_the_demo(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     (tmp_path / "six-turns.toml").write_text(SIX_TURNS, encoding="utf-8")
     conf = tmp_path / "c.toml"
     conf.write_text("[plugins.max_steps]\nmax_steps = 3\n", encoding="utf-8")
-    code, out, err = run_demo(capsys, "--scenarios", str(tmp_path / "six-turns.toml"),
-                              "--config", str(conf))
+    code, out, err = run_demo(
+        capsys, "--scenarios", str(tmp_path / "six-turns.toml"), "--config", str(conf)
+    )
     assert code == 1
     assert "FAILED" in out
     assert "six-turns: healthy run ended with max_steps (expected final_answer)" in err
@@ -228,17 +251,20 @@ def test_judge_reads_the_expect_table(scenario_dir: Path) -> None:
     assert judge(runaway, finished)[0] is False
     assert judge(healthy, finished) == (True, "finished")
     assert judge(healthy, {"termination": "max_steps", "stopped_by": "max_steps"})[0] is False
-    strict = runaway.model_copy(update={"expect": runaway.expect.model_copy(
-        update={"termination": "stall"})})
+    strict = runaway.model_copy(
+        update={"expect": runaway.expect.model_copy(update={"termination": "stall"})}
+    )
     assert judge(strict, stopped) == (False, "stopped by repeat_call (expected stall)")
-    unlabelled = runaway.model_copy(update={"expect": runaway.expect.model_copy(
-        update={"healthy": None})})
+    unlabelled = runaway.model_copy(
+        update={"expect": runaway.expect.model_copy(update={"healthy": None})}
+    )
     assert judge(unlabelled, stopped)[0] is None
 
 
 def test_stop_step_and_totals(scenario_dir: Path) -> None:
-    config = parse_config({"plugins": {"max_steps": {"max_steps": 4, "warn_remaining": 0}}},
-                          path="<test>")
+    config = parse_config(
+        {"plugins": {"max_steps": {"max_steps": 4, "warn_remaining": 0}}}, path="<test>"
+    )
     pairs = play_all(config, find_scenarios([scenario_dir]))
     loop = pairs[0]
     # max_steps refuses call 4 as a tool call: it becomes the wrap-up turn

@@ -17,8 +17,13 @@ from loopwarden.scenario import load_scenario, scenarios_dir
 from loopwarden.tools.shop import Shop
 
 DETECTORS = ["repeat_call", "oscillation", "no_progress", "stall", "failure_streak"]
-SCENARIOS = ["repeat-then-recover", "always-not-found", "all-tools-fail", "oscillation",
-             "explore-divergence"]
+SCENARIOS = [
+    "repeat-then-recover",
+    "always-not-found",
+    "all-tools-fail",
+    "oscillation",
+    "explore-divergence",
+]
 
 
 def path(name: str) -> Path:
@@ -48,11 +53,12 @@ def test_shipped_config_enables_the_detectors_in_order(shipped_config: Config) -
     assert present == DETECTORS
     # consecutive, right after the anchor (no other plugin between them)
     first = enabled.index("repeat_call")
-    assert enabled[first: first + len(DETECTORS)] == DETECTORS
+    assert enabled[first : first + len(DETECTORS)] == DETECTORS
 
 
-def test_shipped_detector_tables_spell_out_every_default(shipped_config: Config,
-                                                         deployment_factory: Any) -> None:
+def test_shipped_detector_tables_spell_out_every_default(
+    shipped_config: Config, deployment_factory: Any
+) -> None:
     dep = deployment_factory(shipped_config)
     tables = shipped_config.plugins.tables()
     for name in DETECTORS:
@@ -110,7 +116,8 @@ def test_always_not_found_warns_at_the_second_call_and_stops_at_the_third(play: 
     assert [w["step"] for w in rc_warnings] == [2]
     assert "already failed with NOT_FOUND" in rc_warnings[0]["message"]
     assert [(s["step"], s["plugin"], s["reason"]) for s in stops(run)] == [
-        (3, "repeat_call", "repeat_call")]
+        (3, "repeat_call", "repeat_call")
+    ]
     ev = record["evidence"]
     assert ev["tool"] == "query_order"
     assert ev["signature"] == 'query_order({"order_id": "99999"})'
@@ -129,8 +136,11 @@ def test_all_tools_fail(play: Any) -> None:
     assert [(s["step"], s["plugin"]) for s in stops(run)] == [(3, "failure_streak")]
     ev = record["evidence"]
     assert ev["streak"] == 3 and ev["threshold"] == 3
-    assert [f["tool"] for f in ev["failures"]] == ["query_order", "query_logistics",
-                                                   "search_knowledge"]
+    assert [f["tool"] for f in ev["failures"]] == [
+        "query_order",
+        "query_logistics",
+        "search_knowledge",
+    ]
     assert ev["failures"][2]["kind"] == "text"  # an error that came back as ordinary text
 
 
@@ -139,8 +149,10 @@ def test_oscillation(play: Any) -> None:
     assert record["stopped_by"] == "oscillation"
     osc = [w for w in record["warnings"] if w["plugin"] == "oscillation"]
     assert [w["step"] for w in osc] == [4]
-    assert 'query_order(order_id="88231") -> query_logistics(tracking_no="SF1234567890")' in \
-        osc[0]["message"]
+    assert (
+        'query_order(order_id="88231") -> query_logistics(tracking_no="SF1234567890")'
+        in osc[0]["message"]
+    )
     assert [(s["step"], s["plugin"]) for s in stops(run)] == [(5, "oscillation")]
     assert record["oscillation_hits"] == 2
     assert record["evidence"]["period"] == 2
@@ -186,13 +198,15 @@ def test_repeated_refund_leaves_one_row_and_is_stopped_by_the_window_rule(
     assert Shop().refunds() == [("RF88231001", "88231", "七天无理由退货")]
 
 
-def test_concurrent_runs_keep_their_own_state(shipped_config: Config,
-                                              deployment_factory: Any) -> None:
+def test_concurrent_runs_keep_their_own_state(
+    shipped_config: Config, deployment_factory: Any
+) -> None:
     dep: Deployment = deployment_factory(shipped_config)
 
     async def both() -> list[Any]:
-        return list(await asyncio.gather(
-            *(dep.arun(scenario=path(n)) for n in SCENARIOS + SCENARIOS)))
+        return list(
+            await asyncio.gather(*(dep.arun(scenario=path(n)) for n in SCENARIOS + SCENARIOS))
+        )
 
     runs = asyncio.run(both())
     for name, run in zip(SCENARIOS + SCENARIOS, runs, strict=True):
@@ -200,15 +214,24 @@ def test_concurrent_runs_keep_their_own_state(shipped_config: Config,
 
 
 def test_cli_json_record(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli_main(["run", "--scenario", str(path("always-not-found")), "--json",
-                     "--config", str(default_config_path())])
+    code = cli_main(
+        [
+            "run",
+            "--scenario",
+            str(path("always-not-found")),
+            "--json",
+            "--config",
+            str(default_config_path()),
+        ]
+    )
     assert code == 0
     record = json.loads(capsys.readouterr().out)
     assert record["termination"] == "repeat_call"
     assert record["stopped_by"] == "repeat_call"
     assert record["evidence"]["count"] == 3
     assert record["warnings"][0] == {
-        "step": 2, "plugin": "repeat_call",
+        "step": 2,
+        "plugin": "repeat_call",
         "message": "This call (query_order) already failed with NOT_FOUND: 订单 99999 不存在; "
-                   "do not retry it. Answer from what you know or change approach.",
+        "do not retry it. Answer from what you know or change approach.",
     }

@@ -67,8 +67,7 @@ def test_plugins_registered_later_are_called() -> None:
     dep.run("q", model=model())
     dep.plugins.pm.register(Tag("late", log), name="late")
     dep.run("q", model=model())
-    assert log == ["first:get_current_time", "late:get_current_time",
-                   "first:get_current_time"]
+    assert log == ["first:get_current_time", "late:get_current_time", "first:get_current_time"]
 
 
 def test_a_wrapper_keeps_pluggy_dispatch_for_its_hook() -> None:
@@ -90,8 +89,9 @@ def test_a_wrapper_keeps_pluggy_dispatch_for_its_hook() -> None:
     assert seen == ["before", "after 1 verdicts"] and log == ["t:get_current_time"]
 
 
-@pytest.mark.parametrize("hook", ["on_start", "before_model", "after_response",
-                                  "before_tool", "after_tool"])
+@pytest.mark.parametrize(
+    "hook", ["on_start", "before_model", "after_response", "before_tool", "after_tool"]
+)
 def test_an_exception_is_blamed_on_its_plugin_on_both_paths(hook: str) -> None:
     def boom(self: Any, run: Any) -> None:
         raise RuntimeError("bad plugin")

@@ -36,8 +36,11 @@ HINT = "run `python -m loopwarden.docs` and commit the result"
 
 def hookspec_names() -> list[str]:
     marker = hookspecs.PROJECT + "_spec"
-    return [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-            if hasattr(fn, marker)]
+    return [
+        name
+        for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+        if hasattr(fn, marker)
+    ]
 
 
 def test_hook_names_list_every_hookspec() -> None:
@@ -68,8 +71,13 @@ def test_hooks_md_is_generated_and_current() -> None:
 
 def test_hooks_md_keeps_the_phase_banners() -> None:
     sections = docs.hook_sections()
-    assert [t for t, _ in sections] == ["Pre-flight", "The model turn", "Tool calls",
-                                        "Post-flight"]
+    assert [t for t, _ in sections] == [
+        "Pre-flight",
+        "The model turn",
+        "Tool calls",
+        "Post-flight",
+        "Lifecycle",
+    ]
     assert [h for _, hooks in sections for h in hooks] == list(hookspecs.HOOK_NAMES)
 
 
@@ -108,19 +116,23 @@ def test_every_hook_has_a_test() -> None:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_hook_"):
-                tested.add(node.name[len("test_hook_"):])
-    missing = [h for h in hookspecs.HOOK_NAMES
-               if not any(t == h or t.startswith(h + "_") for t in tested)]
+                tested.add(node.name[len("test_hook_") :])
+    missing = [
+        h for h in hookspecs.HOOK_NAMES if not any(t == h or t.startswith(h + "_") for t in tested)
+    ]
     assert missing == [], f"write a test_hook_<name> test for: {missing}"
 
 
-@pytest.mark.parametrize(("rst", "md"), [
-    ("see :func:`~loopwarden.stop`", "see `stop()`"),
-    ("a :class:`loopwarden.ToolCall`", "a `loopwarden.ToolCall`"),
-    ("``[plugins]\nenabled``", "`[plugins]\nenabled`"),
-    ("hard stop > soft\n> skip", "hard stop > soft\n\\> skip"),
-    ("Example::\n\n    code()\n\nafter", "Example:\n\n```text\ncode()\n```\n\nafter"),
-])
+@pytest.mark.parametrize(
+    ("rst", "md"),
+    [
+        ("see :func:`~loopwarden.stop`", "see `stop()`"),
+        ("a :class:`loopwarden.ToolCall`", "a `loopwarden.ToolCall`"),
+        ("``[plugins]\nenabled``", "`[plugins]\nenabled`"),
+        ("hard stop > soft\n> skip", "hard stop > soft\n\\> skip"),
+        ("Example::\n\n    code()\n\nafter", "Example:\n\n```text\ncode()\n```\n\nafter"),
+    ],
+)
 def test_rst_to_markdown(rst: str, md: str) -> None:
     assert docs.rst_to_markdown(rst) == md
 

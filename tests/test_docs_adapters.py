@@ -26,7 +26,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 def section(text: str, title: str, level: str = "##") -> str:
     start = text.index(f"\n{level} {title}")
     end = text.find(f"\n{level} ", start + 1)
-    return text[start:end if end != -1 else None]
+    return text[start : end if end != -1 else None]
 
 
 def blocks(text: str, lang: str) -> list[str]:
@@ -36,15 +36,23 @@ def blocks(text: str, lang: str) -> list[str]:
 def run_example(code: str, cwd: Path) -> list[str]:
     """Run a block as a script of its own, from a directory without a config.toml (so the
     shipped default config applies, as for a new user)."""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
-                          text=True, timeout=240, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.splitlines()
 
 
 EXPECTED = {
-    "LangChain": ["repeat_call", "Here is the last information I found: NOT_FOUND: order 99 "
-                                 "does not exist"],
+    "LangChain": [
+        "repeat_call",
+        "Here is the last information I found: NOT_FOUND: order 99 does not exist",
+    ],
     "OpenAI Agents SDK": ["1", "Your refund is on its way."],
     "pydantic-ai": ["repeat_call", "I could not find order 99."],
 }
@@ -52,14 +60,14 @@ EXPECTED = {
 
 @pytest.mark.parametrize("framework", sorted(EXPECTED))
 def test_each_framework_example_runs_and_prints_what_the_doc_says(
-        framework: str, tmp_path: Path) -> None:
+    framework: str, tmp_path: Path
+) -> None:
     (code,) = blocks(section(DOC, framework), "python")
     assert len(code.strip().splitlines()) <= 25
     assert run_example(code, tmp_path) == EXPECTED[framework]
 
 
-def test_the_tool_natures_example_is_a_valid_config_and_replay_tools_file(
-        tmp_path: Path) -> None:
+def test_the_tool_natures_example_is_a_valid_config_and_replay_tools_file(tmp_path: Path) -> None:
     (toml,) = blocks(section(DOC, "Tool natures"), "toml")
     cfg = parse_config(tomllib.loads(toml), path="docs/adapters.md")
     assert cfg.tools["refund_order"].idempotency_keys == ["order_id"]

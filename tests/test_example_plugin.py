@@ -37,8 +37,13 @@ needs_install = pytest.mark.skipif(
 
 
 def lw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "loopwarden", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "loopwarden", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def write_config(tmp_path: Path, name: str) -> Path:
@@ -60,8 +65,15 @@ def test_installed_plugin_runs_in_its_configured_position(tmp_path: Path) -> Non
     rows = json.loads(proc.stdout)["plugins"]
     assert [r["name"] for r in rows] == ["max_steps", "allowlist", "repeat_call"]
     assert rows[1]["source"].startswith("entry point (loopwarden-allowlist ")
-    proc = lw("run", "--scenario", "refund", "--config", str(cfg), "--json",
-              env={"LOOPWARDEN_DATA_DIR": str(tmp_path)})
+    proc = lw(
+        "run",
+        "--scenario",
+        "refund",
+        "--config",
+        str(cfg),
+        "--json",
+        env={"LOOPWARDEN_DATA_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout)
     assert record["stopped_by"] == "allowlist"  # search_knowledge is not on the list
@@ -69,8 +81,11 @@ def test_installed_plugin_runs_in_its_configured_position(tmp_path: Path) -> Non
 
 def test_the_same_plugin_loads_by_module_attr_without_installing(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, "loopwarden_allowlist:Allowlist")
-    env = {"PYTHONPATH": str(EXAMPLE / "src"), "LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "LOOPWARDEN_DATA_DIR": str(tmp_path)}
+    env = {
+        "PYTHONPATH": str(EXAMPLE / "src"),
+        "LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "LOOPWARDEN_DATA_DIR": str(tmp_path),
+    }
     proc = lw("plugins", "--config", str(cfg), "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)["plugins"][1]
@@ -88,8 +103,13 @@ def test_blocking_it_by_name_keeps_its_module_from_being_imported(tmp_path: Path
         f"dep = Deployment.from_config({str(cfg)!r})\n"
         "print(json.dumps([dep.plugins.names, 'loopwarden_allowlist' in sys.modules]))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "LOOPWARDEN_BLOCK_PLUGINS": "allowlist"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LOOPWARDEN_BLOCK_PLUGINS": "allowlist"},
+    )
     assert proc.returncode == 0, proc.stderr
     names, imported = json.loads(proc.stdout)
     assert names == ["max_steps", "repeat_call"] and imported is False
@@ -98,11 +118,20 @@ def test_blocking_it_by_name_keeps_its_module_from_being_imported(tmp_path: Path
 @needs_install
 def test_the_examples_own_tests_pass_using_only_the_testing_kit() -> None:
     tests = EXAMPLE / "tests"
-    imports = {line.split()[1] for f in tests.glob("*.py") for line in f.read_text().splitlines()
-               if line.startswith(("import ", "from "))}
+    imports = {
+        line.split()[1]
+        for f in tests.glob("*.py")
+        for line in f.read_text().splitlines()
+        if line.startswith(("import ", "from "))
+    }
     ours = {i for i in imports if i.split(".")[0] == "loopwarden"}
     assert ours == {"loopwarden.testing"}, ours
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                          capture_output=True, text=True, timeout=300, cwd=EXAMPLE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=EXAMPLE,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout

@@ -33,8 +33,11 @@ def test_three_failures_in_a_row_stop_with_evidence() -> None:
     assert isinstance(stop, Stop) and stop.soft and stop.reason == "failure_streak"
     assert stop.evidence["streak"] == 3
     assert stop.evidence["threshold"] == 3
-    assert [x["error"] for x in stop.evidence["failures"]] == ["UNAVAILABLE: 503", "TIMEOUT",
-                                                               "boom"]
+    assert [x["error"] for x in stop.evidence["failures"]] == [
+        "UNAVAILABLE: 503",
+        "TIMEOUT",
+        "boom",
+    ]
     assert stop.message == "The last 3 tool calls all failed (latest: boom)."
 
 
@@ -173,7 +176,8 @@ def test_the_streak_carries_on_into_the_next_user_turn() -> None:
     nxt = Feed(f.plugin)
     nxt.run.conversation = f.run.conversation  # the user answered: the next run
     assert kinds([nxt.after(nxt.call("book", {"amount": 2}), fail("ERROR: again"))]) == [
-        "stop:failure_streak"]
+        "stop:failure_streak"
+    ]
     alone = Feed(FailureStreak(FailureStreakSettings(across_turns=False)))
     for _ in range(2):
         alone.after(alone.call("book", {"amount": 1}), fail("ERROR"))

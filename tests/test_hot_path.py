@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopwarden.events import ModelResponse, ToolCall, ToolResult
+from loopwarden.execution import _ToolThreads
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter, canonical_arguments
-from loopwarden.loop import _ToolThreads
 from loopwarden.plugins._text import token_set
 from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
 from loopwarden.plugins.stall import Stall, StallSettings
@@ -50,8 +50,9 @@ def _ref_canon(value: Any, volatile: frozenset[str]) -> Any:
 
 def _ref_canonical(arguments: Any) -> str:
     vol = frozenset(k.casefold() for k in DEFAULT_VOLATILE_KEYS)
-    return json.dumps(_ref_canon(arguments, vol), sort_keys=True, ensure_ascii=False,
-                      separators=(",", ":"))
+    return json.dumps(
+        _ref_canon(arguments, vol), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
 
 
 def _ref_fingerprint(name: str, arguments: Any) -> str:
@@ -89,9 +90,7 @@ _chars = st.one_of(
 )
 texts = st.text(_chars, max_size=60)
 keys = st.one_of(texts, st.sampled_from(["Request_ID", "nonce", "order_id", "Timestamp"]))
-scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), texts
-)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), texts)
 json_like = st.recursive(
     scalars,
     lambda inner: st.one_of(
@@ -129,7 +128,8 @@ def test_fingerprint_examples() -> None:
     assert fp("q", {1: "a", "1": "b"}) == _ref_fingerprint("q", {1: "a", "1": "b"})
     assert fp("q", {"1": "b", 1: "a"}) == _ref_fingerprint("q", {"1": "b", 1: "a"})
     assert fp("q", {"b": [{"z": 1, "a": 2}], "a": None}) == _ref_fingerprint(
-        "q", {"a": None, "b": [{"a": 2, "z": 1}]})
+        "q", {"a": None, "b": [{"a": 2, "z": 1}]}
+    )
     assert fp("q", "raw {not json") == _ref_fingerprint("q", "raw {not json")
 
 
@@ -155,8 +155,9 @@ def test_token_set_examples() -> None:
 # -- blocking tools under a deadline run on reused worker threads --------------------------------
 
 
-def _run_job(pool: _ToolThreads, fn: Any, *args: Any,
-             context: contextvars.Context | None = None) -> tuple[bool, Any]:
+def _run_job(
+    pool: _ToolThreads, fn: Any, *args: Any, context: contextvars.Context | None = None
+) -> tuple[bool, Any]:
     done = threading.Event()
     box: list[tuple[bool, Any]] = []
 
@@ -204,8 +205,9 @@ def test_an_abandoned_worker_ends_when_its_tool_returns_and_is_not_reused() -> N
         return "late"
 
     delivered = threading.Event()
-    pool.submit(contextvars.Context(), blocking, (), "slow", lambda ok, v: delivered.set(),
-                lambda: True)  # the waiter gave up
+    pool.submit(
+        contextvars.Context(), blocking, (), "slow", lambda ok, v: delivered.set(), lambda: True
+    )  # the waiter gave up
     assert started.wait(10)
     other = _run_job(pool, threading.current_thread)  # the busy worker is not handed it
     assert other[1] is not threads[0]
@@ -224,8 +226,22 @@ def test_idle_workers_end_after_idle_s() -> None:
 
 # -- the detectors' constant-work checks decide exactly as the straightforward ones did ----------
 
-_VOCAB = ["订单", "88231", "order", "status", "shipped", "not", "found", "物流", "SF1234567890",
-          "again", "the", "same", "result", "查询"]
+_VOCAB = [
+    "订单",
+    "88231",
+    "order",
+    "status",
+    "shipped",
+    "not",
+    "found",
+    "物流",
+    "SF1234567890",
+    "again",
+    "the",
+    "same",
+    "result",
+    "查询",
+]
 _words = st.lists(st.sampled_from(_VOCAB), max_size=7)
 
 
@@ -263,12 +279,22 @@ class _RefStall:
             return None
         self.streak += 1
         # (with "any" every stalled round is strong: strong == streak, rule "repeat")
-        evidence = dict(count=self.streak, streak=self.streak, strong=self.streak,
-                        threshold=s.stop_after, sweep_threshold=s.sweep_stop_after,
-                        similarity=round(best, 3),
-                        similarity_threshold=s.similarity, window=s.window, tool=call.name,
-                        fingerprint=call.fingerprint, signature=call.signature(),
-                        digest=result.digest, step=step, rule="repeat")
+        evidence = dict(
+            count=self.streak,
+            streak=self.streak,
+            strong=self.streak,
+            threshold=s.stop_after,
+            sweep_threshold=s.sweep_stop_after,
+            similarity=round(best, 3),
+            similarity_threshold=s.similarity,
+            window=s.window,
+            tool=call.name,
+            fingerprint=call.fingerprint,
+            signature=call.signature(),
+            digest=result.digest,
+            step=step,
+            rule="repeat",
+        )
         fields = dict(count=self.streak, tool=call.name)
         if self.streak >= s.stop_after:
             return ("stop", s.soft, s.stop_message.format(**fields), evidence)
@@ -279,17 +305,25 @@ class _RefStall:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.lists(st.sampled_from(_VOCAB[:5]), max_size=5),
-                       st.sampled_from(["lookup", "lookup", "refund"]), st.booleans(),
-                       st.booleans()), max_size=25),
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_VOCAB[:5]), max_size=5),
+            st.sampled_from(["lookup", "lookup", "refund"]),
+            st.booleans(),
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
     st.sampled_from([0.5, 2 / 3, 0.75, 0.8, 0.9, 1.0]),
     st.integers(min_value=1, max_value=6),
 )
-def test_stall_decides_as_the_reference(events: list[tuple[list[str], str, bool, bool]],
-                                        similarity: float, window: int) -> None:
+def test_stall_decides_as_the_reference(
+    events: list[tuple[list[str], str, bool, bool]], similarity: float, window: int
+) -> None:
     # "any": the reference predates the different-calls rule; this pins the similarity check
-    s = StallSettings(similarity=similarity, window=window, stop_after=4, warn_after=2,
-                      different_calls="any")
+    s = StallSettings(
+        similarity=similarity, window=window, stop_after=4, warn_after=2, different_calls="any"
+    )
     plugin, ref = Stall(s), _RefStall(s)
     feed = Feed(plugin)
     for words, name, ok, skip in events:
@@ -336,9 +370,13 @@ class _RefNoProgress:
             return None
         lowest = min(x for x in sims if x is not None)
         new = sum(c[3] for c in self.contents) - self.contents[-1][3]
-        evidence = dict(similarities=[round(x, 3) for x in sims if x is not None],
-                        threshold=s.threshold, window=s.window, new_results=new,
-                        steps=[c[2] for c in self.contents])
+        evidence = dict(
+            similarities=[round(x, 3) for x in sims if x is not None],
+            threshold=s.threshold,
+            window=s.window,
+            new_results=new,
+            steps=[c[2] for c in self.contents],
+        )
         fields = dict(count=s.window, similarity=round(lowest, 2))
         if new == 0:
             return ("stop", s.soft, s.stop_message.format(**fields), evidence)
@@ -354,14 +392,21 @@ class _RefNoProgress:
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.tuples(st.lists(st.sampled_from(_VOCAB[:5]), max_size=5), st.booleans(),
-                       st.sampled_from(["r1", "r2", "r3", "r4"]), st.booleans()),
-             max_size=25),
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_VOCAB[:5]), max_size=5),
+            st.booleans(),
+            st.sampled_from(["r1", "r2", "r3", "r4"]),
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
     st.sampled_from([0.5, 0.7, 1.0]),
     st.integers(min_value=2, max_value=4),
 )
-def test_no_progress_decides_as_the_reference(events: list[tuple[list[str], bool, str, bool]],
-                                              threshold: float, window: int) -> None:
+def test_no_progress_decides_as_the_reference(
+    events: list[tuple[list[str], bool, str, bool]], threshold: float, window: int
+) -> None:
     s = NoProgressSettings(threshold=threshold, window=window, result_memory=2)
     plugin, ref = NoProgress(s), _RefNoProgress(s)
     feed = Feed(plugin)
@@ -371,8 +416,7 @@ def test_no_progress_decides_as_the_reference(events: list[tuple[list[str], bool
         call = feed.call("lookup", {"key": "k"})
         response = ModelResponse(content=" ".join(words), calls=[call] if has_calls else [])
         got = plugin.after_response(feed.run, response)
-        assert _verdict_view(got) == ref.after_response(" ".join(words), has_calls,
-                                                        feed.run.step)
+        assert _verdict_view(got) == ref.after_response(" ".join(words), has_calls, feed.run.step)
         result = ToolResult(content=observation, skipped=skip)
         plugin.after_tool(feed.run, call, result)
         if not skip:  # the reference's memory of digests: the last result_memory, LRU

@@ -76,10 +76,12 @@ def _clear_executed() -> None:
     EXECUTED.clear()
 
 
-def deployment(plugins: dict[str, Any] | None = None, max_steps: int = 10,
-               **run: Any) -> Deployment:
-    cfg = parse_config({"plugins": {"max_steps": {"max_steps": max_steps}}, "run": run},
-                       path="<test>")
+def deployment(
+    plugins: dict[str, Any] | None = None, max_steps: int = 10, **run: Any
+) -> Deployment:
+    cfg = parse_config(
+        {"plugins": {"max_steps": {"max_steps": max_steps}}, "run": run}, path="<test>"
+    )
     return Deployment(cfg, tools=TOOLS, plugins=plugins or {})
 
 
@@ -143,16 +145,33 @@ def test_lifecycle_sequence_of_one_run() -> None:
     assert rec_["final_answer"] == "the answer" and rec_["final_answer_present"] is True
     # the conversation is well-formed OpenAI chat: every tool call answered by its id
     tool_msgs = [m for m in run.messages if m["role"] == "tool"]
-    ids = [tc["id"] for m in run.messages if m["role"] == "assistant"
-           for tc in m.get("tool_calls", [])]
+    ids = [
+        tc["id"] for m in run.messages if m["role"] == "assistant" for tc in m.get("tool_calls", [])
+    ]
     assert [m["tool_call_id"] for m in tool_msgs] == ids
 
 
 def test_record_has_every_design_field() -> None:
     run = deployment().run("q", model=script({"content": "hi"}))
-    fields = {"run_id", "scenario", "termination", "soft", "steps", "tool_calls", "tokens",
-              "cost", "duplicate_calls", "oscillation_hits", "stall_rounds", "warnings",
-              "stopped_by", "evidence", "final_answer", "final_answer_present", "elapsed_s"}
+    fields = {
+        "run_id",
+        "scenario",
+        "termination",
+        "soft",
+        "steps",
+        "tool_calls",
+        "tokens",
+        "cost",
+        "duplicate_calls",
+        "oscillation_hits",
+        "stall_rounds",
+        "warnings",
+        "stopped_by",
+        "evidence",
+        "final_answer",
+        "final_answer_present",
+        "elapsed_s",
+    }
     record = run.record()
     assert fields <= set(record)
     assert set(record["tokens"]) == {"prompt", "completion", "total"}
@@ -185,8 +204,10 @@ def test_plugins_are_called_in_config_order() -> None:
 def test_tryfirst_on_the_first_plugin_keeps_the_order() -> None:
     log: list[str] = []
     cfg = parse_config({"plugins": {"enabled": ["first", "max_steps", "second"]}}, path="<t>")
-    plugins = {"first": make_orderer("first", log, tryfirst=True),
-               "second": make_orderer("second", log)}
+    plugins = {
+        "first": make_orderer("first", log, tryfirst=True),
+        "second": make_orderer("second", log),
+    }
     dep = Deployment(cfg, tools=TOOLS, plugins=plugins)
     assert dep.plugins.call_order("before_model") == ["first", "max_steps", "second"]
     dep.run("q", model=script({"content": "x"}))
@@ -195,8 +216,10 @@ def test_tryfirst_on_the_first_plugin_keeps_the_order() -> None:
 
 def test_tryfirst_that_breaks_the_config_order_fails_naming_the_plugin() -> None:
     log: list[str] = []
-    plugins = {"early": make_orderer("early", log), "jumper": make_orderer("jumper", log,
-                                                                          tryfirst=True)}
+    plugins = {
+        "early": make_orderer("early", log),
+        "jumper": make_orderer("jumper", log, tryfirst=True),
+    }
     with pytest.raises(PluginLoadError) as info:
         deployment(plugins)
     assert info.value.plugin == "jumper"
@@ -271,8 +294,11 @@ class Emit(Plugin):
 
 
 def looping_model() -> Any:
-    return script({"content": "step", "tool_calls": [call("lookup", key="a")]},
-                  then="repeat_last", final_text="best answer from what I know")
+    return script(
+        {"content": "step", "tool_calls": [call("lookup", key="a")]},
+        then="repeat_last",
+        final_text="best answer from what I know",
+    )
 
 
 def test_warning_is_injected_into_the_next_request_and_recorded() -> None:
@@ -431,13 +457,15 @@ def test_on_stop_failure_does_not_stop_other_plugins_on_stop() -> None:
 
 def test_malformed_unknown_and_invalid_calls_become_error_observations() -> None:
     model = script(
-        {"tool_calls": [
-            {"name": "lookup", "arguments": '{"key": "a"'},  # truncated JSON
-            {"name": "launch_rockets", "arguments": {}},
-            {"name": "lookup", "arguments": {"key": "a", "extra": 1}},
-            {"name": "lookup", "arguments": {}},
-            {"name": "lookup", "arguments": "[1, 2]"},
-        ]},
+        {
+            "tool_calls": [
+                {"name": "lookup", "arguments": '{"key": "a"'},  # truncated JSON
+                {"name": "launch_rockets", "arguments": {}},
+                {"name": "lookup", "arguments": {"key": "a", "extra": 1}},
+                {"name": "lookup", "arguments": {}},
+                {"name": "lookup", "arguments": "[1, 2]"},
+            ]
+        },
         {"content": "recovered"},
     )
     rec = Recorder()
@@ -500,8 +528,9 @@ def test_elapsed_time_comes_from_the_run_clock() -> None:
 
 
 def test_async_run_awaits_async_and_sync_tools() -> None:
-    model = script({"tool_calls": [call("alookup", key="x"), call("lookup", key="y")]},
-                   {"content": "both"})
+    model = script(
+        {"tool_calls": [call("alookup", key="x"), call("lookup", key="y")]}, {"content": "both"}
+    )
     run = asyncio.run(deployment().arun("q", model=model))
     outs = [m["content"] for m in run.messages if m["role"] == "tool"]
     assert outs == ["async value of x", "value of y"]
@@ -600,8 +629,9 @@ def charges() -> list[str]:
 
 def side_effect_deployment(plugins: dict[str, Any] | None = None, **tables: Any) -> Deployment:
     cfg = parse_config({"plugins": {"max_steps": {"max_steps": 6}, **tables}}, path="<t>")
-    return Deployment(cfg, tools=ToolRegistry([charge_slow, charge_flaky, charge_refused]),
-                      plugins=plugins or {})
+    return Deployment(
+        cfg, tools=ToolRegistry([charge_slow, charge_flaky, charge_refused]), plugins=plugins or {}
+    )
 
 
 def test_a_timed_out_side_effect_is_never_run_again(charges: list[str]) -> None:
@@ -623,9 +653,16 @@ def test_a_declined_side_effect_is_not_run_again(charges: list[str]) -> None:
 def test_a_retryable_side_effect_runs_again_only_within_the_retry_budget(
     charges: list[str],
 ) -> None:
-    cfg = parse_config({"plugins": {"enabled": ["retry_policy"], "max_steps": {"max_steps": 8},
-                                    "retry_policy": {"max_retries": 1, "backoff_s": 0.0}}},
-                       path="<t>")
+    cfg = parse_config(
+        {
+            "plugins": {
+                "enabled": ["retry_policy"],
+                "max_steps": {"max_steps": 8},
+                "retry_policy": {"max_retries": 1, "backoff_s": 0.0},
+            }
+        },
+        path="<t>",
+    )
     dep = Deployment(cfg, tools=ToolRegistry([charge_flaky]))
     run = dep.run("q", model=charging("charge_flaky"), clock=FakeClock())
     assert charges == ["A1", "A1"]  # the call and one retry, never a third charge
@@ -650,10 +687,13 @@ class OutputGuard(Plugin):
         return None
 
 
-@pytest.mark.parametrize(("answer", "termination"), [
-    ("the secret is 42", "forbidden_content"),
-    ("this makes the guard crash", "plugin_error"),
-])
+@pytest.mark.parametrize(
+    ("answer", "termination"),
+    [
+        ("the secret is 42", "forbidden_content"),
+        ("this makes the guard crash", "plugin_error"),
+    ],
+)
 def test_a_hard_stop_or_a_failing_guard_on_the_answer_withholds_it(
     answer: str, termination: str
 ) -> None:
@@ -672,8 +712,11 @@ def test_a_soft_stop_on_the_answer_changes_nothing() -> None:
 
 def test_the_soft_stop_turns_answer_can_be_vetoed_too() -> None:
     p = Emit("early", "after_tool", stop("tired", soft=True), at_step=1)
-    model = script({"tool_calls": [call("lookup", key="a")]}, then="repeat_last",
-                   final_text="the secret is out")
+    model = script(
+        {"tool_calls": [call("lookup", key="a")]},
+        then="repeat_last",
+        final_text="the secret is out",
+    )
     rec = deployment({"early": p, "guard": OutputGuard()}).run("q", model=model).record()
     assert rec["termination"] == "forbidden_content"
     assert rec["evidence"]["after_stop"] == "tired"
@@ -683,11 +726,17 @@ def test_every_verdict_is_in_the_record_also_the_ones_that_lost() -> None:
     loud = Emit("loud", "before_tool", stop("first", soft=True), at_step=1)
     louder = Emit("louder", "before_tool", stop("second"), at_step=1)
     quiet = Emit("quiet", "before_tool", skip("cached"), at_step=1)
-    rec = deployment({"loud": loud, "louder": louder, "quiet": quiet}).run(
-        "q", model=looping_model()).record()
+    rec = (
+        deployment({"loud": loud, "louder": louder, "quiet": quiet})
+        .run("q", model=looping_model())
+        .record()
+    )
     assert rec["termination"] == "second"
     assert [(v["plugin"], v["kind"], v.get("reason")) for v in rec["verdicts"]] == [
-        ("loud", "stop", "first"), ("louder", "stop", "second"), ("quiet", "skip", None)]
+        ("loud", "stop", "first"),
+        ("louder", "stop", "second"),
+        ("quiet", "skip", None),
+    ]
     assert all(v["hook"] == "before_tool" and v["step"] == 1 for v in rec["verdicts"])
 
 
@@ -704,31 +753,39 @@ class RawModel:
         return self.first if self.calls == 1 else ModelResponse(content="done")
 
 
-@pytest.mark.parametrize("garbage", [
-    None, {"content": "hi"}, "just text", ModelResponse(content=42),  # type: ignore[arg-type]
-    ModelResponse(tool_calls=[{"name": "lookup"}]),  # type: ignore[list-item]
-    ModelResponse(content="x", usage={"prompt_tokens": 3}),  # type: ignore[arg-type]
-    ModelResponse(content="x", usage=Usage(None, 3)),  # type: ignore[arg-type]
-    ModelResponse(content="x", usage=Usage(-1, 3)),
-    ModelResponse(tool_calls=[ProposedCall("lookup", "{}", 5)]),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        None,
+        {"content": "hi"},
+        "just text",
+        ModelResponse(content=42),  # type: ignore[arg-type]
+        ModelResponse(tool_calls=[{"name": "lookup"}]),  # type: ignore[list-item]
+        ModelResponse(content="x", usage={"prompt_tokens": 3}),  # type: ignore[arg-type]
+        ModelResponse(content="x", usage=Usage(None, 3)),  # type: ignore[arg-type]
+        ModelResponse(content="x", usage=Usage(-1, 3)),
+        ModelResponse(tool_calls=[ProposedCall("lookup", "{}", 5)]),  # type: ignore[arg-type]
+    ],
+)
 def test_a_malformed_model_response_is_a_model_error_not_an_exception(garbage: Any) -> None:
     run = deployment().run("q", model=RawModel(garbage))
     rec = run.record()
     assert rec["termination"] == "model_error" and rec["evidence"]["kind"] == "malformed"
 
 
-@pytest.mark.parametrize(("arguments", "executed"), [
-    ({"key": "a"}, ["lookup:a"]),  # parsed arguments from an adapter
-    (None, []),  # null arguments: an empty object -> fails the schema, nothing runs
-    (42, []),  # not JSON text: malformed, nothing runs
-])
+@pytest.mark.parametrize(
+    ("arguments", "executed"),
+    [
+        ({"key": "a"}, ["lookup:a"]),  # parsed arguments from an adapter
+        (None, []),  # null arguments: an empty object -> fails the schema, nothing runs
+        (42, []),  # not JSON text: malformed, nothing runs
+    ],
+)
 def test_proposed_call_arguments_of_other_types(arguments: Any, executed: list[str]) -> None:
     first = ModelResponse(tool_calls=[ProposedCall("lookup", arguments)])  # type: ignore[arg-type]
     run = deployment().run("q", model=RawModel(first))
     assert run.record()["termination"] == "final_answer"
     assert executed == EXECUTED
-
 
 
 def test_dict_arguments_reach_the_plugins_as_json_text() -> None:
@@ -753,7 +810,8 @@ def test_cancelled_during_a_backoff_the_tool_is_not_started(charges: list[str]) 
 
     clock = FakeClock()
     run = side_effect_deployment({"b": Backoff()}).run(
-        "q", model=charging("charge_refused"), clock=clock)
+        "q", model=charging("charge_refused"), clock=clock
+    )
     assert charges == []
     assert run.record()["termination"] == "cancelled"
     assert any("CANCELLED" in str(m.get("content")) for m in run.messages if m["role"] == "tool")
@@ -766,12 +824,16 @@ async def socket_timeout() -> str:
 
 
 def test_a_tools_own_timeout_error_is_not_the_loops_deadline() -> None:
-    dep = Deployment(parse_config({}), tools=ToolRegistry([socket_timeout]),
-                     plugins={"t": SetTimeout()})
+    dep = Deployment(
+        parse_config({}), tools=ToolRegistry([socket_timeout]), plugins={"t": SetTimeout()}
+    )
     for runner in ("sync", "async"):
         model = script({"tool_calls": [call("socket_timeout")]}, {"content": "ok"})
-        run = (dep.run("q", model=model) if runner == "sync"
-               else asyncio.run(dep.arun("q", model=model)))
+        run = (
+            dep.run("q", model=model)
+            if runner == "sync"
+            else asyncio.run(dep.arun("q", model=model))
+        )
         out = next(m["content"] for m in run.messages if m["role"] == "tool")
         assert out == "ERROR: TimeoutError: upstream read timed out", runner
 

@@ -57,8 +57,12 @@ def test_warns_once_when_k_calls_are_left(warn_remaining: int) -> None:
     w = warnings[limit - warn_remaining]
     assert isinstance(w, Warn)
     assert w.message.startswith(f"You have {warn_remaining} step(s) left")
-    assert w.evidence == {"limit": limit, "remaining": warn_remaining,
-                          "steps": limit - warn_remaining, "source": "plugins.max_steps"}
+    assert w.evidence == {
+        "limit": limit,
+        "remaining": warn_remaining,
+        "steps": limit - warn_remaining,
+        "source": "plugins.max_steps",
+    }
 
 
 def test_no_warning_for_a_final_answer_or_when_switched_off() -> None:
@@ -84,10 +88,11 @@ def test_warning_text_is_configurable_and_checked() -> None:
 def _run_with_limit(limit: int, natural_turns: int | None) -> tuple[ScriptedModel, object]:
     """A run with max_steps = limit, whose model finishes by itself after ``natural_turns``
     tool turns (None: never)."""
-    turns = [turn(call("search_knowledge", query=f"q{i}"), content=f"step {i}")
-             for i in range(natural_turns if natural_turns is not None else 1)]
-    sc = scenario(turns, then="final" if natural_turns is not None else "cycle",
-                  final_text=FINAL)
+    turns = [
+        turn(call("search_knowledge", query=f"q{i}"), content=f"step {i}")
+        for i in range(natural_turns if natural_turns is not None else 1)
+    ]
+    sc = scenario(turns, then="final" if natural_turns is not None else "cycle", final_text=FINAL)
     dep = Deployment(config("max_steps", max_steps={"max_steps": limit}))
     model = ScriptedModel(sc.model, estimator=dep.estimator)
     run = dep.run(scenario=sc, model=model)
@@ -129,9 +134,13 @@ def test_boundaries_end_to_end_n_minus_1_n_n_plus_1() -> None:
 def test_warning_reaches_the_model_in_the_next_request() -> None:
     model, run = _run_with_limit(10, None)
     rec = run.record()  # type: ignore[attr-defined]
-    assert rec["warnings"] == [{"step": 8, "plugin": "max_steps",
-                                "message": "You have 2 step(s) left. Wrap up: answer from what "
-                                "you know."}]
+    assert rec["warnings"] == [
+        {
+            "step": 8,
+            "plugin": "max_steps",
+            "message": "You have 2 step(s) left. Wrap up: answer from what you know.",
+        }
+    ]
     assert model.requests[8].notes == [rec["warnings"][0]["message"]]  # request 9
     assert not model.requests[7].notes
 
@@ -160,8 +169,9 @@ def test_an_unlisted_max_steps_still_caps_the_run() -> None:
 
 def test_cannot_be_blocked_in_config() -> None:
     cfg = config("max_steps")
-    cfg = cfg.model_copy(update={"plugins": cfg.plugins.model_copy(
-        update={"blocked": ["max_steps"]})})
+    cfg = cfg.model_copy(
+        update={"plugins": cfg.plugins.model_copy(update={"blocked": ["max_steps"]})}
+    )
     with pytest.raises(ConfigError, match="essential"):
         load_plugins(cfg)
 

@@ -21,26 +21,33 @@ def _metrics(**settings: Any) -> Metrics:
     return Metrics(MetricsSettings.model_validate(settings))
 
 
-def _deployment(make_config: Callable[..., Config], factory: Callable[..., Deployment],
-                **metrics: Any) -> Deployment:
+def _deployment(
+    make_config: Callable[..., Config], factory: Callable[..., Deployment], **metrics: Any
+) -> Deployment:
     names, objects = repeat_guard()
-    plugins: dict[str, Any] = {"enabled": ["max_steps", *names, "metrics"],
-                               "max_steps": {"max_steps": 10}}
+    plugins: dict[str, Any] = {
+        "enabled": ["max_steps", *names, "metrics"],
+        "max_steps": {"max_steps": 10},
+    }
     if metrics:
         plugins["metrics"] = metrics
     return factory(make_config(plugins=plugins), plugins=objects, clock=FakeClock())
 
 
 def test_runs_guards_steps_tokens_and_budget_use_end_to_end(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     dep = _deployment(make_config, deployment_factory)
     m: Metrics = dep.plugins.get("metrics")
-    runs = [dep.run(scenario=s) for s in ("refund", ALWAYS_NOT_FOUND, ALWAYS_NOT_FOUND,
-                                          WANDERING)]
+    runs = [dep.run(scenario=s) for s in ("refund", ALWAYS_NOT_FOUND, ALWAYS_NOT_FOUND, WANDERING)]
     records = [r.record() for r in runs]
     assert [r["termination"] for r in records] == [
-        "final_answer", "repeat_call", "repeat_call", "max_steps"]
+        "final_answer",
+        "repeat_call",
+        "repeat_call",
+        "max_steps",
+    ]
 
     assert m.value("runs_total", termination="final_answer") == 1
     assert m.value("runs_total", termination="repeat_call") == 2
@@ -52,10 +59,12 @@ def test_runs_guards_steps_tokens_and_budget_use_end_to_end(
     assert m.total("guard_firings_total") == len(verdicts)
     loop_stops = [v for v in verdicts if v["plugin"] == "repeat_call" and v["kind"] == "stop"]
     assert len(loop_stops) == 2
-    assert m.value("guard_firings_total", plugin="repeat_call", reason="repeat_call",
-                   kind="stop") == 2
+    assert (
+        m.value("guard_firings_total", plugin="repeat_call", reason="repeat_call", kind="stop") == 2
+    )
     assert m.total("guard_firings_total", plugin="max_steps", kind="stop") == sum(
-        1 for v in verdicts if v["plugin"] == "max_steps" and v["kind"] == "stop")
+        1 for v in verdicts if v["plugin"] == "max_steps" and v["kind"] == "stop"
+    )
     # agent.loop_detected: every firing of the loop detector, none of max_steps
     loop_firings = [v for v in verdicts if v["plugin"] == "repeat_call"]
     assert m.total("agent.loop_detected") == len(loop_firings)
@@ -75,25 +84,28 @@ def test_runs_guards_steps_tokens_and_budget_use_end_to_end(
     assert m.value("model_calls_total") == sum(r["steps"] for r in records)
     assert m.value("tokens_total", kind="prompt") == sum(r["tokens"]["prompt"] for r in records)
     assert m.value("tokens_total", kind="completion") == sum(
-        r["tokens"]["completion"] for r in records)
+        r["tokens"]["completion"] for r in records
+    )
     executed = sum(r["tools_executed"] for r in records)
     assert m.total("tool_calls_total", outcome="ok") == executed
     assert m.value("tool_calls_total", tool="apply_refund", outcome="ok") == 1
 
 
 def test_profile_limits_drive_budget_use(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
-    cfg = make_config(profiles={"simple": {"max_steps": 5, "max_tokens": 20000,
-                                           "max_seconds": 30}},
-                      plugins={"enabled": ["max_steps", "metrics"]})
+    cfg = make_config(
+        profiles={"simple": {"max_steps": 5, "max_tokens": 20000, "max_seconds": 30}},
+        plugins={"enabled": ["max_steps", "metrics"]},
+    )
     dep = deployment_factory(cfg, clock=FakeClock())
     rec = dep.run(scenario="refund", profile="simple").record()
     m: Metrics = dep.plugins.get("metrics")
-    assert m.histogram("budget_use_ratio", budget="steps").sum == pytest.approx(
-        rec["steps"] / 5)
+    assert m.histogram("budget_use_ratio", budget="steps").sum == pytest.approx(rec["steps"] / 5)
     assert m.histogram("budget_use_ratio", budget="tokens").sum == pytest.approx(
-        rec["tokens"]["total"] / 20000)
+        rec["tokens"]["total"] / 20000
+    )
     assert m.histogram("budget_use_ratio", budget="seconds").count == 1
 
 
@@ -116,14 +128,23 @@ def test_histogram_buckets_are_cumulative() -> None:
     m = _metrics(step_buckets=[1, 5, 10])
     run = Run("u", clock=FakeClock())
     for steps in (1, 2, 5, 7, 30):
-        m.on_run_stopped(run, outcome=RunOutcome(termination="final_answer"),
-                         record={"steps": steps, "tokens": {"total": 0}})
+        m.on_run_stopped(
+            run,
+            outcome=RunOutcome(termination="final_answer"),
+            record={"steps": steps, "tokens": {"total": 0}},
+        )
     h = m.histogram("steps_per_run")
     assert h.buckets == {1.0: 1, 5.0: 3, 10.0: 4, float("inf"): 5}
     assert h.count == 5 and h.sum == 45 and h.mean == 9
     snap = m.snapshot()
-    assert snap["steps_per_run"] == [{"labels": {}, "count": 5, "sum": 45.0,
-                                      "buckets": {"1.0": 1, "5.0": 3, "10.0": 4, "+Inf": 5}}]
+    assert snap["steps_per_run"] == [
+        {
+            "labels": {},
+            "count": 5,
+            "sum": 45.0,
+            "buckets": {"1.0": 1, "5.0": 3, "10.0": 4, "+Inf": 5},
+        }
+    ]
     assert snap["runs_total"] == [{"labels": {"termination": "final_answer"}, "value": 5.0}]
 
 
@@ -134,13 +155,15 @@ def test_wrong_labels_are_an_error() -> None:
 
 
 def test_bad_buckets_fail_validation(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     from loopwarden import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        deployment_factory(make_config(plugins={"enabled": ["metrics"],
-                                                "metrics": {"step_buckets": [5, 1]}}))
+        deployment_factory(
+            make_config(plugins={"enabled": ["metrics"], "metrics": {"step_buckets": [5, 1]}})
+        )
     assert "plugins.metrics.step_buckets" in str(err.value)
 
 
@@ -150,7 +173,8 @@ def test_bad_buckets_fail_validation(
 
 
 def test_prometheus_exposition(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     pytest.importorskip("prometheus_client")
     dep = _deployment(make_config, deployment_factory, prometheus=True)
@@ -159,15 +183,17 @@ def test_prometheus_exposition(
     text = dep.plugins.get("metrics").exposition()
     assert 'loopwarden_runs_total{termination="final_answer"} 1.0' in text
     assert 'loopwarden_runs_total{termination="repeat_call"} 1.0' in text
-    assert ('loopwarden_guard_firings_total{kind="stop",plugin="repeat_call",'
-            'reason="repeat_call"} 1.0') in text
+    assert (
+        'loopwarden_guard_firings_total{kind="stop",plugin="repeat_call",reason="repeat_call"} 1.0'
+    ) in text
     assert 'agent_loop_detected_total{plugin="repeat_call",reason="repeat_call"} 1.0' in text
     assert "loopwarden_steps_per_run_count 2.0" in text
     assert 'loopwarden_budget_use_ratio_bucket{budget="steps",le="1.0"} 2.0' in text
 
 
 def test_prometheus_http_endpoint(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     pytest.importorskip("prometheus_client")
     dep = _deployment(make_config, deployment_factory, prometheus=True, prometheus_port=0)
@@ -181,7 +207,8 @@ def test_prometheus_http_endpoint(
 
 
 def test_without_prometheus_client_it_degrades_with_a_clear_message(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
     with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.metrics"):
@@ -190,8 +217,9 @@ def test_without_prometheus_client_it_degrades_with_a_clear_message(
     assert "pip install 'loopwarden[prometheus]'" in msg
     with pytest.raises(PrometheusUnavailable, match=r"loopwarden\[prometheus\]"):
         m.exposition()
-    m.on_run_stopped(Run("u", clock=FakeClock()), outcome=RunOutcome("final_answer"),
-                     record={"steps": 1})
+    m.on_run_stopped(
+        Run("u", clock=FakeClock()), outcome=RunOutcome("final_answer"), record={"steps": 1}
+    )
     assert m.value("runs_total", termination="final_answer") == 1  # in-process still works
 
 
@@ -201,14 +229,17 @@ def test_exposition_when_prometheus_is_off() -> None:
 
 
 def test_invented_tool_names_do_not_grow_the_label_set(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
     tmp_path: Any,
 ) -> None:
     scenario = tmp_path / "inventive.toml"
     scenario.write_text(
         'name = "inventive"\nuser = "u"\n[model]\nturns = [\n'
         + "".join(f'  {{ tool_calls = [{{ name = "made_up_{i}" }}] }},\n' for i in range(4))
-        + ']\nthen = "final"\n', encoding="utf-8")
+        + ']\nthen = "final"\n',
+        encoding="utf-8",
+    )
     dep = _deployment(make_config, deployment_factory)
     dep.run(scenario=str(scenario))
     m: Metrics = dep.plugins.get("metrics")
@@ -217,33 +248,30 @@ def test_invented_tool_names_do_not_grow_the_label_set(
 
 
 def test_budget_plugins_limits_are_read_when_the_profile_has_none(
-    make_config: Callable[..., Config], deployment_factory: Callable[..., Deployment],
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
 ) -> None:
     from loopwarden import Plugin, hookimpl
 
     class FakeTokenBudget(Plugin):
-        def total_limit(self, run: Run) -> int:
-            return 10_000
-
         @hookimpl
-        def on_start(self, run: Run) -> None:
-            return None
-
-    class FakeTimeoutSettings:
-        max_seconds = 120.0
+        def budget_limits(self, run: Run) -> dict[str, float]:
+            return {"tokens": 10_000}
 
     class FakeTimeout(Plugin):
         @hookimpl
-        def on_start(self, run: Run) -> None:
-            return None
+        def budget_limits(self) -> dict[str, float]:
+            return {"seconds": 120.0, "tokens": 1}  # tokens: the earlier plugin's figure wins
 
-    timeout = FakeTimeout()
-    timeout.settings = FakeTimeoutSettings()
     cfg = make_config(plugins={"enabled": ["max_steps", "metrics"]})
-    dep = deployment_factory(cfg, plugins={"token_budget": FakeTokenBudget(),
-                                           "timeout": timeout}, clock=FakeClock())
+    dep = deployment_factory(
+        cfg,
+        plugins={"token_budget": FakeTokenBudget(), "timeout": FakeTimeout()},
+        clock=FakeClock(),
+    )
     rec = dep.run(scenario="refund").record()
     m: Metrics = dep.plugins.get("metrics")
     assert m.histogram("budget_use_ratio", budget="tokens").sum == pytest.approx(
-        rec["tokens"]["total"] / 10_000)
+        rec["tokens"]["total"] / 10_000
+    )
     assert m.histogram("budget_use_ratio", budget="seconds").count == 1

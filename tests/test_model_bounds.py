@@ -27,8 +27,7 @@ SLACK_S = 2.0  # what a loaded machine may add to a bound
 def model(url: str, **kw: Any) -> OpenAIChatModel:
     kw.setdefault("timeout_s", 1.0)
     kw.setdefault("max_retries", 0)
-    return OpenAIChatModel(model="stub-model", api_key="sk-test-key-0123456789", base_url=url,
-                           **kw)
+    return OpenAIChatModel(model="stub-model", api_key="sk-test-key-0123456789", base_url=url, **kw)
 
 
 def ask(**kw: Any) -> ModelRequest:
@@ -154,15 +153,27 @@ def test_a_cancel_interrupts_a_call_in_flight(stub: tuple[Stub, str], sync: bool
 # -- whole runs: always a record, with the right termination ------------------------------
 
 
-def deployment(url: str, monkeypatch: pytest.MonkeyPatch, *, max_seconds: float = 60,
-               **model_cfg: Any) -> Deployment:
+def deployment(
+    url: str, monkeypatch: pytest.MonkeyPatch, *, max_seconds: float = 60, **model_cfg: Any
+) -> Deployment:
     monkeypatch.setenv("STUB_KEY", "sk-stub-key-0123456789")
-    cfg = parse_config({
-        "model": {"provider": "openai", "name": "stub-model", "base_url": url,
-                  "api_key_env": "STUB_KEY", "max_retries": 0, **model_cfg},
-        "plugins": {"enabled": ["timeout"], "timeout": {"max_seconds": max_seconds,
-                                                         "grace_s": 0}},
-    }, path="<test>")
+    cfg = parse_config(
+        {
+            "model": {
+                "provider": "openai",
+                "name": "stub-model",
+                "base_url": url,
+                "api_key_env": "STUB_KEY",
+                "max_retries": 0,
+                **model_cfg,
+            },
+            "plugins": {
+                "enabled": ["timeout"],
+                "timeout": {"max_seconds": max_seconds, "grace_s": 0},
+            },
+        },
+        path="<test>",
+    )
     return Deployment(cfg)
 
 

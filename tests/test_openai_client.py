@@ -20,21 +20,43 @@ from loopwarden.models.openai_chat import OpenAIChatModel
 
 
 def make_model(base_url: str, **kw: Any) -> OpenAIChatModel:
-    return OpenAIChatModel(model="stub-model", api_key="sk-test", base_url=base_url,
-                           timeout_s=5, max_retries=kw.pop("max_retries", 0), **kw)
+    return OpenAIChatModel(
+        model="stub-model",
+        api_key="sk-test",
+        base_url=base_url,
+        timeout_s=5,
+        max_retries=kw.pop("max_retries", 0),
+        **kw,
+    )
 
 
 def request(**kw: Any) -> ModelRequest:
-    return ModelRequest(messages=[{"role": "user", "content": "hi"}],
-                        tools=[{"type": "function", "function": {"name": "f", "parameters": {
-                            "type": "object", "properties": {}}}}], **kw)
+    return ModelRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "properties": {}}},
+            }
+        ],
+        **kw,
+    )
 
 
 def test_tool_calls_and_usage_are_read_and_tools_are_sent(stub: tuple[Stub, str]) -> None:
     state, url = stub
-    state.push(completion("checking", [{"name": "f", "arguments": '{"a": 1}'}],
-                          usage={"prompt_tokens": 120, "completion_tokens": 7, "total_tokens": 127,
-                                 "prompt_tokens_details": {"cached_tokens": 100}}))
+    state.push(
+        completion(
+            "checking",
+            [{"name": "f", "arguments": '{"a": 1}'}],
+            usage={
+                "prompt_tokens": 120,
+                "completion_tokens": 7,
+                "total_tokens": 127,
+                "prompt_tokens_details": {"cached_tokens": 100},
+            },
+        )
+    )
     resp = make_model(url).complete(request(tool_choice="auto"))
     assert resp.content == "checking"
     assert [(c.name, c.arguments, c.id) for c in resp.tool_calls] == [("f", '{"a": 1}', "call_0")]
@@ -59,8 +81,9 @@ def test_a_response_without_usage_is_estimated_not_zero(stub: tuple[Stub, str]) 
     assert resp.usage.prompt == 42 and resp.usage.completion > 0
 
 
-@pytest.mark.parametrize(("status", "kind"), [(429, "rate_limited"), (500, "server_error"),
-                                              (400, "client_error")])
+@pytest.mark.parametrize(
+    ("status", "kind"), [(429, "rate_limited"), (500, "server_error"), (400, "client_error")]
+)
 def test_http_errors_become_model_errors(stub: tuple[Stub, str], status: int, kind: str) -> None:
     state, url = stub
     state.push({"error": {"message": "nope", "type": "x"}}, status=status)
@@ -78,8 +101,9 @@ def test_a_429_is_retried_by_the_client_before_giving_up(stub: tuple[Stub, str])
 
 
 def test_unreachable_server_is_a_connection_error() -> None:
-    model = OpenAIChatModel(model="m", api_key="k", base_url="http://127.0.0.1:9/v1",
-                            timeout_s=2, max_retries=0)
+    model = OpenAIChatModel(
+        model="m", api_key="k", base_url="http://127.0.0.1:9/v1", timeout_s=2, max_retries=0
+    )
     with pytest.raises(ModelError) as info:
         model.complete(request())
     assert info.value.kind in ("connection", "timeout")
@@ -105,9 +129,19 @@ def test_key_comes_from_the_configured_environment_variable(
 
 def deployment_for(url: str, monkeypatch: pytest.MonkeyPatch, **model: Any) -> Deployment:
     monkeypatch.setenv("STUB_KEY", "sk-stub")
-    cfg = parse_config({"model": {"provider": "openai", "name": "stub-model", "base_url": url,
-                                  "api_key_env": "STUB_KEY", "max_retries": 0, **model}},
-                       path="<test>")
+    cfg = parse_config(
+        {
+            "model": {
+                "provider": "openai",
+                "name": "stub-model",
+                "base_url": url,
+                "api_key_env": "STUB_KEY",
+                "max_retries": 0,
+                **model,
+            }
+        },
+        path="<test>",
+    )
     return Deployment(cfg)
 
 
@@ -115,10 +149,16 @@ def test_a_whole_run_against_the_stub_uses_real_usage(
     stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, url = stub
-    state.push(completion(None, [{"name": "query_order", "arguments": '{"order_id": "88231"}'}],
-                          usage={"prompt_tokens": 300, "completion_tokens": 20}))
-    state.push(completion("订单 88231 已签收。",
-                          usage={"prompt_tokens": 420, "completion_tokens": 15}))
+    state.push(
+        completion(
+            None,
+            [{"name": "query_order", "arguments": '{"order_id": "88231"}'}],
+            usage={"prompt_tokens": 300, "completion_tokens": 20},
+        )
+    )
+    state.push(
+        completion("订单 88231 已签收。", usage={"prompt_tokens": 420, "completion_tokens": 15})
+    )
     run = deployment_for(url, monkeypatch).run("订单 88231 到哪了？")
     rec = run.record()
     assert rec["termination"] == "final_answer" and rec["steps"] == 2
@@ -134,8 +174,13 @@ def test_malformed_arguments_from_the_server_become_an_error_observation(
     stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, url = stub
-    state.push(completion(None, [{"name": "query_order", "arguments": '{"order_id": 88'}],
-                          usage={"prompt_tokens": 10, "completion_tokens": 5}))
+    state.push(
+        completion(
+            None,
+            [{"name": "query_order", "arguments": '{"order_id": 88'}],
+            usage={"prompt_tokens": 10, "completion_tokens": 5},
+        )
+    )
     state.push(completion("sorry", usage={"prompt_tokens": 10, "completion_tokens": 5}))
     run = deployment_for(url, monkeypatch).run("q")
     assert run.record()["termination"] == "final_answer"
@@ -158,21 +203,24 @@ def test_tool_calls_without_ids_get_unique_ids_from_the_loop(
     stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, url = stub
-    no_id = completion(None, [{"name": "get_current_time", "arguments": "{}"}],
-                       usage={"prompt_tokens": 1, "completion_tokens": 1})
+    no_id = completion(
+        None,
+        [{"name": "get_current_time", "arguments": "{}"}],
+        usage={"prompt_tokens": 1, "completion_tokens": 1},
+    )
     for body in (no_id, json.loads(json.dumps(no_id))):
         del body["choices"][0]["message"]["tool_calls"][0]["id"]
         state.push(body)
     state.push(completion("done", usage={"prompt_tokens": 1, "completion_tokens": 1}))
     run = deployment_for(url, monkeypatch).run("q")
-    ids = [tc["id"] for m in run.messages if m["role"] == "assistant"
-           for tc in m.get("tool_calls", [])]
+    ids = [
+        tc["id"] for m in run.messages if m["role"] == "assistant" for tc in m.get("tool_calls", [])
+    ]
     assert len(ids) == 2 and len(set(ids)) == 2
 
 
 @pytest.mark.parametrize("where", ["content", "arguments", "name"])
-def test_the_stub_sends_a_lone_surrogate_as_json_allows(stub: tuple[Stub, str],
-                                                       where: str) -> None:
+def test_the_stub_sends_a_lone_surrogate_as_json_allows(stub: tuple[Stub, str], where: str) -> None:
     from openai_stub import lone_surrogate_completion
 
     state, url = stub

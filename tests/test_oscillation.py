@@ -16,15 +16,16 @@ from loopwarden.plugins.oscillation import CycleDetector, Oscillation, Oscillati
 from loopwarden.verdicts import Stop, Warn
 
 
-def brute_force_period(symbols: Sequence[str], lo: int = 2, hi: int = 4,
-                       cycles: int = 2) -> int | None:
+def brute_force_period(
+    symbols: Sequence[str], lo: int = 2, hi: int = 4, cycles: int = 2
+) -> int | None:
     """The smallest period lo..hi whose last `cycles` repetitions end the sequence, with at
     least two distinct symbols in the cycle -- by slicing the whole history."""
     s = list(symbols)
     for p in range(lo, hi + 1):
         if len(s) >= p * cycles:
             tail = s[-p:]
-            if s[-p * cycles:] == tail * cycles and len(set(tail)) > 1:
+            if s[-p * cycles :] == tail * cycles and len(set(tail)) > 1:
                 return p
     return None
 
@@ -36,8 +37,7 @@ def brute_force_period(symbols: Sequence[str], lo: int = 2, hi: int = 4,
     st.integers(0, 3),
     st.integers(2, 3),
 )
-def test_detector_matches_brute_force(symbols: list[str], lo: int, extra: int,
-                                      cycles: int) -> None:
+def test_detector_matches_brute_force(symbols: list[str], lo: int, extra: int, cycles: int) -> None:
     hi = lo + extra
     det = CycleDetector(lo, hi, cycles, window=hi * cycles)
     for i, sym in enumerate(symbols):
@@ -79,11 +79,12 @@ def test_period_two_warns_at_two_full_cycles_then_stops() -> None:
     f = feed()
     got = play(f, "ABABA")
     assert got == [None, None, None, "warn", "stop:oscillation"]
-    assert f.run.oscillation_hits == 2
+    assert f.field("oscillation_hits") == 2
     warn, stop = f.verdicts
     assert isinstance(warn, Warn)
-    assert warn.message.startswith('You are alternating between lookup(key="A") -> '
-                                   'lookup(key="B") with no new information')
+    assert warn.message.startswith(
+        'You are alternating between lookup(key="A") -> lookup(key="B") with no new information'
+    )
     assert warn.evidence["period"] == 2
     assert isinstance(stop, Stop) and stop.soft
     assert stop.evidence["hits"] == 2 and stop.evidence["threshold"] == 2
@@ -125,7 +126,7 @@ def test_parallel_calls_in_one_turn_count_one_by_one_with_one_hit_per_turn() -> 
     calls = [f.call("lookup", {"key": k}, index=i) for i, k in enumerate("ABABAB")]
     v = f.respond("", calls)
     assert kinds([v]) == ["warn"]
-    assert f.run.oscillation_hits == 1
+    assert f.field("oscillation_hits") == 1
     v2 = f.respond("", [f.call("lookup", {"key": "A"})])
     assert kinds([v2]) == ["stop:oscillation"]
 

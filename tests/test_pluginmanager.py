@@ -90,7 +90,8 @@ class Site:
         info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8")
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8"
+        )
         lines = [f"[{ENTRY_POINT_GROUP}]"] + [f"{k} = {v}" for k, v in entry_points.items()]
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         importlib.invalidate_caches()
@@ -127,13 +128,15 @@ def test_config_order_is_the_call_order_of_every_hook(site: Site) -> None:
         assert plugins.call_order("before_model") == ["max_steps", *order]
 
 
-def test_plugins_run_in_the_configured_position(installed_guard: tuple[str, str],
-                                                site: Site) -> None:
+def test_plugins_run_in_the_configured_position(
+    installed_guard: tuple[str, str], site: Site
+) -> None:
     ep, _ = installed_guard
     spec = f"{site.module()}:Guard"
     for order in ([ep, spec], [spec, ep]):
-        result = run_plugin(ep, enabled=order, turns=[turn("hi", tool_call("query_order",
-                                                                          order_id="88231"))])
+        result = run_plugin(
+            ep, enabled=order, turns=[turn("hi", tool_call("query_order", order_id="88231"))]
+        )
         assert result.run.state["order"] == order * 2  # two model calls, same order each
 
 
@@ -160,16 +163,24 @@ def test_a_name_listed_twice_fails() -> None:
 
 
 def test_entry_point_is_loaded_by_name_with_its_distribution(
-        installed_guard: tuple[str, str]) -> None:
+    installed_guard: tuple[str, str],
+) -> None:
     ep, mod = installed_guard
     plugins = load_plugins(make_config(enabled=["max_steps", ep]))
     (row,) = [r for r in plugins.describe() if r["name"] == ep]
-    assert row == {"position": 2, "name": ep, "source": "entry point (lw-guard 1.2.3)",
-                   "spec": f"{mod}:Guard", "hooks": ["before_model"], "essential": False}
+    assert row == {
+        "position": 2,
+        "name": ep,
+        "source": "entry point (lw-guard 1.2.3)",
+        "spec": f"{mod}:Guard",
+        "hooks": ["before_model"],
+        "essential": False,
+    }
 
 
 def test_an_installed_entry_point_is_not_imported_unless_named(
-        installed_guard: tuple[str, str]) -> None:
+    installed_guard: tuple[str, str],
+) -> None:
     ep, mod = installed_guard
     assert ep in installed_entry_points()
     load_plugins(make_config(enabled=["max_steps"]))
@@ -186,7 +197,8 @@ def test_module_attr_works_without_installing(site: Site) -> None:
 
 
 def test_extra_plugins_from_the_environment_come_last(
-        installed_guard: tuple[str, str], site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed_guard: tuple[str, str], site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ep, _ = installed_guard
     spec = f"{site.module()}:Guard"
     monkeypatch.setenv("LOOPWARDEN_PLUGINS", f" {ep} ,{spec}")
@@ -195,7 +207,8 @@ def test_extra_plugins_from_the_environment_come_last(
 
 
 def test_disabling_autoload_ignores_entry_points_but_not_module_attr(
-        installed_guard: tuple[str, str], site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed_guard: tuple[str, str], site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ep, mod = installed_guard
     monkeypatch.setenv("LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert installed_entry_points() == {}
@@ -212,7 +225,8 @@ def test_disabling_autoload_ignores_entry_points_but_not_module_attr(
 
 @pytest.mark.parametrize("via", ["config", "env"])
 def test_a_blocked_entry_point_is_never_imported(
-        via: str, installed_guard: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    via: str, installed_guard: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     ep, mod = installed_guard
     if via == "env":
         monkeypatch.setenv("LOOPWARDEN_BLOCK_PLUGINS", ep)
@@ -233,8 +247,9 @@ def test_a_blocked_module_attr_plugin_is_never_imported(site: Site) -> None:
 
 
 def test_a_blocked_plugin_keeps_its_table_without_complaint() -> None:
-    cfg = make_config(enabled=["max_steps"], blocked=["not_installed"],
-                      not_installed={"whatever": 1})
+    cfg = make_config(
+        enabled=["max_steps"], blocked=["not_installed"], not_installed={"whatever": 1}
+    )
     assert load_plugins(cfg).names == ["max_steps"]
 
 
@@ -251,8 +266,9 @@ def test_a_plugin_table_is_validated_by_its_settings_model(site: Site) -> None:
 
 
 def test_a_table_for_an_unknown_plugin_fails() -> None:
-    with pytest.raises(ConfigError, match="neither enabled, blocked, built in nor installed") \
-            as err:
+    with pytest.raises(
+        ConfigError, match="neither enabled, blocked, built in nor installed"
+    ) as err:
         load_plugins(make_config(enabled=["max_steps"], max_stpes={"max_steps": 3}))
     assert err.value.key == "plugins.max_stpes"
 
@@ -275,7 +291,8 @@ def test_a_table_for_a_ready_object_fails_but_a_class_gets_it() -> None:
 
 
 def test_check_tables_validates_builtins_that_are_switched_off(
-        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mod = site.module()
     monkeypatch.setitem(BUILTIN_PLUGINS, "demo_guard", f"{mod}:Guard")
     good = make_config(enabled=["max_steps"], demo_guard={"note": "hi"})
@@ -308,8 +325,9 @@ def test_an_entry_point_named_like_a_builtin_fails(site: Site) -> None:
 
 
 def _load(*plugins: tuple[str, Any]) -> Any:
-    return load_plugins(make_config(enabled=["max_steps", *(n for n, _ in plugins)]),
-                        objects=dict(plugins))
+    return load_plugins(
+        make_config(enabled=["max_steps", *(n for n, _ in plugins)]), objects=dict(plugins)
+    )
 
 
 def test_a_plugin_that_implements_no_hook_fails() -> None:
@@ -429,8 +447,10 @@ class Boom(Plugin):  # type: ignore[type-arg]
 
 
 def test_a_raising_plugin_is_blamed_by_name_even_with_shared_code() -> None:
-    with make_deployment({"plugins": {"enabled": ["max_steps", "calm", "loud"]}},
-                         plugins={"calm": Boom, "loud": Boom}) as dep:
+    with make_deployment(
+        {"plugins": {"enabled": ["max_steps", "calm", "loud"]}},
+        plugins={"calm": Boom, "loud": Boom},
+    ) as dep:
         run = make_run(deployment=dep, meta={"explode": ["loud"]})
         res = dep.hooks.before_tool(run, make_tool_call("query_order", order_id="1", run=run))
     assert res.stop is not None
@@ -438,11 +458,13 @@ def test_a_raising_plugin_is_blamed_by_name_even_with_shared_code() -> None:
     assert "loud exploded" in (res.stop.message or "")
 
 
-def test_tracing_writes_hook_calls_to_stderr(monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_tracing_writes_hook_calls_to_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("LOOPWARDEN_TRACE_PLUGINS", "1")
-    result = run_plugin(_Plain, name="plain", turns=[turn("x", tool_call("query_order",
-                                                                          order_id="88231"))])
+    result = run_plugin(
+        _Plain, name="plain", turns=[turn("x", tool_call("query_order", order_id="88231"))]
+    )
     err = capsys.readouterr().err
     assert result.termination == "final_answer"
     for hook in ("on_start", "before_model", "before_tool", "after_tool", "on_stop"):
@@ -463,15 +485,18 @@ def _write_config(tmp_path: Path, body: str) -> str:
 
 
 def test_plugins_command_shows_position_source_and_hooks(
-        installed_guard: tuple[str, str], site: Site, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    installed_guard: tuple[str, str], site: Site, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ep, mod = installed_guard
     spec = f"{site.module()}:Guard"
-    cfg = _write_config(tmp_path, f"""
+    cfg = _write_config(
+        tmp_path,
+        f"""
         [plugins]
         enabled = ["max_steps", "{ep}", "{spec}", "gone"]
         blocked = ["gone"]
-    """)
+    """,
+    )
     assert cli(["plugins", "--config", cfg]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -491,11 +516,15 @@ def test_plugins_command_shows_position_source_and_hooks(
 
 
 def test_plugins_command_reports_load_errors_without_traceback(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = _write_config(tmp_path, """
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _write_config(
+        tmp_path,
+        """
         [plugins]
         enabled = ["no_such_plugin"]
-    """)
+    """,
+    )
     assert cli(["plugins", "--config", cfg]) == 2
     err = capsys.readouterr().err
     assert "plugin 'no_such_plugin': cannot resolve" in err
@@ -503,7 +532,8 @@ def test_plugins_command_reports_load_errors_without_traceback(
 
 
 def test_blocking_a_module_name_also_blocks_its_module_attr_entries(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from loopwarden.pluginmanager import is_blocked, resolve_names
 
@@ -513,7 +543,9 @@ def test_blocking_a_module_name_also_blocks_its_module_attr_entries(
     (tmp_path / "sidefx.py").write_text(
         f"open({str(marker)!r}, 'w').close()\n"
         "from loopwarden import hookimpl\n"
-        "class P:\n    @hookimpl\n    def before_model(self): pass\n", encoding="utf-8")
+        "class P:\n    @hookimpl\n    def before_model(self): pass\n",
+        encoding="utf-8",
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LOOPWARDEN_BLOCK_PLUGINS", "sidefx")
     cfg = parse_config({"plugins": {"enabled": ["max_steps", "sidefx:P"]}}, path="<t>")

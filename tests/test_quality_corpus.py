@@ -104,8 +104,14 @@ def test_healthy_scenarios_cover_the_suspicious_looking_tasks(corpus: list[Scena
 
 
 def test_scripted_tools_the_shop_lacks_declare_their_nature(corpus: list[Scenario]) -> None:
-    shop = {"query_order", "query_logistics", "search_knowledge", "get_current_time",
-            "apply_refund", "transfer_to_human"}
+    shop = {
+        "query_order",
+        "query_logistics",
+        "search_knowledge",
+        "get_current_time",
+        "apply_refund",
+        "transfer_to_human",
+    }
     for sc in corpus:
         for name, script in sc.tools.items():
             if name in shop:
@@ -120,11 +126,24 @@ def test_scripted_tools_the_shop_lacks_declare_their_nature(corpus: list[Scenari
 
 
 def _pair(onset: int | None, **guarded: Any) -> Pair:
-    sc = Scenario.model_validate({"name": "x", "user": "u", "expect": {
-        "healthy": onset is None, "kind": "repeat", "onset": onset}})
-    rec = {"termination": "repeat_call", "stopped_by": "repeat_call", "steps": 5,
-           "stop_step": 3, "stop_hook": "before_tool", "warnings": [],
-           "tokens": {"total": 100}, "tool_calls": 3, "final_answer_present": True}
+    sc = Scenario.model_validate(
+        {
+            "name": "x",
+            "user": "u",
+            "expect": {"healthy": onset is None, "kind": "repeat", "onset": onset},
+        }
+    )
+    rec = {
+        "termination": "repeat_call",
+        "stopped_by": "repeat_call",
+        "steps": 5,
+        "stop_step": 3,
+        "stop_hook": "before_tool",
+        "warnings": [],
+        "tokens": {"total": 100},
+        "tool_calls": 3,
+        "final_answer_present": True,
+    }
     rec.update(guarded)
     return Pair(sc, rec, dict(rec, tokens={"total": 1000}), True, "stopped")
 
@@ -139,46 +158,85 @@ def test_steps_wasted_after_onset() -> None:
     # the one before
     assert quality.wasted_after_onset(_pair(2, stop_hook="before_model", stop_step=4)) == 1
     # a runaway that no guard stopped wasted everything from its onset on
-    missed = _pair(2, termination="final_answer", stopped_by=None, stop_step=None,
-                   stop_hook=None, steps=9)
+    missed = _pair(
+        2, termination="final_answer", stopped_by=None, stop_step=None, stop_hook=None, steps=9
+    )
     assert quality.wasted_after_onset(missed) == 7
     assert quality.wasted_after_onset(_pair(None)) is None
 
 
 def test_targets_say_met_or_missed() -> None:
-    checks = quality.check_targets({"recall_pct": 100.0, "healthy_stopped": 1,
-                                    "wasted_median": 1.0,
-                                    "replay_runaway_runs_stopped_pct": 75.0,
-                                    "replay_successful_warned_pct": 5.0})
+    checks = quality.check_targets(
+        {
+            "recall_pct": 100.0,
+            "healthy_stopped": 1,
+            "wasted_median": 1.0,
+            "replay_runaway_runs_stopped_pct": 75.0,
+            "replay_successful_warned_pct": 5.0,
+        }
+    )
     met = {c["target"]: c["met"] for c in checks}
-    assert met == {"recall_pct": True, "healthy_stopped": False, "wasted_median": True,
-                   "replay_runaway_runs_stopped_pct": False,
-                   "replay_successful_warned_pct": True}
+    assert met == {
+        "recall_pct": True,
+        "healthy_stopped": False,
+        "wasted_median": True,
+        "replay_runaway_runs_stopped_pct": False,
+        "replay_successful_warned_pct": True,
+    }
     text = quality.report(
-        quality.scenario_metrics([_pair(2), _pair(None, termination="final_answer",
-                                                  stopped_by=None)]),
-        None, checks)
+        quality.scenario_metrics(
+            [_pair(2), _pair(None, termination="final_answer", stopped_by=None)]
+        ),
+        None,
+        checks,
+    )
     assert "MISSED healthy scenarios stopped: 1 (target <= 0)" in text
     assert "MISSED real runaway runs stopped (%): 75 (target >= 90)" in text
     assert "met    recall: 100 (target >= 100)" in text
 
 
 def test_quality_runs_end_to_end_on_a_few_scenarios_and_a_small_replay(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     conf = tmp_path / "c.toml"
-    conf.write_text("[plugins.max_steps]\nmax_steps = 6\nwarn_remaining = 0\n",
-                    encoding="utf-8")
+    conf.write_text("[plugins.max_steps]\nmax_steps = 6\nwarn_remaining = 0\n", encoding="utf-8")
     trajs = tmp_path / "t.jsonl"
-    loop = {"id": "loop", "success": False, "final_answer_present": False,
-            "meta": {"termination_reason": "max_steps"},
-            "steps": [{"content": None, "tool_calls": [{"name": "get_x", "arguments": {}}],
-                       "observations": ["x"], "usage": None} for _ in range(12)]}
-    ok = {"id": "ok", "success": True, "final_answer_present": True,
-          "steps": [{"content": "fine", "tool_calls": [], "observations": []}]}
+    loop = {
+        "id": "loop",
+        "success": False,
+        "final_answer_present": False,
+        "meta": {"termination_reason": "max_steps"},
+        "steps": [
+            {
+                "content": None,
+                "tool_calls": [{"name": "get_x", "arguments": {}}],
+                "observations": ["x"],
+                "usage": None,
+            }
+            for _ in range(12)
+        ],
+    }
+    ok = {
+        "id": "ok",
+        "success": True,
+        "final_answer_present": True,
+        "steps": [{"content": "fine", "tool_calls": [], "observations": []}],
+    }
     trajs.write_text(json.dumps(loop) + "\n" + json.dumps(ok) + "\n", encoding="utf-8")
-    code = quality.main(["--config", str(conf), "--only", "rep-not-found-zh",
-                         "--only", "ok-refund-en", "--trajectories", str(trajs), "--json"])
+    code = quality.main(
+        [
+            "--config",
+            str(conf),
+            "--only",
+            "rep-not-found-zh",
+            "--only",
+            "ok-refund-en",
+            "--trajectories",
+            str(trajs),
+            "--json",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     sc = out["scenarios"]

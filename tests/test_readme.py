@@ -26,7 +26,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 def section(title: str, text: str = README) -> str:
     start = text.index(f"\n## {title}")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
+    return text[start : end if end != -1 else None]
 
 
 def doc(name: str) -> str:
@@ -39,8 +39,9 @@ def blocks(text: str, lang: str) -> list[str]:
 
 def test_the_plugin_example_and_its_tests_run() -> None:
     guide = doc("writing-a-plugin.md")
-    code = blocks(section("A plugin in ten lines", guide) + section("Write a plugin", guide),
-                  "python")
+    code = blocks(
+        section("A plugin in ten lines", guide) + section("Write a plugin", guide), "python"
+    )
     assert code[0] in section("A plugin in ten lines")  # the README shows the same ten lines
     assert len(code[0].strip().splitlines()) <= 10
     module = types.ModuleType("lw_readme")

@@ -38,14 +38,24 @@ USAGE = {"prompt_tokens": 3, "completion_tokens": 2}
 KEY = "sk-planted-secret-0123456789abcdef"
 
 
-def live(url: str, monkeypatch: pytest.MonkeyPatch, plugins: dict[str, Any] | None = None,
-         **model: Any) -> Deployment:
+def live(
+    url: str, monkeypatch: pytest.MonkeyPatch, plugins: dict[str, Any] | None = None, **model: Any
+) -> Deployment:
     monkeypatch.setenv("STUB_KEY", KEY)
-    cfg = parse_config({
-        "model": {"provider": "openai", "name": "stub-model", "base_url": url,
-                  "api_key_env": "STUB_KEY", "max_retries": 0, **model},
-        "plugins": plugins or {"enabled": []},
-    }, path="<test>")
+    cfg = parse_config(
+        {
+            "model": {
+                "provider": "openai",
+                "name": "stub-model",
+                "base_url": url,
+                "api_key_env": "STUB_KEY",
+                "max_retries": 0,
+                **model,
+            },
+            "plugins": plugins or {"enabled": []},
+        },
+        path="<test>",
+    )
     return Deployment(cfg)
 
 
@@ -89,18 +99,24 @@ def test_one_deployment_serves_event_loops_in_several_threads_at_once(
 
 
 def test_a_key_echoed_in_an_error_body_reaches_no_record_log_alert_or_exception(
-    stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    stub: tuple[Stub, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
     tmp_path: Path,
 ) -> None:
     state, url = stub
     state.push_echo_auth(401)
     records = tmp_path / "runs.jsonl"
-    dep = live(url, monkeypatch, plugins={
-        "enabled": ["logging", "alerting", "run_record"],
-        "logging": {"level": "DEBUG"},
-        "alerting": {"sinks": [{"type": "log"}], "dedup_window_s": 0},
-        "run_record": {"path": str(records)},
-    })
+    dep = live(
+        url,
+        monkeypatch,
+        plugins={
+            "enabled": ["logging", "alerting", "run_record"],
+            "logging": {"level": "DEBUG"},
+            "alerting": {"sinks": [{"type": "log"}], "dedup_window_s": 0},
+            "run_record": {"path": str(records)},
+        },
+    )
     with caplog.at_level(logging.DEBUG):
         run = dep.run("q")
         dep.close()
@@ -110,8 +126,9 @@ def test_a_key_echoed_in_an_error_body_reaches_no_record_log_alert_or_exception(
     outputs = {
         "record": json.dumps(rec, ensure_ascii=False),
         "run_record file": records.read_text(encoding="utf-8"),
-        "logs": "\n".join(r.getMessage() + str(r.__dict__.get("alert", "")) for r in
-                          caplog.records),
+        "logs": "\n".join(
+            r.getMessage() + str(r.__dict__.get("alert", "")) for r in caplog.records
+        ),
     }
     assert outputs["logs"]  # logging and alerting did log the run
     for where, text in outputs.items():
@@ -136,11 +153,13 @@ class _Leaky(Plugin):
 
 
 def test_a_plugin_error_quoting_the_key_is_redacted_in_record_and_logs(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("STUB_KEY", KEY)
-    cfg = parse_config({"model": {"api_key_env": "STUB_KEY"},
-                        "plugins": {"enabled": ["max_steps"]}}, path="<test>")
+    cfg = parse_config(
+        {"model": {"api_key_env": "STUB_KEY"}, "plugins": {"enabled": ["max_steps"]}}, path="<test>"
+    )
     with Deployment(cfg, plugins={"leaky": _Leaky()}) as dep, caplog.at_level(logging.ERROR):
         rec = dep.run(scenario="refund").record()
     assert rec["termination"] == "plugin_error" and rec["stopped_by"] == "leaky"
@@ -151,18 +170,28 @@ def test_a_plugin_error_quoting_the_key_is_redacted_in_record_and_logs(
 
 
 def test_a_failing_webhook_logs_no_credentials_from_its_url(
-    stub: tuple[Stub, str], caplog: pytest.LogCaptureFixture,
+    stub: tuple[Stub, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     state, url = stub
     state.push({"error": {"message": "unauthorized"}}, status=401)
     hook = url.replace("http://", "http://alice:PASSWORD123@") + "/hook?token=QUERYTOKEN99&x=1"
-    plugin = Alerting(AlertingSettings.model_validate(
-        {"sinks": [{"type": "webhook", "url": hook, "min_severity": "warn", "timeout_s": 5}],
-         "dedup_window_s": 0}))
+    plugin = Alerting(
+        AlertingSettings.model_validate(
+            {
+                "sinks": [{"type": "webhook", "url": hook, "min_severity": "warn", "timeout_s": 5}],
+                "dedup_window_s": 0,
+            }
+        )
+    )
     plugin.name = "alerting"
     with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.alerting"):
-        plugin.on_guard_triggered(Run("u", run_id="r1"), verdict=stop("repeat_call", plugin="a"),
-                                  hook="before_tool", step=1)
+        plugin.on_guard_triggered(
+            Run("u", run_id="r1"),
+            verdict=stop("repeat_call", plugin="a"),
+            hook="before_tool",
+            step=1,
+        )
         assert plugin.flush(10)
         plugin.close()
     lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
@@ -179,16 +208,23 @@ def cli_config(tmp_path: Path, url: str, enabled: str = '"run_record"') -> Path:
     cfg.write_text(
         f'[model]\nprovider = "openai"\nname = "stub-model"\nbase_url = "{url}"\n'
         'api_key_env = "STUB_KEY"\nmax_retries = 0\ntimeout_s = 60\n'
-        f'[plugins]\nenabled = [{enabled}]\n'
-        f'[plugins.run_record]\npath = "{tmp_path / "runs.jsonl"}"\n', encoding="utf-8")
+        f"[plugins]\nenabled = [{enabled}]\n"
+        f'[plugins.run_record]\npath = "{tmp_path / "runs.jsonl"}"\n',
+        encoding="utf-8",
+    )
     return cfg
 
 
 def cli(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "LOOPWARDEN_DATA_DIR": str(tmp_path), "STUB_KEY": KEY}
-    return subprocess.Popen([sys.executable, "-m", "loopwarden", "run", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path)
+    return subprocess.Popen(
+        [sys.executable, "-m", "loopwarden", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -222,12 +258,18 @@ def test_a_model_error_exits_3_and_prints_no_key(stub: tuple[Stub, str], tmp_pat
     assert KEY not in out and KEY not in err
 
 
-@pytest.mark.parametrize(("enabled", "code", "termination"), [
-    ('"max_steps"', 0, "final_answer"),
-    ('"max_steps", "test_reliability:_Leaky"', 3, "plugin_error"),
-])
+@pytest.mark.parametrize(
+    ("enabled", "code", "termination"),
+    [
+        ('"max_steps"', 0, "final_answer"),
+        ('"max_steps", "test_reliability:_Leaky"', 3, "plugin_error"),
+    ],
+)
 def test_run_exit_codes_per_outcome(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, enabled: str, code: int,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    enabled: str,
+    code: int,
     termination: str,
 ) -> None:
     from loopwarden.cli import main
@@ -251,32 +293,46 @@ def test_an_odd_model_field_is_not_priced_and_crashes_nothing(
     stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, url = stub
-    first = completion(None, [{"name": "query_order", "arguments": '{"order_id": "88231"}'}],
-                       usage={"prompt_tokens": 1_000_000, "completion_tokens": 0})
+    first = completion(
+        None,
+        [{"name": "query_order", "arguments": '{"order_id": "88231"}'}],
+        usage={"prompt_tokens": 1_000_000, "completion_tokens": 0},
+    )
     first["model"] = 7
     second = completion("done", usage={"prompt_tokens": 1_000_000, "completion_tokens": 0})
     second["model"] = "free-model"  # the server claims a model that costs nothing
     state.push(first)
     state.push(second)
-    dep = live(url, monkeypatch, plugins={
-        "enabled": ["cost_budget"],
-        "cost_budget": {"max_cost": 100, "prices": {
-            "stub-model": {"input": 1, "output": 1}, "free-model": {"input": 0, "output": 0}}},
-    })
+    dep = live(
+        url,
+        monkeypatch,
+        plugins={
+            "enabled": ["cost_budget"],
+            "cost_budget": {
+                "max_cost": 100,
+                "prices": {
+                    "stub-model": {"input": 1, "output": 1},
+                    "free-model": {"input": 0, "output": 0},
+                },
+            },
+        },
+    )
     rec = dep.run("q").record()
     assert rec["termination"] == "final_answer" and rec["errors"] == []
     assert rec["cost"] == 2.0  # both calls at the configured model's price
 
 
-def scripted_run(tool_obj: Any, *, sync: bool = True, plugins: dict[str, Any] | None = None,
-                 **settings: Any) -> dict[str, Any]:
+def scripted_run(
+    tool_obj: Any, *, sync: bool = True, plugins: dict[str, Any] | None = None, **settings: Any
+) -> dict[str, Any]:
     from loopwarden.models.scripted import ScriptedModel
     from loopwarden.testing import script, tool_call, turn
     from loopwarden.tools import ToolRegistry
 
     cfg = parse_config({"plugins": plugins or {"enabled": ["max_steps"]}, **settings})
-    model = ScriptedModel(script([turn("calling", tool_call(tool_obj.name, {}))],
-                                 then="final", final_text="finished"))
+    model = ScriptedModel(
+        script([turn("calling", tool_call(tool_obj.name, {}))], then="final", final_text="finished")
+    )
     with Deployment(cfg, tools=ToolRegistry([tool_obj])) as dep:
         if sync:
             return dep.run("q", model=model).record()
@@ -291,9 +347,11 @@ class _Unprintable:
 
 
 @pytest.mark.parametrize("sync", [True, False])
-@pytest.mark.parametrize("value", [10 ** 5000, _Unprintable(), [_Unprintable()],
-                                   {"n": 10 ** 5000}],
-                         ids=["huge-int", "bad-str", "list-of-bad-str", "dict-huge-int"])
+@pytest.mark.parametrize(
+    "value",
+    [10**5000, _Unprintable(), [_Unprintable()], {"n": 10**5000}],
+    ids=["huge-int", "bad-str", "list-of-bad-str", "dict-huge-int"],
+)
 def test_a_tool_returning_an_unprintable_value_does_not_escape_the_run(
     value: Any, sync: bool
 ) -> None:
@@ -328,12 +386,15 @@ class _BadVerdicts(Plugin):
         return self.verdict
 
 
-@pytest.mark.parametrize("verdict", [
-    stop("custom", message=7),  # type: ignore[arg-type]
-    stop("custom", answer=["not", "text"]),  # type: ignore[arg-type]
-    warn(12345),  # type: ignore[arg-type]
-    stop(None),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "verdict",
+    [
+        stop("custom", message=7),  # type: ignore[arg-type]
+        stop("custom", answer=["not", "text"]),  # type: ignore[arg-type]
+        warn(12345),  # type: ignore[arg-type]
+        stop(None),  # type: ignore[arg-type]
+    ],
+)
 def test_a_verdict_with_non_text_fields_ends_the_run_plugin_error(verdict: Any) -> None:
     from loopwarden.models.scripted import ScriptedModel
     from loopwarden.testing import script
@@ -364,9 +425,11 @@ def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_deadline(
                 continue  # swallowed
         return "late"
 
-    rec = scripted_run(stubborn, sync=sync,
-                       plugins={"enabled": ["max_steps", "timeout"],
-                                "timeout": {"stop_on_tool_timeout": True}})
+    rec = scripted_run(
+        stubborn,
+        sync=sync,
+        plugins={"enabled": ["max_steps", "timeout"], "timeout": {"stop_on_tool_timeout": True}},
+    )
     assert rec["termination"] == "timeout" and rec["evidence"]["tool_error"] == "timeout"
     # the run itself ended soon after the tool's deadline (the tool would run 4 s); under
     # asyncio.run() the abandoned task still delays the loop's closing -- a documented limit
@@ -382,18 +445,21 @@ class _Blocking(Plugin):
 
 
 @pytest.mark.parametrize("sync", [True, False])
-def test_a_blocking_hook_cannot_keep_the_run_from_its_record(
-    tmp_path: Path, sync: bool
-) -> None:
+def test_a_blocking_hook_cannot_keep_the_run_from_its_record(tmp_path: Path, sync: bool) -> None:
     from loopwarden.models.scripted import ScriptedModel
     from loopwarden.testing import script, tool_call, turn
 
     records = tmp_path / "runs.jsonl"
-    cfg = parse_config({"plugins": {
-        "enabled": ["max_steps", "timeout", "run_record"],
-        # a second: enough that a loaded machine reaches the blocking hook before the limit
-        "timeout": {"max_seconds": 1.0, "grace_s": 0},
-        "run_record": {"path": str(records)}}})
+    cfg = parse_config(
+        {
+            "plugins": {
+                "enabled": ["max_steps", "timeout", "run_record"],
+                # a second: enough that a loaded machine reaches the blocking hook before the limit
+                "timeout": {"max_seconds": 1.0, "grace_s": 0},
+                "run_record": {"path": str(records)},
+            }
+        }
+    )
     written: list[float] = []
     model = ScriptedModel(script([turn("x", tool_call("get_current_time", {}))]))
     with Deployment(cfg, plugins={"blocking": _Blocking()}) as dep:

@@ -39,7 +39,7 @@ def test_first_repeat_is_skipped_with_the_earlier_observation_and_a_hint() -> No
     assert v.evidence["signature"] == 'lookup({"key": "88231"})'
     assert v.evidence["count"] == 2
     assert v.evidence["threshold"] == 2
-    assert f.run.duplicate_calls == 1
+    assert f.field("duplicate_calls") == 1
 
 
 def test_second_repeat_stops_softly_with_evidence() -> None:
@@ -54,7 +54,7 @@ def test_second_repeat_stops_softly_with_evidence() -> None:
     assert stop.evidence["repeats"] == 2
     assert stop.evidence["tool"] == "lookup"
     assert stop.message is not None and 'lookup({"key": "a"})' in stop.message
-    assert f.run.duplicate_calls == 2
+    assert f.field("duplicate_calls") == 2
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -84,7 +84,7 @@ def test_different_arguments_are_not_repeats() -> None:
     f = feed()
     verdicts = [f.tool(f.call("lookup", {"key": str(i)}), ok(str(i)))[0] for i in range(20)]
     assert verdicts == [None] * 20
-    assert f.run.duplicate_calls == 0
+    assert f.field("duplicate_calls") == 0
 
 
 def test_skip_observation_is_not_nested_across_repeats() -> None:
@@ -123,7 +123,7 @@ def test_parallel_duplicates_in_one_turn() -> None:
     b = f.call("lookup", {"key": "b"}, index=3)
     verdicts = f.turn("checking", (a[0], ok("A")), (b, ok("B")), (a[1], ok("A")), (a[2], ok("A")))
     assert kinds(verdicts) == ["skip", "stop:repeat_call"]
-    assert f.run.duplicate_calls == 2
+    assert f.field("duplicate_calls") == 2
 
 
 # -- failures and retries ------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_non_retryable_failure_is_skipped_then_stopped() -> None:
     f.after(f.call("lookup", {"key": "99999"}), skipped(v.observation, "repeat_call"))
     s = f.before(f.call("lookup", {"key": "99999"}))
     assert isinstance(s, Stop) and s.reason == "repeat_call"
-    assert f.run.duplicate_calls == 2
+    assert f.field("duplicate_calls") == 2
 
 
 def test_non_retryable_failure_of_a_non_deterministic_tool_is_skipped() -> None:
@@ -153,8 +153,9 @@ def test_non_retryable_failure_of_a_non_deterministic_tool_is_skipped() -> None:
 
 def test_unknown_tool_repeated_is_skipped_then_stopped() -> None:
     f = feed()
-    verdicts = [f.tool(f.call("no_such_tool", {"x": 1}), fail("ERROR: unknown tool"))[0]
-                for _ in range(3)]
+    verdicts = [
+        f.tool(f.call("no_such_tool", {"x": 1}), fail("ERROR: unknown tool"))[0] for _ in range(3)
+    ]
     assert kinds(verdicts) == [None, "skip", "stop:repeat_call"]
 
 
@@ -165,7 +166,7 @@ def test_retryable_failures_are_retries_until_the_retry_budget_is_spent() -> Non
     call = lambda: f.call("lookup", {"key": "a"})  # noqa: E731
     assert f.tool(call(), fail("503", retryable=True)) == (None, None)
     assert f.tool(call(), fail("503", retryable=True)) == (None, None)
-    assert f.run.duplicate_calls == 0
+    assert f.field("duplicate_calls") == 0
     # the retry_policy plugin spent the budget: result.retryable was set to False
     assert f.tool(call(), fail("503", retryable=False)) == (None, None)
     v = f.before(call())
@@ -176,8 +177,9 @@ def test_retryable_failures_are_retries_until_the_retry_budget_is_spent() -> Non
 
 def test_retries_do_not_count_toward_the_window_rule() -> None:
     f = feed()
-    verdicts = [f.tool(f.call("lookup", {"key": "a"}), fail("429", retryable=True))[0]
-                for _ in range(6)]
+    verdicts = [
+        f.tool(f.call("lookup", {"key": "a"}), fail("429", retryable=True))[0] for _ in range(6)
+    ]
     assert verdicts == [None] * 6
 
 
@@ -198,7 +200,7 @@ def test_non_deterministic_tool_with_changing_results_is_never_a_repeat() -> Non
     for i in range(12):
         verdicts.extend(f.tool(f.call("clock"), ok(f"10:{i:02d}")))
     assert verdicts == [None] * 24
-    assert f.run.duplicate_calls == 0
+    assert f.field("duplicate_calls") == 0
 
 
 def test_non_deterministic_tool_with_unchanged_result_warns_then_stops() -> None:
@@ -208,7 +210,7 @@ def test_non_deterministic_tool_with_unchanged_result_warns_then_stops() -> None
     assert kinds([a for _, a in got]) == [None, "warn", "stop:repeat_call"]
     warn = got[1][1]
     assert isinstance(warn, Warn) and "same result" in warn.message
-    assert f.run.duplicate_calls == 2
+    assert f.field("duplicate_calls") == 2
 
 
 def test_a_changed_result_resets_the_repeat_count() -> None:
@@ -226,8 +228,11 @@ def test_side_effect_repeats_are_never_skipped_but_the_window_rule_stops_them() 
     seq = ["refund", "lookup", "refund", "lookup2", "refund"]
     verdicts = []
     for i, name in enumerate(seq):
-        c = (f.call("refund", {"order_id": "88231"}) if name == "refund"
-             else f.call("lookup", {"key": str(i)}))
+        c = (
+            f.call("refund", {"order_id": "88231"})
+            if name == "refund"
+            else f.call("lookup", {"key": str(i)})
+        )
         verdicts.append(f.tool(c, ok("done"))[0])
     assert kinds(verdicts) == [None, None, None, None, "stop:repeat_call"]
     stop = verdicts[-1]
@@ -235,7 +240,7 @@ def test_side_effect_repeats_are_never_skipped_but_the_window_rule_stops_them() 
     assert stop.evidence["rule"] == "window"
     assert stop.evidence["window_count"] == 3
     assert stop.evidence["window"] == 5
-    assert f.run.duplicate_calls == 2
+    assert f.field("duplicate_calls") == 2
 
 
 # -- the window rule -----------------------------------------------------------------------
@@ -246,8 +251,11 @@ def _window_feed(pattern: str, **settings: Any) -> list[str | None]:
     f = feed(**settings)
     out = []
     for i, ch in enumerate(pattern):
-        c = (f.call("refund", {"order_id": "A"}) if ch == "A"
-             else f.call("lookup", {"key": f"filler{i}"}))
+        c = (
+            f.call("refund", {"order_id": "A"})
+            if ch == "A"
+            else f.call("lookup", {"key": f"filler{i}"})
+        )
         out.append(kinds([f.tool(c, ok("r"))[0]])[0])
     return out
 
@@ -304,8 +312,11 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     rng = random.Random(7)
     for i in range(10_000):
         name = rng.choice(["lookup", "clock", "refund"])
-        args = {"key": str(rng.randrange(500))} if name == "lookup" else (
-            {"order_id": str(i)} if name == "refund" else {})
+        args = (
+            {"key": str(rng.randrange(500))}
+            if name == "lookup"
+            else ({"order_id": str(i)} if name == "refund" else {})
+        )
         f.tool(f.call(name, args), ok("x" * rng.randrange(10_000)))
     st = f.run.state["repeat_call"]
     assert len(st.entries) <= 64
@@ -320,7 +331,7 @@ _words = st.text(alphabet=_ALPHA, max_size=12)
 _keys = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8).filter(
     lambda k: k.casefold() not in DEFAULT_VOLATILE_KEYS
 )
-_leaves = st.none() | st.booleans() | st.integers(-10**6, 10**6) | _words
+_leaves = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | _words
 _json = st.recursive(
     _leaves,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=4),
@@ -364,8 +375,13 @@ def test_fingerprint_ignores_case(args: dict[str, Any]) -> None:
     assert FINGERPRINT("t", _map(args, on_str=str.swapcase)) == FINGERPRINT("t", args)
 
 
-@given(_args, st.sampled_from(DEFAULT_VOLATILE_KEYS), _json, st.randoms(use_true_random=False),
-       st.booleans())
+@given(
+    _args,
+    st.sampled_from(DEFAULT_VOLATILE_KEYS),
+    _json,
+    st.randoms(use_true_random=False),
+    st.booleans(),
+)
 def test_fingerprint_ignores_volatile_keys_at_any_depth(
     args: dict[str, Any], key: str, value: Any, rnd: random.Random, upper: bool
 ) -> None:
@@ -381,8 +397,9 @@ def test_fingerprint_ignores_volatile_keys_at_any_depth(
 
 
 @given(_args, _keys, _json, _json)
-def test_fingerprint_changes_with_a_real_value(args: dict[str, Any], key: str, a: Any,
-                                               b: Any) -> None:
+def test_fingerprint_changes_with_a_real_value(
+    args: dict[str, Any], key: str, a: Any, b: Any
+) -> None:
     fp = Fingerprinter()
     assume(fp.canonical(a) != fp.canonical(b))
     assert fp("t", {**args, key: a}) != fp("t", {**args, key: b})
@@ -410,7 +427,7 @@ def test_a_lookup_after_a_side_effect_is_not_a_repeat() -> None:
     assert f.tool(f.call("lookup", {"key": "88231"}), ok("status: refunded")) == (None, None)
     v = f.before(f.call("lookup", {"key": "88231"}))
     assert isinstance(v, Skip) and v.observation.startswith("status: refunded")
-    assert f.run.duplicate_calls == 1
+    assert f.field("duplicate_calls") == 1
 
 
 def test_a_failed_side_effect_changes_nothing() -> None:
@@ -429,7 +446,7 @@ def test_an_unchanged_poll_after_a_side_effect_is_information() -> None:
         after.append(f.tool(f.call("clock"), ok("speed: 0 Mbps"))[1])
         f.tool(f.call("refund", {"order_id": f"toggle{i}"}), ok("toggled"))
     assert after == [None] * 4
-    assert f.run.duplicate_calls == 0
+    assert f.field("duplicate_calls") == 0
 
 
 def test_a_non_retryable_failure_may_be_tried_again_after_a_side_effect() -> None:

@@ -31,17 +31,22 @@ from loopwarden.replay import (
 # -- trajectories --------------------------------------------------------------------------
 
 
-def step(content: str | None = None, calls: Sequence[tuple[str, dict[str, Any]]] = (),
-         observations: Sequence[str] = (),
-         usage: tuple[int, int] | None = (100, 10), user_reply: str | None = None,
-         errors: list[bool | None] | None = None) -> dict[str, Any]:
+def step(
+    content: str | None = None,
+    calls: Sequence[tuple[str, dict[str, Any]]] = (),
+    observations: Sequence[str] = (),
+    usage: tuple[int, int] | None = (100, 10),
+    user_reply: str | None = None,
+    errors: list[bool | None] | None = None,
+) -> dict[str, Any]:
     s: dict[str, Any] = {
         "content": content,
         "tool_calls": [{"name": n, "arguments": a} for n, a in calls],
         "observations": list(observations),
         "user_reply": user_reply,
-        "usage": None if usage is None else {"prompt_tokens": usage[0],
-                                             "completion_tokens": usage[1]},
+        "usage": None
+        if usage is None
+        else {"prompt_tokens": usage[0], "completion_tokens": usage[1]},
     }
     if errors is not None:
         s["observation_is_error"] = errors
@@ -52,10 +57,21 @@ def lookup(key: str, obs: str | None = None, **kw: Any) -> dict[str, Any]:
     return step(None, [("get_record", {"key": key})], [obs or f"record {key}: ok"], **kw)
 
 
-def traj(tid: str, steps: list[dict[str, Any]], *, success: bool | None = True,
-         answer: bool = True, termination: str | None = None) -> dict[str, Any]:
-    t: dict[str, Any] = {"source": "test", "id": tid, "success": success, "steps": steps,
-                         "final_answer_present": answer}
+def traj(
+    tid: str,
+    steps: list[dict[str, Any]],
+    *,
+    success: bool | None = True,
+    answer: bool = True,
+    termination: str | None = None,
+) -> dict[str, Any]:
+    t: dict[str, Any] = {
+        "source": "test",
+        "id": tid,
+        "success": success,
+        "steps": steps,
+        "final_answer_present": answer,
+    }
     if termination is not None:
         t["meta"] = {"termination_reason": termination}
     return t
@@ -84,8 +100,11 @@ class Probe(Plugin):
 
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
-        if self.stop_before_call is not None and request.step == self.stop_before_call \
-                and not request.final:
+        if (
+            self.stop_before_call is not None
+            and request.step == self.stop_before_call
+            and not request.final
+        ):
             return self.stop("probe_cap", soft=True)
         return None
 
@@ -105,8 +124,9 @@ class Probe(Plugin):
 
 
 def cfg(**plugins: Any) -> Config:
-    return parse_config({"plugins": {"max_steps": {"max_steps": 50, "warn_remaining": 0},
-                                     **plugins}}, path="<test>")
+    return parse_config(
+        {"plugins": {"max_steps": {"max_steps": 50, "warn_remaining": 0}, **plugins}}, path="<test>"
+    )
 
 
 @pytest.fixture
@@ -129,13 +149,16 @@ def probe_deployment() -> Iterator[Callable[..., Deployment]]:
 def test_a_multi_run_conversation_replays_run_by_run_without_a_stop(
     probe_deployment: Callable[..., Deployment],
 ) -> None:
-    t = traj("conv", [
-        step("Which order?", user_reply="Order 7, please."),       # run 1: a text turn
-        lookup("7"),                                               # run 2 ...
-        step("Order 7 is fine.", user_reply="And order 8?"),
-        lookup("8"),                                               # run 3 ...
-        step("Order 8 is fine too."),
-    ])
+    t = traj(
+        "conv",
+        [
+            step("Which order?", user_reply="Order 7, please."),  # run 1: a text turn
+            lookup("7"),  # run 2 ...
+            step("Order 7 is fine.", user_reply="And order 8?"),
+            lookup("8"),  # run 3 ...
+            step("Order 8 is fine too."),
+        ],
+    )
     r = replay_trajectory(probe_deployment(), t)
     assert r.runs == 3 and r.steps == 5
     assert r.stop is None and r.first_warning is None
@@ -149,15 +172,18 @@ def test_a_multi_run_conversation_replays_run_by_run_without_a_stop(
 def test_steps_are_numbered_from_one_across_runs(
     probe_deployment: Callable[..., Deployment],
 ) -> None:
-    t = traj("numbering", [
-        step("Hello, what do you need?", user_reply="Check things."),   # 1 (run 1)
-        lookup("a"),                                                     # 2 (run 2)
-        step(None, [("warn_me", {})], ["fine"]),                         # 3  <- warning
-        lookup("b"),                                                     # 4
-        step(None, [("stop_me", {})], ["never seen"]),                   # 5  <- stop
-        lookup("c"),                                                     # 6
-        step("Done."),                                                   # 7
-    ])
+    t = traj(
+        "numbering",
+        [
+            step("Hello, what do you need?", user_reply="Check things."),  # 1 (run 1)
+            lookup("a"),  # 2 (run 2)
+            step(None, [("warn_me", {})], ["fine"]),  # 3  <- warning
+            lookup("b"),  # 4
+            step(None, [("stop_me", {})], ["never seen"]),  # 5  <- stop
+            lookup("c"),  # 6
+            step("Done."),  # 7
+        ],
+    )
     r = replay_trajectory(probe_deployment(), t)
     assert r.first_warning == {"step": 3, "plugin": "probe"}
     assert r.stop is not None
@@ -173,8 +199,13 @@ def test_steps_are_numbered_from_one_across_runs(
 def test_a_before_model_stop_names_the_call_it_replaced(
     probe_deployment: Callable[..., Deployment],
 ) -> None:
-    t = traj("loop", [lookup(str(i), usage=(100 * i, 10)) for i in range(1, 9)],
-             success=False, answer=False, termination="max_steps")
+    t = traj(
+        "loop",
+        [lookup(str(i), usage=(100 * i, 10)) for i in range(1, 9)],
+        success=False,
+        answer=False,
+        termination="max_steps",
+    )
     r = replay_trajectory(probe_deployment(stop_before_call=4), t)
     assert r.stop is not None
     assert (r.stop["step"], r.stop["hook"]) == (4, "before_model")
@@ -187,8 +218,14 @@ def test_a_before_model_stop_names_the_call_it_replaced(
 def test_without_recorded_usage_there_are_no_token_figures(
     probe_deployment: Callable[..., Deployment],
 ) -> None:
-    t = traj("nousage", [lookup("1", usage=None), step(None, [("stop_me", {})], ["x"],
-                                                       usage=None), lookup("2", usage=None)])
+    t = traj(
+        "nousage",
+        [
+            lookup("1", usage=None),
+            step(None, [("stop_me", {})], ["x"], usage=None),
+            lookup("2", usage=None),
+        ],
+    )
     r = replay_trajectory(probe_deployment(), t)
     assert r.stop is not None and r.stop["step"] == 2
     assert r.recorded_tokens is None and r.tokens_after_stop is None
@@ -200,8 +237,7 @@ def test_a_stop_that_cuts_nothing_is_not_an_early_stop(
     """A guard stopping after the last tool call of a successful run (e.g. at a hand-off)
     ended it where it ended anyway; a stop before recorded calls cut them off."""
     at_end = traj("end", [lookup("1"), step(None, [("hand_off", {})], ["done"]), step("Bye.")])
-    early = traj("early", [step(None, [("hand_off", {})], ["done"]), lookup("1"),
-                           step("Bye.")])
+    early = traj("early", [step(None, [("hand_off", {})], ["done"]), lookup("1"), step("Bye.")])
     dep = probe_deployment()
     results = [replay_trajectory(dep, at_end), replay_trajectory(dep, early)]
     assert [r.stop["step"] if r.stop else None for r in results] == [2, 1]
@@ -217,10 +253,20 @@ def test_summary_counts_step_cap_and_answerless_runs(
     probe_deployment: Callable[..., Deployment],
 ) -> None:
     dep = probe_deployment(stop_before_call=3)
-    capped = traj("capped", [lookup(str(i)) for i in range(6)], success=False, answer=False,
-                  termination="max_steps")
-    short_fail = traj("short", [lookup("1"), step("I give up.")], success=False, answer=False,
-                      termination="agent_error")
+    capped = traj(
+        "capped",
+        [lookup(str(i)) for i in range(6)],
+        success=False,
+        answer=False,
+        termination="max_steps",
+    )
+    short_fail = traj(
+        "short",
+        [lookup("1"), step("I give up.")],
+        success=False,
+        answer=False,
+        termination="agent_error",
+    )
     ok = traj("ok", [lookup("1"), step("Fine.")])
     s = summarize([replay_trajectory(dep, t) for t in (capped, short_fail, ok)])
     assert s["step_cap_runs"] == 1 and s["step_cap_runs_stopped"] == 1
@@ -233,28 +279,38 @@ def test_summary_counts_step_cap_and_answerless_runs(
     assert s["stops_by_reason"] == {"probe_cap": 1}
 
 
-def test_corrupt_lines_are_counted_and_skipped(tmp_path: Path,
-                                               probe_deployment: Callable[..., Deployment],
-                                               ) -> None:
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        traj("a", [lookup("1"), step("ok")]),
-        '{"id": "truncated", "steps": [',
-        '"not an object"',
-        '{"id": "no steps"}',
-        "",
-        traj("b", [lookup("2"), step("ok")]),
-    ])
+def test_corrupt_lines_are_counted_and_skipped(
+    tmp_path: Path,
+    probe_deployment: Callable[..., Deployment],
+) -> None:
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            traj("a", [lookup("1"), step("ok")]),
+            '{"id": "truncated", "steps": [',
+            '"not an object"',
+            '{"id": "no steps"}',
+            "",
+            traj("b", [lookup("2"), step("ok")]),
+        ],
+    )
     results, bad = replay_file(probe_deployment(), path)
     assert [r.id for r in results] == ["a", "b"]
     assert bad == 3
 
 
 def test_the_shipped_guards_stop_an_obvious_loop_and_spare_a_healthy_run(
-    deployment_factory: Callable[..., Deployment], shipped_config: Config,
+    deployment_factory: Callable[..., Deployment],
+    shipped_config: Config,
 ) -> None:
     same = "record 42: status pending"
-    loop = traj("loop", [lookup("42", same) for _ in range(30)], success=False,
-                answer=False, termination="max_steps")
+    loop = traj(
+        "loop",
+        [lookup("42", same) for _ in range(30)],
+        success=False,
+        answer=False,
+        termination="max_steps",
+    )
     healthy = traj("healthy", [lookup("1"), lookup("2"), lookup("3"), step("All fine.")])
     dep = deployment_factory(replay_config(shipped_config))
     r_loop, r_ok = replay_trajectory(dep, loop), replay_trajectory(dep, healthy)
@@ -267,7 +323,11 @@ def test_the_shipped_guards_stop_an_obvious_loop_and_spare_a_healthy_run(
 
 def test_tool_natures_are_inferred_from_names() -> None:
     assert infer_flags("get_order_details") == {
-        "read_only": True, "deterministic": True, "side_effect": False, "terminal": False}
+        "read_only": True,
+        "deterministic": True,
+        "side_effect": False,
+        "terminal": False,
+    }
     assert infer_flags("check_network_status")["deterministic"] is False
     assert infer_flags("check_network_status")["read_only"] is True
     assert infer_flags("get_flight_status")["deterministic"] is False
@@ -280,8 +340,11 @@ def test_tool_natures_are_inferred_from_names() -> None:
 
 def test_declared_natures_override_the_inference(tmp_path: Path) -> None:
     path = tmp_path / "tools.toml"
-    path.write_text('[tools.get_status]\ndeterministic = true\n[tools.send_note]\n'
-                    'side_effect = false\nread_only = true\n', encoding="utf-8")
+    path.write_text(
+        "[tools.get_status]\ndeterministic = true\n[tools.send_note]\n"
+        "side_effect = false\nread_only = true\n",
+        encoding="utf-8",
+    )
     flags = load_tool_flags(path)
     t = recorded_tool("get_status", flags["get_status"])
     assert t.read_only and t.deterministic
@@ -295,8 +358,15 @@ def test_declared_natures_override_the_inference(tmp_path: Path) -> None:
 
 
 def test_replay_counts_an_unpriced_recorded_model_as_free() -> None:
-    c = parse_config({"plugins": {"enabled": ["max_steps", "cost_budget"],
-                                  "cost_budget": {"unknown_model": "error"}}}, path="<t>")
+    c = parse_config(
+        {
+            "plugins": {
+                "enabled": ["max_steps", "cost_budget"],
+                "cost_budget": {"unknown_model": "error"},
+            }
+        },
+        path="<t>",
+    )
     assert replay_config(c).plugins.tables()["cost_budget"]["unknown_model"] == "free"
     plain = parse_config({}, path="<t>")
     assert replay_config(plain) is plain
@@ -317,15 +387,22 @@ def test_the_recorded_model_names_the_runs(probe_deployment: Callable[..., Deplo
 
 
 def test_cli_replay_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        traj("a", [lookup("1"), step("ok")]),
-        "{corrupt",
-        traj("b", [lookup("x", "same") for _ in range(20)], success=False, answer=False,
-             termination="max_steps"),
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            traj("a", [lookup("1"), step("ok")]),
+            "{corrupt",
+            traj(
+                "b",
+                [lookup("x", "same") for _ in range(20)],
+                success=False,
+                answer=False,
+                termination="max_steps",
+            ),
+        ],
+    )
     conf = tmp_path / "c.toml"
-    conf.write_text('[plugins.max_steps]\nmax_steps = 5\nwarn_remaining = 0\n',
-                    encoding="utf-8")
+    conf.write_text("[plugins.max_steps]\nmax_steps = 5\nwarn_remaining = 0\n", encoding="utf-8")
     code = main(["replay", str(path), "--json", "--config", str(conf)])
     out, err = capsys.readouterr()
     assert code == 0
@@ -340,8 +417,9 @@ def test_cli_replay_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0 and "step_cap_runs_stopped_pct" in out and "steps  " not in out
 
 
-def test_cli_replay_missing_file_exits_2(capsys: pytest.CaptureFixture[str],
-                                         tmp_path: Path) -> None:
+def test_cli_replay_missing_file_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "file not found" in capsys.readouterr().err
 
@@ -352,19 +430,33 @@ def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
     """The same failing write in every run of a conversation: repeat_call remembers calls that
     failed for good for the whole conversation (failures_across_turns), so it is caught; with
     that memory per run only, it is not -- unless the experiment carries per-run state too."""
-    fail = step(None, [("update_booking", {"id": "B1", "seats": 2})], ["Error: seats mismatch"],
-                errors=[True])
+    fail = step(
+        None,
+        [("update_booking", {"id": "B1", "seats": 2})],
+        ["Error: seats mismatch"],
+        errors=[True],
+    )
     steps: list[dict[str, Any]] = []
     for i in range(5):
-        steps += [fail, step(f"Sorry, that failed ({i}). Shall I try again?",
-                             user_reply="Yes, please try again.")]
+        steps += [
+            fail,
+            step(
+                f"Sorry, that failed ({i}). Shall I try again?", user_reply="Yes, please try again."
+            ),
+        ]
     t = traj("conv-loop", steps, success=False, answer=True, termination="max_steps")
     config = parse_config({"plugins": {"enabled": ["max_steps", "repeat_call"]}}, path="<t>")
     caught = replay_trajectory(deployment_factory(config), t)
     assert caught.stop is not None and caught.stop["reason"] == "repeat_call"
-    per_run = parse_config({"plugins": {"enabled": ["max_steps", "repeat_call"],
-                                        "repeat_call": {"failures_across_turns": False}}},
-                           path="<t>")
+    per_run = parse_config(
+        {
+            "plugins": {
+                "enabled": ["max_steps", "repeat_call"],
+                "repeat_call": {"failures_across_turns": False},
+            }
+        },
+        path="<t>",
+    )
     dep = deployment_factory(per_run)
     assert replay_trajectory(dep, t).stop is None
     r = replay_trajectory(dep, t, carry=["repeat_call"])
@@ -377,15 +469,23 @@ def test_lines_of_the_wrong_shape_are_unreadable_not_fatal(tmp_path: Path) -> No
 
     good = {"id": "ok", "steps": [{"content": "hi", "tool_calls": [], "observations": []}]}
     bad_shapes = [
-        {"id": "b1", "steps": [{"content": None, "tool_calls": [], "observations": [],
-                                "observation_is_error": True}]},
+        {
+            "id": "b1",
+            "steps": [
+                {
+                    "content": None,
+                    "tool_calls": [],
+                    "observations": [],
+                    "observation_is_error": True,
+                }
+            ],
+        },
         {"id": "b2", "steps": [{"content": None, "tool_calls": [], "observations": "abc"}]},
         {"id": "b3", "steps": [{"tool_calls": ["not an object"]}]},
         {"id": "b4", "steps": [{"usage": 12}]},
     ]
     path = tmp_path / "t.jsonl"
-    path.write_text("\n".join(json.dumps(t) for t in [good, *bad_shapes]) + "\n",
-                    encoding="utf-8")
+    path.write_text("\n".join(json.dumps(t) for t in [good, *bad_shapes]) + "\n", encoding="utf-8")
     got = [t for _, t in iter_trajectories(path)]
     assert [t["id"] if t else None for t in got] == ["ok", None, None, None, None]
 
@@ -411,8 +511,15 @@ class Sizes(Plugin):
 def test_requests_are_sized_by_the_recorded_prompt_tokens() -> None:
     sizes = Sizes()
     with Deployment(cfg(), plugins={"sizes": sizes}) as dep:
-        t = traj("sized", [lookup("1", usage=(5200, 10)), lookup("2", usage=(5600, 10)),
-                           lookup("3", usage=None), step("Done.", usage=(6100, 20))])
+        t = traj(
+            "sized",
+            [
+                lookup("1", usage=(5200, 10)),
+                lookup("2", usage=(5600, 10)),
+                lookup("3", usage=None),
+                step("Done.", usage=(6100, 20)),
+            ],
+        )
         replay_trajectory(dep, t)
     got = [n for n, _ in sizes.seen]
     assert got[0] == 5200 and got[1] == 5600 and got[3] == 6100
@@ -425,8 +532,10 @@ def test_system_prompt_tokens_stand_in_for_what_the_recording_leaves_out() -> No
     def first_sizes(n: int | None) -> list[int]:
         sizes = Sizes()
         with Deployment(cfg(), plugins={"sizes": sizes}) as dep:
-            t = traj("plain", [lookup("1", usage=None), lookup("2", usage=None),
-                               step("Done.", usage=None)])
+            t = traj(
+                "plain",
+                [lookup("1", usage=None), lookup("2", usage=None), step("Done.", usage=None)],
+            )
             replay_trajectory(dep, t, system_prompt_tokens=n)
         return [s for s, _ in sizes.seen]
 
@@ -440,8 +549,9 @@ def test_system_prompt_tokens_stand_in_for_what_the_recording_leaves_out() -> No
     # recorded usage wins over the stand-in
     sizes = Sizes()
     with Deployment(cfg(), plugins={"sizes": sizes}) as dep:
-        replay_trajectory(dep, traj("rec", [lookup("1", usage=(3000, 5)), step("ok")]),
-                          system_prompt_tokens=5000)
+        replay_trajectory(
+            dep, traj("rec", [lookup("1", usage=(3000, 5)), step("ok")]), system_prompt_tokens=5000
+        )
     assert sizes.seen[0][0] == 3000
 
 
@@ -449,11 +559,21 @@ def test_unrecorded_steps_are_billed_at_the_estimates(
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     """Without recorded usage the run's token budget still counts what the calls cost."""
-    config = parse_config({"plugins": {
-        "enabled": ["max_steps", "token_budget"],
-        "max_steps": {"max_steps": 50, "warn_remaining": 0},
-        "token_budget": {"max_context": 100000, "max_total_tokens": 20000, "warn_at": None,
-                         "reserve_output_tokens": 100}}}, path="<t>")
+    config = parse_config(
+        {
+            "plugins": {
+                "enabled": ["max_steps", "token_budget"],
+                "max_steps": {"max_steps": 50, "warn_remaining": 0},
+                "token_budget": {
+                    "max_context": 100000,
+                    "max_total_tokens": 20000,
+                    "warn_at": None,
+                    "reserve_output_tokens": 100,
+                },
+            }
+        },
+        path="<t>",
+    )
     dep = deployment_factory(config)
     t = traj("billed", [lookup(str(i), usage=None) for i in range(10)] + [step("ok", usage=None)])
     assert replay_trajectory(dep, t).stop is None  # small estimated requests fit
@@ -467,16 +587,31 @@ def test_stops_are_classified_by_what_they_cut_from_their_own_run(
 ) -> None:
     # run 1 = three steps, run 2 = two; a stop before call 3 of a run replaces run 1's
     # closing text only: the user got an answer, so the conversation goes on with run 2
-    conv = traj("closing", [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"),
-                            lookup("3"), step("Done.")])
+    conv = traj(
+        "closing",
+        [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"), lookup("3"), step("Done.")],
+    )
     work = traj("work", [lookup("1"), lookup("2"), lookup("3"), step("Done.")])
     # the same closing-text stop, then a run whose third call is cut: work was left
-    later = traj("later", [lookup("1"), lookup("2"), step("Fine.", user_reply="More?"),
-                           lookup("3"), lookup("4"), lookup("5"), step("Done.")])
+    later = traj(
+        "later",
+        [
+            lookup("1"),
+            lookup("2"),
+            step("Fine.", user_reply="More?"),
+            lookup("3"),
+            lookup("4"),
+            lookup("5"),
+            step("Done."),
+        ],
+    )
     with Deployment(cfg(), plugins={"probe": Probe(stop_before_call=3)}) as dep:
         closing, cut, late = (replay_trajectory(dep, t) for t in (conv, work, later))
     assert (closing.stop_kind, closing.calls_cut_in_run, closing.calls_cut) == (
-        "closing_text", 0, 0)
+        "closing_text",
+        0,
+        0,
+    )
     assert closing.runs == 2 and closing.closing_stops == 1
     assert closing.stop is not None and closing.stop["step"] == 3
     assert not closing.ended_early and closing.steps_after_stop == 0
@@ -484,11 +619,23 @@ def test_stops_are_classified_by_what_they_cut_from_their_own_run(
     assert cut.ended_early
     assert (late.stop_kind, late.calls_cut_in_run, late.closing_stops) == ("work_left", 1, 1)
     assert late.stop is not None and late.stop["step"] == 6
-    config = parse_config({"plugins": {"enabled": ["max_steps", "terminal_tool"],
-                                       "max_steps": {"max_steps": 50, "warn_remaining": 0}}},
-                          path="<t>")
-    hand = traj("hand", [step(None, [("transfer_to_human_agents", {"summary": "x"})],
-                              ["Transfer successful"]), lookup("late"), step("Bye.")])
+    config = parse_config(
+        {
+            "plugins": {
+                "enabled": ["max_steps", "terminal_tool"],
+                "max_steps": {"max_steps": 50, "warn_remaining": 0},
+            }
+        },
+        path="<t>",
+    )
+    hand = traj(
+        "hand",
+        [
+            step(None, [("transfer_to_human_agents", {"summary": "x"})], ["Transfer successful"]),
+            lookup("late"),
+            step("Bye."),
+        ],
+    )
     handed = replay_trajectory(deployment_factory(config), hand)
     assert handed.stop is not None and handed.stop["reason"] == "terminal_tool"
     assert handed.stop_kind == "hand_off" and handed.calls_cut_in_run == 1
@@ -519,8 +666,12 @@ def test_a_conversation_scope_stop_ends_the_conversation(
 ) -> None:
     """A per-run stop of a closing text lets the conversation go on; a stop of the
     conversation itself ends it, even in a turn without tool calls."""
-    chat = traj("chat", [step(f"Reply {i}.", user_reply="And?") for i in range(5)]
-                + [step("Bye.")], success=False, termination="max_steps")
+    chat = traj(
+        "chat",
+        [step(f"Reply {i}.", user_reply="And?") for i in range(5)] + [step("Bye.")],
+        success=False,
+        termination="max_steps",
+    )
     dep = deployment_factory(cfg(), plugins={"turn_cap": TurnCap()})
     r = replay_trajectory(dep, chat)
     assert r.stop is not None and r.stop["reason"] == "max_turns" and r.stop["step"] == 3
@@ -535,8 +686,9 @@ def test_warned_runs_are_counted_by_plugin(
 ) -> None:
     dep = probe_deployment()
     warned = traj("w1", [step(None, [("warn_me", {})], ["x"]), step("ok")])
-    warned_later = traj("w2", [step("Hi", user_reply="go"), step(None, [("warn_me", {})],
-                                                                   ["x"]), step("ok")])
+    warned_later = traj(
+        "w2", [step("Hi", user_reply="go"), step(None, [("warn_me", {})], ["x"]), step("ok")]
+    )
     quiet = traj("q", [lookup("1"), step("ok")])
     failed = traj("f", [step(None, [("warn_me", {})], ["x"]), step("ok")], success=False)
     results = [replay_trajectory(dep, t) for t in (warned, warned_later, quiet, failed)]
@@ -552,11 +704,16 @@ def test_repeat_streak_counts_one_call_in_a_row() -> None:
 
     same = ("get_record", {"key": "7"})
     # text turns between the calls do not break a streak; a different call does
-    steps = [step(None, [same]), step("Still checking.", user_reply="ok"),
-             step(None, [same, same]), step(None, [same])]
+    steps = [
+        step(None, [same]),
+        step("Still checking.", user_reply="ok"),
+        step(None, [same, same]),
+        step(None, [same]),
+    ]
     assert repeat_streak(steps) == 4
-    assert repeat_streak([*steps, step(None, [("get_record", {"key": "8"})]),
-                          step(None, [same])]) == 4
+    assert (
+        repeat_streak([*steps, step(None, [("get_record", {"key": "8"})]), step(None, [same])]) == 4
+    )
     # argument order and JSON-text arguments do not matter
     a = {"name": "f", "arguments": {"x": 1, "y": 2}}
     b = {"name": "f", "arguments": '{"y": 2, "x": 1}'}
@@ -567,20 +724,38 @@ def test_runaways_are_step_cap_runs_and_runs_repeating_one_call(
     probe_deployment: Callable[..., Deployment],
 ) -> None:
     dep = probe_deployment(stop_before_call=4)
-    capped = traj("capped", [lookup(str(i)) for i in range(6)], success=False, answer=False,
-                  termination="max_steps")
-    errors = traj("errors", [lookup(str(i)) for i in range(2)] + [step("x")], success=False,
-                  termination="too_many_errors")  # stopped by nothing: too short
+    capped = traj(
+        "capped",
+        [lookup(str(i)) for i in range(6)],
+        success=False,
+        answer=False,
+        termination="max_steps",
+    )
+    errors = traj(
+        "errors",
+        [lookup(str(i)) for i in range(2)] + [step("x")],
+        success=False,
+        termination="too_many_errors",
+    )  # stopped by nothing: too short
     # the same lookup once per user turn, five turns: only conversation scope sees it
-    repeated = traj("repeated", [s for i in range(5) for s in
-                                 (lookup("7"), step(f"Still pending ({i}).",
-                                                    user_reply="Check again?"))],
-                    success=False, termination="user_stop")
-    looping = traj("looping", [lookup("7") for _ in range(6)] + [step("ok")],
-                   success=False, termination="user_stop")
+    repeated = traj(
+        "repeated",
+        [
+            s
+            for i in range(5)
+            for s in (lookup("7"), step(f"Still pending ({i}).", user_reply="Check again?"))
+        ],
+        success=False,
+        termination="user_stop",
+    )
+    looping = traj(
+        "looping",
+        [lookup("7") for _ in range(6)] + [step("ok")],
+        success=False,
+        termination="user_stop",
+    )
     healthy = traj("healthy", [lookup("1"), lookup("2"), step("ok")])
-    s = summarize([replay_trajectory(dep, t)
-                   for t in (capped, errors, repeated, looping, healthy)])
+    s = summarize([replay_trajectory(dep, t) for t in (capped, errors, repeated, looping, healthy)])
     assert s["runaway_runs"] == 4
     assert (s["step_cap_runs"], s["step_cap_runs_stopped"]) == (2, 1)
     assert (s["repeat_runs"], s["repeat_runs_stopped"]) == (2, 1)
@@ -591,15 +766,21 @@ def test_runaways_are_step_cap_runs_and_runs_repeating_one_call(
 
 
 def test_cli_replay_summary_json_and_system_prompt_tokens(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        traj("a", [lookup("1", usage=None), lookup("2", usage=None), step("ok", usage=None)]),
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            traj("a", [lookup("1", usage=None), lookup("2", usage=None), step("ok", usage=None)]),
+        ],
+    )
     conf = tmp_path / "c.toml"
-    conf.write_text('[plugins]\nenabled = ["max_steps", "token_budget"]\n'
-                    '[plugins.token_budget]\nmax_context = 4000\nwarn_at = 0.99\n',
-                    encoding="utf-8")
+    conf.write_text(
+        '[plugins]\nenabled = ["max_steps", "token_budget"]\n'
+        "[plugins.token_budget]\nmax_context = 4000\nwarn_at = 0.99\n",
+        encoding="utf-8",
+    )
     args = ["replay", str(path), "--summary", "--json", "--config", str(conf)]
     assert main(args) == 0
     plain = json.loads(capsys.readouterr().out)  # one object: the summary alone

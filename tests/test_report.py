@@ -19,16 +19,38 @@ from loopwarden.report import analyse, format_text, percentile, read_records
 from loopwarden.scenario import builtin_scenarios
 
 
-def rec(termination: str, steps: int, tokens: int, cost: float, tool_calls: int,
-        duplicates: int = 0, stall_rounds: int = 0, stopped_by: str | None = None,
-        evidence: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"run_id": f"r{steps}-{tokens}", "scenario": None, "termination": termination,
-            "soft": False, "steps": steps, "tool_calls": tool_calls,
-            "tokens": {"prompt": tokens - 100, "completion": 100, "total": tokens},
-            "cost": cost, "duplicate_calls": duplicates, "oscillation_hits": 0,
-            "stall_rounds": stall_rounds, "warnings": [], "stopped_by": stopped_by,
-            "evidence": evidence or {}, "final_answer": "x", "final_answer_present": True,
-            "elapsed_s": 0.1, **extra}
+def rec(
+    termination: str,
+    steps: int,
+    tokens: int,
+    cost: float,
+    tool_calls: int,
+    duplicates: int = 0,
+    stall_rounds: int = 0,
+    stopped_by: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "run_id": f"r{steps}-{tokens}",
+        "scenario": None,
+        "termination": termination,
+        "soft": False,
+        "steps": steps,
+        "tool_calls": tool_calls,
+        "tokens": {"prompt": tokens - 100, "completion": 100, "total": tokens},
+        "cost": cost,
+        "duplicate_calls": duplicates,
+        "oscillation_hits": 0,
+        "stall_rounds": stall_rounds,
+        "warnings": [],
+        "stopped_by": stopped_by,
+        "evidence": evidence or {},
+        "final_answer": "x",
+        "final_answer_present": True,
+        "elapsed_s": 0.1,
+        **extra,
+    }
 
 
 def _search(q: str) -> dict[str, Any]:
@@ -38,26 +60,75 @@ def _search(q: str) -> dict[str, Any]:
 LOOPY = [
     rec("final_answer", 4, 3000, 0.010, 4),
     rec("final_answer", 2, 1000, 0.004, 2),
-    rec("repeat_call", 3, 2500, 0.008, 3, 2, stopped_by="repeat_call",
-        evidence={"fingerprint": "query_order:aaa", "tool": "query_order", "count": 3,
-                  "repeats": 2, "signature": 'query_order({"order_id": "1"})'}),
-    rec("repeat_call", 5, 6000, 0.020, 5, 3, stopped_by="repeat_call",
-        evidence={"fingerprint": "query_order:aaa", "tool": "query_order", "count": 4}),
-    rec("repeat_call", 4, 4000, 0.012, 4, 2, stopped_by="repeat_call",
-        evidence={"fingerprint": "query_logistics:bbb", "tool": "query_logistics",
-                  "count": 3}),
+    rec(
+        "repeat_call",
+        3,
+        2500,
+        0.008,
+        3,
+        2,
+        stopped_by="repeat_call",
+        evidence={
+            "fingerprint": "query_order:aaa",
+            "tool": "query_order",
+            "count": 3,
+            "repeats": 2,
+            "signature": 'query_order({"order_id": "1"})',
+        },
+    ),
+    rec(
+        "repeat_call",
+        5,
+        6000,
+        0.020,
+        5,
+        3,
+        stopped_by="repeat_call",
+        evidence={"fingerprint": "query_order:aaa", "tool": "query_order", "count": 4},
+    ),
+    rec(
+        "repeat_call",
+        4,
+        4000,
+        0.012,
+        4,
+        2,
+        stopped_by="repeat_call",
+        evidence={"fingerprint": "query_logistics:bbb", "tool": "query_logistics", "count": 3},
+    ),
     rec("max_steps", 10, 20000, 0.050, 9, stopped_by="max_steps", evidence={"limit": 10}),
     rec("stall", 6, 8000, 0.030, 6, 0, 3, stopped_by="stall", evidence={"rounds": 3}),
     # no signature in the evidence: read from the trajectory (search repeated 3 times)
-    rec("max_steps", 10, 18000, 0.045, 10, 4, stopped_by="max_steps", evidence={"limit": 10},
-        trajectory=[{"content": None, "tool_calls": [_search("退货")], "observations": []},
-                    {"content": None, "tool_calls": [_search("退货"), _search("换货")],
-                     "observations": []},
-                    {"content": None, "tool_calls": [_search("退货")], "observations": []}]),
+    rec(
+        "max_steps",
+        10,
+        18000,
+        0.045,
+        10,
+        4,
+        stopped_by="max_steps",
+        evidence={"limit": 10},
+        trajectory=[
+            {"content": None, "tool_calls": [_search("退货")], "observations": []},
+            {"content": None, "tool_calls": [_search("退货"), _search("换货")], "observations": []},
+            {"content": None, "tool_calls": [_search("退货")], "observations": []},
+        ],
+    ),
     rec("final_answer", 3, 2000, 0.006, 2),
-    rec("oscillation", 8, 12000, 0.040, 8, stopped_by="oscillation",
-        evidence={"period": 2, "cycles": 2, "cycle": ["query_order:aaa", "query_logistics:bbb"],
-                  "calls": "query_order(...) -> query_logistics(...)"}),
+    rec(
+        "oscillation",
+        8,
+        12000,
+        0.040,
+        8,
+        stopped_by="oscillation",
+        evidence={
+            "period": 2,
+            "count": 2,
+            "signatures": ["query_order:aaa", "query_logistics:bbb"],
+            "calls": "query_order(...) -> query_logistics(...)",
+        },
+    ),
 ]
 
 
@@ -92,10 +163,24 @@ def test_numbers_of_a_small_known_file(tmp_path: Path) -> None:
         {"termination": "stall", "runs": 1, "share": 0.1},
     ]
     assert r["stopped_by"] == {"repeat_call": 3, "max_steps": 2, "oscillation": 1, "stall": 1}
-    assert r["steps"] == {"p50": 4.5, "p90": 10.0, "p95": 10.0, "p99": 10.0, "max": 10.0,
-                          "mean": 5.5}
-    assert r["tokens"] == pytest.approx({"p50": 5000.0, "p90": 18200.0, "p95": 19100.0,
-                                         "p99": 19820.0, "max": 20000.0, "mean": 7650.0})
+    assert r["steps"] == {
+        "p50": 4.5,
+        "p90": 10.0,
+        "p95": 10.0,
+        "p99": 10.0,
+        "max": 10.0,
+        "mean": 5.5,
+    }
+    assert r["tokens"] == pytest.approx(
+        {
+            "p50": 5000.0,
+            "p90": 18200.0,
+            "p95": 19100.0,
+            "p99": 19820.0,
+            "max": 20000.0,
+            "mean": 7650.0,
+        }
+    )
     assert r["cost"]["mean"] == pytest.approx(0.0225)
     assert r["cost"]["max"] == pytest.approx(0.05)
     assert r["tool_calls"] == 53 and r["duplicate_calls"] == 11
@@ -106,15 +191,30 @@ def test_numbers_of_a_small_known_file(tmp_path: Path) -> None:
     # signatures keyed by fingerprint, shown by their readable signature when evidence has one;
     # an oscillation's cycle counts each of its calls `cycles` times
     assert r["top_signatures"] == [
-        {"signature": 'query_order({"order_id": "1"})', "fingerprint": "query_order:aaa",
-         "tool": "query_order", "count": 9, "runs": 3,
-         "terminations": {"repeat_call": 2, "oscillation": 1}},
-        {"signature": "query_logistics:bbb", "fingerprint": "query_logistics:bbb",
-         "tool": "query_logistics", "count": 5, "runs": 2,
-         "terminations": {"repeat_call": 1, "oscillation": 1}},
-        {"signature": 'search_knowledge({"query":"退货"})',
-         "fingerprint": 'search_knowledge({"query":"退货"})', "tool": "search_knowledge",
-         "count": 3, "runs": 1, "terminations": {"max_steps": 1}},
+        {
+            "signature": 'query_order({"order_id": "1"})',
+            "fingerprint": "query_order:aaa",
+            "tool": "query_order",
+            "count": 9,
+            "runs": 3,
+            "terminations": {"repeat_call": 2, "oscillation": 1},
+        },
+        {
+            "signature": "query_logistics:bbb",
+            "fingerprint": "query_logistics:bbb",
+            "tool": "query_logistics",
+            "count": 5,
+            "runs": 2,
+            "terminations": {"repeat_call": 1, "oscillation": 1},
+        },
+        {
+            "signature": 'search_knowledge({"query":"退货"})',
+            "fingerprint": 'search_knowledge({"query":"退货"})',
+            "tool": "search_knowledge",
+            "count": 3,
+            "runs": 1,
+            "terminations": {"max_steps": 1},
+        },
     ]
     assert r["tools"] == [
         {"tool": "query_order", "calls": 9, "runs": 3},
@@ -128,7 +228,8 @@ def test_numbers_of_a_small_known_file(tmp_path: Path) -> None:
         "6 of 10 runs (60%) looped (4 with duplicate calls, 1 stalled, 5 stopped by a loop "
         "guard): fix the prompt or the tool descriptions -- a bigger budget would only buy "
         "more repeats. Tools most involved: query_order (9 calls in 3 runs), "
-        "query_logistics (5 calls in 2 runs), search_knowledge (3 calls in 1 run).")
+        "query_logistics (5 calls in 2 runs), search_knowledge (3 calls in 1 run)."
+    )
 
 
 BUDGETY = [
@@ -144,12 +245,14 @@ def test_mostly_budget_stops_with_few_duplicates_advise_a_bigger_budget() -> Non
     assert r["advice"][0]["message"] == (
         "7 of 10 runs (70%) ended on a budget (max_steps 6, max_tokens 1) and only 0 of them "
         "repeated calls or stalled: the tasks need a bigger budget. Raise max_steps / "
-        "max_tokens, or give these tasks a larger profile.")
+        "max_tokens, or give these tasks a larger profile."
+    )
 
 
 def test_budget_stops_that_loop_are_not_a_budget_problem() -> None:
-    looping = [dict(r, duplicate_calls=3) if r["termination"] == "max_steps" else r
-               for r in BUDGETY]
+    looping = [
+        dict(r, duplicate_calls=3) if r["termination"] == "max_steps" else r for r in BUDGETY
+    ]
     kinds = [a["kind"] for a in analyse(looping)["advice"]]
     assert kinds == ["fix_prompt"]
 
@@ -160,21 +263,37 @@ def test_healthy_errors_and_failure_streaks() -> None:
     (advice,) = analyse(healthy)["advice"]
     assert advice["kind"] == "healthy"
     assert advice["message"].startswith("9 of 10 runs (90%) finished by themselves")
-    failures = {"streak": 3, "failures": [{"tool": "query_order", "error": "503"},
-                                           {"tool": "query_logistics", "error": "timeout"},
-                                           {"tool": "query_order", "error": "503"}]}
-    broken = [*healthy[:6],
-              rec("failure_streak", 4, 3000, 0.01, 4, evidence=failures),
-              rec("failure_streak", 4, 3000, 0.01, 4,
-                  evidence={"failures": [{"tool": "query_order", "error": "503"}]}),
-              rec("plugin_error", 1, 500, 0, 0), rec("model_error", 1, 0, 0, 0)]
+    failures = {
+        "streak": 3,
+        "failures": [
+            {"tool": "query_order", "error": "503"},
+            {"tool": "query_logistics", "error": "timeout"},
+            {"tool": "query_order", "error": "503"},
+        ],
+    }
+    broken = [
+        *healthy[:6],
+        rec("failure_streak", 4, 3000, 0.01, 4, evidence=failures),
+        rec(
+            "failure_streak",
+            4,
+            3000,
+            0.01,
+            4,
+            evidence={"failures": [{"tool": "query_order", "error": "503"}]},
+        ),
+        rec("plugin_error", 1, 500, 0, 0),
+        rec("model_error", 1, 0, 0, 0),
+    ]
     advice = analyse(broken)["advice"]
     assert [a["kind"] for a in advice] == ["check_tools", "errors"]
     assert advice[0]["tools"] == ["query_order", "query_logistics"]
     assert advice[0]["message"].endswith(
-        "Tools failing: query_order (2 runs), query_logistics (1 run).")
-    assert advice[1]["message"].startswith("2 of 10 runs ended on errors (plugin_error 1, "
-                                           "model_error 1)")
+        "Tools failing: query_order (2 runs), query_logistics (1 run)."
+    )
+    assert advice[1]["message"].startswith(
+        "2 of 10 runs ended on errors (plugin_error 1, model_error 1)"
+    )
     assert analyse([])["advice"] == []
 
 
@@ -213,7 +332,7 @@ def test_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["report", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
     junk = tmp_path / "junk.jsonl"
-    junk.write_bytes(b"\xff\xfe garbage\n[1, 2]\n{\"no\": \"termination\"}\n")
+    junk.write_bytes(b'\xff\xfe garbage\n[1, 2]\n{"no": "termination"}\n')
     assert cli(["report", str(junk)]) == 1
     out, err = capsys.readouterr()
     assert "0 runs (skipped 3 corrupt lines)" in out
@@ -221,7 +340,8 @@ def test_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_default_file_is_the_run_record_default(
-    _isolated_data_dir: Path, capsys: pytest.CaptureFixture[str],
+    _isolated_data_dir: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     _write(_isolated_data_dir / "runs.jsonl", BUDGETY, corrupt=False)
     assert cli(["report"]) == 0
@@ -247,7 +367,8 @@ def _record_all_scenarios(path: Path, factory: Callable[..., Deployment]) -> Non
 
 
 def test_report_on_the_records_of_all_builtin_scenarios(
-    tmp_path: Path, deployment_factory: Callable[..., Deployment],
+    tmp_path: Path,
+    deployment_factory: Callable[..., Deployment],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = tmp_path / "runs.jsonl"
@@ -263,8 +384,13 @@ def test_report_on_the_records_of_all_builtin_scenarios(
     # ... and the advice matches the data
     advice = out.split("\nadvice\n", 1)[1]
     assert advice.strip()
-    looped = [r for r in records if r["duplicate_calls"] > 0 or r["stall_rounds"] > 0
-              or r["termination"] in ("repeat_call", "oscillation", "no_progress", "stall")]
+    looped = [
+        r
+        for r in records
+        if r["duplicate_calls"] > 0
+        or r["stall_rounds"] > 0
+        or r["termination"] in ("repeat_call", "oscillation", "no_progress", "stall")
+    ]
     if len(looped) / len(records) >= 0.2:
         assert "fix the prompt or the tool descriptions" in advice
         assert "query_order" in advice  # the tool the always-not-found runs repeat
@@ -273,7 +399,8 @@ def test_report_on_the_records_of_all_builtin_scenarios(
 
 
 def test_plot_tokens_per_step(
-    tmp_path: Path, deployment_factory: Callable[..., Deployment],
+    tmp_path: Path,
+    deployment_factory: Callable[..., Deployment],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("matplotlib")
@@ -292,7 +419,9 @@ def test_plot_tokens_per_step(
 
 
 def test_plot_without_matplotlib_exits_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = _write(tmp_path / "runs.jsonl", LOOPY, corrupt=False)
     monkeypatch.setitem(sys.modules, "matplotlib", None)

@@ -32,8 +32,9 @@ def _exit2(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -
 
 
 @pytest.mark.parametrize("encoding", ["gbk", "utf-16"])
-def test_a_config_not_in_utf8(encoding: str, tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_config_not_in_utf8(
+    encoding: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "config.toml"
     path.write_bytes(NON_ASCII.encode(encoding))
     err = _exit2(["config", "check", str(path)], capsys, str(path), "not UTF-8")
@@ -41,8 +42,9 @@ def test_a_config_not_in_utf8(encoding: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("encoding", ["gbk", "utf-16"])
-def test_a_scenario_not_in_utf8(encoding: str, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_scenario_not_in_utf8(
+    encoding: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "refund.toml"
     path.write_bytes(REFUND.encode(encoding))
     _exit2(["run", "--scenario", str(path)], capsys, str(path), "not UTF-8")
@@ -98,40 +100,54 @@ P = Hostile()
 
 @pytest.mark.parametrize("command", [["config", "check"], ["run", "--scenario", "refund"]])
 @pytest.mark.parametrize("kind", list(PLUGINS))
-def test_a_plugin_that_raises(kind: str, command: list[str], tmp_path: Path,
-                              monkeypatch: pytest.MonkeyPatch,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plugin_that_raises(
+    kind: str,
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     module = f"hostile_{uuid.uuid4().hex[:8]}"  # a fresh module: failed imports are retried
     (tmp_path / f"{module}.py").write_text(PLUGINS[kind], encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = tmp_path / "config.toml"
     table = f'\n[plugins."{module}:P"]\nx = 2\n' if kind == "validator" else ""
-    config.write_text(f'[plugins]\nenabled = ["max_steps", "{module}:P"]\n{table}',
-                      encoding="utf-8")
-    argv = (["config", "check", str(config)] if command[0] == "config"
-            else [*command, "--config", str(config)])
+    config.write_text(
+        f'[plugins]\nenabled = ["max_steps", "{module}:P"]\n{table}', encoding="utf-8"
+    )
+    argv = (
+        ["config", "check", str(config)]
+        if command[0] == "config"
+        else [*command, "--config", str(config)]
+    )
     _exit2(argv, capsys, str(config), f"{module}:P")
 
 
-@pytest.mark.parametrize("argv", [
-    ["config", "schema", "--output", "{bad}/schema.json"],
-    ["report", "{records}", "--plot", "{bad}/tokens.png"],
-    ["demo", "--only", "refund", "-q", "--db-dir", "{bad}/dbs"],
-])
-def test_an_output_path_that_cannot_be_written(argv: list[str], tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["config", "schema", "--output", "{bad}/schema.json"],
+        ["report", "{records}", "--plot", "{bad}/tokens.png"],
+        ["demo", "--only", "refund", "-q", "--db-dir", "{bad}/dbs"],
+    ],
+)
+def test_an_output_path_that_cannot_be_written(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x", encoding="utf-8")
     records = tmp_path / "runs.jsonl"
-    records.write_text('{"run_id": "a", "termination": "final_answer", "steps": 1}\n',
-                       encoding="utf-8")
+    records.write_text(
+        '{"run_id": "a", "termination": "final_answer", "steps": 1}\n', encoding="utf-8"
+    )
     argv = [a.format(bad=blocker, records=records) for a in argv]
     _exit2(argv, capsys, str(blocker))
 
 
 @pytest.mark.parametrize("limit", ["-1", "x"])
-def test_replay_limit_must_be_a_count(limit: str, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_limit_must_be_a_count(
+    limit: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"id": "a", "steps": []}\n', encoding="utf-8")
     with pytest.raises(SystemExit) as exc:
@@ -142,15 +158,19 @@ def test_replay_limit_must_be_a_count(limit: str, tmp_path: Path,
 
 def _record_config(tmp_path: Path, path: str | Path) -> Path:
     config = tmp_path / "config.toml"
-    config.write_text('[plugins]\nenabled = ["max_steps", "run_record"]\n'
-                      f'[plugins.run_record]\npath = "{path}"\n', encoding="utf-8")
+    config.write_text(
+        '[plugins]\nenabled = ["max_steps", "run_record"]\n'
+        f'[plugins.run_record]\npath = "{path}"\n',
+        encoding="utf-8",
+    )
     return config
 
 
-@pytest.mark.parametrize("where", ["/etc/passwd/runs.jsonl", "/dev/full", "fifo",
-                                   "a directory"])
+@pytest.mark.parametrize("where", ["/etc/passwd/runs.jsonl", "/dev/full", "fifo", "a directory"])
 def test_config_check_fails_on_a_record_path_that_cannot_be_written(
-    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    where: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     if where == "fifo":
         path: str | Path = tmp_path / "runs.fifo"
@@ -165,7 +185,8 @@ def test_config_check_fails_on_a_record_path_that_cannot_be_written(
 
 
 def test_config_check_accepts_a_record_path_it_can_create(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = tmp_path / "new" / "dir" / "runs.jsonl"
     assert main(["config", "check", str(_record_config(tmp_path, path))]) == 0

@@ -13,29 +13,45 @@ import pytest
 
 from loopwarden.cli import main
 
-GOOD_RECORD = json.dumps({"run_id": "good", "termination": "final_answer", "steps": 1,
-                          "tokens": {"prompt": 1, "completion": 1, "total": 2}})
-GOOD_TRAJECTORY = json.dumps({"id": "good", "steps": [
-    {"content": "hello", "tool_calls": [], "observations": []}]})
+GOOD_RECORD = json.dumps(
+    {
+        "run_id": "good",
+        "termination": "final_answer",
+        "steps": 1,
+        "tokens": {"prompt": 1, "completion": 1, "total": 2},
+    }
+)
+GOOD_TRAJECTORY = json.dumps(
+    {"id": "good", "steps": [{"content": "hello", "tool_calls": [], "observations": []}]}
+)
 
 # name -> (a bad run-record line, a bad trajectory line), as bytes
 BAD_LINES: dict[str, tuple[bytes, bytes]] = {
     "a 400-digit integer": (
-        b'{"run_id": "b", "termination": "final_answer", "tokens": {"total": '
-        + b"9" * 400 + b"}}",
+        b'{"run_id": "b", "termination": "final_answer", "tokens": {"total": ' + b"9" * 400 + b"}}",
         b'{"id": "b", "steps": [{"content": "x", "tool_calls": [], "usage": {"prompt_tokens": '
-        + b"9" * 400 + b"}}]}"),
-    "NaN": (b'{"run_id": "b", "termination": "final_answer", "cost": NaN}',
-            b'{"id": "b", "steps": [{"content": "x", "tool_calls": [], '
-            b'"usage": {"prompt_tokens": NaN}}]}'),
-    "1e999": (b'{"run_id": "b", "termination": "final_answer", "cost": 1e999}',
-              b'{"id": "b", "steps": [{"content": "x", "tool_calls": [], '
-              b'"usage": {"prompt_tokens": 1e999}}]}'),
+        + b"9" * 400
+        + b"}}]}",
+    ),
+    "NaN": (
+        b'{"run_id": "b", "termination": "final_answer", "cost": NaN}',
+        b'{"id": "b", "steps": [{"content": "x", "tool_calls": [], '
+        b'"usage": {"prompt_tokens": NaN}}]}',
+    ),
+    "1e999": (
+        b'{"run_id": "b", "termination": "final_answer", "cost": 1e999}',
+        b'{"id": "b", "steps": [{"content": "x", "tool_calls": [], '
+        b'"usage": {"prompt_tokens": 1e999}}]}',
+    ),
     "100,000 nested [": (b"[" * 100_000, b'{"id": "b", "steps": ' + b"[" * 100_000),
-    "an invalid UTF-8 byte": (b'{"run_id": "b", "termination": "final_\xff"}',
-                              b'{"id": "b", "steps": [{"content": "\xff", "tool_calls": []}]}'),
-    "a lone surrogate": (b'{"run_id": "b", "termination": "final_\\ud800answer"}',
-                         b'{"id": "b", "steps": [{"content": "x\\udc00", "tool_calls": []}]}'),
+    "an invalid UTF-8 byte": (
+        b'{"run_id": "b", "termination": "final_\xff"}',
+        b'{"id": "b", "steps": [{"content": "\xff", "tool_calls": []}]}',
+    ),
+    "a lone surrogate": (
+        b'{"run_id": "b", "termination": "final_\\ud800answer"}',
+        b'{"id": "b", "steps": [{"content": "x\\udc00", "tool_calls": []}]}',
+    ),
 }
 
 
@@ -46,8 +62,9 @@ def _file(tmp_path: Path, good: str, bad: bytes) -> Path:
 
 
 @pytest.mark.parametrize("case", list(BAD_LINES))
-def test_report_skips_and_counts_the_bad_line(case: str, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_skips_and_counts_the_bad_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _file(tmp_path, GOOD_RECORD, BAD_LINES[case][0])
     assert main(["report", str(path), "--json"]) == 0
     out, err = capsys.readouterr()
@@ -57,8 +74,9 @@ def test_report_skips_and_counts_the_bad_line(case: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("case", list(BAD_LINES))
-def test_replay_skips_and_counts_the_bad_line(case: str, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_skips_and_counts_the_bad_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _file(tmp_path, GOOD_TRAJECTORY, BAD_LINES[case][1])
     assert main(["replay", str(path), "--json"]) == 0
     out, err = capsys.readouterr()
@@ -74,9 +92,13 @@ def test_report_of_records_the_plugin_wrote_from_odd_values(tmp_path: Path) -> N
     from loopwarden.plugins.run_record import encode_line
     from loopwarden.report import load_records
 
-    record = {"run_id": "odd", "termination": "final_answer", "cost": float("nan"),
-              "tokens": {"prompt": 10**400, "completion": float("inf"), "total": 1},
-              "evidence": {"deep": [[[[["x"]]]]], "text": "a\ud800b"}}
+    record = {
+        "run_id": "odd",
+        "termination": "final_answer",
+        "cost": float("nan"),
+        "tokens": {"prompt": 10**400, "completion": float("inf"), "total": 1},
+        "evidence": {"deep": [[[[["x"]]]]], "text": "a\ud800b"},
+    }
     path = tmp_path / "runs.jsonl"
     path.write_bytes(encode_line(record))
     loaded = load_records(path)
@@ -91,8 +113,11 @@ def test_a_written_record_is_one_line_for_every_line_splitter() -> None:
     JavaScript) break lines there.  Found by bench/fuzz.py."""
     from loopwarden.plugins.run_record import encode_line
 
-    record = {"run_id": "x", "termination": "final_answer",
-              "final_answer": "a\u2028b\u2029c\x85d\x1ce\x0bf\rg"}
+    record = {
+        "run_id": "x",
+        "termination": "final_answer",
+        "final_answer": "a\u2028b\u2029c\x85d\x1ce\x0bf\rg",
+    }
     text = encode_line(record).decode("utf-8")
     assert len(text.splitlines()) == 1
     assert json.loads(text)["final_answer"] == record["final_answer"]

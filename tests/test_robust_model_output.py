@@ -35,22 +35,33 @@ DEEP_100K = '{"order_id": ' + "[" * 100_000 + "]" * 100_000 + "}"
 CASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "surrogate in the answer": ([turn("the parcel is on its way \ud83d")], None),
     "surrogate in the arguments": (
-        [turn("x", tool_call("query_order", order_id="88231\ud800")), turn("done")], None),
+        [turn("x", tool_call("query_order", order_id="88231\ud800")), turn("done")],
+        None,
+    ),
     "escaped surrogate in the arguments": (
         [turn("x", tool_call("query_order", '{"order_id": "8823\\udc00"}')), turn("done")],
-        None),
+        None,
+    ),
     "surrogate in the tool name": (
         [turn("x", tool_call("query_\udc00order", order_id="88231")), turn("done")],
-        "unknown_tool"),
+        "unknown_tool",
+    ),
     "arguments nested 500 deep": (
-        [turn("x", tool_call("query_order", DEEP_500)), turn("done")], "malformed_arguments"),
+        [turn("x", tool_call("query_order", DEEP_500)), turn("done")],
+        "malformed_arguments",
+    ),
     "arguments nested 100,000 deep": (
-        [turn("x", tool_call("query_order", DEEP_100K)), turn("done")], "malformed_arguments"),
+        [turn("x", tool_call("query_order", DEEP_100K)), turn("done")],
+        "malformed_arguments",
+    ),
     "unknown tool nested 500 deep": (
-        [turn("x", tool_call("no_such_tool", DEEP_500)), turn("done")], "malformed_arguments"),
+        [turn("x", tool_call("no_such_tool", DEEP_500)), turn("done")],
+        "malformed_arguments",
+    ),
     "a 5000-digit number": (
-        [turn("x", tool_call("query_order", '{"order_id": ' + "9" * 5000 + "}")),
-         turn("done")], "malformed_arguments"),
+        [turn("x", tool_call("query_order", '{"order_id": ' + "9" * 5000 + "}")), turn("done")],
+        "malformed_arguments",
+    ),
 }
 
 
@@ -68,11 +79,15 @@ def _strict_utf8_json(record: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("mode", ["run", "arun"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_hostile_model_output_ends_with_a_writable_record(case: str, mode: str,
-                                                          tmp_path: Path) -> None:
+def test_hostile_model_output_ends_with_a_writable_record(
+    case: str, mode: str, tmp_path: Path
+) -> None:
     turns, error = CASES[case]
-    sc = Scenario(name=case, user="where is order 88231?",
-                  model=script(turns, then="final", final_text="done"))
+    sc = Scenario(
+        name=case,
+        user="where is order 88231?",
+        model=script(turns, then="final", final_text="done"),
+    )
     with Deployment(_config(tmp_path)) as dep:
         run = dep.run(scenario=sc) if mode == "run" else asyncio.run(dep.arun(scenario=sc))
     record = run.record()
@@ -93,8 +108,11 @@ def test_hostile_model_output_ends_with_a_writable_record(case: str, mode: str,
 
 
 def test_surrogates_are_replaced_not_dropped(tmp_path: Path) -> None:
-    sc = Scenario(name="s", user="hi \udfff", model=script(
-        [turn("emoji \ud83d\ude00 split, and a lone \ud83d")], then="final"))
+    sc = Scenario(
+        name="s",
+        user="hi \udfff",
+        model=script([turn("emoji \ud83d\ude00 split, and a lone \ud83d")], then="final"),
+    )
     with Deployment(_config(tmp_path)) as dep:
         run = dep.run(scenario=sc)
     assert run.record()["final_answer"] == "emoji \U0001f600 split, and a lone \ufffd"
@@ -102,12 +120,20 @@ def test_surrogates_are_replaced_not_dropped(tmp_path: Path) -> None:
 
 
 def test_replay_of_hostile_trajectories(tmp_path: Path) -> None:
-    traj = {"id": "t1", "steps": [
-        {"content": "x", "tool_calls": [{"name": "query_order", "arguments": DEEP_500},
-                                        {"name": "lookup", "arguments": DEEP_100K}],
-         "observations": ["a", "b"]},
-        {"content": "done", "tool_calls": [], "observations": []},
-    ]}
+    traj = {
+        "id": "t1",
+        "steps": [
+            {
+                "content": "x",
+                "tool_calls": [
+                    {"name": "query_order", "arguments": DEEP_500},
+                    {"name": "lookup", "arguments": DEEP_100K},
+                ],
+                "observations": ["a", "b"],
+            },
+            {"content": "done", "tool_calls": [], "observations": []},
+        ],
+    }
     with Deployment(_config(tmp_path)) as dep:
         result = replay_trajectory(dep, traj)
     assert result.runs == 1
@@ -156,18 +182,31 @@ def _body(content: str | None, calls: list[tuple[str, str]] | None = None) -> st
     they may carry escapes such as ``\\ud83d``."""
     msg = '"content": ' + ("null" if content is None else f'"{content}"')
     if calls:
-        msg += ', "tool_calls": [' + ", ".join(
-            f'{{"id": "c{i}", "type": "function", "function": {{"name": "{n}", '
-            f'"arguments": {json.dumps(a)}}}}}' for i, (n, a) in enumerate(calls)) + "]"
-    return ('{"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
-            '"choices": [{"index": 0, "message": {"role": "assistant", ' + msg + '}, '
-            '"finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}')
+        msg += (
+            ', "tool_calls": ['
+            + ", ".join(
+                f'{{"id": "c{i}", "type": "function", "function": {{"name": "{n}", '
+                f'"arguments": {json.dumps(a)}}}}}'
+                for i, (n, a) in enumerate(calls)
+            )
+            + "]"
+        )
+    return (
+        '{"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
+        '"choices": [{"index": 0, "message": {"role": "assistant", ' + msg + "}, "
+        '"finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}'
+    )
 
 
 HOSTILE_BODIES = [
-    _body("checking \\ud83d", [("query_\\udc00order", '{"order_id": "88231"}'),
-                               ("query_order", DEEP_500),
-                               ("search_knowledge", '{"query": "return policy \\ud800"}')]),
+    _body(
+        "checking \\ud83d",
+        [
+            ("query_\\udc00order", '{"order_id": "88231"}'),
+            ("query_order", DEEP_500),
+            ("search_knowledge", '{"query": "return policy \\ud800"}'),
+        ],
+    ),
     _body("your parcel \\ud83d\\ude00 arrives \\udbff"),
 ]
 
@@ -175,22 +214,26 @@ HOSTILE_BODIES = [
 def _http_config(tmp_path: Path, url: str) -> Path:
     path = tmp_path / "config.toml"
     shipped = default_config_path().read_text(encoding="utf-8")
-    path.write_text(shipped.replace("[model]\n", f'[model]\nbase_url = "{url}"\n', 1),
-                    encoding="utf-8")
+    path.write_text(
+        shipped.replace("[model]\n", f'[model]\nbase_url = "{url}"\n', 1), encoding="utf-8"
+    )
     assert f'base_url = "{url}"' in path.read_text(encoding="utf-8")
     return path
 
 
 @pytest.mark.parametrize("mode", ["run", "arun"])
-def test_hostile_http_responses_keep_every_request_encodable(mode: str, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
+def test_hostile_http_responses_keep_every_request_encodable(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-000000000000")
     with _Canned(list(HOSTILE_BODIES)) as url:
         config = _http_config(tmp_path, url)
         with Deployment.from_config(config) as dep:
-            run = (dep.run("where is 88231?") if mode == "run"
-                   else asyncio.run(dep.arun("where is 88231?")))
+            run = (
+                dep.run("where is 88231?")
+                if mode == "run"
+                else asyncio.run(dep.arun("where is 88231?"))
+            )
     record = run.record()
     _strict_utf8_json(record)
     assert record["termination"] == "final_answer", record["evidence"]
@@ -201,8 +244,9 @@ def test_hostile_http_responses_keep_every_request_encodable(mode: str, tmp_path
     assert record["tools_executed"] == 1
 
 
-def test_hostile_http_requests_sent_back_are_valid_utf8(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_http_requests_sent_back_are_valid_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-000000000000")
     server = _Canned(list(HOSTILE_BODIES))
     with server as url, Deployment.from_config(_http_config(tmp_path, url)) as dep:
@@ -218,11 +262,24 @@ def test_run_json_prints_a_record_for_a_hostile_answer(tmp_path: Path) -> None:
     server = _Canned([_body("lone \\ud83d")])
     with server as url:
         proc = subprocess.run(
-            [sys.executable, "-m", "loopwarden", "run", "hi", "--json",
-             "--config", str(_http_config(tmp_path, url))],
-            capture_output=True, timeout=120, check=False,
-            env={**os.environ, "OPENAI_API_KEY": "sk-test-000000000000",
-                 "PYTHONIOENCODING": "utf-8"},
+            [
+                sys.executable,
+                "-m",
+                "loopwarden",
+                "run",
+                "hi",
+                "--json",
+                "--config",
+                str(_http_config(tmp_path, url)),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=False,
+            env={
+                **os.environ,
+                "OPENAI_API_KEY": "sk-test-000000000000",
+                "PYTHONIOENCODING": "utf-8",
+            },
         )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
     record = json.loads(proc.stdout.decode("utf-8"))

@@ -32,23 +32,27 @@ from loopwarden.tools import ToolRegistry
 FRAGMENT = '{"run_id": "killed", "termination": "max_st'
 
 
-def _dep(make_config: Callable[..., Config], factory: Callable[..., Deployment], path: Path,
-         *extra: str) -> Deployment:
-    cfg = make_config(plugins={"enabled": ["max_steps", *extra, "run_record"],
-                               "run_record": {"path": str(path)}})
+def _dep(
+    make_config: Callable[..., Config], factory: Callable[..., Deployment], path: Path, *extra: str
+) -> Deployment:
+    cfg = make_config(
+        plugins={"enabled": ["max_steps", *extra, "run_record"], "run_record": {"path": str(path)}}
+    )
     return factory(cfg, clock=FakeClock())
 
 
 def _quick_run(dep: Deployment) -> dict[str, Any]:
-    run = dep.run("hi", model=ScriptedModel(script([turn("hello")], then="final")),
-                  tools=ToolRegistry())
+    run = dep.run(
+        "hi", model=ScriptedModel(script([turn("hello")], then="final")), tools=ToolRegistry()
+    )
     record = run.record()
     assert record["termination"] == "final_answer", record["evidence"]
     return record
 
 
 def test_a_fragment_left_after_the_file_was_opened_is_fenced_off(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     """The old appender checked the last line only when it opened the file: a process that
@@ -61,8 +65,11 @@ def test_a_fragment_left_after_the_file_was_opened_is_fenced_off(
     second = _quick_run(dep)
     third = _quick_run(dep)
     loaded = load_records(path)
-    assert [r["run_id"] for r in loaded.records] == [first["run_id"], second["run_id"],
-                                                     third["run_id"]]
+    assert [r["run_id"] for r in loaded.records] == [
+        first["run_id"],
+        second["run_id"],
+        third["run_id"],
+    ]
     assert (loaded.skipped, loaded.skipped_lines) == (1, [2])
 
 
@@ -83,14 +90,16 @@ _KILLED_WRITER = textwrap.dedent("""
 
 
 def test_a_writer_killed_mid_append_costs_no_other_record(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     path = tmp_path / "runs.jsonl"
     dep = _dep(make_config, deployment_factory, path)
     first = _quick_run(dep)  # this process has written (and, before the fix, kept it open)
-    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         os.kill(child.pid, signal.SIGKILL)
@@ -108,11 +117,13 @@ def _open_fds() -> int:
 
 
 def test_no_descriptor_is_held_between_appends(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
 ) -> None:
     path = tmp_path / "runs.jsonl"
-    cfg = make_config(plugins={"enabled": ["max_steps", "run_record"],
-                               "run_record": {"path": str(path)}})
+    cfg = make_config(
+        plugins={"enabled": ["max_steps", "run_record"], "run_record": {"path": str(path)}}
+    )
     deps = [Deployment(cfg, clock=FakeClock()) for _ in range(3)]
     for dep in deps:  # warm up whatever the first runs load
         _quick_run(dep)
@@ -164,8 +175,13 @@ _LOW_ULIMIT = textwrap.dedent("""
 
 def test_out_of_descriptors_the_lost_record_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
-    proc = subprocess.run([sys.executable, "-c", _LOW_ULIMIT, str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOW_ULIMIT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["ok"] == [] and out["again"] == []
@@ -179,8 +195,11 @@ def test_out_of_descriptors_the_lost_record_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["/dev/full", "fifo", "under a file"])
 def test_unwritable_paths_are_reported_and_never_hang(
-    kind: str, tmp_path: Path, make_config: Callable[..., Config],
-    deployment_factory: Callable[..., Deployment], caplog: pytest.LogCaptureFixture,
+    kind: str,
+    tmp_path: Path,
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     if kind == "/dev/full":
         path = Path("/dev/full")
@@ -203,7 +222,8 @@ def test_unwritable_paths_are_reported_and_never_hang(
 
 
 def test_receivers_of_dead_deployments_are_disconnected(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
 ) -> None:
     """A fan-out receiver used to disconnect itself only when its signal was next sent: a
     rarely sent signal kept one receiver per dead deployment connected for ever."""
@@ -211,11 +231,16 @@ def test_receivers_of_dead_deployments_are_disconnected(
 
     from loopwarden import signals
 
-    cfg = make_config(plugins={"enabled": ["max_steps", "metrics", "run_record"],
-                               "run_record": {"path": str(tmp_path / "runs.jsonl")}})
+    cfg = make_config(
+        plugins={
+            "enabled": ["max_steps", "metrics", "run_record"],
+            "run_record": {"path": str(tmp_path / "runs.jsonl")},
+        }
+    )
     before = {s.name: len(s.receivers) for s in signals.ALL}
     for _ in range(20):
         _quick_run(Deployment(cfg, clock=FakeClock()))  # never closed
     gc.collect()
     assert {s.name: len(s.receivers) - before[s.name] for s in signals.ALL} == {
-        s.name: 0 for s in signals.ALL}
+        s.name: 0 for s in signals.ALL
+    }

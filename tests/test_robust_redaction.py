@@ -17,8 +17,9 @@ MB = 1_000_000
 
 def _old_pairs(keys: tuple[str, ...] = DEFAULT_REDACT_KEYS, mask: str = MASK) -> re.Pattern[str]:
     """The key=value pattern as it was before it was made linear: the reference semantics."""
-    names = "|".join(sorted((re.escape(k).replace("_", "[_-]") for k in keys), key=len,
-                            reverse=True))
+    names = "|".join(
+        sorted((re.escape(k).replace("_", "[_-]") for k in keys), key=len, reverse=True)
+    )
     return re.compile(
         r"""(?i)(["']?[\w-]*?(?<![a-z0-9])(?:""" + names + r""")["']?\s*[:=]\s*)"""
         r"""(?!""" + re.escape(mask) + r""")"""
@@ -29,11 +30,42 @@ def _old_pairs(keys: tuple[str, ...] = DEFAULT_REDACT_KEYS, mask: str = MASK) ->
 
 _OLD = _old_pairs()
 # characters that matter to the pattern: word characters, separators, quotes, key names
-_PIECES = st.sampled_from([
-    "a", "x", "K", "中", "_", "-", " ", "\t", "=", ":", '"', "'", "\\", ",", ";", "&", "}",
-    "]", "token", "api_key", "api-key", "Authorization", "password", "secret", "my_",
-    "bearer ", "sk-", "[REDACTED]", "tokens", "max_tokens", "x_api_key", "2",
-])
+_PIECES = st.sampled_from(
+    [
+        "a",
+        "x",
+        "K",
+        "中",
+        "_",
+        "-",
+        " ",
+        "\t",
+        "=",
+        ":",
+        '"',
+        "'",
+        "\\",
+        ",",
+        ";",
+        "&",
+        "}",
+        "]",
+        "token",
+        "api_key",
+        "api-key",
+        "Authorization",
+        "password",
+        "secret",
+        "my_",
+        "bearer ",
+        "sk-",
+        "[REDACTED]",
+        "tokens",
+        "max_tokens",
+        "x_api_key",
+        "2",
+    ]
+)
 
 
 @settings(max_examples=600, deadline=None)

@@ -19,17 +19,33 @@ from loopwarden.plugins.run_record import JsonlAppender, RunRecord
 from loopwarden.report import read_records
 
 DESIGN_FIELDS = (
-    "run_id", "scenario", "termination", "soft", "steps", "tool_calls", "tokens", "cost",
-    "duplicate_calls", "oscillation_hits", "stall_rounds", "warnings", "stopped_by",
-    "evidence", "final_answer", "final_answer_present", "elapsed_s",
+    "run_id",
+    "scenario",
+    "termination",
+    "soft",
+    "steps",
+    "tool_calls",
+    "tokens",
+    "cost",
+    "duplicate_calls",
+    "oscillation_hits",
+    "stall_rounds",
+    "warnings",
+    "stopped_by",
+    "evidence",
+    "final_answer",
+    "final_answer_present",
+    "elapsed_s",
 )
 
 
-def _deployment(make_config: Callable[..., Config], factory: Callable[..., Deployment],
-                **settings: Any) -> Deployment:
+def _deployment(
+    make_config: Callable[..., Config], factory: Callable[..., Deployment], **settings: Any
+) -> Deployment:
     names, objects = repeat_guard()
-    cfg = make_config(plugins={"enabled": ["max_steps", *names, "run_record"],
-                               "run_record": settings})
+    cfg = make_config(
+        plugins={"enabled": ["max_steps", *names, "run_record"], "run_record": settings}
+    )
     return factory(cfg, plugins=objects, clock=FakeClock())
 
 
@@ -38,7 +54,8 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def test_each_run_appends_its_record(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     path = tmp_path / "records" / "runs.jsonl"  # the directory is created
@@ -54,12 +71,14 @@ def test_each_run_appends_its_record(
 
 
 def test_trajectory_and_steps_detail_only_add_fields(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     path = tmp_path / "runs.jsonl"
-    dep = _deployment(make_config, deployment_factory, path=str(path), trajectory=True,
-                      steps_detail=True)
+    dep = _deployment(
+        make_config, deployment_factory, path=str(path), trajectory=True, steps_detail=True
+    )
     run = dep.run(scenario=ALWAYS_NOT_FOUND)
     (line,) = _lines(path)
     record = run.record()
@@ -78,7 +97,8 @@ def test_trajectory_and_steps_detail_only_add_fields(
 
 
 def test_secrets_are_masked_in_trajectory_and_evidence(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     path = tmp_path / "runs.jsonl"
@@ -94,14 +114,17 @@ def test_secrets_are_masked_in_trajectory_and_evidence(
 
 
 def test_a_truncated_last_line_is_left_behind_on_its_own_line(
-    tmp_path: Path, make_config: Callable[..., Config],
-    deployment_factory: Callable[..., Deployment], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = tmp_path / "runs.jsonl"
     good = {"run_id": "old", "termination": "final_answer", "steps": 1}
     # What a crash in the middle of a write leaves behind: a partial last line.
-    path.write_text(json.dumps(good) + "\n" + '{"run_id": "cut", "termination": "max_st',
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps(good) + "\n" + '{"run_id": "cut", "termination": "max_st', encoding="utf-8"
+    )
     dep = _deployment(make_config, deployment_factory, path=str(path))
     with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.run_record"):
         run = dep.run(scenario="refund")
@@ -125,8 +148,9 @@ def test_concurrent_appends_are_whole_lines(tmp_path: Path) -> None:
     def worker(n: int) -> None:
         barrier.wait()
         for i in range(25):
-            assert appender.append({"run_id": f"{n}-{i}", "termination": "final_answer",
-                                    "pad": big})
+            assert appender.append(
+                {"run_id": f"{n}-{i}", "termination": "final_answer", "pad": big}
+            )
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
     for t in threads:
@@ -137,12 +161,14 @@ def test_concurrent_appends_are_whole_lines(tmp_path: Path) -> None:
     loaded = read_records(path.read_text(encoding="utf-8").splitlines())
     assert loaded.skipped == 0
     assert sorted(r["run_id"] for r in loaded.records) == sorted(
-        f"{n}-{i}" for n in range(8) for i in range(25))
+        f"{n}-{i}" for n in range(8) for i in range(25)
+    )
     assert appender.written == 200
 
 
 def test_concurrent_async_runs(
-    tmp_path: Path, make_config: Callable[..., Config],
+    tmp_path: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     path = tmp_path / "runs.jsonl"
@@ -159,8 +185,10 @@ def test_concurrent_async_runs(
 
 
 def test_an_unwritable_path_never_breaks_a_run(
-    tmp_path: Path, make_config: Callable[..., Config],
-    deployment_factory: Callable[..., Deployment], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = tmp_path / "a-directory"
     path.mkdir()
@@ -179,7 +207,8 @@ def test_an_unwritable_path_never_breaks_a_run(
 
 
 def test_default_path_is_in_the_data_directory(
-    _isolated_data_dir: Path, make_config: Callable[..., Config],
+    _isolated_data_dir: Path,
+    make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
 ) -> None:
     dep = _deployment(make_config, deployment_factory)

@@ -18,7 +18,11 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "shared_budget.py"
 def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--json", "--redis-url", redis_server],
-        capture_output=True, text=True, timeout=300, check=False)
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert set(data["stores"]) == {"sqlite", "redis"}

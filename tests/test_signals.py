@@ -27,20 +27,30 @@ def test_one_run_sends_the_documented_signals_in_order() -> None:
     def receiver(name: str) -> Any:
         def rec(sender: Any, **kw: Any) -> None:
             seen.append((name, kw))
+
         return rec
 
     receivers = {s.name: receiver(s.name) for s in signals.ALL}
     model = script({"tool_calls": [call("query_order", order_id="88231")]}, {"content": "ok"})
-    with (signals.run_started.connected_to(receivers["run-started"]),
-          signals.model_responded.connected_to(receivers["model-responded"]),
-          signals.tool_finished.connected_to(receivers["tool-finished"]),
-          signals.guard_triggered.connected_to(receivers["guard-triggered"]),
-          signals.step_finished.connected_to(receivers["step-finished"]),
-          signals.run_stopped.connected_to(receivers["run-stopped"])):
+    with (
+        signals.run_started.connected_to(receivers["run-started"]),
+        signals.model_responded.connected_to(receivers["model-responded"]),
+        signals.tool_finished.connected_to(receivers["tool-finished"]),
+        signals.guard_triggered.connected_to(receivers["guard-triggered"]),
+        signals.step_finished.connected_to(receivers["step-finished"]),
+        signals.run_stopped.connected_to(receivers["run-stopped"]),
+    ):
         run = dep.run("q", model=model)
     names = [n for n, _ in seen]
-    assert names == ["run-started", "model-responded", "tool-finished", "guard-triggered",
-                     "step-finished", "model-responded", "run-stopped"]
+    assert names == [
+        "run-started",
+        "model-responded",
+        "tool-finished",
+        "guard-triggered",
+        "step-finished",
+        "model-responded",
+        "run-stopped",
+    ]
     tool_kw = seen[2][1]
     assert tool_kw["call"].name == "query_order" and tool_kw["result"].ok
     assert seen[3][1]["verdict"].plugin == "nag" and seen[3][1]["hook"] == "after_tool"
@@ -53,14 +63,20 @@ def test_a_failing_receiver_never_breaks_the_run(caplog: pytest.LogCaptureFixtur
         raise RuntimeError("alert sink down")
 
     dep = Deployment(parse_config({}))
-    with caplog.at_level(logging.ERROR, logger="loopwarden.signals"), \
-            signals.step_finished.connected_to(broken):
+    with (
+        caplog.at_level(logging.ERROR, logger="loopwarden.signals"),
+        signals.step_finished.connected_to(broken),
+    ):
         for _ in range(2):
-            run = dep.run("q", model=script({"tool_calls": [call("get_current_time")]},
-                                            {"content": "ok"}))
+            run = dep.run(
+                "q", model=script({"tool_calls": [call("get_current_time")]}, {"content": "ok"})
+            )
             assert run.record()["termination"] == "final_answer"
-    failures = [r for r in caplog.records if "alert sink down" in (r.exc_text or "")
-                or "receiver" in r.getMessage()]
+    failures = [
+        r
+        for r in caplog.records
+        if "alert sink down" in (r.exc_text or "") or "receiver" in r.getMessage()
+    ]
     assert len(failures) == 1  # logged once, not once per send
 
 

@@ -59,13 +59,19 @@ def test_the_fourth_run_of_a_tenant_is_refused_before_its_first_call(store_url: 
     assert fourth["stopped_by"] == "spend_limits" and fourth["steps"] == 0
     ev = fourth["evidence"]
     assert (ev["scope"], ev["key"], ev["window"], ev["limit"], ev["spent"]) == (
-        "tenant", "acme", "day", 3, 3)
+        "tenant",
+        "acme",
+        "day",
+        3,
+        3,
+    )
     assert ev["before_first_call"] is True
     assert fourth["meta"] == {"tenant": "acme"}
     # the third run was warned (3 of 3 >= warn_at 0.8), another tenant is not affected
     assert records[2]["warnings"][0]["plugin"] == "spend_limits"
     assert dep.run(scenario="refund", meta={"tenant": "beta"}).record()["termination"] == (
-        "final_answer")
+        "final_answer"
+    )
     dep.close()
 
 
@@ -73,10 +79,12 @@ def test_separate_deployments_share_the_budget(store_url: str) -> None:
     for _ in range(3):
         with deployment_for(store_url, plugins=limits(RUNS_3)) as dep:
             assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
-                "final_answer")
+                "final_answer"
+            )
     with deployment_for(store_url, plugins=limits(RUNS_3)) as dep:
         assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
-            "max_runs")
+            "max_runs"
+        )
 
 
 def test_model_calls_soft_stop_then_refusal_across_runs(store_url: str) -> None:
@@ -86,8 +94,7 @@ def test_model_calls_soft_stop_then_refusal_across_runs(store_url: str) -> None:
     assert (first["termination"], first["steps"]) == ("final_answer", 4)
     # 4 of 5 used: this call fits, the next would not -> this one is the final tool-less turn
     second = dep.run(scenario="refund", meta={"user": "u-17"}).record()
-    assert (second["termination"], second["soft"], second["steps"]) == (
-        "max_model_calls", True, 1)
+    assert (second["termination"], second["soft"], second["steps"]) == ("max_model_calls", True, 1)
     assert second["evidence"]["spent"] == 4 and second["evidence"]["limit"] == 5
     third = dep.run(scenario="refund", meta={"user": "u-17"}).record()
     assert (third["termination"], third["soft"], third["steps"]) == ("max_model_calls", False, 0)
@@ -117,12 +124,15 @@ def test_cost_uses_the_cost_budget_prices(store_url: str) -> None:
     free = {"cost_budget": {"prices": {"scripted": {"input": 0, "output": 0}}}}
     with deployment_for(store_url, plugins={**limits(budget), **free}) as dep:
         assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
-            "final_answer")
-    with deployment_for(store_url, plugins={**limits(budget), **free},
-                        enabled=("cost_budget", "spend_limits")) as dep:
+            "final_answer"
+        )
+    with deployment_for(
+        store_url, plugins={**limits(budget), **free}, enabled=("cost_budget", "spend_limits")
+    ) as dep:
         # the enabled cost_budget plugin's prices are the ones used
         assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
-            "final_answer")
+            "final_answer"
+        )
 
 
 def test_tokens_are_reserved_and_reconciled(store_url: str) -> None:
@@ -151,11 +161,15 @@ def test_calendar_windows_follow_the_configured_time_zone(store_url: str) -> Non
             got.append(dep.run(scenario="refund", meta={"tenant": zone}).outcome.termination)
         outcomes[zone] = got
         dep.close()
-    assert outcomes == {"Asia/Shanghai": ["final_answer", "final_answer"],
-                        "UTC": ["final_answer", "max_runs"]}
+    assert outcomes == {
+        "Asia/Shanghai": ["final_answer", "final_answer"],
+        "UTC": ["final_answer", "max_runs"],
+    }
     store = make_store(store_url)
     assert sorted(r.bucket for r in store.rows() if r.key == "Asia/Shanghai") == [
-        "2026-11-30", "2026-12-01"]
+        "2026-11-30",
+        "2026-12-01",
+    ]
     store.close()
 
 
@@ -173,15 +187,16 @@ def test_bucket_labels_and_ends() -> None:
 
 
 def test_conversation_scope_and_the_deployment_scope(store_url: str) -> None:
-    budgets = [{"scope": "conversation", "window": "conversation", "max_runs": 2},
-               {"scope": "deployment", "window": "total", "max_runs": 5}]
+    budgets = [
+        {"scope": "conversation", "window": "conversation", "max_runs": 2},
+        {"scope": "deployment", "window": "total", "max_runs": 5},
+    ]
     dep = deployment_for(store_url, plugins=limits(budgets))
     conv = Conversation()
     ends = [dep.run(scenario="refund", conversation=conv).outcome.termination for _ in range(3)]
     assert ends == ["final_answer", "final_answer", "max_runs"]
     conv_rec = dep.run(scenario="refund", conversation=conv).record()
-    assert (conv_rec["evidence"]["scope"], conv_rec["evidence"]["key"]) == ("conversation",
-                                                                           conv.id)
+    assert (conv_rec["evidence"]["scope"], conv_rec["evidence"]["key"]) == ("conversation", conv.id)
     # refused runs counted nowhere: 2 of the deployment's 5 are used, 3 more fit
     ends = [dep.run(scenario="refund").outcome.termination for _ in range(4)]
     assert ends == ["final_answer"] * 3 + ["max_runs"]
@@ -203,8 +218,9 @@ def test_async_runs_share_the_budget_too(store_url: str) -> None:
     import asyncio
 
     async def runs(dep: Any) -> list[str]:
-        done = await asyncio.gather(*(dep.arun(scenario="refund", meta={"tenant": "acme"})
-                                      for _ in range(5)))
+        done = await asyncio.gather(
+            *(dep.arun(scenario="refund", meta={"tenant": "acme"}) for _ in range(5))
+        )
         return sorted(r.outcome.termination for r in done)
 
     with deployment_for(store_url, plugins=limits(RUNS_3)) as dep:
@@ -217,7 +233,8 @@ def test_a_forked_worker_opens_its_own_sqlite_connection(tmp_path: Path) -> None
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
     _FORKED = dep = deployment_for(url, plugins=limits(RUNS_3))
     assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
-        "final_answer")  # the store is open in the parent now
+        "final_answer"
+    )  # the store is open in the parent now
     parent_conn = id(dep.shared.store._conn)  # type: ignore[attr-defined]
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
@@ -230,7 +247,8 @@ def test_a_forked_worker_opens_its_own_sqlite_connection(tmp_path: Path) -> None
     assert sorted(end for end, _ in got) == ["final_answer", "final_answer", "max_runs"]
     assert all(own for _, own in got)  # each child ran on a connection of its own
     assert dep.run(scenario="refund", meta={"tenant": "acme"}).outcome.termination == (
-        "max_runs")  # the parent's connection still works
+        "max_runs"
+    )  # the parent's connection still works
     dep.close()
     _FORKED = None
 
@@ -244,14 +262,17 @@ def _run_forked(results: Any, parent_conn: int) -> None:
 
 
 def test_bad_budgets_fail_when_the_config_loads(tmp_path: Path) -> None:
-    for budgets, problem in (([{"scope": "tenant", "window": "day"}], "at least one"),
-                             ([{"scope": "tenant", "window": "week", "max_runs": 1}], "window"),
-                             ([{"scope": "", "window": "day", "max_runs": 1}], "scope")):
+    for budgets, problem in (
+        ([{"scope": "tenant", "window": "day"}], "at least one"),
+        ([{"scope": "tenant", "window": "week", "max_runs": 1}], "window"),
+        ([{"scope": "", "window": "day", "max_runs": 1}], "scope"),
+    ):
         with pytest.raises(ConfigError, match=problem):
             deployment_for(f"sqlite:///{tmp_path / 's.db'}", plugins=limits(budgets))
     with pytest.raises(ConfigError, match="unknown time zone"):
-        deployment_for(f"sqlite:///{tmp_path / 's.db'}",
-                       plugins=limits(RUNS_3, timezone="Mars/Olympus"))
+        deployment_for(
+            f"sqlite:///{tmp_path / 's.db'}", plugins=limits(RUNS_3, timezone="Mars/Olympus")
+        )
     with pytest.raises(ConfigError, match="on_store_error"):
         parse_config({"store": {"on_store_error": "maybe"}})
 
@@ -260,13 +281,25 @@ def test_replays_never_charge_shared_budgets(store_url: str, tmp_path: Path) -> 
     from loopwarden.replay import replay_file
 
     traj = tmp_path / "t.jsonl"
-    traj.write_text(json.dumps({"id": "t1", "steps": [
-        {"content": "look", "tool_calls": [{"name": "query_order",
-                                            "arguments": {"order_id": "1"}}],
-         "observations": ["ok"]},
-        {"content": "done", "tool_calls": [], "observations": []}]}) + "\n")
-    dep = deployment_for(store_url, plugins=limits(
-        [{"scope": "deployment", "window": "total", "max_runs": 1}]))
+    traj.write_text(
+        json.dumps(
+            {
+                "id": "t1",
+                "steps": [
+                    {
+                        "content": "look",
+                        "tool_calls": [{"name": "query_order", "arguments": {"order_id": "1"}}],
+                        "observations": ["ok"],
+                    },
+                    {"content": "done", "tool_calls": [], "observations": []},
+                ],
+            }
+        )
+        + "\n"
+    )
+    dep = deployment_for(
+        store_url, plugins=limits([{"scope": "deployment", "window": "total", "max_runs": 1}])
+    )
     for _ in range(2):
         replay_file(dep, traj)
     dep.close()
@@ -281,7 +314,8 @@ def test_replays_never_charge_shared_budgets(store_url: str, tmp_path: Path) -> 
 def _config_file(tmp_path: Path, url: str, extra: str = "") -> Path:
     base, ns = store_support.split_url(url)
     path = tmp_path / "config.toml"
-    path.write_text(f"""
+    path.write_text(
+        f"""
 [store]
 url = "{base}"
 namespace = "{ns}"
@@ -290,16 +324,32 @@ namespace = "{ns}"
 enabled = ["cost_budget", "spend_limits"]
 [plugins.spend_limits]
 budgets = [{{ scope = "tenant", window = "day", max_runs = 3 }}]
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     return path
 
 
-def test_budgets_command_shows_and_resets_the_spend(store_url: str, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_budgets_command_shows_and_resets_the_spend(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = _config_file(tmp_path, store_url)
     for _ in range(4):
-        assert cli_main(["run", "--scenario", "refund", "--meta", "tenant=acme", "--config",
-                         str(cfg), "--json"]) == 0
+        assert (
+            cli_main(
+                [
+                    "run",
+                    "--scenario",
+                    "refund",
+                    "--meta",
+                    "tenant=acme",
+                    "--config",
+                    str(cfg),
+                    "--json",
+                ]
+            )
+            == 0
+        )
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert records[3]["evidence"]["scope"] == "tenant"
     assert cli_main(["budgets", "--json", "--config", str(cfg)]) == 0
@@ -315,8 +365,12 @@ def test_budgets_command_shows_and_resets_the_spend(store_url: str, tmp_path: Pa
     assert "tenant  acme" in table and "3 / 3" in table
     assert cli_main(["budgets", "reset", "tenant", "acme", "--config", str(cfg)]) == 0
     assert "1 counter(s) removed" in capsys.readouterr().out
-    assert cli_main(["run", "--scenario", "refund", "--meta", "tenant=acme", "--config",
-                     str(cfg), "--json"]) == 0
+    assert (
+        cli_main(
+            ["run", "--scenario", "refund", "--meta", "tenant=acme", "--config", str(cfg), "--json"]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["termination"] == "final_answer"
     assert cli_main(["budgets", "reset", "tenant", "--config", str(cfg)]) == 2
 
@@ -342,10 +396,12 @@ def test_metrics_count_spend_and_refusals(store_url: str) -> None:
 
 def test_crossing_warn_at_raises_an_alert(store_url: str) -> None:
     store_support.ALERTS.clear()
-    sinks = [{"type": "callable", "target": "store_support:collect_alert",
-              "min_severity": "warn"}]
-    dep = deployment_for(store_url, plugins={**limits(RUNS_3), "alerting": {"sinks": sinks}},
-                         enabled=("spend_limits", "alerting"))
+    sinks = [{"type": "callable", "target": "store_support:collect_alert", "min_severity": "warn"}]
+    dep = deployment_for(
+        store_url,
+        plugins={**limits(RUNS_3), "alerting": {"sinks": sinks}},
+        enabled=("spend_limits", "alerting"),
+    )
     for _ in range(3):
         dep.run(scenario="refund", meta={"tenant": "acme"})
     dep.close()  # delivers the queued alerts
@@ -371,24 +427,33 @@ def broken_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"redis://127.0.0.1:{port}/0"  # nothing listens there
 
 
-def test_an_unreachable_store_fails_closed_by_default(broken_url: str,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreachable_store_fails_closed_by_default(
+    broken_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     dep = deployment_for(broken_url, plugins=limits(RUNS_3), store={"timeout_s": 0.5})
     with caplog.at_level(logging.ERROR, logger="loopwarden.store"):
         rec = dep.run(scenario="refund", meta={"tenant": "acme"}).record()
     dep.close()
     assert (rec["termination"], rec["stopped_by"], rec["steps"]) == (
-        "store_unavailable", "spend_limits", 0)
+        "store_unavailable",
+        "spend_limits",
+        0,
+    )
     assert rec["evidence"]["on_store_error"] == "fail_closed"
     assert rec["errors"][0]["on_store_error"] == "fail_closed"
     assert "refusing (fail_closed)" in caplog.text
 
 
-def test_an_unreachable_store_fails_open_when_configured(broken_url: str, tmp_path: Path,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreachable_store_fails_open_when_configured(
+    broken_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     effects = tmp_path / "effects.txt"
-    dep = deployment_for(broken_url, plugins=limits(RUNS_3), tools=[pay_tool(effects)],
-                         store={"timeout_s": 0.5, "on_store_error": "fail_open"})
+    dep = deployment_for(
+        broken_url,
+        plugins=limits(RUNS_3),
+        tools=[pay_tool(effects)],
+        store={"timeout_s": 0.5, "on_store_error": "fail_open"},
+    )
     with caplog.at_level(logging.ERROR, logger="loopwarden.store"):
         rec = dep.run(scenario=str(write_scenario(tmp_path)), meta={"tenant": "acme"}).record()
     dep.close()
@@ -417,13 +482,15 @@ final_text = "Hello!"
 
 
 def test_a_store_lost_mid_run_refuses_further_calls_but_never_withholds_an_answer(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     budget = [{"scope": "tenant", "window": "day", "max_tokens": 100_000}]
     dep = deployment_for(f"sqlite:///{tmp_path / 's.db'}", plugins=limits(budget))
     dep.shared._store = _SettleFails(tmp_path / "s.db")
     refund = dep.run(scenario="refund", meta={"tenant": "acme"}).record()
-    hello = dep.run(scenario=str(write_scenario(tmp_path, HELLO, "hello")),
-                    meta={"tenant": "acme"}).record()
+    hello = dep.run(
+        scenario=str(write_scenario(tmp_path, HELLO, "hello")), meta={"tenant": "acme"}
+    ).record()
     dep.close()
     assert (refund["termination"], refund["steps"]) == ("store_unavailable", 1)
     assert (hello["termination"], hello["final_answer"]) == ("final_answer", "Hello!")
@@ -432,8 +499,9 @@ def test_a_store_lost_mid_run_refuses_further_calls_but_never_withholds_an_answe
 
 def test_the_ledger_fails_closed_without_the_store(broken_url: str, tmp_path: Path) -> None:
     effects = tmp_path / "effects.txt"
-    dep = deployment_for(broken_url, enabled=(), tools=[pay_tool(effects)],
-                         store={"timeout_s": 0.5})
+    dep = deployment_for(
+        broken_url, enabled=(), tools=[pay_tool(effects)], store={"timeout_s": 0.5}
+    )
     run = dep.run(scenario=str(write_scenario(tmp_path)))
     dep.close()
     assert not effects.exists()  # never executed without the once-only guarantee
@@ -445,8 +513,9 @@ def test_the_ledger_fails_closed_without_the_store(broken_url: str, tmp_path: Pa
 # -- the shared ledger ------------------------------------------------------------------------
 
 
-def test_a_side_effect_runs_once_across_runs_and_deployments(store_url: str,
-                                                            tmp_path: Path) -> None:
+def test_a_side_effect_runs_once_across_runs_and_deployments(
+    store_url: str, tmp_path: Path
+) -> None:
     effects, scenario = tmp_path / "effects.txt", str(write_scenario(tmp_path))
     records = []
     for _ in range(2):
@@ -461,15 +530,17 @@ def test_a_side_effect_runs_once_across_runs_and_deployments(store_url: str,
 
 def test_the_ledger_can_be_scoped_by_tenant(store_url: str, tmp_path: Path) -> None:
     effects, scenario = tmp_path / "effects.txt", str(write_scenario(tmp_path))
-    with deployment_for(store_url, enabled=(), tools=[pay_tool(effects)],
-                        store={"ledger_scope": ["tenant"]}) as dep:
+    with deployment_for(
+        store_url, enabled=(), tools=[pay_tool(effects)], store={"ledger_scope": ["tenant"]}
+    ) as dep:
         for tenant in ("acme", "beta", "acme"):
             dep.run(scenario=scenario, meta={"tenant": tenant})
     assert effects.read_text().count("\n") == 2
 
 
-def test_processes_racing_on_one_side_effect_execute_it_once(store_url: str,
-                                                             tmp_path: Path) -> None:
+def test_processes_racing_on_one_side_effect_execute_it_once(
+    store_url: str, tmp_path: Path
+) -> None:
     write_scenario(tmp_path)
     start = time.time() + 3.0
     with spawn().Pool(6) as pool:
@@ -482,8 +553,9 @@ def test_processes_racing_on_one_side_effect_execute_it_once(store_url: str,
     assert all("by an earlier run" in o or "by another run right now" in o for o in others)
 
 
-def test_a_worker_killed_mid_call_leaves_may_have_taken_effect(store_url: str,
-                                                              tmp_path: Path) -> None:
+def test_a_worker_killed_mid_call_leaves_may_have_taken_effect(
+    store_url: str, tmp_path: Path
+) -> None:
     write_scenario(tmp_path)
     proc = spawn().Process(target=pay_worker, args=(store_url, str(tmp_path), 0.0, True))
     proc.start()
@@ -492,8 +564,9 @@ def test_a_worker_killed_mid_call_leaves_may_have_taken_effect(store_url: str,
     assert (tmp_path / "effects.txt").read_text().count("\n") == 1  # it took effect, then died
     effects = tmp_path / "effects.txt"
     scenario = str(tmp_path / "pay.toml")
-    with deployment_for(store_url, enabled=(), tools=[pay_tool(effects)],
-                        store={"ledger_lease_s": 0.5}) as dep:
+    with deployment_for(
+        store_url, enabled=(), tools=[pay_tool(effects)], store={"ledger_lease_s": 0.5}
+    ) as dep:
         run = dep.run(scenario=scenario)
         time.sleep(0.6)
         later = dep.run(scenario=scenario)
@@ -504,8 +577,9 @@ def test_a_worker_killed_mid_call_leaves_may_have_taken_effect(store_url: str,
     assert "it may have taken effect" in obs
 
 
-def test_a_killed_worker_leaves_the_budget_consistent_after_the_ttl(store_url: str,
-                                                                   tmp_path: Path) -> None:
+def test_a_killed_worker_leaves_the_budget_consistent_after_the_ttl(
+    store_url: str, tmp_path: Path
+) -> None:
     # 5 calls: the refund's 4 fit with room for a 5th -- unless a dead reservation still counts
     budgets = [{"scope": "tenant", "window": "day", "max_model_calls": 5}]
     marker = tmp_path / "calling"
@@ -538,10 +612,11 @@ def test_the_readme_example_is_a_valid_config() -> None:
     from loopwarden.pluginmanager import load_plugins
 
     readme = (Path(__file__).resolve().parent.parent / "docs" / "shared-budgets.md").read_text(
-        encoding="utf-8")
+        encoding="utf-8"
+    )
     start = readme.index("\n## Shared budgets")
     end = readme.find("\n## ", start + 1)
-    text = readme[start:end if end != -1 else None]
+    text = readme[start : end if end != -1 else None]
     (toml,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
     plugins = load_plugins(parse_config(tomllib.loads(toml), path="README"))
     assert plugins.names == ["max_steps", "cost_budget", "spend_limits"]

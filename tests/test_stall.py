@@ -34,7 +34,7 @@ def test_the_same_nothing_three_times_in_a_row_stops() -> None:
     f = feed()
     got = observe(f, NOTHING, NOTHING, NOTHING, NOTHING)
     assert got == [None, None, "warn", "stop:stall"]
-    assert f.run.stall_rounds == 3
+    assert f.field("stall_rounds") == 3
     stop = f.verdicts[-1]
     assert isinstance(stop, Stop) and stop.soft
     assert stop.evidence["streak"] == 3
@@ -63,10 +63,10 @@ def test_near_duplicates_count_english() -> None:
     far = " ".join(f"item{i}" for i in range(8)) + " other1 other2"  # 8/12
     f = feed(different_calls="any")
     assert observe(f, base, near) == [None, None]
-    assert f.run.stall_rounds == 1
+    assert f.field("stall_rounds") == 1
     f2 = feed(different_calls="any")
     assert observe(f2, base, far) == [None, None]
-    assert f2.run.stall_rounds == 0
+    assert f2.field("stall_rounds") == 0
 
 
 def test_near_duplicates_count_cjk() -> None:
@@ -75,21 +75,21 @@ def test_near_duplicates_count_cjk() -> None:
     c = "订单八八二三二运输中到达杭州转运中心"
     f = feed(different_calls="any")
     observe(f, a, b, c)
-    assert f.run.stall_rounds == 1
+    assert f.field("stall_rounds") == 1
 
 
 def test_only_the_last_k_results_are_compared() -> None:
     f = feed(window=2)
     got = observe(f, "a", "b", "c", "a")  # 'a' left the window of 2
     assert got == [None] * 4
-    assert f.run.stall_rounds == 0
+    assert f.field("stall_rounds") == 0
 
 
 def test_skipped_results_are_ignored() -> None:
     f = feed()
     got = observe(f, NOTHING, NOTHING, skipped("synthetic"), skipped("synthetic"), NOTHING)
     assert got == [None, None, None, None, "warn"]
-    assert f.run.stall_rounds == 2
+    assert f.field("stall_rounds") == 2
 
 
 def test_repeated_failures_stall_too() -> None:
@@ -106,7 +106,7 @@ def test_a_parallel_batch_is_one_round() -> None:
     got = [kinds([f.after(c, ok(NOTHING))])[0] for c in calls]
     assert got == [None] * 12
     # judged once, when the batch's last result is in: its first result was new
-    assert f.run.stall_rounds == 0
+    assert f.field("stall_rounds") == 0
 
 
 def test_rounds_of_batches_still_stall() -> None:
@@ -114,8 +114,7 @@ def test_rounds_of_batches_still_stall() -> None:
     got = []
     for turn in range(4):
         f.run.step = turn + 1
-        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
-                 for i in range(3)]
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(3)]
         f.respond("", calls)
         got.append([kinds([f.after(c, ok(NOTHING))])[0] for c in calls][-1])
     assert got == [None, None, "warn", "stop:stall"]
@@ -125,12 +124,11 @@ def test_one_novel_result_in_a_batch_keeps_the_round_alive() -> None:
     f = feed()
     for turn in range(5):
         f.run.step = turn + 1
-        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
-                 for i in range(2)]
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(2)]
         f.respond("", calls)
         f.after(calls[0], ok(NOTHING))
         assert f.after(calls[1], ok(f"found item {turn}")) is None
-    assert f.run.stall_rounds == 0
+    assert f.field("stall_rounds") == 0
 
 
 def test_warning_text_and_hard_stop() -> None:
@@ -163,13 +161,16 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
 def test_a_successful_side_effect_is_progress_however_similar_its_echo() -> None:
     f = feed()
     record = '{"reservation_id": "NM1VX1", "cabin": "business", "flights": ["HAT300"]}'
-    got = [kinds([f.after(f.call("refund", {"order_id": str(i)}), ok(record))])[0]
-           for i in range(5)]
+    got = [
+        kinds([f.after(f.call("refund", {"order_id": str(i)}), ok(record))])[0] for i in range(5)
+    ]
     assert got == [None] * 5
-    assert f.run.stall_rounds == 0
+    assert f.field("stall_rounds") == 0
     # a failed side effect is compared like any result
-    got = [kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
-           for _ in range(4)]
+    got = [
+        kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
+        for _ in range(4)
+    ]
     assert got == [None, None, "warn", "stop:stall"]
 
 
@@ -187,10 +188,10 @@ def observe_calls(f: Feed, *pairs: tuple[dict[str, Any], Any]) -> list[str | Non
 def test_the_same_answer_to_different_questions_is_not_a_stall() -> None:
     f = feed()
     got = observe_calls(f, *[({"sku": s}, "in stock") for s in ("A", "B", "C", "D", "E")])
-    assert got == [None] * 5 and f.run.stall_rounds == 0
+    assert got == [None] * 5 and f.field("stall_rounds") == 0
     f = feed()  # Chinese too
     got = observe_calls(f, *[({"order_id": o}, "已签收") for o in ("1", "2", "3", "4")])
-    assert got == [None] * 4 and f.run.stall_rounds == 0
+    assert got == [None] * 4 and f.field("stall_rounds") == 0
 
 
 # the first result is new; then sweep_warn_after (4) and sweep_stop_after (6) stalled rounds
@@ -200,8 +201,14 @@ SWEEP = [None, None, None, None, "warn", None, "stop:stall"]
 def test_empty_answers_to_a_sweep_of_ids_are_weak_evidence() -> None:
     """Another date, airport or id with nothing there is a healthy sweep: it stops only
     after sweep_stop_after rounds of nothing else."""
-    for empty in (NOTHING, "[]", "No results for this query.", "未找到相关条目", "NOT_FOUND",
-                  '{"flights": [], "next_page": null}'):
+    for empty in (
+        NOTHING,
+        "[]",
+        "No results for this query.",
+        "未找到相关条目",
+        "NOT_FOUND",
+        '{"flights": [], "next_page": null}',
+    ):
         f = feed()
         got = observe_calls(f, *[({"date": f"2024-05-0{d}"}, empty) for d in range(1, 8)])
         assert got == SWEEP, empty
@@ -213,8 +220,9 @@ def test_rephrasing_one_search_with_nothing_found_is_strong_evidence() -> None:
     got = observe_calls(f, *[({"query": q}, "[]") for q in queries])
     assert got == [None, None, "warn", "stop:stall"]
     f = feed()
-    got = observe_calls(f, *[({"query": q}, NOTHING) for q in ("退货政策", "退货规则", "怎么退货",
-                                                              "退款条款")])
+    got = observe_calls(
+        f, *[({"query": q}, NOTHING) for q in ("退货政策", "退货规则", "怎么退货", "退款条款")]
+    )
     assert got == [None, None, "warn", "stop:stall"]
 
 
@@ -261,8 +269,7 @@ def test_a_batch_whose_last_call_was_skipped_is_still_judged() -> None:
     got = []
     for turn in range(4):
         f.run.step = turn + 1
-        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i)
-                 for i in range(2)]
+        calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(2)]
         f.respond("", calls)
         f.after(calls[0], ok(NOTHING))
         got.append(kinds([f.after(calls[1], skipped("cached"))])[0])

@@ -22,10 +22,17 @@ from loopwarden.store import (
 )
 
 
-def counter(key: str = "acme", *, tokens: int | None = None, runs: int | None = None,
-            window: str = "day", expires_at: float | None = None) -> Counter:
-    return Counter("tenant", key, window, "2026-11-30", (runs, None, None, tokens, None),
-                   expires_at)
+def counter(
+    key: str = "acme",
+    *,
+    tokens: int | None = None,
+    runs: int | None = None,
+    window: str = "day",
+    expires_at: float | None = None,
+) -> Counter:
+    return Counter(
+        "tenant", key, window, "2026-11-30", (runs, None, None, tokens, None), expires_at
+    )
 
 
 def call(tokens: int) -> tuple[int, int, int, int, int]:
@@ -64,7 +71,9 @@ def test_commit_counts_at_once_and_checks_only_what_is_charged(store_url: str) -
     for _ in range(2):
         assert store.reserve([c], (1, 0, 0, 0, 0), token="r", ttl_s=1, commit=True).ok
     assert store.reserve([c], (1, 0, 0, 0, 0), token="r", ttl_s=1, commit=True).refused == (
-        0, QUANTITIES.index("runs"))
+        0,
+        QUANTITIES.index("runs"),
+    )
     # runs are used up, but a model call of a run already started still fits
     assert store.reserve([c], call(50), token="m", ttl_s=60).ok
     store.close()
@@ -85,10 +94,16 @@ def test_a_reservation_expires_after_its_ttl(store_url: str) -> None:
 
 def test_rows_reset_and_expired_counters(store_url: str) -> None:
     store = make_store(store_url)
-    store.reserve([counter("acme"), counter("beta")], (1, 0, 0, 0, 0), token="r", ttl_s=1,
-                  commit=True)
-    store.reserve([counter("old", expires_at=time.time() - 1)], (1, 0, 0, 0, 0), token="r",
-                  ttl_s=1, commit=True)
+    store.reserve(
+        [counter("acme"), counter("beta")], (1, 0, 0, 0, 0), token="r", ttl_s=1, commit=True
+    )
+    store.reserve(
+        [counter("old", expires_at=time.time() - 1)],
+        (1, 0, 0, 0, 0),
+        token="r",
+        ttl_s=1,
+        commit=True,
+    )
     assert [r.key for r in store.rows()] == ["acme", "beta"]
     assert store.reset("tenant", "acme") == 1
     assert store.reset("tenant", "nobody") == 0
@@ -115,8 +130,9 @@ def test_the_ledger_claims_once_and_records_the_outcome(store_url: str) -> None:
     store.finish("apply_refund:88231", "run-b", "done", {"content": "forged"}, 60)  # not b's
     store.finish("apply_refund:88231", "run-a", "done", {"content": "RF1", "ok": True}, 60)
     done = store.claim("apply_refund:88231", "run-c", 60)
-    assert done is not None and done.state == "done" and done.result == {"content": "RF1",
-                                                                         "ok": True}
+    assert (
+        done is not None and done.state == "done" and done.result == {"content": "RF1", "ok": True}
+    )
     assert store.claim("other", "run-a", 60) is None
     store.release("other", "run-a")  # a failure: the key may run again
     assert store.claim("other", "run-b", 60) is None
@@ -159,8 +175,9 @@ def test_processes_racing_on_one_key_one_wins(store_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 2.0  # all spawned by then, then they race
     with ctx.Pool(6) as pool:
-        won = pool.starmap(_claim_worker,
-                           [(store_url, "apply_refund:88231", f"w{i}", start) for i in range(6)])
+        won = pool.starmap(
+            _claim_worker, [(store_url, "apply_refund:88231", f"w{i}", start) for i in range(6)]
+        )
     assert sum(won) == 1
 
 

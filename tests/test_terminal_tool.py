@@ -30,8 +30,13 @@ def test_a_successful_terminal_call_stops_hard_with_its_observation(handoff_tool
     assert isinstance(v, Stop) and v.reason == "terminal_tool" and not v.soft
     assert v.plugin == "terminal_tool"
     assert v.answer == '{"ticket_id": "H00001"}'
-    assert v.evidence == {"tool": "transfer_to_human", "step": 3, "call_index": 1,
-                          "declared_terminal": True, "observation": '{"ticket_id": "H00001"}'}
+    assert v.evidence == {
+        "tool": "transfer_to_human",
+        "step": 3,
+        "call_index": 1,
+        "declared_terminal": True,
+        "observation": '{"ticket_id": "H00001"}',
+    }
 
 
 def test_failed_or_skipped_calls_do_not_end_the_run(handoff_tool: Any) -> None:
@@ -46,8 +51,7 @@ def test_other_tools_do_not_end_the_run() -> None:
 
 
 def test_extra_names_and_a_custom_answer() -> None:
-    p = plugin(tools=["mark_done"], answer="已完成（{tool}）：{observation}",
-               max_evidence_chars=3)
+    p = plugin(tools=["mark_done"], answer="已完成（{tool}）：{observation}", max_evidence_chars=3)
     v = p.after_tool(make_run(), tool_call("mark_done"), ok("done!"))
     assert isinstance(v, Stop) and v.answer == "已完成（mark_done）：done!"
     assert v.evidence["declared_terminal"] is False and v.evidence["observation"] == "don"
@@ -79,19 +83,26 @@ def test_transfer_loop_ends_after_the_first_success() -> None:
 
 def test_a_failed_handoff_lets_the_run_go_on() -> None:
     sc = scenario(
-        [turn(call("transfer_to_human", reason="用户要求")), turn(call("query_order",
-                                                                       order_id="88231"))],
+        [
+            turn(call("transfer_to_human", reason="用户要求")),
+            turn(call("query_order", order_id="88231")),
+        ],
         then="final",
-        tools={"transfer_to_human": {"results": [{"error": "503 unavailable",
-                                                  "retryable": True}]}},
+        tools={"transfer_to_human": {"results": [{"error": "503 unavailable", "retryable": True}]}},
     )
     rec = Deployment(config("terminal_tool")).run(scenario=sc).record()
     assert rec["termination"] == "final_answer"
 
 
 def test_parallel_calls_after_the_terminal_one_do_not_run() -> None:
-    sc = scenario([turn(call("transfer_to_human", reason="投诉"),
-                        call("apply_refund", order_id="88231", reason="七天无理由退货"))])
+    sc = scenario(
+        [
+            turn(
+                call("transfer_to_human", reason="投诉"),
+                call("apply_refund", order_id="88231", reason="七天无理由退货"),
+            )
+        ]
+    )
     run = Deployment(config("terminal_tool")).run(scenario=sc)
     rec = run.record()
     assert rec["termination"] == "terminal_tool" and rec["tools_executed"] == 1

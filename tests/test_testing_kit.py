@@ -61,8 +61,9 @@ class Probe(Plugin):  # type: ignore[type-arg]
 
     @hookimpl
     def after_response(self, run: Any, response: Any) -> None:
-        self._seen(run).append(("after_response", run.step, run.usage.total,
-                                len(response.tool_calls)))
+        self._seen(run).append(
+            ("after_response", run.step, run.usage.total, len(response.tool_calls))
+        )
 
     @hookimpl
     def before_tool(self, run: Any, call: Any) -> None:
@@ -70,8 +71,9 @@ class Probe(Plugin):  # type: ignore[type-arg]
 
     @hookimpl
     def after_tool(self, run: Any, call: Any, result: Any) -> None:
-        self._seen(run).append(("after_tool", call.name, result.ok, result.skipped,
-                                result.retryable))
+        self._seen(run).append(
+            ("after_tool", call.name, result.ok, result.skipped, result.retryable)
+        )
 
     @hookimpl
     def on_stop(self, run: Any, outcome: Any) -> None:
@@ -90,14 +92,22 @@ def test_lifecycle_of_the_refund_scenario() -> None:
     assert result.termination == "final_answer"
     assert result.hooks.names == [
         "on_start",
-        "before_model", "after_response",
-        "before_tool", "after_tool",       # query_order
-        "before_tool", "after_tool",       # search_knowledge (same turn)
-        "before_model", "after_response",
-        "before_tool", "after_tool",       # get_current_time
-        "before_model", "after_response",
-        "before_tool", "after_tool",       # apply_refund
-        "before_model", "after_response",  # the answer
+        "before_model",
+        "after_response",
+        "before_tool",
+        "after_tool",  # query_order
+        "before_tool",
+        "after_tool",  # search_knowledge (same turn)
+        "before_model",
+        "after_response",
+        "before_tool",
+        "after_tool",  # get_current_time
+        "before_model",
+        "after_response",
+        "before_tool",
+        "after_tool",  # apply_refund
+        "before_model",
+        "after_response",  # the answer
         "on_stop",
     ]
     assert len(result.shop.refunds()) == 1
@@ -131,12 +141,20 @@ def test_hook_before_model() -> None:
         def before_model(self, request: Any) -> Any:
             return self.stop("enough", soft=True) if request.step == 2 else None
 
-    soft = run_plugin(SoftAtTwo, name="soft", turns=[turn("a", LOOKUP)], then="repeat_last",
-                      final_text="wrapped up")
+    soft = run_plugin(
+        SoftAtTwo,
+        name="soft",
+        turns=[turn("a", LOOKUP)],
+        then="repeat_last",
+        final_text="wrapped up",
+    )
     # a soft stop turns this very request into the tool-less final turn
     assert soft.model.requests[-1].tool_choice == "none" and soft.model.requests[-1].final
     assert (soft.termination, soft.record["soft"], soft.outcome.final_answer) == (
-        "enough", True, "wrapped up")
+        "enough",
+        True,
+        "wrapped up",
+    )
 
     class HardAtTwo(Plugin):  # type: ignore[type-arg]
         @hookimpl
@@ -196,10 +214,13 @@ def test_hook_after_tool() -> None:
             result.retryable = False  # a spent retry budget
 
     # the change is seen by plugins later in the config order, not earlier ones
-    result = run_plugin(Probe, enabled=["probe", "flaky", "late"],
-                        plugins={"flaky": Flaky, "late": Probe},
-                        turns=[turn("a", LOOKUP)],
-                        tool_results={"query_order": [{"error": "429", "retryable": True}]})
+    result = run_plugin(
+        Probe,
+        enabled=["probe", "flaky", "late"],
+        plugins={"flaky": Flaky, "late": Probe},
+        turns=[turn("a", LOOKUP)],
+        tool_results={"query_order": [{"error": "429", "retryable": True}]},
+    )
     saw = [s for s in result.run.state["seen"] if s[0] == "after_tool"]
     assert [s[4] for s in saw] == [True, False]  # probe (before flaky), late (after flaky)
 
@@ -214,14 +235,16 @@ def test_hook_on_stop() -> None:
         def on_stop(self) -> None:
             raise RuntimeError("bug in on_stop too")
 
-    result = run_plugin(Probe, enabled=["broken", "probe"], plugins={"broken": Broken},
-                        turns=[turn("a", LOOKUP)])
+    result = run_plugin(
+        Probe, enabled=["broken", "probe"], plugins={"broken": Broken}, turns=[turn("a", LOOKUP)]
+    )
     # the guard failed closed, and on_stop still ran for everyone, once
     assert result.termination == "plugin_error"
     assert result.record["stopped_by"] == "broken"
     assert seen(result, "on_stop") == [("on_stop", "plugin_error")]
     assert result.record["errors"] == [
-        {"plugin": "broken", "hook": "on_stop", "error": "RuntimeError: bug in on_stop too"}]
+        {"plugin": "broken", "hook": "on_stop", "error": "RuntimeError: bug in on_stop too"}
+    ]
     assert result.hooks.names[-1] == "on_stop"
 
 
@@ -231,8 +254,11 @@ def test_hook_on_stop() -> None:
 def test_make_tool_call_matches_the_loops_parsing() -> None:
     call = make_tool_call("query_order", {"order_id": " 88231 "})
     same = make_tool_call("query_order", order_id="88231")
-    assert call.fingerprint == same.fingerprint == Fingerprinter()("query_order",
-                                                                 {"order_id": "88231"})
+    assert (
+        call.fingerprint
+        == same.fingerprint
+        == Fingerprinter()("query_order", {"order_id": "88231"})
+    )
     assert call.tool is not None and call.read_only and call.error is None
     # volatile keys (request ids, timestamps) do not change the fingerprint
     run = make_run(tools=[make_tool("lookup")])
@@ -245,15 +271,25 @@ def test_make_tool_call_matches_the_loops_parsing() -> None:
     assert make_tool_call("query_order").error == "invalid_arguments"
     bad = make_tool_call("query_order", '{"order_id": ')
     assert (bad.error, bad.arguments, bad.raw_arguments) == (
-        "malformed_arguments", None, '{"order_id": ')
+        "malformed_arguments",
+        None,
+        '{"order_id": ',
+    )
     run = make_run(step=3)
     assert make_tool_call("query_order", order_id="1", run=run, index=2).step == 3
 
 
 def test_make_run_sets_limits_and_counters() -> None:
     clock = FakeClock(100.0)
-    run = make_run("hi", max_steps=4, usage=(100, 20), cost=0.5, step=2, clock=clock,
-                   tools=[make_tool("ping", read_only=True)])
+    run = make_run(
+        "hi",
+        max_steps=4,
+        usage=(100, 20),
+        cost=0.5,
+        step=2,
+        clock=clock,
+        tools=[make_tool("ping", read_only=True)],
+    )
     assert run.limits.max_steps == 4 and run.step == 2
     assert (run.usage.total, float(run.cost)) == (120, 0.5)
     assert run.tools is not None and run.tools.names == ["ping"]
@@ -281,7 +317,10 @@ def test_make_tool_result_and_outcome() -> None:
     assert make_tool_result("x").digest == make_tool_result("x").digest
     outcome = make_outcome("max_steps", soft=True, stopped_by="max_steps")
     assert (outcome.termination, outcome.soft, outcome.final_answer_present) == (
-        "max_steps", True, False)
+        "max_steps",
+        True,
+        False,
+    )
 
 
 def test_make_tool_runs_its_result() -> None:
@@ -293,8 +332,7 @@ def test_make_tool_runs_its_result() -> None:
 
 def test_script_builds_a_scenario_script() -> None:
     s = script([turn("a", LOOKUP)], then="cycle", final_text="bye")
-    assert (s.then, s.final_text, s.turns[0].tool_calls[0].name) == ("cycle", "bye",
-                                                                      "query_order")
+    assert (s.then, s.final_text, s.turns[0].tool_calls[0].name) == ("cycle", "bye", "query_order")
 
 
 # -- call_hook ------------------------------------------------------------------------------
@@ -306,8 +344,7 @@ def test_call_hook_passes_only_the_arguments_asked_for() -> None:
         def before_tool(self, call: Any) -> Any:
             return self.warn(f"saw {call.name}")
 
-    verdict = call_hook(OnlyCall(), "before_tool", call=make_tool_call("query_order",
-                                                                        order_id="1"))
+    verdict = call_hook(OnlyCall(), "before_tool", call=make_tool_call("query_order", order_id="1"))
     assert verdict.message == "saw query_order"
     assert verdict.plugin == "OnlyCall"
     assert call_hook(OnlyCall(), "after_tool", call=None, result=None) is None
@@ -335,8 +372,9 @@ def test_call_hook_builds_a_class_with_settings() -> None:
     from loopwarden.plugins.max_steps import MaxSteps
 
     run = make_run(step=2)
-    verdict = call_hook(MaxSteps, "before_model", settings={"max_steps": 3}, run=run,
-                        request=make_request(run))
+    verdict = call_hook(
+        MaxSteps, "before_model", settings={"max_steps": 3}, run=run, request=make_request(run)
+    )
     assert (verdict.reason, verdict.soft, verdict.plugin) == ("max_steps", True, "max_steps")
     with pytest.raises(ConfigError) as err:
         call_hook(MaxSteps, "before_model", settings={"max_steps": 0})
@@ -347,8 +385,9 @@ def test_call_hook_builds_a_class_with_settings() -> None:
 
 
 def test_hook_recorder_getcalls_and_finish() -> None:
-    with make_deployment(plugins={"probe": Probe},
-                         tools=[make_tool("ping", read_only=True)]) as dep:
+    with make_deployment(
+        plugins={"probe": Probe}, tools=[make_tool("ping", read_only=True)]
+    ) as dep:
         hook_recorder_checks(dep)
 
 
@@ -371,13 +410,21 @@ def hook_recorder_checks(dep: Any) -> None:
 def _scenario() -> Any:
     from loopwarden.scenario import Scenario
 
-    return Scenario(name="ping", user="ping", model=script([turn("p", tool_call("ping"))]),
-                    tools={"ping": {"results": ["pong"]}})
+    return Scenario(
+        name="ping",
+        user="ping",
+        model=script([turn("p", tool_call("ping"))]),
+        tools={"ping": {"results": ["pong"]}},
+    )
 
 
 def test_hook_recorder_collects_verdicts() -> None:
-    result = run_plugin("max_steps", settings={"max_steps": 3, "warn_remaining": 1},
-                        turns=[turn("a", LOOKUP)], then="repeat_last")
+    result = run_plugin(
+        "max_steps",
+        settings={"max_steps": 3, "warn_remaining": 1},
+        turns=[turn("a", LOOKUP)],
+        then="repeat_last",
+    )
     kinds = [(v.kind, getattr(v, "soft", None)) for v in result.hooks.verdicts()]
     assert kinds == [("warn", None), ("stop", True)]
     assert [v.kind for v in result.hooks.verdicts("after_response")] == ["warn"]
@@ -406,8 +453,9 @@ def signal_recorder_checks(dep: Any) -> None:
 
 def test_make_deployment_takes_a_mapping_a_config_or_a_file(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text('[plugins]\nenabled = ["max_steps"]\n[plugins.max_steps]\nmax_steps = 3\n',
-                    encoding="utf-8")
+    path.write_text(
+        '[plugins]\nenabled = ["max_steps"]\n[plugins.max_steps]\nmax_steps = 3\n', encoding="utf-8"
+    )
     for source in ({"plugins": {"max_steps": {"max_steps": 3}}}, load_config(path), path):
         with make_deployment(source) as dep:
             assert dep.plugins.get("max_steps").settings.max_steps == 3
@@ -423,10 +471,13 @@ def test_run_plugin_validates_settings_like_the_config() -> None:
 
 
 def test_run_plugin_scripts_tool_failures_and_uses_a_fake_clock() -> None:
-    result = run_plugin(Probe, turns=[turn("a", LOOKUP)], then="repeat_last",
-                        config={"plugins": {"max_steps": {"max_steps": 3}}},
-                        tool_results={"query_order": [{"error": "503", "retryable": True},
-                                                      "found it"]})
+    result = run_plugin(
+        Probe,
+        turns=[turn("a", LOOKUP)],
+        then="repeat_last",
+        config={"plugins": {"max_steps": {"max_steps": 3}}},
+        tool_results={"query_order": [{"error": "503", "retryable": True}, "found it"]},
+    )
     assert [(s[2], s[4]) for s in seen(result, "after_tool")] == [(False, True), (True, False)]
     assert result.termination == "max_steps"
     assert result.record["elapsed_s"] == 0.0  # time only moves when told to
@@ -474,6 +525,5 @@ def test_fixtures_are_active_when_asked_for(pytester: pytest.Pytester, how: str)
 
 def test_importing_the_kit_does_not_import_pytest() -> None:
     code = "import sys, loopwarden.testing; print('pytest' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

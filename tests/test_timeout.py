@@ -38,12 +38,15 @@ def plugin(**settings: Any) -> Timeout:
 # -- hook level: the run's clock ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("elapsed", "expected"), [
-    (9.999, None),      # N-1: time left
-    (10.0, "soft"),     # N: time is up, the final turn fits in the grace period
-    (14.999, "soft"),
-    (15.0, "hard"),     # past the grace period
-])
+@pytest.mark.parametrize(
+    ("elapsed", "expected"),
+    [
+        (9.999, None),  # N-1: time left
+        (10.0, "soft"),  # N: time is up, the final turn fits in the grace period
+        (14.999, "soft"),
+        (15.0, "hard"),  # past the grace period
+    ],
+)
 def test_before_model_boundaries(elapsed: float, expected: str | None) -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
@@ -86,23 +89,28 @@ def test_warns_once_at_70_percent() -> None:
     clock.advance(0.1)
     v = p.before_model(run, request(run, 10))
     assert isinstance(v, Warn)
-    assert v.message == ("This run has used 70s of its 100s time budget. Plan to finish within "
-                         "the time left.")
+    assert v.message == (
+        "This run has used 70s of its 100s time budget. Plan to finish within the time left."
+    )
     assert p.before_model(run, request(run, 10)) is None
 
 
 # -- hook level: tool deadlines ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("own", "default", "elapsed", "expected"), [
-    (None, 30.0, 0.0, 30.0),    # the plugin's default
-    (5.0, 30.0, 0.0, 5.0),      # the tool's own, shorter timeout wins
-    (None, 30.0, 95.0, 5.0),    # the time left wins
-    (None, None, 40.0, 60.0),   # no timeout anywhere: the time left
-    (2.0, None, 99.0, 1.0),
-])
-def test_before_tool_sets_the_smallest_deadline(own: float | None, default: float | None,
-                                                elapsed: float, expected: float) -> None:
+@pytest.mark.parametrize(
+    ("own", "default", "elapsed", "expected"),
+    [
+        (None, 30.0, 0.0, 30.0),  # the plugin's default
+        (5.0, 30.0, 0.0, 5.0),  # the tool's own, shorter timeout wins
+        (None, 30.0, 95.0, 5.0),  # the time left wins
+        (None, None, 40.0, 60.0),  # no timeout anywhere: the time left
+        (2.0, None, 99.0, 1.0),
+    ],
+)
+def test_before_tool_sets_the_smallest_deadline(
+    own: float | None, default: float | None, elapsed: float, expected: float
+) -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
     clock.advance(elapsed)
@@ -267,7 +275,8 @@ def release() -> Iterator[threading.Event]:
 
 
 def test_a_blocking_tool_is_abandoned_and_its_late_result_discarded(
-        release: threading.Event) -> None:
+    release: threading.Event,
+) -> None:
     finished = threading.Event()
 
     @tool(read_only=True, deterministic=True)
@@ -324,7 +333,8 @@ def test_an_async_tool_is_cancelled_in_an_async_run() -> None:
 
 
 def test_a_blocking_tool_in_an_async_run_does_not_hold_the_event_loop(
-        release: threading.Event) -> None:
+    release: threading.Event,
+) -> None:
     finished = threading.Event()
 
     @tool(read_only=True, deterministic=True)

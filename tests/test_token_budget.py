@@ -37,11 +37,14 @@ def plugin(**settings: Any) -> TokenBudget:
 # -- max_context: boundaries N-1, N, N+1 -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("request_size", "rung"), [
-    (C - 1, "soft"),  # this call fits (with its reserve): it becomes the final turn
-    (C, "soft"),
-    (C + 1, "hard"),  # this call itself does not fit
-])
+@pytest.mark.parametrize(
+    ("request_size", "rung"),
+    [
+        (C - 1, "soft"),  # this call fits (with its reserve): it becomes the final turn
+        (C, "soft"),
+        (C + 1, "hard"),  # this call itself does not fit
+    ],
+)
 def test_context_hard_boundary(request_size: int, rung: str) -> None:
     run = make_run()
     v = plugin(warn_at=None).before_model(run, request(run, request_size - R))
@@ -129,8 +132,10 @@ def test_bad_template_fails_at_load_time() -> None:
 # limit 10,000; a prompt of 1,100 with 1,000 reserved: this call needs 2,100; the next one
 # (no growth seen yet) 1,100 + 1,000 + 1,000 = 3,100 more.  Hard past 7,900 spent (this call
 # does not fit), soft past 4,800 (this call fits, the next would not).
-@pytest.mark.parametrize(("spent", "rung"), [(4799, None), (4800, None), (4801, "soft"),
-                                             (7899, "soft"), (7900, "soft"), (7901, "hard")])
+@pytest.mark.parametrize(
+    ("spent", "rung"),
+    [(4799, None), (4800, None), (4801, "soft"), (7899, "soft"), (7900, "soft"), (7901, "hard")],
+)
 def test_total_boundaries(spent: int, rung: str | None) -> None:
     p = plugin(max_context=100_000, max_total_tokens=10_000, warn_at=None)
     run = make_run()
@@ -174,7 +179,8 @@ def test_unreported_usage_is_counted_from_the_estimates() -> None:
     p.before_model(run, request(run, 4000))
     p.after_response(run, response(usage=False, content="x" * 40))
     assert p.spent(run) == 4000 + 10 + estimate_text("query_order") + estimate_text(
-        '{"order_id": "88231"}')
+        '{"order_id": "88231"}'
+    )
 
 
 # -- the estimator: CJK and English ------------------------------------------------------------
@@ -192,10 +198,14 @@ def test_cjk_counts_one_token_per_character_english_about_four_characters() -> N
 
 
 def _flood(observation: str, max_context: int) -> dict[str, Any]:
-    sc = scenario([turn(call("search_knowledge", query="退货"), content="查一下")], then="final",
-                  tools={"search_knowledge": {"results": [observation]}})
-    dep = Deployment(config("token_budget", token_budget={"max_context": max_context,
-                                                          "warn_at": None}))
+    sc = scenario(
+        [turn(call("search_knowledge", query="退货"), content="查一下")],
+        then="final",
+        tools={"search_knowledge": {"results": [observation]}},
+    )
+    dep = Deployment(
+        config("token_budget", token_budget={"max_context": max_context, "warn_at": None})
+    )
     return dep.run(scenario=sc).record()
 
 
@@ -247,16 +257,18 @@ def test_a_corrupt_cache_file_is_not_used(tiktoken_env: dict[str, Any]) -> None:
     assert tiktoken_env["calls"] == []  # tiktoken would re-download a corrupt file
 
 
-def test_a_cached_encoding_is_used(tiktoken_env: dict[str, Any],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cached_encoding_is_used(
+    tiktoken_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tiktoken_cache_file()
     assert path is not None
     data = b"fake ranks"
     path.write_bytes(data)
     url, _ = tokens_mod._TIKTOKEN_FILES["o200k_base"]
     assert path.name == hashlib.sha1(url.encode()).hexdigest()  # tiktoken's cache key
-    monkeypatch.setitem(tokens_mod._TIKTOKEN_FILES, "o200k_base",
-                        (url, hashlib.sha256(data).hexdigest()))
+    monkeypatch.setitem(
+        tokens_mod._TIKTOKEN_FILES, "o200k_base", (url, hashlib.sha256(data).hexdigest())
+    )
     est = get_estimator("auto")
     assert est is not estimate_text
     assert est("three words here") == 3 and est("") == 0
@@ -264,8 +276,9 @@ def test_a_cached_encoding_is_used(tiktoken_env: dict[str, Any],
     assert tiktoken_env["calls"] == ["o200k_base"]  # loaded once per process
 
 
-def test_caching_switched_off_means_unavailable(tiktoken_env: dict[str, Any],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_caching_switched_off_means_unavailable(
+    tiktoken_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     assert tiktoken_cache_file() is None
     assert tiktoken_estimator() is None
@@ -278,8 +291,9 @@ def test_tiktoken_not_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert path is not None
     path.write_bytes(b"x")
     url, _ = tokens_mod._TIKTOKEN_FILES["o200k_base"]
-    monkeypatch.setitem(tokens_mod._TIKTOKEN_FILES, "o200k_base",
-                        (url, hashlib.sha256(b"x").hexdigest()))
+    monkeypatch.setitem(
+        tokens_mod._TIKTOKEN_FILES, "o200k_base", (url, hashlib.sha256(b"x").hexdigest())
+    )
     reset_tiktoken()
     try:
         assert get_estimator("auto") is estimate_text

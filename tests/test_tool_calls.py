@@ -37,8 +37,15 @@ def test_run_cap_boundaries(limit: int) -> None:
     v = p.before_tool(run, tool_call())  # call N+1 does not
     assert isinstance(v, Skip)
     assert v.observation.startswith("ERROR: LIMIT_REACHED: query_order was not executed")
-    assert v.evidence == {"tool": "query_order", "scope": "run", "limit": limit, "used": limit,
-                          "refused": 1, "run_calls": limit, "on_exceed": "continue"}
+    assert v.evidence == {
+        "tool": "query_order",
+        "scope": "run",
+        "limit": limit,
+        "used": limit,
+        "refused": 1,
+        "run_calls": limit,
+        "on_exceed": "continue",
+    }
 
 
 def test_end_stops_the_run() -> None:
@@ -144,14 +151,20 @@ def test_parallel_calls_past_the_cap_get_an_error_and_the_run_goes_on() -> None:
     assert rec["tool_calls"] == 5 and rec["tools_executed"] == 3
     observations = [m["content"] for m in run.messages if m["role"] == "tool"]
     assert [o.startswith("ERROR: LIMIT_REACHED") for o in observations] == [
-        False, False, False, True, True]
+        False,
+        False,
+        False,
+        True,
+        True,
+    ]
     assert [w["plugin"] for w in rec["warnings"]] == ["tool_calls"]  # the hint, once
 
 
 def test_parallel_calls_past_the_cap_end_the_run() -> None:
     sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
-    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 3, "on_exceed": "end",
-                                                      "warn_at": None}))
+    dep = Deployment(
+        config("tool_calls", tool_calls={"max_tool_calls": 3, "on_exceed": "end", "warn_at": None})
+    )
     run = dep.run(scenario=sc)
     rec = run.record()
     assert rec["termination"] == "max_tool_calls" and rec["soft"] is True
@@ -164,9 +177,29 @@ def test_parallel_calls_past_the_cap_end_the_run() -> None:
 
 def test_a_run_cap_across_turns() -> None:
     sc = scenario([turn(call("search_knowledge", query=f"q{i}")) for i in range(6)], then="final")
-    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end",
-                                                      "warn_at": 0.7}))
+    dep = Deployment(
+        config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end", "warn_at": 0.7})
+    )
     rec = dep.run(scenario=sc).record()
     assert rec["termination"] == "max_tool_calls" and rec["tools_executed"] == 4
     assert rec["warnings"][0]["plugin"] == "tool_calls"  # 3 of 4 (70% rounded up)
     assert rec["warnings"][0]["message"].startswith("You have used 3 of 4 tool calls")
+
+
+def test_parse_calls_is_the_loops_own_parser() -> None:
+    from loopwarden.events import ModelResponse, ProposedCall
+    from loopwarden.loop import parse_calls
+    from loopwarden.testing import make_run
+
+    run = make_run()
+    response = ModelResponse(
+        tool_calls=[
+            ProposedCall(id="a", name="query_order", arguments='{"order_id": "88231"}'),
+            ProposedCall(id="b", name="no_such_tool", arguments="{}"),
+            ProposedCall(id="c", name="query_order", arguments="{not json"),
+        ]
+    )
+    ok, unknown, malformed = parse_calls(run, response)
+    assert (ok.error, ok.arguments, ok.index) == (None, {"order_id": "88231"}, 0)
+    assert ok.fingerprint == parse_calls(run, response)[0].fingerprint  # stable
+    assert unknown.error == "unknown_tool" and malformed.error == "malformed_arguments"

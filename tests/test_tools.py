@@ -17,8 +17,11 @@ from loopwarden.tools.shop import Shop, default_data_dir
 
 def test_schema_comes_from_type_hints_and_docstring() -> None:
     @tool(read_only=True, deterministic=True)
-    def find(query: Annotated[str, Field(description="what to find")], limit: int = 3,
-             ctx: ToolContext | None = None) -> str:
+    def find(
+        query: Annotated[str, Field(description="what to find")],
+        limit: int = 3,
+        ctx: ToolContext | None = None,
+    ) -> str:
         """Find things.
 
         Longer text that is not part of the description.
@@ -124,8 +127,14 @@ def test_refund_is_a_single_row_even_under_concurrency(tmp_path: Path) -> None:
 
 def test_shop_tool_flags_are_the_contract(tmp_path: Path) -> None:
     tools = Shop(tmp_path / "s.sqlite3").tools()
-    assert tools.names == ["query_order", "query_logistics", "search_knowledge",
-                           "get_current_time", "apply_refund", "transfer_to_human"]
+    assert tools.names == [
+        "query_order",
+        "query_logistics",
+        "search_knowledge",
+        "get_current_time",
+        "apply_refund",
+        "transfer_to_human",
+    ]
     flags = {t.name: (t.read_only, t.deterministic, t.side_effect, t.terminal) for t in tools}
     assert flags["query_order"] == (True, True, False, False)
     assert flags["get_current_time"] == (True, False, False, False)

@@ -123,13 +123,19 @@ class Tool:
         """Validate model-given arguments; raises pydantic's ValidationError."""
         return self.args_model.model_validate(dict(arguments)).model_dump()
 
-    def idempotency_key(self, arguments: Mapping[str, Any],
-                        volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS) -> str:
+    def idempotency_key(
+        self, arguments: Mapping[str, Any], volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS
+    ) -> str:
         """The key under which a side effect must happen at most once: the idempotency
         arguments, normalised as fingerprints are (see
         :func:`loopwarden.fingerprint.idempotency_key`)."""
-        return idempotency_key(self.name, arguments, self.idempotency_keys,
-                               normalize=self.normalize_arguments, volatile_keys=volatile_keys)
+        return idempotency_key(
+            self.name,
+            arguments,
+            self.idempotency_keys,
+            normalize=self.normalize_arguments,
+            volatile_keys=volatile_keys,
+        )
 
     def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
         """Call the function (sync tools return the value, async ones an awaitable)."""

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import sqlite3
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from typing import Annotated
 from pydantic import Field
 
 from loopwarden.exceptions import ToolError
+from loopwarden.paths import data_dir
 from loopwarden.tools import Tool, ToolRegistry, tool
 
 __all__ = ["Shop", "default_data_dir", "shop_tools"]
@@ -60,12 +60,26 @@ CREATE TABLE IF NOT EXISTS handoffs (
 """
 
 _ORDERS = [
-    ("88231", "比特 S10 Pro 扫地机", 1999, "已签收", "2026-06-18 09:12", "2026-06-22 14:05",
-     "SF1234567890"),
+    (
+        "88231",
+        "比特 S10 Pro 扫地机",
+        1999,
+        "已签收",
+        "2026-06-18 09:12",
+        "2026-06-22 14:05",
+        "SF1234567890",
+    ),
     ("88232", "比特 A3 无线吸尘器", 899, "运输中", "2026-06-20 20:31", None, "SF2234567891"),
     ("88233", "比特 H1 空气净化器", 1299, "待发货", "2026-06-23 11:47", None, None),
-    ("88234", "比特 S10 Pro 滤网套装", 129, "已签收", "2026-05-30 16:20", "2026-06-02 10:11",
-     "YT3234567892"),
+    (
+        "88234",
+        "比特 S10 Pro 滤网套装",
+        129,
+        "已签收",
+        "2026-05-30 16:20",
+        "2026-06-02 10:11",
+        "YT3234567892",
+    ),
 ]
 _LOGISTICS = [
     ("SF1234567890", 1, "2026-06-19 08:30", "顺丰已揽收，深圳宝安集散中心"),
@@ -78,31 +92,26 @@ _LOGISTICS = [
     ("YT3234567892", 2, "2026-06-02 10:11", "已签收，签收人：前台"),
 ]
 _KNOWLEDGE = [
-    ("七天无理由退货政策",
-     "自签收之日起 7 天内（含第 7 天），商品完好、配件齐全、不影响二次销售的，"
-     "支持七天无理由退货退款。退款原路退回，1-3 个工作日到账。"),
+    (
+        "七天无理由退货政策",
+        "自签收之日起 7 天内（含第 7 天），商品完好、配件齐全、不影响二次销售的，"
+        "支持七天无理由退货退款。退款原路退回，1-3 个工作日到账。",
+    ),
     ("退款到账时间", "退款审核通过后原路退回：支付宝/微信 1-3 个工作日，银行卡 3-7 个工作日。"),
     ("质量问题换货", "签收后 15 天内出现非人为质量问题，可申请换货，运费由商家承担。"),
     ("扫地机保修政策", "扫地机整机保修 1 年，电池保修 6 个月，需提供订单号。"),
     ("发货时间", "现货商品下单后 48 小时内发货，预售商品以页面说明为准。"),
-    ("Return policy (English)",
-     "Items may be returned within 7 days of delivery for a full refund, no reason needed, "
-     "if they are complete and undamaged."),
+    (
+        "Return policy (English)",
+        "Items may be returned within 7 days of delivery for a full refund, no reason needed, "
+        "if they are complete and undamaged.",
+    ),
 ]
 
 
 def default_data_dir() -> Path:
-    """The user's data directory for loopwarden (``LOOPWARDEN_DATA_DIR`` overrides it)."""
-    env = os.environ.get("LOOPWARDEN_DATA_DIR")
-    if env:
-        return Path(env)
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "loopwarden"
+    """The user's data directory for loopwarden (:func:`loopwarden.paths.data_dir`)."""
+    return data_dir()
 
 
 _TOKEN = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]", re.IGNORECASE)
@@ -120,8 +129,11 @@ def _terms(text: str) -> set[str]:
 class Shop:
     """One demo shop database.  Thread-safe: each operation opens its own connection."""
 
-    def __init__(self, db_path: str | os.PathLike[str] | None = None,
-                 now: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str] | None = None,
+        now: Callable[[], datetime] | None = None,
+    ) -> None:
         self.db_path = Path(db_path) if db_path else default_data_dir() / "shop.sqlite3"
         self._now = now or (lambda: datetime.now(timezone(timedelta(hours=8))))
         self._init_lock = threading.Lock()
@@ -189,8 +201,15 @@ class Shop:
             ).fetchone()
         if row is None:
             raise ToolError(f"NOT_FOUND: 订单 {order_id} 不存在")
-        keys = ("order_id", "product", "amount_yuan", "status", "ordered_at", "signed_at",
-                "tracking_no")
+        keys = (
+            "order_id",
+            "product",
+            "amount_yuan",
+            "status",
+            "ordered_at",
+            "signed_at",
+            "tracking_no",
+        )
         return dict(zip(keys, row, strict=True))
 
     def query_logistics(self, tracking_no: str) -> list[dict[str, str]]:
@@ -224,8 +243,14 @@ class Shop:
                 (order["order_id"],),
             ).fetchone()
             if row is not None:  # the order is already refunded: never a second refund
-                return {"refund_id": row[0], "order_id": order["order_id"], "status": "已受理",
-                        "created_at": row[1], "reason": row[2], "duplicate": True}
+                return {
+                    "refund_id": row[0],
+                    "order_id": order["order_id"],
+                    "status": "已受理",
+                    "created_at": row[1],
+                    "reason": row[2],
+                    "duplicate": True,
+                }
             created = self._now().strftime("%Y-%m-%d %H:%M:%S")
             n = c.execute("SELECT COUNT(*) FROM refunds").fetchone()[0] + 1
             refund_id = f"RF{order['order_id']}{n:03d}"
@@ -233,8 +258,13 @@ class Shop:
                 "INSERT INTO refunds VALUES (?,?,?,?,?)",
                 (refund_id, order["order_id"], reason, order["amount_yuan"], created),
             )
-        return {"refund_id": refund_id, "order_id": order["order_id"], "status": "已受理",
-                "amount_yuan": order["amount_yuan"], "created_at": created}
+        return {
+            "refund_id": refund_id,
+            "order_id": order["order_id"],
+            "status": "已受理",
+            "amount_yuan": order["amount_yuan"],
+            "created_at": created,
+        }
 
     def transfer_to_human(self, reason: str) -> dict[str, str]:
         reason = reason.strip()
@@ -243,8 +273,10 @@ class Shop:
             if row is None:
                 n = c.execute("SELECT COUNT(*) FROM handoffs").fetchone()[0] + 1
                 ticket = f"H{n:05d}"
-                c.execute("INSERT INTO handoffs VALUES (?,?,?)",
-                          (ticket, reason, self._now().strftime("%Y-%m-%d %H:%M:%S")))
+                c.execute(
+                    "INSERT INTO handoffs VALUES (?,?,?)",
+                    (ticket, reason, self._now().strftime("%Y-%m-%d %H:%M:%S")),
+                )
             else:
                 ticket = row[0]
         return {"status": "已转接人工客服", "ticket_id": ticket}
@@ -300,6 +332,12 @@ def shop_tools(shop: Shop) -> ToolRegistry:
         """转接人工客服；转接成功后本次对话由人工接手。"""
         return _dump(shop.transfer_to_human(reason))
 
-    tools: list[Tool] = [query_order, query_logistics, search_knowledge, get_current_time,
-                         apply_refund, transfer_to_human]
+    tools: list[Tool] = [
+        query_order,
+        query_logistics,
+        search_knowledge,
+        get_current_time,
+        apply_refund,
+        transfer_to_human,
+    ]
     return ToolRegistry(tools)

@@ -65,16 +65,25 @@ GRACE_S = 2.0
 NatureSpec = Mapping[str, Mapping[str, Any]]
 
 
-def framework_tool(name: str, description: str = "", parameters: Mapping[str, Any] | None = None,
-                   declared: Mapping[str, Any] | None = None) -> Tool:
+def framework_tool(
+    name: str,
+    description: str = "",
+    parameters: Mapping[str, Any] | None = None,
+    declared: Mapping[str, Any] | None = None,
+) -> Tool:
     """A loopwarden declaration standing for a framework's tool: its schema (counted in token
     estimates) and its nature -- ``declared`` (a ``[tools.<name>]`` table), the rest inferred
     from the name as ``loopwarden replay`` does.  The framework validates and runs the tool."""
     tool = recorded_tool(name, declared)
     tool.description = description or name
-    tool._schema = {"type": "function", "function": {
-        "name": name, "description": tool.description,
-        "parameters": dict(parameters or {"type": "object", "properties": {}})}}
+    tool._schema = {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": tool.description,
+            "parameters": dict(parameters or {"type": "object", "properties": {}}),
+        },
+    }
     return tool
 
 
@@ -84,12 +93,17 @@ def proposed(name: str, arguments: Any, call_id: str) -> ProposedCall:
     return ProposedCall(name=name, arguments=arguments, id=call_id)
 
 
-def tool_result(value: Any, *, error: BaseException | None = None, ok: bool = True,
-                retryable: bool = False) -> ToolResult:
+def tool_result(
+    value: Any, *, error: BaseException | None = None, ok: bool = True, retryable: bool = False
+) -> ToolResult:
     """A framework tool's outcome as loopwarden's :class:`ToolResult`."""
     if error is not None:
-        return ToolResult(content=f"ERROR: {type(error).__name__}: {error}", ok=False,
-                          error="exception", retryable=retryable)
+        return ToolResult(
+            content=f"ERROR: {type(error).__name__}: {error}",
+            ok=False,
+            error="exception",
+            retryable=retryable,
+        )
     if isinstance(value, str):
         text = value
     else:
@@ -97,8 +111,9 @@ def tool_result(value: Any, *, error: BaseException | None = None, ok: bool = Tr
             text = json.dumps(value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = str(value)
-    return ToolResult(content=text, ok=ok, error=None if ok else "tool_error", value=value,
-                      retryable=retryable)
+    return ToolResult(
+        content=text, ok=ok, error=None if ok else "tool_error", value=value, retryable=retryable
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +153,8 @@ class GuardedRun:
         self.engine = deployment.engine
         self.adapter = adapter
         declared: dict[str, dict[str, Any]] = {
-            name: t.model_dump(exclude_none=True) for name, t in deployment.config.tools.items()}
+            name: t.model_dump(exclude_none=True) for name, t in deployment.config.tools.items()
+        }
         for name, spec in (natures or {}).items():
             declared[name] = {**declared.get(name, {}), **dict(spec)}
         self._declared = declared
@@ -178,8 +194,9 @@ class GuardedRun:
 
     # -- tools ---------------------------------------------------------------------------
 
-    def declare(self, name: str, description: str = "",
-                parameters: Mapping[str, Any] | None = None) -> None:
+    def declare(
+        self, name: str, description: str = "", parameters: Mapping[str, Any] | None = None
+    ) -> None:
         """Make a framework tool known (before the model may call it)."""
         reg = self.run.tools
         if reg is not None and name not in reg:
@@ -233,7 +250,7 @@ class GuardedRun:
 
     def _scan(self) -> None:
         msgs = self.run.messages
-        for m in msgs[self._seen:]:
+        for m in msgs[self._seen :]:
             if m.get("role") == "tool":
                 self._answered[str(m.get("tool_call_id"))] = str(m.get("content"))
         self._seen = len(msgs)
@@ -248,8 +265,12 @@ class GuardedRun:
     def _not_run(self, reason: str) -> ToolResult:
         """The result for a call the framework did not run: a failure that may be tried
         again (so a side effect's key is not taken as done)."""
-        return ToolResult(content=self.engine.texts.not_executed.format(reason=reason),
-                          ok=False, error="invalid_arguments", retryable=True)
+        return ToolResult(
+            content=self.engine.texts.not_executed.format(reason=reason),
+            ok=False,
+            error="invalid_arguments",
+            retryable=True,
+        )
 
     def _send_not_run(self, result: ToolResult) -> None:
         self._step(result)
@@ -322,8 +343,9 @@ class GuardedRun:
         if isinstance(eff, RunTool):
             if eff.call.id == call_id:
                 if call_id in self._claimed:
-                    return Answer(self.engine.texts.not_executed.format(
-                        reason="this call is already running"))
+                    return Answer(
+                        self.engine.texts.not_executed.format(reason="this call is already running")
+                    )
                 self._claimed.add(call_id)
                 return Execute(call_id)
             return None  # an earlier call is still on its way: wait for it
@@ -335,8 +357,11 @@ class GuardedRun:
         never coming (refused before execution, or run out of order) -- answered as not run,
         so the later calls go on.  Should it come after all, it gets that answer too."""
         eff = self._eff
-        if (isinstance(eff, RunTool) and eff.call.id == waited_for
-                and waited_for not in self._claimed):
+        if (
+            isinstance(eff, RunTool)
+            and eff.call.id == waited_for
+            and waited_for not in self._claimed
+        ):
             self.not_run(waited_for, "not run by the framework")
 
     def _blocking(self) -> str | None:
@@ -406,8 +431,11 @@ class GuardedRun:
         """The framework's run is over: finish loopwarden's run if the machine has not
         (``ended_by_framework``, or ``error`` when ``error`` is given)."""
         with self._cond:
-            if (error is not None and error is self._model_error
-                    and isinstance(self._eff, CallModel)):
+            if (
+                error is not None
+                and error is self._model_error
+                and isinstance(self._eff, CallModel)
+            ):
                 self._send(Failed(error))  # the machine's own model_error outcome
             if self.outcome is not None:
                 return
@@ -435,6 +463,7 @@ def nature_tables(natures: NatureSpec | Mapping[str, ToolNature] | None) -> dict
     """Adapter ``tools=`` arguments as plain tables (ToolNature models or mappings)."""
     out: dict[str, Any] = {}
     for name, spec in (natures or {}).items():
-        out[name] = (spec.model_dump(exclude_none=True) if isinstance(spec, BaseModel)
-                     else dict(spec))
+        out[name] = (
+            spec.model_dump(exclude_none=True) if isinstance(spec, BaseModel) else dict(spec)
+        )
     return out

@@ -91,8 +91,9 @@ def _openai(messages: list[BaseMessage]) -> list[dict[str, Any]]:
     return [m for m in converted if isinstance(m, dict)]
 
 
-def _response(result: ModelResponse[Any] | AIMessage | Any) -> tuple[AIMessage | None,
-                                                                     events.ModelResponse]:
+def _response(
+    result: ModelResponse[Any] | AIMessage | Any,
+) -> tuple[AIMessage | None, events.ModelResponse]:
     msgs = result.result if isinstance(result, ModelResponse) else [result]
     ai = next((m for m in msgs if isinstance(m, AIMessage)), None)
     if ai is None:
@@ -100,8 +101,9 @@ def _response(result: ModelResponse[Any] | AIMessage | Any) -> tuple[AIMessage |
     meta = ai.usage_metadata
     return ai, events.ModelResponse(
         content=_text(ai) or None,
-        tool_calls=[proposed(tc["name"], tc.get("args") or {}, tc.get("id") or "")
-                    for tc in ai.tool_calls],
+        tool_calls=[
+            proposed(tc["name"], tc.get("args") or {}, tc.get("id") or "") for tc in ai.tool_calls
+        ],
         usage=usage(meta["input_tokens"], meta["output_tokens"]) if meta else None,
         model=(ai.response_metadata or {}).get("model_name"),
     )
@@ -129,9 +131,15 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
 
     state_schema = LoopwardenState
 
-    def __init__(self, deployment: Deployment, *, tools: NatureSpec | None = None,
-                 model_name: str | None = None, profile: str | None = None,
-                 meta: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        tools: NatureSpec | None = None,
+        model_name: str | None = None,
+        profile: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.deployment = deployment
         self.natures = nature_tables(tools)
@@ -147,9 +155,16 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     def _begin(self, state: Mapping[str, Any]) -> dict[str, Any]:
         messages: list[BaseMessage] = list(state.get("messages") or [])
         user = next((_text(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
-        guarded = GuardedRun(self.deployment, user=user, history=_openai(messages),
-                             natures=self.natures, model_name=self.model_name,
-                             meta=self.meta, profile=self.profile, adapter="langchain")
+        guarded = GuardedRun(
+            self.deployment,
+            user=user,
+            history=_openai(messages),
+            natures=self.natures,
+            model_name=self.model_name,
+            meta=self.meta,
+            profile=self.profile,
+            adapter="langchain",
+        )
         with self._lock:
             self._runs[guarded.run.run_id] = guarded
         return {_KEY: guarded.run.run_id}
@@ -166,8 +181,14 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if guarded is not None:
             guarded.finish(detail="the agent ended before loopwarden's run did")
 
-    def _failed(self, guarded: GuardedRun, exc: BaseException, *, model: bool = False,
-                call_id: str | None = None) -> None:
+    def _failed(
+        self,
+        guarded: GuardedRun,
+        exc: BaseException,
+        *,
+        model: bool = False,
+        call_id: str | None = None,
+    ) -> None:
         """The model or a tool raised and the exception leaves the middleware: LangChain has
         already applied its own error handling (``handle_tool_errors``) inside ``handler``, so
         the agent ends here -- the guards see the failure, and the run ends (recorded).
@@ -195,12 +216,14 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     def before_agent(self, state: LoopwardenState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return self._begin(state)
 
-    async def abefore_agent(self, state: LoopwardenState,
-                            runtime: Runtime[Any]) -> dict[str, Any] | None:
+    async def abefore_agent(
+        self, state: LoopwardenState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
         return self._begin(state)
 
-    def _prepare(self, guarded: GuardedRun, request: ModelRequest[Any]
-                 ) -> tuple[ModelRequest[Any] | None, list[HumanMessage | SystemMessage]]:
+    def _prepare(
+        self, guarded: GuardedRun, request: ModelRequest[Any]
+    ) -> tuple[ModelRequest[Any] | None, list[HumanMessage | SystemMessage]]:
         """The request as loopwarden's verdicts shape it (None: answer without the model),
         and the guard notes added to it."""
         known = guarded.run.tools
@@ -225,8 +248,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         return request, notes
 
     @staticmethod
-    def _answer(guarded: GuardedRun, result: Any,
-                notes: list[HumanMessage | SystemMessage]) -> Any:
+    def _answer(guarded: GuardedRun, result: Any, notes: list[HumanMessage | SystemMessage]) -> Any:
         """The model's answer as the agent keeps it: the notes that preceded it first (so they
         stay in the conversation, in order), and loopwarden's answer in its place when the
         run ended on it."""
@@ -237,8 +259,9 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if not notes:
             return result
         if isinstance(result, ModelResponse):
-            return ModelResponse(result=[*notes, *result.result],
-                                 structured_response=result.structured_response)
+            return ModelResponse(
+                result=[*notes, *result.result], structured_response=result.structured_response
+            )
         return ModelResponse(result=[*notes, result])
 
     def wrap_model_call(
@@ -259,7 +282,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         return answer
 
     async def awrap_model_call(
-        self, request: ModelRequest[Any],
+        self,
+        request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any] | AIMessage:
         guarded = self._guarded(request.state)
@@ -284,12 +308,14 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     @staticmethod
     def _result(out: ToolMessage | Command[Any]) -> Any:
         if isinstance(out, ToolMessage):
-            return tool_result(out.content if isinstance(out.content, str) else out.text,
-                               ok=out.status != "error")
+            return tool_result(
+                out.content if isinstance(out.content, str) else out.text, ok=out.status != "error"
+            )
         return tool_result(repr(out))  # a Command: the tool changed the graph's state
 
     def wrap_tool_call(
-        self, request: ToolCallRequest,
+        self,
+        request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         guarded = self._guarded(request.state)
@@ -308,7 +334,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         return out
 
     async def awrap_tool_call(
-        self, request: ToolCallRequest,
+        self,
+        request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
         guarded = self._guarded(request.state)
@@ -330,7 +357,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         self._end(state)
         return None
 
-    async def aafter_agent(self, state: LoopwardenState,
-                           runtime: Runtime[Any]) -> dict[str, Any] | None:
+    async def aafter_agent(
+        self, state: LoopwardenState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
         self._end(state)
         return None

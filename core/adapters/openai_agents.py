@@ -77,8 +77,12 @@ def _message(text: str) -> Any:
     from openai.types.responses import ResponseOutputText
 
     return ResponseOutputMessage(
-        id="loopwarden-answer", type="message", role="assistant", status="completed",
-        content=[ResponseOutputText(text=text, type="output_text", annotations=[])])
+        id="loopwarden-answer",
+        type="message",
+        role="assistant",
+        status="completed",
+        content=[ResponseOutputText(text=text, type="output_text", annotations=[])],
+    )
 
 
 def _items(value: Any) -> list[Any]:
@@ -96,12 +100,14 @@ def _openai(items: list[Any]) -> list[dict[str, Any]]:
         if role in ("user", "system", "developer", "assistant"):
             content = d.get("content")
             if not isinstance(content, str):
-                content = "".join(str(p.get("text", "")) for p in content or ()
-                                  if isinstance(p, dict))
+                content = "".join(
+                    str(p.get("text", "")) for p in content or () if isinstance(p, dict)
+                )
             out.append({"role": "system" if role == "developer" else role, "content": content})
         elif d.get("type") == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": d.get("call_id"),
-                        "content": str(d.get("output"))})
+            out.append(
+                {"role": "tool", "tool_call_id": d.get("call_id"), "content": str(d.get("output"))}
+            )
     return out
 
 
@@ -114,8 +120,11 @@ def _response(resp: ModelResponse, handoffs: set[str]) -> events.ModelResponse:
         elif isinstance(item, ResponseFunctionToolCall) and item.name not in handoffs:
             calls.append(proposed(item.name, item.arguments, item.call_id))
     u = resp.usage
-    return events.ModelResponse(content="".join(texts) or None, tool_calls=calls,
-                                usage=usage(u.input_tokens, u.output_tokens))
+    return events.ModelResponse(
+        content="".join(texts) or None,
+        tool_calls=calls,
+        usage=usage(u.input_tokens, u.output_tokens),
+    )
 
 
 class _GuardedModel(Model):
@@ -126,13 +135,23 @@ class _GuardedModel(Model):
         self.guarded = guarded
 
     def _answer(self, text: str, base: ModelResponse | None = None) -> ModelResponse:
-        return ModelResponse(output=[_message(text)],
-                             usage=base.usage if base is not None else SDKUsage(),
-                             response_id=base.response_id if base is not None else None)
+        return ModelResponse(
+            output=[_message(text)],
+            usage=base.usage if base is not None else SDKUsage(),
+            response_id=base.response_id if base is not None else None,
+        )
 
-    async def get_response(self, system_instructions: str | None, input: Any,
-                           model_settings: Any, tools: list[Any], output_schema: Any,
-                           handoffs: list[Any], tracing: Any, **kwargs: Any) -> ModelResponse:
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: Any,
+        model_settings: Any,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: Any,
+        **kwargs: Any,
+    ) -> ModelResponse:
         guarded = self.guarded
         for t in tools:
             if isinstance(t, FunctionTool):
@@ -143,15 +162,26 @@ class _GuardedModel(Model):
             return self._answer(guarded.final_answer)
         if turn.notes:
             settings = guarded.engine.settings
-            input = [*_items(input), *({"role": settings.warning_role,
-                                        "content": settings.warning_prefix + n}
-                                       for n in turn.notes)]
+            input = [
+                *_items(input),
+                *(
+                    {"role": settings.warning_role, "content": settings.warning_prefix + n}
+                    for n in turn.notes
+                ),
+            ]
         if turn.final:
             tools, handoffs = [], []
         try:
-            resp = await self.inner.get_response(system_instructions, input, model_settings,
-                                                 tools, output_schema, handoffs, tracing,
-                                                 **kwargs)
+            resp = await self.inner.get_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                **kwargs,
+            )
         except BaseException as exc:
             guarded.model_failed(exc)  # the SDK may retry; recorded if the run ends on it
             raise
@@ -198,9 +228,15 @@ class LoopwardenRunner:
     loopwarden run of the latest ``run`` (its record: ``runner.last_run.record()``).
     """
 
-    def __init__(self, deployment: Deployment, *, tools: NatureSpec | None = None,
-                 model_name: str | None = None, profile: str | None = None,
-                 meta: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        tools: NatureSpec | None = None,
+        model_name: str | None = None,
+        profile: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
         self.deployment = deployment
         self.natures = nature_tables(tools)
         self.model_name = model_name
@@ -223,15 +259,23 @@ class LoopwardenRunner:
         items = _items(input)
         user = next((m["content"] for m in reversed(_openai(items)) if m["role"] == "user"), "")
         name = self.model_name or getattr(inner, "model", None)
-        guarded = GuardedRun(self.deployment, user=user, history=_openai(items),
-                             natures=self.natures,
-                             model_name=name if isinstance(name, str) else None,
-                             meta=self.meta, profile=self.profile, adapter="openai_agents")
+        guarded = GuardedRun(
+            self.deployment,
+            user=user,
+            history=_openai(items),
+            natures=self.natures,
+            model_name=name if isinstance(name, str) else None,
+            meta=self.meta,
+            profile=self.profile,
+            adapter="openai_agents",
+        )
         self.last_run = guarded.run
         wrapped = agent.clone(
             model=_GuardedModel(inner, guarded),
-            tools=[_wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t
-                   for t in agent.tools])
+            tools=[
+                _wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in agent.tools
+            ],
+        )
         handlers = dict(kwargs.pop("error_handlers", None) or {})
 
         def max_turns(data: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
@@ -241,8 +285,13 @@ class LoopwardenRunner:
         handlers.setdefault("max_turns", max_turns)
         run_config = dataclasses.replace(run_config, model=None)
         try:
-            result = await Runner.run(wrapped, input, run_config=run_config,
-                                      error_handlers=handlers, **kwargs)  # type: ignore[arg-type]
+            result = await Runner.run(
+                wrapped,
+                input,
+                run_config=run_config,
+                error_handlers=handlers,  # type: ignore[arg-type]
+                **kwargs,
+            )
         except BaseException as exc:
             guarded.finish(exc)
             raise
@@ -252,4 +301,3 @@ class LoopwardenRunner:
     def run_sync(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
         """:meth:`run` from sync code (not from inside a running event loop)."""
         return asyncio.run(self.run(agent, input, **kwargs))
-

@@ -85,16 +85,25 @@ def _openai(history: list[pm.ModelMessage]) -> list[dict[str, Any]]:
                 elif isinstance(part, pm.UserPromptPart):
                     out.append({"role": "user", "content": _text(part.content)})
                 elif isinstance(part, pm.ToolReturnPart):
-                    out.append({"role": "tool", "tool_call_id": part.tool_call_id,
-                                "content": part.model_response_str()})
+                    out.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": part.tool_call_id,
+                            "content": part.model_response_str(),
+                        }
+                    )
         elif isinstance(msg, pm.ModelResponse):
             _, response = _response(msg)
             entry: dict[str, Any] = {"role": "assistant", "content": response.content}
             if response.tool_calls:
                 entry["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": str(c.arguments)}}
-                    for c in response.tool_calls]
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": str(c.arguments)},
+                    }
+                    for c in response.tool_calls
+                ]
             out.append(entry)
     return out
 
@@ -105,8 +114,10 @@ def _response(msg: pm.ModelResponse) -> tuple[list[pm.ToolCallPart], events.Mode
     u = msg.usage
     return calls, events.ModelResponse(
         content=text or None,
-        tool_calls=[proposed(c.tool_name, c.args if c.args is not None else {}, c.tool_call_id)
-                    for c in calls],
+        tool_calls=[
+            proposed(c.tool_name, c.args if c.args is not None else {}, c.tool_call_id)
+            for c in calls
+        ],
         usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
         model=msg.model_name,
     )
@@ -120,9 +131,15 @@ class Loopwarden(AbstractCapability[Any]):
     ``profile`` and ``meta`` are those of ``Deployment.run``.
     """
 
-    def __init__(self, deployment: Deployment, *, tools: NatureSpec | None = None,
-                 model_name: str | None = None, profile: str | None = None,
-                 meta: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        tools: NatureSpec | None = None,
+        model_name: str | None = None,
+        profile: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
         self.deployment = deployment
         self.natures = nature_tables(tools)
         self.model_name = model_name
@@ -131,22 +148,34 @@ class Loopwarden(AbstractCapability[Any]):
         self.guarded: GuardedRun | None = None  # this run's (set on the for_run copy)
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
-        return Loopwarden(self.deployment, tools=self.natures, model_name=self.model_name,
-                          profile=self.profile, meta=self.meta)
+        return Loopwarden(
+            self.deployment,
+            tools=self.natures,
+            model_name=self.model_name,
+            profile=self.profile,
+            meta=self.meta,
+        )
 
     def _guard(self, ctx: RunContext[Any]) -> GuardedRun:
         if self.guarded is None:
             model_name = self.model_name or getattr(ctx.model, "model_name", None)
             self.guarded = GuardedRun(
-                self.deployment, user=_text(ctx.prompt), history=_openai(list(ctx.messages)),
-                natures=self.natures, model_name=model_name, meta=self.meta,
-                profile=self.profile, adapter="pydantic_ai")
+                self.deployment,
+                user=_text(ctx.prompt),
+                history=_openai(list(ctx.messages)),
+                natures=self.natures,
+                model_name=model_name,
+                meta=self.meta,
+                profile=self.profile,
+                adapter="pydantic_ai",
+            )
         return self.guarded
 
     # -- the run -------------------------------------------------------------------------
 
-    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler
-                       ) -> AgentRunResult[Any]:
+    async def wrap_run(
+        self, ctx: RunContext[Any], *, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
         try:
             result = await handler()
         except UsageLimitExceeded as exc:  # pydantic-ai's own limits ended the run
@@ -163,8 +192,9 @@ class Loopwarden(AbstractCapability[Any]):
 
     # -- model requests ------------------------------------------------------------------
 
-    async def prepare_tools(self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]
-                            ) -> list[ToolDefinition]:
+    async def prepare_tools(
+        self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]
+    ) -> list[ToolDefinition]:
         guarded = self._guard(ctx)
         for t in tool_defs:
             guarded.declare(t.name, t.description or "", t.parameters_json_schema)
@@ -173,8 +203,9 @@ class Loopwarden(AbstractCapability[Any]):
             return []  # the wrap-up turn (or the run is over): no tool can be called
         return tool_defs
 
-    async def before_model_request(self, ctx: RunContext[Any],
-                                   request_context: ModelRequestContext) -> ModelRequestContext:
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
         guarded = self._guard(ctx)
         parts = request_context.model_request_parameters.instruction_parts or []
         guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
@@ -189,9 +220,13 @@ class Loopwarden(AbstractCapability[Any]):
                     ctx.enqueue(pm.SystemPromptPart(content=text))
         return request_context
 
-    async def wrap_model_request(self, ctx: RunContext[Any], *,
-                                 request_context: ModelRequestContext,
-                                 handler: WrapModelRequestHandler) -> pm.ModelResponse:
+    async def wrap_model_request(
+        self,
+        ctx: RunContext[Any],
+        *,
+        request_context: ModelRequestContext,
+        handler: WrapModelRequestHandler,
+    ) -> pm.ModelResponse:
         guarded = self._guard(ctx)
         if guarded.model_turn() is None:
             return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
@@ -208,19 +243,30 @@ class Loopwarden(AbstractCapability[Any]):
 
     # -- tools ---------------------------------------------------------------------------
 
-    async def wrap_tool_validate(self, ctx: RunContext[Any], *, call: pm.ToolCallPart,
-                                 tool_def: ToolDefinition, args: RawToolArgs,
-                                 handler: WrapToolValidateHandler) -> ValidatedToolArgs:
+    async def wrap_tool_validate(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: pm.ToolCallPart,
+        tool_def: ToolDefinition,
+        args: RawToolArgs,
+        handler: WrapToolValidateHandler,
+    ) -> ValidatedToolArgs:
         try:
             return await handler(args)
         except Exception as exc:  # refused before execution: a retry prompt, not a run
-            self._guard(ctx).not_run(call.tool_call_id,
-                                     f"arguments refused ({type(exc).__name__})")
+            self._guard(ctx).not_run(call.tool_call_id, f"arguments refused ({type(exc).__name__})")
             raise
 
-    async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: pm.ToolCallPart,
-                                tool_def: ToolDefinition, args: ValidatedToolArgs,
-                                handler: WrapToolExecuteHandler) -> Any:
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: pm.ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
         guarded = self._guard(ctx)
         decision = await guarded.atool(call.tool_call_id)
         if isinstance(decision, Answer):

@@ -7,6 +7,8 @@ import argparse
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", metavar="FILE", default=None,
+        "--config",
+        metavar="FILE",
+        default=None,
         help="deployment config (default: ./config.toml if present, else the shipped default)",
     )

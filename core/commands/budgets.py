@@ -18,8 +18,13 @@ from loopwarden.commands import add_config_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=["show", "reset"], default="show",
-                        help="show (default) or reset SCOPE KEY")
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=["show", "reset"],
+        default="show",
+        help="show (default) or reset SCOPE KEY",
+    )
     parser.add_argument("scope", nargs="?", help="with reset: the scope (tenant, user, ...)")
     parser.add_argument("key", nargs="?", help="with reset: the scope's key (acme, u-17, ...)")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -55,13 +60,23 @@ def main(args: argparse.Namespace) -> int:
         store = shared.store
         if args.action == "reset":
             if not args.scope or not args.key:
-                print("loopwarden budgets: reset needs SCOPE and KEY (budgets reset tenant acme)",
-                      file=sys.stderr)
+                print(
+                    "loopwarden budgets: reset needs SCOPE and KEY (budgets reset tenant acme)",
+                    file=sys.stderr,
+                )
                 return 2
             n = store.reset(args.scope, args.key)
             if args.json:
-                print(json.dumps({"store": redact_url(shared.url), "scope": args.scope,
-                                  "key": args.key, "counters_removed": n}))
+                print(
+                    json.dumps(
+                        {
+                            "store": redact_url(shared.url),
+                            "scope": args.scope,
+                            "key": args.key,
+                            "counters_removed": n,
+                        }
+                    )
+                )
             else:
                 print(f"reset {args.scope}={args.key}: {n} counter(s) removed")
             return 0
@@ -72,8 +87,7 @@ def main(args: argparse.Namespace) -> int:
     for r in rows:
         r["limits"] = limits.get((r["scope"], r["window"]), {})
     if args.json:
-        print(json.dumps({"store": redact_url(shared.url), "counters": rows},
-                         ensure_ascii=False))
+        print(json.dumps({"store": redact_url(shared.url), "counters": rows}, ensure_ascii=False))
         return 0
     print(f"store: {redact_url(shared.url)}")
     if not rows:

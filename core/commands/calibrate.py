@@ -29,14 +29,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from loopwarden.calibrate import MARGIN, MIN_RUNS
 
     parser.add_argument("file", help="trajectory JSONL (DESIGN's format) or run-record JSONL")
-    parser.add_argument("--margin", type=float, default=MARGIN,
-                        help=f"proposed limit = p99 x MARGIN, rounded up (default {MARGIN:g})")
-    parser.add_argument("--min-runs", type=int, default=MIN_RUNS, metavar="N",
-                        help="propose a profile for a domain only with at least N successful "
-                        f"conversations (default {MIN_RUNS})")
-    parser.add_argument("--system-prompt-tokens", type=int, default=None, metavar="N",
-                        help="for the figures' replay: the system prompt the recordings leave "
-                        "out (see loopwarden replay)")
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=MARGIN,
+        help=f"proposed limit = p99 x MARGIN, rounded up (default {MARGIN:g})",
+    )
+    parser.add_argument(
+        "--min-runs",
+        type=int,
+        default=MIN_RUNS,
+        metavar="N",
+        help="propose a profile for a domain only with at least N successful "
+        f"conversations (default {MIN_RUNS})",
+    )
+    parser.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="for the figures' replay: the system prompt the recordings leave "
+        "out (see loopwarden replay)",
+    )
     add_config_argument(parser)
 
 
@@ -44,8 +58,9 @@ def _pct(part: int, whole: int) -> str:
     return f"{part}/{whole} ({100.0 * part / whole:.1f}%)" if whole else "0/0"
 
 
-def _replay_figures(config: Config, path: Path, stats: Stats,
-                    system_prompt_tokens: int | None) -> list[str]:
+def _replay_figures(
+    config: Config, path: Path, stats: Stats, system_prompt_tokens: int | None
+) -> list[str]:
     """What the calibrated config does to the file's trajectories: all of them with no
     profile, then each calibrated profile on its own domain's trajectories."""
     from loopwarden.calibrate import _group
@@ -55,21 +70,26 @@ def _replay_figures(config: Config, path: Path, stats: Stats,
     trajs = [t for _, t in iter_trajectories(path) if t is not None]
     lines = []
     runs: list[tuple[str | None, list[dict[str, Any]]]] = [(None, trajs)]
-    runs += [(g, [t for t in trajs if _group(t) == g]) for g in stats.groups()
-             if g in config.profiles]
+    runs += [
+        (g, [t for t in trajs if _group(t) == g]) for g in stats.groups() if g in config.profiles
+    ]
     for profile, group in runs:
         c = replay_config(config)
         c = c.model_copy(update={"run": c.run.model_copy(update={"profile": profile})})
         with Deployment(c) as dep:
-            s = summarize(replay_trajectory(dep, t, system_prompt_tokens=system_prompt_tokens)
-                          for t in group)
+            s = summarize(
+                replay_trajectory(dep, t, system_prompt_tokens=system_prompt_tokens) for t in group
+            )
         label = "no profile" if profile is None else f"profile {profile}, {profile} runs only"
         lines += [
             f"  {label}: {s['trajectories']} trajectories",
             f"    successful runs stopped with tool work left  "
             f"{_pct(s['successful_stopped_with_work_left'], s['successful'])}"
-            + (f" by {json.dumps(s['successful_stopped_with_work_left_by_reason'])}"
-               if s["successful_stopped_with_work_left"] else ""),
+            + (
+                f" by {json.dumps(s['successful_stopped_with_work_left_by_reason'])}"
+                if s["successful_stopped_with_work_left"]
+                else ""
+            ),
             f"    successful runs warned                       "
             f"{_pct(s['successful_warned'], s['successful'])}",
             f"    runaway runs stopped                         "
@@ -91,12 +111,17 @@ def _record_figures(config: Config, stats: Stats) -> list[str]:
 
     steps, calls = limit("max_steps", "max_steps"), limit("tool_calls", "max_tool_calls")
     tokens = limit("token_budget", "max_total_tokens")
-    over = [t for t in stats.turns
-            if (steps is not None and t.model_calls > steps)
-            or (calls is not None and t.tool_calls > calls)
-            or (tokens is not None and t.tokens is not None and t.tokens > tokens)]
-    return [f"  successful runs over a proposed limit  {_pct(len(over), len(stats.turns))}",
-            "  (runaways caught need trajectories: run records hold no steps to replay)"]
+    over = [
+        t
+        for t in stats.turns
+        if (steps is not None and t.model_calls > steps)
+        or (calls is not None and t.tool_calls > calls)
+        or (tokens is not None and t.tokens is not None and t.tokens > tokens)
+    ]
+    return [
+        f"  successful runs over a proposed limit  {_pct(len(over), len(stats.turns))}",
+        "  (runaways caught need trajectories: run records hold no steps to replay)",
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -122,8 +147,9 @@ def main(args: argparse.Namespace) -> int:
     path = Path(args.file)
     stats = load_stats(path)
     if not stats.turns:
-        raise ConfigError(f"no successful runs among {stats.lines} line(s): nothing to "
-                          "calibrate on", path=path)
+        raise ConfigError(
+            f"no successful runs among {stats.lines} line(s): nothing to calibrate on", path=path
+        )
     base_path = find_config(args.config)
     base = load_toml(base_path)
     left_out = f"{stats.unsuccessful} unsuccessful"
@@ -137,16 +163,22 @@ def main(args: argparse.Namespace) -> int:
         f"runs (p99 x {args.margin:g}, rounded up):",
         "",
     ]
-    _, text = calibrated_config(stats, base, margin=args.margin, min_runs=args.min_runs,
-                                header=header)
+    _, text = calibrated_config(
+        stats, base, margin=args.margin, min_runs=args.min_runs, header=header
+    )
     config = parse_config(tomllib.loads(text), path="<calibrated>")
     load_plugins(config)  # what `loopwarden config check` does: a proposal must be valid
     check_tables(config)
     if stats.kind == "trajectories":
-        where = "replayed" + (f" with --system-prompt-tokens {args.system_prompt_tokens}"
-                              if args.system_prompt_tokens is not None else "")
-        figures = [f"What this config does to {path.name} ({where}):",
-                   *_replay_figures(config, path, stats, args.system_prompt_tokens)]
+        where = "replayed" + (
+            f" with --system-prompt-tokens {args.system_prompt_tokens}"
+            if args.system_prompt_tokens is not None
+            else ""
+        )
+        figures = [
+            f"What this config does to {path.name} ({where}):",
+            *_replay_figures(config, path, stats, args.system_prompt_tokens),
+        ]
     else:
         figures = [f"What this config does to {path.name}:", *_record_figures(config, stats)]
     comment = "".join(f"# {x}\n" for x in figures)

@@ -16,15 +16,27 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = sub.add_parser("check", help="validate a config file and load its plugins")
-    check.add_argument("file", nargs="?", help="the config (default: --config, ./config.toml, "
-                                               "or the shipped default)")
+    check.add_argument(
+        "file",
+        nargs="?",
+        help="the config (default: --config, ./config.toml, or the shipped default)",
+    )
     check.add_argument("--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     schema = sub.add_parser("schema", help="print a JSON Schema of the config file")
-    schema.add_argument("--config", metavar="FILE", default=None,
-                        help="also describe the plugins this config enables (default: "
-                             "./config.toml if present, else the shipped default)")
-    schema.add_argument("--output", "-o", metavar="FILE", default=None,
-                        help="write the schema to FILE instead of stdout")
+    schema.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="also describe the plugins this config enables (default: "
+        "./config.toml if present, else the shipped default)",
+    )
+    schema.add_argument(
+        "--output",
+        "-o",
+        metavar="FILE",
+        default=None,
+        help="write the schema to FILE instead of stdout",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,23 +55,21 @@ def main(args: argparse.Namespace) -> int:
                 if callable(check_config):
                     check_config(path=config.path)
             if config.model.provider == "openai":  # the live model must be acceptable too
-                for lp in plugins:
-                    check = getattr(lp.obj, "check_model", None)
-                    if callable(check):
-                        check(config.model.name, path=config.path)
+                dep.check_model(config.model.name)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     from loopwarden.schema import config_schema
 
-    text = json.dumps(config_schema(find_config(args.config)), indent=2,
-                      ensure_ascii=False) + "\n"
+    text = json.dumps(config_schema(find_config(args.config)), indent=2, ensure_ascii=False) + "\n"
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:
                 fh.write(text)
         except OSError as exc:
-            print(f"loopwarden config: cannot write {args.output}: {exc.strerror or exc}",
-                  file=sys.stderr)
+            print(
+                f"loopwarden config: cannot write {args.output}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
             return 2
     else:
         print(text, end="")

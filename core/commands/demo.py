@@ -25,22 +25,39 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="print one run record per line (with a `guarded` field), then the "
-                        "totals")
-    parser.add_argument("--scenarios", metavar="PATH", action="append", default=[],
-                        help="play these scenario files or directories instead of the built-in "
-                        "ones (repeatable)")
-    parser.add_argument("--only", metavar="NAME", action="append", default=[],
-                        help="play only scenarios whose file name matches (a name or a shell "
-                        "glob; repeatable)")
-    parser.add_argument("--db-dir", metavar="DIR", default=None,
-                        help="keep each run's shop database in DIR (default: a temporary "
-                        "directory, removed afterwards)")
-    parser.add_argument("--observers", action="store_true",
-                        help="keep the observer plugins (logging, metrics, alerting, records) "
-                        "in the guarded runs; by default the demo leaves them out: they cannot "
-                        "change a run, and their output would bury the table")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one run record per line (with a `guarded` field), then the totals",
+    )
+    parser.add_argument(
+        "--scenarios",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="play these scenario files or directories instead of the built-in ones (repeatable)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="play only scenarios whose file name matches (a name or a shell glob; repeatable)",
+    )
+    parser.add_argument(
+        "--db-dir",
+        metavar="DIR",
+        default=None,
+        help="keep each run's shop database in DIR (default: a temporary "
+        "directory, removed afterwards)",
+    )
+    parser.add_argument(
+        "--observers",
+        action="store_true",
+        help="keep the observer plugins (logging, metrics, alerting, records) "
+        "in the guarded runs; by default the demo leaves them out: they cannot "
+        "change a run, and their output would bury the table",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     add_config_argument(parser)
 
@@ -75,12 +92,28 @@ def _result(p: Pair) -> str:
 
 def _side(rec: dict[str, Any]) -> list[str]:
     term = rec["termination"] + (" (soft)" if rec["soft"] else "")
-    return [term, _int(rec["steps"]), _int(rec["tool_calls"]), _int(rec["tokens"]["total"]),
-            _cost(rec.get("priced_cost")), "yes" if rec["final_answer_present"] else "no"]
+    return [
+        term,
+        _int(rec["steps"]),
+        _int(rec["tool_calls"]),
+        _int(rec["tokens"]["total"]),
+        _cost(rec.get("priced_cost")),
+        "yes" if rec["final_answer_present"] else "no",
+    ]
 
 
-HEADERS = ["scenario", "expect", "run", "termination", "turns", "calls", "tokens", "cost",
-           "answer", "result"]
+HEADERS = [
+    "scenario",
+    "expect",
+    "run",
+    "termination",
+    "turns",
+    "calls",
+    "tokens",
+    "cost",
+    "answer",
+    "result",
+]
 RIGHT = {4, 5, 6, 7}
 GUARDED, UNGUARDED = "guarded", "unguarded"
 
@@ -92,9 +125,20 @@ def rows(pairs: list[Pair], totals: Totals) -> list[list[str]]:
         out.append([p.name, _expect(p.scenario), GUARDED, *_side(p.guarded), _result(p)])
         out.append(["", "", UNGUARDED, *_side(p.unguarded), ""])
     for i, label in enumerate((GUARDED, UNGUARDED)):
-        out.append(["total" if i == 0 else "", "", label, "", _int(totals.steps[i]),
-                    _int(totals.tool_calls[i]), _int(totals.tokens[i]), _cost(totals.cost[i]),
-                    f"{totals.answers[i]}/{totals.runs}", ""])
+        out.append(
+            [
+                "total" if i == 0 else "",
+                "",
+                label,
+                "",
+                _int(totals.steps[i]),
+                _int(totals.tool_calls[i]),
+                _int(totals.tokens[i]),
+                _cost(totals.cost[i]),
+                f"{totals.answers[i]}/{totals.runs}",
+                "",
+            ]
+        )
     return out
 
 
@@ -109,29 +153,41 @@ def render_plain(pairs: list[Pair], totals: Totals, currency: str | None, cap: i
     widths = [max(len(r[c]) for r in [head, *body]) for c in range(len(head))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(text.rjust(widths[c]) if c in RIGHT else text.ljust(widths[c])
-                         for c, text in enumerate(r)).rstrip()
+        return "  ".join(
+            text.rjust(widths[c]) if c in RIGHT else text.ljust(widths[c])
+            for c, text in enumerate(r)
+        ).rstrip()
 
     rule = "-" * len(line(head))
-    out = [f"loopwarden demo: every scenario with the deployment's guards, and unguarded "
-           f"(a cap of {cap} model calls)", "", line(head), rule]
+    out = [
+        f"loopwarden demo: every scenario with the deployment's guards, and unguarded "
+        f"(a cap of {cap} model calls)",
+        "",
+        line(head),
+        rule,
+    ]
     out += [line(r) for r in body[:-2]]
     out.append(rule)
     out += [line(r) for r in body[-2:]]
     return "\n".join(out)
 
 
-def render_rich(pairs: list[Pair], totals: Totals, currency: str | None, cap: int,
-                out: TextIO) -> None:
+def render_rich(
+    pairs: list[Pair], totals: Totals, currency: str | None, cap: int, out: TextIO
+) -> None:
     """The same table with rich (only called when rich is importable)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     body = rows(pairs, totals)
-    table = Table(title=f"loopwarden demo: with the deployment's guards, and unguarded "
-                  f"(a cap of {cap} model calls)", box=box.SIMPLE_HEAD, header_style="bold",
-                  pad_edge=False)
+    table = Table(
+        title=f"loopwarden demo: with the deployment's guards, and unguarded "
+        f"(a cap of {cap} model calls)",
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+        pad_edge=False,
+    )
     for i, h in enumerate(_headers(currency)):
         table.add_column(h, justify="right" if i in RIGHT else "left", no_wrap=True)
     n = len(pairs)
@@ -164,11 +220,14 @@ def summary_lines(pairs: list[Pair], totals: Totals, currency: str | None) -> li
     if cg is not None and cu is not None:
         cur = f" {currency}" if currency else ""
         ratio = f"{cu / cg:.1f}x" if cg else "-"
-        lines.append(f"cost:   {_cost(cg)}{cur} guarded vs {_cost(cu)}{cur} unguarded: a {ratio} "
-                     "saving")
-    lines.append(f"turns:  {_int(totals.steps[0])} guarded vs {_int(totals.steps[1])} "
-                 f"unguarded; refund rows written: {totals.refund_rows[0]} guarded, "
-                 f"{totals.refund_rows[1]} unguarded")
+        lines.append(
+            f"cost:   {_cost(cg)}{cur} guarded vs {_cost(cu)}{cur} unguarded: a {ratio} saving"
+        )
+    lines.append(
+        f"turns:  {_int(totals.steps[0])} guarded vs {_int(totals.steps[1])} "
+        f"unguarded; refund rows written: {totals.refund_rows[0]} guarded, "
+        f"{totals.refund_rows[1]} unguarded"
+    )
     runaways = [p for p in pairs if p.scenario.expect.healthy is False]
     healthy = [p for p in pairs if p.scenario.expect.healthy is True]
     lines.append(
@@ -190,8 +249,12 @@ def _plain_progress(total: int, err: TextIO) -> Progress:
             return
         done[0] += 1
         side = "guarded" if guarded else "unguarded"
-        print(f"[{done[0]}/{total}] {sc.name} ({side}): {rec['termination']}, "
-              f"{rec['steps']} turns, {rec['tokens']['total']:,} tokens", file=err, flush=True)
+        print(
+            f"[{done[0]}/{total}] {sc.name} ({side}): {rec['termination']}, "
+            f"{rec['steps']} turns, {rec['tokens']['total']:,} tokens",
+            file=err,
+            flush=True,
+        )
 
     return report
 
@@ -203,8 +266,13 @@ class _RichProgress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            console=Console(stderr=True), transient=True)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.task = self.bar.add_task("playing", total=total)
 
     def __enter__(self) -> Progress:
@@ -275,17 +343,22 @@ def main(args: argparse.Namespace) -> int:
     if not paths:
         raise ScenarioError("no scenario matched", key="--only" if args.only else None)
     with _progress(args, 2 * len(paths)) as report:
-        pairs = play_all(config, paths, progress=report, db_dir=args.db_dir,
-                         observers=args.observers)
+        pairs = play_all(
+            config, paths, progress=report, db_dir=args.db_dir, observers=args.observers
+        )
     totals = Totals.of(pairs)
-    currency = next((r.get("cost_currency") for r in _records(pairs)
-                     if r.get("cost_currency")), None)
+    currency = next(
+        (r.get("cost_currency") for r in _records(pairs) if r.get("cost_currency")), None
+    )
     failed = [p for p in pairs if p.ok is False]
     if args.json:
         for rec in _records(pairs):
             print(json.dumps(rec, ensure_ascii=False))
-        print(json.dumps({"totals": totals.as_dict(), "failed": [p.name for p in failed]},
-                         ensure_ascii=False))
+        print(
+            json.dumps(
+                {"totals": totals.as_dict(), "failed": [p.name for p in failed]}, ensure_ascii=False
+            )
+        )
     else:
         if sys.stdout.isatty() and _has_rich():
             render_rich(pairs, totals, currency, UNGUARDED_CAP, sys.stdout)
@@ -297,12 +370,16 @@ def main(args: argparse.Namespace) -> int:
             print(f"observers left out: {', '.join(left_out)} (--observers keeps them)")
     unlabelled = [p.name for p in pairs if p.ok is None]
     if unlabelled:
-        print(f"loopwarden demo: no [expect] healthy in: {', '.join(unlabelled)} (not judged)",
-              file=sys.stderr)
+        print(
+            f"loopwarden demo: no [expect] healthy in: {', '.join(unlabelled)} (not judged)",
+            file=sys.stderr,
+        )
     if failed:
         for p in failed:
             print(f"loopwarden demo: {p.name}: {p.why}", file=sys.stderr)
-        print(f"loopwarden demo: {len(failed)} of {len(pairs)} scenario(s) did not end as "
-              "expected", file=sys.stderr)
+        print(
+            f"loopwarden demo: {len(failed)} of {len(pairs)} scenario(s) did not end as expected",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -35,8 +35,11 @@ def main(args: argparse.Namespace) -> int:
     rows = plugins.describe()
     blocked = _blocked_rows(config, resolve_names(config)[1])
     if args.json:
-        print(json.dumps({"config": config.path, "plugins": rows, "blocked": blocked},
-                         ensure_ascii=False))
+        print(
+            json.dumps(
+                {"config": config.path, "plugins": rows, "blocked": blocked}, ensure_ascii=False
+            )
+        )
         return 0
     width = max([len(str(r["name"])) + 2 for r in rows] + [6])
     swidth = max([len(str(r["source"])) for r in rows] + [6])
@@ -50,7 +53,6 @@ def main(args: argparse.Namespace) -> int:
         if source.startswith("entry point"):
             print(f"{'':>2}  {'':<{width}} -> {r['spec']}")
     if blocked:
-        print("blocked (never imported): "
-              + ", ".join(f"{b['name']} ({b['by']})" for b in blocked))
+        print("blocked (never imported): " + ", ".join(f"{b['name']} ({b['by']})" for b in blocked))
     print("(* essential: can be configured, not disabled)")
     return 0

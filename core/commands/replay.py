@@ -13,31 +13,51 @@ from loopwarden.commands import add_config_argument
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="trajectory JSONL (DESIGN's trajectory format)")
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
-    parser.add_argument("--tools", metavar="FILE",
-                        help="declared tool natures: a TOML file of [tools.NAME] tables "
-                        "(read_only / deterministic / side_effect / terminal / retryable / "
-                        "idempotency_keys), e.g. the deployment's config.toml (default: "
-                        "inferred from the tool names)")
-    parser.add_argument("--system-prompt-tokens", type=int, default=None, metavar="N",
-                        help="the size of the system prompt (policy text, tool schemas) the "
-                        "recordings leave out: requests without recorded usage.prompt_tokens "
-                        "are sized with N tokens in place of the configured system prompt "
-                        "(default: the configured system prompt, estimated)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one result per trajectory, then the summary, as JSON lines "
-                        "(with --summary: only the summary, one JSON object)")
-    parser.add_argument("--summary", action="store_true",
-                        help="print only the summary, not one line per trajectory")
-    parser.add_argument("--limit", type=_count, default=None, metavar="N",
-                        help="replay only the first N")
-    parser.add_argument("--carry-state", metavar="PLUGINS", default="",
-                        help="experimental: comma-separated plugins whose state carries over "
-                        "from one run of a conversation to the next (conversation-scoped "
-                        "detection; by default every run starts afresh)")
-    parser.add_argument("--observers", action="store_true",
-                        help="keep the observer plugins (logging, metrics, alerting, records); "
-                        "by default a replay leaves them out: they cannot change a verdict, "
-                        "and recorded runs should not page anyone")
+    parser.add_argument(
+        "--tools",
+        metavar="FILE",
+        help="declared tool natures: a TOML file of [tools.NAME] tables "
+        "(read_only / deterministic / side_effect / terminal / retryable / "
+        "idempotency_keys), e.g. the deployment's config.toml (default: "
+        "inferred from the tool names)",
+    )
+    parser.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the size of the system prompt (policy text, tool schemas) the "
+        "recordings leave out: requests without recorded usage.prompt_tokens "
+        "are sized with N tokens in place of the configured system prompt "
+        "(default: the configured system prompt, estimated)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one result per trajectory, then the summary, as JSON lines "
+        "(with --summary: only the summary, one JSON object)",
+    )
+    parser.add_argument(
+        "--summary", action="store_true", help="print only the summary, not one line per trajectory"
+    )
+    parser.add_argument(
+        "--limit", type=_count, default=None, metavar="N", help="replay only the first N"
+    )
+    parser.add_argument(
+        "--carry-state",
+        metavar="PLUGINS",
+        default="",
+        help="experimental: comma-separated plugins whose state carries over "
+        "from one run of a conversation to the next (conversation-scoped "
+        "detection; by default every run starts afresh)",
+    )
+    parser.add_argument(
+        "--observers",
+        action="store_true",
+        help="keep the observer plugins (logging, metrics, alerting, records); "
+        "by default a replay leaves them out: they cannot change a verdict, "
+        "and recorded runs should not page anyone",
+    )
     add_config_argument(parser)
 
 
@@ -84,8 +104,9 @@ def main(args: argparse.Namespace) -> int:
     config = replay_config(load_config(args.config), observers=args.observers)
     if args.profile:
         config.profile(args.profile)  # validates the name
-        config = config.model_copy(update={"run": config.run.model_copy(
-            update={"profile": args.profile})})
+        config = config.model_copy(
+            update={"run": config.run.model_copy(update={"profile": args.profile})}
+        )
     flags = load_tool_flags(args.tools) if args.tools else None
     carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
     started = time.perf_counter()
@@ -95,8 +116,9 @@ def main(args: argparse.Namespace) -> int:
             if traj is None:
                 bad += 1
                 continue
-            r = replay_trajectory(dep, traj, flags, carry,
-                                  system_prompt_tokens=args.system_prompt_tokens)
+            r = replay_trajectory(
+                dep, traj, flags, carry, system_prompt_tokens=args.system_prompt_tokens
+            )
             results.append(r)
             if args.summary:
                 continue

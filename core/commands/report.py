@@ -20,15 +20,23 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "file", nargs="?", metavar="FILE.jsonl",
+        "file",
+        nargs="?",
+        metavar="FILE.jsonl",
         help="run records, one JSON object per line (default: runs.jsonl in the data "
         "directory, where the run_record plugin writes by default)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--plot", metavar="FILE.png",
-                        help="draw tokens per step across runs, guard firings marked")
-    parser.add_argument("--top", type=int, default=5, metavar="N",
-                        help="how many repeated signatures and tools to list (default 5)")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="draw tokens per step across runs, guard firings marked"
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=5,
+        metavar="N",
+        help="how many repeated signatures and tools to list (default 5)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -37,14 +45,17 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.report import Thresholds, analyse, format_text, load_records, plot
 
     if args.file is None:
-        from loopwarden.plugins.run_record import default_records_path
+        from loopwarden.paths import records_path
 
-        path = default_records_path()
+        path = records_path()
     else:
         path = Path(args.file)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        print("loopwarden report: --plot needs matplotlib, which is not installed: "
-              "pip install 'loopwarden[plot]'", file=sys.stderr)
+        print(
+            "loopwarden report: --plot needs matplotlib, which is not installed: "
+            "pip install 'loopwarden[plot]'",
+            file=sys.stderr,
+        )
         return 2
     if not path.is_file():
         print(f"loopwarden report: no such file: {path}", file=sys.stderr)
@@ -54,13 +65,17 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"loopwarden report: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    report = analyse(loaded.records, skipped=loaded.skipped,
-                     thresholds=Thresholds(top=max(1, args.top)))
+    report = analyse(
+        loaded.records, skipped=loaded.skipped, thresholds=Thresholds(top=max(1, args.top))
+    )
     report["file"] = str(path)
     if loaded.skipped:
         where = ", ".join(str(n) for n in loaded.skipped_lines)
-        print(f"loopwarden report: skipped {loaded.skipped} corrupt line"
-              f"{'s' if loaded.skipped != 1 else ''} of {path} (line {where})", file=sys.stderr)
+        print(
+            f"loopwarden report: skipped {loaded.skipped} corrupt line"
+            f"{'s' if loaded.skipped != 1 else ''} of {path} (line {where})",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
     else:
@@ -72,8 +87,10 @@ def main(args: argparse.Namespace) -> int:
         try:
             note = plot(loaded.records, args.plot)
         except OSError as exc:
-            print(f"loopwarden report: cannot write {args.plot}: {exc.strerror or exc}",
-                  file=sys.stderr)
+            print(
+                f"loopwarden report: cannot write {args.plot}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
             return 2
         print(f"loopwarden report: {note}: {args.plot}", file=sys.stderr)
     return 0

@@ -70,13 +70,21 @@ def cancel_on_signals(cancel: CancelToken, received: list[int]) -> Iterator[None
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", nargs="?", help="the user's message (live model)")
-    parser.add_argument("--scenario", metavar="FILE",
-                        help="play a scenario file (or a built-in scenario's name) offline")
+    parser.add_argument(
+        "--scenario",
+        metavar="FILE",
+        help="play a scenario file (or a built-in scenario's name) offline",
+    )
     parser.add_argument("--profile", help="a profile from [profiles] (steps, tokens, seconds)")
     parser.add_argument("--json", action="store_true", help="print the run record as JSON")
-    parser.add_argument("--meta", metavar="KEY=VALUE", action="append", default=[],
-                        type=_meta_item,
-                        help="a scope key of the run (tenant=acme, user=u-17); repeatable")
+    parser.add_argument(
+        "--meta",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        type=_meta_item,
+        help="a scope key of the run (tenant=acme, user=u-17); repeatable",
+    )
     add_config_argument(parser)
 
 
@@ -111,8 +119,10 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.exceptions import ConfigError
 
     if not args.scenario and not args.question:
-        print("loopwarden run: give a question, or --scenario FILE (see `loopwarden scenarios`)",
-              file=sys.stderr)
+        print(
+            "loopwarden run: give a question, or --scenario FILE (see `loopwarden scenarios`)",
+            file=sys.stderr,
+        )
         return 2
     if args.scenario and args.question:
         print("loopwarden run: give a question or --scenario, not both", file=sys.stderr)
@@ -124,24 +134,27 @@ def main(args: argparse.Namespace) -> int:
     deployment = Deployment(config)
     window, source = config.model.window()
     if source == "default":
-        print(f"loopwarden run: note: the context window of model {config.model.name!r} is "
-              f"unknown; assuming {window} tokens (set [model] context_window in "
-              f"{config.path})", file=sys.stderr)
+        print(
+            f"loopwarden run: note: the context window of model {config.model.name!r} is "
+            f"unknown; assuming {window} tokens (set [model] context_window in "
+            f"{config.path})",
+            file=sys.stderr,
+        )
     cancel = CancelToken()
     received: list[int] = []
     try:
         with cancel_on_signals(cancel, received):
             if args.scenario:
-                run = deployment.run(scenario=args.scenario, profile=args.profile,
-                                     cancel=cancel, meta=meta)
+                run = deployment.run(
+                    scenario=args.scenario, profile=args.profile, cancel=cancel, meta=meta
+                )
             else:
                 try:
                     deployment.model  # noqa: B018 - builds the client, checks the key
                 except ConfigError as exc:
                     print(exc.message, file=sys.stderr)
                     return EXIT_BAD_INPUT
-                run = deployment.run(args.question, profile=args.profile, cancel=cancel,
-                                     meta=meta)
+                run = deployment.run(args.question, profile=args.profile, cancel=cancel, meta=meta)
     finally:
         deployment.close()
     record = run.record()

@@ -26,8 +26,14 @@ from typing import Any
 
 import httpx2
 
-__all__ = ["CallBounds", "CallDeadline", "ResponseTooLarge", "async_event_hooks", "bounded",
-           "event_hooks"]
+__all__ = [
+    "CallBounds",
+    "CallDeadline",
+    "ResponseTooLarge",
+    "async_event_hooks",
+    "bounded",
+    "event_hooks",
+]
 
 ACCEPT_ENCODING = "gzip, deflate"
 
@@ -67,8 +73,9 @@ class ResponseTooLarge(httpx2.DecodingError):
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        super().__init__(f"the response body is larger than {limit} bytes "
-                         "([model] max_response_bytes)")
+        super().__init__(
+            f"the response body is larger than {limit} bytes ([model] max_response_bytes)"
+        )
 
 
 def _prepare(request: httpx2.Request, bounds: CallBounds) -> None:
@@ -101,8 +108,9 @@ class _Body:
 
     def take(self, chunk: bytes) -> bytes:
         if self.bounds.left() <= 0:
-            raise CallDeadline("the model call's deadline passed while reading the response",
-                               request=self.request)
+            raise CallDeadline(
+                "the model call's deadline passed while reading the response", request=self.request
+            )
         if self.inflate is None:
             return self._count(chunk)
         out = []
@@ -111,8 +119,9 @@ class _Body:
             try:
                 piece = self.inflate.decompress(data, self.bounds.max_bytes - self.size + 1)
             except zlib.error as exc:
-                raise httpx2.DecodingError(f"invalid compressed body: {exc}",
-                                           request=self.request) from None
+                raise httpx2.DecodingError(
+                    f"invalid compressed body: {exc}", request=self.request
+                ) from None
             out.append(self._count(piece))
             data = self.inflate.unconsumed_tail
         return b"".join(out)

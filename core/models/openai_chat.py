@@ -92,9 +92,13 @@ class OpenAIChatModel:
         self.redactor = Redactor(literals=[api_key])
         # the client never retries by itself: retries are ours, inside the call's deadline
         self._client = openai.OpenAI(
-            api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=0,
+            api_key=api_key,
+            base_url=base_url,
+            timeout=timeout_s,
+            max_retries=0,
             http_client=openai.DefaultHttpxClient(
-                timeout=timeout_s, event_hooks=_bounded_http.event_hooks(max_response_bytes)),
+                timeout=timeout_s, event_hooks=_bounded_http.event_hooks(max_response_bytes)
+            ),
         )
         #: one async client per event loop (a client is bound to the loop it first ran on)
         self._aclients: dict[int, tuple[Any, Any]] = {}
@@ -155,25 +159,27 @@ class OpenAIChatModel:
         """The error to give up with when the wait before a retry would pass the deadline."""
         if isinstance(exc, self._openai.APITimeoutError):
             return self._deadline_error(bounds)
-        return self._error(exc, f" (not retried: the retry would start after {wait:.3g}s, "
-                                f"past the call's {bounds.seconds:g}s)")
+        return self._error(
+            exc,
+            f" (not retried: the retry would start after {wait:.3g}s, "
+            f"past the call's {bounds.seconds:g}s)",
+        )
 
     def _bounds(self, request: ModelRequest) -> CallBounds:
         seconds = self._timeout_s
         if request.timeout is not None:
             seconds = min(seconds, max(0.0, request.timeout))
-        return self._http.CallBounds(time.monotonic() + seconds, self.max_response_bytes,
-                                     seconds)
+        return self._http.CallBounds(time.monotonic() + seconds, self.max_response_bytes, seconds)
 
     def _deadline_error(self, bounds: CallBounds) -> ModelError:
-        return ModelError(f"the model call did not finish within {bounds.seconds:g}s",
-                          kind="timeout")
+        return ModelError(
+            f"the model call did not finish within {bounds.seconds:g}s", kind="timeout"
+        )
 
     def _retry_wait(self, exc: Exception, attempt: int) -> float | None:
         """Seconds to wait before the next attempt, or None when ``exc`` is not retried."""
         o = self._openai
-        if attempt >= self._max_retries or isinstance(exc.__cause__,
-                                                      self._http.ResponseTooLarge):
+        if attempt >= self._max_retries or isinstance(exc.__cause__, self._http.ResponseTooLarge):
             return None
         if isinstance(exc, o.APIStatusError):
             if exc.status_code not in _RETRY_STATUS and exc.status_code < 500:
@@ -232,8 +238,9 @@ class OpenAIChatModel:
         from loopwarden._deadline import call_within
 
         bounds = self._bounds(request)
-        ending, value = call_within(self._call, request, bounds, timeout=bounds.left(),
-                                    cancel=request.cancel, name="model")
+        ending, value = call_within(
+            self._call, request, bounds, timeout=bounds.left(), cancel=request.cancel, name="model"
+        )
         if ending == "ok":
             return self._convert(value, request)
         if ending == "cancelled":
@@ -247,8 +254,7 @@ class OpenAIChatModel:
         while True:
             try:
                 with self._http.bounded(bounds):
-                    return self._client.chat.completions.create(**params,
-                                                                timeout=bounds.left())
+                    return self._client.chat.completions.create(**params, timeout=bounds.left())
             except self._openai.OpenAIError as exc:
                 wait = self._retry_wait(exc, attempt)
                 if wait is None:
@@ -256,8 +262,7 @@ class OpenAIChatModel:
                 if wait >= bounds.left():
                     raise self._too_late(exc, wait, bounds) from None
             if _wait(wait, cancel):
-                raise ModelError("the run was cancelled during the model call",
-                                 kind="cancelled")
+                raise ModelError("the run was cancelled during the model call", kind="cancelled")
             attempt += 1
 
     def _async_client(self) -> Any:
@@ -270,11 +275,14 @@ class OpenAIChatModel:
             if other.is_closed():  # forget the clients of loops that are gone
                 self._aclients.pop(key, None)
         client = self._openai.AsyncOpenAI(
-            api_key=self._api_key, base_url=self._base_url, timeout=self._timeout_s,
+            api_key=self._api_key,
+            base_url=self._base_url,
+            timeout=self._timeout_s,
             max_retries=0,
             http_client=self._openai.DefaultAsyncHttpxClient(
                 timeout=self._timeout_s,
-                event_hooks=self._http.async_event_hooks(self.max_response_bytes)),
+                event_hooks=self._http.async_event_hooks(self.max_response_bytes),
+            ),
         )
         self._aclients[id(loop)] = (loop, client)
         return client
@@ -285,8 +293,9 @@ class OpenAIChatModel:
 
         bounds = self._bounds(request)
         client = self._async_client()
-        ending, value = await await_within(self._acall(client, request, bounds),
-                                           bounds.left(), request.cancel)
+        ending, value = await await_within(
+            self._acall(client, request, bounds), bounds.left(), request.cancel
+        )
         if ending == "ok":
             return self._convert(value, request)
         if ending == "cancelled":
@@ -299,8 +308,7 @@ class OpenAIChatModel:
         while True:
             try:
                 with self._http.bounded(bounds):
-                    return await client.chat.completions.create(**params,
-                                                                timeout=bounds.left())
+                    return await client.chat.completions.create(**params, timeout=bounds.left())
             except self._openai.OpenAIError as exc:
                 wait = self._retry_wait(exc, attempt)
                 if wait is None:

@@ -27,13 +27,19 @@ LOOKUP = tool_call("query_order", order_id="88231")
 
 
 def test_read_only_tools_pass_by_default() -> None:
-    assert call_hook(Allowlist, "before_tool", call=make_tool_call("query_order",
-                                                                    order_id="88231")) is None
+    assert (
+        call_hook(Allowlist, "before_tool", call=make_tool_call("query_order", order_id="88231"))
+        is None
+    )
 
 
 def test_a_side_effect_outside_the_list_is_skipped_with_an_explanation() -> None:
-    verdict = call_hook(Allowlist, "before_tool", settings={"allowed": ["search_*"]},
-                        call=make_tool_call("apply_refund", order_id="88231", reason="x"))
+    verdict = call_hook(
+        Allowlist,
+        "before_tool",
+        settings={"allowed": ["search_*"]},
+        call=make_tool_call("apply_refund", order_id="88231", reason="x"),
+    )
     assert verdict.kind == "skip"
     assert verdict.plugin == "allowlist"
     assert "apply_refund" in verdict.observation
@@ -44,13 +50,24 @@ def test_a_side_effect_outside_the_list_is_skipped_with_an_explanation() -> None
 
 
 def test_patterns_allow_matching_tools() -> None:
-    assert call_hook(Allowlist, "before_tool", settings={"allowed": ["apply_*"]},
-                     call=make_tool_call("apply_refund", order_id="1", reason="x")) is None
+    assert (
+        call_hook(
+            Allowlist,
+            "before_tool",
+            settings={"allowed": ["apply_*"]},
+            call=make_tool_call("apply_refund", order_id="1", reason="x"),
+        )
+        is None
+    )
 
 
 def test_read_only_tools_can_be_refused_too() -> None:
-    verdict = call_hook(Allowlist, "before_tool", settings={"allow_read_only": False},
-                        call=make_tool_call("query_order", order_id="88231"))
+    verdict = call_hook(
+        Allowlist,
+        "before_tool",
+        settings={"allow_read_only": False},
+        call=make_tool_call("query_order", order_id="88231"),
+    )
     assert verdict.kind == "skip"
     assert "(none)" in verdict.observation
 
@@ -89,8 +106,12 @@ def test_unknown_tools_are_refused_like_any_other() -> None:
 
 def test_bad_templates_fail_when_the_config_loads() -> None:
     with pytest.raises(Exception, match=r"plugins\.allowlist\.refusal"):
-        call_hook(Allowlist, "before_tool", settings={"refusal": "no {tool} here"},
-                  call=make_tool_call("query_order", order_id="1"))
+        call_hook(
+            Allowlist,
+            "before_tool",
+            settings={"refusal": "no {tool} here"},
+            call=make_tool_call("query_order", order_id="1"),
+        )
 
 
 # -- a whole run -------------------------------------------------------------------------------
@@ -110,17 +131,24 @@ def test_a_model_that_insists_on_a_refund_never_gets_one() -> None:
     assert [v.kind for v in result.verdicts] == ["skip", "skip", "stop"]
     assert result.executed == ["query_order"]
     assert result.shop.refunds() == []  # the side effect never happened
+    # the plugin's own field in the run record (the record_fields hook)
+    assert result.record["refused_calls"] == 3
     # the model saw why: the refusal is the tool observation of each refused call
     observations = [c.result.content for c in result.hooks.getcalls("after_tool")]
     assert sum("NOT ALLOWED: apply_refund" in o for o in observations) == 2
 
 
 def test_allowed_runs_are_untouched() -> None:
-    result = run_plugin(Allowlist, settings={"allowed": ["apply_refund"]},
-                        turns=[turn("退款", REFUND)], final_text="已退款")
+    result = run_plugin(
+        Allowlist,
+        settings={"allowed": ["apply_refund"]},
+        turns=[turn("退款", REFUND)],
+        final_text="已退款",
+    )
     assert result.termination == "final_answer"
     assert result.verdicts == []
     assert len(result.shop.refunds()) == 1
+    assert result.record["refused_calls"] == 0
 
 
 # -- as an installed distribution --------------------------------------------------------------
@@ -131,7 +159,7 @@ def test_the_installed_entry_point_is_found_by_name() -> None:
     result = run_plugin("allowlist", settings={"max_refusals": 0}, turns=[turn("退款", REFUND)])
     (row,) = [r for r in result.deployment.plugins.describe() if r["name"] == "allowlist"]
     assert row["source"] == f"entry point (loopwarden-allowlist {dist.version})"
-    assert row["hooks"] == ["before_tool"]
+    assert row["hooks"] == ["before_tool", "record_fields"]
     assert result.termination == "tool_not_allowed"
 
 
@@ -147,8 +175,9 @@ def test_configured_position_is_the_call_order(
 
 
 def test_fixtures_record_signals(lw_deployment: Callable[..., Any], lw_signals: Any) -> None:
-    dep = lw_deployment({"plugins": {"enabled": ["max_steps", "allowlist"],
-                                     "allowlist": {"max_refusals": 0}}})
+    dep = lw_deployment(
+        {"plugins": {"enabled": ["max_steps", "allowlist"], "allowlist": {"max_refusals": 0}}}
+    )
     run = dep.run(scenario="refund")
     guard = [r.verdict for r in lw_signals.get("guard-triggered") if r.sender is run]
     assert guard and guard[-1].plugin == "allowlist"

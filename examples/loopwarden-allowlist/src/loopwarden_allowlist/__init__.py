@@ -50,7 +50,8 @@ class AllowlistSettings(PluginSettings):
         default=True, description="also allow every tool declared read_only"
     )
     max_refusals: int = Field(
-        default=2, ge=0,
+        default=2,
+        ge=0,
         description="refused calls per run that are skipped; the next one stops the run (soft)",
     )
     refusal: str = Field(
@@ -101,9 +102,12 @@ class Allowlist(Plugin[AllowlistSettings]):
     def _allowed_names(self, run: Run) -> list[str]:
         if run.tools is None:
             return []
-        return [t.name for t in run.tools
-                if (self.settings.allow_read_only and t.read_only)
-                or any(fnmatchcase(t.name, p) for p in self.settings.allowed)]
+        return [
+            t.name
+            for t in run.tools
+            if (self.settings.allow_read_only and t.read_only)
+            or any(fnmatchcase(t.name, p) for p in self.settings.allowed)
+        ]
 
     @hookimpl
     def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
@@ -114,10 +118,23 @@ class Allowlist(Plugin[AllowlistSettings]):
         limit = self.settings.max_refusals
         if state.refused > limit:
             return self.stop(
-                "tool_not_allowed", soft=True,
+                "tool_not_allowed",
+                soft=True,
                 message=self.settings.stop_message.format(count=state.refused),
-                tool=call.name, refused=state.refused, max_refusals=limit,
+                tool=call.name,
+                refused=state.refused,
+                max_refusals=limit,
             )
         allowed = ", ".join(self._allowed_names(run)) or "(none)"
-        return self.skip(self.settings.refusal.format(name=call.name, allowed=allowed),
-                         tool=call.name, refused=state.refused, max_refusals=limit)
+        return self.skip(
+            self.settings.refusal.format(name=call.name, allowed=allowed),
+            tool=call.name,
+            refused=state.refused,
+            max_refusals=limit,
+        )
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, int]:
+        """The run record's ``refused_calls``: how many calls this run had refused."""
+        state: _RunState = self.state(run)
+        return {"refused_calls": state.refused}

@@ -1,0 +1,418 @@
+"""The typed facade the loop calls hooks through (:class:`Hooks`): call plans read off pluggy,
+verdicts checked and resolved, failing plugins blamed by name (fail closed).
+
+Split from :mod:`loopwarden.pluginmanager` (which re-exports :class:`Hooks`): finding and
+loading plugins is there, registering and checking them in :mod:`loopwarden.registry`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import traceback
+from collections.abc import Callable, Container, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from loopwarden import hookspecs
+from loopwarden.verdicts import (
+    EMPTY,
+    UNKNOWN_PLUGIN,
+    Resolution,
+    Skip,
+    Stop,
+    Warn,
+    resolve,
+)
+
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+    from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
+    from loopwarden.run import Run, RunOutcome
+
+__all__ = ["Hooks"]
+
+log = logging.getLogger("loopwarden.plugins")
+
+
+# -- calling -------------------------------------------------------------------------------
+
+
+def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]]:
+    """Map each hook implementation's code object to the (name, plugin) pairs that use it."""
+    owners: dict[Any, list[tuple[str, Any]]] = {}
+    for hname in hookspecs.HOOK_NAMES:
+        for impl in getattr(pm.hook, hname).get_hookimpls():
+            fn = getattr(impl.function, "__func__", impl.function)
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                pairs = owners.setdefault(code, [])
+                if all(n != impl.plugin_name for n, _ in pairs):
+                    pairs.append((impl.plugin_name, impl.plugin))
+    return owners
+
+
+#: the arguments each decision hook passes, in order
+_HOOK_ARGS: dict[str, tuple[str, ...]] = {
+    "on_start": ("run",),
+    "before_model": ("run", "request"),
+    "after_response": ("run", "response"),
+    "before_tool": ("run", "call"),
+    "after_tool": ("run", "call", "result"),
+}
+
+#: one implementation in a call plan: plugin name, function, argument positions (None: all)
+_Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None"]
+
+
+_REDACTOR: list[Any] = []  # the default redactor, built on first use
+
+
+def _ill_typed(v: Warn | Skip | Stop) -> str | None:
+    """What is wrong with a verdict's fields (a plugin built it by hand), or None.
+
+    The loop puts these texts into requests, records and logs: they must be text."""
+    texts: dict[str, Any] = {"message": v.message}
+    if isinstance(v, Skip):
+        texts["observation"] = v.observation
+    if isinstance(v, Stop):
+        texts["answer"] = v.answer
+        reason: Any = v.reason  # typed str, but a plugin may have passed anything
+        soft: Any = v.soft
+        if not isinstance(reason, str) or not reason:
+            return "a reason that is not a non-empty str"
+        if not isinstance(soft, bool):
+            return "soft that is not a bool"
+    for field_name, value in texts.items():
+        required = field_name in ("observation",) or isinstance(v, Warn)
+        if not isinstance(value, str) and (required or value is not None):
+            return f"a {field_name} of type {type(value).__name__}, not str"
+    evidence: Any = v.evidence
+    plugin: Any = v.plugin
+    if not isinstance(evidence, dict):
+        return f"evidence of type {type(evidence).__name__}, not dict"
+    if not isinstance(plugin, str):
+        return "a plugin name that is not a str"
+    return None
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+
+
+def _default_redact(text: str) -> str:
+    if not _REDACTOR:
+        from loopwarden.redaction import Redactor
+
+        _REDACTOR.append(Redactor())
+    out: str = _REDACTOR[0].text(text)
+    return out
+
+
+class Hooks:
+    """The typed facade the loop calls hooks through.
+
+    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`.  A plugin that
+    raises is blamed by name and turned into a hard ``plugin_error`` stop (fail closed).
+    ``on_stop`` runs every implementation even when one raises.
+
+    Dispatch: pluggy decides *what* is called and in which order (registration, validation,
+    ``tryfirst``/``trylast``); the facade then calls the implementations in exactly that order
+    from a call plan read off ``get_hookimpls()``, with positional arguments -- no keyword
+    dictionary and no generic multicall per event -- and it attributes a verdict built
+    without ``plugin=`` (``loopwarden.warn(...)`` from a plain object) to the plugin that
+    returned it.  It uses pluggy's own dispatch instead
+    whenever a hook has wrappers or while anything monitors hook calls (tracing,
+    ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
+    plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
+    that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
+    """
+
+    def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
+        self._pm = pm
+        self._order = list(order)
+        #: masks secrets in the error texts of failing plugins (records, logs); a deployment
+        #: sets its own (which also knows the model's API key)
+        self.redact: Callable[[str], str] = _default_redact
+        h = pm.hook
+        self._on_start = h.on_start
+        self._before_model = h.before_model
+        self._after_response = h.after_response
+        self._before_tool = h.before_tool
+        self._after_tool = h.after_tool
+        self._on_stop = h.on_stop
+        self._owners = _impl_owner_map(pm)
+        self._plans: dict[str, tuple[_Step, ...] | None] = {}
+        self._generation = -1
+        self._build_plans()
+
+    # -- direct dispatch -------------------------------------------------------------------
+
+    def _build_plans(self) -> None:
+        pm = self._pm
+        plans: dict[str, tuple[_Step, ...] | None] = {}
+        for hook, full in _HOOK_ARGS.items():
+            impls = getattr(pm.hook, hook).get_hookimpls()
+            if any(i.hookwrapper or i.wrapper for i in impls):
+                plans[hook] = None  # wrappers need pluggy's multicall
+                continue
+            plan: list[_Step] = []
+            for impl in reversed(impls):  # pluggy calls the last registered first
+                idx = tuple(full.index(a) for a in impl.argnames)
+                plan.append(
+                    (
+                        impl.plugin_name,
+                        impl.function,
+                        None if idx == tuple(range(len(full))) else idx,
+                    )
+                )
+            plans[hook] = tuple(plan)
+        self._plans = plans
+        self._generation = getattr(pm, "generation", 0)
+        self._owners = _impl_owner_map(pm)
+
+    def _plan(self, hook: str) -> tuple[_Step, ...] | None:
+        """The direct call plan for ``hook``, or None when pluggy must dispatch."""
+        pm = self._pm
+        if getattr(pm, "monitors", 1):  # a plain pluggy manager: always pluggy
+            return None
+        if pm.generation != self._generation:  # type: ignore[attr-defined]
+            self._build_plans()
+        return self._plans.get(hook)
+
+    def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
+        results: list[Any] = []
+        for name, fn, idx in plan:
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name)
+            if r is not None:
+                if (
+                    not isinstance(r, (Warn, Skip, Stop))
+                    or _ill_typed(r)
+                    or (type(r) is Skip and hook != "before_tool")
+                ):
+                    return self._not_a_verdict(hook, r, plugin=name)
+                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
+                    r = dataclasses.replace(r, plugin=name)
+                results.append(r)
+        return resolve(results) if results else EMPTY
+
+    def blame(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation raised ``exc`` (``<unknown>`` if none)."""
+        return self._blame(exc)
+
+    def _blame(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""
+        tb: TracebackType | None = exc.__traceback__
+        while tb is not None:
+            pairs = self._owners.get(tb.tb_frame.f_code)
+            if pairs:
+                if len(pairs) == 1:
+                    return str(pairs[0][0])
+                this = tb.tb_frame.f_locals.get("self")
+                for name, plugin in pairs:
+                    if plugin is this:
+                        return str(name)
+                return str(pairs[0][0])
+            tb = tb.tb_next
+        return "<unknown>"
+
+    def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
+        plugin = plugin or self._blame(exc)
+        error = self._log_failure(plugin, hook, exc)
+        verdict = Stop(
+            reason="plugin_error",
+            plugin=plugin,
+            soft=False,
+            message=f"plugin {plugin!r} raised in {hook}: {error}",
+            evidence={"hook": hook, "error": error},
+        )
+        return Resolution(verdict, (), (verdict,))
+
+    def _log_failure(self, plugin: str, hook: str, exc: BaseException) -> str:
+        """Log a plugin's failure with its traceback, both redacted; return the error text."""
+        redact = self.redact
+        try:
+            text = f"{type(exc).__name__}: {exc}"
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        except Exception:  # an exception whose __str__ raises is third-party code too
+            text = trace = f"{type(exc).__name__}: <unprintable>"
+        log.error("plugin %r failed in %s: %s", plugin, hook, redact(trace.rstrip()))
+        return redact(text)
+
+    def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
+        who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
+        why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
+        if why is None and isinstance(returned, Skip):
+            shown = self.redact(_safe_repr(returned)[:500])
+            verdict = Stop(
+                reason="plugin_error",
+                plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
+                soft=False,
+                message=f"{who} returned a skip from {hook}, which cannot honour it (only "
+                "before_tool can skip a call): warn or stop instead",
+                evidence={"hook": hook, "returned": shown},
+            )
+            return Resolution(verdict, (), (verdict,))
+        shown = self.redact(_safe_repr(returned)[:500])
+        what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
+        verdict = Stop(
+            reason="plugin_error",
+            plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
+            soft=False,
+            message=f"{who} returned {what} from {hook}",
+            evidence={"hook": hook, "returned": shown},
+        )
+        return Resolution(verdict, (), (verdict,))
+
+    def _resolve(self, hook: str, results: list[Any]) -> Resolution:
+        if not results:
+            return EMPTY
+        for r in results:
+            if (
+                not isinstance(r, (Warn, Skip, Stop))
+                or _ill_typed(r)
+                or (type(r) is Skip and hook != "before_tool")
+            ):
+                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
+        return resolve(results)
+
+    def on_start(self, run: Run) -> Resolution:
+        plan = self._plan("on_start")
+        if plan is not None:
+            return self._direct("on_start", plan, (run,))
+        try:
+            return self._resolve("on_start", self._on_start(run=run))
+        except Exception as exc:
+            return self._failed("on_start", exc)
+
+    def before_model(self, run: Run, request: ModelRequest) -> Resolution:
+        plan = self._plan("before_model")
+        if plan is not None:
+            return self._direct("before_model", plan, (run, request))
+        try:
+            return self._resolve("before_model", self._before_model(run=run, request=request))
+        except Exception as exc:
+            return self._failed("before_model", exc)
+
+    def after_response(self, run: Run, response: ModelResponse) -> Resolution:
+        plan = self._plan("after_response")
+        if plan is not None:
+            return self._direct("after_response", plan, (run, response))
+        try:
+            return self._resolve("after_response", self._after_response(run=run, response=response))
+        except Exception as exc:
+            return self._failed("after_response", exc)
+
+    def before_tool(self, run: Run, call: ToolCall) -> Resolution:
+        plan = self._plan("before_tool")
+        if plan is not None:
+            return self._direct("before_tool", plan, (run, call))
+        try:
+            return self._resolve("before_tool", self._before_tool(run=run, call=call))
+        except Exception as exc:
+            return self._failed("before_tool", exc)
+
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Resolution:
+        plan = self._plan("after_tool")
+        if plan is not None:
+            return self._direct("after_tool", plan, (run, call, result))
+        try:
+            return self._resolve("after_tool", self._after_tool(run=run, call=call, result=result))
+        except Exception as exc:
+            return self._failed("after_tool", exc)
+
+    def on_stop(self, run: Run, outcome: RunOutcome) -> list[dict[str, str]]:
+        """Call every ``on_stop``; return the failures (plugin, error) instead of raising."""
+        failures: list[dict[str, str]] = []
+        done: set[str] = set()
+        caller = self._on_stop
+        while True:
+            try:
+                caller(run=run, outcome=outcome)
+                return failures
+            except Exception as exc:
+                plugin = self._blame(exc)
+                failures.append(
+                    {
+                        "plugin": plugin,
+                        "hook": "on_stop",
+                        "error": self._log_failure(plugin, "on_stop", exc),
+                    }
+                )
+                # Call the implementations that the exception skipped: the ones after the
+                # failing plugin in call order.
+                impls = [
+                    i.plugin_name
+                    for i in reversed(self._on_stop.get_hookimpls())
+                    if not (i.hookwrapper or i.wrapper)
+                ]
+                if plugin not in impls:
+                    return failures
+                done.update(impls[: impls.index(plugin) + 1])
+                remove = [self._pm.get_plugin(n) for n in done]
+                caller = self._pm.subset_hook_caller("on_stop", remove_plugins=remove)
+
+    # -- lifecycle hooks (not on the hot path: pluggy dispatches them) ---------------------
+
+    def configure(self, deployment: Deployment) -> None:
+        """``on_configure``: once, when ``deployment`` has loaded its plugins."""
+        self._pm.hook.on_configure(deployment=deployment)
+
+    def unconfigure(self, deployment: Deployment) -> None:
+        """``on_unconfigure``: once, when ``deployment`` closes."""
+        self._pm.hook.on_unconfigure(deployment=deployment)
+
+    def validate_model(self, model: str, path: str | None) -> None:
+        """``validate_model``: a plugin refuses ``model`` by raising ConfigError."""
+        self._pm.hook.validate_model(model=model, path=path)
+
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """``budget_limits``: the limits the plugins enforce for ``run``, by budget (the
+        earlier plugin in config order wins a tie)."""
+        out: dict[str, float] = {}
+        for limits in self._pm.hook.budget_limits(run=run):
+            if isinstance(limits, Mapping):
+                for budget, value in limits.items():
+                    out.setdefault(str(budget), value)
+        return out
+
+    def record_fields(
+        self, run: Run, reserved: Container[str] = ()
+    ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+        """``record_fields``: the plugins' fields for ``run``'s record, and the failures
+        (plugin, hook, error) of implementations that raised or named a ``reserved`` field
+        -- each called on its own, so one failing plugin never costs the others' fields."""
+        fields: dict[str, Any] = {}
+        failures: list[dict[str, str]] = []
+        for impl in reversed(self._pm.hook.record_fields.get_hookimpls()):
+            try:
+                got = impl.function(run) if impl.argnames else impl.function()
+                if got is not None and not isinstance(got, Mapping):
+                    raise TypeError(f"returned {_safe_repr(got)[:200]}, not a mapping")
+                taken = sorted(str(k) for k in (got or {}) if k in reserved)
+                if taken:
+                    raise ValueError(f"the record's own fields cannot be replaced: {taken}")
+            except Exception as exc:
+                failures.append(
+                    {
+                        "plugin": impl.plugin_name,
+                        "hook": "record_fields",
+                        "error": self._log_failure(impl.plugin_name, "record_fields", exc),
+                    }
+                )
+                continue
+            for key, value in (got or {}).items():
+                fields.setdefault(str(key), value)
+        return fields, failures
+
+    @property
+    def order(self) -> list[str]:
+        return list(self._order)

@@ -1,0 +1,276 @@
+"""Tool execution: how the loop runs one tool call under its deadline, and the worker threads
+that run blocking tools.
+
+The step machine (:mod:`loopwarden.loop`) never calls a tool itself: it yields a ``RunTool``
+effect, and the driver executes it here -- inline, on an event loop of its own, or in a reused
+daemon worker thread that is abandoned at the deadline (Python cannot kill a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from loopwarden._deadline import CANCEL_GRACE_S, Ending, await_within, call_within
+from loopwarden.events import ToolResult
+
+if TYPE_CHECKING:
+    from loopwarden.clock import CancelToken
+    from loopwarden.loop import Engine, RunTool
+    from loopwarden.run import Run
+
+__all__ = ["daemon_thread", "run_tool_async", "run_tool_sync"]
+
+log = logging.getLogger("loopwarden.loop")
+
+
+def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
+    """Execute ``eff`` for a synchronous run: inline, on an event loop of its own (an async
+    tool), or in a worker thread under its deadline (a blocking tool)."""
+    tool, ctx = eff.tool, eff.ctx
+    if eff.call.delay_s > 0:
+        run.clock.sleep(eff.call.delay_s, run.cancel)
+        if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
+            return engine._cancelled_before(eff)
+    started = run.clock.now()
+    if ctx.deadline is not None and eff.call.timeout is not None:
+        ctx.deadline = started + eff.call.timeout
+    timeout = eff.call.timeout
+    if tool.is_async:
+        # on an event loop of its own in a daemon thread: a coroutine that swallows its
+        # cancellation at the deadline is abandoned there, not waited for
+        try:
+            ending, value = call_within(
+                asyncio.run,
+                _bounded(tool.invoke(eff.arguments, ctx), timeout, run.cancel),
+                timeout=None if timeout is None else timeout + CANCEL_GRACE_S,
+                cancel=run.cancel,
+                name="tool-" + tool.name,
+            )
+        except Exception as exc:
+            return engine.error_result(eff, exc, run.clock.now() - started)
+        if ending == "cancelled" or (ending == "ok" and value[0] == "cancelled"):
+            return engine._cancelled_before(eff)
+        if ending == "timeout" or value[0] == "timeout":
+            return engine.timeout_result(eff.call, run.clock.now() - started)
+        return engine.tool_result(eff, value[1], started, run)
+    if timeout is None or tool.context_param is not None:
+        # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
+        try:
+            value = tool.invoke(eff.arguments, ctx)
+        except Exception as exc:
+            return engine.error_result(eff, exc, run.clock.now() - started)
+        return engine.tool_result(eff, value, started, run)
+    # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
+    # deadline, or when the run is cancelled.  Python cannot kill the thread; its late
+    # result is discarded.
+    done = threading.Event()
+    box: list[Any] = []
+
+    def finished(ok: bool, payload: Any) -> None:
+        box.append((ok, payload))
+        done.set()
+
+    # a fresh context per call, as a new thread would have
+    _WORKERS.submit(
+        contextvars.Context(),
+        tool.invoke,
+        (eff.arguments, ctx),
+        tool.name,
+        finished,
+        lambda: bool(box),
+    )  # abandoned: the marker appended below
+    remove = run.cancel.on_cancel(done.set)
+    try:
+        done.wait(timeout)
+    finally:
+        remove()
+    if not box or box[0] is None:
+        box.append(None)  # abandoned (if the result came just now, it is discarded)
+        if run.cancel.is_set():
+            return engine._cancelled_before(eff)
+        return engine.timeout_result(eff.call, run.clock.now() - started)
+    ok, payload = box[0]
+    if not ok:
+        return engine.error_result(eff, payload, run.clock.now() - started)
+    return engine.tool_result(eff, payload, started, run)
+
+
+async def run_tool_async(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
+    """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
+    thread (a blocking tool), under its deadline."""
+    tool, ctx = eff.tool, eff.ctx
+    if eff.call.delay_s > 0:
+        await run.clock.asleep(eff.call.delay_s, run.cancel)
+        if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
+            return engine._cancelled_before(eff)
+    started = run.clock.now()
+    if ctx.deadline is not None and eff.call.timeout is not None:
+        ctx.deadline = started + eff.call.timeout
+    timeout = eff.call.timeout
+    try:
+        if tool.is_async:
+            aw = tool.invoke(eff.arguments, ctx)
+        else:
+            aw = daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
+        ending, value = await _bounded(aw, timeout, run.cancel)
+    except Exception as exc:
+        return engine.error_result(eff, exc, run.clock.now() - started)
+    if ending == "cancelled":
+        return engine._cancelled_before(eff)
+    if ending == "timeout":
+        return engine.timeout_result(eff.call, run.clock.now() - started)
+    return engine.tool_result(eff, value, started, run)
+
+
+Finished = Callable[[bool, Any], None]
+
+
+class _Worker:
+    """One daemon thread of :class:`_ToolThreads`: runs the jobs handed to it, one at a time."""
+
+    __slots__ = ("_job", "_pool", "_ready", "thread")
+
+    def __init__(self, pool: _ToolThreads) -> None:
+        self._pool = pool
+        self._ready = threading.Lock()  # released when a job is handed over
+        self._ready.acquire()
+        self._job: _Job | None = None
+        self.thread = threading.Thread(target=self._loop, name=_IDLE_NAME, daemon=True)
+
+    def give(self, job: _Job) -> None:
+        self._job = job
+        self._ready.release()
+
+    def _loop(self) -> None:
+        pool, thread = self._pool, self.thread
+        while True:
+            if not self._ready.acquire(timeout=pool.idle_s):
+                if pool.retire(self):
+                    return
+                continue  # handed a job just now: it is on its way
+            job, self._job = self._job, None
+            if job is None:
+                continue
+            context, fn, args, name, finished, abandoned = job
+            thread.name = "loopwarden-tool-" + name
+            try:
+                result: tuple[bool, Any] = (True, context.run(fn, *args))
+            except BaseException as exc:  # delivered to whoever waits for the tool
+                result = (False, exc)
+            del job, context, fn, args  # hold nothing of the call while idle
+            reuse = not abandoned()
+            if reuse:  # idle again before the waiter wakes: its next call finds this thread
+                thread.name = _IDLE_NAME
+                pool.rest(self)
+            try:
+                finished(*result)
+            except BaseException:
+                log.exception("delivering the result of tool %r failed", name)
+            if not reuse:  # the waiter gave up at its deadline: end, as a lone thread would
+                return
+            del finished, abandoned, result
+
+
+_Job = tuple[
+    contextvars.Context, Callable[..., Any], tuple[Any, ...], str, Finished, Callable[[], bool]
+]
+_IDLE_NAME = "loopwarden-worker-idle"
+
+
+class _ToolThreads:
+    """Daemon threads that run blocking tools under a deadline, reused across calls.
+
+    Starting a thread costs far more than a trivial tool call; an idle worker takes the next
+    call instead.  A worker whose call was abandoned at its deadline keeps running the tool
+    (Python cannot kill a thread) and ends when the tool returns; the next call gets another
+    thread.  Workers idle for ``idle_s`` seconds end.  While it runs a tool a worker is named
+    ``loopwarden-tool-<tool>``, and each call runs in the ``contextvars.Context`` it is
+    given; thread-local state that a tool keeps may outlive a call.
+    """
+
+    def __init__(self, idle_s: float = 10.0) -> None:
+        self.idle_s = idle_s
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def submit(
+        self,
+        context: contextvars.Context,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        name: str,
+        finished: Finished,
+        abandoned: Callable[[], bool],
+    ) -> None:
+        """Run ``context.run(fn, *args)`` in a worker thread, then ``finished(True, value)``
+        or ``finished(False, exception)`` there.  ``abandoned()`` (asked when the tool
+        returned) says whether the waiter gave up meanwhile: that thread then ends."""
+        job: _Job = (context, fn, args, name, finished, abandoned)
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(self)
+            worker.give(job)
+            worker.thread.start()
+        else:
+            worker.give(job)
+
+    def rest(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+    def retire(self, worker: _Worker) -> bool:
+        """An idle worker timed out: True when it may end (it was not just handed a job)."""
+        with self._lock:
+            if worker in self._idle:
+                self._idle.remove(worker)
+                return True
+            return False
+
+
+_WORKERS = _ToolThreads()
+
+
+def daemon_thread(fn: Any, *args: Any, name: str) -> asyncio.Future[Any]:
+    """Run a blocking tool in a daemon worker thread; return a future for its value.
+
+    Not ``asyncio.to_thread``: an abandoned (timed-out) tool would keep a worker of the
+    event loop's default executor, and ``asyncio.run()`` waits for those at exit -- a hung
+    tool would hang the program.  A late value finds the future cancelled and is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def deliver(ok: bool, payload: Any) -> None:
+        if future.done():  # cancelled at the deadline: the late result is discarded
+            return
+        if ok:
+            future.set_result(payload)
+        else:
+            future.set_exception(payload)
+
+    def finished(ok: bool, payload: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits any more
+            loop.call_soon_threadsafe(deliver, ok, payload)
+
+    _WORKERS.submit(context, fn, args, name, finished, future.done)
+    return future
+
+
+async def _bounded(
+    aw: Awaitable[Any], timeout: float | None, cancel: CancelToken | None = None
+) -> tuple[Ending, Any]:
+    """Await a tool within ``timeout`` (and until ``cancel``): ``("ok", value)``, else
+    ``("timeout" | "cancelled", None)``.  A tool that swallows its cancellation is abandoned
+    (see :mod:`loopwarden._deadline`).  A ``TimeoutError`` the tool raises itself (a socket
+    read timing out) is its own error, not the loop's deadline, and propagates as such."""
+    if timeout is None and cancel is None:
+        return "ok", await aw
+    return await await_within(aw, timeout, cancel)
