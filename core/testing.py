@@ -772,10 +772,11 @@ def run_plugin(
     """
     from loopwarden.tools.shop import Shop
 
-    tmp = None
+    # a throwaway directory for the shop and the shared store: a test run never sees the
+    # side-effect ledger or the budgets of earlier runs (nor leaves its own behind)
+    tmp = tempfile.TemporaryDirectory(prefix="loopwarden-run-", ignore_cleanup_errors=True)
     shop = None
     if tools is None:
-        tmp = tempfile.TemporaryDirectory(prefix="loopwarden-run-", ignore_cleanup_errors=True)
         shop = Shop(Path(tmp.name) / "shop.sqlite3")
         registry = shop.tools()
     else:
@@ -783,6 +784,9 @@ def run_plugin(
     data: dict[str, Any] = {
         k: dict(v) if isinstance(v, Mapping) else v for k, v in (config or {}).items()
     }
+    store_table: dict[str, Any] = dict(data.get("store") or {})
+    store_table.setdefault("url", f"sqlite:///{Path(tmp.name) / 'store.sqlite3'}")
+    data["store"] = store_table
     plugins_table: dict[str, Any] = dict(data.get("plugins", {}))
     objects: dict[str, Any] = dict(plugins or {})
     if isinstance(plugin, str):

@@ -527,3 +527,15 @@ def test_importing_the_kit_does_not_import_pytest() -> None:
     code = "import sys, loopwarden.testing; print('pytest' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_run_plugin_isolates_the_shared_store_between_runs() -> None:
+    """Each run_plugin call gets its own store: the ledger of an earlier test run (or of the
+    user's data directory) never answers this run's side effect."""
+    from loopwarden.testing import run_plugin, tool_call, turn
+
+    refund = tool_call("apply_refund", order_id="88231", reason="七天无理由退货")
+    for _ in range(2):
+        result = run_plugin("max_steps", turns=[turn("退款", refund)], final_text="已退款")
+        assert result.record["tools_executed"] == 1
+        assert len(result.shop.refunds()) == 1
