@@ -236,18 +236,21 @@ def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
     :class:`ConfigError`.
     """
     from loopwarden.replay import _well_formed
+    from loopwarden.sanitize import loads_strict
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError("file not found", path=p)
     stats = Stats(kind="")
-    with p.open(encoding="utf-8") as fh:
+    # read as replay and report do: an undecodable byte, NaN, 1e999, a huge integer, deep
+    # nesting or a lone surrogate makes one line unreadable, never the whole file
+    with p.open(encoding="utf-8", errors="surrogateescape") as fh:
         for line in fh:
             if not line.strip():
                 continue
             stats.lines += 1
             try:
-                obj = json.loads(line)
+                obj = loads_strict(line)
             except ValueError:
                 stats.unreadable += 1
                 continue

@@ -349,3 +349,21 @@ def test_the_derivation_script_prints_the_distributions_and_the_proposals(
         check=False,
     )
     assert proc.returncode == 0 and "| test/shop |" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "[" * 100_000,
+        '{"id": "n", "steps": [], "x": NaN}',
+        '{"id": "e", "x": 1e999}',
+        '{"id": "s", "steps": [], "x": "\\ud83d"}',
+        "9" * 400,
+    ],
+)
+def test_a_bad_line_is_counted_never_fatal(tmp_path: Path, bad: str) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [conversation("a", [2, 1]), bad])
+    with path.open("ab") as fh:
+        fh.write(b"\xff\xfe not utf-8\n")
+    s = load_stats(path)
+    assert s.unreadable == 2 and len(s.conversations) == 1
