@@ -44,9 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Deployment", "scripted_tools"]
 
-#: plugins that end a run normally rather than guard it: not shadowed by ``[run] mode``
-_NOT_SHADOWED = frozenset({"terminal_tool"})
-
 
 class _AnyArgs(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -192,7 +189,7 @@ class Deployment:
             return [
                 lp.name
                 for lp in self.plugins
-                if lp.name not in essential and lp.name not in _NOT_SHADOWED
+                if lp.name not in essential and not getattr(lp.obj, "ends_runs_normally", False)
             ]
         named = cfg.plugins.shadowed()
         bad = sorted(essential.intersection(named))

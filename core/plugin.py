@@ -92,6 +92,9 @@ class Plugin(Generic[S]):
     Settings: ClassVar[type[BaseModel]] = NoSettings
     #: an essential plugin can be configured but never disabled or blocked
     essential: ClassVar[bool] = False
+    #: a plugin whose stops are normal endings, not guards (a hand-off to a person ends the
+    #: run): ``[run] mode = "shadow"`` leaves it enforced
+    ends_runs_normally: ClassVar[bool] = False
 
     def __init__(self, settings: S | None = None) -> None:
         if not self.name:

@@ -48,6 +48,7 @@ class TerminalTool(Plugin[TerminalToolSettings]):
 
     name = "terminal_tool"
     Settings = TerminalToolSettings
+    ends_runs_normally = True  # a hand-off ends the run for real, shadow mode or not
 
     def is_terminal(self, call: ToolCall) -> bool:
         """Whether ``call`` is of a terminal tool (declared, or named in ``tools``)."""

@@ -377,3 +377,12 @@ def test_a_result_that_starts_with_error_is_a_failure() -> None:
     p = FailureStreak()
     assert p.failed(make_tool_result("Error: payment amount does not add up"))
     assert not p.failed(make_tool_result("No errors found; the booking is confirmed."))
+
+
+def test_shadow_mode_leaves_a_terminal_hand_off_enforced() -> None:
+    data = load_toml(default_config_path())
+    data["run"]["mode"] = "shadow"
+    dep = Deployment(parse_config(data, path="<test>"))
+    assert "terminal_tool" in dep.plugins.names
+    assert "terminal_tool" not in dep.engine.shadow and "max_steps" not in dep.engine.shadow
+    assert "repeat_call" in dep.engine.shadow
