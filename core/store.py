@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -312,19 +313,41 @@ class SQLiteStore:
         self._conn = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                str(self.path), timeout=self._timeout, isolation_level=None, check_same_thread=False
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SQL_SCHEMA)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(
-                f"cannot open the SQLite store {self.path}: {exc}", url=self.url
-            ) from exc
-        return conn
+        # Switching a new file to WAL takes an exclusive lock without waiting on the busy
+        # handler: processes that open the store at once can get "database is locked" at
+        # once.  Retry the set-up with a short jittered backoff, within the lock timeout.
+        deadline = time.monotonic() + self._timeout
+        delay = 0.01
+        while True:
+            conn: sqlite3.Connection | None = None
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(
+                    str(self.path),
+                    timeout=self._timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SQL_SCHEMA)
+                return conn
+            except sqlite3.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                if not busy or time.monotonic() + delay > deadline:
+                    raise StoreError(
+                        f"cannot open the SQLite store {self.path}: {exc}", url=self.url
+                    ) from exc
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+            except (sqlite3.Error, OSError) as exc:
+                if conn is not None:
+                    conn.close()
+                raise StoreError(
+                    f"cannot open the SQLite store {self.path}: {exc}", url=self.url
+                ) from exc
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

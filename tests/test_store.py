@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from store_support import make_store, split_url
@@ -233,3 +234,31 @@ def test_large_amounts_stay_exact(store_url: str) -> None:
     assert res.used[0][QUANTITIES.index("cost")] == big
     assert store.rows()[0].reserved[QUANTITIES.index("cost")] == 1
     store.close()
+
+
+def _open_store(path: str, barrier: object, results: object) -> None:
+    from loopwarden.store import SQLiteStore
+
+    barrier.wait()  # type: ignore[attr-defined]
+    try:
+        SQLiteStore(Path(path)).close()
+        results.put("ok")  # type: ignore[attr-defined]
+    except Exception as exc:
+        results.put(repr(exc))  # type: ignore[attr-defined]
+
+
+def test_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Switching a new file to WAL does not wait on SQLite's busy handler: workers that open
+    the store at the same moment used to fail with "database is locked"."""
+    ctx = multiprocessing.get_context("spawn")
+    outcomes: list[str] = []
+    for i in range(6):
+        barrier, results = ctx.Barrier(6), ctx.Queue()
+        path = str(tmp_path / f"store-{i}.sqlite3")
+        procs = [ctx.Process(target=_open_store, args=(path, barrier, results)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        outcomes += [results.get(timeout=10) for _ in procs]
+    assert outcomes == ["ok"] * 36
