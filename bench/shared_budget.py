@@ -47,6 +47,7 @@ from typing import Any
 
 from loopwarden import ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
 from loopwarden.config import default_config_path, load_toml, parse_config
+from loopwarden.demo import config_tools
 from loopwarden.deployment import Deployment
 from loopwarden.plugins.spend_limits import SpendLimits
 from loopwarden.store import COST_UNIT, QUANTITIES, open_store
@@ -98,7 +99,7 @@ def worker(
 ) -> dict[str, Any]:
     """One process: ``runs`` refund runs for tenant acme; returns its outcomes and timings."""
     config = _config(store, shop, max_cost)
-    dep = Deployment(config, plugins={"spend_limits": TimedSpendLimits})
+    dep = Deployment(config, plugins={"spend_limits": TimedSpendLimits}, tools=config_tools(config))
     plugin: TimedSpendLimits = dep.plugins.get("spend_limits")
     engine_hooks = dep.engine.hooks
     guard_time: list[float] = []
@@ -159,7 +160,7 @@ def measure(
     tmp = Path(tempfile.mkdtemp(prefix=f"lw-bench-{name}-"))
     try:
         shop = str(tmp / "shop.sqlite3")
-        from loopwarden.tools.shop import Shop
+        from loopwarden.demo.shop import Shop
 
         Shop(shop).refunds()  # created and seeded once, before the race
         ctx = multiprocessing.get_context("spawn")

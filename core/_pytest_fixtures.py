@@ -8,7 +8,7 @@ imports pytest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 
 from loopwarden.clock import FakeClock
 from loopwarden.deployment import Deployment
-from loopwarden.testing import HookRecorder, SignalRecorder, make_deployment, shop_tools
+from loopwarden.testing import HookRecorder, SignalRecorder, make_deployment
 
 
 @pytest.fixture
@@ -36,12 +36,17 @@ def lw_signals() -> Iterator[SignalRecorder]:
 def lw_deployment(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     """Build deployments (``lw_deployment(config_mapping, **kwargs)``), closed after the test.
 
-    Unless ``tools`` is given, they use the demo shop on a database under ``tmp_path``.
+    They have the ``tools`` given (default: none) and, unless the config names a store, a
+    shared store of their own under ``tmp_path``.
     """
     made: list[Deployment] = []
 
     def make(config: Any = None, **kwargs: Any) -> Deployment:
-        kwargs.setdefault("tools", shop_tools(tmp_path / f"shop{len(made)}"))
+        if config is None or isinstance(config, Mapping):
+            config = dict(config or {})
+            config.setdefault(
+                "store", {"url": f"sqlite:///{tmp_path / f'store{len(made)}'}.sqlite3"}
+            )
         dep = make_deployment(config, **kwargs)
         made.append(dep)
         return dep

@@ -165,8 +165,8 @@ class RunConfig(_Strict):
     """``[run]``: texts injected into model requests, defaults for every run."""
 
     system_prompt: str = (
-        "You are a customer-service agent for an online shop. Use the tools to look things "
-        "up before answering, and answer in the user's language."
+        "You are a helpful assistant. Use the tools when they help, and answer in the user's "
+        "language."
     )
     profile: str | None = None
     #: "enforce": verdicts steer the run; "shadow": every verdict is computed, recorded,
@@ -191,12 +191,6 @@ class ProfileConfig(_Strict):
     #: the largest request in tokens (token_budget's max_context), e.g. for a small model
     max_context: PositiveInt | None = None
     description: str | None = None
-
-
-class ShopConfig(_Strict):
-    """``[shop]``: the demo shop's database (default: the user's data directory)."""
-
-    db_path: str | None = None
 
 
 class ToolNature(_Strict):
@@ -299,7 +293,9 @@ class Config(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
-    shop: ShopConfig = Field(default_factory=ShopConfig)
+    #: ``[shop]``, the demo's table: kept as written and validated by :mod:`loopwarden.demo`
+    #: (the core knows nothing of the shop; deployment files that set it stay valid)
+    shop: dict[str, Any] = Field(default_factory=dict)
     tools: dict[str, ToolNature] = Field(default_factory=dict)
 
     store: StoreConfig = Field(default_factory=StoreConfig)

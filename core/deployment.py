@@ -106,7 +106,7 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
         else:
             if plays_real:
                 raise ConfigError(
-                    "a tool the shop does not have needs results or error",
+                    "the deployment has no tool of this name: script its results or error",
                     path=scenario.path,
                     key=f"tools.{name}",
                 )
@@ -211,11 +211,10 @@ class Deployment:
 
     @property
     def tools(self) -> ToolRegistry:
-        """The deployment's tools (default: the demo shop at ``[shop] db_path``)."""
+        """The deployment's tools: those it was given, else none (a scenario then scripts
+        every tool it calls)."""
         if self._tools is None:
-            from loopwarden.tools.shop import Shop
-
-            self._tools = Shop(self.config.shop.db_path).tools()
+            self._tools = ToolRegistry()
         return self._tools
 
     @property

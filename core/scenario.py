@@ -19,7 +19,7 @@
 Compatible extensions: ``description``, ``profile`` (a profile name from the config),
 ``[expect]`` (what the scenario should end as, for tests and benchmarks: ``termination``,
 ``onset`` -- the step at which its loop becomes established -- and ``healthy``), and, for
-tools the shop does not have, ``read_only`` / ``deterministic`` / ``side_effect`` /
+tools the deployment does not have, ``read_only`` / ``deterministic`` / ``side_effect`` /
 ``terminal`` / ``description`` in the tool's table.
 """
 
@@ -73,7 +73,7 @@ class ToolScript(_Strict):
     results: list[str | ToolError_] | None = None
     error: ErrorSpec | str | None = None
     delay_s: float = Field(default=0.0, ge=0)
-    # for tools the shop does not have
+    # for tools the deployment does not have
     description: str | None = None
     read_only: bool | None = None
     deterministic: bool | None = None
@@ -122,7 +122,9 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def scenarios_dir() -> Path:
-    return Path(str(resources.files("loopwarden").joinpath("scenarios")))
+    """Where the built-in scenarios live: package data of the demo (``loopwarden.demo``),
+    found without importing it."""
+    return Path(str(resources.files("loopwarden") / "demo" / "scenarios"))
 
 
 def builtin_scenarios() -> list[Path]:

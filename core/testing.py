@@ -14,14 +14,16 @@ Unit-test one hook::
                             call=make_tool_call("apply_refund", order_id="88231", reason="x"))
         assert verdict.kind == "stop" and verdict.reason == "forbidden_tool"
 
-Drive it through a scripted run (the real loop, the demo shop in a throwaway database)::
+Drive it through a scripted run (the real loop; tools are yours, or scripted results)::
 
-    from loopwarden.testing import run_plugin, tool_call, turn
+    from loopwarden.testing import make_tool, run_plugin, tool_call, turn
 
-    result = run_plugin(NoRefunds, turns=[turn("退款", tool_call("apply_refund",
-                                                order_id="88231", reason="七天无理由"))])
+    refunds = []
+    refund = make_tool("apply_refund", lambda **kw: refunds.append(kw), side_effect=True)
+    result = run_plugin(NoRefunds, tools=[refund],
+                        turns=[turn("Refunding.", tool_call("apply_refund", order_id="1001"))])
     assert result.termination == "forbidden_tool"
-    assert result.shop.refunds() == []
+    assert refunds == []
 
 pytest fixtures (``lw_clock``, ``lw_signals``, ``lw_hooks``, ``lw_deployment``) are active only
 when asked for, like pytester: ``pytest -p loopwarden.testing``, or
@@ -94,7 +96,6 @@ __all__ = [
     "make_tool_result",
     "run_plugin",
     "script",
-    "shop_tools",
     "tool_call",
     "turn",
 ]
@@ -106,25 +107,6 @@ ToolsArg = ToolRegistry | Iterable[Tool] | None
 
 
 # -- tools ---------------------------------------------------------------------------------
-
-
-def shop_tools(directory: str | Path | None = None) -> ToolRegistry:
-    """The demo shop's six tools, on a database in ``directory``.
-
-    The database is created (and seeded) only when a tool first runs, so builders that never
-    execute a tool touch no file.  Without ``directory`` a per-process path in the system's
-    temporary directory is used.
-    """
-    from loopwarden.tools.shop import Shop
-
-    base = Path(directory) if directory is not None else _scratch_dir()
-    return Shop(base / "shop.sqlite3").tools()
-
-
-def _scratch_dir() -> Path:
-    import os
-
-    return Path(tempfile.gettempdir()) / f"loopwarden-testing-{os.getpid()}"
 
 
 class _AnyArgs(BaseModel):
@@ -177,7 +159,7 @@ def make_tool(
 
 def _registry(tools: ToolsArg) -> ToolRegistry:
     if tools is None:
-        return shop_tools()
+        return ToolRegistry()
     if isinstance(tools, ToolRegistry):
         return tools
     return ToolRegistry(tools)
@@ -187,7 +169,7 @@ def _registry(tools: ToolsArg) -> ToolRegistry:
 
 
 def make_run(
-    user: str = "查询订单 88231 的物流",
+    user: str = "What is the status of order 1001?",
     *,
     tools: ToolsArg = None,
     clock: Clock | None = None,
@@ -206,7 +188,7 @@ def make_run(
 ) -> Run:
     """A :class:`~loopwarden.Run` as hooks see it, with a :class:`FakeClock` at 0.
 
-    ``tools`` defaults to the demo shop's declarations (see :func:`shop_tools`).
+    ``tools`` defaults to none (build declarations with :func:`make_tool`).
     ``max_steps``/``max_tokens``/``max_seconds`` set the run's profile limits; ``step``,
     ``usage`` (prompt, completion), ``cost`` and ``tool_calls`` set its counters as if that
     much had happened.  The conversation holds the user's message.
@@ -348,7 +330,7 @@ def make_tool_call(
     """A parsed :class:`~loopwarden.ToolCall`, exactly as the loop hands it to ``before_tool``.
 
     ``make_tool_call("query_order", order_id="88231")``: the tool is looked up in ``run.tools``
-    (default: the demo shop), the arguments are validated against its schema (an unknown tool
+    (default: no tools), the arguments are validated against its schema (an unknown tool
     or bad arguments set ``call.error`` as in the loop), and ``fingerprint``,
     ``idempotency_key`` and ``timeout`` are computed by the loop's own code.  ``step`` is
     ``run.step``.  Pass raw JSON text as ``arguments`` to build a malformed call.
@@ -675,8 +657,7 @@ class PluginRun:
     ``plugin`` is the plugin object as registered (named ``name``); ``run`` the finished
     :class:`~loopwarden.Run`; ``hooks`` and ``signals`` the recorders of every hook call and
     signal of the run; ``model`` the scripted model (``model.requests`` are the requests it
-    got); ``deployment`` the (closed) deployment, e.g. for ``deployment.plugins.describe()``;
-    ``shop`` the throwaway demo shop (``shop.refunds()``), or None when ``tools`` were given.
+    got); ``deployment`` the (closed) deployment, e.g. for ``deployment.plugins.describe()``.
     """
 
     plugin: Any
@@ -686,7 +667,6 @@ class PluginRun:
     signals: SignalRecorder
     model: ScriptedModel
     deployment: Deployment
-    shop: Any = None
     _tmp: Any = dataclasses.field(default=None, repr=False)
 
     @property
@@ -764,23 +744,16 @@ def run_plugin(
         ``config``); place them with ``enabled``.
     :param config: more config tables, e.g. ``{"plugins": {"max_steps": {"max_steps": 4}}}``.
     :param tool_results: scripted results per tool name (``{"query_order": ["NOT_FOUND"]}``;
-        an entry may be ``{"error": "...", "retryable": True}``); other tools run for real on a
-        throwaway demo-shop database (``result.shop``).
+        an entry may be ``{"error": "...", "retryable": True}``); other tools run for real from
+        ``tools`` (default: none, so every tool the turns call needs scripted results).
     :param clock: default a :class:`FakeClock`, so tool delays and timeouts cost no time.
     :return: a :class:`PluginRun` with the run, its record, this plugin's verdicts and the
         recorded hook calls and signals.
     """
-    from loopwarden.tools.shop import Shop
-
-    # a throwaway directory for the shop and the shared store: a test run never sees the
-    # side-effect ledger or the budgets of earlier runs (nor leaves its own behind)
+    # a throwaway directory for the shared store: a test run never sees the side-effect
+    # ledger or the budgets of earlier runs (nor leaves its own behind)
     tmp = tempfile.TemporaryDirectory(prefix="loopwarden-run-", ignore_cleanup_errors=True)
-    shop = None
-    if tools is None:
-        shop = Shop(Path(tmp.name) / "shop.sqlite3")
-        registry = shop.tools()
-    else:
-        registry = _registry(tools)
+    registry = _registry(tools)
     data: dict[str, Any] = {
         k: dict(v) if isinstance(v, Mapping) else v for k, v in (config or {}).items()
     }
@@ -812,7 +785,7 @@ def run_plugin(
     else:
         sc = Scenario(
             name="test",
-            user=user or "查询订单 88231 的物流",
+            user=user or "What is the status of order 1001?",
             model=script(turns, then=then, on_warning=on_warning, final_text=final_text),
             tools={
                 k: ToolScript.model_validate({"results": list(v)})
@@ -837,6 +810,5 @@ def run_plugin(
         signals=sigs,
         model=model,
         deployment=dep,
-        shop=shop,
         _tmp=tmp,
     )

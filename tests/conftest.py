@@ -11,6 +11,7 @@ from openai_stub import Stub, serve
 
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
+from loopwarden.demo import shop_tools
 
 # the shared-store fixtures: store_url (SQLite and Redis), redis_server
 pytest_plugins = ["store_support"]
@@ -52,10 +53,12 @@ def make_config() -> Callable[..., Config]:
 
 @pytest.fixture
 def deployment_factory() -> Iterator[Callable[..., Deployment]]:
-    """Build deployments that are closed after the test."""
+    """Build deployments that are closed after the test (with the demo shop's tools unless
+    ``tools`` is given: most tests here play its scenarios)."""
     made: list[Deployment] = []
 
     def make(config: Config | None = None, **kwargs: Any) -> Deployment:
+        kwargs.setdefault("tools", shop_tools())
         dep = Deployment(config if config is not None else parse_config({}), **kwargs)
         made.append(dep)
         return dep

@@ -175,15 +175,17 @@ def deployment_for(
     tools: Any = None,
     enabled: tuple[str, ...] = ("spend_limits",),
 ) -> Any:
-    """A deployment on the store at ``url``: ``plugins`` tables, ``[store]`` extras."""
+    """A deployment on the store at ``url``: ``plugins`` tables, ``[store]`` extras; the
+    demo shop's tools unless ``tools`` are given."""
     from loopwarden import Deployment
     from loopwarden.config import parse_config
+    from loopwarden.demo import shop_tools
 
     tables: dict[str, Any] = {"enabled": list(enabled), **(plugins or {})}
     config = parse_config(
         {"store": store_table(url, **(store or {})), "plugins": tables}, path="<test>"
     )
-    return Deployment(config, tools=tools)
+    return Deployment(config, tools=tools if tools is not None else shop_tools())
 
 
 def pay_worker(url: str, directory: str, start: float, kill: bool = False) -> dict[str, Any]:

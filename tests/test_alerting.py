@@ -28,6 +28,7 @@ from loopwarden import (
     RunOutcome,
 )
 from loopwarden.config import Config
+from loopwarden.demo import shop_tools
 from loopwarden.plugins.alerting import Alerting, AlertingSettings, WebhookSink
 from loopwarden.verdicts import Verdict, skip, stop, warn
 
@@ -531,7 +532,7 @@ def test_a_successful_hand_off_is_a_normal_ending_not_an_alert() -> None:
     from loopwarden.config import default_config_path
 
     seen: list[dict[str, Any]] = []
-    dep = Deployment(load_config(default_config_path()))
+    dep = Deployment(load_config(default_config_path()), tools=shop_tools())
     alerting = dep.plugins.get("alerting")
     original = alerting.dispatch
     alerting.dispatch = lambda run, alert: (seen.append(alert), original(run, alert))

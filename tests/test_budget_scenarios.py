@@ -14,8 +14,9 @@ import pytest
 
 from loopwarden import Config, Deployment, FakeClock
 from loopwarden.config import default_config_path, parse_config
+from loopwarden.demo import shop_tools
+from loopwarden.demo.shop import Shop, default_data_dir
 from loopwarden.scenario import builtin_scenarios, load_scenario, scenario_path
-from loopwarden.tools.shop import Shop, default_data_dir
 
 BUDGET_PLUGINS = [
     "timeout",
@@ -47,7 +48,7 @@ def _config_for(name: str, shipped: Config) -> Config:
 
 def _run(name: str, shipped: Config) -> tuple[dict[str, Any], Any]:
     clock = FakeClock()
-    run = Deployment(_config_for(name, shipped), clock=clock).run(
+    run = Deployment(_config_for(name, shipped), clock=clock, tools=shop_tools()).run(
         scenario=scenario_path(name), clock=clock
     )
     return run.record(), run
@@ -208,7 +209,7 @@ def test_shipped_config_enables_the_budget_plugins_in_order(shipped_config: Conf
 
 
 def test_shipped_config_sets_every_budget_setting_at_its_default(shipped_config: Config) -> None:
-    dep = Deployment(shipped_config)
+    dep = Deployment(shipped_config, tools=shop_tools())
     tables = shipped_config.plugins.tables()
     for lp in dep.plugins:
         if lp.name not in [*BUDGET_PLUGINS, "max_steps"]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from loopwarden.cli import main
+from loopwarden.demo.shop import Shop
 from loopwarden.scenario import scenario_path
-from loopwarden.tools.shop import Shop
 
 REFUND = scenario_path("refund")
 

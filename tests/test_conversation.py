@@ -8,6 +8,7 @@ from builders import call, script
 
 from loopwarden import Conversation, Deployment, Plugin, ToolError, hookimpl
 from loopwarden.config import default_config_path, load_config, parse_config
+from loopwarden.demo import shop_tools
 
 
 class Counter(Plugin):
@@ -21,7 +22,7 @@ class Counter(Plugin):
 
 
 def test_messages_and_conversation_state_carry_on_per_run_state_does_not() -> None:
-    dep = Deployment(parse_config({}), plugins={"counter": Counter()})
+    dep = Deployment(parse_config({}), plugins={"counter": Counter()}, tools=shop_tools())
     conv = Conversation("c1")
     lookup = {"tool_calls": [call("query_order", order_id="88231")]}
     first = dep.run(
@@ -40,7 +41,7 @@ def test_messages_and_conversation_state_carry_on_per_run_state_does_not() -> No
 
 
 def test_a_run_without_a_conversation_gets_its_own() -> None:
-    dep = Deployment(parse_config({}), plugins={"counter": Counter()})
+    dep = Deployment(parse_config({}), plugins={"counter": Counter()}, tools=shop_tools())
     lookup = {"tool_calls": [call("query_order", order_id="88231")]}
     a = dep.run("q", model=script(lookup, {"content": "x"}))
     b = dep.run("q", model=script(lookup, {"content": "x"}))
@@ -53,7 +54,7 @@ def not_found_turn() -> dict[str, Any]:
 
 
 def test_a_call_that_failed_for_good_counts_on_in_the_next_user_turns() -> None:
-    dep = Deployment(load_config(default_config_path()))
+    dep = Deployment(load_config(default_config_path()), tools=shop_tools())
     conv = Conversation()
     turns = [not_found_turn(), {"content": "not found"}]
     r1 = dep.run("order 99999?", model=script(*turns), conversation=conv)
@@ -68,11 +69,11 @@ def test_a_call_that_failed_for_good_counts_on_in_the_next_user_turns() -> None:
 
 
 def test_a_fix_between_turns_lets_the_call_succeed() -> None:
-    dep = Deployment(load_config(default_config_path()))
+    dep = Deployment(load_config(default_config_path()), tools=shop_tools())
     conv = Conversation()
     turns = [not_found_turn(), {"content": "not found"}]
     dep.run("order 99999?", model=script(*turns), conversation=conv)
-    from loopwarden.tools.shop import Shop
+    from loopwarden.demo.shop import Shop
 
     with Shop().write() as c:  # the order is created outside the agent
         c.execute("INSERT INTO orders VALUES ('99999','x',1,'已签收','2026-06-01',NULL,NULL)")
@@ -85,7 +86,7 @@ def test_the_memory_of_failures_can_be_per_run_only() -> None:
     cfg = parse_config(
         {"plugins": {"enabled": ["repeat_call"], "repeat_call": {"failures_across_turns": False}}}
     )
-    dep = Deployment(cfg)
+    dep = Deployment(cfg, tools=shop_tools())
     conv = Conversation()
     for _ in range(3):
         rec = dep.run(
@@ -95,7 +96,7 @@ def test_the_memory_of_failures_can_be_per_run_only() -> None:
 
 
 def test_a_successful_change_forgets_earlier_failures() -> None:
-    dep = Deployment(parse_config({"plugins": {"enabled": ["repeat_call"]}}))
+    dep = Deployment(parse_config({"plugins": {"enabled": ["repeat_call"]}}), tools=shop_tools())
     conv = Conversation()
     dep.run(
         "refund 99999",
@@ -183,7 +184,9 @@ def test_the_next_turn_sees_a_well_formed_history_with_what_the_user_was_told() 
             return None
 
     cfg = parse_config({"run": {"fallback_answer": "Sorry."}})
-    dep = Deployment(cfg, plugins={"veto": Veto(), "cut": Cut()}, clock=FakeClock())
+    dep = Deployment(
+        cfg, plugins={"veto": Veto(), "cut": Cut()}, clock=FakeClock(), tools=shop_tools()
+    )
     conv = Conversation()
     r1 = dep.run("q1", model=script({"content": "the password is SECRET123"}), conversation=conv)
     assert r1.record()["final_answer"] == "Sorry."

@@ -10,6 +10,7 @@ from budget_helpers import call, config, make_run, request, response, scenario, 
 
 from loopwarden import ConfigError, Deployment, ModelResponse, Stop, Warn, signals
 from loopwarden.config import parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, ModelPrice
@@ -71,7 +72,7 @@ def test_bad_settings_fail_at_load_time() -> None:
 
 def test_an_unpriced_model_is_refused_before_any_call() -> None:
     sc = scenario([turn(call("query_order", order_id="88231"))])
-    dep = Deployment(config("cost_budget"))
+    dep = Deployment(config("cost_budget"), tools=shop_tools())
     model = ScriptedModel(sc.model, name="mystery-model", estimator=dep.estimator)
     rec = dep.run(scenario=sc, model=model).record()
     assert model.calls == 0  # nothing was spent
@@ -85,7 +86,9 @@ def test_an_unpriced_model_is_refused_before_any_call() -> None:
 
 def test_unknown_model_free_runs_at_no_cost() -> None:
     sc = scenario([turn(call("query_order", order_id="88231"))], then="final")
-    dep = Deployment(config("cost_budget", cost_budget={"unknown_model": "free"}))
+    dep = Deployment(
+        config("cost_budget", cost_budget={"unknown_model": "free"}), tools=shop_tools()
+    )
     model = ScriptedModel(sc.model, name="mystery-model", estimator=dep.estimator)
     rec = dep.run(scenario=sc, model=model).record()
     assert rec["termination"] == "final_answer"
@@ -109,7 +112,7 @@ def test_run_cost_is_the_exact_sum_of_every_response() -> None:
         ],
         then="final",
     )
-    dep = Deployment(config("cost_budget"))
+    dep = Deployment(config("cost_budget"), tools=shop_tools())
     seen: list[ModelResponse] = []
 
     def on_response(sender: Any, response: ModelResponse, **extra: Any) -> None:
@@ -227,7 +230,8 @@ def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
         then="cycle",
     )
     dep = Deployment(
-        config("cost_budget", max_steps={"max_steps": 50}, cost_budget={"max_cost": "0.002"})
+        config("cost_budget", max_steps={"max_steps": 50}, cost_budget={"max_cost": "0.002"}),
+        tools=shop_tools(),
     )
     rec = dep.run(scenario=sc).record()
     assert rec["termination"] == "max_cost" and rec["soft"] is True
@@ -266,5 +270,6 @@ def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
     assert main(["config", "check", str(cfg)]) == 0
     with pytest.raises(ConfigError):
         Deployment(
-            parse_config({"model": {"name": "mystery"}, "plugins": {"enabled": ["cost_budget"]}})
+            parse_config({"model": {"name": "mystery"}, "plugins": {"enabled": ["cost_budget"]}}),
+            tools=shop_tools(),
         ).check_model("mystery")

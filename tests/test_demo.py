@@ -23,8 +23,8 @@ from loopwarden.demo import (
     unguarded_deployment,
     without_observers,
 )
+from loopwarden.demo.shop import Shop
 from loopwarden.scenario import builtin_scenarios, load_scenario
-from loopwarden.tools.shop import Shop
 
 RUNAWAY = """
 name = "loop-lookup"

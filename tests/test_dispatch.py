@@ -9,6 +9,7 @@ from builders import call, script
 
 from loopwarden import Deployment, hookimpl, warn
 from loopwarden.config import parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.testing import HookRecorder
 
 
@@ -23,7 +24,7 @@ class Tag:
 
 
 def deployment(**plugins: Any) -> Deployment:
-    return Deployment(parse_config({}, path="<t>"), plugins=plugins)
+    return Deployment(parse_config({}, path="<t>"), plugins=plugins, tools=shop_tools())
 
 
 def model() -> Any:

@@ -19,6 +19,7 @@ from loopwarden import (
     StashKey,
     hookimpl,
 )
+from loopwarden.demo import shop_tools
 from loopwarden.run import PLUGIN_FIELD_DEFAULTS
 
 MakeConfig = Callable[..., Config]
@@ -43,7 +44,7 @@ def test_hook_on_configure_and_on_unconfigure_bracket_the_deployment(
         def on_unconfigure(self, deployment: Deployment) -> None:
             seen.append(("unconfigure", deployment))
 
-    dep = Deployment(_config(make_config), plugins={"life": Lifecycle()})
+    dep = Deployment(_config(make_config), plugins={"life": Lifecycle()}, tools=shop_tools())
     assert seen == [("configure", dep)]
     assert dep.plugins.describe()[-1]["hooks"] == ["on_configure", "on_unconfigure"]
     dep.close()
@@ -62,7 +63,7 @@ def test_hook_on_unconfigure_and_on_configure_call_a_0_1_plugins_close_and_conne
         def close(self) -> None:
             seen.append("close")
 
-    with Deployment(_config(make_config), plugins={"old": Old()}) as dep:
+    with Deployment(_config(make_config), plugins={"old": Old()}, tools=shop_tools()) as dep:
         assert seen == ["connect"]
         assert dep.plugins.describe()[-1]["hooks"] == ["on_configure", "on_unconfigure"]
     assert seen == ["connect", "close"]
@@ -92,7 +93,7 @@ def test_a_plain_object_with_a_0_1_connect_fails_loudly(make_config: MakeConfig)
             raise AssertionError
 
     with pytest.raises(PluginLoadError, match="implement the hook on_configure") as err:
-        Deployment(_config(make_config), plugins={"plain": Plain()})
+        Deployment(_config(make_config), plugins={"plain": Plain()}, tools=shop_tools())
     assert err.value.plugin == "plain"
 
 

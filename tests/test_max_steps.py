@@ -6,6 +6,7 @@ import pytest
 from budget_helpers import FINAL, call, config, make_run, request, response, scenario, turn
 
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
+from loopwarden.demo import shop_tools
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import ESSENTIAL_PLUGINS, load_plugins
 from loopwarden.plugins.max_steps import MaxSteps, MaxStepsSettings
@@ -93,7 +94,7 @@ def _run_with_limit(limit: int, natural_turns: int | None) -> tuple[ScriptedMode
         for i in range(natural_turns if natural_turns is not None else 1)
     ]
     sc = scenario(turns, then="final" if natural_turns is not None else "cycle", final_text=FINAL)
-    dep = Deployment(config("max_steps", max_steps={"max_steps": limit}))
+    dep = Deployment(config("max_steps", max_steps={"max_steps": limit}), tools=shop_tools())
     model = ScriptedModel(sc.model, estimator=dep.estimator)
     run = dep.run(scenario=sc, model=model)
     return model, run
@@ -161,7 +162,7 @@ def test_loaded_even_when_not_enabled_and_called_first() -> None:
 
 def test_an_unlisted_max_steps_still_caps_the_run() -> None:
     sc = scenario([turn(call("search_knowledge", query="x"))], then="cycle")
-    dep = Deployment(config("tool_calls", max_steps={"max_steps": 3}))
+    dep = Deployment(config("tool_calls", max_steps={"max_steps": 3}), tools=shop_tools())
     model = ScriptedModel(sc.model, estimator=dep.estimator)
     run = dep.run(scenario=sc, model=model)
     assert model.calls == 3 and run.record()["stopped_by"] == "max_steps"

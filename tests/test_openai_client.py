@@ -15,6 +15,7 @@ from openai_stub import Stub, completion
 
 from loopwarden import Deployment, ModelError, ModelRequest
 from loopwarden.config import ModelConfig, parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.exceptions import ConfigError
 from loopwarden.models.openai_chat import OpenAIChatModel
 
@@ -142,7 +143,7 @@ def deployment_for(url: str, monkeypatch: pytest.MonkeyPatch, **model: Any) -> D
         },
         path="<test>",
     )
-    return Deployment(cfg)
+    return Deployment(cfg, tools=shop_tools())
 
 
 def test_a_whole_run_against_the_stub_uses_real_usage(

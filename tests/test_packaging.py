@@ -44,8 +44,8 @@ def test_every_source_package_and_data_file_is_in_the_wheel(wheel: zipfile.ZipFi
             assert f"{dest}/{rel}" in names, f"{src}/{rel} is missing from the wheel"
     for data in ("py.typed", "default_config.toml"):
         assert f"loopwarden/{data}" in names
-    shipped = {p.name for p in (ROOT / "core" / "scenarios").glob("*.toml")}
-    in_wheel = {n.rsplit("/", 1)[1] for n in names if n.startswith("loopwarden/scenarios/")}
+    shipped = {p.name for p in (ROOT / "core" / "demo" / "scenarios").glob("*.toml")}
+    in_wheel = {n.rsplit("/", 1)[1] for n in names if n.startswith("loopwarden/demo/scenarios/")}
     assert shipped and shipped <= in_wheel
 
 

@@ -22,6 +22,7 @@ import pytest
 from loopwarden import Plugin, PluginLoadError, hookimpl
 from loopwarden.cli import main as cli
 from loopwarden.config import Config, parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.exceptions import ConfigError
 from loopwarden.pluginmanager import (
     BUILTIN_PLUGINS,
@@ -135,7 +136,10 @@ def test_plugins_run_in_the_configured_position(
     spec = f"{site.module()}:Guard"
     for order in ([ep, spec], [spec, ep]):
         result = run_plugin(
-            ep, enabled=order, turns=[turn("hi", tool_call("query_order", order_id="88231"))]
+            ep,
+            enabled=order,
+            turns=[turn("hi", tool_call("query_order", order_id="88231"))],
+            tools=shop_tools(),
         )
         assert result.run.state["order"] == order * 2  # two model calls, same order each
 
@@ -450,6 +454,7 @@ def test_a_raising_plugin_is_blamed_by_name_even_with_shared_code() -> None:
     with make_deployment(
         {"plugins": {"enabled": ["max_steps", "calm", "loud"]}},
         plugins={"calm": Boom, "loud": Boom},
+        tools=shop_tools(),
     ) as dep:
         run = make_run(deployment=dep, meta={"explode": ["loud"]})
         res = dep.hooks.before_tool(run, make_tool_call("query_order", order_id="1", run=run))
@@ -463,7 +468,10 @@ def test_tracing_writes_hook_calls_to_stderr(
 ) -> None:
     monkeypatch.setenv("LOOPWARDEN_TRACE_PLUGINS", "1")
     result = run_plugin(
-        _Plain, name="plain", turns=[turn("x", tool_call("query_order", order_id="88231"))]
+        _Plain,
+        name="plain",
+        turns=[turn("x", tool_call("query_order", order_id="88231"))],
+        tools=shop_tools(),
     )
     err = capsys.readouterr().err
     assert result.termination == "final_answer"
@@ -471,7 +479,7 @@ def test_tracing_writes_hook_calls_to_stderr(
         assert re.search(rf"^\[loopwarden trace\] +{hook} \[hook\]$", err, re.M), hook
     assert all(ln.startswith("[loopwarden trace] ") for ln in err.splitlines())
     monkeypatch.delenv("LOOPWARDEN_TRACE_PLUGINS")
-    run_plugin(_Plain, name="plain")
+    run_plugin(_Plain, name="plain", tools=shop_tools())
     assert "[loopwarden trace]" not in capsys.readouterr().err
 
 

@@ -31,6 +31,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.config import parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.plugins.alerting import Alerting, AlertingSettings
 from loopwarden.verdicts import stop, warn
 
@@ -56,7 +57,7 @@ def live(
         },
         path="<test>",
     )
-    return Deployment(cfg)
+    return Deployment(cfg, tools=shop_tools())
 
 
 # -- one deployment, many event loops ----------------------------------------------------
@@ -160,7 +161,10 @@ def test_a_plugin_error_quoting_the_key_is_redacted_in_record_and_logs(
     cfg = parse_config(
         {"model": {"api_key_env": "STUB_KEY"}, "plugins": {"enabled": ["max_steps"]}}, path="<test>"
     )
-    with Deployment(cfg, plugins={"leaky": _Leaky()}) as dep, caplog.at_level(logging.ERROR):
+    with (
+        Deployment(cfg, plugins={"leaky": _Leaky()}, tools=shop_tools()) as dep,
+        caplog.at_level(logging.ERROR),
+    ):
         rec = dep.run(scenario="refund").record()
     assert rec["termination"] == "plugin_error" and rec["stopped_by"] == "leaky"
     assert rec["errors"] and rec["errors"][0]["plugin"] == "leaky"
@@ -400,7 +404,9 @@ def test_a_verdict_with_non_text_fields_ends_the_run_plugin_error(verdict: Any) 
     from loopwarden.testing import script
 
     cfg = parse_config({"plugins": {"enabled": ["max_steps"]}})
-    with Deployment(cfg, plugins={"bad_verdicts": _BadVerdicts(verdict)}) as dep:
+    with Deployment(
+        cfg, plugins={"bad_verdicts": _BadVerdicts(verdict)}, tools=shop_tools()
+    ) as dep:
         rec = dep.run("q", model=ScriptedModel(script([], final_text="x"))).record()
     assert rec["termination"] == "plugin_error" and rec["stopped_by"] == "bad_verdicts"
     assert "not str" in rec["evidence"]["returned"] or "verdict" in json.dumps(rec)
@@ -462,7 +468,7 @@ def test_a_blocking_hook_cannot_keep_the_run_from_its_record(tmp_path: Path, syn
     )
     written: list[float] = []
     model = ScriptedModel(script([turn("x", tool_call("get_current_time", {}))]))
-    with Deployment(cfg, plugins={"blocking": _Blocking()}) as dep:
+    with Deployment(cfg, plugins={"blocking": _Blocking()}, tools=shop_tools()) as dep:
 
         def watch() -> None:  # when does the record appear?
             end = time.monotonic() + 10

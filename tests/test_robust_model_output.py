@@ -23,6 +23,7 @@ import pytest
 
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.replay import replay_trajectory
 from loopwarden.report import load_records
 from loopwarden.scenario import Scenario
@@ -88,7 +89,7 @@ def test_hostile_model_output_ends_with_a_writable_record(
         user="where is order 88231?",
         model=script(turns, then="final", final_text="done"),
     )
-    with Deployment(_config(tmp_path)) as dep:
+    with Deployment(_config(tmp_path), tools=shop_tools()) as dep:
         run = dep.run(scenario=sc) if mode == "run" else asyncio.run(dep.arun(scenario=sc))
     record = run.record()
     _strict_utf8_json(record)
@@ -113,7 +114,7 @@ def test_surrogates_are_replaced_not_dropped(tmp_path: Path) -> None:
         user="hi \udfff",
         model=script([turn("emoji \ud83d\ude00 split, and a lone \ud83d")], then="final"),
     )
-    with Deployment(_config(tmp_path)) as dep:
+    with Deployment(_config(tmp_path), tools=shop_tools()) as dep:
         run = dep.run(scenario=sc)
     assert run.record()["final_answer"] == "emoji \U0001f600 split, and a lone \ufffd"
     assert run.messages[1]["content"] == "hi \ufffd"
@@ -134,7 +135,7 @@ def test_replay_of_hostile_trajectories(tmp_path: Path) -> None:
             {"content": "done", "tool_calls": [], "observations": []},
         ],
     }
-    with Deployment(_config(tmp_path)) as dep:
+    with Deployment(_config(tmp_path), tools=shop_tools()) as dep:
         result = replay_trajectory(dep, traj)
     assert result.runs == 1
     for record in result.records:
@@ -228,7 +229,7 @@ def test_hostile_http_responses_keep_every_request_encodable(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-000000000000")
     with _Canned(list(HOSTILE_BODIES)) as url:
         config = _http_config(tmp_path, url)
-        with Deployment.from_config(config) as dep:
+        with Deployment.from_config(config, tools=shop_tools()) as dep:
             run = (
                 dep.run("where is 88231?")
                 if mode == "run"
@@ -249,7 +250,10 @@ def test_hostile_http_requests_sent_back_are_valid_utf8(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-000000000000")
     server = _Canned(list(HOSTILE_BODIES))
-    with server as url, Deployment.from_config(_http_config(tmp_path, url)) as dep:
+    with (
+        server as url,
+        Deployment.from_config(_http_config(tmp_path, url), tools=shop_tools()) as dep,
+    ):
         dep.run("where is 88231?")
     assert len(server.received) == 2
     second = json.loads(server.received[1].decode("utf-8"))

@@ -10,6 +10,7 @@ from builders import call, script
 
 from loopwarden import Deployment, Plugin, hookimpl, signals
 from loopwarden.config import default_config_path, load_config, parse_config
+from loopwarden.demo import shop_tools
 
 
 class Nag(Plugin):
@@ -21,7 +22,7 @@ class Nag(Plugin):
 
 
 def test_one_run_sends_the_documented_signals_in_order() -> None:
-    dep = Deployment(parse_config({}), plugins={"nag": Nag()})
+    dep = Deployment(parse_config({}), plugins={"nag": Nag()}, tools=shop_tools())
     seen: list[tuple[str, dict[str, Any]]] = []
 
     def receiver(name: str) -> Any:
@@ -62,7 +63,7 @@ def test_a_failing_receiver_never_breaks_the_run(caplog: pytest.LogCaptureFixtur
     def broken(sender: Any, **kw: Any) -> None:
         raise RuntimeError("alert sink down")
 
-    dep = Deployment(parse_config({}))
+    dep = Deployment(parse_config({}), tools=shop_tools())
     with (
         caplog.at_level(logging.ERROR, logger="loopwarden.signals"),
         signals.step_finished.connected_to(broken),
@@ -81,8 +82,8 @@ def test_a_failing_receiver_never_breaks_the_run(caplog: pytest.LogCaptureFixtur
 
 
 def test_deployment_connect_only_sees_its_own_runs() -> None:
-    a = Deployment(parse_config({}))
-    b = Deployment(parse_config({}))
+    a = Deployment(parse_config({}), tools=shop_tools())
+    b = Deployment(parse_config({}), tools=shop_tools())
     got: list[str] = []
     a.connect(signals.run_stopped, lambda sender, **kw: got.append(sender.user))
     try:
@@ -95,7 +96,7 @@ def test_deployment_connect_only_sees_its_own_runs() -> None:
 
 
 def test_one_failing_observer_does_not_starve_the_next() -> None:
-    dep = Deployment(parse_config({}))
+    dep = Deployment(parse_config({}), tools=shop_tools())
     got: list[str] = []
 
     def broken(sender: Any, **kw: Any) -> None:
@@ -115,13 +116,15 @@ def test_an_unclosed_deployment_is_collected_and_its_receivers_go_with_it() -> N
     import weakref
 
     before = len(signals.run_stopped.receivers)
-    dep = Deployment(load_config(default_config_path()))  # with its observer plugins
+    dep = Deployment(
+        load_config(default_config_path()), tools=shop_tools()
+    )  # with its observer plugins
     dep.connect(signals.run_stopped, lambda sender, **kw: None)
     assert len(signals.run_stopped.receivers) == before + 1
     ref = weakref.ref(dep)
     del dep
     gc.collect()
     assert ref() is None
-    other = Deployment(parse_config({}))
+    other = Deployment(parse_config({}), tools=shop_tools())
     other.run("q", model=script({"content": "x"}))  # the orphaned receiver removes itself
     assert len(signals.run_stopped.receivers) == before

@@ -9,9 +9,10 @@ import pytest
 from budget_helpers import call, config, failed, make_run, ok, scenario, skipped, tool_call, turn
 
 from loopwarden import ConfigError, Deployment, Stop
+from loopwarden.demo import shop_tools
+from loopwarden.demo.shop import Shop, default_data_dir
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.terminal_tool import TerminalTool, TerminalToolSettings
-from loopwarden.tools.shop import Shop, default_data_dir
 
 
 def plugin(**settings: Any) -> TerminalTool:
@@ -68,7 +69,7 @@ def _handoffs() -> list[tuple[str, ...]]:
 
 
 def test_transfer_loop_ends_after_the_first_success() -> None:
-    dep = Deployment(config("terminal_tool"))
+    dep = Deployment(config("terminal_tool"), tools=shop_tools())
     run = dep.run(scenario="transfer-loop")
     rec = run.record()
     assert rec["termination"] == "terminal_tool" and rec["soft"] is False
@@ -90,7 +91,7 @@ def test_a_failed_handoff_lets_the_run_go_on() -> None:
         then="final",
         tools={"transfer_to_human": {"results": [{"error": "503 unavailable", "retryable": True}]}},
     )
-    rec = Deployment(config("terminal_tool")).run(scenario=sc).record()
+    rec = Deployment(config("terminal_tool"), tools=shop_tools()).run(scenario=sc).record()
     assert rec["termination"] == "final_answer"
 
 
@@ -103,7 +104,7 @@ def test_parallel_calls_after_the_terminal_one_do_not_run() -> None:
             )
         ]
     )
-    run = Deployment(config("terminal_tool")).run(scenario=sc)
+    run = Deployment(config("terminal_tool"), tools=shop_tools()).run(scenario=sc)
     rec = run.record()
     assert rec["termination"] == "terminal_tool" and rec["tools_executed"] == 1
     assert Shop(default_data_dir() / "shop.sqlite3").refunds() == []

@@ -15,6 +15,7 @@ import pytest
 
 from loopwarden import Plugin, PluginLoadError, hookimpl
 from loopwarden.config import load_config
+from loopwarden.demo import Shop, shop_tools
 from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.testing import (
@@ -88,7 +89,7 @@ def seen(result: Any, hook: str) -> list[tuple[Any, ...]]:
 
 
 def test_lifecycle_of_the_refund_scenario() -> None:
-    result = run_plugin(Probe, scenario="refund")
+    result = run_plugin(Probe, scenario="refund", tools=shop_tools())
     assert result.termination == "final_answer"
     assert result.hooks.names == [
         "on_start",
@@ -110,14 +111,14 @@ def test_lifecycle_of_the_refund_scenario() -> None:
         "after_response",  # the answer
         "on_stop",
     ]
-    assert len(result.shop.refunds()) == 1
+    assert len(Shop().refunds()) == 1
 
 
 # -- the contract of each hook --------------------------------------------------------------
 
 
 def test_hook_on_start() -> None:
-    result = run_plugin(Probe, turns=[turn("hi", LOOKUP)])
+    result = run_plugin(Probe, turns=[turn("hi", LOOKUP)], tools=shop_tools())
     assert seen(result, "on_start") == [("on_start", 0, 2)]  # system + user, no model call yet
 
     class Refuse(Plugin):  # type: ignore[type-arg]
@@ -125,14 +126,14 @@ def test_hook_on_start() -> None:
         def on_start(self) -> Any:
             return self.stop("not_today")
 
-    refused = run_plugin(Refuse, name="refuse", turns=[turn("hi", LOOKUP)])
+    refused = run_plugin(Refuse, name="refuse", turns=[turn("hi", LOOKUP)], tools=shop_tools())
     assert refused.termination == "not_today"
     assert refused.model.calls == 0  # a hard stop in on_start: no model call at all
     assert refused.hooks.names == ["on_start", "on_stop"]
 
 
 def test_hook_before_model() -> None:
-    result = run_plugin(Probe, turns=[turn("a", LOOKUP), turn("b", LOOKUP)])
+    result = run_plugin(Probe, turns=[turn("a", LOOKUP), turn("b", LOOKUP)], tools=shop_tools())
     # request.step is the call about to be made: run.step + 1
     assert [(s[1], s[2]) for s in seen(result, "before_model")] == [(0, 1), (1, 2), (2, 3)]
 
@@ -147,6 +148,7 @@ def test_hook_before_model() -> None:
         turns=[turn("a", LOOKUP)],
         then="repeat_last",
         final_text="wrapped up",
+        tools=shop_tools(),
     )
     # a soft stop turns this very request into the tool-less final turn
     assert soft.model.requests[-1].tool_choice == "none" and soft.model.requests[-1].final
@@ -161,13 +163,15 @@ def test_hook_before_model() -> None:
         def before_model(self, request: Any) -> Any:
             return self.stop("broke") if request.step == 2 else None
 
-    hard = run_plugin(HardAtTwo, name="hard", turns=[turn("a", LOOKUP)], then="repeat_last")
+    hard = run_plugin(
+        HardAtTwo, name="hard", turns=[turn("a", LOOKUP)], then="repeat_last", tools=shop_tools()
+    )
     assert hard.model.calls == 1  # the model is never called for the refused request
     assert hard.record["soft"] is False
 
 
 def test_hook_after_response() -> None:
-    result = run_plugin(Probe, turns=[turn("a", LOOKUP, LOOKUP)])
+    result = run_plugin(Probe, turns=[turn("a", LOOKUP, LOOKUP)], tools=shop_tools())
     first = seen(result, "after_response")[0]
     assert first[1] == 1  # run.step already counts this response
     # run.usage already includes this response's usage: the scripted model bills the request
@@ -179,14 +183,18 @@ def test_hook_after_response() -> None:
         def after_response(self, response: Any) -> Any:
             return self.stop("no_tools") if response.tool_calls else None
 
-    stopped = run_plugin(StopProposals, name="gate", turns=[turn("退款", REFUND)])
+    stopped = run_plugin(
+        StopProposals, name="gate", turns=[turn("退款", REFUND)], tools=shop_tools()
+    )
     assert stopped.executed == []  # none of the proposed calls runs
-    assert stopped.shop.refunds() == []
+    assert Shop().refunds() == []
     assert "before_tool" not in stopped.hooks.names
 
 
 def test_hook_before_tool() -> None:
-    result = run_plugin(Probe, turns=[turn("a", LOOKUP, tool_call("no_such_tool"))])
+    result = run_plugin(
+        Probe, turns=[turn("a", LOOKUP, tool_call("no_such_tool"))], tools=shop_tools()
+    )
     (lookup, unknown) = seen(result, "before_tool")
     # called for unknown tools too; they then fail without running anything
     assert unknown[1:3] == ("no_such_tool", "unknown_tool")
@@ -200,11 +208,13 @@ def test_hook_before_tool() -> None:
                 return self.skip("SKIPPED: refunds need a human")
             return None
 
-    skipped = run_plugin(SkipRefunds, name="skipper", turns=[turn("退款", REFUND)])
+    skipped = run_plugin(
+        SkipRefunds, name="skipper", turns=[turn("退款", REFUND)], tools=shop_tools()
+    )
     after = skipped.hooks.getcall("after_tool")
     assert after.result.skipped and after.result.skipped_by == "skipper"
     assert after.result.content == "SKIPPED: refunds need a human"
-    assert skipped.shop.refunds() == []
+    assert Shop().refunds() == []
 
 
 def test_hook_after_tool() -> None:
@@ -220,6 +230,7 @@ def test_hook_after_tool() -> None:
         plugins={"flaky": Flaky, "late": Probe},
         turns=[turn("a", LOOKUP)],
         tool_results={"query_order": [{"error": "429", "retryable": True}]},
+        tools=shop_tools(),
     )
     saw = [s for s in result.run.state["seen"] if s[0] == "after_tool"]
     assert [s[4] for s in saw] == [True, False]  # probe (before flaky), late (after flaky)
@@ -236,7 +247,11 @@ def test_hook_on_stop() -> None:
             raise RuntimeError("bug in on_stop too")
 
     result = run_plugin(
-        Probe, enabled=["broken", "probe"], plugins={"broken": Broken}, turns=[turn("a", LOOKUP)]
+        Probe,
+        enabled=["broken", "probe"],
+        plugins={"broken": Broken},
+        turns=[turn("a", LOOKUP)],
+        tools=shop_tools(),
     )
     # the guard failed closed, and on_stop still ran for everyone, once
     assert result.termination == "plugin_error"
@@ -252,8 +267,9 @@ def test_hook_on_stop() -> None:
 
 
 def test_make_tool_call_matches_the_loops_parsing() -> None:
-    call = make_tool_call("query_order", {"order_id": " 88231 "})
-    same = make_tool_call("query_order", order_id="88231")
+    run = make_run(tools=shop_tools())
+    call = make_tool_call("query_order", {"order_id": " 88231 "}, run=run)
+    same = make_tool_call("query_order", order_id="88231", run=run)
     assert (
         call.fingerprint
         == same.fingerprint
@@ -265,11 +281,12 @@ def test_make_tool_call_matches_the_loops_parsing() -> None:
     a = make_tool_call("lookup", {"q": "x", "request_id": "1"}, run=run)
     b = make_tool_call("lookup", {"q": "X", "request_id": "2"}, run=run)
     assert a.fingerprint == b.fingerprint
-    refund = make_tool_call("apply_refund", order_id="88231", reason="x")
+    shop = make_run(tools=shop_tools())
+    refund = make_tool_call("apply_refund", order_id="88231", reason="x", run=shop)
     assert refund.side_effect and refund.idempotency_key
-    assert make_tool_call("query_order", order_id=5).arguments == {"order_id": "5"}
-    assert make_tool_call("query_order").error == "invalid_arguments"
-    bad = make_tool_call("query_order", '{"order_id": ')
+    assert make_tool_call("query_order", order_id=5, run=shop).arguments == {"order_id": "5"}
+    assert make_tool_call("query_order", run=shop).error == "invalid_arguments"
+    bad = make_tool_call("query_order", '{"order_id": ', run=shop)
     assert (bad.error, bad.arguments, bad.raw_arguments) == (
         "malformed_arguments",
         None,
@@ -277,6 +294,8 @@ def test_make_tool_call_matches_the_loops_parsing() -> None:
     )
     run = make_run(step=3)
     assert make_tool_call("query_order", order_id="1", run=run, index=2).step == 3
+    # without tools, every name is unknown -- as in the loop
+    assert make_tool_call("query_order", order_id="1").error == "unknown_tool"
 
 
 def test_make_run_sets_limits_and_counters() -> None:
@@ -424,6 +443,7 @@ def test_hook_recorder_collects_verdicts() -> None:
         settings={"max_steps": 3, "warn_remaining": 1},
         turns=[turn("a", LOOKUP)],
         then="repeat_last",
+        tools=shop_tools(),
     )
     kinds = [(v.kind, getattr(v, "soft", None)) for v in result.hooks.verdicts()]
     assert kinds == [("warn", None), ("stop", True)]
@@ -457,7 +477,7 @@ def test_make_deployment_takes_a_mapping_a_config_or_a_file(tmp_path: Path) -> N
         '[plugins]\nenabled = ["max_steps"]\n[plugins.max_steps]\nmax_steps = 3\n', encoding="utf-8"
     )
     for source in ({"plugins": {"max_steps": {"max_steps": 3}}}, load_config(path), path):
-        with make_deployment(source) as dep:
+        with make_deployment(source, tools=shop_tools()) as dep:
             assert dep.plugins.get("max_steps").settings.max_steps == 3
 
 
@@ -466,7 +486,7 @@ def test_make_deployment_takes_a_mapping_a_config_or_a_file(tmp_path: Path) -> N
 
 def test_run_plugin_validates_settings_like_the_config() -> None:
     with pytest.raises(ConfigError) as err:
-        run_plugin("max_steps", settings={"max_stepz": 3})
+        run_plugin("max_steps", settings={"max_stepz": 3}, tools=shop_tools())
     assert err.value.key == "plugins.max_steps.max_stepz"
 
 
@@ -477,6 +497,7 @@ def test_run_plugin_scripts_tool_failures_and_uses_a_fake_clock() -> None:
         then="repeat_last",
         config={"plugins": {"max_steps": {"max_steps": 3}}},
         tool_results={"query_order": [{"error": "503", "retryable": True}, "found it"]},
+        tools=shop_tools(),
     )
     assert [(s[2], s[4]) for s in seen(result, "after_tool")] == [(False, True), (True, False)]
     assert result.termination == "max_steps"
@@ -485,15 +506,17 @@ def test_run_plugin_scripts_tool_failures_and_uses_a_fake_clock() -> None:
 
 def test_run_plugin_requires_the_plugin_in_enabled() -> None:
     with pytest.raises(ValueError, match="does not name 'probe'"):
-        run_plugin(Probe, enabled=["max_steps"])
+        run_plugin(Probe, enabled=["max_steps"], tools=shop_tools())
 
 
 # -- the pytest plugin is opt-in ------------------------------------------------------------
 
 
 FIXTURE_TEST = """
+from loopwarden.demo import shop_tools
+
 def test_uses_the_kit(lw_clock, lw_signals, lw_deployment, lw_hooks):
-    dep = lw_deployment()
+    dep = lw_deployment(tools=shop_tools())
     rec = lw_hooks(dep)
     dep.run(scenario="refund", clock=lw_clock)
     assert rec.names[0] == "on_start"
@@ -529,13 +552,16 @@ def test_importing_the_kit_does_not_import_pytest() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_run_plugin_isolates_the_shared_store_between_runs() -> None:
+def test_run_plugin_isolates_the_shared_store_between_runs(tmp_path: Path) -> None:
     """Each run_plugin call gets its own store: the ledger of an earlier test run (or of the
     user's data directory) never answers this run's side effect."""
     from loopwarden.testing import run_plugin, tool_call, turn
 
     refund = tool_call("apply_refund", order_id="88231", reason="七天无理由退货")
-    for _ in range(2):
-        result = run_plugin("max_steps", turns=[turn("退款", refund)], final_text="已退款")
+    for i in range(2):
+        shop = Shop(tmp_path / f"shop{i}.sqlite3")
+        result = run_plugin(
+            "max_steps", turns=[turn("退款", refund)], final_text="已退款", tools=shop.tools()
+        )
         assert result.record["tools_executed"] == 1
-        assert len(result.shop.refunds()) == 1
+        assert len(shop.refunds()) == 1

@@ -8,6 +8,7 @@ import pytest
 from budget_helpers import FINAL, call, config, make_run, ok, scenario, skipped, tool_call, turn
 
 from loopwarden import ConfigError, Deployment, Skip, Stop, Warn
+from loopwarden.demo import shop_tools
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.tool_calls import ToolCalls, ToolCallsSettings
 
@@ -95,7 +96,7 @@ def test_per_tool_caps(cap: int) -> None:
 
 
 def test_max_per_tool_applies_to_declared_tools_and_per_tool_overrides_it() -> None:
-    from loopwarden.tools.shop import Shop
+    from loopwarden.demo.shop import Shop
 
     tools = Shop().tools()
     p = plugin(max_per_tool=1, per_tool={"search_knowledge": 3}, warn_at=None)
@@ -144,7 +145,9 @@ def _parallel(n: int) -> list[dict[str, Any]]:
 
 def test_parallel_calls_past_the_cap_get_an_error_and_the_run_goes_on() -> None:
     sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
-    dep = Deployment(config("tool_calls", tool_calls={"max_tool_calls": 3, "warn_at": None}))
+    dep = Deployment(
+        config("tool_calls", tool_calls={"max_tool_calls": 3, "warn_at": None}), tools=shop_tools()
+    )
     run = dep.run(scenario=sc)
     rec = run.record()
     assert rec["termination"] == "final_answer" and rec["final_answer"] == FINAL
@@ -163,7 +166,8 @@ def test_parallel_calls_past_the_cap_get_an_error_and_the_run_goes_on() -> None:
 def test_parallel_calls_past_the_cap_end_the_run() -> None:
     sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
     dep = Deployment(
-        config("tool_calls", tool_calls={"max_tool_calls": 3, "on_exceed": "end", "warn_at": None})
+        config("tool_calls", tool_calls={"max_tool_calls": 3, "on_exceed": "end", "warn_at": None}),
+        tools=shop_tools(),
     )
     run = dep.run(scenario=sc)
     rec = run.record()
@@ -178,7 +182,8 @@ def test_parallel_calls_past_the_cap_end_the_run() -> None:
 def test_a_run_cap_across_turns() -> None:
     sc = scenario([turn(call("search_knowledge", query=f"q{i}")) for i in range(6)], then="final")
     dep = Deployment(
-        config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end", "warn_at": 0.7})
+        config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end", "warn_at": 0.7}),
+        tools=shop_tools(),
     )
     rec = dep.run(scenario=sc).record()
     assert rec["termination"] == "max_tool_calls" and rec["tools_executed"] == 4
@@ -191,7 +196,7 @@ def test_parse_calls_is_the_loops_own_parser() -> None:
     from loopwarden.loop import parse_calls
     from loopwarden.testing import make_run
 
-    run = make_run()
+    run = make_run(tools=shop_tools())
     response = ModelResponse(
         tool_calls=[
             ProposedCall(id="a", name="query_order", arguments='{"order_id": "88231"}'),

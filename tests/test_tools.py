@@ -11,8 +11,8 @@ import pytest
 from pydantic import Field, ValidationError
 
 from loopwarden import ToolDefinitionError, ToolError
+from loopwarden.demo.shop import Shop, default_data_dir
 from loopwarden.tools import ToolContext, ToolRegistry, tool
-from loopwarden.tools.shop import Shop, default_data_dir
 
 
 def test_schema_comes_from_type_hints_and_docstring() -> None:

@@ -45,7 +45,10 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.pluginmanager import check_tables
 
     if args.action == "check":
+        from loopwarden import demo
+
         config = load_config(args.file or args.config)
+        demo.shop_config(config)  # the demo's [shop] table, which the core keeps as written
         # a deployment, as a run would build it: plugins load and connect (and are closed)
         with Deployment(config) as dep:
             plugins = dep.plugins

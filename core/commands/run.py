@@ -130,8 +130,11 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.clock import CancelToken
 
     meta = dict(args.meta) or None
-    config = load_config(args.config)
-    deployment = Deployment(config)
+    from loopwarden import demo
+
+    config = demo.with_shop_prompt(load_config(args.config))
+    # the command line plays against the demo's tools (its scenarios script the rest)
+    deployment = Deployment(config, tools=demo.config_tools(config))
     window, source = config.model.window()
     if source == "default":
         print(

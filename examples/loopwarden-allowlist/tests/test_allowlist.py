@@ -1,4 +1,7 @@
-"""Tests of the allow-list plugin, written only against loopwarden.testing."""
+"""Tests of the allow-list plugin, written only against loopwarden.testing.
+
+The tools are declared here: a small order desk whose refunds are recorded in a list, so a
+test can tell whether the side effect happened."""
 
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ import pytest
 from loopwarden_allowlist import Allowlist
 
 from loopwarden.testing import (
+    ScriptedModel,
     call_hook,
     make_run,
     make_tool,
     make_tool_call,
     run_plugin,
+    script,
     tool_call,
     turn,
 )
@@ -23,12 +28,45 @@ REFUND = tool_call("apply_refund", order_id="88231", reason="七天无理由退�
 LOOKUP = tool_call("query_order", order_id="88231")
 
 
+def desk(refunds: list[dict[str, Any]] | None = None) -> list[Any]:
+    """Two read-only lookups, a refund (a side effect, appended to ``refunds``) and a
+    hand-off to a human (terminal)."""
+    done = refunds if refunds is not None else []
+
+    def refund(**kwargs: Any) -> str:
+        done.append(kwargs)
+        return "refund accepted"
+
+    return [
+        make_tool("query_order", '{"status": "delivered"}', read_only=True, deterministic=True),
+        make_tool("search_knowledge", "7-day returns", read_only=True, deterministic=True),
+        make_tool("apply_refund", refund, side_effect=True),
+        make_tool("transfer_to_human", "transferred", side_effect=True, terminal=True),
+    ]
+
+
+def desk_run(**kwargs: Any) -> Any:
+    return make_run(tools=desk(), **kwargs)
+
+
+def call(name: str, run: Any = None, **arguments: Any) -> Any:
+    """A parsed call of one of the desk's tools."""
+    return make_tool_call(name, run=run if run is not None else desk_run(), **arguments)
+
+
+def refund_model() -> Any:
+    """A scripted model that looks the order up, then asks for the refund."""
+    return ScriptedModel(
+        script([turn("先查订单", LOOKUP), turn("退款", REFUND)], final_text="已退款")
+    )
+
+
 # -- one hook at a time ----------------------------------------------------------------------
 
 
 def test_read_only_tools_pass_by_default() -> None:
     assert (
-        call_hook(Allowlist, "before_tool", call=make_tool_call("query_order", order_id="88231"))
+        call_hook(Allowlist, "before_tool", run=desk_run(), call=call("query_order", order_id="1"))
         is None
     )
 
@@ -38,7 +76,8 @@ def test_a_side_effect_outside_the_list_is_skipped_with_an_explanation() -> None
         Allowlist,
         "before_tool",
         settings={"allowed": ["search_*"]},
-        call=make_tool_call("apply_refund", order_id="88231", reason="x"),
+        run=desk_run(),
+        call=call("apply_refund", order_id="88231", reason="x"),
     )
     assert verdict.kind == "skip"
     assert verdict.plugin == "allowlist"
@@ -55,7 +94,7 @@ def test_patterns_allow_matching_tools() -> None:
             Allowlist,
             "before_tool",
             settings={"allowed": ["apply_*"]},
-            call=make_tool_call("apply_refund", order_id="1", reason="x"),
+            call=call("apply_refund", order_id="1", reason="x"),
         )
         is None
     )
@@ -66,7 +105,7 @@ def test_read_only_tools_can_be_refused_too() -> None:
         Allowlist,
         "before_tool",
         settings={"allow_read_only": False},
-        call=make_tool_call("query_order", order_id="88231"),
+        call=call("query_order", order_id="88231"),
     )
     assert verdict.kind == "skip"
     assert "(none)" in verdict.observation
@@ -74,10 +113,10 @@ def test_read_only_tools_can_be_refused_too() -> None:
 
 def test_the_refusal_after_max_refusals_stops_the_run_softly() -> None:
     plugin = Allowlist(Allowlist.Settings(max_refusals=1))
-    run = make_run()
-    call = make_tool_call("apply_refund", order_id="88231", reason="x", run=run)
-    first = plugin.before_tool(run, call)
-    second = plugin.before_tool(run, call)
+    run = desk_run()
+    refund = call("apply_refund", run, order_id="88231", reason="x")
+    first = plugin.before_tool(run, refund)
+    second = plugin.before_tool(run, refund)
     assert first is not None and first.kind == "skip"
     assert second is not None and second.kind == "stop"
     assert (second.reason, second.soft) == ("tool_not_allowed", True)
@@ -86,12 +125,12 @@ def test_the_refusal_after_max_refusals_stops_the_run_softly() -> None:
 
 def test_refusals_are_counted_per_run_not_per_plugin() -> None:
     plugin = Allowlist(Allowlist.Settings(max_refusals=0))
-    busy, fresh = make_run(run_id="busy"), make_run(run_id="fresh")
-    refund = make_tool_call("apply_refund", order_id="88231", reason="x")
+    busy, fresh = desk_run(run_id="busy"), desk_run(run_id="fresh")
+    refund = call("apply_refund", busy, order_id="88231", reason="x")
     first = plugin.before_tool(busy, refund)
     assert first is not None and first.kind == "stop"
     # one plugin object serves many runs: the other run starts from zero
-    other = plugin.before_tool(fresh, make_tool_call("transfer_to_human", reason="x"))
+    other = plugin.before_tool(fresh, call("transfer_to_human", fresh, reason="x"))
     assert other is not None and other.kind == "stop"
     assert plugin.state(busy).refused == 1
     assert plugin.state(fresh).refused == 1
@@ -110,7 +149,7 @@ def test_bad_templates_fail_when_the_config_loads() -> None:
             Allowlist,
             "before_tool",
             settings={"refusal": "no {tool} here"},
-            call=make_tool_call("query_order", order_id="1"),
+            call=call("query_order", order_id="1"),
         )
 
 
@@ -118,8 +157,10 @@ def test_bad_templates_fail_when_the_config_loads() -> None:
 
 
 def test_a_model_that_insists_on_a_refund_never_gets_one() -> None:
+    refunds: list[dict[str, Any]] = []
     result = run_plugin(
         Allowlist,
+        tools=desk(refunds),
         turns=[turn("我先查订单", LOOKUP), turn("直接退款", REFUND)],
         then="repeat_last",
         final_text="抱歉，我无法直接办理退款，已为您记录。",
@@ -130,7 +171,7 @@ def test_a_model_that_insists_on_a_refund_never_gets_one() -> None:
     assert result.record["final_answer"] == "抱歉，我无法直接办理退款，已为您记录。"
     assert [v.kind for v in result.verdicts] == ["skip", "skip", "stop"]
     assert result.executed == ["query_order"]
-    assert result.shop.refunds() == []  # the side effect never happened
+    assert refunds == []  # the side effect never happened
     # the plugin's own field in the run record (the record_fields hook)
     assert result.record["refused_calls"] == 3
     # the model saw why: the refusal is the tool observation of each refused call
@@ -139,15 +180,17 @@ def test_a_model_that_insists_on_a_refund_never_gets_one() -> None:
 
 
 def test_allowed_runs_are_untouched() -> None:
+    refunds: list[dict[str, Any]] = []
     result = run_plugin(
         Allowlist,
+        tools=desk(refunds),
         settings={"allowed": ["apply_refund"]},
         turns=[turn("退款", REFUND)],
         final_text="已退款",
     )
     assert result.termination == "final_answer"
     assert result.verdicts == []
-    assert len(result.shop.refunds()) == 1
+    assert len(refunds) == 1
     assert result.record["refused_calls"] == 0
 
 
@@ -156,7 +199,9 @@ def test_allowed_runs_are_untouched() -> None:
 
 def test_the_installed_entry_point_is_found_by_name() -> None:
     dist = metadata.distribution("loopwarden-allowlist")
-    result = run_plugin("allowlist", settings={"max_refusals": 0}, turns=[turn("退款", REFUND)])
+    result = run_plugin(
+        "allowlist", settings={"max_refusals": 0}, tools=desk(), turns=[turn("退款", REFUND)]
+    )
     (row,) = [r for r in result.deployment.plugins.describe() if r["name"] == "allowlist"]
     assert row["source"] == f"entry point (loopwarden-allowlist {dist.version})"
     assert row["hooks"] == ["before_tool", "record_fields"]
@@ -166,18 +211,19 @@ def test_the_installed_entry_point_is_found_by_name() -> None:
 def test_configured_position_is_the_call_order(
     lw_deployment: Callable[..., Any], lw_hooks: Callable[[Any], Any]
 ) -> None:
-    dep = lw_deployment({"plugins": {"enabled": ["allowlist", "max_steps"]}})
+    dep = lw_deployment({"plugins": {"enabled": ["allowlist", "max_steps"]}}, tools=desk())
     assert dep.plugins.names == ["allowlist", "max_steps"]
     assert dep.plugins.call_order("before_tool") == ["allowlist"]
     recorder = lw_hooks(dep)
-    dep.run(scenario="refund")
+    dep.run("退款", model=refund_model())
     assert "before_tool" in recorder.names
 
 
 def test_fixtures_record_signals(lw_deployment: Callable[..., Any], lw_signals: Any) -> None:
     dep = lw_deployment(
-        {"plugins": {"enabled": ["max_steps", "allowlist"], "allowlist": {"max_refusals": 0}}}
+        {"plugins": {"enabled": ["max_steps", "allowlist"], "allowlist": {"max_refusals": 0}}},
+        tools=desk(),
     )
-    run = dep.run(scenario="refund")
+    run = dep.run("退款", model=refund_model())
     guard = [r.verdict for r in lw_signals.get("guard-triggered") if r.sender is run]
     assert guard and guard[-1].plugin == "allowlist"

@@ -32,6 +32,7 @@ from typing import Any
 
 from loopwarden.clock import FakeClock
 from loopwarden.config import Config, ProfileConfig
+from loopwarden.demo.shop import Shop, with_shop_prompt
 from loopwarden.deployment import Deployment
 from loopwarden.exceptions import ConfigError, ScenarioError
 from loopwarden.loop import drive
@@ -39,7 +40,6 @@ from loopwarden.offline import observer_names, without_observers
 from loopwarden.run import Run
 from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.store import Shared
-from loopwarden.tools.shop import Shop
 
 __all__ = [
     "DEMO_NOW",
@@ -378,6 +378,7 @@ def play_all(
     ``observers`` (see :func:`without_observers`).
     """
     scenarios = [load_scenario(p) for p in paths]
+    config = with_shop_prompt(config)
     if not observers:
         config, _ = without_observers(config)
     pairs: list[Pair] = []
