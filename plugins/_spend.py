@@ -17,8 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from loopwarden import PluginSettings
-from loopwarden.plugins._budgets import check_templates
+from loopwarden.plugins._budgets import BudgetSettings, check_templates
 from loopwarden.store import QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
@@ -107,8 +106,11 @@ _TEMPLATE_FIELDS = {
 }
 
 
-class SpendLimitsSettings(PluginSettings):
+class SpendLimitsSettings(BudgetSettings):
     """``[plugins.spend_limits]``."""
+
+    templates = ("warning", "stop_message", "refused_message")
+    template_sample = _TEMPLATE_FIELDS
 
     budgets: list[Budget] = Field(
         default_factory=list,
@@ -118,14 +120,6 @@ class SpendLimitsSettings(PluginSettings):
         default="UTC",
         description="the time zone of the hour, day and "
         'month windows (an IANA name: "Asia/Shanghai")',
-    )
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once per run and "
-        "budget when the next call would pass this fraction of a "
-        "limit; unset it to never warn",
     )
     missing_key: Literal["skip", "refuse"] = Field(
         default="skip",
@@ -189,7 +183,6 @@ class SpendLimitsSettings(PluginSettings):
 
     @model_validator(mode="after")
     def _check(self) -> SpendLimitsSettings:
-        check_templates(self, ("warning", "stop_message", "refused_message"), _TEMPLATE_FIELDS)
         check_templates(self, ("missing_message",), {"scope": "tenant", "window": "day"})
         return self
 
