@@ -1,5 +1,5 @@
-"""Shared by the budget and cap plugins: the warn -> soft stop -> hard stop ladder, and
-template checks for their configurable texts.
+"""Shared by the budget and cap plugins: their settings base (``warn_at`` and the check of
+their configurable texts), and the warn -> soft stop -> hard stop ladder.
 
 A budget is checked *before* the spend (reserve), and accounted after it (reconcile).  Before
 a model call the plugin knows two projections:
@@ -17,15 +17,49 @@ the warning threshold (the warning reaches the model in that next request), else
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-__all__ = ["Rung", "check_templates", "ladder", "percent"]
+from pydantic import Field, model_validator
 
-# re-exported: the budget plugins import it from here
-from loopwarden.plugin import check_templates
+# check_templates is re-exported: the budget plugins import it from here
+from loopwarden.plugin import PluginSettings, check_templates
+
+__all__ = ["BudgetSettings", "Rung", "check_templates", "ladder", "percent"]
 
 Rung = Literal["hard", "soft", "warn"] | None
+
+
+class BudgetSettings(PluginSettings):
+    """The settings every budget and cap plugin shares (cost_budget, token_budget,
+    spend_limits, conversation_limits, tool_calls, timeout), defined once.
+
+    ``warn_at`` has the same bounds and default everywhere; each plugin's description says of
+    which limit and how often it warns.  A subclass names its configurable texts in
+    ``templates`` and the fields they may use in ``template_sample``: a text using an unknown
+    field fails when the config loads, naming the key.  (The texts themselves -- ``warning``,
+    ``stop_message`` ... -- stay in each plugin: their defaults and fields differ.)
+    """
+
+    #: the ``str.format`` texts to check, and a sample of every field they may use
+    templates: ClassVar[tuple[str, ...]] = ()
+    template_sample: ClassVar[Mapping[str, Any]] = {}
+
+    warn_at: float | None = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="warn once when usage reaches this fraction of a limit (the plugin's "
+        "description says which limit, and whether the next call counts); unset it to never "
+        "warn",
+    )
+
+    @model_validator(mode="after")
+    def _check_templates(self) -> BudgetSettings:
+        check_templates(self, self.templates, self.template_sample)
+        return self
+
 
 N = TypeVar("N", int, float, Decimal)
 

@@ -44,19 +44,18 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from loopwarden import (
     ModelRequest,
     Plugin,
-    PluginSettings,
     Run,
     RunOutcome,
     ToolCall,
     Verdict,
     hookimpl,
 )
-from loopwarden.plugins._budgets import check_templates, ladder, percent
+from loopwarden.plugins._budgets import BudgetSettings, ladder, percent
 from loopwarden.reasons import FAILURE_REASONS, LOOP_REASONS
 
 __all__ = ["ConversationLimits", "ConversationLimitsSettings"]
@@ -65,8 +64,11 @@ _LOOPS = frozenset((*LOOP_REASONS, *FAILURE_REASONS))
 _TEMPLATE_FIELDS = {"what": "model calls", "used": 60, "limit": 80, "percent": 75}
 
 
-class ConversationLimitsSettings(PluginSettings):
+class ConversationLimitsSettings(BudgetSettings):
     """``[plugins.conversation_limits]``."""
+
+    templates = ("warning", "stop_message")
+    template_sample = _TEMPLATE_FIELDS
 
     max_turns: int | None = Field(
         default=40,
@@ -108,12 +110,6 @@ class ConversationLimitsSettings(PluginSettings):
         "per call for max_tokens (the request's "
         "max_output_tokens if set)",
     )
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once per conversation when a limit reaches this fraction; unset: never",
-    )
     soft: bool = Field(
         default=True, description="stop softly (one last tool-less turn) where the limit allows it"
     )
@@ -126,11 +122,6 @@ class ConversationLimitsSettings(PluginSettings):
         default="This conversation has reached its limit of {limit} {what}.",
         description="why the run stops ({what}, {used}, {limit}, {percent})",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> ConversationLimitsSettings:
-        check_templates(self, ("warning", "stop_message"), _TEMPLATE_FIELDS)
-        return self
 
 
 @dataclass(slots=True)

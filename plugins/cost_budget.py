@@ -28,20 +28,19 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from loopwarden import (
     ModelRequest,
     ModelResponse,
     Plugin,
-    PluginSettings,
     Run,
     Usage,
     Verdict,
     hookimpl,
 )
 from loopwarden.exceptions import ConfigError
-from loopwarden.plugins._budgets import check_templates, ladder, percent
+from loopwarden.plugins._budgets import BudgetSettings, ladder, percent
 
 __all__ = ["CostBudget", "CostBudgetSettings", "ModelPrice"]
 
@@ -94,8 +93,11 @@ _TEMPLATE_FIELDS = {
 }
 
 
-class CostBudgetSettings(PluginSettings):
+class CostBudgetSettings(BudgetSettings):
     """``[plugins.cost_budget]``."""
+
+    templates = ("warning", "stop_message", "unpriced_message")
+    template_sample = _TEMPLATE_FIELDS
 
     max_cost: Decimal = Field(
         default=Decimal("1.00"), gt=0, description="most a run may spend, in `currency`"
@@ -118,13 +120,6 @@ class CostBudgetSettings(PluginSettings):
         description="output tokens priced in before each call (the request's "
         "max_output_tokens when it sets one)",
     )
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once when the next call would pass this fraction of max_cost; unset "
-        "it to never warn",
-    )
     warning: str = Field(
         default="This run has spent {percent}% of its cost budget ({spent} of {limit} "
         "{currency}). Plan the remaining work within it.",
@@ -142,11 +137,6 @@ class CostBudgetSettings(PluginSettings):
         description="why a run of an unpriced model is refused (the run's message; {model}, "
         "{currency})",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> CostBudgetSettings:
-        check_templates(self, ("warning", "stop_message", "unpriced_message"), _TEMPLATE_FIELDS)
-        return self
 
 
 @dataclass(slots=True)

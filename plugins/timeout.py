@@ -34,19 +34,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from loopwarden import (
     ModelRequest,
     Plugin,
-    PluginSettings,
     Run,
     ToolCall,
     ToolResult,
     Verdict,
     hookimpl,
 )
-from loopwarden.plugins._budgets import check_templates
+from loopwarden.plugins._budgets import BudgetSettings
 
 __all__ = ["Timeout", "TimeoutSettings"]
 
@@ -59,8 +58,11 @@ _TEMPLATE_FIELDS = {
 }
 
 
-class TimeoutSettings(PluginSettings):
+class TimeoutSettings(BudgetSettings):
     """``[plugins.timeout]``."""
+
+    templates = ("warning", "stop_message", "tool_stop_message")
+    template_sample = _TEMPLATE_FIELDS
 
     max_seconds: float = Field(
         default=600.0,
@@ -84,13 +86,6 @@ class TimeoutSettings(PluginSettings):
         description="stop the run as soon as a tool overruns its deadline; false: only when "
         "the run's time is up (a tool's own timeout is then a retryable failure)",
     )
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once when this fraction of max_seconds has passed; unset it to "
-        "never warn",
-    )
     warning: str = Field(
         default="This run has used {elapsed:.0f}s of its {limit:.0f}s time budget. Plan to "
         "finish within the time left.",
@@ -107,11 +102,6 @@ class TimeoutSettings(PluginSettings):
         "before the final turn's wrap-up instruction ({tool}, {elapsed}, {limit}, {left}, "
         "{percent})",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> TimeoutSettings:
-        check_templates(self, ("warning", "stop_message", "tool_stop_message"), _TEMPLATE_FIELDS)
-        return self
 
 
 @dataclass(slots=True)

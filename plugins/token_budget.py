@@ -39,10 +39,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from loopwarden import ModelRequest, ModelResponse, Plugin, PluginSettings, Run, Verdict, hookimpl
-from loopwarden.plugins._budgets import Rung, check_templates, ladder, percent
+from loopwarden import ModelRequest, ModelResponse, Plugin, Run, Verdict, hookimpl
+from loopwarden.plugins._budgets import BudgetSettings, Rung, ladder, percent
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
@@ -55,8 +55,11 @@ _GROWTH_WINDOW = 5
 _TEMPLATE_FIELDS = {"used": 5600, "limit": 8000, "percent": 70}
 
 
-class TokenBudgetSettings(PluginSettings):
+class TokenBudgetSettings(BudgetSettings):
     """``[plugins.token_budget]``."""
+
+    templates = ("context_warning", "total_warning", "context_stop_message", "total_stop_message")
+    template_sample = _TEMPLATE_FIELDS
 
     max_context: int | None = Field(
         default=None,
@@ -83,13 +86,6 @@ class TokenBudgetSettings(PluginSettings):
         description="output tokens reserved for each answer before the call is made (the "
         "request's max_output_tokens when it sets one)",
     )
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once per limit when the next call would pass this fraction of it; "
-        "unset it to never warn",
-    )
     context_warning: str = Field(
         default="The conversation is at {percent}% of its context budget ({used} of {limit} "
         "tokens). Keep tool results short and plan to finish within it.",
@@ -110,15 +106,6 @@ class TokenBudgetSettings(PluginSettings):
         description="why the run stops on max_tokens, put before the final turn's wrap-up "
         "instruction ({used}, {limit}, {percent})",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> TokenBudgetSettings:
-        check_templates(
-            self,
-            ("context_warning", "total_warning", "context_stop_message", "total_stop_message"),
-            _TEMPLATE_FIELDS,
-        )
-        return self
 
 
 @dataclass(slots=True)

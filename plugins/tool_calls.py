@@ -26,16 +26,19 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.plugins._budgets import check_templates
+from loopwarden import Plugin, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden.plugins._budgets import BudgetSettings
 
 __all__ = ["ToolCalls", "ToolCallsSettings"]
 
 _TEMPLATE_FIELDS = {"name": "query_order", "limit": 30, "used": 30, "scope": "run"}
 
 
-class ToolCallsSettings(PluginSettings):
+class ToolCallsSettings(BudgetSettings):
     """``[plugins.tool_calls]``."""
+
+    templates = ("warning", "refused_observation", "refused_hint", "stop_message")
+    template_sample = _TEMPLATE_FIELDS
 
     max_tool_calls: int = Field(default=40, ge=1, description="tool calls allowed per run")
     max_per_tool: int | None = Field(
@@ -58,13 +61,6 @@ class ToolCallsSettings(PluginSettings):
         default=True,
         description='with on_exceed = "end": stop softly (one last tool-less turn); false '
         "stops at once",
-    )
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once when the run's count reaches this fraction of max_tool_calls; "
-        "unset it to never warn",
     )
     warning: str = Field(
         default="You have used {used} of {limit} tool calls for this {scope}. Plan the "
@@ -94,11 +90,6 @@ class ToolCallsSettings(PluginSettings):
         bad = {k: v for k, v in self.per_tool.items() if v < 1}
         if bad:
             raise ValueError(f"per_tool caps must be at least 1, got {bad}")
-        check_templates(
-            self,
-            ("warning", "refused_observation", "refused_hint", "stop_message"),
-            _TEMPLATE_FIELDS,
-        )
         return self
 
 

@@ -1,0 +1,319 @@
+"""The Redis backend of :mod:`loopwarden.store`: Lua scripts for every check-and-change.
+
+Split from :mod:`loopwarden.store` (which re-exports :class:`RedisStore` and opens it for a
+``redis://``, ``rediss://`` or ``unix://`` URL): the store module holds the interface the
+budgets and the ledger are written against; this module holds one implementation of it -- the
+key layout (every key carries the hash tag ``{namespace}``, so a Redis Cluster keeps them in one
+slot) and the scripts.  The ``redis`` package (the optional extra ``loopwarden[redis]``) is
+imported only when a :class:`RedisStore` is created.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from loopwarden.exceptions import ConfigError, StoreError
+from loopwarden.store import (
+    QUANTITIES,
+    Counter,
+    CounterRow,
+    LedgerEntry,
+    LedgerState,
+    Reserved,
+    _amounts,
+    _ident,
+    redact_url,
+)
+
+__all__ = ["RedisStore"]
+
+
+# KEYS: per counter, its hash and its reservations hash; then the index set.
+# ARGV: now, ttl, commit, token, the 5 amounts, then per counter: expires_at (-1: never),
+# scope, key, window, bucket, the 5 limits (-1: none).
+_LUA_RESERVE = """
+local Q = {'runs', 'model_calls', 'tool_calls', 'tokens', 'cost'}
+local now = tonumber(ARGV[1]); local ttl = tonumber(ARGV[2])
+local commit = ARGV[3] == '1'; local token = ARGV[4]
+local amount = {}
+for q = 1, 5 do amount[q] = tonumber(ARGV[4 + q]) end
+local n = (#KEYS - 1) / 2
+local index = KEYS[#KEYS]
+local out = {0, 0}
+local refused = false
+for i = 1, n do
+  local ck, rk = KEYS[2 * i - 1], KEYS[2 * i]
+  local o = 9 + (i - 1) * 10
+  local vals = redis.call('HMGET', ck, 'runs', 'model_calls', 'tool_calls', 'tokens', 'cost')
+  local used = {}
+  for q = 1, 5 do used[q] = tonumber(vals[q] or '0') or 0 end
+  local res = redis.call('HGETALL', rk)
+  for j = 1, #res, 2 do
+    local p = {}
+    for x in string.gmatch(res[j + 1], '[^,]+') do p[#p + 1] = tonumber(x) end
+    if p[6] <= now then
+      redis.call('HDEL', rk, res[j])
+    else
+      for q = 1, 5 do used[q] = used[q] + p[q] end
+    end
+  end
+  for q = 1, 5 do out[#out + 1] = used[q] end  -- integer replies: exact to 2^53
+  if not refused then
+    for q = 1, 5 do
+      local lim = tonumber(ARGV[o + 5 + q])
+      if lim >= 0 and amount[q] > 0 and used[q] + amount[q] > lim then
+        refused = true; out[1] = i; out[2] = q; break
+      end
+    end
+  end
+end
+if refused then return out end
+for i = 1, n do
+  local ck, rk = KEYS[2 * i - 1], KEYS[2 * i]
+  local o = 9 + (i - 1) * 10
+  redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
+             'bucket', ARGV[o + 5])
+  if commit then
+    for q = 1, 5 do
+      if amount[q] ~= 0 then redis.call('HINCRBY', ck, Q[q], ARGV[4 + q]) end
+    end
+  else
+    redis.call('HSET', rk, token, table.concat({ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]},
+               ',') .. ',' .. tostring(now + ttl))
+    redis.call('EXPIRE', rk, math.ceil(ttl) + 1)
+  end
+  local exp = tonumber(ARGV[o + 1])
+  if exp > 0 then redis.call('EXPIREAT', ck, math.ceil(exp)) end
+  redis.call('SADD', index, ck)
+end
+return out
+"""
+
+# KEYS: per counter, its hash and its reservations hash; then the index set.
+# ARGV: token, count (1/0), the 5 amounts, then per counter: expires_at, scope, key, window,
+# bucket.
+_LUA_SETTLE = """
+local Q = {'runs', 'model_calls', 'tool_calls', 'tokens', 'cost'}
+local n = (#KEYS - 1) / 2
+for i = 1, n do
+  local ck, rk = KEYS[2 * i - 1], KEYS[2 * i]
+  local o = 7 + (i - 1) * 5
+  redis.call('HDEL', rk, ARGV[1])
+  if ARGV[2] == '1' then
+    redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
+               'bucket', ARGV[o + 5])
+    for q = 1, 5 do
+      if tonumber(ARGV[2 + q]) ~= 0 then redis.call('HINCRBY', ck, Q[q], ARGV[2 + q]) end
+    end
+    local exp = tonumber(ARGV[o + 1])
+    if exp > 0 then redis.call('EXPIREAT', ck, math.ceil(exp)) end
+    redis.call('SADD', KEYS[#KEYS], ck)
+  end
+end
+return 1
+"""
+
+# KEYS: the entry.  ARGV: owner, now, ttl_ms.  Returns {} when claimed, else the entry.
+_LUA_CLAIM = """
+local e = redis.call('HGETALL', KEYS[1])
+if #e > 0 then return e end
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[1], 'started_at', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {}
+"""
+
+# KEYS: the entry.  ARGV: owner, state, result ('' for none), ttl_ms; state '' releases.
+_LUA_FINISH = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]); return 1 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'result', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+class RedisStore:
+    """The store on a Redis server (Lua scripts for every check-and-change)."""
+
+    def __init__(self, url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0) -> None:
+        try:
+            import redis
+        except ImportError:
+            raise ConfigError(
+                "a redis:// store needs the redis package: pip install 'loopwarden[redis]'",
+                key="store.url",
+            ) from None
+        self.url = url
+        self.now = time.time  #: the wall clock (tests may replace it)
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._prefix = "{" + namespace + "}:"
+        self._index = self._prefix + "counters"
+        try:
+            self._r = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
+            self._reserve = self._r.register_script(_LUA_RESERVE)
+            self._settle = self._r.register_script(_LUA_SETTLE)
+            self._claim = self._r.register_script(_LUA_CLAIM)
+            self._finish = self._r.register_script(_LUA_FINISH)
+        except (ValueError, *self._errors) as exc:
+            raise StoreError(
+                f"cannot use the Redis store {redact_url(url)}: {exc}", url=redact_url(url)
+            ) from exc
+
+    @contextmanager
+    def _errors_as_store_error(self) -> Iterator[None]:
+        try:
+            yield
+        except self._errors as exc:
+            raise StoreError(
+                f"Redis store {redact_url(self.url)}: {exc}", url=redact_url(self.url)
+            ) from exc
+
+    def _keys(self, c: Counter) -> tuple[str, str]:
+        ident = "\x1f".join(_ident(c))
+        return self._prefix + "c:" + ident, self._prefix + "r:" + ident
+
+    def reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        *,
+        token: str,
+        ttl_s: float,
+        commit: bool = False,
+    ) -> Reserved:
+        keys: list[str] = []
+        args: list[Any] = [
+            repr(self.now()),
+            repr(float(ttl_s)),
+            "1" if commit else "0",
+            token,
+            *(int(a) for a in amount),
+        ]
+        for c in counters:
+            keys.extend(self._keys(c))
+            args.extend(
+                [
+                    repr(c.expires_at) if c.expires_at is not None else "-1",
+                    *_ident(c),
+                    *(-1 if lim is None else int(lim) for lim in c.limits),
+                ]
+            )
+        keys.append(self._index)
+        with self._errors_as_store_error():
+            out = self._reserve(keys=keys, args=args)
+        nums = [int(x) for x in out]
+        used = tuple(_amounts(nums[2 + 5 * i : 7 + 5 * i]) for i in range(len(counters)))
+        refused = (nums[0] - 1, nums[1] - 1) if nums[0] else None
+        return Reserved(used, refused)
+
+    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
+        keys: list[str] = []
+        args: list[Any] = [
+            token,
+            "1" if actual is not None else "0",
+            *(int(a) for a in (actual or (0,) * len(QUANTITIES))),
+        ]
+        for c in counters:
+            keys.extend(self._keys(c))
+            args.extend([repr(c.expires_at) if c.expires_at is not None else "-1", *_ident(c)])
+        keys.append(self._index)
+        with self._errors_as_store_error():
+            self._settle(keys=keys, args=args)
+
+    def rows(self) -> list[CounterRow]:
+        now = self.now()
+        out: list[CounterRow] = []
+        with self._errors_as_store_error():
+            names = sorted(
+                n if isinstance(n, bytes) else str(n).encode()
+                for n in self._r.smembers(self._index)
+            )
+            pipe = self._r.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(name)
+                pipe.hgetall(name.replace(b"}:c:", b"}:r:", 1))
+                pipe.ttl(name)
+            got = pipe.execute()
+            gone = []
+            for n, name in enumerate(names):
+                h, res, exp = got[3 * n], got[3 * n + 1], got[3 * n + 2]
+                if not h:
+                    gone.append(name)
+                    continue
+                reserved = [0] * len(QUANTITIES)
+                for value in res.values():
+                    parts = value.decode().split(",")
+                    if float(parts[5]) > now:
+                        for q in range(len(QUANTITIES)):
+                            reserved[q] += int(parts[q])
+                d = {k.decode(): v.decode() for k, v in h.items()}
+                expires = float(round(now + exp)) if exp > 0 else None
+                out.append(
+                    CounterRow(
+                        d["scope"],
+                        d["key"],
+                        d["window"],
+                        d["bucket"],
+                        _amounts([d.get(q, 0) for q in QUANTITIES]),
+                        _amounts(reserved),
+                        expires,
+                    )
+                )
+            if gone:
+                self._r.srem(self._index, *gone)
+        out.sort(key=lambda r: (r.scope, r.key, r.window, r.bucket))
+        return out
+
+    def reset(self, scope: str, key: str) -> int:
+        n = 0
+        for row in self.rows():
+            if row.scope == scope and row.key == key:
+                c = Counter(row.scope, row.key, row.window, row.bucket)
+                ck, rk = self._keys(c)
+                with self._errors_as_store_error():
+                    self._r.delete(ck, rk)
+                    self._r.srem(self._index, ck)
+                n += 1
+        return n
+
+    def _entry_key(self, key: str) -> str:
+        return self._prefix + "l:" + key
+
+    def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+        with self._errors_as_store_error():
+            out = self._claim(
+                keys=[self._entry_key(key)],
+                args=[owner, repr(self.now()), max(1, int(ttl_s * 1000))],
+            )
+        if not out:
+            return None
+        d = {out[i].decode(): out[i + 1].decode() for i in range(0, len(out), 2)}
+        result = json.loads(d["result"]) if d.get("result") else None
+        return LedgerEntry(key, d["state"], d["owner"], float(d["started_at"]), result)
+
+    def finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
+        text = json.dumps(result, ensure_ascii=False) if result is not None else ""
+        with self._errors_as_store_error():
+            self._finish(
+                keys=[self._entry_key(key)], args=[owner, state, text, max(1, int(ttl_s * 1000))]
+            )
+
+    def release(self, key: str, owner: str) -> None:
+        with self._errors_as_store_error():
+            self._finish(keys=[self._entry_key(key)], args=[owner, "", "", 1])
+
+    def close(self) -> None:
+        self._r.close()

@@ -1,0 +1,281 @@
+"""The SQLite backend of :mod:`loopwarden.store`: one file, WAL mode, ``BEGIN IMMEDIATE``.
+
+Split from :mod:`loopwarden.store` (which re-exports :class:`SQLiteStore` and opens it for a
+``sqlite:///PATH`` URL): the store module holds the interface the budgets and the ledger are
+written against; this module holds one implementation of it -- the schema, the SQL, the
+transaction and fork handling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from loopwarden.exceptions import StoreError
+from loopwarden.store import (
+    QUANTITIES,
+    Amounts,
+    Counter,
+    CounterRow,
+    LedgerEntry,
+    LedgerState,
+    Reserved,
+    _amounts,
+    _ident,
+)
+
+__all__ = ["SQLiteStore"]
+
+
+def _first_refused(
+    used: Amounts, amount: Sequence[int], limits: Sequence[int | None]
+) -> int | None:
+    for q, (u, a, lim) in enumerate(zip(used, amount, limits, strict=True)):
+        if lim is not None and a > 0 and u + a > lim:
+            return q
+    return None
+
+
+_SQL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS counters (
+    scope TEXT NOT NULL, key TEXT NOT NULL, window TEXT NOT NULL, bucket TEXT NOT NULL,
+    runs INTEGER NOT NULL DEFAULT 0, model_calls INTEGER NOT NULL DEFAULT 0,
+    tool_calls INTEGER NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0,
+    cost INTEGER NOT NULL DEFAULT 0, expires_at REAL,
+    PRIMARY KEY (scope, key, window, bucket)
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    token TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL, window TEXT NOT NULL,
+    bucket TEXT NOT NULL, runs INTEGER NOT NULL, model_calls INTEGER NOT NULL,
+    tool_calls INTEGER NOT NULL, tokens INTEGER NOT NULL, cost INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (scope, key, window, bucket, token)
+);
+CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (expires_at);
+CREATE INDEX IF NOT EXISTS counters_expiry ON counters (expires_at);
+CREATE TABLE IF NOT EXISTS ledger (
+    key TEXT PRIMARY KEY, state TEXT NOT NULL, owner TEXT NOT NULL, started_at REAL NOT NULL,
+    result TEXT, expires_at REAL NOT NULL
+);
+"""
+
+_COLS = ", ".join(QUANTITIES)
+_WHERE = "scope = ? AND key = ? AND window = ? AND bucket = ?"
+
+
+class SQLiteStore:
+    """The store in one SQLite file (WAL mode; ``BEGIN IMMEDIATE`` for every change)."""
+
+    def __init__(self, path: Path, *, timeout_s: float = 5.0) -> None:
+        self.path = path
+        self.url = "sqlite:///" + str(path)
+        self.now = time.time  #: the wall clock (tests may replace it)
+        self._timeout = max(timeout_s, 1.0) * 6  # waiting for another writer's lock
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self._conn = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        # Switching a new file to WAL takes an exclusive lock without waiting on the busy
+        # handler: processes that open the store at once can get "database is locked" at
+        # once.  Retry the set-up with a short jittered backoff, within the lock timeout.
+        deadline = time.monotonic() + self._timeout
+        delay = 0.01
+        while True:
+            conn: sqlite3.Connection | None = None
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(
+                    str(self.path),
+                    timeout=self._timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SQL_SCHEMA)
+                return conn
+            except sqlite3.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                if not busy or time.monotonic() + delay > deadline:
+                    raise StoreError(
+                        f"cannot open the SQLite store {self.path}: {exc}", url=self.url
+                    ) from exc
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+            except (sqlite3.Error, OSError) as exc:
+                if conn is not None:
+                    conn.close()
+                raise StoreError(
+                    f"cannot open the SQLite store {self.path}: {exc}", url=self.url
+                ) from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction (serialised across threads and processes)."""
+        with self._lock:
+            if self._closed:
+                raise StoreError("the store is closed", url=self.url)
+            if os.getpid() != self._pid:  # a forked child: never share the parent's connection
+                self._pid, self._conn = os.getpid(), self._connect()
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite store {self.path}: {exc}", url=self.url) from exc
+
+    def _used(self, conn: sqlite3.Connection, c: Counter) -> Amounts:
+        ident = _ident(c)
+        row = conn.execute(f"SELECT {_COLS} FROM counters WHERE {_WHERE}", ident).fetchone()
+        res = conn.execute(
+            f"SELECT {', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations WHERE {_WHERE}",
+            ident,
+        ).fetchone()
+        return _amounts([(row[i] if row else 0) + (res[i] or 0) for i in range(len(QUANTITIES))])
+
+    @staticmethod
+    def _add(conn: sqlite3.Connection, c: Counter, amount: Sequence[int]) -> None:
+        conn.execute(
+            f"INSERT INTO counters (scope, key, window, bucket, {_COLS}, expires_at) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (scope, key, window, bucket) DO UPDATE SET "
+            + ", ".join(f"{q} = {q} + excluded.{q}" for q in QUANTITIES)
+            + ", expires_at = excluded.expires_at",
+            (*_ident(c), *amount, c.expires_at),
+        )
+
+    def reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        *,
+        token: str,
+        ttl_s: float,
+        commit: bool = False,
+    ) -> Reserved:
+        now = self.now()
+        with self._tx() as conn:
+            conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
+            used = tuple(self._used(conn, c) for c in counters)
+            for i, c in enumerate(counters):
+                q = _first_refused(used[i], amount, c.limits)
+                if q is not None:
+                    return Reserved(used, (i, q))
+            for c in counters:
+                if commit:
+                    self._add(conn, c, amount)
+                else:
+                    self._add(conn, c, (0,) * len(QUANTITIES))  # the counter exists: listed
+                    conn.execute(
+                        "INSERT OR REPLACE INTO reservations (token, scope, key, window, bucket, "
+                        f"{_COLS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        (token, *_ident(c), *amount, now + ttl_s),
+                    )
+            return Reserved(used)
+
+    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
+        with self._tx() as conn:
+            for c in counters:
+                conn.execute(
+                    f"DELETE FROM reservations WHERE {_WHERE} AND token = ?", (*_ident(c), token)
+                )
+                if actual is not None:
+                    self._add(conn, c, actual)
+
+    def rows(self) -> list[CounterRow]:
+        now = self.now()
+        with self._tx() as conn:
+            conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
+            conn.execute("DELETE FROM counters WHERE expires_at <= ?", (now,))
+            rows = conn.execute(
+                f"SELECT scope, key, window, bucket, {_COLS}, expires_at FROM counters "
+                "ORDER BY scope, key, window, bucket"
+            ).fetchall()
+            reserved = {
+                tuple(r[:4]): _amounts(r[4:])
+                for r in conn.execute(
+                    "SELECT scope, key, window, bucket, "
+                    f"{', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations "
+                    "GROUP BY scope, key, window, bucket"
+                )
+            }
+        return [
+            CounterRow(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                _amounts(r[4:9]),
+                reserved.get(tuple(r[:4]), (0, 0, 0, 0, 0)),
+                r[9],
+            )
+            for r in rows
+        ]
+
+    def reset(self, scope: str, key: str) -> int:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM reservations WHERE scope = ? AND key = ?", (scope, key))
+            return conn.execute(
+                "DELETE FROM counters WHERE scope = ? AND key = ?", (scope, key)
+            ).rowcount
+
+    def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+        now = self.now()
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT state, owner, started_at, result FROM ledger "
+                "WHERE key = ? AND expires_at > ?",
+                (key, now),
+            ).fetchone()
+            if row is not None:
+                return LedgerEntry(
+                    key, row[0], row[1], row[2], json.loads(row[3]) if row[3] else None
+                )
+            conn.execute(
+                "INSERT OR REPLACE INTO ledger (key, state, owner, started_at, result, "
+                "expires_at) VALUES (?, 'running', ?, ?, NULL, ?)",
+                (key, owner, now, now + ttl_s),
+            )
+            return None
+
+    def finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
+        text = json.dumps(result, ensure_ascii=False) if result is not None else None
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE ledger SET state = ?, result = ?, expires_at = ? "
+                "WHERE key = ? AND owner = ?",
+                (state, text, self.now() + ttl_s, key, owner),
+            )
+
+    def release(self, key: str, owner: str) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM ledger WHERE key = ? AND owner = ?", (key, owner))
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed and self._pid == os.getpid():
+                self._conn.close()
+            self._closed = True
