@@ -136,7 +136,7 @@ def _int(value: Any) -> int | None:
 
 
 def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
-    from loopwarden.replay import _calls, _segments
+    from loopwarden._trajectory import _calls, _segments
 
     group = str(obj.get("source") or "default") if by == "source" else _group(obj)
     steps = obj["steps"]
@@ -235,7 +235,7 @@ def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
     not readable, is counted in ``unreadable``.  A file with no readable line is a
     :class:`ConfigError`.
     """
-    from loopwarden.replay import _well_formed
+    from loopwarden._trajectory import _well_formed
     from loopwarden.sanitize import loads_strict
 
     p = Path(path)
