@@ -4,8 +4,9 @@ A recording carries no tool declarations, and a framework adapter sees tools it 
 define, yet the guards need each tool's nature (read-only, deterministic, side effect,
 terminal).  :func:`infer_flags` guesses it from the name, :func:`recorded_tool` builds a
 :class:`~loopwarden.tools.Tool` from declared flags and the guess, and :func:`load_tool_flags`
-reads declared natures from a TOML file.  Kept apart from :mod:`loopwarden.replay` (which
-re-exports these names) because the adapters use it without replaying anything.
+reads declared natures from a TOML file.  Kept apart from the replay engine in
+:mod:`loopwarden.replay` (which re-exports these names): it is about tool declarations, not
+driving runs, and the framework adapters rely on it as well.
 """
 
 from __future__ import annotations
