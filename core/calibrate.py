@@ -17,6 +17,10 @@ turn, not from all turns: a conversation is cut when any one of its turns passes
 the p99 of all turns would cut far more than 1% of conversations.  :data:`LIMITS` maps config
 keys to the statistic they are set from -- one line per key; :func:`calibrated_config` writes
 only the keys the installed config model knows, and the rest as comments.
+
+Reading the file into healthy turns and conversations lives in
+:mod:`loopwarden._calibrate_corpus` (its public names are re-exported here); this module
+measures them, proposes the limits and writes the TOML.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from loopwarden.exceptions import ConfigError
+from loopwarden._calibrate_corpus import SUCCESS_TERMINATIONS as SUCCESS_TERMINATIONS
+from loopwarden._calibrate_corpus import Conversation, Stats, Turn, load_stats
 
 __all__ = [
     "LIMITS",
@@ -52,229 +56,6 @@ MARGIN = 1.25
 PERCENTILE = 99.0
 #: a profile is proposed for a group only with at least this many successful conversations
 MIN_RUNS = 20
-#: run-record terminations of a run that finished by itself
-SUCCESS_TERMINATIONS = ("final_answer", "terminal_tool")
-
-
-@dataclass(slots=True)
-class Turn:
-    """One healthy run (one user turn)."""
-
-    group: str
-    model_calls: int
-    tool_calls: int
-    max_batch: int
-    prompts: list[int] = field(default_factory=list)  # recorded prompt tokens per request
-    tokens: int | None = None  # billed tokens (prompt + completion), when all are recorded
-
-
-@dataclass(slots=True)
-class Conversation:
-    """One healthy conversation (a trajectory; a run record is a conversation of one turn)."""
-
-    group: str
-    source: str
-    turns: int
-    model_calls: int
-    tool_calls: int
-    tokens: int | None = None
-    max_prompt: int | None = None
-    seconds: float | None = None
-    #: its busiest turn: the most model calls, tool calls and billed tokens in one turn
-    turn_model_calls: int = 0
-    turn_tool_calls: int = 0
-    turn_tokens: int | None = None
-    #: its first recorded request: the system prompt and tool schemas, and the first messages
-    first_prompt: int | None = None
-
-
-@dataclass(slots=True)
-class Stats:
-    """What one file holds: its healthy turns and conversations, and what was left out."""
-
-    kind: str  # "trajectories" | "records"
-    turns: list[Turn] = field(default_factory=list)
-    conversations: list[Conversation] = field(default_factory=list)
-    lines: int = 0
-    unsuccessful: int = 0
-    unreadable: int = 0
-
-    def groups(self) -> list[str]:
-        return sorted({c.group for c in self.conversations})
-
-    def only(self, group: str | None) -> Stats:
-        """The part of these stats that belongs to ``group`` (all of it for None)."""
-        if group is None:
-            return self
-        return Stats(
-            self.kind,
-            [t for t in self.turns if t.group == group],
-            [c for c in self.conversations if c.group == group],
-        )
-
-
-# -- reading -------------------------------------------------------------------------------
-
-
-def _group(obj: Mapping[str, Any]) -> str:
-    """A trajectory's domain (``meta.domain``), else the last part of its ``source``; a run
-    record's profile."""
-    meta = obj.get("meta")
-    if isinstance(meta, dict) and meta.get("domain"):
-        return str(meta["domain"])
-    if "termination" in obj:
-        return str(obj.get("profile") or "default")
-    return str(obj.get("source") or "default").rsplit("/", 1)[-1] or "default"
-
-
-def _int(value: Any) -> int | None:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        return None
-    return n if n >= 0 else None
-
-
-def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
-    from loopwarden.replay import _calls, _segments
-
-    group = str(obj.get("source") or "default") if by == "source" else _group(obj)
-    steps = obj["steps"]
-    turns = []
-    for _, seg, _user in _segments(steps):
-        prompts, billed, complete = [], 0, True
-        for s in seg:
-            u = s.get("usage")
-            p = _int(u.get("prompt_tokens")) if isinstance(u, dict) else None
-            c = _int(u.get("completion_tokens")) if isinstance(u, dict) else None
-            if p:
-                prompts.append(p)
-            if p is None or c is None:
-                complete = False
-            else:
-                billed += p + c
-        batches = [len(_calls(s)) for s in seg]
-        turns.append(
-            Turn(
-                group,
-                len(seg),
-                sum(batches),
-                max(batches, default=0),
-                prompts,
-                billed if complete and seg else None,
-            )
-        )
-    meta = obj.get("meta")
-    seconds = meta.get("duration_s") if isinstance(meta, dict) else None
-    tokens = [t.tokens for t in turns]
-    prompts = [p for t in turns for p in t.prompts]
-    conv = Conversation(
-        group,
-        str(obj.get("source") or group),
-        len(turns),
-        sum(t.model_calls for t in turns),
-        sum(t.tool_calls for t in turns),
-        sum(x for x in tokens if x is not None) if tokens and None not in tokens else None,
-        max(prompts) if prompts else None,
-        float(seconds) if isinstance(seconds, (int, float)) else None,
-        max((t.model_calls for t in turns), default=0),
-        max((t.tool_calls for t in turns), default=0),
-        max((x for x in tokens if x is not None), default=None),
-        prompts[0] if prompts else None,
-    )
-    return conv, turns
-
-
-def _record(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
-    group = _group(obj)
-    tokens = obj.get("tokens")
-    total = _int(tokens.get("total")) if isinstance(tokens, dict) else None
-    steps, calls = _int(obj.get("steps")) or 0, _int(obj.get("tool_calls")) or 0
-    detail = obj.get("steps_detail")
-    prompts = (
-        [n for d in detail if isinstance(d, dict) and (n := _int(d.get("context_tokens")))]
-        if isinstance(detail, list)
-        else []
-    )
-    turn = Turn(group, steps, calls, 0, prompts, total)
-    elapsed = obj.get("elapsed_s")
-    conv = Conversation(
-        group,
-        str(obj.get("scenario") or group),
-        1,
-        steps,
-        calls,
-        total,
-        max(prompts) if prompts else None,
-        float(elapsed) if isinstance(elapsed, (int, float)) else None,
-        steps,
-        calls,
-        total,
-    )
-    return conv, [turn]
-
-
-def _is_record(obj: Mapping[str, Any]) -> bool:
-    return "termination" in obj and not isinstance(obj.get("steps"), list)
-
-
-def _successful(obj: Mapping[str, Any]) -> bool:
-    if _is_record(obj):
-        return (
-            obj.get("termination") in SUCCESS_TERMINATIONS
-            and obj.get("final_answer_present") is not False
-        )
-    return obj.get("success") is True
-
-
-def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
-    """Read a trajectory or run-record JSONL file into the statistics of its healthy runs,
-    grouped by domain (a run record: by profile), or by ``source`` when ``by="source"``.
-
-    The kind is taken from the first readable line; a line of the other kind, or one that is
-    not readable, is counted in ``unreadable``.  A file with no readable line is a
-    :class:`ConfigError`.
-    """
-    from loopwarden.replay import _well_formed
-    from loopwarden.sanitize import loads_strict
-
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("file not found", path=p)
-    stats = Stats(kind="")
-    # read as replay and report do: an undecodable byte, NaN, 1e999, a huge integer, deep
-    # nesting or a lone surrogate makes one line unreadable, never the whole file
-    with p.open(encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            stats.lines += 1
-            try:
-                obj = loads_strict(line)
-            except ValueError:
-                stats.unreadable += 1
-                continue
-            if not isinstance(obj, dict):
-                stats.unreadable += 1
-                continue
-            kind = "records" if _is_record(obj) else "trajectories" if _well_formed(obj) else None
-            if kind is None or (stats.kind and kind != stats.kind):
-                stats.unreadable += 1
-                continue
-            stats.kind = kind
-            if not _successful(obj):
-                stats.unsuccessful += 1
-                continue
-            conv, turns = (_record if kind == "records" else _trajectory)(obj, by)
-            stats.conversations.append(conv)
-            stats.turns.extend(turns)
-    if not stats.kind:
-        raise ConfigError(
-            "no readable trajectory or run record",
-            path=p,
-            expected="JSONL: DESIGN's trajectories or run records",
-        )
-    return stats
 
 
 # -- statistics ----------------------------------------------------------------------------

@@ -35,38 +35,60 @@ declarations either, so tool natures are inferred from names
 the model the trajectory names (``model``, or ``meta.model``); :func:`replay_config` makes the
 cost line count a model without a price as free, since a recorded run cannot be refused
 before it starts.
+
+This module drives the engine over a trajectory; reading trajectory files lives in
+:mod:`loopwarden._trajectory`, tool natures in :mod:`loopwarden._recorded_tools` and the
+summary figures in :mod:`loopwarden._replay_summary` (their public names are re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import BaseModel, ConfigDict
-
 from loopwarden import signals
+from loopwarden._recorded_tools import (
+    FLAG_NAMES,
+    LOOKUP_PREFIXES,
+    PROBE,
+    REPEATABLE_ACTION,
+    TERMINAL_NAMES,
+    infer_flags,
+    load_tool_flags,
+    recorded_tool,
+)
+from loopwarden._replay_summary import RUNAWAY_REPEAT, STEP_CAP_TERMINATIONS, summarize
+from loopwarden._trajectory import (
+    _calls,
+    _model_name,
+    _recorded_prompt,
+    _segments,
+    _usage,
+    iter_trajectories,
+    repeat_streak,
+)
 from loopwarden.clock import FakeClock
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
-from loopwarden.exceptions import ConfigError
-from loopwarden.fingerprint import canonical_arguments
 from loopwarden.loop import CallModel, Engine
-from loopwarden.reasons import BUDGET_REASONS
 from loopwarden.run import Conversation, Run, RunOutcome
-from loopwarden.sanitize import depth_exceeds, loads_arguments, loads_strict
 from loopwarden.tokens import estimate_message
-from loopwarden.tools import Tool, ToolRegistry
+from loopwarden.tools import ToolRegistry
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
     from loopwarden.deployment import Deployment
 
 __all__ = [
+    "FLAG_NAMES",
+    "LOOKUP_PREFIXES",
+    "PROBE",
+    "REPEATABLE_ACTION",
     "RUNAWAY_REPEAT",
+    "STEP_CAP_TERMINATIONS",
+    "TERMINAL_NAMES",
     "ReplayEngine",
     "ReplayResult",
     "infer_flags",
@@ -79,107 +101,6 @@ __all__ = [
     "replay_trajectory",
     "summarize",
 ]
-
-#: Tool natures inferred from names when a recording does not declare them (override them
-#: with ``flags``).  Lookups of stored records are read-only and deterministic (while nothing
-#: writes to them); probes of live state -- a device's status, a speed test, the clock -- are
-#: read-only but not deterministic (their answer may change between two identical calls);
-#: toggles and restarts change the world but are legitimately repeated (on, then off), so they
-#: are not idempotent side effects; every other tool is taken as a side effect, idempotent per
-#: full arguments; a hand-off to a human is terminal.
-LOOKUP_PREFIXES = (
-    "get_",
-    "find_",
-    "search_",
-    "list_",
-    "query_",
-    "lookup_",
-    "read_",
-    "fetch_",
-    "calculate",
-    "think",
-)
-PROBE = re.compile(
-    r"^(check_|can_|run_|test_|ping_|measure_)|(status|usage|time|now|speed)"
-    r"(_|$)",
-    re.IGNORECASE,
-)
-REPEATABLE_ACTION = re.compile(r"^(toggle_|reboot_|restart_|reseat_|reset_|retry_)", re.IGNORECASE)
-TERMINAL_NAMES = re.compile(r"(^|_)transfer_to_human", re.IGNORECASE)
-FLAG_NAMES = ("read_only", "deterministic", "side_effect", "terminal")
-
-
-class _AnyArgs(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-def infer_flags(name: str) -> dict[str, bool]:
-    """A recorded tool's nature guessed from its name (see :data:`LOOKUP_PREFIXES`)."""
-    lname = name.lower()
-    terminal = bool(TERMINAL_NAMES.search(lname))
-    if terminal:
-        return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": True}
-    if PROBE.search(lname):
-        return {"read_only": True, "deterministic": False, "side_effect": False, "terminal": False}
-    if lname.startswith(LOOKUP_PREFIXES):
-        return {"read_only": True, "deterministic": True, "side_effect": False, "terminal": False}
-    if REPEATABLE_ACTION.search(lname):
-        return {"read_only": False, "deterministic": False, "side_effect": False, "terminal": False}
-    return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": False}
-
-
-def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
-    """A stand-in declaration for a tool seen in a recording (or run by a framework): its
-    nature from ``flags`` -- a ``[tools.<name>]`` table: the booleans of :data:`FLAG_NAMES`,
-    ``retryable`` and ``idempotency_keys`` -- the rest inferred from its name
-    (:func:`infer_flags`)."""
-    nature = infer_flags(name)
-    flags = flags or {}
-    declared = {k: bool(v) for k, v in flags.items() if k in FLAG_NAMES and v is not None}
-    # a declared nature is consistent: read-only means no side effect, and the reverse
-    if declared.get("read_only") and "side_effect" not in declared:
-        declared["side_effect"] = False
-    if declared.get("side_effect") and "read_only" not in declared:
-        declared["read_only"] = False
-    nature.update(declared)
-    keys = flags.get("idempotency_keys")
-    return Tool(
-        name=name,
-        func=lambda **kw: None,
-        description=f"recorded tool {name}",
-        args_model=_AnyArgs,
-        read_only=nature["read_only"],
-        deterministic=nature["deterministic"],
-        side_effect=nature["side_effect"],
-        terminal=nature["terminal"],
-        retryable=(Exception,) if flags.get("retryable") else (),
-        idempotency_keys=tuple(keys) if keys is not None else None,
-    )
-
-
-def load_tool_flags(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read declared tool natures from a TOML file: its ``[tools.NAME]`` tables, the shape of
-    ``config.toml``'s (:class:`loopwarden.config.ToolNature`), so a deployment's config file
-    serves as well; other tables are ignored."""
-    from pydantic import ValidationError
-
-    from loopwarden.config import ToolNature, load_toml, validation_error
-
-    p = Path(path)
-    data = load_toml(p)
-    tools = data.get("tools")
-    if not isinstance(tools, dict):
-        raise ConfigError("needs [tools.NAME] tables", path=p, key="tools")
-    out: dict[str, dict[str, Any]] = {}
-    for name, table in tools.items():
-        if not isinstance(table, dict):
-            raise ConfigError("must be a table", path=p, key=f"tools.{name}")
-        try:
-            nature = ToolNature.model_validate(table)
-        except ValidationError as exc:
-            raise validation_error(exc, path=str(p), prefix=f"tools.{name}") from None
-        out[str(name)] = nature.model_dump(exclude_none=True)
-    return out
 
 
 @dataclass
@@ -255,104 +176,6 @@ def replay_config(config: Config, *, observers: bool = False) -> Config:
     return config.model_copy(update={"plugins": config.plugins.model_validate(data)})
 
 
-def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """(line number, trajectory or None for an unreadable line) for each non-blank line.
-
-    Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
-    ``1e999``, huge integers, deep nesting, lone surrogates, undecodable bytes), or not the
-    trajectory shape."""
-    with Path(path).open(encoding="utf-8", errors="surrogateescape") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = loads_strict(line)
-            except ValueError:
-                yield lineno, None
-                continue
-            if not _well_formed(obj):
-                yield lineno, None
-                continue
-            yield lineno, obj
-
-
-def _well_formed(obj: Any) -> bool:
-    """The shape replay relies on: steps are objects whose lists are lists (a bad line is
-    counted as unreadable, never a crash that loses the whole file)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list):
-        return False
-    for step in obj["steps"]:
-        if not isinstance(step, dict):
-            return False
-        for key in ("tool_calls", "observations", "observation_is_error"):
-            value = step.get(key)
-            if value is not None and not isinstance(value, list):
-                return False
-        if not all(isinstance(tc, dict) for tc in step.get("tool_calls") or ()):
-            return False
-        usage = step.get("usage")
-        if usage is not None and not isinstance(usage, dict):
-            return False
-    return True
-
-
-def _usage(step: dict[str, Any]) -> Usage | None:
-    u = step.get("usage")
-    if not isinstance(u, dict):
-        return None
-    try:  # negative counts are recording errors: clamped, never subtracted from a total
-        return Usage(
-            prompt=max(0, int(u.get("prompt_tokens") or 0)),
-            completion=max(0, int(u.get("completion_tokens") or 0)),
-        )
-    except (TypeError, ValueError):
-        return None
-
-
-def _recorded_prompt(step: dict[str, Any]) -> int | None:
-    """The step's recorded ``usage.prompt_tokens``; None when absent or not a positive count."""
-    u = step.get("usage")
-    if not isinstance(u, dict):
-        return None
-    try:
-        n = int(u.get("prompt_tokens") or 0)
-    except (TypeError, ValueError):
-        return None
-    return n if n > 0 else None
-
-
-def _calls(step: dict[str, Any]) -> list[dict[str, Any]]:
-    tcs = step.get("tool_calls")
-    return [tc for tc in tcs if isinstance(tc, dict)] if isinstance(tcs, list) else []
-
-
-def _signature(tc: dict[str, Any]) -> str:
-    """A recorded call's name and canonical arguments (volatile keys left out)."""
-    args = tc.get("arguments")
-    if isinstance(args, str):
-        with contextlib.suppress(ValueError):
-            args = loads_arguments(args)  # depth-bounded: a hostile line cannot recurse
-    if depth_exceeds(args):
-        return f"{tc.get('name')}:<too deep>"
-    return f"{tc.get('name')}:{canonical_arguments(args)}"
-
-
-def repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
-    """The most times one call (tool name and canonical arguments) was made in a row in a
-    recording: consecutive tool calls, parallel ones included; text turns in between do not
-    break the streak (a conversation that repeats one lookup turn after turn), a different
-    call does."""
-    best = streak = 0
-    last: str | None = None
-    for step in steps:
-        for tc in _calls(step):
-            sig = _signature(tc)
-            streak = streak + 1 if sig == last else 1
-            last = sig
-            best = max(best, streak)
-    return best
-
-
 @dataclass(slots=True)
 class _Prompts:
     """Request sizing for one replayed trajectory (see :class:`ReplayEngine`)."""
@@ -390,28 +213,6 @@ class ReplayEngine(Engine):
             request.estimated_tokens = recorded
         else:
             request.estimated_tokens = max(0, request.estimated_tokens + p.offset)
-
-
-def _segments(steps: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any]], str | None]]:
-    """Split a conversation into runs: (index of first step, steps, user message)."""
-    out: list[tuple[int, list[dict[str, Any]], str | None]] = []
-    start, current, user = 0, [], None
-    for i, step in enumerate(steps):
-        current.append(step)
-        if not _calls(step):
-            out.append((start, current, user))
-            reply = step.get("user_reply")
-            user = reply if isinstance(reply, str) else None
-            start, current = i + 1, []
-    if current:
-        out.append((start, current, user))
-    return out
-
-
-def _model_name(traj: dict[str, Any]) -> str:
-    meta = traj.get("meta")
-    name = traj.get("model") or (meta.get("model") if isinstance(meta, dict) else None)
-    return str(name) if name else "replay"
 
 
 def replay_trajectory(
@@ -654,99 +455,3 @@ def replay_file(
             )
         )
     return results, bad
-
-
-def _pct(part: int, whole: int) -> float:
-    return round(100.0 * part / whole, 1) if whole else 0.0
-
-
-#: the recorded terminations (``meta.termination_reason``) that mean "hit a step or error cap"
-STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
-#: a recording that made one call this many times in a row (:func:`repeat_streak`) ran away
-RUNAWAY_REPEAT = 5
-
-
-def _count(items: Iterable[str]) -> dict[str, int]:
-    """Occurrences, most frequent first (ties by name)."""
-    d: dict[str, int] = {}
-    for x in items:
-        d[x] = d.get(x, 0) + 1
-    return dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
-    """The replay summary: false positives on successful runs, catches on runaway runs.
-
-    * a successful run *stopped with tool work left* is one whose stop cut recorded tool calls
-      of its own run (``stop_kind == "work_left"``); stops that only replaced the run's closing
-      text, and terminal hand-offs, are counted apart;
-    * a successful run is *warned* when any guard warned it (or skipped a call with a note);
-      ``successful_warned_by_plugin`` counts the runs each plugin warned;
-    * *runaway runs* ended at the source's step or error cap (:data:`STEP_CAP_TERMINATIONS`)
-      or made one call :data:`RUNAWAY_REPEAT` or more times in a row (:func:`repeat_streak`);
-      one is *stopped* when the guards ended it before its recorded end
-      (:attr:`ReplayResult.ended_early`); ``runaway_runs_missed`` names the others;
-    * steps and recorded tokens saved are counted on the runaway runs that were stopped.
-
-    The older figures follow: ``successful_stopped_early`` counts a stop that cut any recorded
-    tool call of the whole conversation; *runs without an answer* are counted apart.
-    """
-    rs = list(results)
-    successful = [r for r in rs if r.success is True]
-    capped = [r for r in rs if r.source_termination in STEP_CAP_TERMINATIONS]
-    repeated = [r for r in rs if r.repeat_streak >= RUNAWAY_REPEAT]
-    no_answer = [r for r in rs if r.final_answer_present is False]
-    runaway = {r.id: r for r in capped + repeated}
-    work_left = [r for r in successful if r.stop_kind == "work_left"]
-    closing = [r for r in successful if r.stop_kind == "closing_text"]
-    hand_off = [r for r in successful if r.stop_kind == "hand_off"]
-    fp = [r for r in successful if r.stop is not None and r.calls_cut > 0]
-    fp_detectors = [r for r in fp if r.stop is not None and r.stop["reason"] not in BUDGET_REASONS]
-    stopped_ok = [r for r in successful if r.stop is not None]
-    warned_ok = [r for r in successful if r.first_warning is not None]
-    caught = [r for r in runaway.values() if r.ended_early]
-    caught_capped = [r for r in capped if r.ended_early]
-    caught_repeated = [r for r in repeated if r.ended_early]
-    caught_no_answer = [r for r in no_answer if r.stop is not None]
-    saved_steps = sum(r.steps_after_stop for r in caught)
-    saved_tokens = sum(r.tokens_after_stop or 0 for r in caught)
-
-    def reasons(items: list[ReplayResult]) -> dict[str, int]:
-        return _count(r.stop["reason"] for r in items if r.stop is not None)
-
-    return {
-        "trajectories": len(rs),
-        "successful": len(successful),
-        "successful_stopped_with_work_left": len(work_left),
-        "successful_stopped_with_work_left_pct": _pct(len(work_left), len(successful)),
-        "successful_stopped_with_work_left_by_reason": reasons(work_left),
-        "successful_stopped_closing_text_only": len(closing),
-        "successful_stopped_at_hand_off": len(hand_off),
-        "successful_warned": len(warned_ok),
-        "successful_warned_pct": _pct(len(warned_ok), len(successful)),
-        "successful_warned_by_plugin": _count(p for r in warned_ok for p in r.warned_by),
-        "runaway_runs": len(runaway),
-        "runaway_runs_stopped": len(caught),
-        "runaway_runs_stopped_pct": _pct(len(caught), len(runaway)),
-        "runaway_runs_successful": sum(1 for r in runaway.values() if r.success is True),
-        "runaway_runs_missed": sorted(r.id for r in runaway.values() if not r.ended_early),
-        "step_cap_runs": len(capped),
-        "step_cap_runs_stopped": len(caught_capped),
-        "step_cap_runs_stopped_pct": _pct(len(caught_capped), len(capped)),
-        "repeat_runs": len(repeated),
-        "repeat_runs_stopped": len(caught_repeated),
-        "runaway_stops_by_reason": reasons(caught),
-        "steps_saved": saved_steps,
-        "recorded_tokens_saved": saved_tokens,
-        "stops_by_reason": reasons(rs),
-        # the earlier figures, kept for comparison
-        "successful_stopped_early": len(fp),
-        "successful_stopped_early_pct": _pct(len(fp), len(successful)),
-        "successful_stopped_early_by_detectors": len(fp_detectors),
-        "successful_stopped_early_by_detectors_pct": _pct(len(fp_detectors), len(successful)),
-        "successful_stopped_at_end": len(stopped_ok) - len(fp),
-        "early_stops_of_successful_by_reason": reasons(fp),
-        "runs_without_answer": len(no_answer),
-        "runs_without_answer_stopped": len(caught_no_answer),
-        "runs_without_answer_stopped_pct": _pct(len(caught_no_answer), len(no_answer)),
-    }

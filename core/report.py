@@ -17,19 +17,31 @@ because of its prompt or its tool descriptions?
 Repeated signatures are read generically from each record's ``evidence`` (any mapping with a
 ``fingerprint`` or ``signature``, its ``tool``/``name`` and ``count``), and from the
 ``trajectory`` when a record carries one.
+
+This module reads and analyses; how a record's fields are read lives in
+:mod:`loopwarden._report_fields` and the text report and plot in
+:mod:`loopwarden._report_render` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loopwarden._report_fields import QUANTILES as QUANTILES
+from loopwarden._report_fields import (
+    _evidence_signatures,
+    _evidence_tools,
+    _num,
+    _summary,
+    _tokens,
+    _trajectory_signatures,
+    percentile,
+)
+from loopwarden._report_render import format_text, plot
 from loopwarden.reasons import BUDGET_REASONS, ERROR_REASONS, LOOP_REASONS
 from loopwarden.sanitize import loads_strict
 
@@ -48,8 +60,6 @@ __all__ = [
 
 #: stop reasons that mean "no progress" (a subset of the loop guards' LOOP_REASONS)
 STALL_REASONS = ("no_progress", "stall")
-
-QUANTILES = (50, 90, 95, 99)
 
 
 @dataclass
@@ -94,50 +104,7 @@ def load_records(path: str | Path) -> Loaded:
 
 
 # ---------------------------------------------------------------------------------------------
-# Numbers
-# ---------------------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) by linear interpolation between closest ranks."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def _summary(values: Sequence[float]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {f"p{q}": percentile(values, q) for q in QUANTILES}
-    out["max"] = max(values) if values else None
-    out["mean"] = sum(values) / len(values) if values else None
-    return out
-
-
-def _num(value: Any) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _tokens(record: Mapping[str, Any]) -> float:
-    t = record.get("tokens")
-    if isinstance(t, Mapping):
-        if "total" in t:
-            return _num(t.get("total"))
-        return _num(t.get("prompt")) + _num(t.get("completion"))
-    return _num(t)
-
-
-# ---------------------------------------------------------------------------------------------
-# Repeated signatures
+# Analysis
 # ---------------------------------------------------------------------------------------------
 
 
@@ -148,99 +115,6 @@ class _Sig:
     count: int = 0
     runs: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-
-
-# The standard evidence keys (docs/contracts.md) are the only ones read: ``count`` (how many
-# times), ``fingerprint`` / ``signature`` / ``tool`` (the call involved) and ``signatures``
-# (several calls, e.g. an oscillation's cycle).
-
-Found = tuple[str, str, str | None, int]  # key, label, tool, count
-
-
-def _tool_of(signature: str) -> str | None:
-    for sep in (":", "("):
-        if sep in signature:
-            return signature.split(sep, 1)[0] or None
-    return None
-
-
-def _count_of(value: Mapping[str, Any]) -> int:
-    raw = value.get("count")
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 1:
-        return int(raw)
-    return 1
-
-
-def _evidence_signatures(value: Any, depth: int = 0) -> Iterator[Found]:
-    """(key, label, tool, count) for every call signature named in ``value``.
-
-    A mapping with ``fingerprint`` (the stable key) and/or ``signature`` (readable) names one
-    call; a ``signatures`` list names several.
-    """
-    if depth > 4:
-        return
-    if isinstance(value, Mapping):
-        fp, sg = value.get("fingerprint"), value.get("signature")
-        key = fp if isinstance(fp, str) and fp else sg if isinstance(sg, str) and sg else None
-        if key is not None:
-            label = sg if isinstance(sg, str) and sg else key
-            tool = value.get("tool")
-            yield key, label, tool if isinstance(tool, str) else _tool_of(key), _count_of(value)
-            return
-        items = value.get("signatures")
-        if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
-            count = _count_of(value)
-            for item in dict.fromkeys(items):
-                yield item, item, _tool_of(item), count
-            return
-        for v in value.values():
-            yield from _evidence_signatures(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _evidence_signatures(v, depth + 1)
-
-
-def _evidence_tools(value: Any, depth: int = 0) -> Iterator[str]:
-    """Every ``tool`` named anywhere in ``value`` (e.g. a failure streak's failures)."""
-    if depth > 4:
-        return
-    if isinstance(value, Mapping):
-        tool = value.get("tool")
-        if isinstance(tool, str) and tool:
-            yield tool
-        for v in value.values():
-            yield from _evidence_tools(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _evidence_tools(v, depth + 1)
-
-
-def _trajectory_signatures(trajectory: Any) -> Iterator[Found]:
-    """Calls repeated with the same arguments within one recorded trajectory."""
-    if not isinstance(trajectory, list):
-        return
-    seen: Counter[tuple[str, str]] = Counter()
-    for step in trajectory:
-        if not isinstance(step, Mapping):
-            continue
-        for call in step.get("tool_calls") or ():
-            if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
-                continue
-            args = call.get("arguments")
-            if isinstance(args, str):
-                with contextlib.suppress(ValueError):
-                    args = json.loads(args)
-            canon = json.dumps(args, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-            seen[(call["name"], canon)] += 1
-    for (name, canon), n in seen.items():
-        if n > 1:
-            sig = f"{name}({canon})"
-            yield sig, sig, name, n
-
-
-# ---------------------------------------------------------------------------------------------
-# Analysis
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -479,189 +353,3 @@ def advise(
                 }
             )
     return advice
-
-
-# ---------------------------------------------------------------------------------------------
-# Output
-# ---------------------------------------------------------------------------------------------
-
-
-def _fmt(x: float | None, digits: int = 0) -> str:
-    if x is None:
-        return "-"
-    if digits == 0:
-        return f"{x:,.0f}"
-    return f"{x:,.{digits}f}"
-
-
-def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
-    """The report for people: tables, rates, signatures and advice."""
-    lines: list[str] = []
-    head = f"{report['runs']} run{'s' if report['runs'] != 1 else ''}"
-    if source:
-        head = f"{source}: {head}"
-    if report.get("skipped_lines"):
-        head += f" (skipped {report['skipped_lines']} corrupt line"
-        head += "s)" if report["skipped_lines"] != 1 else ")"
-    lines.append(head)
-    lines.append("")
-    lines.append(f"{'termination':<20} {'runs':>6} {'share':>7}")
-    for row in report["termination"]:
-        lines.append(f"{row['termination']:<20} {row['runs']:>6} {100 * row['share']:>6.1f}%")
-    lines.append("")
-    cols = [f"p{q}" for q in QUANTILES] + ["max", "mean"]
-    lines.append(f"{'':<8}" + "".join(f"{c:>10}" for c in cols))
-    for key, digits in (("steps", 1), ("tokens", 0), ("cost", 4)):
-        stats = report[key]
-        lines.append(f"{key:<8}" + "".join(f"{_fmt(stats[c], digits):>10}" for c in cols))
-    lines.append("")
-    lines.append(
-        f"duplicate calls: {report['duplicate_calls']} of {report['tool_calls']} tool calls "
-        f"({100 * report['duplicate_call_rate']:.1f}%); runs with duplicates: "
-        f"{report['runs_with_duplicates']} ({100 * report['runs_with_duplicates_share']:.1f}%)"
-    )
-    lines.append(
-        f"stalled runs: {report['stall_runs']} ({100 * report['stall_rate']:.1f}%); "
-        f"stopped by a loop guard: {report['loop_stops']}"
-    )
-    if report["top_signatures"]:
-        lines.append("")
-        lines.append("top repeated signatures")
-        lines.append(f"  {'calls':>5} {'runs':>4}  {'tool':<18} signature")
-        for s in report["top_signatures"]:
-            lines.append(
-                f"  {s['count']:>5} {s['runs']:>4}  {s['tool'] or '-':<18} {s['signature']}"
-            )
-    shadow = report.get("shadow") or {}
-    if shadow.get("runs"):
-        lines.append("")
-        lines.append(
-            f"shadow mode: {shadow['runs']} run(s); guards would have stopped "
-            f"{shadow['would_stop']}"
-        )
-        for label, count in shadow["by"].items():
-            lines.append(f"  {count:>5}  {label}")
-        for stop in shadow["stops"]:
-            lines.append(
-                f"  run {str(stop['run_id'])[:12]}: step {stop['step']} "
-                f"{stop['plugin']} ({stop['reason']}{', soft' if stop['soft'] else ''}"
-                f"); it ended {stop['termination']}"
-            )
-    lines.append("")
-    lines.append("advice")
-    for a in report["advice"]:
-        lines.append(f"  - {a['message']}")
-    return "\n".join(lines)
-
-
-def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:
-    """Draw tokens per step across runs, guard firings marked; return a note on what was drawn.
-
-    Needs matplotlib (raises ImportError without it).  Records with ``steps_detail`` give one
-    line per run (tokens of each model call); without any, one point per run (steps, tokens).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
-    detailed = [r for r in records if isinstance(r.get("steps_detail"), list) and r["steps_detail"]]
-    try:
-        if detailed:
-            fig, (per_step, running) = plt.subplots(1, 2, figsize=(13, 5.5))
-            for r in detailed:
-                by_step = {
-                    int(_num(s.get("step"))): _num(s.get("total"))
-                    for s in r["steps_detail"]
-                    if isinstance(s, Mapping)
-                }
-                xs = sorted(by_step)
-                cumulative: dict[int, float] = {}
-                total = 0.0
-                for x in xs:
-                    total += by_step[x]
-                    cumulative[x] = total
-                for ax, ys in ((per_step, by_step), (running, cumulative)):
-                    ax.plot(xs, [ys[x] for x in xs], color="tab:blue", alpha=0.35, linewidth=1)
-                for v in r.get("verdicts") or ():
-                    if not isinstance(v, Mapping) or not xs:
-                        continue
-                    # A verdict at step s fired after s model calls: mark the call it followed
-                    # (or the first call, for a pre-flight verdict).
-                    x = max(int(_num(v.get("step"))), xs[0])
-                    if x not in by_step:
-                        continue
-                    stop = v.get("kind") == "stop"
-                    for ax, ys in ((per_step, by_step), (running, cumulative)):
-                        ax.plot(
-                            [x],
-                            [ys[x]],
-                            marker="X" if stop else "o",
-                            color="tab:red" if stop else "tab:orange",
-                            markersize=9 if stop else 5,
-                            linestyle="none",
-                        )
-            per_step.set_ylabel("tokens of the call (prompt + completion)")
-            per_step.set_title(f"Tokens per step across {len(detailed)} runs")
-            running.set_ylabel("tokens spent so far")
-            running.set_title("Cumulative tokens: each step re-sends the whole conversation")
-            for ax in (per_step, running):
-                ax.set_xlabel("step (model call)")
-                ax.set_ylim(bottom=0)
-                ax.grid(True, alpha=0.3)
-            per_step.legend(
-                handles=[
-                    Line2D([], [], color="tab:blue", alpha=0.6, label="one run"),
-                    Line2D(
-                        [],
-                        [],
-                        marker="o",
-                        color="tab:orange",
-                        linestyle="none",
-                        label="guard warning / skip",
-                    ),
-                    Line2D(
-                        [],
-                        [],
-                        marker="X",
-                        color="tab:red",
-                        linestyle="none",
-                        markersize=9,
-                        label="guard stop",
-                    ),
-                ],
-                loc="lower right",
-            )
-            note = f"plotted tokens per step of {len(detailed)} runs"
-        else:
-            fig, ax = plt.subplots(figsize=(10, 5.5))
-            for guarded in (False, True):
-                pts = [
-                    (_num(r.get("steps")), _tokens(r))
-                    for r in records
-                    if bool(r.get("stopped_by")) == guarded
-                ]
-                if pts:
-                    ax.scatter(
-                        [p[0] for p in pts],
-                        [p[1] for p in pts],
-                        marker="X" if guarded else "o",
-                        color="tab:red" if guarded else "tab:blue",
-                        label="stopped by a guard" if guarded else "finished",
-                    )
-            ax.set_xlabel("steps per run")
-            ax.set_ylabel("tokens per run")
-            ax.set_title(f"Tokens per run across {len(records)} runs")
-            ax.set_ylim(bottom=0)
-            ax.grid(True, alpha=0.3)
-            ax.legend(loc="upper left")
-            note = (
-                "the records carry no per-step tokens (enable [plugins.run_record] "
-                "steps_detail = true): plotted tokens per run instead"
-            )
-        fig.tight_layout()
-        fig.savefig(str(path), dpi=100)
-    finally:
-        plt.close("all")
-    return note

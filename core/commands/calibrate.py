@@ -63,7 +63,7 @@ def _replay_figures(
 ) -> list[str]:
     """What the calibrated config does to the file's trajectories: all of them with no
     profile, then each calibrated profile on its own domain's trajectories."""
-    from loopwarden.calibrate import _group
+    from loopwarden._calibrate_corpus import _group
     from loopwarden.deployment import Deployment
     from loopwarden.replay import iter_trajectories, replay_config, replay_trajectory, summarize
 

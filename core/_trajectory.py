@@ -1,0 +1,140 @@
+"""Reading recorded trajectories (DESIGN's JSONL format) for :mod:`loopwarden.replay` and
+:mod:`loopwarden.calibrate`.
+
+One line is one conversation; an unreadable line (not strict JSON, or not the trajectory
+shape) is reported as such and counted by the caller, never a crash that loses the file.  The
+helpers read one recorded step defensively (its tool calls, its usage) and split a
+conversation into its runs.  Kept apart from the replay engine so that the calibration reads
+recordings exactly as replay does without importing the step machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from loopwarden.events import Usage
+from loopwarden.fingerprint import canonical_arguments
+from loopwarden.sanitize import depth_exceeds, loads_arguments, loads_strict
+
+
+def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(line number, trajectory or None for an unreadable line) for each non-blank line.
+
+    Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
+    ``1e999``, huge integers, deep nesting, lone surrogates, undecodable bytes), or not the
+    trajectory shape."""
+    with Path(path).open(encoding="utf-8", errors="surrogateescape") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = loads_strict(line)
+            except ValueError:
+                yield lineno, None
+                continue
+            if not _well_formed(obj):
+                yield lineno, None
+                continue
+            yield lineno, obj
+
+
+def _well_formed(obj: Any) -> bool:
+    """The shape replay relies on: steps are objects whose lists are lists (a bad line is
+    counted as unreadable, never a crash that loses the whole file)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list):
+        return False
+    for step in obj["steps"]:
+        if not isinstance(step, dict):
+            return False
+        for key in ("tool_calls", "observations", "observation_is_error"):
+            value = step.get(key)
+            if value is not None and not isinstance(value, list):
+                return False
+        if not all(isinstance(tc, dict) for tc in step.get("tool_calls") or ()):
+            return False
+        usage = step.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            return False
+    return True
+
+
+def _usage(step: dict[str, Any]) -> Usage | None:
+    u = step.get("usage")
+    if not isinstance(u, dict):
+        return None
+    try:  # negative counts are recording errors: clamped, never subtracted from a total
+        return Usage(
+            prompt=max(0, int(u.get("prompt_tokens") or 0)),
+            completion=max(0, int(u.get("completion_tokens") or 0)),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _recorded_prompt(step: dict[str, Any]) -> int | None:
+    """The step's recorded ``usage.prompt_tokens``; None when absent or not a positive count."""
+    u = step.get("usage")
+    if not isinstance(u, dict):
+        return None
+    try:
+        n = int(u.get("prompt_tokens") or 0)
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
+def _calls(step: dict[str, Any]) -> list[dict[str, Any]]:
+    tcs = step.get("tool_calls")
+    return [tc for tc in tcs if isinstance(tc, dict)] if isinstance(tcs, list) else []
+
+
+def _signature(tc: dict[str, Any]) -> str:
+    """A recorded call's name and canonical arguments (volatile keys left out)."""
+    args = tc.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):
+            args = loads_arguments(args)  # depth-bounded: a hostile line cannot recurse
+    if depth_exceeds(args):
+        return f"{tc.get('name')}:<too deep>"
+    return f"{tc.get('name')}:{canonical_arguments(args)}"
+
+
+def repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
+    """The most times one call (tool name and canonical arguments) was made in a row in a
+    recording: consecutive tool calls, parallel ones included; text turns in between do not
+    break the streak (a conversation that repeats one lookup turn after turn), a different
+    call does."""
+    best = streak = 0
+    last: str | None = None
+    for step in steps:
+        for tc in _calls(step):
+            sig = _signature(tc)
+            streak = streak + 1 if sig == last else 1
+            last = sig
+            best = max(best, streak)
+    return best
+
+
+def _segments(steps: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any]], str | None]]:
+    """Split a conversation into runs: (index of first step, steps, user message)."""
+    out: list[tuple[int, list[dict[str, Any]], str | None]] = []
+    start, current, user = 0, [], None
+    for i, step in enumerate(steps):
+        current.append(step)
+        if not _calls(step):
+            out.append((start, current, user))
+            reply = step.get("user_reply")
+            user = reply if isinstance(reply, str) else None
+            start, current = i + 1, []
+    if current:
+        out.append((start, current, user))
+    return out
+
+
+def _model_name(traj: dict[str, Any]) -> str:
+    meta = traj.get("meta")
+    name = traj.get("model") or (meta.get("model") if isinstance(meta, dict) else None)
+    return str(name) if name else "replay"
