@@ -118,7 +118,9 @@ def make_run(
     ``tools`` defaults to none (build declarations with :func:`make_tool`).
     ``max_steps``/``max_tokens``/``max_seconds`` set the run's profile limits; ``step``,
     ``usage`` (prompt, completion), ``cost`` and ``tool_calls`` set its counters as if that
-    much had happened.  The conversation holds the user's message.
+    much had happened (``cost`` as ``cost_budget`` keeps it: read it back with
+    :func:`loopwarden.plugins.cost_budget.run_cost`).  The conversation holds the user's
+    message.
     """
     if limits is None and (max_steps, max_tokens, max_seconds) != (None, None, None):
         limits = Limits(
@@ -141,7 +143,9 @@ def make_run(
     if usage is not None:
         run.usage.add(usage if isinstance(usage, Usage) else Usage(*usage))
     if cost is not None:
-        run.cost = Decimal(str(cost))
+        from loopwarden.plugins.cost_budget import RUN_COST  # the cost is cost_budget's state
+
+        run.stash[RUN_COST] = Decimal(str(cost))
     return run
 
 

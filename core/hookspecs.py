@@ -135,8 +135,9 @@ def before_model(run: Run, request: ModelRequest) -> Verdict | None:
 def after_response(run: Run, response: ModelResponse) -> Verdict | None:
     """Called after every model response, before its tool calls run.
 
-    ``run.step`` and ``run.usage`` already include this response; ``run.cost`` does for
-    plugins placed after ``cost_budget`` (which prices it here).  Usage accounting,
+    ``run.step`` and ``run.usage`` already include this response; the run's cost
+    (:func:`loopwarden.plugins.cost_budget.run_cost`) does for plugins placed after
+    ``cost_budget`` (which prices it here).  Usage accounting,
     content-similarity and oscillation checks belong here.
 
     :param run: the run.
@@ -274,7 +275,8 @@ def record_fields(run: Run) -> dict[str, Any] | None:
 
     The detector counters of the record (``duplicate_calls``, ``oscillation_hits``,
     ``stall_rounds``) are filled in this way by their plugins, and are 0 when the plugin is
-    not enabled.  The record's own fields (``run_id``, ``termination``, ...) cannot be
+    not enabled; so are ``cost`` and ``cost_currency`` by ``cost_budget`` (0.0 and null
+    without it).  The record's own fields (``run_id``, ``termination``, ...) cannot be
     replaced; values must be JSON-serialisable (others are printed with ``str``).
 
     :param run: the run (finished, or still going for a live view).

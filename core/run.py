@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import CancelToken, Clock, SystemClock
@@ -31,9 +30,11 @@ __all__ = ["PLUGIN_FIELD_DEFAULTS", "Conversation", "Limits", "Run", "RunOutcome
 #: run-record fields that plugins fill in (``record_fields``), with their value when the
 #: plugin is not enabled -- the record always has them
 PLUGIN_FIELD_DEFAULTS: dict[str, Any] = {
+    "cost": 0.0,
     "duplicate_calls": 0,
     "oscillation_hits": 0,
     "stall_rounds": 0,
+    "cost_currency": None,
 }
 
 
@@ -146,8 +147,6 @@ class Run:
         self.tool_calls = 0
         self.tools_executed = 0
         self.usage = Usage()
-        self.cost = Decimal(0)
-        self.cost_currency: str | None = None
         self.warnings: list[dict[str, Any]] = []
         #: warnings not yet injected: the loop adds them to the next model request
         self.pending_notes: list[str] = []
@@ -200,8 +199,9 @@ class Run:
     def record(self) -> dict[str, Any]:
         """The run record (docs/contracts.md: one JSON object per run).
 
-        The plugins add their fields through the ``record_fields`` hook; the detector
-        counters are 0 when their plugin is not enabled.
+        The plugins add their fields through the ``record_fields`` hook; the fields in
+        :data:`PLUGIN_FIELD_DEFAULTS` (``cost``, ``cost_currency``, the detector counters) keep
+        their defaults when their plugin is not enabled.
         """
         o = self.outcome or RunOutcome(termination="running")
         record = {
@@ -212,7 +212,6 @@ class Run:
             "steps": self.step,
             "tool_calls": self.tool_calls,
             "tokens": self.usage.as_dict(),
-            "cost": float(self.cost),
             **PLUGIN_FIELD_DEFAULTS,
             "warnings": list(self.warnings),
             "stopped_by": o.stopped_by,
@@ -222,7 +221,6 @@ class Run:
             "elapsed_s": round(self.elapsed, 6),
             # extensions (compatible additions to the DESIGN contract)
             "tools_executed": self.tools_executed,
-            "cost_currency": self.cost_currency,
             "profile": self.limits.name,
             "model": self.model_name,
             "errors": list(self.errors),

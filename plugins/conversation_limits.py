@@ -29,7 +29,8 @@ message):
     estimated prompt plus reserved output; a soft stop when the next call would not fit).
     Stop reason ``max_tokens``.
 ``max_cost``
-    the runs' ``cost`` (kept by ``cost_budget``, which must be enabled and come earlier);
+    the runs' cost (kept by ``cost_budget``, read with
+    :func:`loopwarden.plugins.cost_budget.run_cost`; it must be enabled and come earlier);
     checked before each model call.  Stop reason ``max_cost``.
 
 Every stop carries ``scope = "conversation"``, ``window``, ``key`` (the conversation id),
@@ -56,6 +57,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent
+from loopwarden.plugins.cost_budget import run_cost
 from loopwarden.reasons import FAILURE_REASONS, LOOP_REASONS
 
 __all__ = ["ConversationLimits", "ConversationLimitsSettings"]
@@ -264,7 +266,7 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
             warning = warning or self._maybe_warn(run, "max_tokens", spent, limit)
         if s.max_cost is not None:
             limit_cost = s.max_cost
-            cost = totals.cost + run.cost
+            cost = totals.cost + run_cost(run)
             if cost >= limit_cost:
                 return self._stop(run, "max_cost", cost, limit_cost, soft=not final)
             warning = warning or self._maybe_warn(run, "max_cost", cost, limit_cost)
@@ -293,4 +295,4 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         totals.model_calls += run.step
         totals.tool_calls += st.tool_calls
         totals.tokens += run.usage.total
-        totals.cost += run.cost
+        totals.cost += run_cost(run)

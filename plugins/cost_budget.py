@@ -4,9 +4,15 @@ Prices are per million tokens -- ``input``, ``cached_input`` (default: ``input``
 ``output`` -- in ``currency``, keyed by model name (``[plugins.cost_budget.prices]``).  Every
 response is priced with the price of the run's model (``run.model_name``: the configured one),
 never by the name the server returns in ``response.model`` -- a server must not pick its own
-price, and that field may hold anything; the plugin keeps ``run.cost`` and
-``run.cost_currency`` (the run record prints them).  Arithmetic is Decimal throughout: no
-float rounding in money.
+price, and that field may hold anything.  Arithmetic is Decimal throughout: no float rounding
+in money.
+
+A run's spend is this plugin's per-run state, under the public stash key ``RUN_COST``; read
+it with ``run_cost(run)`` (both in ``loopwarden.plugins.cost_budget``; ``Decimal(0)`` when
+the plugin is not enabled or nothing was priced yet) -- plugins placed after ``cost_budget``
+see a response's price in their ``after_response``.  The plugin fills the run record's
+``cost`` (a float) and ``cost_currency`` through ``record_fields``; without it they are 0.0
+and null.
 
 Fails closed: a run whose model has no price is refused in ``on_start`` -- before any model
 call, so nothing is spent -- with a hard ``max_cost`` stop (evidence ``rule =
@@ -41,10 +47,21 @@ from loopwarden import (
 )
 from loopwarden.exceptions import ConfigError
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent
+from loopwarden.stash import StashKey
 
-__all__ = ["CostBudget", "CostBudgetSettings", "ModelPrice"]
+__all__ = ["RUN_COST", "CostBudget", "CostBudgetSettings", "ModelPrice", "run_cost"]
 
 MILLION = Decimal(1_000_000)
+_ZERO = Decimal(0)
+
+#: what a run has spent so far, in the budget's currency (``run.stash[RUN_COST]``): kept by
+#: ``cost_budget``; set it only to stage a run in tests (``make_run(cost=...)`` does)
+RUN_COST = StashKey[Decimal]()
+
+
+def run_cost(run: Run) -> Decimal:
+    """What ``run`` has spent so far as ``cost_budget`` priced it (0 without the plugin)."""
+    return run.stash.get(RUN_COST, _ZERO)
 
 
 class ModelPrice(BaseModel):
@@ -146,6 +163,7 @@ class _State:
     last_prompt: int | None = None
     in_flight: int = 0
     warned: bool = False
+    currency: str | None = None  # the record's cost_currency, once the run started
 
 
 def _money(value: Decimal) -> str:
@@ -203,7 +221,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
         st: _State = self.state(run)
         st.model = run.model_name
         st.price = self.price_of(run.model_name)
-        run.cost_currency = s.currency
+        st.currency = s.currency
         if st.price is None and s.unknown_model == "error":
             return self.stop(
                 "max_cost",
@@ -227,7 +245,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
         reserve = request.max_output_tokens or s.reserve_output_tokens
         this_call = st.price.cost(prompt, reserve)
         next_call = st.price.cost(prompt + max(growth, reserve), reserve)
-        spent = run.cost
+        spent = run_cost(run)
         now, after = spent + this_call, spent + this_call + next_call
         warn_level = (
             None if s.warn_at is None or st.warned else s.max_cost * Decimal(str(s.warn_at))
@@ -271,20 +289,26 @@ class CostBudget(Plugin[CostBudgetSettings]):
         st.in_flight = 0
         if price is None:
             return None
-        run.cost += price.cost(usage.prompt, usage.completion, usage.cached)
-        run.cost_currency = s.currency
-        if run.cost >= s.max_cost and response.tool_calls:
+        spent = run.stash[RUN_COST] = run_cost(run) + price.cost(
+            usage.prompt, usage.completion, usage.cached
+        )
+        if spent >= s.max_cost and response.tool_calls:
             # Real usage passed what was priced in: no further call can be paid for.
             return self.stop(
                 "max_cost",
-                message=self._text(s.stop_message, run.cost, st),
-                spent=run.cost,
+                message=self._text(s.stop_message, spent, st),
+                spent=spent,
                 limit=s.max_cost,
                 currency=s.currency,
                 model=st.model,
                 reconciled=True,
             )
         return None
+
+    @hookimpl
+    def record_fields(self, run: Run) -> dict[str, Any]:
+        st: _State = self.state(run)
+        return {"cost": float(run_cost(run)), "cost_currency": st.currency}
 
     def _text(self, template: str, spent: Decimal, st: _State) -> str:
         s = self.settings

@@ -1,4 +1,4 @@
-"""cost_budget: Decimal prices per model, run.cost, the ladder, and failing closed."""
+"""cost_budget: Decimal prices per model, run_cost(run), the ladder, and failing closed."""
 
 from __future__ import annotations
 
@@ -8,12 +8,18 @@ from typing import Any
 import pytest
 from budget_helpers import call, config, make_run, request, response, scenario, turn
 
-from loopwarden import ConfigError, Deployment, ModelResponse, Stop, Warn, signals
+from loopwarden import ConfigError, Conversation, Deployment, ModelResponse, Stop, Warn, signals
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import load_plugins
-from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, ModelPrice
+from loopwarden.plugins.cost_budget import (
+    RUN_COST,
+    CostBudget,
+    CostBudgetSettings,
+    ModelPrice,
+    run_cost,
+)
 
 # One currency unit per prompt token, nothing for output, nothing reserved: the ladder's
 # arithmetic in whole numbers.
@@ -101,7 +107,7 @@ def test_model_names_match_case_insensitively() -> None:
     assert p.price_of("gpt-4o") is None and p.price_of(None) is None
 
 
-# -- run.cost ----------------------------------------------------------------------------------
+# -- run_cost ----------------------------------------------------------------------------------
 
 
 def test_run_cost_is_the_exact_sum_of_every_response() -> None:
@@ -127,7 +133,7 @@ def test_run_cost_is_the_exact_sum_of_every_response() -> None:
         if r.usage is not None
     )
     assert len(seen) == 3
-    assert run.cost == expected and isinstance(run.cost, Decimal)
+    assert run_cost(run) == expected and isinstance(run_cost(run), Decimal)
     rec = run.record()
     assert rec["cost"] == float(expected) and rec["cost_currency"] == "USD"
 
@@ -140,10 +146,10 @@ def test_a_response_is_priced_by_the_configured_model_not_the_name_it_returns() 
     p.before_model(run, request(run, 10))
     run.step = 1
     p.after_response(run, response(prompt=10, model="free-model"))
-    assert run.cost == 10
+    assert run_cost(run) == 10
     for odd in (7, None, ["x"], "unpriced-snapshot"):
         p.after_response(run, response(prompt=10, model=odd))
-    assert run.cost == 50 and run.errors == []
+    assert run_cost(run) == 50 and run.errors == []
 
 
 def test_unreported_usage_is_priced_from_the_estimate() -> None:
@@ -151,7 +157,7 @@ def test_unreported_usage_is_priced_from_the_estimate() -> None:
     run = started(p)
     p.before_model(run, request(run, 123))
     p.after_response(run, response(usage=False))
-    assert run.cost == 123
+    assert run_cost(run) == 123
 
 
 # -- the ladder: boundaries N-1, N, N+1 --------------------------------------------------------
@@ -178,10 +184,10 @@ def test_before_model_boundaries(prompt: int, rung: str | None) -> None:
 def test_spent_money_counts() -> None:
     p = plugin(max_cost=10, warn_at=None)
     run = started(p)
-    run.cost = Decimal("8.5")
+    run.stash[RUN_COST] = Decimal("8.5")
     v = p.before_model(run, request(run, 1))  # 9.5 now, 10.5 with the next one
     assert isinstance(v, Stop) and v.soft
-    run.cost = Decimal("9.5")
+    run.stash[RUN_COST] = Decimal("9.5")
     v = p.before_model(run, request(run, 1))  # 10.5: does not fit
     assert isinstance(v, Stop) and not v.soft
 
@@ -218,7 +224,7 @@ def test_reconcile_stops_when_the_real_bill_passed_the_budget() -> None:
     assert p.after_response(run, response(prompt=9)) is None
     v = p.after_response(run, response(prompt=1))
     assert isinstance(v, Stop) and not v.soft and v.evidence["reconciled"] is True
-    assert run.cost == 10
+    assert run_cost(run) == 10
 
 
 def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
@@ -273,3 +279,27 @@ def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
             parse_config({"model": {"name": "mystery"}, "plugins": {"enabled": ["cost_budget"]}}),
             tools=shop_tools(),
         ).check_model("mystery")
+
+
+def test_conversation_limits_add_up_the_runs_cost_budget_spend() -> None:
+    # conversation_limits reads each run's spend through run_cost(): the second run of a
+    # conversation whose first run spent the conversation's max_cost stops before its
+    # first model call would add more.
+    sc = scenario([turn(call("query_order", order_id="88231"))], then="final")
+    first_cost = Deployment(config("cost_budget"), tools=shop_tools()).run(scenario=sc)
+    limit = run_cost(first_cost)
+    assert limit > 0
+    cfg = config(
+        "cost_budget",
+        "conversation_limits",
+        conversation_limits={"max_turns": None, "max_cost": str(limit), "warn_at": None},
+    )
+    dep = Deployment(cfg, tools=shop_tools())
+    conv = Conversation()
+    first = dep.run(scenario=sc, conversation=conv).record()
+    second = dep.run(scenario=sc, conversation=conv).record()
+    assert first["termination"] == "final_answer" and first["cost"] == float(limit)
+    assert second["termination"] == "max_cost"
+    assert second["stopped_by"] == "conversation_limits"
+    assert second["evidence"]["scope"] == "conversation"
+    assert second["evidence"]["spent"] == float(limit)

@@ -171,8 +171,8 @@ def test_hook_record_fields_adds_fields_and_keeps_the_counters(
     rec = dep.run(scenario="refund").record()
     assert rec["tagger_calls"] == rec["tool_calls"] > 0
     assert rec["tags"] == ["a", "b"]  # made JSON-serialisable
-    # the detector counters are there, 0, with their plugins not enabled
-    assert {k: rec[k] for k in PLUGIN_FIELD_DEFAULTS} == dict.fromkeys(PLUGIN_FIELD_DEFAULTS, 0)
+    # the plugins' fields are there, at their defaults, with their plugins not enabled
+    assert {k: rec[k] for k in PLUGIN_FIELD_DEFAULTS} == PLUGIN_FIELD_DEFAULTS
     assert rec["errors"] == []
 
 

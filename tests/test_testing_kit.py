@@ -18,6 +18,7 @@ from loopwarden.config import load_config
 from loopwarden.demo import Shop, shop_tools
 from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import Fingerprinter
+from loopwarden.plugins.cost_budget import run_cost
 from loopwarden.testing import (
     FakeClock,
     HookRecorder,
@@ -310,7 +311,7 @@ def test_make_run_sets_limits_and_counters() -> None:
         tools=[make_tool("ping", read_only=True)],
     )
     assert run.limits.max_steps == 4 and run.step == 2
-    assert (run.usage.total, float(run.cost)) == (120, 0.5)
+    assert (run.usage.total, float(run_cost(run))) == (120, 0.5)
     assert run.tools is not None and run.tools.names == ["ping"]
     clock.advance(7)
     assert run.elapsed == 7
