@@ -34,6 +34,9 @@ Ending = Literal["ok", "timeout", "cancelled"]
 #: seconds a cancelled task gets to wind down (close its sockets) before it is abandoned
 CANCEL_GRACE_S = 0.5
 
+#: a model call that ended this close to its deadline overran it
+DEADLINE_SLACK_S = 0.05
+
 
 def call_within(
     fn: Callable[..., Any],

@@ -1,5 +1,5 @@
-"""Tool execution: how the loop runs one tool call under its deadline, and the worker threads
-that run blocking tools.
+"""Tool execution: how the loop runs one tool call under its deadline, the result each way
+it can end, and the worker threads that run blocking tools.
 
 The step machine (:mod:`loopwarden.loop`) never calls a tool itself: it yields a ``RunTool``
 effect, and the driver executes it here -- inline, on an event loop of its own, or in a reused
@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from loopwarden._deadline import CANCEL_GRACE_S, Ending, await_within, call_within
-from loopwarden.events import ToolResult
+from loopwarden.events import ToolCall, ToolResult
+from loopwarden.exceptions import ToolError
 
 if TYPE_CHECKING:
+    from loopwarden._effects import RunTool
     from loopwarden.clock import CancelToken
-    from loopwarden.loop import Engine, RunTool
+    from loopwarden.config import Texts
     from loopwarden.run import Run
 
 __all__ = ["daemon_thread", "run_tool_async", "run_tool_sync"]
@@ -29,14 +32,14 @@ __all__ = ["daemon_thread", "run_tool_async", "run_tool_sync"]
 log = logging.getLogger("loopwarden.loop")
 
 
-def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
+def run_tool_sync(t: Texts, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for a synchronous run: inline, on an event loop of its own (an async
     tool), or in a worker thread under its deadline (a blocking tool)."""
     tool, ctx = eff.tool, eff.ctx
     if eff.call.delay_s > 0:
         run.clock.sleep(eff.call.delay_s, run.cancel)
         if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
-            return engine._cancelled_before(eff)
+            return cancelled_result(t, eff)
     started = run.clock.now()
     if ctx.deadline is not None and eff.call.timeout is not None:
         ctx.deadline = started + eff.call.timeout
@@ -53,19 +56,19 @@ def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
                 name="tool-" + tool.name,
             )
         except Exception as exc:
-            return engine.error_result(eff, exc, run.clock.now() - started)
+            return error_result(t, eff, exc, run.clock.now() - started)
         if ending == "cancelled" or (ending == "ok" and value[0] == "cancelled"):
-            return engine._cancelled_before(eff)
+            return cancelled_result(t, eff)
         if ending == "timeout" or value[0] == "timeout":
-            return engine.timeout_result(eff.call, run.clock.now() - started)
-        return engine.tool_result(eff, value[1], started, run)
+            return timeout_result(t, eff.call, run.clock.now() - started)
+        return tool_result(t, eff, value[1], started, run)
     if timeout is None or tool.context_param is not None:
         # No deadline, or a cooperative tool that honours ctx.deadline: run inline.
         try:
             value = tool.invoke(eff.arguments, ctx)
         except Exception as exc:
-            return engine.error_result(eff, exc, run.clock.now() - started)
-        return engine.tool_result(eff, value, started, run)
+            return error_result(t, eff, exc, run.clock.now() - started)
+        return tool_result(t, eff, value, started, run)
     # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
     # deadline, or when the run is cancelled.  Python cannot kill the thread; its late
     # result is discarded.
@@ -93,22 +96,22 @@ def run_tool_sync(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
     if not box or box[0] is None:
         box.append(None)  # abandoned (if the result came just now, it is discarded)
         if run.cancel.is_set():
-            return engine._cancelled_before(eff)
-        return engine.timeout_result(eff.call, run.clock.now() - started)
+            return cancelled_result(t, eff)
+        return timeout_result(t, eff.call, run.clock.now() - started)
     ok, payload = box[0]
     if not ok:
-        return engine.error_result(eff, payload, run.clock.now() - started)
-    return engine.tool_result(eff, payload, started, run)
+        return error_result(t, eff, payload, run.clock.now() - started)
+    return tool_result(t, eff, payload, started, run)
 
 
-async def run_tool_async(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
+async def run_tool_async(t: Texts, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
     thread (a blocking tool), under its deadline."""
     tool, ctx = eff.tool, eff.ctx
     if eff.call.delay_s > 0:
         await run.clock.asleep(eff.call.delay_s, run.cancel)
         if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
-            return engine._cancelled_before(eff)
+            return cancelled_result(t, eff)
     started = run.clock.now()
     if ctx.deadline is not None and eff.call.timeout is not None:
         ctx.deadline = started + eff.call.timeout
@@ -120,12 +123,95 @@ async def run_tool_async(engine: Engine, eff: RunTool, run: Run) -> ToolResult:
             aw = daemon_thread(tool.invoke, eff.arguments, ctx, name=tool.name)
         ending, value = await _bounded(aw, timeout, run.cancel)
     except Exception as exc:
-        return engine.error_result(eff, exc, run.clock.now() - started)
+        return error_result(t, eff, exc, run.clock.now() - started)
     if ending == "cancelled":
-        return engine._cancelled_before(eff)
+        return cancelled_result(t, eff)
     if ending == "timeout":
-        return engine.timeout_result(eff.call, run.clock.now() - started)
-    return engine.tool_result(eff, value, started, run)
+        return timeout_result(t, eff.call, run.clock.now() - started)
+    return tool_result(t, eff, value, started, run)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def tool_result(t: Texts, eff: RunTool, value: Any, started: float, run: Run) -> ToolResult:
+    """Turn a tool's return value into a result (late results become timeouts)."""
+    call, ctx = eff.call, eff.ctx
+    now = run.clock.now()
+    if ctx.deadline is not None and now >= ctx.deadline:
+        return timeout_result(t, call, now - started)
+    return ToolResult(content=to_text(value), duration_s=now - started, value=value)
+
+
+def timeout_result(t: Texts, call: ToolCall, elapsed: float) -> ToolResult:
+    # An abandoned side effect may still complete: its outcome is unknown, so it is never
+    # retried automatically.
+    return ToolResult(
+        content=t.tool_timeout.format(name=call.name, seconds=call.timeout or elapsed),
+        ok=False,
+        error="timeout",
+        retryable=not call.side_effect,
+        duration_s=elapsed,
+    )
+
+
+def error_result(t: Texts, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
+    """The result of a tool that raised: its ``ToolError``, a cancellation, or an exception."""
+    if isinstance(exc, ToolError):
+        return ToolResult(
+            content=to_text(exc.message),
+            ok=False,
+            error="tool_error",
+            retryable=exc.retryable,
+            duration_s=elapsed,
+        )
+    if eff.ctx.cancel.cancelled:
+        return ToolResult(
+            content=t.tool_cancelled.format(name=eff.call.name),
+            ok=False,
+            error="cancelled",
+            duration_s=elapsed,
+        )
+    return ToolResult(
+        content=f"ERROR: {type(exc).__name__}: {safe_str(exc)}",
+        ok=False,
+        error="exception",
+        retryable=eff.tool.is_retryable(exc),
+        duration_s=elapsed,
+    )
+
+
+def cancelled_result(t: Texts, eff: RunTool) -> ToolResult:
+    return ToolResult(
+        content=t.tool_cancelled.format(name=eff.call.name), ok=False, error="cancelled"
+    )
+
+
+def to_text(value: Any) -> str:
+    """A tool's return value as the observation text -- whatever the value: one whose
+    ``__str__`` raises, or an int too long to print (``10**5000``), gives a placeholder."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "(no output)"
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except Exception:  # not JSON, or its __str__ / __repr__ raise: third-party objects
+        return safe_str(value)
+
+
+def safe_str(value: object) -> str:
+    """``str(value)``, or a placeholder when that raises (third-party objects; an int longer
+    than Python prints)."""
+    try:
+        return str(value)
+    except Exception as exc:
+        if isinstance(value, int):
+            return f"<an integer of {value.bit_length()} bits, too long to print>"
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+# -- worker threads ----------------------------------------------------------------------------
 
 
 Finished = Callable[[bool, Any], None]

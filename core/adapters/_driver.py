@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from loopwarden._drivers import internal_error as _internal_error
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
-from loopwarden.loop import CallModel, Failed, RunTool, _internal_error
+from loopwarden.loop import CallModel, Failed, RunTool
 from loopwarden.replay import recorded_tool
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.tokens import estimate_message
