@@ -90,9 +90,8 @@ def test_patterns_are_configurable() -> None:
     assert results(f, "no_results: nothing") == ["stop:failure_streak"]
     f2 = feed(stop_after=1, warn_after=None, patterns=[])
     assert results(f2, "ERROR: x") == [None]
-    assert results(f2, make_tool_result("x", error="tool_error")) == [
-        "stop:failure_streak"
-    ]  # the flag always counts
+    # the flag always counts
+    assert results(f2, make_tool_result("x", error="tool_error")) == ["stop:failure_streak"]
 
 
 def test_patterns_look_only_at_the_beginning() -> None:

@@ -131,7 +131,6 @@ def test_an_unclosed_deployment_is_collected_and_its_receivers_go_with_it() -> N
     gc.collect()
     assert ref() is None
     other = Deployment(parse_config({}), tools=shop_tools())
-    other.run(
-        "q", model=ScriptedModel(script([{"content": "x"}]))
-    )  # the orphaned receiver removes itself
+    # the orphaned receiver removes itself
+    other.run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert len(signals.run_stopped.receivers) == before

@@ -69,9 +69,8 @@ def test_only_calls_that_ran_count() -> None:
     run = make_run()
     c = make_tool_call("query_order")
     assert p.before_tool(run, c) is None
-    p.after_tool(
-        run, c, make_tool_result("skipped", skipped=True, skipped_by="other")
-    )  # a later plugin skipped it: nothing ran
+    # a later plugin skipped it: nothing ran
+    p.after_tool(run, c, make_tool_result("skipped", skipped=True, skipped_by="other"))
     assert p.before_tool(run, make_tool_call("query_order")) is None
 
 
