@@ -5,13 +5,13 @@ Usage::
     python bench/quality.py [--config FILE] [--json]
                             [--trajectories real-trajectories.jsonl [--profile NAME]]
 
-**The corpus** (``bench/scenarios/*.toml``, DESIGN's scenario format) holds the five runaway
-forms -- identical repeats, oscillation, retry storms, divergent exploration with empty
-results, context degradation -- in several variants each (interleaved with no-op calls, spread
-over parallel calls, Chinese and English), and healthy tasks that look suspicious but are not
-loops (polling a changing status, paging, one retry after a 429, several orders one by one).
-Each carries ``[expect] healthy`` and ``kind``; each runaway its ``onset``: the model turn
-that holds the first call a well-behaved agent would not have made:
+**The corpus** (``bench/scenarios/*.toml``, the scenario format of docs/contracts.md) holds the
+five runaway forms -- identical repeats, oscillation, retry storms, divergent exploration with
+empty results, context degradation -- in several variants each (interleaved with no-op calls,
+spread over parallel calls, Chinese and English), and healthy tasks that look suspicious but are
+not loops (polling a changing status, paging, one retry after a 429, several orders one by one).
+Each carries ``[expect] healthy`` and ``kind``; each runaway its ``onset``: the model turn that
+holds the first call a well-behaved agent would not have made:
 
 * identical repeats -- the first identical repeat (a call duplicating another call of the same
   turn is wasted on its face);
@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         nargs="?",
         default=None,
-        help="also replay these recorded runs (DESIGN's trajectory JSONL); "
+        help="also replay these recorded runs (trajectory JSONL, docs/contracts.md); "
         "the same as --trajectories",
     )
     parser.add_argument(
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="FILE",
         type=Path,
         default=None,
-        help="also replay these recorded runs (DESIGN's trajectory JSONL)",
+        help="also replay these recorded runs (trajectory JSONL, docs/contracts.md)",
     )
     parser.add_argument(
         "--profile", default=None, help="the profile for the replayed trajectories (e.g. complex)"

@@ -237,6 +237,6 @@ def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
         raise ConfigError(
             "no readable trajectory or run record",
             path=p,
-            expected="JSONL: DESIGN's trajectories or run records",
+            expected="JSONL: trajectories or run records (docs/contracts.md)",
         )
     return stats

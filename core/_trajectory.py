@@ -1,5 +1,5 @@
-"""Reading recorded trajectories (DESIGN's JSONL format) for :mod:`loopwarden.replay` and
-:mod:`loopwarden.calibrate`.
+"""Reading recorded trajectories (the JSONL format of docs/contracts.md) for
+:mod:`loopwarden.replay` and :mod:`loopwarden.calibrate`.
 
 One line is one conversation; an unreadable line (not strict JSON, or not the trajectory
 shape) is reported as such and counted by the caller, never a crash that loses the file.  The

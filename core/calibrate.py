@@ -1,9 +1,9 @@
 """Limits from real traffic: the distributions of healthy runs, and a config calibrated on them.
 
-Input is a JSONL file of recorded trajectories (DESIGN's trajectory format: one conversation
-per line) or of run records (``--json`` / the ``run_record`` plugin: one run per line).  Only
-*successful* runs count as healthy: a trajectory with ``success = true``; a run record that
-ended with ``final_answer`` or ``terminal_tool`` and gave an answer.
+Input is a JSONL file of recorded trajectories (the format of docs/contracts.md: one
+conversation per line) or of run records (``--json`` / the ``run_record`` plugin: one run per
+line).  Only *successful* runs count as healthy: a trajectory with ``success = true``; a run
+record that ended with ``final_answer`` or ``terminal_tool`` and gave an answer.
 
 A *turn* is one run: the model calls that serve one user message (a trajectory step without
 tool calls ends it).  Measured per turn: model calls, tool calls, the largest parallel batch,

@@ -28,6 +28,7 @@ from loopwarden.verdicts import (
 )
 
 if TYPE_CHECKING:
+    from loopwarden.config import Config
     from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
@@ -373,6 +374,11 @@ class Hooks:
     def validate_model(self, model: str, path: str | None) -> None:
         """``validate_model``: a plugin refuses ``model`` by raising ConfigError."""
         self._pm.hook.validate_model(model=model, path=path)
+
+    def validate_config(self, config: Config) -> None:
+        """``validate_config``: a plugin refuses what it finds about its surroundings by
+        raising ConfigError (``loopwarden config check``)."""
+        self._pm.hook.validate_config(config=config)
 
     def budget_limits(self, run: Run) -> dict[str, float]:
         """``budget_limits``: the limits the plugins enforce for ``run``, by budget (the

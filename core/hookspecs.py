@@ -15,6 +15,7 @@ Around the runs, the lifecycle hooks (in the manner of pytest's ``pytest_configu
 
     on_configure(deployment)              once, when a deployment is built
     validate_model(model, path)           before a model is used (refuse it: raise ConfigError)
+    validate_config(config)               on ``loopwarden config check`` (refuse: ConfigError)
     budget_limits(run)                    when an observer asks which limits a run had
     record_fields(run)                    whenever the run record is built
     on_unconfigure(deployment)            once, when the deployment closes
@@ -52,6 +53,7 @@ import pluggy
 if TYPE_CHECKING:
     from typing import Any
 
+    from loopwarden.config import Config
     from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
@@ -76,6 +78,7 @@ RUN_HOOK_NAMES = (
 LIFECYCLE_HOOK_NAMES = (
     "on_configure",
     "validate_model",
+    "validate_config",
     "budget_limits",
     "record_fields",
     "on_unconfigure",
@@ -247,6 +250,23 @@ def validate_model(model: str, path: str | None) -> None:
 
     :param model: the model's name.
     :param path: the config file the name came from (for the error message), or None.
+    :return: nothing; raise :class:`~loopwarden.ConfigError` to refuse.
+    :may stop the run: no (no run exists yet).
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def validate_config(config: Config) -> None:
+    """Called by ``loopwarden config check`` once the deployment is built: refuse what only
+    the plugin can find out about its surroundings -- a records file that cannot be written,
+    say -- by raising :class:`~loopwarden.ConfigError` naming the key.  Create nothing.
+
+    :class:`~loopwarden.Plugin` implements it by calling the plugin's
+    ``check_config(path=config.path)`` when it has one.
+
+    :param config: the deployment's configuration (``config.path`` is its file, or None).
     :return: nothing; raise :class:`~loopwarden.ConfigError` to refuse.
     :may stop the run: no (no run exists yet).
 

@@ -8,8 +8,9 @@ A plugin is any object with ``@hookimpl`` methods.  Subclassing :class:`Plugin` 
 * :meth:`warn`, :meth:`skip`, :meth:`stop` -- verdicts that carry the plugin's name;
 * :meth:`connect` / :meth:`close` -- the lifecycle hooks ``on_configure`` /
   ``on_unconfigure`` call them (subscribe to signals, flush files); a plugin may implement
-  those hooks directly instead, and ``check_model(model, path=...)`` is called for the hook
-  ``validate_model`` (the 0.1 spelling of these methods keeps working).
+  those hooks directly instead; ``check_model(model, path=...)`` is called for the hook
+  ``validate_model`` and ``check_config(path=...)`` for ``validate_config`` (the 0.1 spelling
+  of these methods keeps working).
 
 Example::
 
@@ -36,6 +37,7 @@ from loopwarden.hookspecs import hookimpl
 from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
 
 if TYPE_CHECKING:
+    from loopwarden.config import Config
     from loopwarden.deployment import Deployment
     from loopwarden.run import Run
 
@@ -174,6 +176,12 @@ class Plugin(Generic[S]):
         if callable(check):
             check(model, path=path)
 
+    @hookimpl
+    def validate_config(self, config: Config) -> None:
+        check = getattr(self, "check_config", None)  # the 0.1 spelling of this hook
+        if callable(check):
+            check(path=config.path)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -183,6 +191,7 @@ _SHIMS: dict[str, str] = {
     "on_configure": "connect",
     "on_unconfigure": "close",
     "validate_model": "check_model",
+    "validate_config": "check_config",
 }
 
 

@@ -16,7 +16,7 @@ __all__ = [
     "STOP_REASONS",
 ]
 
-#: every stop reason the project itself uses (DESIGN's contract)
+#: every stop reason the project itself uses (the contract in docs/contracts.md)
 STOP_REASONS: tuple[str, ...] = (
     "final_answer",
     "max_steps",

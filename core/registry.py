@@ -133,6 +133,7 @@ _LEGACY_METHODS = {
     "connect": "on_configure",
     "close": "on_unconfigure",
     "check_model": "validate_model",
+    "check_config": "validate_config",
 }
 
 

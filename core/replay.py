@@ -1,16 +1,16 @@
 """Replay recorded real runs through the configured guards, without calling any model or tool.
 
-A trajectory (DESIGN's JSONL format) is a conversation: a step without tool calls ends the
-current run, and a ``user_reply`` after it starts the next run of the same conversation --
-per-run limits start afresh, while the conversation's messages carry on (so context size
-grows as it did).  Each recorded step is fed through the very same step machine that serves
-live runs (:meth:`loopwarden.loop.Engine.machine`): the "model" answers with the recorded
-turn and the "tools" with the recorded observations.  The replay of a trajectory ends at its
-first stop that cut recorded work: what the agent did afterwards would not have happened.  A
-stop that only replaced a run's closing text still gave the user an answer, so the
-conversation goes on with the user's next message (``closing_stops`` counts those) -- unless
-the stop was of the conversation as a whole (``max_turns``, or ``scope = "conversation"``
-in its evidence).
+A trajectory (the JSONL format of docs/contracts.md) is a conversation: a step without tool
+calls ends the current run, and a ``user_reply`` after it starts the next run of the same
+conversation -- per-run limits start afresh, while the conversation's messages carry on (so
+context size grows as it did).  Each recorded step is fed through the very same step machine
+that serves live runs (:meth:`loopwarden.loop.Engine.machine`): the "model" answers with the
+recorded turn and the "tools" with the recorded observations.  The replay of a trajectory ends
+at its first stop that cut recorded work: what the agent did afterwards would not have happened.
+A stop that only replaced a run's closing text still gave the user an answer, so the
+conversation goes on with the user's next message (``closing_stops`` counts those) -- unless the
+stop was of the conversation as a whole (``max_turns``, or ``scope = "conversation"`` in its
+evidence).
 
 For each trajectory the replay reports (steps numbered from 1, as in the file) the first
 warning, the stop (step, reason, plugin) -- or None when the guards let it run to its end --

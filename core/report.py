@@ -1,9 +1,9 @@
 """Analysis of run-record files: what happened, and whether to raise a budget or fix the agent.
 
 A guard that stops a run hides the real problem unless someone reads the records.  This module
-reads a run-record JSONL file (what the ``run_record`` plugin writes, DESIGN's record fields)
-and answers the field's question: do the tasks need a bigger budget, or is the agent looping
-because of its prompt or its tool descriptions?
+reads a run-record JSONL file (what the ``run_record`` plugin writes; its fields are in
+docs/contracts.md) and answers the field's question: do the tasks need a bigger budget, or is
+the agent looping because of its prompt or its tool descriptions?
 
 * :func:`read_records` / :func:`load_records` -- parse lines; a corrupt or truncated line is
   skipped and counted, never fatal;

@@ -1,4 +1,4 @@
-"""Scenario files: what the scripted model plays (TOML, see DESIGN).
+"""Scenario files: what the scripted model plays (TOML, see docs/contracts.md).
 
 ::
 

@@ -1,4 +1,4 @@
-"""run_record: append every run's record (DESIGN's fields) to a JSONL file.
+"""run_record: append every run's record (the fields of docs/contracts.md) to a JSONL file.
 
 One JSON object per line, appended when the run stops.  Appends are whole lines: each record
 is encoded first (as strict UTF-8 JSON, see :func:`encode_line`) and written with one
@@ -12,7 +12,7 @@ descriptors left, a path that is a directory, a FIFO or a device) is reported th
 log line, the ``record-failed`` signal (``metrics`` counts it as
 ``record_write_failures_total``) and an entry in the run's ``errors``.
 
-Optional additions (DESIGN's fields are never changed, only added to):
+Optional additions (the contract's fields are never changed, only added to):
 
 ``trajectory = true``     the run as trajectory steps (``trajectory``: content, tool calls,
                           observations), in the trajectory-file format

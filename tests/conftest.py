@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai_stub import Stub, serve
+from support.openai_stub import Stub, serve
 
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
 from loopwarden.demo import shop_tools
 
 # the shared-store fixtures: store_url (SQLite and Redis), redis_server
-pytest_plugins = ["store_support"]
+pytest_plugins = ["support.stores"]
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +70,6 @@ def deployment_factory() -> Iterator[Callable[..., Deployment]]:
 
 @pytest.fixture
 def stub() -> Iterator[tuple[Stub, str]]:
-    """A local OpenAI-compatible server: ``(stub, base_url)`` (see tests/openai_stub.py)."""
+    """A local OpenAI-compatible server: ``(stub, base_url)`` (see tests/support/openai_stub.py)."""
     with serve() as served:
         yield served

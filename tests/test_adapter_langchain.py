@@ -1,7 +1,7 @@
 """LangChain v1 ``create_agent`` guarded by ``LoopwardenMiddleware``, offline.
 
 The model is LangChain's own ``GenericFakeChatModel`` (given ``bind_tools``, which it lacks),
-playing :class:`adapter_support.Script`; the tools are real LangChain tools.
+playing :class:`support.adapters.Script`; the tools are real LangChain tools.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
@@ -24,6 +23,7 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
+from support.adapters import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 
 from loopwarden.adapters.langchain import LoopwardenMiddleware
 

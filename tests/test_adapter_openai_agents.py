@@ -2,7 +2,7 @@
 
 The model is the SDK's own ``agents.testing.ScriptedModel`` whose steps respond from the
 recorded call (``ModelCall.tools`` says whether tools are offered), playing
-:class:`adapter_support.Script`; the tools are real SDK function tools.
+:class:`support.adapters.Script`; the tools are real SDK function tools.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_support import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 from agents import Agent, RunConfig, function_tool
 from agents.items import ItemHelpers, ToolCallOutputItem
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.usage import Usage
+from support.adapters import SCENARIOS, Effects, Outcome, Script, deployment, only_record
 
 from loopwarden.adapters.openai_agents import LoopwardenRunner
 

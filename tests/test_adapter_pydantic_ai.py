@@ -1,6 +1,6 @@
 """pydantic-ai agents guarded by the ``Loopwarden`` capability, offline.
 
-The model is pydantic-ai's own ``FunctionModel`` playing :class:`adapter_support.Script`
+The model is pydantic-ai's own ``FunctionModel`` playing :class:`support.adapters.Script`
 (``AgentInfo.function_tools`` says whether tools are offered); the tools are real
 pydantic-ai tools.
 """
@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_support import (
+from pydantic_ai import Agent
+from pydantic_ai import messages as pm
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
+from support.adapters import (
     REFUND_A as REFUND,
 )
-from adapter_support import (
+from support.adapters import (
     SCENARIOS,
     Effects,
     Outcome,
@@ -25,10 +29,6 @@ from adapter_support import (
     only_record,
     records,
 )
-from pydantic_ai import Agent
-from pydantic_ai import messages as pm
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.usage import RequestUsage
 
 from loopwarden.adapters.pydantic_ai import Loopwarden
 

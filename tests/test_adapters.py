@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from adapter_support import deployment
+from support.adapters import deployment
 
 from loopwarden.adapters._driver import Answer, Execute, GuardedRun
 from loopwarden.config import parse_config

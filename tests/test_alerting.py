@@ -6,9 +6,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import observability_support as support
 import pytest
-from observability_support import (
+from support import observability
+from support.observability import (
     ALWAYS_NOT_FOUND,
     comparable,
     refused_url,
@@ -69,12 +69,12 @@ def _finish(plugin: Alerting, run: Run, termination: str) -> None:
 
 @pytest.fixture
 def collected() -> Iterator[list[dict[str, Any]]]:
-    support.COLLECTED.clear()
-    support.GATE.clear()
-    support.STARTED.clear()
-    yield support.COLLECTED
-    support.GATE.set()
-    support.COLLECTED.clear()
+    observability.COLLECTED.clear()
+    observability.GATE.clear()
+    observability.STARTED.clear()
+    yield observability.COLLECTED
+    observability.GATE.set()
+    observability.COLLECTED.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_stderr_sink(capsys: pytest.CaptureFixture[str]) -> None:
 def test_callable_sink_by_module_attr(collected: list[dict[str, Any]]) -> None:
     plugin = _alerting(
         sinks=[
-            {"type": "callable", "target": "observability_support:collect", "min_severity": "warn"}
+            {"type": "callable", "target": "support.observability:collect", "min_severity": "warn"}
         ]
     )
     run = Run("u", clock=FakeClock(), run_id="r-call")
@@ -278,7 +278,7 @@ def test_callable_sink_by_module_attr(collected: list[dict[str, Any]]) -> None:
 def test_a_failing_callable_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     plugin = _alerting(
         sinks=[
-            {"type": "callable", "target": "observability_support:explode", "min_severity": "warn"}
+            {"type": "callable", "target": "support.observability:explode", "min_severity": "warn"}
         ],
         dedup_window_s=0,
     )
@@ -301,7 +301,7 @@ def test_a_full_queue_drops_and_says_so_once(
         sinks=[
             {
                 "type": "callable",
-                "target": "observability_support:blocked",
+                "target": "support.observability:blocked",
                 "min_severity": "warn",
                 "queue_size": 1,
             }
@@ -312,11 +312,12 @@ def test_a_full_queue_drops_and_says_so_once(
     run = Run("u", clock=FakeClock(), run_id="r")
     with caplog.at_level(logging.WARNING, logger="loopwarden.plugins.alerting"):
         _fire(plugin, run, stop("r", plugin="p0"))
-        assert support.STARTED.wait(10)  # the worker holds the first alert: the queue is empty
+        # the worker holds the first alert: the queue is empty
+        assert observability.STARTED.wait(10)
         _fire(plugin, run, stop("r", plugin="p1"))  # fills the queue
         _fire(plugin, run, stop("r", plugin="p2"))  # dropped
         _fire(plugin, run, stop("r", plugin="p3"))  # dropped
-        support.GATE.set()
+        observability.GATE.set()
         assert plugin.flush(10)
         plugin.close()
     assert [a["plugin"] for a in collected] == ["p0", "p1"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from builders import call, script
-
 from loopwarden import Conversation, Deployment, Plugin, ToolError, hookimpl
 from loopwarden.config import default_config_path, load_config, parse_config
 from loopwarden.demo import shop_tools
+from loopwarden.testing import ScriptedModel, script, tool_call
 
 
 class Counter(Plugin):
@@ -24,12 +23,16 @@ class Counter(Plugin):
 def test_messages_and_conversation_state_carry_on_per_run_state_does_not() -> None:
     dep = Deployment(parse_config({}), plugins={"counter": Counter()}, tools=shop_tools())
     conv = Conversation("c1")
-    lookup = {"tool_calls": [call("query_order", order_id="88231")]}
+    lookup = {"tool_calls": [tool_call("query_order", order_id="88231")]}
     first = dep.run(
-        "where is 88231?", model=script(lookup, {"content": "signed"}), conversation=conv
+        "where is 88231?",
+        model=ScriptedModel(script([lookup, {"content": "signed"}])),
+        conversation=conv,
     )
     second = dep.run(
-        "and the logistics?", model=script(lookup, lookup, {"content": "ok"}), conversation=conv
+        "and the logistics?",
+        model=ScriptedModel(script([lookup, lookup, {"content": "ok"}])),
+        conversation=conv,
     )
     assert conv.runs == 2 and conv.messages == second.messages
     users = [m["content"] for m in second.messages if m["role"] == "user"]
@@ -42,28 +45,30 @@ def test_messages_and_conversation_state_carry_on_per_run_state_does_not() -> No
 
 def test_a_run_without_a_conversation_gets_its_own() -> None:
     dep = Deployment(parse_config({}), plugins={"counter": Counter()}, tools=shop_tools())
-    lookup = {"tool_calls": [call("query_order", order_id="88231")]}
-    a = dep.run("q", model=script(lookup, {"content": "x"}))
-    b = dep.run("q", model=script(lookup, {"content": "x"}))
+    lookup = {"tool_calls": [tool_call("query_order", order_id="88231")]}
+    a = dep.run("q", model=ScriptedModel(script([lookup, {"content": "x"}])))
+    b = dep.run("q", model=ScriptedModel(script([lookup, {"content": "x"}])))
     assert a.conversation is not b.conversation
     assert b.conversation.state["counter"] == {"n": 1}
 
 
 def not_found_turn() -> dict[str, Any]:
-    return {"content": "let me check", "tool_calls": [call("query_order", order_id="99999")]}
+    return {"content": "let me check", "tool_calls": [tool_call("query_order", order_id="99999")]}
 
 
 def test_a_call_that_failed_for_good_counts_on_in_the_next_user_turns() -> None:
     dep = Deployment(load_config(default_config_path()), tools=shop_tools())
     conv = Conversation()
     turns = [not_found_turn(), {"content": "not found"}]
-    r1 = dep.run("order 99999?", model=script(*turns), conversation=conv)
+    r1 = dep.run("order 99999?", model=ScriptedModel(script(turns)), conversation=conv)
     assert r1.record()["termination"] == "final_answer"
     # the next user message may have fixed something: the call runs once more ...
-    rec2 = dep.run("please check 99999 again", model=script(*turns), conversation=conv).record()
+    rec2 = dep.run(
+        "please check 99999 again", model=ScriptedModel(script(turns)), conversation=conv
+    ).record()
     assert rec2["tools_executed"] == 1 and rec2["termination"] == "final_answer"
     assert rec2["warnings"][0]["plugin"] == "repeat_call"  # ... failing again is a repeat
-    rec3 = dep.run("once more?", model=script(*turns), conversation=conv).record()
+    rec3 = dep.run("once more?", model=ScriptedModel(script(turns)), conversation=conv).record()
     assert (rec3["termination"], rec3["stopped_by"]) == ("repeat_call", "repeat_call")
     assert rec3["evidence"]["across_turns"] is True and rec3["evidence"]["count"] == 3
 
@@ -72,12 +77,12 @@ def test_a_fix_between_turns_lets_the_call_succeed() -> None:
     dep = Deployment(load_config(default_config_path()), tools=shop_tools())
     conv = Conversation()
     turns = [not_found_turn(), {"content": "not found"}]
-    dep.run("order 99999?", model=script(*turns), conversation=conv)
+    dep.run("order 99999?", model=ScriptedModel(script(turns)), conversation=conv)
     from loopwarden.demo.shop import Shop
 
     with Shop().write() as c:  # the order is created outside the agent
         c.execute("INSERT INTO orders VALUES ('99999','x',1,'已签收','2026-06-01',NULL,NULL)")
-    rec = dep.run("I placed it now", model=script(*turns), conversation=conv).record()
+    rec = dep.run("I placed it now", model=ScriptedModel(script(turns)), conversation=conv).record()
     assert rec["tools_executed"] == 1 and rec["warnings"] == []
     assert not conv.state["repeat_call"]
 
@@ -90,7 +95,9 @@ def test_the_memory_of_failures_can_be_per_run_only() -> None:
     conv = Conversation()
     for _ in range(3):
         rec = dep.run(
-            "order 99999?", model=script(not_found_turn(), {"content": "no"}), conversation=conv
+            "order 99999?",
+            model=ScriptedModel(script([not_found_turn(), {"content": "no"}])),
+            conversation=conv,
         ).record()
         assert rec["tools_executed"] == 1 and rec["termination"] == "final_answer"
 
@@ -100,18 +107,26 @@ def test_a_successful_change_forgets_earlier_failures() -> None:
     conv = Conversation()
     dep.run(
         "refund 99999",
-        model=script(
-            {"tool_calls": [call("apply_refund", order_id="99999", reason="x")]},
-            {"content": "no such order"},
+        model=ScriptedModel(
+            script(
+                [
+                    {"tool_calls": [tool_call("apply_refund", order_id="99999", reason="x")]},
+                    {"content": "no such order"},
+                ]
+            )
         ),
         conversation=conv,
     )
     assert conv.state["repeat_call"]  # remembered
     dep.run(
         "hand me over",
-        model=script(
-            {"tool_calls": [call("transfer_to_human", reason="refund question")]},
-            {"content": "done"},
+        model=ScriptedModel(
+            script(
+                [
+                    {"tool_calls": [tool_call("transfer_to_human", reason="refund question")]},
+                    {"content": "done"},
+                ]
+            )
         ),
         conversation=conv,
     )
@@ -133,11 +148,19 @@ def test_a_failed_side_effect_may_run_again_after_the_next_user_message() -> Non
 
     dep = Deployment(parse_config({}), tools=ToolRegistry([charge]))
     conv = Conversation()
-    turn = {"tool_calls": [call("charge", order_id="1")]}
-    dep.run("charge 1", model=script(turn, turn, {"content": "declined"}), conversation=conv)
+    turn = {"tool_calls": [tool_call("charge", order_id="1")]}
+    dep.run(
+        "charge 1",
+        model=ScriptedModel(script([turn, turn, {"content": "declined"}])),
+        conversation=conv,
+    )
     assert attempts == ["1"]  # not retried within the run: it failed for good
-    dep.run("I renewed my card", model=script(turn, {"content": "ok"}), conversation=conv)
-    dep.run("again?", model=script(turn, {"content": "ok"}), conversation=conv)
+    dep.run(
+        "I renewed my card",
+        model=ScriptedModel(script([turn, {"content": "ok"}])),
+        conversation=conv,
+    )
+    dep.run("again?", model=ScriptedModel(script([turn, {"content": "ok"}])), conversation=conv)
     assert attempts == ["1", "1"]  # ran again once, then never: it took place
 
 
@@ -154,9 +177,13 @@ def test_a_side_effect_never_runs_twice_in_a_conversation() -> None:
 
     dep = Deployment(parse_config({}), tools=ToolRegistry([charge]))
     conv = Conversation()
-    turn = {"tool_calls": [call("charge", order_id="1")]}
+    turn = {"tool_calls": [tool_call("charge", order_id="1")]}
     for _ in range(2):
-        dep.run("charge order 1", model=script(turn, {"content": "done"}), conversation=conv)
+        dep.run(
+            "charge order 1",
+            model=ScriptedModel(script([turn, {"content": "done"}])),
+            conversation=conv,
+        )
     assert charges == ["1"]
     outs = [m["content"] for m in conv.messages if m["role"] == "tool"]
     assert "was not executed again" in outs[1]
@@ -188,17 +215,25 @@ def test_the_next_turn_sees_a_well_formed_history_with_what_the_user_was_told() 
         cfg, plugins={"veto": Veto(), "cut": Cut()}, clock=FakeClock(), tools=shop_tools()
     )
     conv = Conversation()
-    r1 = dep.run("q1", model=script({"content": "the password is SECRET123"}), conversation=conv)
+    r1 = dep.run(
+        "q1",
+        model=ScriptedModel(script([{"content": "the password is SECRET123"}])),
+        conversation=conv,
+    )
     assert r1.record()["final_answer"] == "Sorry."
     assert not any("SECRET" in str(m.get("content")) for m in conv.messages)
     assert conv.messages[-1] == {"role": "assistant", "content": "Sorry."}
     dep.run(
         "q2",
-        model=script({"content": "cut here", "tool_calls": [call("query_order", order_id="1")]}),
+        model=ScriptedModel(
+            script(
+                [{"content": "cut here", "tool_calls": [tool_call("query_order", order_id="1")]}]
+            )
+        ),
         conversation=conv,
     )
     # the cut call is answered, and the best-effort answer the user got closes the turn
     assert conv.messages[-2]["role"] == "tool" and "NOT EXECUTED" in conv.messages[-2]["content"]
     assert conv.messages[-1]["role"] == "assistant"
-    r3 = dep.run("q3", model=script({"content": "fine"}), conversation=conv)
+    r3 = dep.run("q3", model=ScriptedModel(script([{"content": "fine"}])), conversation=conv)
     assert r3.record()["termination"] == "final_answer"

@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from budget_helpers import call, config, make_run, request, response, scenario, turn
+from support.budgets import config, request, response, scenario
 
 from loopwarden import ConfigError, Conversation, Deployment, ModelResponse, Stop, Warn, signals
 from loopwarden.config import parse_config
@@ -20,6 +20,7 @@ from loopwarden.plugins.cost_budget import (
     ModelPrice,
     run_cost,
 )
+from loopwarden.testing import make_run, tool_call, turn
 
 # One currency unit per prompt token, nothing for output, nothing reserved: the ladder's
 # arithmetic in whole numbers.
@@ -33,7 +34,8 @@ def plugin(**settings: Any) -> CostBudget:
 
 
 def started(p: CostBudget, model: str = "scripted") -> Any:
-    run = make_run(model=model)
+    run = make_run()
+    run.model_name = model  # priced by the run's (configured) model
     assert p.on_start(run) is None
     return run
 
@@ -77,7 +79,7 @@ def test_bad_settings_fail_at_load_time() -> None:
 
 
 def test_an_unpriced_model_is_refused_before_any_call() -> None:
-    sc = scenario([turn(call("query_order", order_id="88231"))])
+    sc = scenario([turn(None, tool_call("query_order", order_id="88231"))])
     dep = Deployment(config("cost_budget"), tools=shop_tools())
     model = ScriptedModel(sc.model, name="mystery-model", estimator=dep.estimator)
     rec = dep.run(scenario=sc, model=model).record()
@@ -91,7 +93,7 @@ def test_an_unpriced_model_is_refused_before_any_call() -> None:
 
 
 def test_unknown_model_free_runs_at_no_cost() -> None:
-    sc = scenario([turn(call("query_order", order_id="88231"))], then="final")
+    sc = scenario([turn(None, tool_call("query_order", order_id="88231"))], then="final")
     dep = Deployment(
         config("cost_budget", cost_budget={"unknown_model": "free"}), tools=shop_tools()
     )
@@ -113,8 +115,8 @@ def test_model_names_match_case_insensitively() -> None:
 def test_run_cost_is_the_exact_sum_of_every_response() -> None:
     sc = scenario(
         [
-            turn(call("query_order", order_id="88231"), content="查订单"),
-            turn(call("search_knowledge", query="退货"), content="查政策"),
+            turn("查订单", tool_call("query_order", order_id="88231")),
+            turn("查政策", tool_call("search_knowledge", query="退货")),
         ],
         then="final",
     )
@@ -229,10 +231,7 @@ def test_reconcile_stops_when_the_real_bill_passed_the_budget() -> None:
 
 def test_end_to_end_a_long_run_soft_stops_within_budget() -> None:
     sc = scenario(
-        [
-            turn(call("search_knowledge", query=f"q{i}"), content=f"第 {i} 次检索")
-            for i in range(30)
-        ],
+        [turn(f"第 {i} 次检索", tool_call("search_knowledge", query=f"q{i}")) for i in range(30)],
         then="cycle",
     )
     dep = Deployment(
@@ -285,7 +284,7 @@ def test_conversation_limits_add_up_the_runs_cost_budget_spend() -> None:
     # conversation_limits reads each run's spend through run_cost(): the second run of a
     # conversation whose first run spent the conversation's max_cost stops before its
     # first model call would add more.
-    sc = scenario([turn(call("query_order", order_id="88231"))], then="final")
+    sc = scenario([turn(None, tool_call("query_order", order_id="88231"))], then="final")
     first_cost = Deployment(config("cost_budget"), tools=shop_tools()).run(scenario=sc)
     limit = run_cost(first_cost)
     assert limit > 0

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import call, script
 
 from loopwarden import Deployment, hookimpl, warn
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
-from loopwarden.testing import HookRecorder
+from loopwarden.testing import HookRecorder, ScriptedModel, script, tool_call
 
 
 class Tag:
@@ -28,7 +27,9 @@ def deployment(**plugins: Any) -> Deployment:
 
 
 def model() -> Any:
-    return script({"tool_calls": [call("get_current_time")]}, {"content": "ok"})
+    return ScriptedModel(
+        script([{"tool_calls": [tool_call("get_current_time")]}, {"content": "ok"}])
+    )
 
 
 def test_direct_dispatch_calls_in_config_order_with_only_the_arguments_asked_for() -> None:

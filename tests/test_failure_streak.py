@@ -6,10 +6,11 @@ import random
 from typing import Any
 
 import pytest
-from detector_helpers import Feed, fail, kinds, ok, skipped
 from pydantic import ValidationError
+from support.detectors import Feed, kinds
 
 from loopwarden.plugins.failure_streak import FailureStreak, FailureStreakSettings
+from loopwarden.testing import make_tool_result
 from loopwarden.verdicts import Stop, Warn
 
 
@@ -21,13 +22,18 @@ def results(f: Feed, *rs: Any) -> list[str | None]:
     out = []
     for i, r in enumerate(rs):
         c = f.call("lookup", {"key": str(i)})
-        out.append(kinds([f.after(c, ok(r) if isinstance(r, str) else r)])[0])
+        out.append(kinds([f.after(c, make_tool_result(r) if isinstance(r, str) else r)])[0])
     return out
 
 
 def test_three_failures_in_a_row_stop_with_evidence() -> None:
     f = feed()
-    got = results(f, fail("UNAVAILABLE: 503"), fail("TIMEOUT"), fail("boom", error="exception"))
+    got = results(
+        f,
+        make_tool_result("UNAVAILABLE: 503", error="tool_error"),
+        make_tool_result("TIMEOUT", error="tool_error"),
+        make_tool_result("boom", error="exception"),
+    )
     assert got == [None, "warn", "stop:failure_streak"]
     stop = f.verdicts[-1]
     assert isinstance(stop, Stop) and stop.soft and stop.reason == "failure_streak"
@@ -45,7 +51,7 @@ def test_three_failures_in_a_row_stop_with_evidence() -> None:
 def test_stop_after_boundaries(n: int) -> None:
     """N-1 failures in a row: no stop; N: stop; N+1: stop."""
     f = feed(stop_after=n, warn_after=None)
-    got = results(f, *[fail("x")] * (n + 1))
+    got = results(f, *[make_tool_result("x", error="tool_error")] * (n + 1))
     assert got == [None] * (n - 1) + ["stop:failure_streak"] * 2
 
 
@@ -84,7 +90,8 @@ def test_patterns_are_configurable() -> None:
     assert results(f, "no_results: nothing") == ["stop:failure_streak"]
     f2 = feed(stop_after=1, warn_after=None, patterns=[])
     assert results(f2, "ERROR: x") == [None]
-    assert results(f2, fail("x")) == ["stop:failure_streak"]  # the flag always counts
+    # the flag always counts
+    assert results(f2, make_tool_result("x", error="tool_error")) == ["stop:failure_streak"]
 
 
 def test_patterns_look_only_at_the_beginning() -> None:
@@ -94,13 +101,28 @@ def test_patterns_look_only_at_the_beginning() -> None:
 
 def test_a_success_resets_the_streak() -> None:
     f = feed()
-    got = results(f, fail("a"), fail("b"), "fine", fail("c"), fail("d"), fail("e"))
+    got = results(
+        f,
+        make_tool_result("a", error="tool_error"),
+        make_tool_result("b", error="tool_error"),
+        "fine",
+        make_tool_result("c", error="tool_error"),
+        make_tool_result("d", error="tool_error"),
+        make_tool_result("e", error="tool_error"),
+    )
     assert got == [None, "warn", None, None, "warn", "stop:failure_streak"]
 
 
 def test_skipped_results_are_ignored() -> None:
     f = feed()
-    got = results(f, fail("a"), skipped("ERROR: synthetic"), skipped("ok"), fail("b"), fail("c"))
+    got = results(
+        f,
+        make_tool_result("a", error="tool_error"),
+        make_tool_result("ERROR: synthetic", skipped=True, skipped_by="other"),
+        make_tool_result("ok", skipped=True, skipped_by="other"),
+        make_tool_result("b", error="tool_error"),
+        make_tool_result("c", error="tool_error"),
+    )
     assert got == [None, None, None, "warn", "stop:failure_streak"]
 
 
@@ -108,13 +130,13 @@ def test_a_parallel_batch_is_one_round() -> None:
     f = feed()
     calls = [f.call("lookup", {"key": str(i)}, index=i) for i in range(3)]
     f.respond("", calls)
-    got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
+    got = [kinds([f.after(c, make_tool_result("ERROR", error="tool_error"))])[0] for c in calls]
     assert got == [None, None, None]  # one failed round, judged at its last call
     for turn in (2, 3):
         f.run.step = turn
         calls = [f.call("lookup", {"key": f"{turn}{i}"}, index=i) for i in range(3)]
         f.respond("", calls)
-        got = [kinds([f.after(c, fail("ERROR"))])[0] for c in calls]
+        got = [kinds([f.after(c, make_tool_result("ERROR", error="tool_error"))])[0] for c in calls]
     assert got == [None, None, "stop:failure_streak"]
     assert f.verdicts[-1].evidence["count"] == 3
 
@@ -125,8 +147,8 @@ def test_one_success_in_a_batch_resets_the_streak() -> None:
         f.run.step = turn
         calls = [f.call("lookup", {"key": f"{turn}{i}"}, index=i) for i in range(2)]
         f.respond("", calls)
-        f.after(calls[0], fail("ERROR"))
-        assert f.after(calls[1], ok("found")) is None
+        f.after(calls[0], make_tool_result("ERROR", error="tool_error"))
+        assert f.after(calls[1], make_tool_result("found")) is None
     assert f.verdicts == []
 
 
@@ -134,14 +156,26 @@ def test_neutral_tools_neither_count_nor_reset() -> None:
     f = feed()
     got = []
     for i in range(3):
-        got += kinds([f.after(f.call("lookup", {"key": str(i)}), fail("ERROR"))])
-        got += kinds([f.after(f.call("think", {"thought": "hmm"}), ok("thought noted"))])
+        got += kinds(
+            [
+                f.after(
+                    f.call("lookup", {"key": str(i)}), make_tool_result("ERROR", error="tool_error")
+                )
+            ]
+        )
+        got += kinds(
+            [f.after(f.call("think", {"thought": "hmm"}), make_tool_result("thought noted"))]
+        )
     assert got == [None, None, "warn", None, "stop:failure_streak", None]
 
 
 def test_warning_text() -> None:
     f = feed(message="{count} failed, last {tool}: {error}")
-    results(f, fail("a"), fail("NOT_FOUND: x\nmore"))
+    results(
+        f,
+        make_tool_result("a", error="tool_error"),
+        make_tool_result("NOT_FOUND: x\nmore", error="tool_error"),
+    )
     warn = f.verdicts[-1]
     assert isinstance(warn, Warn) and warn.message == "2 failed, last lookup: NOT_FOUND: x"
 
@@ -157,7 +191,11 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     f = feed(stop_after=10**9, warn_after=None)
     rng = random.Random(13)
     for i in range(10_000):
-        r = fail(f"ERROR {i}") if rng.random() < 0.9 or i == 9_999 else ok("fine")
+        r = (
+            make_tool_result(f"ERROR {i}", error="tool_error")
+            if rng.random() < 0.9 or i == 9_999
+            else make_tool_result("fine")
+        )
         f.after(f.call("lookup", {"key": str(i)}), r)
     st = f.run.conversation.state["failure_streak"]  # across_turns: the conversation's streak
     assert st.streak > 0
@@ -165,21 +203,36 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     # the evidence it would report is bounded too
     f2 = feed(stop_after=3)
     for i in range(50):
-        f2.after(f2.call("lookup", {"key": str(i)}), fail("x"))
+        f2.after(f2.call("lookup", {"key": str(i)}), make_tool_result("x", error="tool_error"))
     assert len(f2.run.conversation.state["failure_streak"].failures) == 3
 
 
 def test_the_streak_carries_on_into_the_next_user_turn() -> None:
     f = feed()
     for _ in range(2):
-        f.after(f.call("book", {"amount": 1}), fail("ERROR: payment does not add up"))
+        f.after(
+            f.call("book", {"amount": 1}),
+            make_tool_result("ERROR: payment does not add up", error="tool_error"),
+        )
     nxt = Feed(f.plugin)
     nxt.run.conversation = f.run.conversation  # the user answered: the next run
-    assert kinds([nxt.after(nxt.call("book", {"amount": 2}), fail("ERROR: again"))]) == [
-        "stop:failure_streak"
-    ]
+    assert kinds(
+        [
+            nxt.after(
+                nxt.call("book", {"amount": 2}),
+                make_tool_result("ERROR: again", error="tool_error"),
+            )
+        ]
+    ) == ["stop:failure_streak"]
     alone = Feed(FailureStreak(FailureStreakSettings(across_turns=False)))
     for _ in range(2):
-        alone.after(alone.call("book", {"amount": 1}), fail("ERROR"))
+        alone.after(
+            alone.call("book", {"amount": 1}), make_tool_result("ERROR", error="tool_error")
+        )
     fresh = Feed(alone.plugin)
-    assert fresh.after(fresh.call("book", {"amount": 2}), fail("ERROR")) is None
+    assert (
+        fresh.after(
+            fresh.call("book", {"amount": 2}), make_tool_result("ERROR", error="tool_error")
+        )
+        is None
+    )

@@ -15,9 +15,9 @@ import threading
 from collections import deque
 from typing import Any
 
-from detector_helpers import Feed
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.detectors import Feed
 
 from loopwarden.events import ModelResponse, ToolCall, ToolResult
 from loopwarden.execution import _ToolThreads

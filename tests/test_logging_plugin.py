@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from observability_support import ALWAYS_NOT_FOUND, SECRET_TOOL, comparable, repeat_guard
+from support.observability import ALWAYS_NOT_FOUND, SECRET_TOOL, comparable, repeat_guard
 
 from loopwarden import ConfigError, Deployment, FakeClock, ModelRequest, ModelResponse, Run
 from loopwarden.config import Config

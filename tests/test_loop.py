@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from builders import call, script
 
 from loopwarden import (
     Deployment,
@@ -27,6 +26,7 @@ from loopwarden import (
     warn,
 )
 from loopwarden.config import parse_config
+from loopwarden.testing import ScriptedModel, script, tool_call
 from loopwarden.tools import ToolContext, ToolRegistry, tool
 from loopwarden.verdicts import Skip, Stop, Warn, resolve
 
@@ -122,9 +122,16 @@ class Recorder(Plugin):
 
 def test_lifecycle_sequence_of_one_run() -> None:
     rec = Recorder()
-    model = script(
-        {"content": "looking", "tool_calls": [call("lookup", key="a"), call("lookup", key="b")]},
-        {"content": "the answer"},
+    model = ScriptedModel(
+        script(
+            [
+                {
+                    "content": "looking",
+                    "tool_calls": [tool_call("lookup", key="a"), tool_call("lookup", key="b")],
+                },
+                {"content": "the answer"},
+            ]
+        )
     )
     run = deployment({"rec": rec}).run("q", model=model)
     assert rec.lines == [
@@ -152,7 +159,7 @@ def test_lifecycle_sequence_of_one_run() -> None:
 
 
 def test_record_has_every_design_field() -> None:
-    run = deployment().run("q", model=script({"content": "hi"}))
+    run = deployment().run("q", model=ScriptedModel(script([{"content": "hi"}])))
     fields = {
         "run_id",
         "scenario",
@@ -197,7 +204,7 @@ def test_plugins_are_called_in_config_order() -> None:
     dep = deployment(plugins)
     assert dep.plugins.names == ["max_steps", "c", "a", "b"]
     assert dep.plugins.call_order("before_model") == ["max_steps", "c", "a", "b"]
-    dep.run("q", model=script({"content": "x"}))
+    dep.run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert log == ["c", "a", "b"]
 
 
@@ -210,7 +217,7 @@ def test_tryfirst_on_the_first_plugin_keeps_the_order() -> None:
     }
     dep = Deployment(cfg, tools=TOOLS, plugins=plugins)
     assert dep.plugins.call_order("before_model") == ["first", "max_steps", "second"]
-    dep.run("q", model=script({"content": "x"}))
+    dep.run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert log == ["first", "second"]
 
 
@@ -294,10 +301,12 @@ class Emit(Plugin):
 
 
 def looping_model() -> Any:
-    return script(
-        {"content": "step", "tool_calls": [call("lookup", key="a")]},
-        then="repeat_last",
-        final_text="best answer from what I know",
+    return ScriptedModel(
+        script(
+            [{"content": "step", "tool_calls": [tool_call("lookup", key="a")]}],
+            then="repeat_last",
+            final_text="best answer from what I know",
+        )
     )
 
 
@@ -388,7 +397,7 @@ def test_model_error_stops_the_run_with_a_record_and_on_stop_runs() -> None:
 
 
 def test_tool_exception_becomes_an_error_observation_and_the_run_goes_on() -> None:
-    model = script({"tool_calls": [call("broken")]}, {"content": "sorry"})
+    model = ScriptedModel(script([{"tool_calls": [tool_call("broken")]}, {"content": "sorry"}]))
     run = deployment().run("q", model=model)
     tool_msg = next(m for m in run.messages if m["role"] == "tool")
     assert tool_msg["content"] == "ERROR: RuntimeError: disk on fire"
@@ -396,7 +405,9 @@ def test_tool_exception_becomes_an_error_observation_and_the_run_goes_on() -> No
 
 
 def test_tool_error_text_reaches_the_model_verbatim() -> None:
-    model = script({"tool_calls": [call("not_found", key="k9")]}, {"content": "not there"})
+    model = ScriptedModel(
+        script([{"tool_calls": [tool_call("not_found", key="k9")]}, {"content": "not there"}])
+    )
     run = deployment().run("q", model=model)
     assert any(m.get("content") == "NOT_FOUND: k9" for m in run.messages)
 
@@ -444,7 +455,7 @@ def test_on_stop_failure_does_not_stop_other_plugins_on_stop() -> None:
             seen.append(self.tag)
 
     plugins = {"g1": Good("g1"), "bad": Bad(), "g2": Good("g2")}
-    run = deployment(plugins).run("q", model=script({"content": "x"}))
+    run = deployment(plugins).run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert seen == ["g1", "g2"]
     assert run.record()["errors"] == [
         {"plugin": "bad", "hook": "on_stop", "error": "RuntimeError: sink down"}
@@ -456,17 +467,21 @@ def test_on_stop_failure_does_not_stop_other_plugins_on_stop() -> None:
 
 
 def test_malformed_unknown_and_invalid_calls_become_error_observations() -> None:
-    model = script(
-        {
-            "tool_calls": [
-                {"name": "lookup", "arguments": '{"key": "a"'},  # truncated JSON
-                {"name": "launch_rockets", "arguments": {}},
-                {"name": "lookup", "arguments": {"key": "a", "extra": 1}},
-                {"name": "lookup", "arguments": {}},
-                {"name": "lookup", "arguments": "[1, 2]"},
+    model = ScriptedModel(
+        script(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "lookup", "arguments": '{"key": "a"'},  # truncated JSON
+                        {"name": "launch_rockets", "arguments": {}},
+                        {"name": "lookup", "arguments": {"key": "a", "extra": 1}},
+                        {"name": "lookup", "arguments": {}},
+                        {"name": "lookup", "arguments": "[1, 2]"},
+                    ]
+                },
+                {"content": "recovered"},
             ]
-        },
-        {"content": "recovered"},
+        )
     )
     rec = Recorder()
     run = deployment({"rec": rec}).run("q", model=model)
@@ -483,16 +498,27 @@ def test_malformed_unknown_and_invalid_calls_become_error_observations() -> None
 
 
 def test_numbers_are_accepted_for_string_parameters() -> None:
-    model = script({"tool_calls": [call("lookup", key=88231)]}, {"content": "ok"})
+    model = ScriptedModel(
+        script([{"tool_calls": [tool_call("lookup", key=88231)]}, {"content": "ok"}])
+    )
     deployment().run("q", model=model)
     assert EXECUTED == ["lookup:88231"]
 
 
 def test_a_side_effect_never_runs_twice_for_the_same_key_in_a_run() -> None:
-    model = script(
-        {"tool_calls": [call("refund", order_id="1")]},
-        {"tool_calls": [call("refund", order_id="1"), call("refund", order_id="2")]},
-        {"content": "done"},
+    model = ScriptedModel(
+        script(
+            [
+                {"tool_calls": [tool_call("refund", order_id="1")]},
+                {
+                    "tool_calls": [
+                        tool_call("refund", order_id="1"),
+                        tool_call("refund", order_id="2"),
+                    ]
+                },
+                {"content": "done"},
+            ]
+        )
     )
     run = deployment().run("q", model=model)
     assert EXECUTED == ["refund:1", "refund:2"]
@@ -528,8 +554,13 @@ def test_elapsed_time_comes_from_the_run_clock() -> None:
 
 
 def test_async_run_awaits_async_and_sync_tools() -> None:
-    model = script(
-        {"tool_calls": [call("alookup", key="x"), call("lookup", key="y")]}, {"content": "both"}
+    model = ScriptedModel(
+        script(
+            [
+                {"tool_calls": [tool_call("alookup", key="x"), tool_call("lookup", key="y")]},
+                {"content": "both"},
+            ]
+        )
     )
     run = asyncio.run(deployment().arun("q", model=model))
     outs = [m["content"] for m in run.messages if m["role"] == "tool"]
@@ -537,7 +568,9 @@ def test_async_run_awaits_async_and_sync_tools() -> None:
 
 
 def test_sync_run_also_runs_async_tools() -> None:
-    model = script({"tool_calls": [call("alookup", key="x")]}, {"content": "ok"})
+    model = ScriptedModel(
+        script([{"tool_calls": [tool_call("alookup", key="x")]}, {"content": "ok"}])
+    )
     run = deployment().run("q", model=model)
     assert [m["content"] for m in run.messages if m["role"] == "tool"] == ["async value of x"]
 
@@ -618,7 +651,9 @@ class SetTimeout(Plugin):
 
 
 def charging(name: str) -> Any:
-    return script({"tool_calls": [call(name, order_id="A1")]}, then="repeat_last")
+    return ScriptedModel(
+        script([{"tool_calls": [tool_call(name, order_id="A1")]}], then="repeat_last")
+    )
 
 
 @pytest.fixture
@@ -697,7 +732,9 @@ class OutputGuard(Plugin):
 def test_a_hard_stop_or_a_failing_guard_on_the_answer_withholds_it(
     answer: str, termination: str
 ) -> None:
-    model = script({"tool_calls": [call("lookup", key="a")]}, {"content": answer})
+    model = ScriptedModel(
+        script([{"tool_calls": [tool_call("lookup", key="a")]}, {"content": answer}])
+    )
     run = deployment({"guard": OutputGuard()}, fallback_answer="Sorry.").run("q", model=model)
     rec = run.record()
     assert (rec["termination"], rec["stopped_by"]) == (termination, "guard")
@@ -705,17 +742,19 @@ def test_a_hard_stop_or_a_failing_guard_on_the_answer_withholds_it(
 
 
 def test_a_soft_stop_on_the_answer_changes_nothing() -> None:
-    model = script({"content": "meh, fine"})
+    model = ScriptedModel(script([{"content": "meh, fine"}]))
     rec = deployment({"guard": OutputGuard()}).run("q", model=model).record()
     assert rec["termination"] == "final_answer" and rec["final_answer"] == "meh, fine"
 
 
 def test_the_soft_stop_turns_answer_can_be_vetoed_too() -> None:
     p = Emit("early", "after_tool", stop("tired", soft=True), at_step=1)
-    model = script(
-        {"tool_calls": [call("lookup", key="a")]},
-        then="repeat_last",
-        final_text="the secret is out",
+    model = ScriptedModel(
+        script(
+            [{"tool_calls": [tool_call("lookup", key="a")]}],
+            then="repeat_last",
+            final_text="the secret is out",
+        )
     )
     rec = deployment({"early": p, "guard": OutputGuard()}).run("q", model=model).record()
     assert rec["termination"] == "forbidden_content"
@@ -828,7 +867,9 @@ def test_a_tools_own_timeout_error_is_not_the_loops_deadline() -> None:
         parse_config({}), tools=ToolRegistry([socket_timeout]), plugins={"t": SetTimeout()}
     )
     for runner in ("sync", "async"):
-        model = script({"tool_calls": [call("socket_timeout")]}, {"content": "ok"})
+        model = ScriptedModel(
+            script([{"tool_calls": [tool_call("socket_timeout")]}, {"content": "ok"}])
+        )
         run = (
             dep.run("q", model=model)
             if runner == "sync"
@@ -840,7 +881,9 @@ def test_a_tools_own_timeout_error_is_not_the_loops_deadline() -> None:
 
 def test_a_sync_run_of_an_async_tool_works_inside_a_running_event_loop() -> None:
     async def inside() -> Any:
-        model = script({"tool_calls": [call("alookup", key="x")]}, {"content": "ok"})
+        model = ScriptedModel(
+            script([{"tool_calls": [tool_call("alookup", key="x")]}, {"content": "ok"}])
+        )
         return deployment().run("q", model=model)  # a sync call from async code
 
     run = asyncio.run(inside())

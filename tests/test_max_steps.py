@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from budget_helpers import FINAL, call, config, make_run, request, response, scenario, turn
+from support.budgets import FINAL, config, request, response, scenario
 
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
 from loopwarden.demo import shop_tools
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.pluginmanager import ESSENTIAL_PLUGINS, load_plugins
 from loopwarden.plugins.max_steps import MaxSteps, MaxStepsSettings
+from loopwarden.testing import make_run, tool_call, turn
 
 # -- hook level --------------------------------------------------------------------------------
 
@@ -90,7 +91,7 @@ def _run_with_limit(limit: int, natural_turns: int | None) -> tuple[ScriptedMode
     """A run with max_steps = limit, whose model finishes by itself after ``natural_turns``
     tool turns (None: never)."""
     turns = [
-        turn(call("search_knowledge", query=f"q{i}"), content=f"step {i}")
+        turn(f"step {i}", tool_call("search_knowledge", query=f"q{i}"))
         for i in range(natural_turns if natural_turns is not None else 1)
     ]
     sc = scenario(turns, then="final" if natural_turns is not None else "cycle", final_text=FINAL)
@@ -161,7 +162,7 @@ def test_loaded_even_when_not_enabled_and_called_first() -> None:
 
 
 def test_an_unlisted_max_steps_still_caps_the_run() -> None:
-    sc = scenario([turn(call("search_knowledge", query="x"))], then="cycle")
+    sc = scenario([turn(None, tool_call("search_knowledge", query="x"))], then="cycle")
     dep = Deployment(config("tool_calls", max_steps={"max_steps": 3}), tools=shop_tools())
     model = ScriptedModel(sc.model, estimator=dep.estimator)
     run = dep.run(scenario=sc, model=model)

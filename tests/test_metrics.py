@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from observability_support import ALWAYS_NOT_FOUND, WANDERING, repeat_guard
+from support.observability import ALWAYS_NOT_FOUND, WANDERING, repeat_guard
 
 from loopwarden import Deployment, FakeClock, Run, RunOutcome
 from loopwarden.config import Config

@@ -1,8 +1,8 @@
 """Every model call is bounded in time and size, against a hostile local server.
 
-A real stdlib HTTP server (tests/openai_stub.py) drips bodies, streams without end, sends gzip
-bombs, asks for absurd ``Retry-After`` waits and hangs; the real ``openai`` client talks to
-it.  The bounds asserted are several times the configured ones (a loaded machine), and far
+A real stdlib HTTP server (tests/support/openai_stub.py) drips bodies, streams without end,
+sends gzip bombs, asks for absurd ``Retry-After`` waits and hangs; the real ``openai`` client
+talks to it.  The bounds asserted are several times the configured ones (a loaded machine), and far
 below what the unbounded client took (a dripping body: minutes).
 """
 
@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from openai_stub import Stub, completion
+from support.openai_stub import Stub, completion
 
 from loopwarden import Deployment, ModelError, ModelRequest
 from loopwarden.clock import CancelToken

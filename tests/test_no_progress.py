@@ -7,11 +7,12 @@ import random
 from typing import Any
 
 import pytest
-from detector_helpers import Feed, kinds, ok, skipped
 from pydantic import ValidationError
+from support.detectors import Feed, kinds
 
 from loopwarden.plugins._text import jaccard, token_set
 from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
+from loopwarden.testing import make_tool_result
 from loopwarden.verdicts import Stop, Warn
 
 
@@ -26,7 +27,12 @@ def turn(
     c = f.call("lookup", {"key": "k"})
     v = f.respond(content, [c])
     if not isinstance(v, Stop):
-        f.after(c, skipped(result) if is_skipped else ok(result))
+        f.after(
+            c,
+            make_tool_result(result, skipped=True, skipped_by="other")
+            if is_skipped
+            else make_tool_result(result),
+        )
     return kinds([v])[0]
 
 
@@ -152,8 +158,8 @@ def test_parallel_results_in_one_turn_count_as_new_once_each() -> None:
     turn(f, SAME_EN, "a")
     c1, c2 = f.call("lookup", {"key": "1"}, index=0), f.call("lookup", {"key": "2"}, index=1)
     assert f.respond(SAME_EN, [c1, c2]) is None
-    f.after(c1, ok("a"))  # seen before
-    f.after(c2, ok("b"))  # new
+    f.after(c1, make_tool_result("a"))  # seen before
+    f.after(c2, make_tool_result("b"))  # new
     v = f.respond(SAME_EN, [f.call("lookup", {"key": "3"})])
     assert isinstance(v, Warn) and v.evidence["new_results"] == 2
 
@@ -191,7 +197,7 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
         content = " ".join(rng.choice(vocab) for _ in range(rng.randrange(0, 6)))
         c = f.call("lookup", {"key": str(i)})
         f.respond(content, [c])
-        f.after(c, ok(str(rng.randrange(100))))
+        f.after(c, make_tool_result(str(rng.randrange(100))))
     st = f.run.state["no_progress"]
     assert len(st.contents) <= 3
     assert len(st.seen) <= 16

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from openai_stub import Stub, completion
+from support.openai_stub import Stub, completion
 
 from loopwarden import Deployment, ModelError, ModelRequest
 from loopwarden.config import ModelConfig, parse_config
@@ -222,7 +222,7 @@ def test_tool_calls_without_ids_get_unique_ids_from_the_loop(
 
 @pytest.mark.parametrize("where", ["content", "arguments", "name"])
 def test_the_stub_sends_a_lone_surrogate_as_json_allows(stub: tuple[Stub, str], where: str) -> None:
-    from openai_stub import lone_surrogate_completion
+    from support.openai_stub import lone_surrogate_completion
 
     state, url = stub
     state.push(lone_surrogate_completion(where))
@@ -235,7 +235,7 @@ def test_the_stub_sends_a_lone_surrogate_as_json_allows(stub: tuple[Stub, str], 
 
 
 def test_the_stub_sends_arguments_nested_deep(stub: tuple[Stub, str]) -> None:
-    from openai_stub import nested_arguments
+    from support.openai_stub import nested_arguments
 
     state, url = stub
     state.push(nested_arguments(5000))

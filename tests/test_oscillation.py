@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from detector_helpers import Feed, kinds, ok
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from support.detectors import Feed, kinds
 
 from loopwarden.plugins.oscillation import CycleDetector, Oscillation, OscillationSettings
+from loopwarden.testing import make_tool_result
 from loopwarden.verdicts import Stop, Warn
 
 
@@ -71,7 +72,7 @@ def play(f: Feed, keys: str) -> list[str | None]:
         v = f.respond(f"looking up {k}", [c])
         out.append(kinds([v])[0])
         if not isinstance(v, Stop):
-            f.tool(c, ok(f"value of {k}"))
+            f.tool(c, make_tool_result(f"value of {k}"))
     return out
 
 
@@ -136,7 +137,7 @@ def test_cjk_arguments_are_shown_in_the_message() -> None:
     for k in ["订单", "物流", "订单", "物流"]:
         c = f.call("lookup", {"key": k})
         f.respond("查一下", [c])
-        f.tool(c, ok("结果"))
+        f.tool(c, make_tool_result("结果"))
     warn = f.verdicts[-1]
     assert isinstance(warn, Warn)
     assert 'lookup(key="订单") -> lookup(key="物流")' in warn.message
@@ -148,7 +149,7 @@ def test_non_deterministic_calls_with_new_results_do_not_oscillate() -> None:
     for i in range(10):
         c = f.call("clock") if i % 2 == 0 else f.call("lookup", {"key": "status"})
         out.append(f.respond("polling", [c]))
-        f.tool(c, ok(f"t={i}" if i % 2 == 0 else "pending"))
+        f.tool(c, make_tool_result(f"t={i}" if i % 2 == 0 else "pending"))
     assert out == [None] * 10
 
 
@@ -158,7 +159,7 @@ def test_non_deterministic_calls_with_unchanged_results_do_oscillate() -> None:
     for i in range(6):
         c = f.call("clock") if i % 2 == 0 else f.call("lookup", {"key": "status"})
         out.append(kinds([f.respond("polling", [c])])[0])
-        f.tool(c, ok("same" if i % 2 == 0 else "pending"))
+        f.tool(c, make_tool_result("same" if i % 2 == 0 else "pending"))
     assert "warn" in out
 
 
@@ -192,7 +193,7 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
         else:
             c = f.call("lookup", {"key": str(rng.randrange(5000))})
         f.respond("step", [c])
-        f.tool(c, ok(str(i)))
+        f.tool(c, make_tool_result(str(i)))
     st = f.run.state["oscillation"]
     assert len(st.detector.last(10**6)) <= 8
     assert len(st.labels) <= 4 * 8 + 1

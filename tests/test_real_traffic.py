@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from budget_helpers import FINAL, call, config, make_run, request, scenario, turn
-from builders import script
+from support.budgets import FINAL, config, request, scenario
 
 from loopwarden import ConfigError, Conversation, Deployment, FakeClock
 from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.models.windows import CONSERVATIVE_WINDOW, context_window, known_window
 from loopwarden.plugins.token_budget import TokenBudget, TokenBudgetSettings
-from loopwarden.testing import make_tool
+from loopwarden.testing import ScriptedModel, make_run, make_tool, script, tool_call, turn
 from loopwarden.tools import ToolRegistry
 
 # -- context windows ---------------------------------------------------------------------------
@@ -164,8 +163,8 @@ def _turns(dep: Deployment, n: int) -> list[dict[str, Any]]:
     conv = Conversation()
     records = []
     for i in range(n):
-        model = script(
-            turn(call("lookup", key=str(i)), content=f"look {i}"), final_text=f"answer {i}"
+        model = ScriptedModel(
+            script([turn(f"look {i}", tool_call("lookup", key=str(i)))], final_text=f"answer {i}")
         )
         records.append(dep.run(f"question {i}", model=model, conversation=conv).record())
     return records
@@ -223,7 +222,9 @@ def test_idle_turns_in_a_row_end_a_conversation_that_talks_in_circles() -> None:
     conv = Conversation()
     ends = [
         dep.run(
-            f"q{i}", model=script(final_text="please send the details"), conversation=conv
+            f"q{i}",
+            model=ScriptedModel(script(final_text="please send the details")),
+            conversation=conv,
         ).record()
         for i in range(4)
     ]
@@ -239,7 +240,7 @@ def test_context_warning_once_per_conversation() -> None:
     dep = Deployment(cfg, tools=TOOLS, clock=FakeClock())
     conv = Conversation()
     recs = [
-        dep.run(f"q{i}", model=script(final_text="ok"), conversation=conv).record()
+        dep.run(f"q{i}", model=ScriptedModel(script(final_text="ok")), conversation=conv).record()
         for i in range(5)
     ]
     assert sum(len(r["warnings"]) for r in recs) == 1
@@ -250,7 +251,7 @@ def test_context_warning_once_per_conversation() -> None:
 
 def _looping(dep: Deployment) -> dict[str, Any]:
     sc = scenario(
-        [turn(call("query_order", order_id="99999"))],
+        [turn(None, tool_call("query_order", order_id="99999"))],
         final_text=FINAL,
         tools={"query_order": {"results": ["NOT_FOUND"]}},
     )
@@ -313,7 +314,9 @@ def test_a_side_effect_still_runs_once_in_shadow_mode() -> None:
         ),
         tools=ToolRegistry([refund]),
     )
-    model = script(turn(call("refund", order_id="1")), then="repeat_last")
+    model = ScriptedModel(
+        script([turn(None, tool_call("refund", order_id="1"))], then="repeat_last")
+    )
     rec = dep.run("refund order 1", model=model).record()
     assert rec["termination"] == "max_steps" and done == ["1"]
 
@@ -361,7 +364,9 @@ def test_a_conversation_whose_runs_keep_looping_is_handed_over() -> None:
     recs = [
         dep.run(
             f"q{i}",
-            model=script(turn(call("lookup", key="same")), then="repeat_last"),
+            model=ScriptedModel(
+                script([turn(None, tool_call("lookup", key="same"))], then="repeat_last")
+            ),
             conversation=conv,
         ).record()
         for i in range(3)

@@ -1,7 +1,7 @@
 """Reliability under a hostile world: event loops, secrets, odd values, exit codes, signals.
 
-The model is the real ``openai`` client against the local stub server (tests/openai_stub.py);
-the CLI runs as a real subprocess where signals are involved.
+The model is the real ``openai`` client against the local stub server
+(tests/support/openai_stub.py); the CLI runs as a real subprocess where signals are involved.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai_stub import Stub, completion
+from support.openai_stub import Stub, completion
 
 from loopwarden import (
     Deployment,

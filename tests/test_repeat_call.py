@@ -7,14 +7,17 @@ import random
 from typing import Any
 
 import pytest
-from detector_helpers import FINGERPRINT, Feed, fail, kinds, ok, skipped
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from support.detectors import Feed, kinds
 
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter
 from loopwarden.plugins.repeat_call import RepeatCall, RepeatCallSettings
+from loopwarden.testing import make_tool_result
 from loopwarden.verdicts import Skip, Stop, Warn
+
+FINGERPRINT = Fingerprinter()
 
 
 def feed(**settings: Any) -> Feed:
@@ -27,7 +30,7 @@ def feed(**settings: Any) -> Feed:
 def test_first_repeat_is_skipped_with_the_earlier_observation_and_a_hint() -> None:
     f = feed()
     c1 = f.call("lookup", {"key": "88231"})
-    assert f.tool(c1, ok('{"status": "signed"}')) == (None, None)
+    assert f.tool(c1, make_tool_result('{"status": "signed"}')) == (None, None)
     c2 = f.call("lookup", {"key": "88231"})
     v = f.before(c2)
     assert isinstance(v, Skip)
@@ -44,7 +47,7 @@ def test_first_repeat_is_skipped_with_the_earlier_observation_and_a_hint() -> No
 
 def test_second_repeat_stops_softly_with_evidence() -> None:
     f = feed()
-    verdicts = [f.tool(f.call("lookup", {"key": "a"}), ok("A"))[0] for _ in range(3)]
+    verdicts = [f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))[0] for _ in range(3)]
     assert kinds(verdicts) == [None, "skip", "stop:repeat_call"]
     stop = verdicts[2]
     assert isinstance(stop, Stop)
@@ -61,28 +64,30 @@ def test_second_repeat_stops_softly_with_evidence() -> None:
 def test_stop_at_repeat_boundaries(n: int) -> None:
     """Repeats 1..N-1 are skipped, repeat N stops, and N+1 stops again (were it to happen)."""
     f = feed(stop_at_repeat=n, window=10, window_count=10)
-    first = f.tool(f.call("lookup", {"key": "a"}), ok("A"))[0]
-    got = [f.tool(f.call("lookup", {"key": "a"}), ok("A"))[0] for _ in range(n + 1)]
+    first = f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))[0]
+    got = [f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))[0] for _ in range(n + 1)]
     assert first is None
     assert kinds(got) == ["skip"] * (n - 1) + ["stop:repeat_call", "stop:repeat_call"]
 
 
 def test_hard_stop_when_soft_is_off() -> None:
     f = feed(soft=False)
-    verdicts = [f.tool(f.call("lookup", {"key": "a"}), ok("A"))[0] for _ in range(3)]
+    verdicts = [f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))[0] for _ in range(3)]
     assert isinstance(verdicts[2], Stop) and verdicts[2].soft is False
 
 
 def test_canonically_equal_arguments_are_the_same_call() -> None:
     f = feed()
-    f.tool(f.call("lookup", {"key": "Order 88231"}), ok("A"))
+    f.tool(f.call("lookup", {"key": "Order 88231"}), make_tool_result("A"))
     v = f.before(f.call("lookup", {"key": "  order\t88231 ", "request_id": "r-9"}))
     assert isinstance(v, Skip)
 
 
 def test_different_arguments_are_not_repeats() -> None:
     f = feed()
-    verdicts = [f.tool(f.call("lookup", {"key": str(i)}), ok(str(i)))[0] for i in range(20)]
+    verdicts = [
+        f.tool(f.call("lookup", {"key": str(i)}), make_tool_result(str(i)))[0] for i in range(20)
+    ]
     assert verdicts == [None] * 20
     assert f.field("duplicate_calls") == 0
 
@@ -90,9 +95,9 @@ def test_different_arguments_are_not_repeats() -> None:
 def test_skip_observation_is_not_nested_across_repeats() -> None:
     """The skip's own synthetic result never replaces the earlier real observation."""
     f = feed(stop_at_repeat=3, window_count=5)
-    f.tool(f.call("lookup", {"key": "a"}), ok("REAL"))
-    s1, _ = f.tool(f.call("lookup", {"key": "a"}), ok("unused"))
-    s2, _ = f.tool(f.call("lookup", {"key": "a"}), ok("unused"))
+    f.tool(f.call("lookup", {"key": "a"}), make_tool_result("REAL"))
+    s1, _ = f.tool(f.call("lookup", {"key": "a"}), make_tool_result("unused"))
+    s2, _ = f.tool(f.call("lookup", {"key": "a"}), make_tool_result("unused"))
     assert isinstance(s1, Skip) and isinstance(s2, Skip)
     assert s2.observation == s1.observation
     assert s2.observation.count("REAL") == 1
@@ -100,7 +105,7 @@ def test_skip_observation_is_not_nested_across_repeats() -> None:
 
 def test_custom_texts() -> None:
     f = feed(repeat_hint="dup {name} #{count}", repeat_observation="<{observation}|{hint}>")
-    f.tool(f.call("lookup", {"key": "a"}), ok("A"))
+    f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))
     v = f.before(f.call("lookup", {"key": "a"}))
     assert isinstance(v, Skip)
     assert v.message == "dup lookup #2"
@@ -109,7 +114,7 @@ def test_custom_texts() -> None:
 
 def test_deterministic_but_not_read_only_is_warned_not_skipped() -> None:
     f = feed()
-    f.tool(f.call("recompute", {"key": "a"}), ok("A"))
+    f.tool(f.call("recompute", {"key": "a"}), make_tool_result("A"))
     v = f.before(f.call("recompute", {"key": "a"}))
     assert isinstance(v, Warn)
 
@@ -121,7 +126,13 @@ def test_parallel_duplicates_in_one_turn() -> None:
     f = feed()
     a = [f.call("lookup", {"key": "a"}, index=i) for i in range(3)]
     b = f.call("lookup", {"key": "b"}, index=3)
-    verdicts = f.turn("checking", (a[0], ok("A")), (b, ok("B")), (a[1], ok("A")), (a[2], ok("A")))
+    verdicts = f.turn(
+        "checking",
+        (a[0], make_tool_result("A")),
+        (b, make_tool_result("B")),
+        (a[1], make_tool_result("A")),
+        (a[2], make_tool_result("A")),
+    )
     assert kinds(verdicts) == ["skip", "stop:repeat_call"]
     assert f.field("duplicate_calls") == 2
 
@@ -131,7 +142,10 @@ def test_parallel_duplicates_in_one_turn() -> None:
 
 def test_non_retryable_failure_is_skipped_then_stopped() -> None:
     f = feed()
-    f.tool(f.call("lookup", {"key": "99999"}), fail("NOT_FOUND: order 99999\ndetails"))
+    f.tool(
+        f.call("lookup", {"key": "99999"}),
+        make_tool_result("NOT_FOUND: order 99999\ndetails", error="tool_error"),
+    )
     v = f.before(f.call("lookup", {"key": "99999"}))
     assert isinstance(v, Skip)
     assert v.message is not None
@@ -139,7 +153,10 @@ def test_non_retryable_failure_is_skipped_then_stopped() -> None:
     assert "do not retry it" in v.message
     assert v.observation.startswith("NOT_FOUND: order 99999")
     assert v.evidence["rule"] == "failed"
-    f.after(f.call("lookup", {"key": "99999"}), skipped(v.observation, "repeat_call"))
+    f.after(
+        f.call("lookup", {"key": "99999"}),
+        make_tool_result(v.observation, skipped=True, skipped_by="repeat_call"),
+    )
     s = f.before(f.call("lookup", {"key": "99999"}))
     assert isinstance(s, Stop) and s.reason == "repeat_call"
     assert f.field("duplicate_calls") == 2
@@ -147,14 +164,18 @@ def test_non_retryable_failure_is_skipped_then_stopped() -> None:
 
 def test_non_retryable_failure_of_a_non_deterministic_tool_is_skipped() -> None:
     f = feed()
-    f.tool(f.call("clock"), fail("UNAVAILABLE: no clock"))
+    f.tool(f.call("clock"), make_tool_result("UNAVAILABLE: no clock", error="tool_error"))
     assert isinstance(f.before(f.call("clock")), Skip)
 
 
 def test_unknown_tool_repeated_is_skipped_then_stopped() -> None:
     f = feed()
     verdicts = [
-        f.tool(f.call("no_such_tool", {"x": 1}), fail("ERROR: unknown tool"))[0] for _ in range(3)
+        f.tool(
+            f.call("no_such_tool", {"x": 1}),
+            make_tool_result("ERROR: unknown tool", error="tool_error"),
+        )[0]
+        for _ in range(3)
     ]
     assert kinds(verdicts) == [None, "skip", "stop:repeat_call"]
 
@@ -164,29 +185,44 @@ def test_retryable_failures_are_retries_until_the_retry_budget_is_spent() -> Non
     off, the non-retryable rule applies: skip, then stop."""
     f = feed()
     call = lambda: f.call("lookup", {"key": "a"})  # noqa: E731
-    assert f.tool(call(), fail("503", retryable=True)) == (None, None)
-    assert f.tool(call(), fail("503", retryable=True)) == (None, None)
+    assert f.tool(call(), make_tool_result("503", error="tool_error", retryable=True)) == (
+        None,
+        None,
+    )
+    assert f.tool(call(), make_tool_result("503", error="tool_error", retryable=True)) == (
+        None,
+        None,
+    )
     assert f.field("duplicate_calls") == 0
     # the retry_policy plugin spent the budget: result.retryable was set to False
-    assert f.tool(call(), fail("503", retryable=False)) == (None, None)
+    assert f.tool(call(), make_tool_result("503", error="tool_error", retryable=False)) == (
+        None,
+        None,
+    )
     v = f.before(call())
     assert isinstance(v, Skip) and "already failed with 503" in (v.message or "")
-    f.after(call(), skipped(v.observation))
+    f.after(call(), make_tool_result(v.observation, skipped=True, skipped_by="other"))
     assert kinds([f.before(call())]) == ["stop:repeat_call"]
 
 
 def test_retries_do_not_count_toward_the_window_rule() -> None:
     f = feed()
     verdicts = [
-        f.tool(f.call("lookup", {"key": "a"}), fail("429", retryable=True))[0] for _ in range(6)
+        f.tool(
+            f.call("lookup", {"key": "a"}),
+            make_tool_result("429", error="tool_error", retryable=True),
+        )[0]
+        for _ in range(6)
     ]
     assert verdicts == [None] * 6
 
 
 def test_retry_then_success_then_repeat_is_skipped() -> None:
     f = feed()
-    f.tool(f.call("lookup", {"key": "a"}), fail("503", retryable=True))
-    f.tool(f.call("lookup", {"key": "a"}), ok("A"))
+    f.tool(
+        f.call("lookup", {"key": "a"}), make_tool_result("503", error="tool_error", retryable=True)
+    )
+    f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))
     v = f.before(f.call("lookup", {"key": "a"}))
     assert isinstance(v, Skip) and v.observation.startswith("A")
 
@@ -198,14 +234,14 @@ def test_non_deterministic_tool_with_changing_results_is_never_a_repeat() -> Non
     f = feed()
     verdicts: list[Any] = []
     for i in range(12):
-        verdicts.extend(f.tool(f.call("clock"), ok(f"10:{i:02d}")))
+        verdicts.extend(f.tool(f.call("clock"), make_tool_result(f"10:{i:02d}")))
     assert verdicts == [None] * 24
     assert f.field("duplicate_calls") == 0
 
 
 def test_non_deterministic_tool_with_unchanged_result_warns_then_stops() -> None:
     f = feed()
-    got = [f.tool(f.call("clock"), ok("10:00")) for _ in range(3)]
+    got = [f.tool(f.call("clock"), make_tool_result("10:00")) for _ in range(3)]
     assert [b for b, _ in got] == [None, None, None]  # never skipped
     assert kinds([a for _, a in got]) == [None, "warn", "stop:repeat_call"]
     warn = got[1][1]
@@ -216,7 +252,7 @@ def test_non_deterministic_tool_with_unchanged_result_warns_then_stops() -> None
 def test_a_changed_result_resets_the_repeat_count() -> None:
     f = feed()
     results = ["1", "1", "2", "2", "3"]
-    after = [f.tool(f.call("clock"), ok(r))[1] for r in results]
+    after = [f.tool(f.call("clock"), make_tool_result(r))[1] for r in results]
     assert kinds(after) == [None, "warn", None, "warn", None]
 
 
@@ -233,7 +269,7 @@ def test_side_effect_repeats_are_never_skipped_but_the_window_rule_stops_them() 
             if name == "refund"
             else f.call("lookup", {"key": str(i)})
         )
-        verdicts.append(f.tool(c, ok("done"))[0])
+        verdicts.append(f.tool(c, make_tool_result("done"))[0])
     assert kinds(verdicts) == [None, None, None, None, "stop:repeat_call"]
     stop = verdicts[-1]
     assert isinstance(stop, Stop)
@@ -256,7 +292,7 @@ def _window_feed(pattern: str, **settings: Any) -> list[str | None]:
             if ch == "A"
             else f.call("lookup", {"key": f"filler{i}"})
         )
-        out.append(kinds([f.tool(c, ok("r"))[0]])[0])
+        out.append(kinds([f.tool(c, make_tool_result("r"))[0]])[0])
     return out
 
 
@@ -279,7 +315,7 @@ def test_window_rule_boundaries(pattern: str, stops_at: int | None) -> None:
 def test_window_rule_applies_to_skippable_calls_too() -> None:
     f = feed(stop_at_repeat=9)
     seq = ["a", "x", "a", "y", "a"]
-    verdicts = [f.tool(f.call("lookup", {"key": k}), ok(k))[0] for k in seq]
+    verdicts = [f.tool(f.call("lookup", {"key": k}), make_tool_result(k))[0] for k in seq]
     assert kinds(verdicts) == [None, None, "skip", None, "stop:repeat_call"]
     assert isinstance(verdicts[-1], Stop) and verdicts[-1].evidence["rule"] == "window"
 
@@ -291,7 +327,7 @@ def test_a_call_skipped_by_another_plugin_has_no_result_to_repeat() -> None:
     f = feed()
     c1 = f.call("lookup", {"key": "a"})
     assert f.before(c1) is None
-    f.after(c1, skipped("tool cap reached", by="tool_calls"))
+    f.after(c1, make_tool_result("tool cap reached", skipped=True, skipped_by="tool_calls"))
     assert f.before(f.call("lookup", {"key": "a"})) is None  # not a repeat of a result
 
 
@@ -317,7 +353,7 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
             if name == "lookup"
             else ({"order_id": str(i)} if name == "refund" else {})
         )
-        f.tool(f.call(name, args), ok("x" * rng.randrange(10_000)))
+        f.tool(f.call(name, args), make_tool_result("x" * rng.randrange(10_000)))
     st = f.run.state["repeat_call"]
     assert len(st.entries) <= 64
     assert len(st.window) <= 5
@@ -421,10 +457,13 @@ def test_volatile_key_list_is_configurable() -> None:
 
 def test_a_lookup_after_a_side_effect_is_not_a_repeat() -> None:
     f = feed()
-    f.tool(f.call("lookup", {"key": "88231"}), ok("status: paid"))
-    f.tool(f.call("refund", {"order_id": "88231"}), ok("refunded"))
+    f.tool(f.call("lookup", {"key": "88231"}), make_tool_result("status: paid"))
+    f.tool(f.call("refund", {"order_id": "88231"}), make_tool_result("refunded"))
     # checking the work: the order must be looked up again, not answered from the old result
-    assert f.tool(f.call("lookup", {"key": "88231"}), ok("status: refunded")) == (None, None)
+    assert f.tool(f.call("lookup", {"key": "88231"}), make_tool_result("status: refunded")) == (
+        None,
+        None,
+    )
     v = f.before(f.call("lookup", {"key": "88231"}))
     assert isinstance(v, Skip) and v.observation.startswith("status: refunded")
     assert f.field("duplicate_calls") == 1
@@ -432,8 +471,10 @@ def test_a_lookup_after_a_side_effect_is_not_a_repeat() -> None:
 
 def test_a_failed_side_effect_changes_nothing() -> None:
     f = feed()
-    f.tool(f.call("lookup", {"key": "a"}), ok("A"))
-    f.tool(f.call("refund", {"order_id": "a"}), fail("ERROR: refused"))
+    f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))
+    f.tool(
+        f.call("refund", {"order_id": "a"}), make_tool_result("ERROR: refused", error="tool_error")
+    )
     assert isinstance(f.before(f.call("lookup", {"key": "a"})), Skip)
 
 
@@ -443,16 +484,16 @@ def test_an_unchanged_poll_after_a_side_effect_is_information() -> None:
     f = feed()
     after = []
     for i in range(4):
-        after.append(f.tool(f.call("clock"), ok("speed: 0 Mbps"))[1])
-        f.tool(f.call("refund", {"order_id": f"toggle{i}"}), ok("toggled"))
+        after.append(f.tool(f.call("clock"), make_tool_result("speed: 0 Mbps"))[1])
+        f.tool(f.call("refund", {"order_id": f"toggle{i}"}), make_tool_result("toggled"))
     assert after == [None] * 4
     assert f.field("duplicate_calls") == 0
 
 
 def test_a_non_retryable_failure_may_be_tried_again_after_a_side_effect() -> None:
     f = feed()
-    f.tool(f.call("lookup", {"key": "new"}), fail("NOT_FOUND: new"))
-    f.tool(f.call("refund", {"order_id": "create new"}), ok("created"))
+    f.tool(f.call("lookup", {"key": "new"}), make_tool_result("NOT_FOUND: new", error="tool_error"))
+    f.tool(f.call("refund", {"order_id": "create new"}), make_tool_result("created"))
     assert f.before(f.call("lookup", {"key": "new"})) is None
 
 
@@ -460,8 +501,8 @@ def test_the_window_rule_counts_within_one_epoch() -> None:
     f = feed(stop_at_repeat=9)
     verdicts = []
     for i in range(3):
-        verdicts.append(f.tool(f.call("lookup", {"key": "a"}), ok("A"))[0])
-        f.tool(f.call("refund", {"order_id": str(i)}), ok("done"))
+        verdicts.append(f.tool(f.call("lookup", {"key": "a"}), make_tool_result("A"))[0])
+        f.tool(f.call("refund", {"order_id": str(i)}), make_tool_result("done"))
     assert verdicts == [None, None, None]
 
 
@@ -470,10 +511,15 @@ def test_replayed_side_effects_count_across_epochs() -> None:
     window rule stops the third one."""
     f = feed()
     c = f.call("refund", {"order_id": "88231"})
-    assert f.tool(c, ok("refund RF1")) == (None, None)
+    assert f.tool(c, make_tool_result("refund RF1")) == (None, None)
     verdicts = []
     for _ in range(2):
         c = f.call("refund", {"order_id": "88231"})
         verdicts.append(f.before(c))
-        f.after(c, skipped("refund was already executed: refund RF1", by="loopwarden"))
+        f.after(
+            c,
+            make_tool_result(
+                "refund was already executed: refund RF1", skipped=True, skipped_by="loopwarden"
+            ),
+        )
     assert kinds(verdicts) == [None, "stop:repeat_call"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from observability_support import ALWAYS_NOT_FOUND, WANDERING, repeat_guard
+from support.observability import ALWAYS_NOT_FOUND, WANDERING, repeat_guard
 
 from loopwarden import Deployment, FakeClock
 from loopwarden.cli import main as cli

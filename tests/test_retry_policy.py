@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from budget_helpers import call, config, failed, make_run, ok, scenario, skipped, tool_call, turn
+from support.budgets import config, scenario
 
 from loopwarden import Deployment, FakeClock
 from loopwarden.plugins.retry_policy import RetryPolicy, RetryPolicySettings
+from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
 
 
 def plugin(**settings: Any) -> RetryPolicy:
@@ -19,19 +20,21 @@ def test_first_failure_stays_retryable_second_spends_the_budget() -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
     p = plugin()
-    c1 = tool_call("query_logistics")
+    c1 = make_tool_call("query_logistics")
     assert p.before_tool(run, c1) is None and c1.delay_s == 0  # not a retry
-    r1 = failed("429 rate limited", retryable=True)
+    r1 = make_tool_result("429 rate limited", error="tool_error", retryable=True)
     assert p.after_tool(run, c1, r1) is None
     assert r1.retryable is True  # may be retried once
     clock.advance(0.25)  # the model thought for a while: that counts toward the backoff
-    c2 = tool_call("query_logistics", step=2)
+    run.step = 2
+    c2 = make_tool_call("query_logistics", run=run)
     assert p.before_tool(run, c2) is None
     assert c2.delay_s == pytest.approx(0.75)
-    r2 = failed("429 rate limited", retryable=True)
+    r2 = make_tool_result("429 rate limited", error="tool_error", retryable=True)
     p.after_tool(run, c2, r2)
     assert r2.retryable is False  # the budget is spent: repeat_call takes over
-    c3 = tool_call("query_logistics", step=3)
+    run.step = 3
+    c3 = make_tool_call("query_logistics", run=run)
     assert p.before_tool(run, c3) is None and c3.delay_s == 0  # no more retries granted
 
 
@@ -41,9 +44,10 @@ def test_boundaries_of_max_retries(max_retries: int) -> None:
     p = plugin(max_retries=max_retries)
     flags = []
     for i in range(max_retries + 2):
-        c = tool_call(step=i + 1)
+        run.step = i + 1
+        c = make_tool_call("query_order", run=run)
         p.before_tool(run, c)
-        r = failed(retryable=True)
+        r = make_tool_result("ERROR", error="tool_error", retryable=True)
         p.after_tool(run, c, r)
         flags.append(r.retryable)
     # failures 1..N (N = max_retries) keep it retryable; failure N+1 spends the budget
@@ -56,11 +60,12 @@ def test_backoff_grows_and_is_capped() -> None:
     p = plugin(max_retries=4, backoff_s=1.0, backoff_factor=3.0, max_backoff_s=5.0)
     delays = []
     for i in range(5):
-        c = tool_call(step=i + 1)
+        run.step = i + 1
+        c = make_tool_call("query_order", run=run)
         p.before_tool(run, c)
         delays.append(c.delay_s)
         clock.advance(c.delay_s)  # the loop waits on the run's clock
-        p.after_tool(run, c, failed(retryable=True))
+        p.after_tool(run, c, make_tool_result("ERROR", error="tool_error", retryable=True))
     assert delays == [0, 1.0, 3.0, 5.0, 5.0]
     assert p.backoff(1) == 1.0 and p.backoff(2) == 3.0 and p.backoff(3) == 5.0
 
@@ -68,8 +73,12 @@ def test_backoff_grows_and_is_capped() -> None:
 def test_a_later_plugin_delay_is_not_shortened() -> None:
     run = make_run()
     p = plugin()
-    p.after_tool(run, tool_call(), failed(retryable=True))
-    c = tool_call()
+    p.after_tool(
+        run,
+        make_tool_call("query_order"),
+        make_tool_result("ERROR", error="tool_error", retryable=True),
+    )
+    c = make_tool_call("query_order")
     c.delay_s = 10.0
     p.before_tool(run, c)
     assert c.delay_s == 10.0
@@ -78,14 +87,24 @@ def test_a_later_plugin_delay_is_not_shortened() -> None:
 def test_success_and_non_retryable_failures_forget_the_call() -> None:
     run = make_run()
     p = plugin()
-    p.after_tool(run, tool_call(), failed(retryable=True))
-    p.after_tool(run, tool_call(), ok())
-    c = tool_call()
+    p.after_tool(
+        run,
+        make_tool_call("query_order"),
+        make_tool_result("ERROR", error="tool_error", retryable=True),
+    )
+    p.after_tool(run, make_tool_call("query_order"), make_tool_result())
+    c = make_tool_call("query_order")
     p.before_tool(run, c)
     assert c.delay_s == 0
-    p.after_tool(run, tool_call(), failed(retryable=True))
-    p.after_tool(run, tool_call(), failed("NOT_FOUND"))
-    c = tool_call()
+    p.after_tool(
+        run,
+        make_tool_call("query_order"),
+        make_tool_result("ERROR", error="tool_error", retryable=True),
+    )
+    p.after_tool(
+        run, make_tool_call("query_order"), make_tool_result("NOT_FOUND", error="tool_error")
+    )
+    c = make_tool_call("query_order")
     p.before_tool(run, c)
     assert c.delay_s == 0
 
@@ -93,52 +112,57 @@ def test_success_and_non_retryable_failures_forget_the_call() -> None:
 def test_skipped_results_change_nothing() -> None:
     run = make_run()
     p = plugin()
-    r = failed(retryable=True)
-    p.after_tool(run, tool_call(), r)
-    p.after_tool(run, tool_call(), skipped())
-    r2 = failed(retryable=True)
-    p.after_tool(run, tool_call(), r2)
+    r = make_tool_result("ERROR", error="tool_error", retryable=True)
+    p.after_tool(run, make_tool_call("query_order"), r)
+    p.after_tool(
+        run,
+        make_tool_call("query_order"),
+        make_tool_result("skipped", skipped=True, skipped_by="other"),
+    )
+    r2 = make_tool_result("ERROR", error="tool_error", retryable=True)
+    p.after_tool(run, make_tool_call("query_order"), r2)
     assert r2.retryable is False  # the skip did not reset the count
 
 
 def test_timeouts_can_be_excluded() -> None:
     run = make_run()
-    r = failed("ERROR: TIMEOUT", retryable=True, error="timeout")
-    plugin(retry_timeouts=False).after_tool(run, tool_call(), r)
+    r = make_tool_result("ERROR: TIMEOUT", error="timeout", retryable=True)
+    plugin(retry_timeouts=False).after_tool(run, make_tool_call("query_order"), r)
     assert r.retryable is False
-    r = failed("ERROR: TIMEOUT", retryable=True, error="timeout")
-    plugin().after_tool(run, tool_call(), r)
+    r = make_tool_result("ERROR: TIMEOUT", error="timeout", retryable=True)
+    plugin().after_tool(run, make_tool_call("query_order"), r)
     assert r.retryable is True
 
 
 def test_state_is_bounded() -> None:
     run = make_run()
     p = plugin(max_fingerprints=2)
-    for fp in ("a", "b", "c"):
-        p.after_tool(run, tool_call(fingerprint=fp), failed(retryable=True))
-    assert list(p.state(run).failing) == ["b", "c"]
+    calls = {key: make_tool_call("query_order", order_id=key) for key in ("a", "b", "c")}
+    for c in calls.values():
+        p.after_tool(run, c, make_tool_result("ERROR", error="tool_error", retryable=True))
+    assert list(p.state(run).failing) == [calls["b"].fingerprint, calls["c"].fingerprint]
 
 
 def test_fingerprints_are_independent() -> None:
     run = make_run()
     p = plugin()
-    ra = failed(retryable=True)
-    p.after_tool(run, tool_call(fingerprint="a"), ra)
-    rb = failed(retryable=True)
-    p.after_tool(run, tool_call(fingerprint="b"), rb)
+    ra = make_tool_result("ERROR", error="tool_error", retryable=True)
+    p.after_tool(run, make_tool_call("query_order", order_id="a"), ra)
+    rb = make_tool_result("ERROR", error="tool_error", retryable=True)
+    p.after_tool(run, make_tool_call("query_order", order_id="b"), rb)
     assert ra.retryable and rb.retryable
 
 
 # -- end to end --------------------------------------------------------------------------------
 
 FAILING = {"query_logistics": {"error": {"message": "429 rate limited", "retryable": True}}}
-LOOKUP = call("query_logistics", tracking_no="SF1234567890")
+LOOKUP = tool_call("query_logistics", tracking_no="SF1234567890")
 
 
 def test_the_backoff_is_waited_on_the_run_clock() -> None:
     clock = FakeClock()
     dep = Deployment(config("retry_policy", max_steps={"max_steps": 4}), clock=clock)
-    run = dep.run(scenario=scenario([turn(LOOKUP)], tools=FAILING), clock=clock)
+    run = dep.run(scenario=scenario([turn(None, LOOKUP)], tools=FAILING), clock=clock)
     rec = run.record()
     # without repeat_call nothing skips the later repeats: 3 executions, one backoff waited
     assert rec["tools_executed"] == 3

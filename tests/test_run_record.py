@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from observability_support import ALWAYS_NOT_FOUND, SECRET_TOOL, repeat_guard
+from support.observability import ALWAYS_NOT_FOUND, SECRET_TOOL, repeat_guard
 
 from loopwarden import Deployment, FakeClock
 from loopwarden.config import Config

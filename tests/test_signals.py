@@ -6,11 +6,11 @@ import logging
 from typing import Any
 
 import pytest
-from builders import call, script
 
 from loopwarden import Deployment, Plugin, hookimpl, signals
 from loopwarden.config import default_config_path, load_config, parse_config
 from loopwarden.demo import shop_tools
+from loopwarden.testing import ScriptedModel, script, tool_call
 
 
 class Nag(Plugin):
@@ -32,7 +32,9 @@ def test_one_run_sends_the_documented_signals_in_order() -> None:
         return rec
 
     receivers = {s.name: receiver(s.name) for s in signals.ALL}
-    model = script({"tool_calls": [call("query_order", order_id="88231")]}, {"content": "ok"})
+    model = ScriptedModel(
+        script([{"tool_calls": [tool_call("query_order", order_id="88231")]}, {"content": "ok"}])
+    )
     with (
         signals.run_started.connected_to(receivers["run-started"]),
         signals.model_responded.connected_to(receivers["model-responded"]),
@@ -70,7 +72,10 @@ def test_a_failing_receiver_never_breaks_the_run(caplog: pytest.LogCaptureFixtur
     ):
         for _ in range(2):
             run = dep.run(
-                "q", model=script({"tool_calls": [call("get_current_time")]}, {"content": "ok"})
+                "q",
+                model=ScriptedModel(
+                    script([{"tool_calls": [tool_call("get_current_time")]}, {"content": "ok"}])
+                ),
             )
             assert run.record()["termination"] == "final_answer"
     failures = [
@@ -87,11 +92,11 @@ def test_deployment_connect_only_sees_its_own_runs() -> None:
     got: list[str] = []
     a.connect(signals.run_stopped, lambda sender, **kw: got.append(sender.user))
     try:
-        a.run("from a", model=script({"content": "x"}))
-        b.run("from b", model=script({"content": "x"}))
+        a.run("from a", model=ScriptedModel(script([{"content": "x"}])))
+        b.run("from b", model=ScriptedModel(script([{"content": "x"}])))
     finally:
         a.close()
-    a.run("after close", model=script({"content": "x"}))
+    a.run("after close", model=ScriptedModel(script([{"content": "x"}])))
     assert got == ["from a"]
 
 
@@ -105,7 +110,7 @@ def test_one_failing_observer_does_not_starve_the_next() -> None:
     dep.connect(signals.run_stopped, broken)
     dep.connect(signals.run_stopped, lambda sender, **kw: got.append(kw["outcome"].termination))
     try:
-        dep.run("q", model=script({"content": "x"}))
+        dep.run("q", model=ScriptedModel(script([{"content": "x"}])))
     finally:
         dep.close()
     assert got == ["final_answer"]
@@ -126,5 +131,6 @@ def test_an_unclosed_deployment_is_collected_and_its_receivers_go_with_it() -> N
     gc.collect()
     assert ref() is None
     other = Deployment(parse_config({}), tools=shop_tools())
-    other.run("q", model=script({"content": "x"}))  # the orphaned receiver removes itself
+    # the orphaned receiver removes itself
+    other.run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert len(signals.run_stopped.receivers) == before

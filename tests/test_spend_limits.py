@@ -19,8 +19,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-import store_support
-from store_support import (
+from support import stores
+from support.stores import (
     blocked_run_worker,
     deployment_for,
     make_store,
@@ -312,7 +312,7 @@ def test_replays_never_charge_shared_budgets(store_url: str, tmp_path: Path) -> 
 
 
 def _config_file(tmp_path: Path, url: str, extra: str = "") -> Path:
-    base, ns = store_support.split_url(url)
+    base, ns = stores.split_url(url)
     path = tmp_path / "config.toml"
     path.write_text(
         f"""
@@ -395,8 +395,8 @@ def test_metrics_count_spend_and_refusals(store_url: str) -> None:
 
 
 def test_crossing_warn_at_raises_an_alert(store_url: str) -> None:
-    store_support.ALERTS.clear()
-    sinks = [{"type": "callable", "target": "store_support:collect_alert", "min_severity": "warn"}]
+    stores.ALERTS.clear()
+    sinks = [{"type": "callable", "target": "support.stores:collect_alert", "min_severity": "warn"}]
     dep = deployment_for(
         store_url,
         plugins={**limits(RUNS_3), "alerting": {"sinks": sinks}},
@@ -405,7 +405,7 @@ def test_crossing_warn_at_raises_an_alert(store_url: str) -> None:
     for _ in range(3):
         dep.run(scenario="refund", meta={"tenant": "acme"})
     dep.close()  # delivers the queued alerts
-    alerts = [a for a in store_support.ALERTS if a["plugin"] == "spend_limits"]
+    alerts = [a for a in stores.ALERTS if a["plugin"] == "spend_limits"]
     assert [a["severity"] for a in alerts] == ["warn"]
     assert alerts[0]["evidence"]["scope"] == "tenant"
     assert alerts[0]["evidence"]["threshold"] == 0.8

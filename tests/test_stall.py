@@ -6,11 +6,12 @@ import random
 from typing import Any
 
 import pytest
-from detector_helpers import Feed, fail, kinds, ok, skipped
 from pydantic import ValidationError
+from support.detectors import Feed, kinds
 
 from loopwarden import ToolResult
 from loopwarden.plugins.stall import Stall, StallSettings
+from loopwarden.testing import make_tool_result
 from loopwarden.verdicts import Stop, Warn
 
 
@@ -23,7 +24,7 @@ def observe(f: Feed, *results: Any) -> list[str | None]:
     out = []
     for i, r in enumerate(results):
         c = f.call("lookup", {"query": f"search phrased way {i}"})
-        out.append(kinds([f.after(c, r if not isinstance(r, str) else ok(r))])[0])
+        out.append(kinds([f.after(c, r if not isinstance(r, str) else make_tool_result(r))])[0])
     return out
 
 
@@ -87,14 +88,21 @@ def test_only_the_last_k_results_are_compared() -> None:
 
 def test_skipped_results_are_ignored() -> None:
     f = feed()
-    got = observe(f, NOTHING, NOTHING, skipped("synthetic"), skipped("synthetic"), NOTHING)
+    got = observe(
+        f,
+        NOTHING,
+        NOTHING,
+        make_tool_result("synthetic", skipped=True, skipped_by="other"),
+        make_tool_result("synthetic", skipped=True, skipped_by="other"),
+        NOTHING,
+    )
     assert got == [None, None, None, None, "warn"]
     assert f.field("stall_rounds") == 2
 
 
 def test_repeated_failures_stall_too() -> None:
     f = feed()
-    got = observe(f, *[fail("NOT_FOUND: 订单 99999 不存在")] * 4)
+    got = observe(f, *[make_tool_result("NOT_FOUND: 订单 99999 不存在", error="tool_error")] * 4)
     assert got[-1] == "stop:stall"
 
 
@@ -103,7 +111,7 @@ def test_a_parallel_batch_is_one_round() -> None:
     f = feed()
     calls = [f.call("lookup", {"query": f"search phrased way {i}"}, index=i) for i in range(12)]
     f.respond("", calls)
-    got = [kinds([f.after(c, ok(NOTHING))])[0] for c in calls]
+    got = [kinds([f.after(c, make_tool_result(NOTHING))])[0] for c in calls]
     assert got == [None] * 12
     # judged once, when the batch's last result is in: its first result was new
     assert f.field("stall_rounds") == 0
@@ -116,7 +124,7 @@ def test_rounds_of_batches_still_stall() -> None:
         f.run.step = turn + 1
         calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(3)]
         f.respond("", calls)
-        got.append([kinds([f.after(c, ok(NOTHING))])[0] for c in calls][-1])
+        got.append([kinds([f.after(c, make_tool_result(NOTHING))])[0] for c in calls][-1])
     assert got == [None, None, "warn", "stop:stall"]
 
 
@@ -126,8 +134,8 @@ def test_one_novel_result_in_a_batch_keeps_the_round_alive() -> None:
         f.run.step = turn + 1
         calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(2)]
         f.respond("", calls)
-        f.after(calls[0], ok(NOTHING))
-        assert f.after(calls[1], ok(f"found item {turn}")) is None
+        f.after(calls[0], make_tool_result(NOTHING))
+        assert f.after(calls[1], make_tool_result(f"found item {turn}")) is None
     assert f.field("stall_rounds") == 0
 
 
@@ -153,7 +161,10 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
     rng = random.Random(11)
     for i in range(10_000):
         c = f.call("lookup", {"key": str(i)})
-        f.after(c, ok(" ".join(str(rng.randrange(50)) for _ in range(rng.randrange(1, 40)))))
+        f.after(
+            c,
+            make_tool_result(" ".join(str(rng.randrange(50)) for _ in range(rng.randrange(1, 40)))),
+        )
     st = f.run.state["stall"]
     assert len(st.recent) <= 5
 
@@ -162,13 +173,21 @@ def test_a_successful_side_effect_is_progress_however_similar_its_echo() -> None
     f = feed()
     record = '{"reservation_id": "NM1VX1", "cabin": "business", "flights": ["HAT300"]}'
     got = [
-        kinds([f.after(f.call("refund", {"order_id": str(i)}), ok(record))])[0] for i in range(5)
+        kinds([f.after(f.call("refund", {"order_id": str(i)}), make_tool_result(record))])[0]
+        for i in range(5)
     ]
     assert got == [None] * 5
     assert f.field("stall_rounds") == 0
     # a failed side effect is compared like any result
     got = [
-        kinds([f.after(f.call("refund", {"order_id": "x"}), fail("ERROR: refused"))])[0]
+        kinds(
+            [
+                f.after(
+                    f.call("refund", {"order_id": "x"}),
+                    make_tool_result("ERROR: refused", error="tool_error"),
+                )
+            ]
+        )[0]
         for _ in range(4)
     ]
     assert got == [None, None, "warn", "stop:stall"]
@@ -181,7 +200,7 @@ def observe_calls(f: Feed, *pairs: tuple[dict[str, Any], Any]) -> list[str | Non
     out = []
     for args, r in pairs:
         c = f.call("lookup", args)
-        out.append(kinds([f.after(c, r if not isinstance(r, str) else ok(r))])[0])
+        out.append(kinds([f.after(c, r if not isinstance(r, str) else make_tool_result(r))])[0])
     return out
 
 
@@ -271,6 +290,10 @@ def test_a_batch_whose_last_call_was_skipped_is_still_judged() -> None:
         f.run.step = turn + 1
         calls = [f.call("lookup", {"query": f"phrasing {turn} way {i}"}, index=i) for i in range(2)]
         f.respond("", calls)
-        f.after(calls[0], ok(NOTHING))
-        got.append(kinds([f.after(calls[1], skipped("cached"))])[0])
+        f.after(calls[0], make_tool_result(NOTHING))
+        got.append(
+            kinds(
+                [f.after(calls[1], make_tool_result("cached", skipped=True, skipped_by="other"))]
+            )[0]
+        )
     assert got == [None, None, "warn", "stop:stall"]

@@ -8,7 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from store_support import make_store, split_url
+from support.stores import make_store, split_url
 
 from loopwarden.config import ConfigError
 from loopwarden.exceptions import StoreError

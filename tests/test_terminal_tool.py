@@ -6,13 +6,14 @@ import json
 from typing import Any
 
 import pytest
-from budget_helpers import call, config, failed, make_run, ok, scenario, skipped, tool_call, turn
+from support.budgets import config, scenario
 
 from loopwarden import ConfigError, Deployment, Stop
 from loopwarden.demo import shop_tools
 from loopwarden.demo.shop import Shop, default_data_dir
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.terminal_tool import TerminalTool, TerminalToolSettings
+from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
 
 
 def plugin(**settings: Any) -> TerminalTool:
@@ -25,9 +26,9 @@ def handoff_tool() -> Any:
 
 
 def test_a_successful_terminal_call_stops_hard_with_its_observation(handoff_tool: Any) -> None:
-    run = make_run()
-    c = tool_call("transfer_to_human", tool=handoff_tool, step=3, index=1)
-    v = plugin().after_tool(run, c, ok('{"ticket_id": "H00001"}'))
+    run = make_run(tools=[handoff_tool], step=3)
+    c = make_tool_call("transfer_to_human", reason="refund", run=run, index=1)
+    v = plugin().after_tool(run, c, make_tool_result('{"ticket_id": "H00001"}'))
     assert isinstance(v, Stop) and v.reason == "terminal_tool" and not v.soft
     assert v.plugin == "terminal_tool"
     assert v.answer == '{"ticket_id": "H00001"}'
@@ -41,19 +42,29 @@ def test_a_successful_terminal_call_stops_hard_with_its_observation(handoff_tool
 
 
 def test_failed_or_skipped_calls_do_not_end_the_run(handoff_tool: Any) -> None:
-    run = make_run()
-    c = tool_call("transfer_to_human", tool=handoff_tool)
-    assert plugin().after_tool(run, c, failed("503 unavailable", retryable=True)) is None
-    assert plugin().after_tool(run, c, skipped()) is None
+    run = make_run(tools=[handoff_tool])
+    c = make_tool_call("transfer_to_human", reason="refund", run=run)
+    assert (
+        plugin().after_tool(
+            run, c, make_tool_result("503 unavailable", error="tool_error", retryable=True)
+        )
+        is None
+    )
+    assert (
+        plugin().after_tool(run, c, make_tool_result("skipped", skipped=True, skipped_by="other"))
+        is None
+    )
 
 
 def test_other_tools_do_not_end_the_run() -> None:
-    assert plugin().after_tool(make_run(), tool_call("query_order"), ok()) is None
+    assert (
+        plugin().after_tool(make_run(), make_tool_call("query_order"), make_tool_result()) is None
+    )
 
 
 def test_extra_names_and_a_custom_answer() -> None:
     p = plugin(tools=["mark_done"], answer="已完成（{tool}）：{observation}", max_evidence_chars=3)
-    v = p.after_tool(make_run(), tool_call("mark_done"), ok("done!"))
+    v = p.after_tool(make_run(), make_tool_call("mark_done"), make_tool_result("done!"))
     assert isinstance(v, Stop) and v.answer == "已完成（mark_done）：done!"
     assert v.evidence["declared_terminal"] is False and v.evidence["observation"] == "don"
 
@@ -85,8 +96,8 @@ def test_transfer_loop_ends_after_the_first_success() -> None:
 def test_a_failed_handoff_lets_the_run_go_on() -> None:
     sc = scenario(
         [
-            turn(call("transfer_to_human", reason="用户要求")),
-            turn(call("query_order", order_id="88231")),
+            turn(None, tool_call("transfer_to_human", reason="用户要求")),
+            turn(None, tool_call("query_order", order_id="88231")),
         ],
         then="final",
         tools={"transfer_to_human": {"results": [{"error": "503 unavailable", "retryable": True}]}},
@@ -99,8 +110,9 @@ def test_parallel_calls_after_the_terminal_one_do_not_run() -> None:
     sc = scenario(
         [
             turn(
-                call("transfer_to_human", reason="投诉"),
-                call("apply_refund", order_id="88231", reason="七天无理由退货"),
+                None,
+                tool_call("transfer_to_human", reason="投诉"),
+                tool_call("apply_refund", order_id="88231", reason="七天无理由退货"),
             )
         ]
     )

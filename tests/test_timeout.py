@@ -13,21 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from budget_helpers import (
-    FINAL,
-    call,
-    config,
-    failed,
-    make_run,
-    ok,
-    request,
-    scenario,
-    tool_call,
-    turn,
-)
+from support.budgets import FINAL, config, request, scenario
 
 from loopwarden import Deployment, FakeClock, Limits, Stop, SystemClock, Warn
 from loopwarden.plugins.timeout import Timeout, TimeoutSettings
+from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
 from loopwarden.tools import Tool, ToolContext, ToolRegistry, tool
 
 
@@ -114,7 +104,8 @@ def test_before_tool_sets_the_smallest_deadline(
     clock = FakeClock()
     run = make_run(clock=clock)
     clock.advance(elapsed)
-    c = tool_call(timeout=own)
+    c = make_tool_call("query_order")
+    c.timeout = own  # the tool's declared timeout_s
     assert plugin(max_seconds=100, tool_timeout_s=default).before_tool(run, c) is None
     assert c.timeout == pytest.approx(expected)
 
@@ -123,48 +114,53 @@ def test_no_tool_starts_once_the_time_is_up() -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
     clock.advance(100)
-    v = plugin(max_seconds=100, grace_s=5).before_tool(run, tool_call("query_logistics"))
+    v = plugin(max_seconds=100, grace_s=5).before_tool(run, make_tool_call("query_logistics"))
     assert isinstance(v, Stop) and v.soft and v.evidence["tool"] == "query_logistics"
 
 
 def test_after_tool_stops_on_an_overrun_by_default() -> None:
     run = make_run()
     p = plugin(max_seconds=100)
-    c = tool_call("query_logistics")
+    c = make_tool_call("query_logistics")
     p.before_tool(run, c)
-    v = p.after_tool(run, c, failed("ERROR: TIMEOUT", error="timeout", retryable=True))
+    v = p.after_tool(run, c, make_tool_result("ERROR: TIMEOUT", error="timeout", retryable=True))
     assert isinstance(v, Stop) and v.soft and v.reason == "timeout"
     assert v.message == "query_logistics did not answer in time."
     assert v.evidence["tool_error"] == "timeout" and v.evidence["tool_timeout_s"] == 30.0
-    assert p.after_tool(run, c, ok()) is None
-    assert p.after_tool(run, c, failed("ERROR: 500")) is None
+    assert p.after_tool(run, c, make_tool_result()) is None
+    assert p.after_tool(run, c, make_tool_result("ERROR: 500", error="tool_error")) is None
 
 
 def test_own_timeouts_can_be_left_to_retries() -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
     p = plugin(max_seconds=100, stop_on_tool_timeout=False)
-    c = tool_call()
+    c = make_tool_call("query_order")
     p.before_tool(run, c)  # its deadline is tool_timeout_s: time remains after it
     clock.advance(30)
-    assert p.after_tool(run, c, failed(error="timeout", retryable=True)) is None
+    assert p.after_tool(run, c, make_tool_result("ERROR", error="timeout", retryable=True)) is None
     # ... but an overrun of a deadline that was the run's time left means the time is up
     clock.advance(60)
-    c2 = tool_call()
+    c2 = make_tool_call("query_order")
     p.before_tool(run, c2)
     assert c2.timeout == pytest.approx(10)
     clock.advance(9.9999)  # returned a hair early on a real clock's rounding
-    v = p.after_tool(run, c2, failed(error="timeout", retryable=True))
+    v = p.after_tool(run, c2, make_tool_result("ERROR", error="timeout", retryable=True))
     assert isinstance(v, Stop) and v.reason == "timeout"
 
 
 def test_skipped_results_are_ignored() -> None:
-    from budget_helpers import skipped
-
     clock = FakeClock()
     run = make_run(clock=clock)
     clock.advance(500)
-    assert plugin(max_seconds=10).after_tool(run, tool_call(), skipped()) is None
+    assert (
+        plugin(max_seconds=10).after_tool(
+            run,
+            make_tool_call("query_order"),
+            make_tool_result("skipped", skipped=True, skipped_by="other"),
+        )
+        is None
+    )
 
 
 # -- end to end on a FakeClock -----------------------------------------------------------------
@@ -189,7 +185,7 @@ def _tool_observations(run: Any) -> list[str]:
 def test_a_cooperative_tool_is_cut_at_the_deadline_and_the_run_soft_stops() -> None:
     clock = FakeClock()
     dep = _deployment([cooperative], clock=clock, max_seconds=5.0)
-    run = dep.run(scenario=scenario([turn(call("cooperative"), content="等一下")]))
+    run = dep.run(scenario=scenario([turn("等一下", tool_call("cooperative"))]))
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["soft"] is True
     assert rec["stopped_by"] == "timeout"
@@ -211,7 +207,7 @@ def test_time_running_out_across_steps() -> None:
 
     clock = FakeClock()
     dep = _deployment([lookup], clock=clock, max_seconds=5.0, tool_timeout_s=3.0)
-    run = dep.run(scenario=scenario([turn(call("lookup", n=i)) for i in range(5)]))
+    run = dep.run(scenario=scenario([turn(None, tool_call("lookup", n=i)) for i in range(5)]))
     rec = run.record()
     # steps 1 and 2 take 2 s each; the third call gets the 1 s left and overruns
     assert rec["termination"] == "timeout" and rec["soft"]
@@ -230,7 +226,7 @@ def test_a_tool_that_ignores_its_deadline_past_the_grace_period_stops_hard() -> 
 
     clock = FakeClock()
     dep = _deployment([rude], clock=clock, max_seconds=5.0, grace_s=10.0)
-    run = dep.run(scenario=scenario([turn(call("rude"), content="我查一下")]))
+    run = dep.run(scenario=scenario([turn("我查一下", tool_call("rude"))]))
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["soft"] is False
     assert rec["final_answer_present"] is False
@@ -249,7 +245,7 @@ def test_without_stop_on_tool_timeout_the_run_still_ends_when_its_time_is_up() -
         return "ok"
 
     dep = _deployment([think], clock=clock, max_seconds=10.0, stop_on_tool_timeout=False)
-    run = dep.run(scenario=scenario([turn(call("think"))], then="cycle"))
+    run = dep.run(scenario=scenario([turn(None, tool_call("think"))], then="cycle"))
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["soft"] is True
     # tools end at 4 s, 8 s and 12 s (past the 2 s it had left): stop; call 4 is the final turn
@@ -287,7 +283,7 @@ def test_a_blocking_tool_is_abandoned_and_its_late_result_discarded(
         return "LATE VALUE"
 
     dep = _deployment([blocking], clock=SystemClock(), max_seconds=REAL, grace_s=30)
-    run = dep.run(scenario=scenario([turn(call("blocking"), content="查询中")]))
+    run = dep.run(scenario=scenario([turn("查询中", tool_call("blocking"))]))
     rec = run.record()
     assert not finished.is_set()  # the run ended while the tool was still blocked
     assert rec["termination"] == "timeout" and rec["soft"] is True
@@ -302,7 +298,7 @@ def test_a_blocking_tool_is_abandoned_and_its_late_result_discarded(
 
 def test_a_cooperative_tool_on_the_real_clock() -> None:
     dep = _deployment([cooperative], clock=SystemClock(), max_seconds=REAL, grace_s=30)
-    run = dep.run(scenario=scenario([turn(call("cooperative"))]))
+    run = dep.run(scenario=scenario([turn(None, tool_call("cooperative"))]))
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["soft"]
     assert _tool_observations(run)[0].startswith("ERROR: TIMEOUT")
@@ -317,7 +313,7 @@ async def async_hang() -> str:
 
 def test_an_async_tool_is_cancelled_in_a_sync_run() -> None:
     dep = _deployment([async_hang], clock=SystemClock(), max_seconds=REAL, grace_s=30)
-    run = dep.run(scenario=scenario([turn(call("async_hang"))]))
+    run = dep.run(scenario=scenario([turn(None, tool_call("async_hang"))]))
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["soft"]
     assert _tool_observations(run)[0].startswith("ERROR: TIMEOUT: async_hang")
@@ -325,7 +321,7 @@ def test_an_async_tool_is_cancelled_in_a_sync_run() -> None:
 
 def test_an_async_tool_is_cancelled_in_an_async_run() -> None:
     dep = _deployment([async_hang], clock=SystemClock(), max_seconds=REAL, grace_s=30)
-    run = asyncio.run(dep.arun(scenario=scenario([turn(call("async_hang"))])))
+    run = asyncio.run(dep.arun(scenario=scenario([turn(None, tool_call("async_hang"))])))
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["soft"]
     assert rec["final_answer"] == FINAL
@@ -347,7 +343,7 @@ def test_a_blocking_tool_in_an_async_run_does_not_hold_the_event_loop(
     dep = _deployment([blocking_async_run], clock=SystemClock(), max_seconds=REAL, grace_s=30)
     # asyncio.run() waits for its default executor's threads at exit: an abandoned tool must
     # not be one of them, or a hung tool would hang the program.
-    run = asyncio.run(dep.arun(scenario=scenario([turn(call("blocking_async_run"))])))
+    run = asyncio.run(dep.arun(scenario=scenario([turn(None, tool_call("blocking_async_run"))])))
     assert not finished.is_set()
     assert run.record()["termination"] == "timeout"
     assert _tool_observations(run)[0].startswith("ERROR: TIMEOUT")
@@ -365,7 +361,9 @@ def test_a_blocking_tool_that_answers_in_time_in_an_async_run() -> None:
         return f"value {n}"
 
     dep = _deployment([quick], clock=SystemClock(), max_seconds=30)
-    sc = scenario([turn(call("quick", n=1)), turn(call("quick", n=-1))], then="final")
+    sc = scenario(
+        [turn(None, tool_call("quick", n=1)), turn(None, tool_call("quick", n=-1))], then="final"
+    )
     run = asyncio.run(dep.arun(scenario=sc))
     assert run.record()["termination"] == "final_answer"
     assert _tool_observations(run) == ["value 1", "ERROR: ValueError: negative"]

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from budget_helpers import call, config, make_run, request, response, scenario, turn
+from support.budgets import config, request, response, scenario
 
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
 from loopwarden import tokens as tokens_mod
 from loopwarden.plugins.token_budget import TokenBudget, TokenBudgetSettings
+from loopwarden.testing import make_run, tool_call, turn
 from loopwarden.tokens import (
     estimate_message,
     estimate_text,
@@ -199,7 +200,7 @@ def test_cjk_counts_one_token_per_character_english_about_four_characters() -> N
 
 def _flood(observation: str, max_context: int) -> dict[str, Any]:
     sc = scenario(
-        [turn(call("search_knowledge", query="退货"), content="查一下")],
+        [turn("查一下", tool_call("search_knowledge", query="退货"))],
         then="final",
         tools={"search_knowledge": {"results": [observation]}},
     )

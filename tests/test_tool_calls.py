@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from budget_helpers import FINAL, call, config, make_run, ok, scenario, skipped, tool_call, turn
+from support.budgets import FINAL, config, scenario
 
 from loopwarden import ConfigError, Deployment, Skip, Stop, Warn
 from loopwarden.demo import shop_tools
 from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.tool_calls import ToolCalls, ToolCallsSettings
+from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
 
 
 def plugin(**settings: Any) -> ToolCalls:
@@ -20,9 +21,9 @@ def plugin(**settings: Any) -> ToolCalls:
 def ran(p: ToolCalls, run: Any, n: int, name: str = "query_order") -> None:
     """``n`` calls of ``name`` that passed before_tool and ran."""
     for i in range(n):
-        c = tool_call(name, index=i)
+        c = make_tool_call(name, index=i)
         assert p.before_tool(run, c) is None
-        p.after_tool(run, c, ok())
+        p.after_tool(run, c, make_tool_result())
 
 
 # -- hook level: boundaries --------------------------------------------------------------------
@@ -33,9 +34,9 @@ def test_run_cap_boundaries(limit: int) -> None:
     p = plugin(max_tool_calls=limit, warn_at=None)
     run = make_run()
     ran(p, run, limit - 1)
-    assert p.before_tool(run, tool_call()) is None  # call N runs
-    p.after_tool(run, tool_call(), ok())
-    v = p.before_tool(run, tool_call())  # call N+1 does not
+    assert p.before_tool(run, make_tool_call("query_order")) is None  # call N runs
+    p.after_tool(run, make_tool_call("query_order"), make_tool_result())
+    v = p.before_tool(run, make_tool_call("query_order"))  # call N+1 does not
     assert isinstance(v, Skip)
     assert v.observation.startswith("ERROR: LIMIT_REACHED: query_order was not executed")
     assert v.evidence == {
@@ -53,31 +54,32 @@ def test_end_stops_the_run() -> None:
     p = plugin(max_tool_calls=2, on_exceed="end", warn_at=None)
     run = make_run()
     ran(p, run, 2)
-    v = p.before_tool(run, tool_call())
+    v = p.before_tool(run, make_tool_call("query_order"))
     assert isinstance(v, Stop) and v.reason == "max_tool_calls" and v.soft
     assert v.message == "The limit of 2 tool calls per run is reached."
     hard = plugin(max_tool_calls=2, on_exceed="end", soft=False, warn_at=None)
     ran(hard, run, 0)
     hard.state(run).used = 2
-    v = hard.before_tool(run, tool_call())
+    v = hard.before_tool(run, make_tool_call("query_order"))
     assert isinstance(v, Stop) and not v.soft
 
 
 def test_only_calls_that_ran_count() -> None:
     p = plugin(max_tool_calls=1, warn_at=None)
     run = make_run()
-    c = tool_call()
+    c = make_tool_call("query_order")
     assert p.before_tool(run, c) is None
-    p.after_tool(run, c, skipped())  # a later plugin skipped it: nothing ran
-    assert p.before_tool(run, tool_call()) is None
+    # a later plugin skipped it: nothing ran
+    p.after_tool(run, c, make_tool_result("skipped", skipped=True, skipped_by="other"))
+    assert p.before_tool(run, make_tool_call("query_order")) is None
 
 
 def test_the_hint_is_injected_once() -> None:
     p = plugin(max_tool_calls=1, warn_at=None)
     run = make_run()
     ran(p, run, 1)
-    first = p.before_tool(run, tool_call())
-    second = p.before_tool(run, tool_call())
+    first = p.before_tool(run, make_tool_call("query_order"))
+    second = p.before_tool(run, make_tool_call("query_order"))
     assert isinstance(first, Skip) and isinstance(second, Skip)
     assert first.message and "Answer from what you already know" in first.message
     assert second.message is None
@@ -89,10 +91,10 @@ def test_per_tool_caps(cap: int) -> None:
     p = plugin(per_tool={"apply_refund": cap}, warn_at=None)
     run = make_run()
     ran(p, run, cap, "apply_refund")
-    v = p.before_tool(run, tool_call("apply_refund"))
+    v = p.before_tool(run, make_tool_call("apply_refund"))
     assert isinstance(v, Skip) and v.evidence["scope"] == "tool" and v.evidence["limit"] == cap
     assert "per tool" in v.observation
-    assert p.before_tool(run, tool_call("query_order")) is None  # other tools go on
+    assert p.before_tool(run, make_tool_call("query_order")) is None  # other tools go on
 
 
 def test_max_per_tool_applies_to_declared_tools_and_per_tool_overrides_it() -> None:
@@ -100,19 +102,22 @@ def test_max_per_tool_applies_to_declared_tools_and_per_tool_overrides_it() -> N
 
     tools = Shop().tools()
     p = plugin(max_per_tool=1, per_tool={"search_knowledge": 3}, warn_at=None)
-    run = make_run()
-    order, search = tools.get("query_order"), tools.get("search_knowledge")
-    c = tool_call("query_order", tool=order)
+    run = make_run(tools=tools)
+    c = make_tool_call("query_order", order_id="88231", run=run)
     assert p.before_tool(run, c) is None
-    p.after_tool(run, c, ok())
-    assert isinstance(p.before_tool(run, tool_call("query_order", tool=order)), Skip)
+    p.after_tool(run, c, make_tool_result())
+    assert isinstance(
+        p.before_tool(run, make_tool_call("query_order", order_id="88231", run=run)), Skip
+    )
     for _ in range(3):
-        c = tool_call("search_knowledge", tool=search)
+        c = make_tool_call("search_knowledge", query="refund", run=run)
         assert p.before_tool(run, c) is None
-        p.after_tool(run, c, ok())
-    assert isinstance(p.before_tool(run, tool_call("search_knowledge", tool=search)), Skip)
+        p.after_tool(run, c, make_tool_result())
+    assert isinstance(
+        p.before_tool(run, make_tool_call("search_knowledge", query="refund", run=run)), Skip
+    )
     # an undeclared name is not tracked per tool (bounded state): only the run cap applies
-    assert p.tool_cap(tool_call("made_up")) is None
+    assert p.tool_cap(make_tool_call("made_up")) is None
 
 
 def test_warns_once_at_70_percent() -> None:
@@ -120,9 +125,9 @@ def test_warns_once_at_70_percent() -> None:
     run = make_run()
     verdicts = []
     for i in range(10):
-        c = tool_call(index=i)
+        c = make_tool_call("query_order", index=i)
         p.before_tool(run, c)
-        verdicts.append(p.after_tool(run, c, ok()))
+        verdicts.append(p.after_tool(run, c, make_tool_result()))
     warns = [(i + 1, v) for i, v in enumerate(verdicts) if v is not None]
     assert len(warns) == 1 and warns[0][0] == 7
     assert isinstance(warns[0][1], Warn)
@@ -140,11 +145,11 @@ def test_settings_are_checked() -> None:
 
 
 def _parallel(n: int) -> list[dict[str, Any]]:
-    return [call("search_knowledge", query=f"问题 {i}") for i in range(n)]
+    return [tool_call("search_knowledge", query=f"问题 {i}") for i in range(n)]
 
 
 def test_parallel_calls_past_the_cap_get_an_error_and_the_run_goes_on() -> None:
-    sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
+    sc = scenario([turn("一次查五个", *_parallel(5))], then="final")
     dep = Deployment(
         config("tool_calls", tool_calls={"max_tool_calls": 3, "warn_at": None}), tools=shop_tools()
     )
@@ -164,7 +169,7 @@ def test_parallel_calls_past_the_cap_get_an_error_and_the_run_goes_on() -> None:
 
 
 def test_parallel_calls_past_the_cap_end_the_run() -> None:
-    sc = scenario([turn(*_parallel(5), content="一次查五个")], then="final")
+    sc = scenario([turn("一次查五个", *_parallel(5))], then="final")
     dep = Deployment(
         config("tool_calls", tool_calls={"max_tool_calls": 3, "on_exceed": "end", "warn_at": None}),
         tools=shop_tools(),
@@ -180,7 +185,9 @@ def test_parallel_calls_past_the_cap_end_the_run() -> None:
 
 
 def test_a_run_cap_across_turns() -> None:
-    sc = scenario([turn(call("search_knowledge", query=f"q{i}")) for i in range(6)], then="final")
+    sc = scenario(
+        [turn(None, tool_call("search_knowledge", query=f"q{i}")) for i in range(6)], then="final"
+    )
     dep = Deployment(
         config("tool_calls", tool_calls={"max_tool_calls": 4, "on_exceed": "end", "warn_at": 0.7}),
         tools=shop_tools(),
@@ -194,7 +201,6 @@ def test_a_run_cap_across_turns() -> None:
 def test_parse_calls_is_the_loops_own_parser() -> None:
     from loopwarden.events import ModelResponse, ProposedCall
     from loopwarden.loop import parse_calls
-    from loopwarden.testing import make_run
 
     run = make_run(tools=shop_tools())
     response = ModelResponse(

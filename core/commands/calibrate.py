@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from loopwarden.calibrate import MARGIN, MIN_RUNS
 
-    parser.add_argument("file", help="trajectory JSONL (DESIGN's format) or run-record JSONL")
+    parser.add_argument("file", help="trajectory JSONL (docs/contracts.md) or run-record JSONL")
     parser.add_argument(
         "--margin",
         type=float,

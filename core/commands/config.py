@@ -53,10 +53,8 @@ def main(args: argparse.Namespace) -> int:
         with Deployment(config) as dep:
             plugins = dep.plugins
             check_tables(config)
-            for lp in plugins:  # what a plugin can only find out about its surroundings
-                check_config = getattr(lp.obj, "check_config", None)
-                if callable(check_config):
-                    check_config(path=config.path)
+            # what a plugin can only find out about its surroundings
+            dep.hooks.validate_config(config)
             if config.model.provider == "openai":  # the live model must be acceptable too
                 dep.check_model(config.model.name)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")

@@ -11,7 +11,7 @@ from loopwarden.commands import add_config_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="trajectory JSONL (DESIGN's trajectory format)")
+    parser.add_argument("file", help="trajectory JSONL (the format of docs/contracts.md)")
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
     parser.add_argument(
         "--tools",

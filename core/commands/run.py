@@ -26,6 +26,7 @@ from loopwarden.commands import add_config_argument
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
+    from loopwarden.tools import ToolRegistry
 
 #: the run was carried out (an answer, or a guard's stop)
 EXIT_OK = 0
@@ -75,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="play a scenario file (or a built-in scenario's name) offline",
     )
+    parser.add_argument(
+        "--tools",
+        metavar="MODULE:ATTR",
+        help="the tools to give the model: a ToolRegistry, a list of tools, or a function "
+        "returning one (default: the demo shop at [shop] db_path)",
+    )
     parser.add_argument("--profile", help="a profile from [profiles] (steps, tokens, seconds)")
     parser.add_argument("--json", action="store_true", help="print the run record as JSON")
     parser.add_argument(
@@ -94,6 +101,48 @@ def _meta_item(text: str) -> tuple[str, str]:
     if not sep or not key or not value:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key, value
+
+
+def load_tools(spec: str) -> ToolRegistry:
+    """The tools ``--tools MODULE:ATTR`` names: a :class:`~loopwarden.tools.ToolRegistry`, a
+    tool, an iterable of tools, or a function of no arguments returning one of those.  Any
+    failure is a :class:`~loopwarden.ConfigError` (exit 2) naming the spec."""
+    import importlib
+
+    from loopwarden.exceptions import ConfigError
+    from loopwarden.tools import Tool, ToolRegistry
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"--tools {spec}: {why}")
+
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise bad("expected MODULE:ATTR, e.g. mypackage.tools:registry")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except (Exception, SystemExit) as exc:  # module code may do anything
+        raise bad(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise bad(f"{mod_name!r} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, (Tool, ToolRegistry)):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise bad(f"calling {attr}() failed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(obj, ToolRegistry):
+        return obj
+    if isinstance(obj, Tool):
+        return ToolRegistry([obj])
+    items = list(obj) if isinstance(obj, (list, tuple, set, frozenset)) else None
+    if items is None or not all(isinstance(t, Tool) for t in items):
+        raise bad(
+            f"expected a ToolRegistry, a tool, a list of tools or a function returning one, "
+            f"got {type(obj).__name__}"
+        )
+    return ToolRegistry(items)
 
 
 def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
@@ -132,9 +181,13 @@ def main(args: argparse.Namespace) -> int:
     meta = dict(args.meta) or None
     from loopwarden import demo
 
-    config = demo.with_shop_prompt(load_config(args.config))
-    # the command line plays against the demo's tools (its scenarios script the rest)
-    deployment = Deployment(config, tools=demo.config_tools(config))
+    config = load_config(args.config)
+    if args.tools:
+        tools = load_tools(args.tools)
+    else:  # the demo's tools (its scenarios script the rest), and its system prompt
+        config = demo.with_shop_prompt(config)
+        tools = demo.config_tools(config)
+    deployment = Deployment(config, tools=tools)
     window, source = config.model.window()
     if source == "default":
         print(

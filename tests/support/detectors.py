@@ -1,25 +1,25 @@
-"""Builders for hook-level detector tests: a run, declared tools, calls, results, responses.
+"""What the hook-level detector tests share beyond :mod:`loopwarden.testing`: declared tools
+of each kind, and a :class:`Feed`.
 
 A :class:`Feed` drives one plugin object through hook calls exactly as the loop orders them
-(``after_response`` with the parsed calls, then ``before_tool`` / ``after_tool`` per call), so
-unit tests read like the run they describe.
+(``after_response`` with the parsed calls, then ``before_tool`` / ``after_tool`` per call), on
+one run and one plugin object whose state carries over, so unit tests read like the run they
+describe.  The run, the calls and the results are the kit's (:func:`~loopwarden.testing.make_run`,
+:func:`~loopwarden.testing.make_tool_call`, :func:`~loopwarden.testing.make_tool_result`).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from loopwarden import FakeClock, ModelResponse, Run, ToolCall, ToolResult
-from loopwarden.fingerprint import Fingerprinter
-from loopwarden.tools import Tool, ToolRegistry, tool
+from loopwarden import ModelResponse, ToolCall, ToolResult
+from loopwarden.testing import make_run, make_tool, make_tool_call, make_tool_result
+from loopwarden.tools import ToolRegistry, tool
 from loopwarden.verdicts import Skip, Stop, Verdict, Warn
 
-
-@tool(read_only=True, deterministic=True)
-def lookup(key: str) -> str:
-    """A read-only, deterministic lookup."""
-    return key
+#: a read-only, deterministic lookup that takes any arguments: the tests look things up by
+#: key, by free-text query or by SKU, and add volatile keys such as ``request_id``
+lookup = make_tool("lookup", read_only=True, deterministic=True)
 
 
 @tool(read_only=True, deterministic=False)
@@ -41,19 +41,6 @@ def recompute(key: str) -> str:
 
 
 TOOLS = ToolRegistry([lookup, clock, refund, recompute])
-FINGERPRINT = Fingerprinter()
-
-
-def ok(content: str) -> ToolResult:
-    return ToolResult(content=content)
-
-
-def fail(content: str, *, retryable: bool = False, error: Any = "tool_error") -> ToolResult:
-    return ToolResult(content=content, ok=False, error=error, retryable=retryable)
-
-
-def skipped(content: str, by: str = "other") -> ToolResult:
-    return ToolResult(content=content, skipped=True, skipped_by=by)
 
 
 class Feed:
@@ -62,7 +49,7 @@ class Feed:
     def __init__(self, plugin: Any, tools: ToolRegistry = TOOLS) -> None:
         self.plugin = plugin
         self.tools = tools
-        self.run = Run("user", tools=tools, clock=FakeClock())
+        self.run = make_run("user", tools=tools)
         self.verdicts: list[Verdict] = []
         self._ids = 0
 
@@ -74,20 +61,12 @@ class Feed:
         index: int = 0,
         error: Any = None,
     ) -> ToolCall:
-        args = arguments if arguments is not None else {}
-        t: Tool | None = self.tools.get(name)
+        """The kit's parsed call on this run (``error``: as if parsing had failed so)."""
         self._ids += 1
-        return ToolCall(
-            name=name,
-            arguments=args,
-            raw_arguments=json.dumps(args, ensure_ascii=False),
-            id=f"call_{self._ids}",
-            step=self.run.step,
-            index=index,
-            fingerprint=FINGERPRINT(name, args),
-            tool=t,
-            error=error if error is not None else (None if t is not None else "unknown_tool"),
-        )
+        call = make_tool_call(name, arguments, run=self.run, index=index, id=f"call_{self._ids}")
+        if error is not None:
+            call.error = error
+        return call
 
     def field(self, name: str) -> Any:
         """The plugin's run-record field ``name`` (its ``record_fields`` hook)."""
@@ -122,7 +101,7 @@ class Feed:
         plugin skipped the call, as the loop does."""
         b = self.before(call)
         if isinstance(b, Skip):
-            result = skipped(b.observation, by=b.plugin)
+            result = make_tool_result(b.observation, skipped=True, skipped_by=b.plugin)
         return b, self.after(call, result)
 
     def turn(self, content: str | None, *calls: tuple[ToolCall, ToolResult]) -> list[Verdict]:

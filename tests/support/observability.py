@@ -21,7 +21,7 @@ from typing import Any
 
 from loopwarden import Plugin, Run, ToolCall, Verdict, hookimpl
 
-DATA = Path(__file__).parent / "observability_data"
+DATA = Path(__file__).parent.parent / "observability_data"
 ALWAYS_NOT_FOUND = str(DATA / "always_not_found.toml")
 WANDERING = str(DATA / "wandering.toml")
 SECRET_TOOL = str(DATA / "secret_tool.toml")
@@ -109,7 +109,7 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}/alerts"
 
 
-#: alerts delivered to the callable sink ``observability_support:collect``
+#: alerts delivered to the callable sink ``support.observability:collect``
 COLLECTED: list[dict[str, Any]] = []
 
 
