@@ -112,7 +112,7 @@ class PluginRun:
 
     @property
     def record(self) -> dict[str, Any]:
-        """The run record (DESIGN's contract)."""
+        """The run record (the contract in docs/contracts.md)."""
         return self.run.record()
 
     @property

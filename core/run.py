@@ -219,7 +219,7 @@ class Run:
             "final_answer": o.final_answer,
             "final_answer_present": o.final_answer_present,
             "elapsed_s": round(self.elapsed, 6),
-            # extensions (compatible additions to the DESIGN contract)
+            # extensions (compatible additions to the contract in docs/contracts.md)
             "tools_executed": self.tools_executed,
             "profile": self.limits.name,
             "model": self.model_name,
@@ -240,7 +240,7 @@ class Run:
         return record
 
     def trajectory(self) -> list[dict[str, Any]]:
-        """The run as trajectory steps (DESIGN's format), derived from the messages."""
+        """The run as trajectory steps (docs/contracts.md), derived from the messages."""
         steps: list[dict[str, Any]] = []
         current: dict[str, Any] | None = None
         for m in self.messages:
