@@ -1,9 +1,10 @@
 """Loading and validating ``config.toml``.
 
 A deployment is one TOML file: the model, the run's texts and defaults, named profiles, the
-demo shop, and the plugins -- ``[plugins] enabled`` (whose order is the call order) and one
-``[plugins.<name>]`` table per plugin, validated by that plugin's settings model when the
-plugins load.  Unknown keys are errors.  A bad file raises :class:`ConfigError` naming the
+shared store, tool natures, and the plugins -- ``[plugins] enabled`` (whose order is the call
+order) and one ``[plugins.<name>]`` table per plugin, validated by that plugin's settings model
+when the plugins load.  Unknown keys are errors (``[shop]``, the demo's table, is kept as
+written and validated by :mod:`loopwarden.demo`).  A bad file raises :class:`ConfigError` naming the
 file, the key and what was expected, before any run starts.
 
 Where the file comes from: ``--config FILE``; else ``./config.toml`` if present; else the
