@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ from loopwarden.stash import Stash
 from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
+    from decimal import Decimal
+
     from loopwarden.deployment import Deployment
     from loopwarden.store import Shared
     from loopwarden.tools import ToolRegistry
@@ -193,6 +196,24 @@ class Run:
     @property
     def finished(self) -> bool:
         return self.outcome is not None
+
+    @property
+    def cost(self) -> Decimal:
+        """Deprecated since 0.2 (removed in 0.3): what ``cost_budget`` has priced so far.
+
+        The spend is the ``cost_budget`` plugin's own state now; read it with
+        :func:`loopwarden.plugins.cost_budget.run_cost`.  This alias keeps 0.1 plugins that
+        read ``run.cost`` working, with a :class:`DeprecationWarning`.
+        """
+        warnings.warn(
+            "Run.cost is deprecated: use loopwarden.plugins.cost_budget.run_cost(run)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # a deprecated alias, imported lazily: the core itself never reads a plugin's state
+        from loopwarden.plugins.cost_budget import run_cost
+
+        return run_cost(self)
 
     # -- record --------------------------------------------------------------------------
 
