@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from loopwarden.models import Model
 
 __all__ = ["Deployment", "scripted_tools"]
+
+log = logging.getLogger("loopwarden.deployment")
 
 
 class _AnyArgs(BaseModel):
@@ -123,6 +126,23 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
             )
         reg.add(tool, replace=True)
     return reg
+
+
+def _warn_unknown_tools(scenario: Scenario, tools: ToolRegistry) -> None:
+    """Say so when a scenario's turns call tools the run will not have: the calls become
+    unknown-tool observations (and with no tools at all the scripted model only answers),
+    which is right for a scenario about bad calls and a surprise for one written against
+    other tools -- the built-in scenarios need the demo shop's."""
+    called = {c.name for t in scenario.model.turns for c in t.tool_calls}
+    missing = sorted(called.difference(tools.names))
+    if missing:
+        log.warning(
+            "scenario %r calls tools the deployment neither has nor scripts: %s (they will "
+            "be unknown tools; give the deployment its tools, e.g. tools=loopwarden.demo."
+            "shop_tools() for the built-in scenarios)",
+            scenario.name,
+            ", ".join(missing),
+        )
 
 
 def _disconnect_all(receivers: list[tuple[NamedSignal, Callable[..., Any]]]) -> None:
@@ -325,6 +345,7 @@ class Deployment:
             user = user if user is not None else sc.user
             model = model or ScriptedModel(sc.model, estimator=self.estimator)
             tools = scripted_tools(tools if tools is not None else self.tools, sc)
+            _warn_unknown_tools(sc, tools)
             profile = profile or sc.profile
         if user is None:
             raise ValueError("a run needs the user's message (or a scenario)")

@@ -18,13 +18,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from loopwarden._deadline import CANCEL_GRACE_S, Ending, await_within, call_within
+from loopwarden.config import Texts
 from loopwarden.events import ToolCall, ToolResult
 from loopwarden.exceptions import ToolError
 
 if TYPE_CHECKING:
     from loopwarden._effects import RunTool
     from loopwarden.clock import CancelToken
-    from loopwarden.config import Texts
+    from loopwarden.loop import Engine
     from loopwarden.run import Run
 
 __all__ = ["daemon_thread", "run_tool_async", "run_tool_sync"]
@@ -32,9 +33,16 @@ __all__ = ["daemon_thread", "run_tool_async", "run_tool_sync"]
 log = logging.getLogger("loopwarden.loop")
 
 
-def run_tool_sync(t: Texts, eff: RunTool, run: Run) -> ToolResult:
+def _texts(t: Texts | Engine) -> Texts:
+    """The loop's texts: given as they are, or as an engine (the 0.1 signature)."""
+    return t if isinstance(t, Texts) else t.texts
+
+
+def run_tool_sync(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for a synchronous run: inline, on an event loop of its own (an async
-    tool), or in a worker thread under its deadline (a blocking tool)."""
+    tool), or in a worker thread under its deadline (a blocking tool).  ``t`` is the run's
+    :class:`~loopwarden.config.Texts` (or, as in 0.1, the :class:`~loopwarden.loop.Engine`)."""
+    t = _texts(t)
     tool, ctx = eff.tool, eff.ctx
     if eff.call.delay_s > 0:
         run.clock.sleep(eff.call.delay_s, run.cancel)
@@ -104,9 +112,10 @@ def run_tool_sync(t: Texts, eff: RunTool, run: Run) -> ToolResult:
     return tool_result(t, eff, payload, started, run)
 
 
-async def run_tool_async(t: Texts, eff: RunTool, run: Run) -> ToolResult:
+async def run_tool_async(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
-    thread (a blocking tool), under its deadline."""
+    thread (a blocking tool), under its deadline.  ``t`` as for :func:`run_tool_sync`."""
+    t = _texts(t)
     tool, ctx = eff.tool, eff.ctx
     if eff.call.delay_s > 0:
         await run.clock.asleep(eff.call.delay_s, run.cancel)

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Collection, Generator
 from typing import TYPE_CHECKING, Any
 
-from loopwarden import signals
+from loopwarden import execution, signals
 from loopwarden._calls import (
     clean_response,
     ignore_proposals,
@@ -87,6 +87,28 @@ class Engine:
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
         # id cannot be reused by another list while cached; bounded (cleared when full)
         self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
+
+    # -- tool execution, for drivers written against 0.1 (see loopwarden.execution) ----------
+
+    def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
+        """Execute one tool call in a synchronous run (:mod:`loopwarden.execution`)."""
+        return execution.run_tool_sync(self.texts, eff, run)
+
+    async def run_tool_async(self, eff: RunTool, run: Run) -> ToolResult:
+        """Execute one tool call in an async run (:mod:`loopwarden.execution`)."""
+        return await execution.run_tool_async(self.texts, eff, run)
+
+    def tool_result(self, eff: RunTool, value: Any, started: float, run: Run) -> ToolResult:
+        """Turn a tool's return value into a result (late results become timeouts)."""
+        return execution.tool_result(self.texts, eff, value, started, run)
+
+    def timeout_result(self, call: ToolCall, elapsed: float) -> ToolResult:
+        """The result of a call abandoned at its deadline."""
+        return execution.timeout_result(self.texts, call, elapsed)
+
+    def error_result(self, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
+        """The result of a tool that raised."""
+        return execution.error_result(self.texts, eff, exc, elapsed)
 
     # -- helpers -------------------------------------------------------------------------
 

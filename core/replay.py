@@ -74,6 +74,7 @@ from loopwarden.clock import FakeClock
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.loop import CallModel, Engine
 from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.stash import StashKey
 from loopwarden.tokens import estimate_message
 from loopwarden.tools import ToolRegistry
 
@@ -184,7 +185,9 @@ class _Prompts:
     recorded: list[int | None] = field(default_factory=list)  # this run's, by step index
 
 
-_PROMPTS = "_replay_prompts"  # the run.state slot of the sizing (private to the replay)
+#: the replay's request sizing for a run (in ``run.stash``: core state stays out of the
+#: plugins' ``run.state`` namespace)
+_PROMPTS = StashKey["_Prompts"]()
 
 
 class ReplayEngine(Engine):
@@ -203,7 +206,7 @@ class ReplayEngine(Engine):
 
     @staticmethod
     def _size(run: Run, request: ModelRequest) -> None:
-        p: _Prompts | None = run.state.get(_PROMPTS)
+        p: _Prompts | None = run.stash.get(_PROMPTS, None)
         if p is None:
             return
         idx = run.step  # 0-based index of the recorded turn this request stands for
@@ -279,7 +282,7 @@ def replay_trajectory(
             if name in state:
                 run.state[name] = state[name]
         prompts.recorded = [_recorded_prompt(s) for s in seg_steps]
-        run.state[_PROMPTS] = prompts
+        run.stash[_PROMPTS] = prompts
         result.runs += 1
         outcome, n = _drive_recorded(engine, run, seg_steps)
         reached += n

@@ -215,6 +215,20 @@ class Run:
 
         return run_cost(self)
 
+    @cost.setter
+    def cost(self, value: Decimal) -> None:
+        warnings.warn(
+            "Run.cost is deprecated: the spend is cost_budget's state "
+            "(loopwarden.plugins.cost_budget.RUN_COST in run.stash)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from decimal import Decimal as _Decimal
+
+        from loopwarden.plugins.cost_budget import RUN_COST
+
+        self.stash[RUN_COST] = _Decimal(str(value))
+
     # -- record --------------------------------------------------------------------------
 
     def record(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ a defined profile, text templates must use known fields -- are checked by
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,14 +82,21 @@ def _doc_of(spec: str) -> str:
     return _summary(inspect.getdoc(getattr(importlib.import_module(mod_name), attr)))
 
 
-def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
+def config_schema(
+    config_path: str | Path | None = None,
+    tables: Mapping[str, type[BaseModel]] | None = None,
+) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a whole config file.
 
     :param config_path: a config whose enabled plugins' settings are included besides the
         built-ins'; None for the built-ins only.
+    :param tables: top-level tables the core keeps as written and another package validates,
+        by name, with that package's model (``loopwarden config schema`` passes the demo's
+        ``[shop]``).
     """
     plugins = plugin_settings_models(config_path)
-    models: list[type[BaseModel]] = [Config]
+    extra = dict(tables or {})
+    models: list[type[BaseModel]] = [Config, *extra.values()]
     for model, _ in plugins.values():
         if model is not None and model not in models:
             models.append(model)
@@ -99,6 +107,8 @@ def config_schema(config_path: str | Path | None = None) -> dict[str, Any]:
     config_key = refs[(Config, "validation")]["$ref"].rsplit("/", 1)[-1]
     root = defs.pop(config_key)
     root["properties"].pop("path", None)
+    for name, model in extra.items():
+        root["properties"][name] = dict(refs[(model, "validation")])
     plugins_key = root["properties"]["plugins"].get("$ref", "").rsplit("/", 1)[-1]
     core_plugins = defs.pop(plugins_key, None) or PluginsConfig.model_json_schema()
     properties: dict[str, Any] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,17 @@ def _isolated_data_dir(
     ):
         monkeypatch.delenv(var, raising=False)
     return d
+
+
+@pytest.fixture(autouse=True)
+def _restore_loopwarden_logger() -> Iterator[None]:
+    """``loopwarden.cli.main`` configures the "loopwarden" logger, as a command line should
+    (level, a stderr handler); undo it so that no test sees another test's CLI settings."""
+    logger = logging.getLogger("loopwarden")
+    level, handlers = logger.level, list(logger.handlers)
+    yield
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
 
 
 @pytest.fixture

@@ -126,3 +126,37 @@ def test_the_old_import_path_of_the_shop_still_works(tmp_path: Path) -> None:
     from loopwarden.tools.shop import Shop as Old
 
     assert Old is Shop
+
+
+def test_a_scenario_calling_tools_the_run_lacks_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with Deployment(parse_config({}, path="<test>")) as dep, caplog.at_level("WARNING"):
+        run = dep.run(scenario="always-not-found")
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "loopwarden.deployment"]
+    assert "'always-not-found'" in message and "query_order" in message
+    assert "loopwarden.demo.shop_tools()" in message
+    assert run.record()["tools_executed"] == 0
+
+
+def test_no_warning_when_the_scenario_scripts_or_the_deployment_has_its_tools(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from loopwarden.demo import shop_tools
+
+    with (
+        Deployment(parse_config({}, path="<test>"), tools=shop_tools()) as dep,
+        caplog.at_level("WARNING"),
+    ):
+        dep.run(scenario="always-not-found")
+    assert not [r for r in caplog.records if r.name == "loopwarden.deployment"]
+
+
+def test_config_schema_describes_the_shop_table_as_the_demo_checks_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    shop = schema["$defs"][schema["properties"]["shop"]["$ref"].rsplit("/", 1)[1]]
+    assert shop["additionalProperties"] is False
+    assert set(shop["properties"]) == {"db_path"}

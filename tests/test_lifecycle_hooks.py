@@ -173,6 +173,16 @@ def test_hook_record_fields_adds_fields_and_keeps_the_counters(
     assert rec["tags"] == ["a", "b"]  # made JSON-serialisable
     # the plugins' fields are there, at their defaults, with their plugins not enabled
     assert {k: rec[k] for k in PLUGIN_FIELD_DEFAULTS} == PLUGIN_FIELD_DEFAULTS
+    # ... which are the contract's values of a record without those plugins
+    expected = {
+        "duplicate_calls": 0,
+        "oscillation_hits": 0,
+        "stall_rounds": 0,
+        "cost": 0.0,
+        "cost_currency": None,
+    }
+    assert {k: rec[k] for k in expected} == expected
+    assert type(rec["cost"]) is float
     assert rec["errors"] == []
 
 

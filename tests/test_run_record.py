@@ -1,4 +1,4 @@
-"""The run_record plugin: whole-line JSONL appends of DESIGN's run record."""
+"""The run_record plugin: whole-line JSONL appends of the run record (docs/contracts.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from loopwarden.config import Config
 from loopwarden.plugins.run_record import JsonlAppender, RunRecord
 from loopwarden.report import read_records
 
-DESIGN_FIELDS = (
+CONTRACT_FIELDS = (
     "run_id",
     "scenario",
     "termination",
@@ -64,7 +64,7 @@ def test_each_run_appends_its_record(
     lines = _lines(path)
     assert lines == [r.record() for r in runs]
     for line in lines:
-        assert set(DESIGN_FIELDS) <= set(line)
+        assert set(CONTRACT_FIELDS) <= set(line)
         assert "trajectory" not in line and "steps_detail" not in line
     assert lines[1]["termination"] == "repeat_call"
     assert path.read_bytes().endswith(b"}\n")
@@ -82,7 +82,7 @@ def test_trajectory_and_steps_detail_only_add_fields(
     run = dep.run(scenario=ALWAYS_NOT_FOUND)
     (line,) = _lines(path)
     record = run.record()
-    assert {k: line[k] for k in record} == record  # DESIGN's fields intact
+    assert {k: line[k] for k in record} == record  # the contract's fields intact
     assert set(line) - set(record) == {"trajectory", "steps_detail"}
     assert line["trajectory"] == run.trajectory()
     detail = line["steps_detail"]

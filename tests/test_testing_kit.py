@@ -89,8 +89,9 @@ def seen(result: Any, hook: str) -> list[tuple[Any, ...]]:
 # -- the lifecycle, one line per hook -----------------------------------------------------------
 
 
-def test_lifecycle_of_the_refund_scenario() -> None:
-    result = run_plugin(Probe, scenario="refund", tools=shop_tools())
+def test_lifecycle_of_the_refund_scenario(tmp_path: Path) -> None:
+    shop = Shop(tmp_path / "shop.sqlite3")
+    result = run_plugin(Probe, scenario="refund", tools=shop.tools())
     assert result.termination == "final_answer"
     assert result.hooks.names == [
         "on_start",
@@ -112,7 +113,7 @@ def test_lifecycle_of_the_refund_scenario() -> None:
         "after_response",  # the answer
         "on_stop",
     ]
-    assert len(Shop().refunds()) == 1
+    assert len(shop.refunds()) == 1
 
 
 # -- the contract of each hook --------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_hook_before_model() -> None:
     assert hard.record["soft"] is False
 
 
-def test_hook_after_response() -> None:
+def test_hook_after_response(tmp_path: Path) -> None:
     result = run_plugin(Probe, turns=[turn("a", LOOKUP, LOOKUP)], tools=shop_tools())
     first = seen(result, "after_response")[0]
     assert first[1] == 1  # run.step already counts this response
@@ -184,15 +185,16 @@ def test_hook_after_response() -> None:
         def after_response(self, response: Any) -> Any:
             return self.stop("no_tools") if response.tool_calls else None
 
+    shop = Shop(tmp_path / "shop.sqlite3")
     stopped = run_plugin(
-        StopProposals, name="gate", turns=[turn("退款", REFUND)], tools=shop_tools()
+        StopProposals, name="gate", turns=[turn("退款", REFUND)], tools=shop.tools()
     )
     assert stopped.executed == []  # none of the proposed calls runs
-    assert Shop().refunds() == []
+    assert shop.refunds() == []
     assert "before_tool" not in stopped.hooks.names
 
 
-def test_hook_before_tool() -> None:
+def test_hook_before_tool(tmp_path: Path) -> None:
     result = run_plugin(
         Probe, turns=[turn("a", LOOKUP, tool_call("no_such_tool"))], tools=shop_tools()
     )
@@ -209,13 +211,14 @@ def test_hook_before_tool() -> None:
                 return self.skip("SKIPPED: refunds need a human")
             return None
 
+    shop = Shop(tmp_path / "shop.sqlite3")
     skipped = run_plugin(
-        SkipRefunds, name="skipper", turns=[turn("退款", REFUND)], tools=shop_tools()
+        SkipRefunds, name="skipper", turns=[turn("退款", REFUND)], tools=shop.tools()
     )
     after = skipped.hooks.getcall("after_tool")
     assert after.result.skipped and after.result.skipped_by == "skipper"
     assert after.result.content == "SKIPPED: refunds need a human"
-    assert Shop().refunds() == []
+    assert shop.refunds() == []
 
 
 def test_hook_after_tool() -> None:

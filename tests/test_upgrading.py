@@ -8,6 +8,7 @@ import pytest
 
 from loopwarden.plugins.cost_budget import RUN_COST, run_cost
 from loopwarden.testing import make_run, run_plugin, tool_call, turn
+from loopwarden.tools import ToolRegistry
 
 
 def test_run_cost_is_a_deprecated_alias_of_the_plugins_accessor() -> None:
@@ -49,3 +50,42 @@ def test_the_core_never_reads_the_deprecated_alias() -> None:
             tool_results={"lookup": ["found"]},
         )
     assert result.termination == "final_answer"
+
+
+def test_run_cost_can_still_be_set_with_a_warning() -> None:
+    run = make_run()
+    with pytest.warns(DeprecationWarning, match="RUN_COST"):
+        run.cost = Decimal("0.5")  # type: ignore[misc]  # a 0.1 plugin keeping its own spend
+    assert run_cost(run) == Decimal("0.5")
+
+
+def test_a_0_1_driver_still_runs_tools_through_the_engine() -> None:
+    """A driver written against 0.1 called ``engine.run_tool_sync(eff, run)`` and
+    ``execution.run_tool_sync(engine, eff, run)``: both still work."""
+    from loopwarden import Deployment, execution
+    from loopwarden.config import parse_config
+    from loopwarden.loop import CallModel
+    from loopwarden.testing import ScriptedModel, make_tool, script
+
+    ran: list[str] = []
+    probe = make_tool("probe", lambda **kw: ran.append("x") or "ok")
+    turns = [turn("a", tool_call("probe")), turn("b", tool_call("probe"))]
+    with Deployment(parse_config({}, path="<test>"), tools=ToolRegistry([probe])) as dep:
+        run, model = dep.prepare("q", model=ScriptedModel(script(turns, final_text="done")))
+        engine = dep.engine
+        gen = engine.machine(run)
+        eff = next(gen)
+        tools_run = 0
+        try:
+            while True:
+                if isinstance(eff, CallModel):
+                    value = model.complete(eff.request)
+                elif tools_run == 0:
+                    value, tools_run = engine.run_tool_sync(eff, run), 1
+                else:
+                    value = execution.run_tool_sync(engine, eff, run)
+                eff = gen.send(value)
+        except StopIteration as done:
+            outcome = engine.finish(run, done.value)
+    assert outcome.termination == "final_answer"
+    assert ran == ["x", "x"]

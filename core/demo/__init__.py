@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from loopwarden.config import Config
     from loopwarden.demo.runner import (
         DEMO_NOW,
+        NATURAL_ENDS,
         UNGUARDED_CAP,
         Pair,
         Pricer,
@@ -38,17 +39,20 @@ if TYPE_CHECKING:
         Totals,
         find_scenarios,
         judge,
+        observer_names,
         play,
         play_all,
         stop_step,
         unguarded_config,
         unguarded_deployment,
+        without_observers,
     )
     from loopwarden.tools import ToolRegistry
 
 _RUNNER = frozenset(
     {
         "DEMO_NOW",
+        "NATURAL_ENDS",
         "UNGUARDED_CAP",
         "Pair",
         "Pricer",
@@ -68,6 +72,7 @@ _RUNNER = frozenset(
 
 __all__ = [
     "DEMO_NOW",
+    "NATURAL_ENDS",
     "SYSTEM_PROMPT",
     "UNGUARDED_CAP",
     "Pair",
@@ -79,6 +84,7 @@ __all__ = [
     "config_tools",
     "find_scenarios",
     "judge",
+    "observer_names",
     "play",
     "play_all",
     "shop_config",
@@ -87,6 +93,7 @@ __all__ = [
     "unguarded_config",
     "unguarded_deployment",
     "with_shop_prompt",
+    "without_observers",
 ]
 
 
@@ -102,3 +109,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(runner, name)
     raise AttributeError(f"module 'loopwarden.demo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RUNNER})

@@ -25,7 +25,7 @@ def scenario(
     profile: str | None = None,
     name: str = "test",
 ) -> Scenario:
-    """A scenario built in code (DESIGN's scenario file format, as a mapping)."""
+    """A scenario built in code (the scenario file format of docs/contracts.md, as a mapping)."""
     data: dict[str, Any] = {
         "name": name,
         "user": user,
