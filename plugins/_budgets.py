@@ -26,33 +26,35 @@ from pydantic import Field, model_validator
 # check_templates is re-exported: the budget plugins import it from here
 from loopwarden.plugin import PluginSettings, check_templates
 
-__all__ = ["BudgetSettings", "Rung", "check_templates", "ladder", "percent"]
+__all__ = ["BudgetSettings", "Rung", "check_templates", "ladder", "percent", "warn_at_field"]
 
 Rung = Literal["hard", "soft", "warn"] | None
+
+
+def warn_at_field(description: str) -> Any:
+    """The ``warn_at`` field -- default 0.8, a fraction in (0, 1], None never warns -- with a
+    plugin's own description of which limit it watches and how often it warns."""
+    return Field(default=0.8, gt=0, le=1, description=description)
 
 
 class BudgetSettings(PluginSettings):
     """The settings every budget and cap plugin shares (cost_budget, token_budget,
     spend_limits, conversation_limits, tool_calls, timeout), defined once.
 
-    ``warn_at`` has the same bounds and default everywhere; each plugin's description says of
-    which limit and how often it warns.  A subclass names its configurable texts in
-    ``templates`` and the fields they may use in ``template_sample``: a text using an unknown
-    field fails when the config loads, naming the key.  (The texts themselves -- ``warning``,
-    ``stop_message`` ... -- stay in each plugin: their defaults and fields differ.)
+    ``warn_at`` has the same bounds and default everywhere (:func:`warn_at_field`); each
+    plugin re-declares it with its own description of which limit and how often it warns.
+    A subclass names its configurable texts in ``templates`` and the fields they may use in
+    ``template_sample``: a text using an unknown field fails when the config loads, naming
+    the key.  (The texts themselves -- ``warning``, ``stop_message`` ... -- stay in each
+    plugin: their defaults and fields differ.)
     """
 
     #: the ``str.format`` texts to check, and a sample of every field they may use
     templates: ClassVar[tuple[str, ...]] = ()
     template_sample: ClassVar[Mapping[str, Any]] = {}
 
-    warn_at: float | None = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="warn once when usage reaches this fraction of a limit (the plugin's "
-        "description says which limit, and whether the next call counts); unset it to never "
-        "warn",
+    warn_at: float | None = warn_at_field(
+        "warn once when usage reaches this fraction of a limit; unset it to never warn"
     )
 
     @model_validator(mode="after")

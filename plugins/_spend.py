@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from loopwarden.plugins._budgets import BudgetSettings, check_templates
+from loopwarden.plugins._budgets import BudgetSettings, check_templates, warn_at_field
 from loopwarden.store import QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
@@ -108,6 +108,11 @@ _TEMPLATE_FIELDS = {
 
 class SpendLimitsSettings(BudgetSettings):
     """``[plugins.spend_limits]``."""
+
+    warn_at: float | None = warn_at_field(
+        "warn once per run and budget when the next call would pass this fraction of a "
+        "limit; unset it to never warn"
+    )
 
     templates = ("warning", "stop_message", "refused_message")
     template_sample = _TEMPLATE_FIELDS

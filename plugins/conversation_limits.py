@@ -56,7 +56,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
-from loopwarden.plugins._budgets import BudgetSettings, ladder, percent
+from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
 from loopwarden.plugins.cost_budget import run_cost
 from loopwarden.reasons import FAILURE_REASONS, LOOP_REASONS
 
@@ -68,6 +68,10 @@ _TEMPLATE_FIELDS = {"what": "model calls", "used": 60, "limit": 80, "percent": 7
 
 class ConversationLimitsSettings(BudgetSettings):
     """``[plugins.conversation_limits]``."""
+
+    warn_at: float | None = warn_at_field(
+        "warn once per conversation when a limit reaches this fraction; unset: never"
+    )
 
     templates = ("warning", "stop_message")
     template_sample = _TEMPLATE_FIELDS

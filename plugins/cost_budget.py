@@ -46,7 +46,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.exceptions import ConfigError
-from loopwarden.plugins._budgets import BudgetSettings, ladder, percent
+from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
 from loopwarden.stash import StashKey
 
 __all__ = ["RUN_COST", "CostBudget", "CostBudgetSettings", "ModelPrice", "run_cost"]
@@ -112,6 +112,10 @@ _TEMPLATE_FIELDS = {
 
 class CostBudgetSettings(BudgetSettings):
     """``[plugins.cost_budget]``."""
+
+    warn_at: float | None = warn_at_field(
+        "warn once when the next call would pass this fraction of max_cost; unset it to never warn"
+    )
 
     templates = ("warning", "stop_message", "unpriced_message")
     template_sample = _TEMPLATE_FIELDS

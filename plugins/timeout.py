@@ -45,7 +45,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
-from loopwarden.plugins._budgets import BudgetSettings
+from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
 __all__ = ["Timeout", "TimeoutSettings"]
 
@@ -60,6 +60,10 @@ _TEMPLATE_FIELDS = {
 
 class TimeoutSettings(BudgetSettings):
     """``[plugins.timeout]``."""
+
+    warn_at: float | None = warn_at_field(
+        "warn once when this fraction of max_seconds has passed; unset it to never warn"
+    )
 
     templates = ("warning", "stop_message", "tool_stop_message")
     template_sample = _TEMPLATE_FIELDS

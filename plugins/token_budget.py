@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from loopwarden import ModelRequest, ModelResponse, Plugin, Run, Verdict, hookimpl
-from loopwarden.plugins._budgets import BudgetSettings, Rung, ladder, percent
+from loopwarden.plugins._budgets import BudgetSettings, Rung, ladder, percent, warn_at_field
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
@@ -57,6 +57,11 @@ _TEMPLATE_FIELDS = {"used": 5600, "limit": 8000, "percent": 70}
 
 class TokenBudgetSettings(BudgetSettings):
     """``[plugins.token_budget]``."""
+
+    warn_at: float | None = warn_at_field(
+        "warn once per limit when the next call would pass this fraction of it; unset it "
+        "to never warn"
+    )
 
     templates = ("context_warning", "total_warning", "context_stop_message", "total_stop_message")
     template_sample = _TEMPLATE_FIELDS

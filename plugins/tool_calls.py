@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.plugins._budgets import BudgetSettings
+from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
 __all__ = ["ToolCalls", "ToolCallsSettings"]
 
@@ -36,6 +36,11 @@ _TEMPLATE_FIELDS = {"name": "query_order", "limit": 30, "used": 30, "scope": "ru
 
 class ToolCallsSettings(BudgetSettings):
     """``[plugins.tool_calls]``."""
+
+    warn_at: float | None = warn_at_field(
+        "warn once when the run's count reaches this fraction of max_tool_calls; unset it "
+        "to never warn"
+    )
 
     templates = ("warning", "refused_observation", "refused_hint", "stop_message")
     template_sample = _TEMPLATE_FIELDS
