@@ -33,16 +33,12 @@ __all__ = ["daemon_thread", "run_tool_async", "run_tool_sync"]
 log = logging.getLogger("loopwarden.loop")
 
 
-def _texts(t: Texts | Engine) -> Texts:
-    """The loop's texts: given as they are, or as an engine (the 0.1 signature)."""
-    return t if isinstance(t, Texts) else t.texts
-
-
 def run_tool_sync(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for a synchronous run: inline, on an event loop of its own (an async
     tool), or in a worker thread under its deadline (a blocking tool).  ``t`` is the run's
     :class:`~loopwarden.config.Texts` (or, as in 0.1, the :class:`~loopwarden.loop.Engine`)."""
-    t = _texts(t)
+    if not isinstance(t, Texts):  # an Engine: the 0.1 signature
+        t = t.texts
     tool, ctx = eff.tool, eff.ctx
     if eff.call.delay_s > 0:
         run.clock.sleep(eff.call.delay_s, run.cancel)
@@ -115,7 +111,8 @@ def run_tool_sync(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
 async def run_tool_async(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
     thread (a blocking tool), under its deadline.  ``t`` as for :func:`run_tool_sync`."""
-    t = _texts(t)
+    if not isinstance(t, Texts):  # an Engine: the 0.1 signature
+        t = t.texts
     tool, ctx = eff.tool, eff.ctx
     if eff.call.delay_s > 0:
         await run.clock.asleep(eff.call.delay_s, run.cancel)
