@@ -36,7 +36,7 @@ WATCHDOG_SLACK_S = 1.0  # how long past its deadline a run may go before the wat
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     """Run the machine synchronously: call the model and the tools, finish the run."""
     gen = engine.machine(run)
-    texts = engine.texts
+    run_tool = engine.run_tool_sync  # an Engine subclass may wrap tool execution
     unwatch = _nothing
     try:
         eff: Effect = next(gen)
@@ -51,7 +51,7 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
                 except Exception as exc:
                     value = Failed(exc)
             else:
-                value = execution.run_tool_sync(texts, eff, run)
+                value = run_tool(eff, run)
             eff = gen.send(value)
     except StopIteration as done:
         return engine.finish(run, done.value)
@@ -66,7 +66,7 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
 async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     """Run the machine asynchronously (models with ``acomplete`` are awaited)."""
     gen = engine.machine(run)
-    texts = engine.texts
+    run_tool_async = engine.run_tool_async  # an Engine subclass may wrap tool execution
     acomplete = getattr(model, "acomplete", None)
     unwatch = _nothing
     try:
@@ -88,7 +88,7 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
                 except Exception as exc:
                     value = Failed(exc)
             else:
-                value = await execution.run_tool_async(texts, eff, run)
+                value = await run_tool_async(eff, run)
             eff = gen.send(value)
     except StopIteration as done:
         return engine.finish(run, done.value)

@@ -88,7 +88,8 @@ class Engine:
         # id cannot be reused by another list while cached; bounded (cleared when full)
         self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
 
-    # -- tool execution, for drivers written against 0.1 (see loopwarden.execution) ----------
+    # -- tool execution: the drivers call run_tool_sync / run_tool_async (a subclass may wrap
+    # them); the three result builders are kept for drivers written against 0.1 --------------
 
     def run_tool_sync(self, eff: RunTool, run: Run) -> ToolResult:
         """Execute one tool call in a synchronous run (:mod:`loopwarden.execution`)."""

@@ -227,6 +227,8 @@ class Run:
 
         from loopwarden.plugins.cost_budget import RUN_COST
 
+        if isinstance(value, bool) or not isinstance(value, (int, float, _Decimal)):
+            raise TypeError(f"Run.cost must be a number, got {type(value).__name__}")
         self.stash[RUN_COST] = _Decimal(str(value))
 
     # -- record --------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,33 @@ def test_run_cost_can_still_be_set_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match="RUN_COST"):
         run.cost = Decimal("0.5")  # type: ignore[misc]  # a 0.1 plugin keeping its own spend
     assert run_cost(run) == Decimal("0.5")
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="NoneType"):
+        run.cost = None  # type: ignore[misc,assignment]
+    assert run_cost(run) == Decimal("0.5")
+
+
+def test_an_engine_subclass_that_wraps_tool_execution_still_takes_effect() -> None:
+    from loopwarden import Deployment
+    from loopwarden.config import parse_config
+    from loopwarden.loop import Engine, drive
+    from loopwarden.testing import ScriptedModel, make_tool, script
+
+    wrapped: list[str] = []
+
+    class Tracing(Engine):
+        def run_tool_sync(self, eff: Any, run: Any) -> Any:
+            wrapped.append(eff.call.name)
+            return super().run_tool_sync(eff, run)
+
+    probe = make_tool("probe", "ok")
+    with Deployment(parse_config({}, path="<test>"), tools=ToolRegistry([probe])) as dep:
+        run, model = dep.prepare(
+            "q", model=ScriptedModel(script([turn("a", tool_call("probe"))], final_text="done"))
+        )
+        engine = Tracing(dep.hooks, dep.config.run)
+        outcome = drive(engine, run, model)
+    assert outcome.termination == "final_answer"
+    assert wrapped == ["probe"]
 
 
 def test_a_0_1_driver_still_runs_tools_through_the_engine() -> None:
