@@ -227,9 +227,10 @@ class Run:
 
         from loopwarden.plugins.cost_budget import RUN_COST
 
-        if isinstance(value, bool) or not isinstance(value, (int, float, _Decimal)):
-            raise TypeError(f"Run.cost must be a number, got {type(value).__name__}")
-        self.stash[RUN_COST] = _Decimal(str(value))
+        given: object = value  # 0.1 plugins are untyped: check what really came
+        if isinstance(given, bool) or not isinstance(given, (int, float, _Decimal)):
+            raise TypeError(f"Run.cost must be a number, got {type(given).__name__}")
+        self.stash[RUN_COST] = _Decimal(str(given))
 
     # -- record --------------------------------------------------------------------------
 
