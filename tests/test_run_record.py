@@ -11,32 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.contract import RECORD_FIELDS
 from support.observability import ALWAYS_NOT_FOUND, SECRET_TOOL, repeat_guard
 
 from loopwarden import Deployment, FakeClock
 from loopwarden.config import Config
 from loopwarden.plugins.run_record import JsonlAppender, RunRecord
 from loopwarden.report import read_records
-
-CONTRACT_FIELDS = (
-    "run_id",
-    "scenario",
-    "termination",
-    "soft",
-    "steps",
-    "tool_calls",
-    "tokens",
-    "cost",
-    "duplicate_calls",
-    "oscillation_hits",
-    "stall_rounds",
-    "warnings",
-    "stopped_by",
-    "evidence",
-    "final_answer",
-    "final_answer_present",
-    "elapsed_s",
-)
 
 
 def _deployment(
@@ -64,7 +45,7 @@ def test_each_run_appends_its_record(
     lines = _lines(path)
     assert lines == [r.record() for r in runs]
     for line in lines:
-        assert set(CONTRACT_FIELDS) <= set(line)
+        assert set(line) >= RECORD_FIELDS
         assert "trajectory" not in line and "steps_detail" not in line
     assert lines[1]["termination"] == "repeat_call"
     assert path.read_bytes().endswith(b"}\n")
