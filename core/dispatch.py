@@ -373,12 +373,30 @@ class Hooks:
 
     def validate_model(self, model: str, path: str | None) -> None:
         """``validate_model``: a plugin refuses ``model`` by raising ConfigError."""
-        self._pm.hook.validate_model(model=model, path=path)
+        self._checks("validate_model", {"model": model, "path": path}, path)
 
     def validate_config(self, config: Config) -> None:
         """``validate_config``: a plugin refuses what it finds about its surroundings by
         raising ConfigError (``loopwarden config check``)."""
-        self._pm.hook.validate_config(config=config)
+        self._checks("validate_config", {"config": config}, config.path)
+
+    def _checks(self, hook: str, kwargs: dict[str, Any], path: str | None) -> None:
+        """Call a refusing hook plugin by plugin: a ConfigError is the plugin's answer; any
+        other exception is a broken check, reported as a ConfigError naming the plugin (bad
+        input exits 2 with a message, never a traceback)."""
+        from loopwarden.exceptions import ConfigError
+
+        for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
+            try:
+                impl.function(*(kwargs[name] for name in impl.argnames))
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(
+                    f"{hook} failed: {type(exc).__name__}: {exc}",
+                    path=path,
+                    key=f"plugins.{impl.plugin_name}",
+                ) from exc
 
     def budget_limits(self, run: Run) -> dict[str, float]:
         """``budget_limits``: the limits the plugins enforce for ``run``, by budget (the

@@ -47,6 +47,20 @@ class Legacy(Plugin):
         return None
 
 
+class Broken:
+    """A check that crashes instead of refusing."""
+
+    name = "broken"
+
+    @hookimpl
+    def validate_config(self, config):
+        raise ValueError("bucket gone")
+
+    @hookimpl
+    def before_model(self, run, request):
+        return None
+
+
 class PlainLegacy:
     """A plain object with the 0.1 method and no hook: it would silently never be called."""
 
@@ -120,3 +134,13 @@ def test_a_plain_object_with_the_old_method_fails_at_load_naming_the_hook(guards
     with pytest.raises(PluginLoadError, match="validate_config") as exc:
         make_deployment({"plugins": {"enabled": ["max_steps", f"{guards}:PlainLegacy"]}})
     assert "check_config" in str(exc.value)
+
+
+def test_a_check_that_crashes_is_bad_input_naming_the_plugin(
+    guards: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _config(tmp_path, f"{guards}:Broken")
+    assert main(["config", "check", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "validate_config failed: ValueError: bucket gone" in err
+    assert f"plugins.{guards}:Broken" in err and "Traceback" not in err
