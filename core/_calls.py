@@ -188,6 +188,43 @@ def side_effect_replay(t: Texts, call: ToolCall, earlier: ToolResult) -> ToolRes
     )
 
 
+def note_ledger_answer(
+    run: Run, call: ToolCall, source: str, earlier: ToolResult | LedgerEntry
+) -> None:
+    """Record on the run that ``call`` was answered from a record instead of running: its
+    tool is *declared* a side effect, and its idempotency key was already executed -- earlier
+    in this conversation (``source = "conversation"``) or by another run sharing the store's
+    ledger (``"shared"``, within the ledger's scope)."""
+    tool = call.tool
+    keys = list(tool.idempotency_keys) if tool is not None and tool.idempotency_keys else None
+    if isinstance(earlier, ToolResult):
+        state = (
+            "done"
+            if earlier.ok
+            else "unknown"
+            if earlier.error in ("timeout", "cancelled")
+            else "failed"
+        )
+        where = "earlier in this conversation"
+    else:
+        state = earlier.state
+        if state == "running" and run.shared is not None and run.shared.stale(earlier):
+            state = "unknown"
+        where = "by another run sharing the ledger"
+    run.ledger_answers.append(
+        {
+            "step": call.step,
+            "tool": call.name,
+            "call_id": call.id,
+            "source": source,
+            "state": state,
+            "idempotency_keys": keys,
+            "why": f"{call.name} is declared a side effect; the same "
+            f"{'arguments ' + ', '.join(keys) if keys else 'arguments'} were executed {where}",
+        }
+    )
+
+
 def shared_replay(t: Texts, run: Run, call: ToolCall, entry: LedgerEntry) -> ToolResult:
     """The observation for a side effect the shared ledger already holds: recorded by
     another run, in progress there, possibly taken effect, or a store that failed closed."""

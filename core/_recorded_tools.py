@@ -1,12 +1,15 @@
 """Stand-in declarations for tools known only by name: recorded runs and framework tools.
 
 A recording carries no tool declarations, and a framework adapter sees tools it does not
-define, yet the guards need each tool's nature (read-only, deterministic, side effect,
-terminal).  :func:`infer_flags` guesses it from the name, :func:`recorded_tool` builds a
-:class:`~loopwarden.tools.Tool` from declared flags and the guess, and :func:`load_tool_flags`
-reads declared natures from a TOML file.  Kept apart from the replay engine in
-:mod:`loopwarden.replay` (which re-exports these names): it is about tool declarations, not
-driving runs, and the framework adapters rely on it as well.
+define.  A stand-in's nature is what is *declared* for it -- a ``[tools.<name>]`` table, or a
+framework's own metadata -- and nothing else: a tool nobody declared runs every time it is
+called, is never skipped as a repeat and never answered from the side-effect ledger.  Its name
+may still weigh a loop detector's evidence: :func:`infer_flags` guesses a nature from it, and
+a name that reads as a lookup or a probe marks the stand-in ``likely_read_only`` (its calls do
+not count as changes of the world between two repeats).  :func:`recorded_tool` builds the
+:class:`~loopwarden.tools.Tool`, :func:`load_tool_flags` reads declared natures from a TOML
+file.  Kept apart from the replay engine in :mod:`loopwarden.replay` (which re-exports these
+names): it is about tool declarations, and the framework adapters rely on it as well.
 """
 
 from __future__ import annotations
@@ -21,13 +24,12 @@ from pydantic import BaseModel, ConfigDict
 from loopwarden.exceptions import ConfigError
 from loopwarden.tools import Tool
 
-#: Tool natures inferred from names when a recording does not declare them (override them
-#: with ``flags``).  Lookups of stored records are read-only and deterministic (while nothing
-#: writes to them); probes of live state -- a device's status, a speed test, the clock -- are
-#: read-only but not deterministic (their answer may change between two identical calls);
-#: toggles and restarts change the world but are legitimately repeated (on, then off), so they
-#: are not idempotent side effects; every other tool is taken as a side effect, idempotent per
-#: full arguments; a hand-off to a human is terminal.
+#: What a tool's name suggests about its nature -- a guess that only weighs detectors' evidence
+#: (see the module docstring; declare a nature with ``[tools.<name>]`` to change execution).
+#: Lookups of stored records read as read-only and deterministic; probes of live state -- a
+#: device's status, a speed test, the clock -- as read-only but not deterministic; toggles and
+#: restarts as repeatable actions; a hand-off to a human as terminal; anything else as a side
+#: effect.
 LOOKUP_PREFIXES = (
     "get_",
     "find_",
@@ -55,7 +57,8 @@ class _AnyArgs(BaseModel):
 
 
 def infer_flags(name: str) -> dict[str, bool]:
-    """A recorded tool's nature guessed from its name (see :data:`LOOKUP_PREFIXES`)."""
+    """What a tool's name suggests about its nature (see :data:`LOOKUP_PREFIXES`): a guess,
+    never a declaration -- :func:`recorded_tool` uses only its ``read_only``."""
     lname = name.lower()
     terminal = bool(TERMINAL_NAMES.search(lname))
     if terminal:
@@ -70,11 +73,13 @@ def infer_flags(name: str) -> dict[str, bool]:
 
 
 def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
-    """A stand-in declaration for a tool seen in a recording (or run by a framework): its
-    nature from ``flags`` -- a ``[tools.<name>]`` table: the booleans of :data:`FLAG_NAMES`,
-    ``retryable`` and ``idempotency_keys`` -- the rest inferred from its name
-    (:func:`infer_flags`)."""
-    nature = infer_flags(name)
+    """A stand-in declaration for a tool seen in a recording (or run by a framework).
+
+    Its nature is ``flags`` -- a ``[tools.<name>]`` table: the booleans of
+    :data:`FLAG_NAMES`, ``retryable`` and ``idempotency_keys`` -- and nothing else: a flag left
+    out is not asserted (``declared`` is False when no flag is given at all).  The name guess
+    (:func:`infer_flags`) only sets ``likely_read_only``, for detectors, when the table says
+    neither ``read_only`` nor ``side_effect``."""
     flags = flags or {}
     declared = {k: bool(v) for k, v in flags.items() if k in FLAG_NAMES and v is not None}
     # a declared nature is consistent: read-only means no side effect, and the reverse
@@ -82,19 +87,21 @@ def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
         declared["side_effect"] = False
     if declared.get("side_effect") and "read_only" not in declared:
         declared["read_only"] = False
-    nature.update(declared)
     keys = flags.get("idempotency_keys")
+    guessed = "read_only" not in declared and not declared.get("side_effect")
     return Tool(
         name=name,
         func=lambda **kw: None,
         description=f"recorded tool {name}",
         args_model=_AnyArgs,
-        read_only=nature["read_only"],
-        deterministic=nature["deterministic"],
-        side_effect=nature["side_effect"],
-        terminal=nature["terminal"],
+        read_only=declared.get("read_only", False),
+        deterministic=declared.get("deterministic", False),
+        side_effect=declared.get("side_effect", False),
+        terminal=declared.get("terminal", False),
         retryable=(Exception,) if flags.get("retryable") else (),
         idempotency_keys=tuple(keys) if keys is not None else None,
+        declared=bool(declared) or keys is not None,
+        likely_read_only=guessed and infer_flags(name)["read_only"],
     )
 
 

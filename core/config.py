@@ -199,8 +199,9 @@ class ToolNature(_Strict):
 
     Framework tools (the adapters in :mod:`loopwarden.adapters`) and recorded runs carry no
     loopwarden declaration; these tables give guards what :func:`loopwarden.tools.tool` flags
-    would.  A flag left out is inferred from the tool's name
-    (:func:`loopwarden.replay.infer_flags`).
+    would.  A flag left out is not asserted: only a declared nature skips a call or answers it
+    from the side-effect ledger, and a tool with no table runs every time it is called (its
+    name may only weigh a loop detector's evidence, see :mod:`loopwarden._recorded_tools`).
     """
 
     read_only: bool | None = None
@@ -211,8 +212,18 @@ class ToolNature(_Strict):
         default=None, description="every error of this tool may succeed when tried again"
     )
     idempotency_keys: list[str] | None = Field(
-        default=None, description="the arguments that identify one side effect (default: all)"
+        default=None,
+        description="the arguments that identify one side effect (default: all); needs "
+        "side_effect = true",
     )
+
+    @model_validator(mode="after")
+    def _keys_need_side_effect(self) -> ToolNature:
+        if self.idempotency_keys is not None and self.side_effect is not True:
+            raise ValueError(
+                "idempotency_keys identify a side effect: declare side_effect = true as well"
+            )
+        return self
 
 
 class StoreConfig(_Strict):
@@ -252,11 +263,11 @@ class StoreConfig(_Strict):
         description="a claim older than this without an outcome is reported as "
         '"may have taken effect" instead of "in progress"',
     )
-    ledger_scope: list[str] = Field(
-        default_factory=list,
-        description="meta keys whose values prefix ledger keys (e.g. "
-        '["tenant"]: side effects of one tenant never answer those of another); default: '
-        "one ledger for the deployment",
+    ledger_scope: list[str] | None = Field(
+        default=None,
+        description="meta keys whose values prefix ledger keys (side effects of one tenant "
+        "never answer those of another); unset: the run's `tenant` and `user` meta keys, "
+        "those it carries; [] for one ledger across the deployment",
     )
 
 

@@ -163,6 +163,20 @@ class ToolCall:
     def side_effect(self) -> bool:
         return self.tool is not None and self.tool.side_effect
 
+    @property
+    def declared(self) -> bool:
+        """The tool's nature was declared (by the tool, ``[tools.<name>]`` or a framework's
+        metadata), not guessed: only then may it skip a call or answer one from a record."""
+        return self.tool is not None and self.tool.declared
+
+    @property
+    def may_change_state(self) -> bool:
+        """Executing this call may have changed the world: a known tool neither declared
+        read-only nor, when undeclared, named like a lookup.  Detectors take a repeat as loop
+        evidence only when no such call ran in between."""
+        tool = self.tool
+        return tool is not None and not tool.read_only and not tool.likely_read_only
+
 
 @dataclass(slots=True, eq=False)
 class ToolResult:

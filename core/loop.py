@@ -25,6 +25,7 @@ from loopwarden._calls import (
     clean_response,
     ignore_proposals,
     invalid_result,
+    note_ledger_answer,
     parse_calls,
     parse_proposals,
     shared_replay,
@@ -452,6 +453,7 @@ class Engine:
                 and not earlier.retryable
             ):
                 result = side_effect_replay(texts, call, earlier)
+                note_ledger_answer(run, call, "conversation", earlier)
             elif (
                 call.idempotency_key is not None
                 and run.shared is not None
@@ -459,6 +461,7 @@ class Engine:
             ):
                 # the shared ledger: another run executed (or is executing) this key
                 result = shared_replay(texts, run, call, entry)
+                note_ledger_answer(run, call, "shared", entry)
                 if entry.state == "done":
                     ledger[call.idempotency_key] = result
             else:

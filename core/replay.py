@@ -30,8 +30,9 @@ without recorded usage is billed at those estimates, as a live model that report
 
 Recordings carry no timings, so time does not pass in a replay (runs share a
 :class:`~loopwarden.FakeClock`; the timeout line never fires).  They carry no tool
-declarations either, so tool natures are inferred from names
-(:func:`infer_flags`) unless given (``loopwarden replay --tools FILE``).  Runs are priced as
+declarations either: a tool's nature is what the deployment's ``[tools.<name>]`` tables and
+``loopwarden replay --tools FILE`` declare, as for a framework's tools; an undeclared tool
+asserts none (its name only weighs detectors, see :func:`recorded_tool`).  Runs are priced as
 the model the trajectory names (``model``, or ``meta.model``); :func:`replay_config` makes the
 cost line count a model without a price as free, since a recorded run cannot be refused
 before it starts.
@@ -228,7 +229,9 @@ def replay_trajectory(
 ) -> ReplayResult:
     """Feed one trajectory through the deployment's guards; see the module docstring.
 
-    ``flags`` declares tool natures by name (the rest are inferred, see :func:`infer_flags`).
+    ``flags`` declares tool natures by name, over the deployment's ``[tools.<name>]`` tables;
+    an undeclared tool asserts no nature (its name only weighs detectors, see
+    :func:`recorded_tool`).
     ``system_prompt_tokens`` is the size of the system prompt (policy text, tool schemas) the
     recording leaves out; it stands in for the configured system prompt until a step with
     recorded usage says how large the prompt really was.
@@ -254,7 +257,11 @@ def replay_trajectory(
     result.tool_calls = sum(len(_calls(s)) for s in steps)
     result.repeat_streak = repeat_streak(steps)
     names = {str(tc.get("name")) for s in steps for tc in _calls(s)}
-    declared = flags or {}
+    # natures: the deployment's [tools.<name>] tables, then ``flags`` (replay --tools)
+    declared: dict[str, Mapping[str, Any]] = {
+        name: t.model_dump(exclude_none=True) for name, t in deployment.config.tools.items()
+    }
+    declared.update(flags or {})
     tools = ToolRegistry(recorded_tool(n, declared.get(n)) for n in sorted(names))
     engine = ReplayEngine(deployment.hooks, deployment.config.run)
     prompts = _Prompts(offset=_system_prompt_gap(deployment, system_prompt_tokens))

@@ -155,6 +155,9 @@ class Run:
         self.pending_notes: list[str] = []
         self.verdicts: list[dict[str, Any]] = []
         self.errors: list[dict[str, Any]] = []
+        #: tool calls answered from a record of their declared side effect instead of running
+        #: (the record's ``ledger_answers``: which call, from which record, and why)
+        self.ledger_answers: list[dict[str, Any]] = []
         #: per-plugin state slots, keyed by plugin name
         self.state: dict[str, Any] = {}
         #: typed per-run plugin state (see :class:`~loopwarden.Stash`)
@@ -262,6 +265,7 @@ class Run:
             "profile": self.limits.name,
             "model": self.model_name,
             "errors": list(self.errors),
+            "ledger_answers": list(self.ledger_answers),
             "verdicts": list(self.verdicts),
             "mode": self.mode,
             "shadow_stop": _jsonable(self.shadow_stop),

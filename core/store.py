@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COST_UNIT",
+    "DEFAULT_LEDGER_SCOPE",
     "QUANTITIES",
     "Counter",
     "CounterRow",
@@ -78,6 +79,10 @@ log = logging.getLogger("loopwarden.store")
 QUANTITIES: tuple[str, ...] = ("runs", "model_calls", "tool_calls", "tokens", "cost")
 #: the cost counter's unit: a billionth of the currency (integers: exact and atomic in Redis)
 COST_UNIT = Decimal("0.000000001")
+
+#: the meta keys that scope the ledger when ``[store] ledger_scope`` is unset: a run that
+#: names its tenant or user never gets another tenant's or user's recorded side effect
+DEFAULT_LEDGER_SCOPE = ("tenant", "user")
 
 Amounts = tuple[int, int, int, int, int]
 LedgerState = Literal["running", "done", "unknown"]
@@ -347,6 +352,8 @@ class Shared:
 
     def _ledger_key(self, run: Run, key: str) -> str:
         scope = self.config.ledger_scope
+        if scope is None:  # the default: the tenant and the user, where the run names them
+            scope = [s for s in DEFAULT_LEDGER_SCOPE if s in run.meta]
         if not scope:
             return key
         return "|".join(f"{s}={run.meta.get(s, '')}" for s in scope) + "|" + key

@@ -16,8 +16,9 @@ repeat means depends on the tool's nature and on the last *real* result of that 
   the last result of that fingerprint says ``retryable``.  The ``retry_policy`` plugin (placed
   before this one) turns ``result.retryable`` off when its budget is spent; from then on the
   non-retryable rule applies.  Allowed retries do not count toward the window rule.
-* **non-deterministic tool** (a clock, live stock, polling) -- not a repeat while its results
-  change.  A call whose result equals the previous result of the same fingerprint is a
+* **non-deterministic tool** (a clock, live stock, polling), and **every tool whose nature
+  is not declared** (a framework's ``bash``, ``edit_file``, ``cd``) -- not a repeat while its
+  results change.  A call whose result equals the previous result of the same fingerprint is a
   repeat: the first one warns, the ``stop_at_repeat``-th stops.  It cannot be skipped (only
   running it tells whether the result changed).
 * **side-effect tool** -- never skipped as a repeat (the loop already returns the earlier
@@ -29,11 +30,14 @@ stops the run, even with other calls in between (real runs interleave repeats wi
 calls).
 
 A repeat is only a repeat while nothing has changed the world.  Every executed, successful
-call of a tool not declared ``read_only`` (a side effect, or a tool of unknown nature) starts a
-new *epoch*: earlier results are no longer handed back, and calls before and after it are not
-repeats of each other (looking an order up again after a refund, or re-running a speed test
-after toggling a setting, is how an agent checks its work).  Repeated side-effect calls
-themselves count across epochs: the loop replays them, so they change nothing.
+call that may change state (:attr:`loopwarden.ToolCall.may_change_state`: a tool not declared
+``read_only``, unless it is undeclared and named like a lookup) starts a new *epoch*: earlier
+results are no longer handed back, and calls before and after it are not repeats of each
+other (looking an order up again after a refund, re-running a speed test after toggling a
+setting, re-running the tests after an edit, ``ls`` after ``cd`` is how an agent works).  A
+call does not change the world for itself: ``cd repo/`` again with the same output, nothing
+else in between, is a repeat.  Repeated calls of a declared side effect count across epochs:
+the loop replays them, so they change nothing.
 
 Every repeat detected adds one to the run record's ``duplicate_calls``.  State per run is
 bounded: at most ``max_fingerprints`` fingerprints (least recently used forgotten first),
@@ -272,7 +276,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         fp = call.fingerprint
         if result.ok:
             failures.pop(fp, None)
-            if call.tool is not None and not call.read_only:
+            if call.may_change_state:
                 failures.clear()  # the world changed: earlier failures may not hold now
         elif not result.retryable:
             known = failures.get(fp)
@@ -323,8 +327,10 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         current = e.has_result and e.epoch == st.epoch  # a result nothing has changed since
         if e.has_result and not current and not retry:
             e.repeats = 0  # the world changed since its result: a fresh call
-        # A non-deterministic call is judged by its result -- unless it failed for good.
-        deferred = self._volatile(call) and (not current or e.ok or retry)
+        # A non-deterministic call is judged by its result -- unless it failed for good and
+        # its tool's nature is declared (an undeclared tool is never skipped: a guess must
+        # not change execution).
+        deferred = self._volatile(call) and (not current or e.ok or retry or not call.declared)
         st.pending = _Pending(call, retry=retry, deferred=deferred, entry=e)
         if deferred:
             return None
@@ -389,11 +395,12 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 st.window.append((fp, False))
             else:
                 key = f"{fp}@{st.epoch}#{result.digest}"
+                # the same outcome as last time (the same answer, or the same failure of a
+                # call judged by its result), nothing having changed the world since
                 unchanged = (
                     e.has_result
                     and e.epoch == st.epoch
-                    and e.ok
-                    and result.ok
+                    and e.ok == result.ok
                     and not pending.retry
                     and result.digest == e.digest
                 )
@@ -405,9 +412,14 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                     if self._stops(e, hits):
                         verdict = self._stop(call, e, hits, result_digest=result.digest)
                     else:
-                        sig = call.signature()
+                        fields = dict(name=call.name, signature=call.signature(), count=e.seen)
+                        hint = (
+                            s.unchanged_hint.format(**fields)
+                            if result.ok
+                            else s.failed_hint.format(error=_first_line(result.content), **fields)
+                        )
                         verdict = self.warn(
-                            s.unchanged_hint.format(name=call.name, signature=sig, count=e.seen),
+                            hint,
                             **self._evidence(
                                 call, e, hits, rule="unchanged", result_digest=result.digest
                             ),
@@ -419,7 +431,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if not result.skipped:
             if s.failures_across_turns:
                 self._remember_failure(run, call, result)
-            if result.ok and call.tool is not None and not call.read_only:
+            if result.ok and call.may_change_state:
                 st.epoch += 1  # this call may have changed the world
             e.has_result = True
             e.epoch = st.epoch

@@ -26,9 +26,12 @@ A parallel batch (the tool calls of one model turn) is one round: it is stalled 
 result in it is, and strong when one of them is.  The run record's ``stall_rounds`` counts
 stalled rounds.
 
-A successful call of a tool not declared ``read_only`` (a side effect) changed the world: that
-is progress however much its confirmation resembles the last one (updating three reservations
-echoes three near-identical reservation records), so it resets the streak.
+A successful call that may change state (:attr:`loopwarden.ToolCall.may_change_state`: a side
+effect, or a tool whose nature is not declared, such as a coding agent's ``bash``) changed the
+world: that is progress however much its confirmation resembles the last one (updating three
+reservations echoes three near-identical reservation records; a test run after an edit), so it
+resets the streak -- unless it is the same call as a recent one with the same result, which
+evidently changed nothing.
 
 State per run is bounded: ``window`` (digest, token set, call) entries and a few counters.
 """
@@ -268,12 +271,19 @@ class Stall(Plugin[StallSettings]):
         s = self.settings
         digest = result.digest
         tokens = token_set(result.content, s.max_chars)
-        changed_world = result.ok and call.tool is not None and not call.read_only
+        fp = call.fingerprint
+        # A call that may change state is progress -- unless it is the same call again with
+        # the same result (``cd repo/`` once more): then it evidently changed nothing.
+        changed_world = (
+            result.ok
+            and call.may_change_state
+            and not any(d == digest and f == fp for d, _, f, _, _ in st.recent)
+        )
         best, strong = 0.0, False
-        if not changed_world and st.recent:  # (a side effect is progress: nothing to compare)
+        if not changed_world and st.recent:  # (a change is progress: nothing to compare)
             best, strong = self._similarity(st, digest, tokens, call, self._says_nothing(result))
         stalled = best >= s.similarity and not changed_world
-        st.recent.append((digest, tokens, call.fingerprint, call.name, call.arguments))
+        st.recent.append((digest, tokens, fp, call.name, call.arguments))
         st.round_stalled = st.round_stalled and stalled
         st.round_strong = st.round_strong or (stalled and strong)
         st.round_best = max(st.round_best, best)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.tools import ToolRuntime
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -23,7 +25,17 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
-from support.adapters import SCENARIOS, Effects, Outcome, Script, deployment, only_record
+from support.adapters import (
+    SCENARIOS,
+    Effects,
+    Outcome,
+    Script,
+    World,
+    check_coding_conversations,
+    check_context_user,
+    deployment,
+    only_record,
+)
 
 from loopwarden.adapters.langchain import LoopwardenMiddleware
 
@@ -110,6 +122,68 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
 def test_scenario(tmp_path: Path, scenario: str, mode: str) -> None:
     check: Callable[..., None] = SCENARIOS[scenario]
     check(tmp_path, run_agent, mode)
+
+
+@dataclass
+class UserContext:
+    user: str
+
+
+def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str) -> Outcome:
+    """One run of an agent whose tools nobody declared, ``user`` in the run's context."""
+
+    @tool
+    def bash(command: str) -> str:
+        """Run a shell command in the checkout."""
+        return world.bash(command)
+
+    @tool
+    def edit_file(path: str, old: str, new: str) -> str:
+        """Replace text in a file."""
+        return world.edit_file(path, old, new)
+
+    @tool
+    def account_balance(runtime: ToolRuntime[UserContext]) -> str:
+        """The signed-in user's account balance."""
+        return world.account_balance(runtime.context.user)
+
+    dep = deployment(tmp_path)
+    agent = create_agent(
+        make_model(script),
+        [bash, edit_file, account_balance],
+        middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")],
+        context_schema=UserContext,
+    )
+    state = {"messages": [HumanMessage("Please help.")]}
+    ctx = UserContext(user)
+    try:
+        out = (
+            agent.invoke(state, context=ctx)
+            if mode == "sync"
+            else asyncio.run(agent.ainvoke(state, context=ctx))
+        )
+    finally:
+        dep.close()
+    messages = out["messages"]
+    return Outcome(
+        output=str(messages[-1].content),
+        observations=[str(m.content) for m in messages if isinstance(m, ToolMessage)],
+        effects=world.effects,
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_undeclared_coding_tools_run_every_time_in_each_conversation(
+    tmp_path: Path, mode: str
+) -> None:
+    check_coding_conversations(tmp_path, run_world, mode)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tool_taking_its_user_from_context_answers_each_user_afresh(
+    tmp_path: Path, mode: str
+) -> None:
+    check_context_user(tmp_path, run_world, mode)
 
 
 def test_warnings_reach_the_model_as_messages(tmp_path: Path) -> None:

@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, function_tool
+from agents import Agent, RunConfig, RunContextWrapper, function_tool
 from agents.items import ItemHelpers, ToolCallOutputItem
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.usage import Usage
-from support.adapters import SCENARIOS, Effects, Outcome, Script, deployment, only_record
+from support.adapters import (
+    SCENARIOS,
+    Effects,
+    Outcome,
+    Script,
+    World,
+    check_coding_conversations,
+    check_context_user,
+    deployment,
+    only_record,
+)
 
 from loopwarden.adapters.openai_agents import LoopwardenRunner
 
@@ -91,6 +102,70 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
 def test_scenario(tmp_path: Path, scenario: str, mode: str) -> None:
     check: Callable[..., None] = SCENARIOS[scenario]
     check(tmp_path, run_agent, mode)
+
+
+@dataclass
+class UserContext:
+    user: str
+
+
+def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str) -> Outcome:
+    """One run of an agent whose tools nobody declared, ``user`` in the SDK's run context."""
+
+    @function_tool
+    def bash(command: str) -> str:
+        """Run a shell command in the checkout."""
+        return world.bash(command)
+
+    @function_tool
+    def edit_file(path: str, old: str, new: str) -> str:
+        """Replace text in a file."""
+        return world.edit_file(path, old, new)
+
+    @function_tool
+    def account_balance(ctx: RunContextWrapper[UserContext]) -> str:
+        """The signed-in user's account balance."""
+        return world.account_balance(ctx.context.user)
+
+    agent: Agent[UserContext] = Agent(
+        name="helper",
+        instructions="Help the user.",
+        model=make_model(script),
+        tools=[bash, edit_file, account_balance],
+    )
+    dep = deployment(tmp_path)
+    runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
+    kwargs: dict[str, Any] = dict(
+        context=UserContext(user), run_config=RunConfig(tracing_disabled=True)
+    )
+    try:
+        result = (
+            runner.run_sync(agent, "Please help.", **kwargs)
+            if mode == "sync"
+            else asyncio.run(runner.run(agent, "Please help.", **kwargs))
+        )
+    finally:
+        dep.close()
+    observations = [
+        str(item.output) for item in result.new_items if isinstance(item, ToolCallOutputItem)
+    ]
+    return Outcome(
+        output=str(result.final_output), observations=observations, effects=world.effects
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_undeclared_coding_tools_run_every_time_in_each_conversation(
+    tmp_path: Path, mode: str
+) -> None:
+    check_coding_conversations(tmp_path, run_world, mode)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tool_taking_its_user_from_context_answers_each_user_afresh(
+    tmp_path: Path, mode: str
+) -> None:
+    check_context_user(tmp_path, run_world, mode)
 
 
 def test_the_sdks_max_turns_ends_the_run_with_a_record(tmp_path: Path) -> None:

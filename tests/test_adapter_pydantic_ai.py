@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
@@ -25,6 +25,9 @@ from support.adapters import (
     Effects,
     Outcome,
     Script,
+    World,
+    check_coding_conversations,
+    check_context_user,
     deployment,
     only_record,
     records,
@@ -93,6 +96,60 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
 def test_scenario(tmp_path: Path, scenario: str, mode: str) -> None:
     check: Callable[..., None] = SCENARIOS[scenario]
     check(tmp_path, run_agent, mode)
+
+
+def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str) -> Outcome:
+    """One run of an agent whose tools nobody declared, ``user`` as the run's deps."""
+    dep = deployment(tmp_path)
+    agent: Agent[str, str] = Agent(
+        make_model(script), deps_type=str, capabilities=[Loopwarden(dep)]
+    )
+
+    @agent.tool_plain
+    def bash(command: str) -> str:
+        """Run a shell command in the checkout."""
+        return world.bash(command)
+
+    @agent.tool_plain
+    def edit_file(path: str, old: str, new: str) -> str:
+        """Replace text in a file."""
+        return world.edit_file(path, old, new)
+
+    @agent.tool
+    def account_balance(ctx: RunContext[str]) -> str:
+        """The signed-in user's account balance."""
+        return world.account_balance(ctx.deps)
+
+    try:
+        result = (
+            agent.run_sync("Please help.", deps=user)
+            if mode == "sync"
+            else asyncio.run(agent.run("Please help.", deps=user))
+        )
+    finally:
+        dep.close()
+    observations = [
+        p.model_response_str()
+        for m in result.all_messages()
+        if isinstance(m, pm.ModelRequest)
+        for p in m.parts
+        if isinstance(p, pm.ToolReturnPart)
+    ]
+    return Outcome(output=result.output, observations=observations, effects=world.effects)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_undeclared_coding_tools_run_every_time_in_each_conversation(
+    tmp_path: Path, mode: str
+) -> None:
+    check_coding_conversations(tmp_path, run_world, mode)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tool_taking_its_user_from_context_answers_each_user_afresh(
+    tmp_path: Path, mode: str
+) -> None:
+    check_context_user(tmp_path, run_world, mode)
 
 
 def test_each_run_is_its_own_loopwarden_run(tmp_path: Path) -> None:

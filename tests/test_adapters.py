@@ -53,8 +53,10 @@ def test_tool_natures_come_from_config_and_the_adapter_argument(tmp_path: Path) 
     assert refund is not None and query is not None and weather is not None
     assert refund.side_effect and refund.idempotency_keys == ("order_id",)
     assert refund.is_retryable(RuntimeError("429"))  # the adapter argument adds to the table
-    assert query.read_only and not query.deterministic  # inferred, then overridden
-    assert weather.read_only and weather.deterministic  # inferred from the name
+    assert query.read_only and not query.deterministic  # declared, then overridden
+    # undeclared: no flag asserted (it runs every time); its name only weighs detectors
+    assert not (weather.read_only or weather.deterministic or weather.side_effect)
+    assert not weather.declared and weather.likely_read_only
     lookup = tools.get("lookup")
     assert lookup is not None and lookup.read_only and not lookup.side_effect  # consistent
     g.finish()

@@ -347,7 +347,13 @@ def test_declared_natures_override_the_inference(tmp_path: Path) -> None:
     )
     flags = load_tool_flags(path)
     t = recorded_tool("get_status", flags["get_status"])
-    assert t.read_only and t.deterministic
+    # only what is declared is asserted; the name still hints a lookup to the detectors
+    assert t.deterministic and not t.read_only and t.declared and t.likely_read_only
+    guessed = recorded_tool("get_status")
+    assert not (guessed.read_only or guessed.deterministic or guessed.side_effect)
+    assert not guessed.declared and guessed.likely_read_only
+    assert not recorded_tool("book_reservation").likely_read_only
+    assert not recorded_tool("transfer_to_human_agents").terminal  # a guess never ends a run
     n = recorded_tool("send_note", flags["send_note"])
     assert n.read_only and not n.side_effect
     path.write_text("[tools.x]\nfast = true\n", encoding="utf-8")
@@ -624,7 +630,8 @@ def test_stops_are_classified_by_what_they_cut_from_their_own_run(
             "plugins": {
                 "enabled": ["max_steps", "terminal_tool"],
                 "max_steps": {"max_steps": 50, "warn_remaining": 0},
-            }
+            },
+            "tools": {"transfer_to_human_agents": {"terminal": True}},
         },
         path="<t>",
     )

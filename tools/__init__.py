@@ -11,6 +11,12 @@ from flags that guards read:
 ``terminal``        a successful call ends the run (a hand-off to a human, a "done" tool)
 ``retryable``       exception types that mean "trying again may work" (besides ToolError)
 
+Only a declared nature changes execution (a repeat skipped, a side effect answered from the
+ledger).  A tool whose nature nobody declared -- a framework's tool without a ``[tools.<name>]``
+table, a tool seen in a recording -- is a stand-in with ``declared = False``: it asserts none
+of the flags and runs every time it is called; what its name suggests (``likely_read_only``
+for ``get_...`` / ``search_...``) may only weigh a loop detector's evidence.
+
 Arguments from the model are untrusted: :meth:`Tool.validate` checks them against the schema
 before anything runs.  A parameter annotated :class:`ToolContext` is not part of the schema;
 the loop passes the run's clock, cancel token and deadline through it.
@@ -99,6 +105,11 @@ class Tool:
     normalize_arguments: bool = True
     context_param: str | None = None
     is_async: bool = False
+    #: False for a stand-in whose nature nobody declared (see the module docstring)
+    declared: bool = True
+    #: an undeclared tool whose name reads as a lookup or a probe: detectors do not take its
+    #: calls as changes of the world (never a reason to skip or answer a call)
+    likely_read_only: bool = False
     _schema: dict[str, Any] | None = field(default=None, repr=False)
 
     def schema(self) -> dict[str, Any]:

@@ -65,16 +65,23 @@ class Script:
 
 
 def deployment(
-    tmp_path: Path, *, allowlist: bool = False, max_total_tokens: int | None = None
+    tmp_path: Path,
+    *,
+    allowlist: bool = False,
+    max_total_tokens: int | None = None,
+    declare_lookup: bool = True,
 ) -> Deployment:
     """The shipped config, plus: run records to ``tmp_path/runs.jsonl``, ``apply_refund``
-    declared a side effect keyed by order, optionally the example allowlist plugin and a
-    token limit."""
+    declared a side effect keyed by order, ``query_order`` declared a read-only, deterministic
+    lookup (unless ``declare_lookup`` is false), optionally the example allowlist plugin and a
+    token limit.  Every other tool is undeclared."""
     data = load_toml(default_config_path())
     plugins = data["plugins"]
     plugins["enabled"] = [*plugins["enabled"], "run_record"]
     plugins["run_record"] = {"path": str(tmp_path / "runs.jsonl")}
     data["tools"] = {"apply_refund": {"side_effect": True, "idempotency_keys": ["order_id"]}}
+    if declare_lookup:
+        data["tools"]["query_order"] = {"read_only": True, "deterministic": True}
     if allowlist:
         plugins["enabled"].append("allowlist")
         plugins["allowlist"] = {
@@ -112,8 +119,9 @@ Runner = Any  # (tmp_path, script, mode, **deployment kwargs) -> Outcome
 
 
 def check_repeat_loop(tmp_path: Path, run: Runner, mode: str) -> None:
-    """Identical lookups: the repeat is answered from the first result, the third call stops
-    the run (repeat_call, soft) and the wrap-up turn -- without tools -- gives the answer."""
+    """Identical lookups of a tool declared read-only and deterministic: the repeat is
+    answered from the first result, the third call stops the run (repeat_call, soft) and the
+    wrap-up turn -- without tools -- gives the answer."""
     script = Script([[LOOKUP]], repeat=True)
     out: Outcome = run(tmp_path, script, mode)
     rec = only_record(tmp_path)
@@ -124,6 +132,19 @@ def check_repeat_loop(tmp_path: Path, run: Runner, mode: str) -> None:
     assert script.toolless == 1
     assert out.output == FINAL == rec["final_answer"] and rec["final_answer_present"] is True
     assert any(w["plugin"] == "repeat_call" for w in rec["warnings"])
+
+
+def check_undeclared_repeat(tmp_path: Path, run: Runner, mode: str) -> None:
+    """The same lookups of a tool nobody declared: each one runs (a guess never skips a call),
+    and the same result twice more stops the run (repeat_call, soft)."""
+    script = Script([[LOOKUP]], repeat=True)
+    out: Outcome = run(tmp_path, script, mode, declare_lookup=False)
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["stopped_by"] == "repeat_call"
+    assert out.effects.counts == {"query_order": 3} and rec["tools_executed"] == 3
+    assert out.observations == ["NOT_FOUND: order 99999 does not exist"] * 3
+    assert rec["evidence"]["rule"] == "repeat" and rec["ledger_answers"] == []
+    assert script.toolless == 1 and out.output == FINAL
 
 
 def check_side_effect_once(tmp_path: Path, run: Runner, mode: str) -> None:
@@ -137,6 +158,10 @@ def check_side_effect_once(tmp_path: Path, run: Runner, mode: str) -> None:
     assert rec["termination"] == "final_answer" and rec["final_answer"] == "Refunded."
     assert rec["tool_calls"] == 2 and rec["tools_executed"] == 1
     assert out.output == "Refunded."
+    [answer] = rec["ledger_answers"]  # the record says which call the ledger answered, and why
+    assert answer["tool"] == "apply_refund" and answer["source"] == "conversation"
+    assert answer["state"] == "done" and answer["idempotency_keys"] == ["order_id"]
+    assert "declared a side effect" in answer["why"]
 
 
 TOKEN_LIMIT = 7000
@@ -188,4 +213,83 @@ SCENARIOS = {
     "side_effect_once": check_side_effect_once,
     "token_budget": check_token_budget,
     "allowlist": check_allowlist,
+    "undeclared_repeat": check_undeclared_repeat,
 }
+
+
+# -- tools nobody declared: a coding agent's, and one that takes its user from context --------
+
+PYTEST = ("bash", {"command": "pytest -q"})
+EDIT = ("edit_file", {"path": "app.py", "old": "return 1", "new": "return 2"})
+BALANCE = ("account_balance", {})
+
+
+@dataclass
+class World:
+    """What the framework tools act on: a checkout whose test fails until ``app.py`` is
+    edited, and account balances.  Each framework's test wraps these methods as its own tools
+    (``account_balance`` taking the user from the framework's run context, not an argument);
+    none of them is declared in the config."""
+
+    effects: Effects
+    fixed: bool = False
+    balances: dict[str, int] = field(default_factory=lambda: {"alice": 100, "bob": 7})
+
+    def bash(self, command: str) -> str:
+        self.effects.hit("bash")
+        return f"$ {command}\n" + ("1 passed" if self.fixed else "1 failed: test_app")
+
+    def edit_file(self, path: str, old: str, new: str) -> str:
+        self.effects.hit("edit_file")
+        self.fixed = True
+        return f"edited {path}"
+
+    def account_balance(self, user: str) -> str:
+        self.effects.hit("account_balance")
+        return f"balance of {user}: {self.balances[user]}"
+
+
+#: (tmp_path, script, mode, world, user) -> Outcome: one run of the framework's agent with
+#: the World's tools, ``user`` in the framework's run context
+WorldRunner = Any
+
+
+def check_coding_conversations(tmp_path: Path, run: WorldRunner, mode: str) -> None:
+    """Two users' conversations, each "pytest -> edit -> pytest" on its own checkout, with
+    the shipped config and undeclared tools: every call executes in both (4 + 2), the second
+    pytest reports the edit, and neither run is answered from the other's record."""
+    effects = Effects()
+    for user in ("alice", "bob"):
+        script = Script([[PYTEST], [EDIT], [PYTEST]], final="Fixed: the test passes.")
+        out: Outcome = run(tmp_path, script, mode, World(effects), user)
+        assert out.observations == [
+            "$ pytest -q\n1 failed: test_app",
+            "edited app.py",
+            "$ pytest -q\n1 passed",
+        ]
+        assert out.output == "Fixed: the test passes."
+    assert effects.counts == {"bash": 4, "edit_file": 2}
+    recs = records(tmp_path)
+    assert [r["termination"] for r in recs] == ["final_answer", "final_answer"]
+    assert [r["tools_executed"] for r in recs] == [3, 3]
+    assert all(r["ledger_answers"] == [] and not r["warnings"] for r in recs)
+
+
+def check_context_user(tmp_path: Path, run: WorldRunner, mode: str) -> None:
+    """A tool that takes its user from the framework's context (no arguments at all): Alice,
+    then Bob, then Alice again after her balance changed -- each sees their own, current
+    balance; the tool runs every time."""
+    effects = Effects()
+    world = World(effects)
+    seen = []
+    for user in ("alice", "bob", "alice"):
+        if len(seen) == 2:
+            world.balances["alice"] = 55
+        script = Script([[BALANCE]], final="Here is your balance.")
+        out: Outcome = run(tmp_path, script, mode, world, user)
+        seen.extend(out.observations)
+    assert seen == ["balance of alice: 100", "balance of bob: 7", "balance of alice: 55"]
+    assert effects.counts == {"account_balance": 3}
+    recs = records(tmp_path)
+    assert [r["termination"] for r in recs] == ["final_answer"] * 3
+    assert all(r["ledger_answers"] == [] for r in recs)
