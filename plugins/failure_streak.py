@@ -14,6 +14,14 @@ in it failed, and one success in it resets the streak.  Results of ``neutral_too
 that do nothing in the world (``think``, ``calculate``) -- neither count nor reset: thinking
 between two failures does not make the next one a first.
 
+A streak is evidence of a loop only while nothing changed in between.  A failed call that may
+change state (:attr:`loopwarden.ToolCall.may_change_state`: a side effect, or a tool whose
+nature is not declared, such as a coding agent's ``bash``) and fails *differently* from the
+failure before it is an agent trying things -- install, edit, run again and meet the next error
+-- so its round starts a new streak instead of extending the old one; the same failure again
+(the same output) extends it.  Failures of read-only tools (a lookup that finds nothing, with
+one id after another) extend the streak whatever they say.
+
 With ``across_turns`` (default) the streak carries on through the conversation's next user
 turn: a booking that fails, is discussed with the user, and fails again with the same kind of
 error is the same streak.  Only a success resets it.
@@ -122,6 +130,7 @@ _EVIDENCE_FAILURES = 5  # the latest failures kept as evidence
 class _Streak:
     failures: deque[dict[str, str]]  # the latest failures of the streak (evidence)
     streak: int = 0  # failed rounds in a row
+    last_digest: str | None = None  # the output of the streak's latest failure
 
 
 @dataclass(slots=True)
@@ -130,6 +139,7 @@ class _State:
     rounds: Rounds = field(default_factory=Rounds)
     round_failed: bool = True  # every counted result so far failed
     round_counted: int = 0  # results that counted (not skipped, not neutral)
+    round_news: bool = False  # a state-changing call failed differently: a new streak
 
 
 class FailureStreak(Plugin[FailureStreakSettings]):
@@ -177,10 +187,13 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         box: _Streak = self.conversation_state(run) if self.settings.across_turns else st.own
         new_round, last = st.rounds.enter(call)
         if new_round:
-            st.round_failed, st.round_counted = True, 0
+            st.round_failed, st.round_counted, st.round_news = True, 0, False
         if not result.skipped and call.name not in self._neutral:
             st.round_counted += 1
             if self.failed(result):
+                if call.may_change_state and result.digest != box.last_digest:
+                    st.round_news = True
+                box.last_digest = result.digest
                 box.failures.append(
                     {
                         "tool": call.name,
@@ -197,9 +210,15 @@ class FailureStreak(Plugin[FailureStreakSettings]):
         if not st.round_failed:
             box.streak = 0
             box.failures.clear()
+            box.last_digest = None
             return None
         st.round_counted = 0  # judged
         s = self.settings
+        if st.round_news and box.streak:
+            # a state-changing call failed in a new way: the agent is trying things
+            box.streak = 0
+            while len(box.failures) > 1:
+                box.failures.popleft()
         box.streak += 1
         latest = box.failures[-1] if box.failures else {"tool": call.name, "error": ""}
         error = latest["error"]
