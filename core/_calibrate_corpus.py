@@ -1,16 +1,17 @@
-"""The corpus :mod:`loopwarden.calibrate` measures: the healthy runs of a JSONL file.
+"""The corpus :mod:`loopwarden.calibrate` measures: the healthy runs of JSONL files.
 
-:func:`load_stats` reads recorded trajectories or run records (the kind is taken from the
-first readable line) into :class:`Turn` and :class:`Conversation` values, keeping only
-successful runs and counting what was left out (unsuccessful, unreadable lines).  Kept apart
-from the statistics, the proposed limits and the TOML writing in :mod:`loopwarden.calibrate`
-(which re-exports these names): what counts as a healthy run and how a recording is read
-change for other reasons than how limits are proposed.
+:func:`load_stats` reads recorded trajectories or run records -- one file or several, plain or
+gzip-compressed (the kind is taken from the first readable line) -- into :class:`Turn` and
+:class:`Conversation` values, keeping only successful runs and counting what was left out
+(unsuccessful, unreadable lines).  Kept apart from the statistics, the proposed limits and the
+TOML writing in :mod:`loopwarden.calibrate` (which re-exports these names): what counts as a
+healthy run and how a recording is read change for other reasons than how limits are proposed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ from loopwarden.exceptions import ConfigError
 
 #: run-record terminations of a run that finished by itself
 SUCCESS_TERMINATIONS = ("final_answer", "terminal_tool")
+#: how runs can be grouped: ``domain`` (``meta.domain``, else the last part of ``source``;
+#: a run record's profile), ``source`` (the recorded ``source``) or ``file`` (the input file
+#: each run came from -- one file per kind of agent, e.g. customer service vs coding)
+GROUPINGS = ("domain", "source", "file")
 
 
 @dataclass(slots=True)
@@ -81,6 +86,16 @@ class Stats:
 # -- reading -------------------------------------------------------------------------------
 
 
+def group_of(obj: Mapping[str, Any], by: str = "domain", file: str = "file") -> str:
+    """The group of a trajectory or run record under ``by`` (see :data:`GROUPINGS`);
+    ``file`` is the label of the file it came from."""
+    if by == "file":
+        return file
+    if by == "source" and not _is_record(obj):
+        return str(obj.get("source") or "default")
+    return _group(obj)
+
+
 def _group(obj: Mapping[str, Any]) -> str:
     """A trajectory's domain (``meta.domain``), else the last part of its ``source``; a run
     record's profile."""
@@ -100,10 +115,9 @@ def _int(value: Any) -> int | None:
     return n if n >= 0 else None
 
 
-def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
+def _trajectory(obj: dict[str, Any], group: str) -> tuple[Conversation, list[Turn]]:
     from loopwarden._trajectory import _calls, _segments
 
-    group = str(obj.get("source") or "default") if by == "source" else _group(obj)
     steps = obj["steps"]
     turns = []
     for _, seg, _user in _segments(steps):
@@ -150,8 +164,7 @@ def _trajectory(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, 
     return conv, turns
 
 
-def _record(obj: dict[str, Any], by: str = "domain") -> tuple[Conversation, list[Turn]]:
-    group = _group(obj)
+def _record(obj: dict[str, Any], group: str) -> tuple[Conversation, list[Turn]]:
     tokens = obj.get("tokens")
     total = _int(tokens.get("total")) if isinstance(tokens, dict) else None
     steps, calls = _int(obj.get("steps")) or 0, _int(obj.get("tool_calls")) or 0
@@ -192,25 +205,30 @@ def _successful(obj: Mapping[str, Any]) -> bool:
     return obj.get("success") is True
 
 
-def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
-    """Read a trajectory or run-record JSONL file into the statistics of its healthy runs,
-    grouped by domain (a run record: by profile), or by ``source`` when ``by="source"``.
+def load_stats(paths: str | Path | Sequence[str | Path], *, by: str = "domain") -> Stats:
+    """Read trajectory or run-record JSONL files (plain or gzip-compressed) into the
+    statistics of their healthy runs, grouped ``by`` domain (a run record: by profile),
+    ``source`` or input ``file`` (:data:`GROUPINGS`).
 
     The kind is taken from the first readable line; a line of the other kind, or one that is
-    not readable, is counted in ``unreadable``.  A file with no readable line is a
-    :class:`ConfigError`.
+    not readable, is counted in ``unreadable``.  A missing file, a corrupt gzip archive or
+    files with no readable line are a :class:`ConfigError`.
     """
-    from loopwarden._trajectory import _well_formed
+    from loopwarden._trajectory import _well_formed, file_label, read_lines
     from loopwarden.sanitize import loads_strict
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("file not found", path=p)
+    if by not in GROUPINGS:
+        raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
+    files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    for p in files:
+        if not p.is_file():
+            raise ConfigError("file not found", path=p)
     stats = Stats(kind="")
     # read as replay and report do: an undecodable byte, NaN, 1e999, a huge integer, deep
     # nesting or a lone surrogate makes one line unreadable, never the whole file
-    with p.open(encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
+    for p in files:
+        label = file_label(p)
+        for line in read_lines(p):
             if not line.strip():
                 continue
             stats.lines += 1
@@ -230,13 +248,37 @@ def load_stats(path: str | Path, *, by: str = "domain") -> Stats:
             if not _successful(obj):
                 stats.unsuccessful += 1
                 continue
-            conv, turns = (_record if kind == "records" else _trajectory)(obj, by)
+            group = group_of(obj, by, label)
+            conv, turns = (_record if kind == "records" else _trajectory)(obj, group)
             stats.conversations.append(conv)
             stats.turns.extend(turns)
     if not stats.kind:
         raise ConfigError(
             "no readable trajectory or run record",
-            path=p,
+            path=", ".join(str(p) for p in files),
             expected="JSONL: trajectories or run records (docs/contracts.md)",
         )
     return stats
+
+
+def profile_slug(group: str) -> str:
+    """A group's name as a TOML bare key for ``[profiles.<slug>]``: lower case, every run of
+    other characters than ``a-z 0-9 _ -`` one hyphen (``tau2/gpt-4.1/airline`` ->
+    ``tau2-gpt-4-1-airline``)."""
+    return re.sub(r"[^a-z0-9_-]+", "-", group.lower()).strip("-") or "default"
+
+
+def profile_names(groups: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
+    """Each group's profile name (:func:`profile_slug`), made unique: a slug already used by
+    another group or among ``taken`` (the base config's own profiles) gets ``-2``, ``-3`` ..."""
+    used = set(taken)
+    out = {}
+    for g in groups:
+        base = name = profile_slug(g)
+        n = 1
+        while name in used:
+            n += 1
+            name = f"{base}-{n}"
+        used.add(name)
+        out[g] = name
+    return out

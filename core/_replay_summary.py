@@ -25,6 +25,24 @@ def _pct(part: int, whole: int) -> float:
 STEP_CAP_TERMINATIONS = ("max_steps", "too_many_errors")
 #: a recording that made one call this many times in a row (:func:`repeat_streak`) ran away
 RUNAWAY_REPEAT = 5
+#: the figures :func:`summarize_by_source` gives per ``source`` (keys of :func:`summarize`)
+BY_SOURCE_KEYS = (
+    "trajectories",
+    "successful",
+    "successful_stopped_with_work_left",
+    "successful_stopped_with_work_left_pct",
+    "successful_warned",
+    "successful_warned_pct",
+    "runaway_runs",
+    "runaway_runs_stopped",
+    "identical_repeat_runs",
+    "identical_repeat_runs_stopped",
+    "step_cap_runs",
+    "step_cap_runs_stopped",
+    "stops_by_reason",
+)
+#: the label of trajectories without a ``source``
+NO_SOURCE = "(no source)"
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:
@@ -47,6 +65,11 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
       or made one call :data:`RUNAWAY_REPEAT` or more times in a row (:func:`repeat_streak`);
       one is *stopped* when the guards ended it before its recorded end
       (:attr:`ReplayResult.ended_early`); ``runaway_runs_missed`` names the others;
+    * ``repeat_runs`` counts the runs that made one call (name and canonical arguments)
+      :data:`RUNAWAY_REPEAT`+ times in a row whatever it returned; ``identical_repeat_runs``
+      only those where the call also got an identical observation each time
+      (:func:`~loopwarden._trajectory.identical_repeat_streak`: nothing changed in between,
+      so the repeats were a loop, not polling);
     * steps and recorded tokens saved are counted on the runaway runs that were stopped.
 
     The older figures follow: ``successful_stopped_early`` counts a stop that cut any recorded
@@ -56,6 +79,7 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
     successful = [r for r in rs if r.success is True]
     capped = [r for r in rs if r.source_termination in STEP_CAP_TERMINATIONS]
     repeated = [r for r in rs if r.repeat_streak >= RUNAWAY_REPEAT]
+    identical = [r for r in rs if r.identical_repeat_streak >= RUNAWAY_REPEAT]
     no_answer = [r for r in rs if r.final_answer_present is False]
     runaway = {r.id: r for r in capped + repeated}
     work_left = [r for r in successful if r.stop_kind == "work_left"]
@@ -68,6 +92,7 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
     caught = [r for r in runaway.values() if r.ended_early]
     caught_capped = [r for r in capped if r.ended_early]
     caught_repeated = [r for r in repeated if r.ended_early]
+    caught_identical = [r for r in identical if r.ended_early]
     caught_no_answer = [r for r in no_answer if r.stop is not None]
     saved_steps = sum(r.steps_after_stop for r in caught)
     saved_tokens = sum(r.tokens_after_stop or 0 for r in caught)
@@ -96,6 +121,9 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
         "step_cap_runs_stopped_pct": _pct(len(caught_capped), len(capped)),
         "repeat_runs": len(repeated),
         "repeat_runs_stopped": len(caught_repeated),
+        "identical_repeat_runs": len(identical),
+        "identical_repeat_runs_stopped": len(caught_identical),
+        "identical_repeat_runs_stopped_pct": _pct(len(caught_identical), len(identical)),
         "runaway_stops_by_reason": reasons(caught),
         "steps_saved": saved_steps,
         "recorded_tokens_saved": saved_tokens,
@@ -111,3 +139,17 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
         "runs_without_answer_stopped": len(caught_no_answer),
         "runs_without_answer_stopped_pct": _pct(len(caught_no_answer), len(no_answer)),
     }
+
+
+def summarize_by_source(results: Iterable[ReplayResult]) -> dict[str, dict[str, Any]]:
+    """The headline figures of :func:`summarize` (:data:`BY_SOURCE_KEYS`) for each recorded
+    ``source``, sources in name order: one corpus mixes agents and benchmarks whose healthy
+    runs differ, and a limit's false positives must be read per kind of run."""
+    groups: dict[str, list[ReplayResult]] = {}
+    for r in results:
+        groups.setdefault(r.source if r.source is not None else NO_SOURCE, []).append(r)
+    out = {}
+    for source in sorted(groups):
+        s = summarize(groups[source])
+        out[source] = {k: s[k] for k in BY_SOURCE_KEYS}
+    return out

@@ -1,8 +1,11 @@
 """Reading recorded trajectories (the JSONL format of docs/contracts.md) for
 :mod:`loopwarden.replay` and :mod:`loopwarden.calibrate`.
 
-One line is one conversation; an unreadable line (not strict JSON, or not the trajectory
-shape) is reported as such and counted by the caller, never a crash that loses the file.  The
+A file may be gzip-compressed (``.jsonl.gz``, recognised by its magic bytes or its suffix):
+it is read as the same lines, and a corrupt or truncated archive is a :class:`ConfigError`
+naming the file (exit 2), never a traceback.  One line is one conversation; an unreadable
+line (not strict JSON, or not the trajectory shape) is reported as such and counted by the
+caller, never a crash that loses the file.  The
 helpers read one recorded step defensively (its tool calls, its usage) and split a
 conversation into its runs.  Kept apart from the replay engine so that the calibration reads
 recordings exactly as replay does without importing the step machine.
@@ -11,34 +14,82 @@ recordings exactly as replay does without importing the step machine.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from loopwarden.events import Usage
+from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import canonical_arguments
 from loopwarden.sanitize import depth_exceeds, loads_arguments, loads_strict
 
+#: the first two bytes of every gzip member (RFC 1952)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: str | Path) -> bool:
+    """Whether ``path`` is gzip-compressed: its magic bytes, else a ``.gz`` suffix (so a
+    ``.gz`` that is no gzip file is reported as corrupt rather than read as text)."""
+    p = Path(path)
+    with p.open("rb") as fh:
+        head = fh.read(2)
+    return head == GZIP_MAGIC or p.suffix.lower() == ".gz"
+
+
+def read_lines(path: str | Path) -> Iterator[str]:
+    """The text lines of a JSONL file, plain or gzip-compressed.
+
+    Decoded as UTF-8 with ``surrogateescape``: an undecodable byte spoils one line (the
+    caller's strict parser rejects it), never the file.  A corrupt or truncated gzip archive
+    raises :class:`ConfigError` once the lines before the damage have been yielded."""
+    p = Path(path)
+    if not is_gzip(p):
+        with p.open(encoding="utf-8", errors="surrogateescape") as fh:
+            yield from fh
+        return
+    try:
+        with (
+            gzip.open(p, "rb") as raw,
+            io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape") as fh,
+        ):
+            yield from fh
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+        raise ConfigError(
+            f"corrupt or truncated gzip file ({exc})", path=p, expected="a readable .jsonl.gz"
+        ) from None
+
+
+def file_label(path: str | Path) -> str:
+    """A file's name without its ``.gz`` and ``.jsonl`` suffixes (a group label)."""
+    name = Path(path).name
+    for suffix in (".gz", ".jsonl", ".json"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or "file"
+
 
 def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """(line number, trajectory or None for an unreadable line) for each non-blank line.
+    """(line number, trajectory or None for an unreadable line) for each non-blank line of a
+    plain or gzip-compressed JSONL file (:func:`read_lines`).
 
     Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
     ``1e999``, huge integers, deep nesting, lone surrogates, undecodable bytes), or not the
     trajectory shape."""
-    with Path(path).open(encoding="utf-8", errors="surrogateescape") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = loads_strict(line)
-            except ValueError:
-                yield lineno, None
-                continue
-            if not _well_formed(obj):
-                yield lineno, None
-                continue
-            yield lineno, obj
+    for lineno, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = loads_strict(line)
+        except ValueError:
+            yield lineno, None
+            continue
+        if not _well_formed(obj):
+            yield lineno, None
+            continue
+        yield lineno, obj
 
 
 def _well_formed(obj: Any) -> bool:
@@ -114,6 +165,24 @@ def repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
             sig = _signature(tc)
             streak = streak + 1 if sig == last else 1
             last = sig
+            best = max(best, streak)
+    return best
+
+
+def identical_repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
+    """The most times one identical call (tool name and canonical arguments) got an identical
+    recorded observation in a row: consecutive tool calls, parallel ones included, as
+    :func:`repeat_streak` -- but a call whose observation differs from the last one's breaks
+    the streak (polling that sees progress is no loop)."""
+    best = streak = 0
+    last: tuple[str, str] | None = None
+    for step in steps:
+        obs = step.get("observations")
+        observations = obs if isinstance(obs, list) else []
+        for i, tc in enumerate(_calls(step)):
+            key = (_signature(tc), str(observations[i]) if i < len(observations) else "")
+            streak = streak + 1 if key == last else 1
+            last = key
             best = max(best, streak)
     return best
 

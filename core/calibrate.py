@@ -1,9 +1,10 @@
 """Limits from real traffic: the distributions of healthy runs, and a config calibrated on them.
 
-Input is a JSONL file of recorded trajectories (the format of docs/contracts.md: one
-conversation per line) or of run records (``--json`` / the ``run_record`` plugin: one run per
-line).  Only *successful* runs count as healthy: a trajectory with ``success = true``; a run
-record that ended with ``final_answer`` or ``terminal_tool`` and gave an answer.
+Input is JSONL -- one file or several, plain or gzip-compressed -- of recorded trajectories (the
+format of docs/contracts.md: one conversation per line) or of run records (``--json`` / the
+``run_record`` plugin: one run per line).  Only *successful* runs count as healthy: a trajectory
+with ``success = true``; a run record that ended with ``final_answer`` or ``terminal_tool`` and
+gave an answer.
 
 A *turn* is one run: the model calls that serve one user message (a trajectory step without
 tool calls ends it).  Measured per turn: model calls, tool calls, the largest parallel batch,
@@ -12,9 +13,16 @@ estimates would understate what trajectories leave out); per conversation: user 
 calls, tool calls, billed tokens, its largest request and its wall time (``meta.duration_s``).
 
 A proposed limit is the p99 of the healthy values times a margin (:data:`MARGIN`), rounded up
-(token limits to a whole thousand).  Per-run limits are set from each conversation's busiest
+(token limits to a whole thousand) -- and only from at least :data:`MIN_RUNS` values: the
+nearest-rank p99 of fewer than 100 values is simply their maximum, so a "p99" from two runs
+would be a limit set by the busiest of two.  Below the minimum nothing is proposed (the
+command refuses a corpus that small, exit 2; a limit or a profile whose data is that thin is
+left out and says so).  Per-run limits are set from each conversation's busiest
 turn, not from all turns: a conversation is cut when any one of its turns passes a limit, so
-the p99 of all turns would cut far more than 1% of conversations.  :data:`LIMITS` maps config
+the p99 of all turns would cut far more than 1% of conversations.  The plugin-level limits come
+from all healthy runs together (the default must serve every kind of run); a
+``[profiles.<slug>]`` per group (by default per ``source``) from that group's runs alone.
+:data:`LIMITS` maps config
 keys to the statistic they are set from -- one line per key; :func:`calibrated_config` writes
 only the keys the installed config model knows, and the rest as comments.
 
@@ -31,13 +39,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loopwarden._calibrate_corpus import (
+    GROUPINGS,
+    Conversation,
+    Stats,
+    Turn,
+    load_stats,
+    profile_names,
+    profile_slug,
+)
 from loopwarden._calibrate_corpus import SUCCESS_TERMINATIONS as SUCCESS_TERMINATIONS
-from loopwarden._calibrate_corpus import Conversation, Stats, Turn, load_stats
 
 __all__ = [
+    "GROUPINGS",
     "LIMITS",
     "MARGIN",
     "METRICS",
+    "MIN_RUNS",
     "Conversation",
     "Limit",
     "Stats",
@@ -47,15 +65,21 @@ __all__ = [
     "dump_toml",
     "load_stats",
     "percentile",
+    "profile_names",
+    "profile_slug",
     "propose",
     "propose_all",
+    "propose_limit",
 ]
 
 #: proposed limit = p99 of the healthy values x MARGIN, rounded up
 MARGIN = 1.25
 PERCENTILE = 99.0
-#: a profile is proposed for a group only with at least this many successful conversations
-MIN_RUNS = 20
+#: the fewest values a p99-based limit is proposed from: the nearest-rank p99 of n values is
+#: their maximum until n >= 100/(100-99) = 100.  Applies to the whole corpus (successful
+#: conversations; fewer: ``loopwarden calibrate`` refuses), to each limit (the conversations
+#: that have its statistic, e.g. recorded usage) and to each profile's group.
+MIN_RUNS = math.ceil(100.0 / (100.0 - PERCENTILE))
 
 
 # -- statistics ----------------------------------------------------------------------------
@@ -139,6 +163,10 @@ METRICS: dict[str, Metric] = {
         "tool calls per conversation", _convs(lambda c: c.tool_calls)
     ),
     "conversation_seconds": Metric("wall time per conversation, s", _convs(lambda c: c.seconds)),
+    "run_seconds": Metric(
+        "wall time per run (one-turn conversations, run records), s",
+        _convs(lambda c: c.seconds if c.turns == 1 else None),
+    ),
 }
 
 
@@ -185,6 +213,13 @@ LIMITS: tuple[Limit, ...] = (
     Limit("plugins.conversation_limits.max_tokens", "conversation_tokens"),
     Limit("max_steps", "busiest_turn_model_calls", profile=True),
     Limit("max_tokens", "busiest_turn_tokens", profile=True),
+    Limit("max_seconds", "run_seconds", profile=True),
+    Limit(
+        "max_context",
+        "conversation_max_prompt",
+        profile=True,
+        plus_key="plugins.token_budget.reserve_output_tokens",
+    ),
 )
 
 
@@ -231,21 +266,43 @@ def known_key(key: str, *, profile: bool = False) -> bool:
     return True
 
 
+def _plus(lim: Limit, base: Mapping[str, Any]) -> int:
+    """What ``lim.plus_key`` adds after the margin: the base config's value, else the
+    setting's default."""
+    if not lim.plus_key:
+        return 0
+    extra = _lookup(base, lim.plus_key)
+    return int(extra if extra is not None else _default_of(lim.plus_key) or 0)
+
+
+def propose_limit(
+    lim: Limit,
+    stats: Stats,
+    base: Mapping[str, Any],
+    *,
+    margin: float = MARGIN,
+    min_runs: int = MIN_RUNS,
+) -> tuple[int | None, int]:
+    """``lim``'s proposed value on ``stats`` and the number of values it rests on; the value
+    is None when there are fewer than ``min_runs`` of them (no p99 to speak of)."""
+    metric = METRICS[lim.metric]
+    values = metric.values(stats)
+    if not values or len(values) < min_runs:
+        return None, len(values)
+    value = propose(values, tokens=metric.tokens, margin=margin, plus=_plus(lim, base))
+    return value, len(values)
+
+
 def propose_all(
-    stats: Stats, base: Mapping[str, Any], *, margin: float = MARGIN
+    stats: Stats, base: Mapping[str, Any], *, margin: float = MARGIN, min_runs: int = MIN_RUNS
 ) -> list[tuple[Limit, int]]:
-    """The proposed value of every plugin-level limit that has data (``base``: the raw
-    config it goes into, for ``plus_key``)."""
+    """The proposed value of every plugin-level limit that has at least ``min_runs`` values
+    (``base``: the raw config it goes into, for ``plus_key``)."""
     out = []
     for lim in LIMITS:
         if lim.profile:
             continue
-        metric = METRICS[lim.metric]
-        plus = 0
-        if lim.plus_key:
-            extra = _lookup(base, lim.plus_key)
-            plus = int(extra if extra is not None else _default_of(lim.plus_key) or 0)
-        value = propose(metric.values(stats), tokens=metric.tokens, margin=margin, plus=plus)
+        value, _ = propose_limit(lim, stats, base, margin=margin, min_runs=min_runs)
         if value is not None:
             out.append((lim, value))
     return out
@@ -326,29 +383,45 @@ def calibrated_config(
 ) -> tuple[dict[str, Any], str]:
     """The base config's data with the proposed limits, and its TOML text.
 
-    Plugin-level limits come from all healthy runs; a ``[profiles.<group>]`` is proposed for
-    every group with at least ``min_runs`` successful conversations.  A key the installed
-    config model does not know is written as a comment, never as a setting.
+    Plugin-level limits come from all healthy runs together; a ``[profiles.<slug>]``
+    (:func:`profile_names`) is proposed for every group with at least ``min_runs`` successful
+    conversations, each limit in it from that group's runs alone.  A limit with fewer than
+    ``min_runs`` values keeps the base value and is named in the header.  A key the
+    installed config model does not know is written as a comment, never as a setting.
     """
     data: dict[str, Any] = json.loads(json.dumps(base))  # a deep copy of plain TOML data
     pending: dict[str, list[str]] = {}
     lines = [*header]
-    for lim, value in propose_all(stats, data, margin=margin):
+
+    def why(lim: Limit, part: Stats) -> str:
         metric = METRICS[lim.metric]
-        p99 = percentile(metric.values(stats), PERCENTILE)
-        why = f"p99 {p99:g} of {metric.label} x {margin:g}"
-        if lim.plus_key:
-            why += f" + {lim.plus_key.rsplit('.', 1)[-1]}"
+        p99 = percentile(metric.values(part), PERCENTILE)
+        text = f"p99 {p99:g} of {metric.label} x {margin:g}"
+        return text + (f" + {lim.plus_key.rsplit('.', 1)[-1]}" if lim.plus_key else "")
+
+    for lim in LIMITS:
+        if lim.profile:
+            continue
+        value, n = propose_limit(lim, stats, data, margin=margin, min_runs=min_runs)
+        if value is None:
+            if n:
+                lines.append(
+                    f"{lim.key}: not proposed, {n} value(s) of "
+                    f"{METRICS[lim.metric].label}, fewer than {min_runs}"
+                )
+            continue
         if known_key(lim.key):
             _set(data, lim.key, value)
-            lines.append(f"{lim.key} = {value}  ({why})")
+            lines.append(f"{lim.key} = {value}  ({why(lim, stats)})")
         else:
             table, _, name = lim.key.rpartition(".")
             pending.setdefault(table, []).append(
-                f"{name} = {value}   # {why}; not a setting of this version"
+                f"{name} = {value}   # {why(lim, stats)}; not a setting of this version"
             )
     profile_limits = [lim for lim in LIMITS if lim.profile and known_key(lim.key, profile=True)]
-    for group in stats.groups():
+    groups = stats.groups()
+    names = profile_names(groups, taken=sorted(data.get("profiles") or {}))
+    for group in groups:
         part = stats.only(group)
         if len(part.conversations) < min_runs:
             lines.append(
@@ -363,10 +436,11 @@ def calibrated_config(
             )
         }
         for lim in profile_limits:
-            metric = METRICS[lim.metric]
-            proposed = propose(metric.values(part), tokens=metric.tokens, margin=margin)
-            if proposed is not None:
-                prof[lim.key] = proposed
-        data.setdefault("profiles", {})[group] = prof
+            value, _ = propose_limit(lim, part, data, margin=margin, min_runs=min_runs)
+            if value is not None:
+                prof[lim.key] = value
+        data.setdefault("profiles", {})[names[group]] = prof
+        got = ", ".join(f"{k} = {v}" for k, v in prof.items() if k != "description")
+        lines.append(f"[profiles.{names[group]}] {got or 'no limit with enough data'}")
     text = "\n".join(f"# {x}" if x else "#" for x in lines) + "\n\n" + dump_toml(data, pending)
     return data, text

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("loopwarden.commands.replay", "feed recorded real runs through the guards"),
     "calibrate": (
         "loopwarden.commands.calibrate",
-        "propose limits from the successful runs of a recorded file, as a config",
+        "propose limits from the successful runs of recorded files (100+), as a config",
     ),
     "report": ("loopwarden.commands.report", "summarise a run-record JSONL file with advice"),
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),

@@ -61,14 +61,21 @@ from loopwarden._recorded_tools import (
     load_tool_flags,
     recorded_tool,
 )
-from loopwarden._replay_summary import RUNAWAY_REPEAT, STEP_CAP_TERMINATIONS, summarize
+from loopwarden._replay_summary import (
+    RUNAWAY_REPEAT,
+    STEP_CAP_TERMINATIONS,
+    summarize,
+    summarize_by_source,
+)
 from loopwarden._trajectory import (
     _calls,
     _model_name,
     _recorded_prompt,
     _segments,
     _usage,
+    identical_repeat_streak,
     iter_trajectories,
+    read_lines,
     repeat_streak,
 )
 from loopwarden.clock import FakeClock
@@ -93,15 +100,18 @@ __all__ = [
     "TERMINAL_NAMES",
     "ReplayEngine",
     "ReplayResult",
+    "identical_repeat_streak",
     "infer_flags",
     "iter_trajectories",
     "load_tool_flags",
+    "read_lines",
     "recorded_tool",
     "repeat_streak",
     "replay_config",
     "replay_file",
     "replay_trajectory",
     "summarize",
+    "summarize_by_source",
 ]
 
 
@@ -122,12 +132,14 @@ class ReplayResult:
     closing_stops: int = 0
     warned_by: list[str] = field(default_factory=list)
     repeat_streak: int = 0
+    identical_repeat_streak: int = 0
     tool_calls: int = 0
     recorded_tokens: int | None = None
     final_answer_present: bool | None = None
     source_termination: str | None = None
     model: str | None = None
     runs: int = 0
+    source: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -150,12 +162,14 @@ class ReplayResult:
             "closing_stops": self.closing_stops,
             "warned_by": self.warned_by,
             "repeat_streak": self.repeat_streak,
+            "identical_repeat_streak": self.identical_repeat_streak,
             "tool_calls": self.tool_calls,
             "recorded_tokens": self.recorded_tokens,
             "final_answer_present": self.final_answer_present,
             "source_termination": self.source_termination,
             "model": self.model,
             "runs": self.runs,
+            "source": self.source,
         }
 
 
@@ -247,6 +261,7 @@ def replay_trajectory(
         success=traj.get("success"),
         final_answer_present=traj.get("final_answer_present"),
         model=_model_name(traj),
+        source=str(traj["source"]) if traj.get("source") is not None else None,
     )
     meta = traj.get("meta")
     if isinstance(meta, dict):
@@ -256,6 +271,7 @@ def replay_trajectory(
         result.recorded_tokens = sum(u.total for u in usages if u is not None)
     result.tool_calls = sum(len(_calls(s)) for s in steps)
     result.repeat_streak = repeat_streak(steps)
+    result.identical_repeat_streak = identical_repeat_streak(steps)
     names = {str(tc.get("name")) for s in steps for tc in _calls(s)}
     # natures: the deployment's [tools.<name>] tables, then ``flags`` (replay --tools)
     declared: dict[str, Mapping[str, Any]] = {
@@ -452,7 +468,8 @@ def replay_file(
     *,
     system_prompt_tokens: int | None = None,
 ) -> tuple[list[ReplayResult], int]:
-    """Replay every trajectory in a JSONL file; returns the results and the unreadable lines."""
+    """Replay every trajectory in a JSONL file (plain or gzip-compressed); returns the
+    results and the unreadable lines."""
     results, bad = [], 0
     carry = tuple(carry)
     for _lineno, traj in iter_trajectories(path):

@@ -58,6 +58,7 @@ def conversation(
     *,
     success: bool | None = True,
     domain: str = "shop",
+    source: str | None = None,
     usage: bool = True,
     **meta: Any,
 ) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def conversation(
             )
         )
     return {
-        "source": f"test/{domain}",
+        "source": source or f"test/{domain}",
         "id": tid,
         "success": success,
         "steps": steps,
@@ -201,13 +202,20 @@ def _calibrate(
     return out, err, target
 
 
-def healthy_corpus() -> list[dict[str, Any]]:
-    """25 successful conversations whose busiest turns make 1..25 lookups, and a runaway."""
-    convs = [conversation(f"ok{i}", [1, i, 2]) for i in range(1, 26)]
+def healthy_corpus(n: int = 100, source: str | None = None) -> list[dict[str, Any]]:
+    """``n`` successful conversations whose busiest turns make 1..n lookups, and a runaway."""
+    convs = [conversation(f"ok{i}", [1, i, 2], source=source) for i in range(1, n + 1)]
     loop = conversation("loop", [0], success=False)
     loop["steps"] = [step(None, 1, key="same") for _ in range(60)]  # one call, 60 times
     loop["meta"]["termination_reason"] = "max_steps"
     return [*convs, loop]
+
+
+def p99_x(values: list[float], margin: float = 1.25) -> int:
+    """What a calibration proposes from these values: p99 x margin, rounded up."""
+    p99 = percentile(values, 99)
+    assert p99 is not None
+    return math.ceil(p99 * margin)
 
 
 def test_calibrate_writes_a_config_that_config_check_accepts(
@@ -219,48 +227,137 @@ def test_calibrate_writes_a_config_that_config_check_accepts(
     assert "OK" in capsys.readouterr().out
     config = load_config(target)
     tables = config.plugins.tables()
-    # busiest turns: i lookups + the answer, i = 1..25 -> p99 of 2..26 is 26
-    assert tables["max_steps"]["max_steps"] == math.ceil(26 * 1.25)
-    assert tables["tool_calls"]["max_tool_calls"] == math.ceil(25 * 1.25)
-    largest = 2000 + 100 * (1 + 25 + 2 + 3)  # the last request of ok25: 28 lookups, 3 answers
+    # busiest turns: i lookups + the answer, i = 1..100 -> p99 of 2..101 is 100
+    busiest = [float(i + 1) for i in range(1, 101)]
+    assert tables["max_steps"]["max_steps"] == p99_x(busiest) == 125
+    assert tables["tool_calls"]["max_tool_calls"] == p99_x([max(2.0, i) for i in range(1, 101)])
+    largest = 2000 + 100 * (1 + 99 + 2 + 3)  # the last request of ok99: p99 of 100 values
     assert f"(p99 {largest} of largest request per conversation" in out
     reserve = tables["token_budget"]["reserve_output_tokens"]
     assert (
         tables["token_budget"]["max_context"]
         == math.ceil((math.ceil(largest * 1.25) + reserve) / 1000) * 1000
     )
-    # one profile for the domain (enough runs), the shipped profiles kept
-    shop = config.profiles["shop"]
+    # one profile for the source (enough runs; a TOML bare key), the shipped profiles kept
+    shop = config.profiles["test-shop"]
     assert shop.max_steps == tables["max_steps"]["max_steps"]
-    assert shop.description is not None and "25 successful" in shop.description
+    assert shop.max_context == tables["token_budget"]["max_context"]
+    assert shop.description is not None and "100 successful test/shop" in shop.description
     assert {"simple", "standard", "complex", "quick"} <= set(config.profiles)
+    assert "\n[profiles.test-shop]\n" in out
     # the base config's plugins and their order are kept
     assert config.plugins.enabled == load_config(default_config_path()).plugins.enabled
     # what the config does to this file: comments at the top, and on stderr
     assert out.startswith("# What this config does to runs.jsonl")
-    assert "successful runs stopped with tool work left  0/25 (0.0%)" in out
+    assert "successful runs stopped with tool work left  0/100 (0.0%)" in out
     assert "runaway runs stopped                         1/1 (100.0%)" in out
     assert "runaway runs stopped" in err
     # the derivation is stated
-    assert "plugins.max_steps.max_steps = 33  (p99 26 of most model calls in one turn" in out
+    assert "plugins.max_steps.max_steps = 125  (p99 100 of most model calls in one turn" in out
+
+
+def test_calibrate_refuses_fewer_runs_than_a_p99_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs (or 99) are no basis for a p99: exit 2 and a reason, no config on stdout."""
+    for n in (2, 99):
+        path = write_jsonl(tmp_path / "few.jsonl", healthy_corpus(n))
+        assert main(["calibrate", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert f"only {n} successful conversation(s)" in err and "at least 100" in err
+        assert "Traceback" not in err
+    # an operator may lower the minimum knowingly: a loud warning, in the file and on stderr
+    out, err, target = _calibrate(tmp_path, healthy_corpus(25), capsys, "--min-runs", "20")
+    assert "warning: --min-runs 20 < 100" in err
+    assert "# WARNING: --min-runs 20 < 100" in out
+    assert load_config(target).plugins.tables()["max_steps"]["max_steps"] == math.ceil(26 * 1.25)
+
+
+def test_calibrate_proposes_a_profile_per_source_with_enough_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plugin limits from all runs together; a [profiles.<slug>] per source from its own runs,
+    only for sources with 100+ successful conversations."""
+    shop = healthy_corpus(100, source="test/shop")[:-1]
+    desk = [
+        conversation(f"d{i}", [1, 1 + i % 4], source="Tau2/GPT-4.1 Desk", domain="desk")
+        for i in range(100)
+    ]
+    few = [conversation(f"f{i}", [60], source="test/rare") for i in range(30)]
+    out, _, target = _calibrate(tmp_path, [*shop, *desk, *few], capsys)
+    assert main(["config", "check", str(target)]) == 0
+    capsys.readouterr()
+    config = load_config(target)
+    profiles = config.profiles
+    assert profiles["tau2-gpt-4-1-desk"].max_steps == p99_x([float(2 + i % 4) for i in range(100)])
+    assert profiles["test-shop"].max_steps == p99_x([float(i + 1) for i in range(1, 101)])
+    assert "test-rare" not in profiles
+    assert "no profile for 'test/rare': 30 successful conversation(s), fewer than 100" in out
+    # the plugin-level limit serves every source: from all 230 conversations
+    everyone = [float(i + 1) for i in range(1, 101)] + [2.0 + i % 4 for i in range(100)]
+    assert config.plugins.tables()["max_steps"]["max_steps"] == p99_x(everyone + [61.0] * 30)
+    # each profile is replayed on its own source's runs
+    assert "profile tau2-gpt-4-1-desk, tau2-gpt-4-1-desk runs only: 100 trajectories" in out
+    # --by domain: one profile per meta.domain instead
+    out, _, target = _calibrate(tmp_path, [*shop, *desk, *few], capsys, "--by", "domain")
+    assert {"shop", "desk"} <= set(load_config(target).profiles)
 
 
 def test_calibrate_margin_and_minimum_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, _, target = _calibrate(
-        tmp_path, healthy_corpus(), capsys, "--margin", "2", "--min-runs", "30"
-    )
-    config = load_config(target)
-    assert config.plugins.tables()["max_steps"]["max_steps"] == 52
-    assert "shop" not in config.profiles
-    assert (
-        "no profile for 'shop': 25 successful conversation(s), fewer than 30"
-        in target.read_text(encoding="utf-8")
-    )
+    corpus = healthy_corpus(100)
+    _, _, target = _calibrate(tmp_path, corpus, capsys, "--margin", "2")
+    assert load_config(target).plugins.tables()["max_steps"]["max_steps"] == 200
     path = tmp_path / "runs.jsonl"
+    assert main(["calibrate", str(path), "--min-runs", "101"]) == 2
+    assert "only 100 successful conversation(s)" in capsys.readouterr().err
     assert main(["calibrate", str(path), "--margin", "0.5"]) == 2
     assert "--margin" in capsys.readouterr().err
+
+
+def test_a_limit_with_too_few_values_keeps_the_base_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Token limits rest on recorded usage: 100 conversations, 40 with usage -> no token
+    limit proposed (the base value stays), and the header says why."""
+    corpus = healthy_corpus(100)[:-1]
+    for c in corpus[40:]:
+        for s in c["steps"]:
+            s["usage"] = None
+    out, _, target = _calibrate(tmp_path, corpus, capsys)
+    base = load_config(default_config_path()).plugins.tables()["token_budget"]
+    got = load_config(target).plugins.tables()["token_budget"]
+    assert got["max_total_tokens"] == base["max_total_tokens"]
+    assert (
+        "plugins.token_budget.max_total_tokens: not proposed, 40 value(s) of most billed "
+        "tokens in one turn, per conversation (recorded), fewer than 100" in out
+    )
+    assert load_config(target).profiles["test-shop"].max_tokens is None
+
+
+def test_calibrate_reads_gzip_and_several_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    corpus = healthy_corpus(100)
+    plain = write_jsonl(tmp_path / "a.jsonl", corpus[:50])
+    packed = tmp_path / "b.jsonl.gz"
+    with gzip.open(packed, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(x) + "\n" for x in corpus[50:])
+    assert main(["calibrate", str(plain), str(packed)]) == 0
+    out, _ = capsys.readouterr()
+    assert "calibrate a.jsonl b.jsonl.gz`" in out
+    assert "100 successful conversation(s)" in out
+    assert "plugins.max_steps.max_steps = 125 " in out
+    # a corrupt archive: a clear error naming the file, exit 2, no traceback
+    broken = tmp_path / "c.jsonl.gz"
+    broken.write_bytes(packed.read_bytes()[:200])
+    assert main(["calibrate", str(plain), str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "c.jsonl.gz" in err and "gzip" in err and "Traceback" not in err
 
 
 def test_keys_the_config_model_lacks_are_written_as_comments(
@@ -282,7 +379,7 @@ def test_keys_the_config_model_lacks_are_written_as_comments(
     out, _, target = _calibrate(tmp_path, healthy_corpus(), capsys)
     assert main(["config", "check", str(target)]) == 0
     capsys.readouterr()
-    assert "# no_such_setting = 33   # p99 26" in out
+    assert "# no_such_setting = 125   # p99 100" in out
     assert "# [plugins.no_such_plugin]\n# max_things = 4 " in out
     data = tomllib.loads(out)
     assert "no_such_setting" not in data["plugins"]["max_steps"]
@@ -298,14 +395,18 @@ def test_calibrate_on_run_records(tmp_path: Path, capsys: pytest.CaptureFixture[
             "tool_calls": 1 + i % 5,
             "tokens": {"prompt": 3000, "completion": 100, "total": 3100},
             "final_answer_present": True,
+            "elapsed_s": 1.0 + i % 10,
         }
-        for i in range(40)
+        for i in range(100)
     ]
     out, _, target = _calibrate(tmp_path, records, capsys)
     assert main(["config", "check", str(target)]) == 0
     capsys.readouterr()
-    assert load_config(target).plugins.tables()["max_steps"]["max_steps"] == math.ceil(6 * 1.25)
-    assert "successful runs over a proposed limit  0/40 (0.0%)" in out
+    config = load_config(target)
+    assert config.plugins.tables()["max_steps"]["max_steps"] == math.ceil(6 * 1.25)
+    # a run record is one run: its wall time sets the profile's max_seconds
+    assert config.profiles["default"].max_seconds == math.ceil(10 * 1.25)
+    assert "successful runs over a proposed limit  0/100 (0.0%)" in out
     assert "records hold no steps to replay" in out
 
 
@@ -318,37 +419,74 @@ def test_calibrate_refuses_a_file_without_successful_runs(
     assert "no successful runs" in capsys.readouterr().err
 
 
+def test_profile_slugs_are_toml_bare_keys() -> None:
+    from loopwarden.calibrate import profile_names, profile_slug
+
+    assert profile_slug("tau2/gpt-4.1/telecom-solo") == "tau2-gpt-4-1-telecom-solo"
+    assert profile_slug("Ünïcode / only") == "n-code-only"
+    assert profile_slug("///") == "default"
+    names = profile_names(["a.b", "a/b", "simple"], taken=["simple"])
+    assert names == {"a.b": "a-b", "a/b": "a-b-2", "simple": "simple-2"}
+
+
 def test_the_derivation_script_prints_the_distributions_and_the_proposals(
     tmp_path: Path,
 ) -> None:
+    import gzip
     import subprocess
 
     path = write_jsonl(tmp_path / "runs.jsonl", healthy_corpus())
+    other = tmp_path / "coding.jsonl.gz"
+    with gzip.open(other, "wt", encoding="utf-8") as fh:
+        fh.writelines(
+            json.dumps(conversation(f"c{i}", [3 + i % 7], source="bench/coding")) + "\n"
+            for i in range(100)
+        )
     script = Path(__file__).resolve().parent.parent / "bench" / "derive_defaults.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    proc = run(str(path), "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert result["successful_conversations"] == 25 and result["unsuccessful"] == 1
+    assert result["successful_conversations"] == 100 and result["unsuccessful"] == 1
     busiest = result["table"]["busiest_turn_model_calls"]["all"]
-    assert (busiest["n"], busiest["p50"], busiest["max"]) == (25, 14, 26)
+    assert (busiest["n"], busiest["p50"], busiest["max"]) == (100, 51, 101)
     assert result["table"]["conversation_turns"]["shop"]["max"] == 3
     # the same numbers calibrate writes
-    assert result["limits"]["plugins.max_steps.max_steps"]["proposed"] == 33
-    assert result["limits"]["profiles.shop.max_steps"]["proposed"] == 33
-    proc = subprocess.run(
-        [sys.executable, str(script), str(path), "--by", "source"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    assert result["limits"]["all"]["plugins.max_steps.max_steps"]["proposed"] == 125
+    assert result["limits"]["shop"]["plugins.max_steps.max_steps"]["proposed"] == 125
+    proc = run(str(path), "--by", "source")
     assert proc.returncode == 0 and "| test/shop |" in proc.stdout
+    # both files at once, grouped by file (one kind of agent each): limits from all runs
+    # together and per kind; a group below the minimum gets no proposal
+    proc = run(str(path), str(other), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["by"] == "file" and set(result["limits"]) == {"all", "runs", "coding"}
+    assert result["successful_conversations"] == 200
+    coding = result["limits"]["coding"]["plugins.max_steps.max_steps"]
+    assert coding["proposed"] == p99_x([4.0 + i % 7 for i in range(100)])
+    everyone = [float(i + 1) for i in range(1, 101)] + [4.0 + i % 7 for i in range(100)]
+    assert result["limits"]["all"]["plugins.max_steps.max_steps"]["proposed"] == p99_x(everyone)
+    proc = run(str(path), str(other))
+    assert proc.returncode == 0 and "| coding |" in proc.stdout
+    small = write_jsonl(tmp_path / "small.jsonl", healthy_corpus(10))
+    proc = run(str(small), "--json")
+    assert json.loads(proc.stdout)["limits"]["all"]["plugins.max_steps.max_steps"] == {
+        "metric": "busiest_turn_model_calls",
+        "plus": None,
+        "n": 10,
+        "p99": 11,
+        "proposed": None,
+    }
 
 
 @pytest.mark.parametrize(

@@ -766,6 +766,7 @@ def test_runaways_are_step_cap_runs_and_runs_repeating_one_call(
     assert s["runaway_runs"] == 4
     assert (s["step_cap_runs"], s["step_cap_runs_stopped"]) == (2, 1)
     assert (s["repeat_runs"], s["repeat_runs_stopped"]) == (2, 1)
+    assert (s["identical_repeat_runs"], s["identical_repeat_runs_stopped"]) == (2, 1)
     assert s["runaway_runs_stopped"] == 2 and s["runaway_runs_stopped_pct"] == 50.0
     assert s["runaway_runs_missed"] == ["errors", "repeated"]
     assert s["runaway_stops_by_reason"] == {"probe_cap": 2}
@@ -800,3 +801,135 @@ def test_cli_replay_summary_json_and_system_prompt_tokens(
     assert big["successful_stopped_with_work_left_by_reason"] == {"max_context": 1}
     assert main([*args, "--system-prompt-tokens", "-1"]) == 2
     assert "--system-prompt-tokens" in capsys.readouterr().err
+
+
+def test_identical_repeats_need_the_same_call_and_the_same_result() -> None:
+    """``repeat_runs`` counts one call made 5+ times in a row whatever it returned;
+    ``identical_repeat_runs`` only when each time it also returned the same observation."""
+    from loopwarden.replay import identical_repeat_streak, repeat_streak
+
+    polling = [lookup("7", f"status: {i}0% done") for i in range(6)]
+    stuck = [lookup("7", "status: pending") for _ in range(6)]
+    assert (repeat_streak(polling), identical_repeat_streak(polling)) == (6, 1)
+    assert (repeat_streak(stuck), identical_repeat_streak(stuck)) == (6, 6)
+    # a different call between breaks it; a text turn between does not (as repeat_streak)
+    broken = [*stuck[:3], lookup("8"), *stuck[:3]]
+    assert identical_repeat_streak(broken) == 3
+    across_turns = [*stuck[:3], step("Still pending.", user_reply="Again?"), *stuck[:2]]
+    assert identical_repeat_streak(across_turns) == 5
+    # parallel calls: each call is matched with its own observation
+    pair = step(None, [("get_record", {"key": "7"})] * 2, ["status: pending", "status: done"])
+    assert identical_repeat_streak([pair]) == 1
+
+
+def _multi_source_corpus() -> list[dict[str, Any]]:
+    """Two sources: "shop/a" with two healthy runs (one warned) and a stopped runaway;
+    "shop/b" with one healthy run cut with work left and a step-cap run nobody stopped."""
+    runs = [
+        traj("a1", [lookup("1"), step("ok")]),
+        traj("a2", [step(None, [("warn_me", {})], ["ok"]), step("ok")]),
+        traj(
+            "a3",
+            [lookup("7", "NOT_FOUND") for _ in range(6)] + [step("sorry")],
+            success=False,
+            termination="max_steps",
+        ),
+        traj("b1", [lookup("1"), lookup("2"), lookup("3"), lookup("4"), step("ok")]),
+        traj("b2", [lookup("1"), lookup("2"), step("x")], success=False, termination="max_steps"),
+    ]
+    for r in runs:
+        r["source"] = "shop/a" if r["id"].startswith("a") else "shop/b"
+    return runs
+
+
+def test_summary_per_source(probe_deployment: Callable[..., Deployment]) -> None:
+    from loopwarden.replay import summarize_by_source
+
+    dep = probe_deployment(stop_before_call=4)
+    results = [replay_trajectory(dep, t) for t in _multi_source_corpus()]
+    assert [r.source for r in results] == ["shop/a"] * 3 + ["shop/b"] * 2
+    by = summarize_by_source(results)
+    assert list(by) == ["shop/a", "shop/b"]
+    a, b = by["shop/a"], by["shop/b"]
+    assert (a["trajectories"], a["successful"]) == (3, 2)
+    assert (a["successful_stopped_with_work_left"], a["successful_warned"]) == (0, 1)
+    assert a["successful_warned_pct"] == 50.0
+    assert (a["identical_repeat_runs"], a["identical_repeat_runs_stopped"]) == (1, 1)
+    assert (a["step_cap_runs"], a["step_cap_runs_stopped"]) == (1, 1)
+    assert (b["trajectories"], b["successful"]) == (2, 1)
+    assert b["successful_stopped_with_work_left_pct"] == 100.0
+    assert (b["step_cap_runs"], b["step_cap_runs_stopped"]) == (1, 0)
+    assert b["identical_repeat_runs"] == 0
+    # the per-source figures add up to the overall ones
+    overall = summarize(results)
+    for key in ("trajectories", "successful", "step_cap_runs", "identical_repeat_runs"):
+        assert a[key] + b[key] == overall[key]
+
+
+def _probe_config(tmp_path: Path) -> Path:
+    conf = tmp_path / "probe.toml"
+    conf.write_text(
+        '[plugins]\nenabled = ["max_steps", "repeat_call"]\n[plugins.max_steps]\nmax_steps = 4\n',
+        encoding="utf-8",
+    )
+    return conf
+
+
+def test_cli_replay_reads_gzip_and_several_files_and_reports_per_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    corpus = _multi_source_corpus()
+    plain = write_jsonl(tmp_path / "a.jsonl", corpus[:3])
+    packed = tmp_path / "b.jsonl.gz"
+    with gzip.open(packed, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(t) + "\n" for t in corpus[3:])
+    both = write_jsonl(tmp_path / "all.jsonl", corpus)
+    conf = str(_probe_config(tmp_path))
+    args = ["--summary", "--json", "--config", conf]
+    assert main(["replay", str(plain), str(packed), *args]) == 0
+    split = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(both), *args]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    for s in (split, whole):
+        s.pop("seconds")
+    assert split == whole  # a gzip file reads as the same lines
+    assert split["trajectories"] == 5 and set(split["by_source"]) == {"shop/a", "shop/b"}
+    assert split["by_source"]["shop/b"]["step_cap_runs"] == 1
+    # a gzip file recognised by its magic bytes, whatever its name
+    renamed = tmp_path / "b-packed.jsonl"
+    renamed.write_bytes(packed.read_bytes())
+    assert main(["replay", str(renamed), *args]) == 0
+    assert json.loads(capsys.readouterr().out)["trajectories"] == 2
+    # text: the overall lines, then a table per source -- only with several sources
+    assert main(["replay", str(both), "--summary", "--config", conf]) == 0
+    out = capsys.readouterr().out
+    assert "\nsource  " in out and "identical repeats 5+ stopped" in out
+    assert "\nshop/b " in out and '"by_source"' not in out
+    assert main(["replay", str(plain), "--summary", "--config", conf]) == 0
+    out = capsys.readouterr().out
+    assert "trajectories" in out and "identical repeats 5+ stopped" not in out
+    assert "by_source" not in out
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not gzip"])
+def test_cli_replay_a_corrupt_gzip_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    import gzip
+
+    good = gzip.compress(
+        "".join(json.dumps(t) + "\n" for t in _multi_source_corpus() * 20).encode()
+    )
+    path = tmp_path / "runs.jsonl.gz"
+    if damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif damage == "garbage":
+        path.write_bytes(good[:10] + b"\x00" * 50 + good[60:])
+    else:
+        path.write_text(json.dumps(_multi_source_corpus()[0]) + "\n", encoding="utf-8")
+    code = main(["replay", str(path), "--summary", "--config", str(_probe_config(tmp_path))])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "runs.jsonl.gz" in err and "gzip" in err and "Traceback" not in err

@@ -1,12 +1,17 @@
-"""``loopwarden calibrate FILE > calibrated.toml``: limits proposed from healthy real traffic.
+"""``loopwarden calibrate FILE... > calibrated.toml``: limits proposed from healthy real traffic.
 
-Reads trajectories or run records (see :mod:`loopwarden.calibrate`), proposes the limits of
-the successful runs (p99 with a margin) and prints a complete config file: the base config
-(``--config``) with those limits set, one ``[profiles.<group>]`` per domain with enough runs,
-and, as comments at its top, how the limits were derived and what they would do on that very
-file -- successful runs stopped with tool work left, successful runs warned, runaways stopped
-(a replay for trajectories; a count of the runs over a limit for run records).  The figures
-go to stderr as well.
+Reads trajectories or run records (see :mod:`loopwarden.calibrate`; several files, plain or
+gzip-compressed), proposes the limits of the successful runs (p99 with a margin) and prints a
+complete config file: the base config (``--config``) with those limits set from all runs
+together, one ``[profiles.<slug>]`` per source (or domain, ``--by``) with enough runs, and, as
+comments at its top, how the limits were derived and what they would do on that very file --
+successful runs stopped with tool work left, successful runs warned, runaways stopped (a replay
+for trajectories; a count of the runs over a limit for run records).  The figures go to stderr as
+well.
+
+It refuses (exit 2) a corpus of fewer than ``--min-runs`` (default 100) successful
+conversations: the nearest-rank p99 of fewer than 100 values is their maximum, and a limit
+set from the busiest of a handful of runs is a guess, not a calibration.
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from loopwarden.calibrate import MARGIN, MIN_RUNS
 
-    parser.add_argument("file", help="trajectory JSONL (docs/contracts.md) or run-record JSONL")
+    parser.add_argument(
+        "file",
+        nargs="+",
+        help="trajectory JSONL (docs/contracts.md) or run-record JSONL, plain or "
+        "gzip-compressed (.jsonl.gz); several files are one corpus",
+    )
     parser.add_argument(
         "--margin",
         type=float,
@@ -40,8 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=MIN_RUNS,
         metavar="N",
-        help="propose a profile for a domain only with at least N successful "
-        f"conversations (default {MIN_RUNS})",
+        help="the fewest successful conversations a p99 is taken from (default "
+        f"{MIN_RUNS}: a nearest-rank p99 of fewer is just the maximum): fewer in the "
+        "corpus is refused (exit 2); a limit or profile with fewer values is not "
+        "proposed.  Lower it only knowing that the limits are then the busiest run x "
+        "MARGIN",
+    )
+    parser.add_argument(
+        "--by",
+        choices=("source", "domain"),
+        default="source",
+        help="one [profiles.<slug>] per recorded source (default) or per domain "
+        "(meta.domain, else the last part of the source; run records: their profile)",
     )
     parser.add_argument(
         "--system-prompt-tokens",
@@ -59,19 +79,27 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _replay_figures(
-    config: Config, path: Path, stats: Stats, system_prompt_tokens: int | None
+    config: Config,
+    paths: list[Path],
+    stats: Stats,
+    system_prompt_tokens: int | None,
+    names: dict[str, str],
+    by: str,
 ) -> list[str]:
-    """What the calibrated config does to the file's trajectories: all of them with no
-    profile, then each calibrated profile on its own domain's trajectories."""
-    from loopwarden._calibrate_corpus import _group
+    """What the calibrated config does to the files' trajectories: all of them with no
+    profile, then each calibrated profile on its own group's trajectories (``names``: the
+    profile name of each group)."""
+    from loopwarden._calibrate_corpus import group_of
     from loopwarden.deployment import Deployment
     from loopwarden.replay import iter_trajectories, replay_config, replay_trajectory, summarize
 
-    trajs = [t for _, t in iter_trajectories(path) if t is not None]
+    trajs = [t for p in paths for _, t in iter_trajectories(p) if t is not None]
     lines = []
     runs: list[tuple[str | None, list[dict[str, Any]]]] = [(None, trajs)]
     runs += [
-        (g, [t for t in trajs if _group(t) == g]) for g in stats.groups() if g in config.profiles
+        (names[g], [t for t in trajs if group_of(t, by) == g])
+        for g in stats.groups()
+        if names.get(g) in config.profiles
     ]
     for profile, group in runs:
         c = replay_config(config)
@@ -128,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loopwarden import __version__
-    from loopwarden.calibrate import calibrated_config, load_stats
+    from loopwarden.calibrate import MIN_RUNS, calibrated_config, load_stats, profile_names
     from loopwarden.config import find_config, load_toml, parse_config
     from loopwarden.exceptions import ConfigError
     from loopwarden.pluginmanager import check_tables, load_plugins
@@ -144,43 +172,69 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"must be >= 1, got {args.min_runs}", key="--min-runs")
     if args.system_prompt_tokens is not None and args.system_prompt_tokens < 0:
         raise ConfigError("must be a token count >= 0", key="--system-prompt-tokens")
-    path = Path(args.file)
-    stats = load_stats(path)
+    paths = [Path(f) for f in args.file]
+    where = ", ".join(str(p) for p in paths)
+    stats = load_stats(paths, by=args.by)
     if not stats.turns:
         raise ConfigError(
-            f"no successful runs among {stats.lines} line(s): nothing to calibrate on", path=path
+            f"no successful runs among {stats.lines} line(s): nothing to calibrate on", path=where
+        )
+    if len(stats.conversations) < args.min_runs:
+        raise ConfigError(
+            f"only {len(stats.conversations)} successful conversation(s): too few to "
+            f"calibrate on -- a p99 needs at least {args.min_runs} (with fewer, the "
+            "nearest-rank p99 is just the busiest run); record more runs, or lower "
+            "--min-runs knowing the limits are then the busiest run x MARGIN",
+            path=where,
+        )
+    if args.min_runs < MIN_RUNS:
+        sys.stderr.write(
+            f"loopwarden calibrate: warning: --min-runs {args.min_runs} < {MIN_RUNS}: "
+            "limits proposed from fewer than 100 values are the busiest run x margin, "
+            "not a p99\n"
         )
     base_path = find_config(args.config)
     base = load_toml(base_path)
     left_out = f"{stats.unsuccessful} unsuccessful"
     if stats.unreadable:
         left_out += f", {stats.unreadable} unreadable line(s)"
+    names_shown = " ".join(p.name for p in paths)
     header = [
-        f"loopwarden {__version__} config calibrated by `loopwarden calibrate {path.name}`",
+        f"loopwarden {__version__} config calibrated by `loopwarden calibrate {names_shown}`",
         f"on the {stats.kind} of {len(stats.conversations)} successful conversation(s), "
         f"{len(stats.turns)} user turn(s) ({left_out} left out),",
         f"from the settings of {base_path.name}, with these limits set from the healthy "
-        f"runs (p99 x {args.margin:g}, rounded up):",
+        f"runs (p99 x {args.margin:g}, rounded up; only from {args.min_runs}+ values), "
+        f"and a profile per {args.by} with {args.min_runs}+ successful conversations:",
+        *(
+            [
+                f"WARNING: --min-runs {args.min_runs} < {MIN_RUNS}: a limit from fewer than "
+                f"{MIN_RUNS} values is the busiest run x {args.margin:g}, not a p99",
+            ]
+            if args.min_runs < MIN_RUNS
+            else []
+        ),
         "",
     ]
     _, text = calibrated_config(
         stats, base, margin=args.margin, min_runs=args.min_runs, header=header
     )
+    names = profile_names(stats.groups(), taken=sorted(base.get("profiles") or {}))
     config = parse_config(tomllib.loads(text), path="<calibrated>")
     load_plugins(config)  # what `loopwarden config check` does: a proposal must be valid
     check_tables(config)
     if stats.kind == "trajectories":
-        where = "replayed" + (
+        how = "replayed" + (
             f" with --system-prompt-tokens {args.system_prompt_tokens}"
             if args.system_prompt_tokens is not None
             else ""
         )
         figures = [
-            f"What this config does to {path.name} ({where}):",
-            *_replay_figures(config, path, stats, args.system_prompt_tokens),
+            f"What this config does to {names_shown} ({how}):",
+            *_replay_figures(config, paths, stats, args.system_prompt_tokens, names, args.by),
         ]
     else:
-        figures = [f"What this config does to {path.name}:", *_record_figures(config, stats)]
+        figures = [f"What this config does to {names_shown}:", *_record_figures(config, stats)]
     comment = "".join(f"# {x}\n" for x in figures)
     sys.stdout.write(comment + "#\n" + text)
     sys.stderr.write("".join(f"{x}\n" for x in figures))

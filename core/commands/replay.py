@@ -1,4 +1,5 @@
-"""``loopwarden replay FILE.jsonl``: what the guards would have done to recorded real runs."""
+"""``loopwarden replay FILE.jsonl [FILE.jsonl.gz ...]``: what the guards would have done to
+recorded real runs, overall and per recorded ``source``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from loopwarden.commands import add_config_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="trajectory JSONL (the format of docs/contracts.md)")
+    parser.add_argument(
+        "file",
+        nargs="+",
+        help="trajectory JSONL (the format of docs/contracts.md), plain or gzip-compressed "
+        "(.jsonl.gz); several files are replayed as one corpus",
+    )
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
     parser.add_argument(
         "--tools",
@@ -35,13 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help="print one result per trajectory, then the summary, as JSON lines "
-        "(with --summary: only the summary, one JSON object)",
+        "(with --summary: only the summary, one JSON object); the summary's by_source "
+        "maps each recorded source to its own figures",
     )
     parser.add_argument(
-        "--summary", action="store_true", help="print only the summary, not one line per trajectory"
+        "--summary",
+        action="store_true",
+        help="print only the summary, not one line per trajectory (with several sources: "
+        "also a table of the figures per source)",
     )
     parser.add_argument(
-        "--limit", type=_count, default=None, metavar="N", help="replay only the first N"
+        "--limit",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="replay only the first N (over all files)",
     )
     parser.add_argument(
         "--carry-state",
@@ -80,6 +94,38 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"{k:<{width}}  {text}")
 
 
+def _ratio(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({100.0 * part / whole:.1f}%)" if whole else "0/0"
+
+
+#: the per-source table: column title, and the figure from a source's summary
+_SOURCE_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("runs", lambda s: str(s["trajectories"])),
+    (
+        "ok stopped, work left",
+        lambda s: _ratio(s["successful_stopped_with_work_left"], s["successful"]),
+    ),
+    ("ok warned", lambda s: _ratio(s["successful_warned"], s["successful"])),
+    ("runaways stopped", lambda s: _ratio(s["runaway_runs_stopped"], s["runaway_runs"])),
+    (
+        "identical repeats 5+ stopped",
+        lambda s: _ratio(s["identical_repeat_runs_stopped"], s["identical_repeat_runs"]),
+    ),
+    ("step cap stopped", lambda s: _ratio(s["step_cap_runs_stopped"], s["step_cap_runs"])),
+)
+
+
+def print_by_source(by_source: dict[str, dict[str, Any]]) -> None:
+    """The per-source figures as an aligned table (ok = successful runs; "a/b" = a of b)."""
+    rows = [["source", *(title for title, _ in _SOURCE_COLUMNS)]]
+    rows += [[src, *(f(s) for _, f in _SOURCE_COLUMNS)] for src, s in by_source.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        rest = (c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))
+        cells = [r[0].ljust(widths[0]), *rest]
+        print("  ".join(cells).rstrip())
+
+
 def main(args: argparse.Namespace) -> int:
     import itertools
     import time
@@ -94,11 +140,13 @@ def main(args: argparse.Namespace) -> int:
         replay_config,
         replay_trajectory,
         summarize,
+        summarize_by_source,
     )
 
-    path = Path(args.file)
-    if not path.is_file():
-        raise ConfigError("file not found", path=path)
+    paths = [Path(f) for f in args.file]
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError("file not found", path=path)
     if args.system_prompt_tokens is not None and args.system_prompt_tokens < 0:
         raise ConfigError("must be a token count >= 0", key="--system-prompt-tokens")
     config = replay_config(load_config(args.config), observers=args.observers)
@@ -112,7 +160,8 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results, bad = [], 0
     with Deployment(config) as dep:
-        for _lineno, traj in itertools.islice(iter_trajectories(path), args.limit):
+        lines = itertools.chain.from_iterable(iter_trajectories(p) for p in paths)
+        for _lineno, traj in itertools.islice(lines, args.limit):
             if traj is None:
                 bad += 1
                 continue
@@ -130,12 +179,14 @@ def main(args: argparse.Namespace) -> int:
                 stop = "-" if st is None else "@{step} {reason} ({plugin})".format(**st)
                 print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
     summary = summarize(results)
+    by_source = summarize_by_source(results)
     summary["profile"] = config.run.profile
     summary["system_prompt_tokens"] = args.system_prompt_tokens
     if carry:
         summary["carry_state"] = carry
     summary["unreadable_lines"] = bad
     summary["seconds"] = round(time.perf_counter() - started, 2)
+    summary["by_source"] = by_source
     if args.json and args.summary:
         print(json.dumps(summary, ensure_ascii=False))
     elif args.json:
@@ -143,7 +194,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         if not args.summary:
             print()
-        print_summary(summary)
+        print_summary({k: v for k, v in summary.items() if k != "by_source"})
+        if len(by_source) > 1:  # with one source the table would repeat the lines above
+            print()
+            print_by_source(by_source)
     if bad:
         print(f"loopwarden replay: skipped {bad} unreadable line(s)", file=sys.stderr)
     return 0
