@@ -173,10 +173,15 @@ def identical_repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
     """The most times one identical call (tool name and canonical arguments) got an identical
     recorded observation in a row: consecutive tool calls, parallel ones included, as
     :func:`repeat_streak` -- but a call whose observation differs from the last one's breaks
-    the streak (polling that sees progress is no loop)."""
+    the streak (polling that sees progress is no loop), and so does a user message: the streak
+    stays within one run (the user may have acted on the world in between, as a telecom
+    customer who toggles a setting before the agent checks the line again)."""
     best = streak = 0
     last: tuple[str, str] | None = None
     for step in steps:
+        if not _calls(step):
+            last, streak = None, 0
+            continue
         obs = step.get("observations")
         observations = obs if isinstance(obs, list) else []
         for i, tc in enumerate(_calls(step)):

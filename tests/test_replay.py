@@ -766,7 +766,8 @@ def test_runaways_are_step_cap_runs_and_runs_repeating_one_call(
     assert s["runaway_runs"] == 4
     assert (s["step_cap_runs"], s["step_cap_runs_stopped"]) == (2, 1)
     assert (s["repeat_runs"], s["repeat_runs_stopped"]) == (2, 1)
-    assert (s["identical_repeat_runs"], s["identical_repeat_runs_stopped"]) == (2, 1)
+    # "repeated" asks the user between its lookups: not one run repeating itself
+    assert (s["identical_repeat_runs"], s["identical_repeat_runs_stopped"]) == (1, 1)
     assert s["runaway_runs_stopped"] == 2 and s["runaway_runs_stopped_pct"] == 50.0
     assert s["runaway_runs_missed"] == ["errors", "repeated"]
     assert s["runaway_stops_by_reason"] == {"probe_cap": 2}
@@ -812,11 +813,12 @@ def test_identical_repeats_need_the_same_call_and_the_same_result() -> None:
     stuck = [lookup("7", "status: pending") for _ in range(6)]
     assert (repeat_streak(polling), identical_repeat_streak(polling)) == (6, 1)
     assert (repeat_streak(stuck), identical_repeat_streak(stuck)) == (6, 6)
-    # a different call between breaks it; a text turn between does not (as repeat_streak)
+    # a different call between breaks it; so does a user's message (unlike repeat_streak):
+    # the user may have changed something before the agent looks again
     broken = [*stuck[:3], lookup("8"), *stuck[:3]]
     assert identical_repeat_streak(broken) == 3
     across_turns = [*stuck[:3], step("Still pending.", user_reply="Again?"), *stuck[:2]]
-    assert identical_repeat_streak(across_turns) == 5
+    assert (repeat_streak(across_turns), identical_repeat_streak(across_turns)) == (5, 3)
     # parallel calls: each call is matched with its own observation
     pair = step(None, [("get_record", {"key": "7"})] * 2, ["status: pending", "status: done"])
     assert identical_repeat_streak([pair]) == 1
