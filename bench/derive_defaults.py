@@ -81,6 +81,7 @@ def derive(stats: Stats, margin: float = MARGIN, min_runs: int = MIN_RUNS) -> di
             }
         limits[g or "all"] = rows
     return {
+        "shipped": shipped(limits, list(stats.groups())),
         "successful_conversations": len(stats.conversations),
         "turns": len(stats.turns),
         "unsuccessful": stats.unsuccessful,
@@ -90,6 +91,43 @@ def derive(stats: Stats, margin: float = MARGIN, min_runs: int = MIN_RUNS) -> di
         "table": table,
         "limits": limits,
     }
+
+
+#: a per-run cap and the same quantity over a whole conversation: a task that its agent spreads
+#: over several turns (a coding agent that answers its own format errors as user messages) must
+#: fit one run of an agent that does it in one turn
+WHOLE_TASK = {
+    "plugins.max_steps.max_steps": "plugins.conversation_limits.max_model_calls",
+    "plugins.tool_calls.max_tool_calls": "plugins.conversation_limits.max_tool_calls",
+    "plugins.token_budget.max_total_tokens": "plugins.conversation_limits.max_tokens",
+}
+
+#: shipped values that are not the derived ones, and why
+NOT_DERIVED = {
+    "plugins.conversation_limits.max_turns": "kept at 40: the derived 20 warns (at its 0.8) "
+    "5 of 30 healthy telecom conversations, whose user turns run to 25",
+    "plugins.token_budget.max_context": "follows the model's window (context_fraction 0.8): "
+    "healthy requests stay far below any current window",
+}
+
+
+def shipped(limits: dict[str, dict[str, dict[str, Any]]], groups: list[str]) -> dict[str, Any]:
+    """The shipped defaults: for each key the largest of the kinds' proposals (each kind of
+    agent keeps the default unchanged), a per-run cap at least its whole-task quantity."""
+    out: dict[str, Any] = {}
+    for key in limits["all"]:
+        if not key.startswith("plugins."):
+            continue  # a profile's key: profiles are proposed per group
+        if key in NOT_DERIVED:
+            out[key] = NOT_DERIVED[key]
+            continue
+        values = []
+        for g in groups:
+            for k in (key, WHOLE_TASK.get(key)):
+                if k is not None and limits[g][k]["proposed"] is not None:
+                    values.append(limits[g][k]["proposed"])
+        out[key] = max(values) if values else None
+    return out
 
 
 def markdown(result: dict[str, Any], by: str) -> str:
@@ -134,6 +172,17 @@ def markdown(result: dict[str, Any], by: str) -> str:
         lines.append(
             f"| `{key}` | {METRICS[first['metric']].label}{extra} | " + " | ".join(cells) + " |"
         )
+    lines += [
+        "",
+        "Shipped defaults (config.toml): per key the largest of the groups' proposals, a "
+        "per-run cap at least its whole-task (per-conversation) quantity:",
+        "",
+        "| config key | shipped |",
+        "|---|--:|",
+    ]
+    for key, value in result["shipped"].items():
+        cell = value if isinstance(value, str) else f"**{_fmt(value)}**"
+        lines.append(f"| `{key}` | {cell} |")
     return "\n".join(lines)
 
 
@@ -160,6 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"propose a limit only from N+ values (default {MIN_RUNS})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the shipped defaults derived here with the shipped config.toml; exit 1 "
+        "on a difference",
+    )
     args = parser.parse_args(argv)
     from loopwarden.exceptions import LoopwardenError
 
@@ -174,9 +229,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "files": [str(p) for p in args.file],
         **derive(stats, args.margin, args.min_runs),
     }
+    if args.check:
+        return check(result["shipped"])
     with contextlib.suppress(BrokenPipeError):
         print(json.dumps(result) if args.json else markdown(result, by))
     return 0
+
+
+def check(derived: dict[str, Any]) -> int:
+    """Print, per derived key, the shipped config's value beside the derived one."""
+    from loopwarden.config import default_config_path, load_toml
+
+    data = load_toml(default_config_path())
+    bad = 0
+    for key, value in derived.items():
+        if isinstance(value, str):
+            continue
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        ok = node == value
+        bad += not ok
+        print(f"{'ok' if ok else 'DIFFERS'}  {key} = {node} (derived {value})")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
