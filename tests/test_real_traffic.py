@@ -48,9 +48,10 @@ def test_a_prefix_must_end_at_a_word_boundary() -> None:
     assert known_window("my-private-model") is None
 
 
-def test_declared_window_wins_then_table_then_conservative_default() -> None:
+def test_declared_window_wins_then_package_then_table_then_conservative_default() -> None:
     assert context_window("gpt-4o", 50_000) == (50_000, "model.context_window")
-    assert context_window("gpt-4o") == (128_000, "known models")
+    assert context_window("gpt-4o") == (128_000, "genai-prices")
+    assert context_window("qwen-plus") == (131_072, "known models")  # not in genai-prices
     assert context_window("acme-llm") == (CONSERVATIVE_WINDOW, "default")
 
 
