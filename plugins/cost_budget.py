@@ -63,7 +63,15 @@ from loopwarden.stash import StashKey
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
 
-__all__ = ["RUN_COST", "CostBudget", "CostBudgetSettings", "ModelPrice", "Price", "run_cost"]
+__all__ = [
+    "RUN_COST",
+    "CostBudget",
+    "CostBudgetSettings",
+    "ModelPrice",
+    "Price",
+    "run_cost",
+    "unpriced_note",
+]
 
 log = logging.getLogger("loopwarden.plugins.cost_budget")
 
@@ -78,6 +86,17 @@ RUN_COST = StashKey[Decimal]()
 def run_cost(run: Run) -> Decimal:
     """What ``run`` has spent so far as ``cost_budget`` priced it (0 without the plugin)."""
     return run.stash.get(RUN_COST, _ZERO)
+
+
+def unpriced_note(deployment: Deployment, model: str) -> str | None:
+    """The start-up note for ``model`` when ``deployment``'s cost_budget will run it
+    unpriced (``unknown_model = "warn"``), else None: what the command line prints."""
+    plugin = deployment.plugins.get("cost_budget")
+    if not isinstance(plugin, CostBudget) or plugin.settings.unknown_model != "warn":
+        return None
+    if plugin.price_of(model) is not None:
+        return None
+    return plugin.unpriced_note(model, deployment.config.path)
 
 
 class ModelPrice(BaseModel):
