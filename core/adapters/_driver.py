@@ -11,6 +11,11 @@ ledger) and its result is sent back (``after_tool``).  So verdict resolution, th
 warn -> soft stop -> hard stop ladder, the side-effect ledger, the run record, signals,
 metrics and alerts are exactly those of loopwarden's own loop.
 
+Before the machine's first step the run's model name (what the framework sends) goes through
+the deployment's start-up check, as ``loopwarden run``'s model does
+(``Deployment.check_model``: once per deployment and name, so never per step); a refused model
+raises its :class:`~loopwarden.ConfigError` to the framework's caller.
+
 The machine handles one tool call at a time, in the order the model proposed them.  A framework
 that starts parallel calls at once has the later ones wait for the earlier ones here (a stop
 after the first must keep the second from running).
