@@ -251,3 +251,45 @@ def test_spend_limits_prices_the_run_model_like_cost_budget(store_url: str) -> N
     expected = sum(cost_units(_package_cost(PACKAGE_MODEL, [r])) for r in seen)
     assert expected > 0
     assert row.committed[QUANTITIES.index("cost")] == expected
+
+
+# -- the command line and the report -----------------------------------------------------------
+
+
+def test_cli_run_of_an_unpriced_model_notes_it_and_runs(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from support.openai_stub import completion, serve
+
+    from loopwarden.cli import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with serve() as (stub, url):
+        stub.push(completion("done", usage={"prompt_tokens": 50, "completion_tokens": 5}))
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f'[model]\nname = "{UNKNOWN}"\nbase_url = "{url}"\n'
+            '[plugins]\nenabled = ["max_steps", "cost_budget"]\n',
+            encoding="utf-8",
+        )
+        assert main(["run", "hello", "--json", "--config", str(cfg)]) == 0
+    out = capsys.readouterr()
+    assert "loopwarden run: note:" in out.err and "[plugins.cost_budget.prices]" in out.err
+    rec = json.loads(out.out)
+    assert rec["termination"] == "final_answer" and rec["final_answer"] == "done"
+    assert rec["cost_known"] is False and rec["model"] == UNKNOWN
+
+
+def test_report_counts_unpriced_runs_apart() -> None:
+    from loopwarden.report import analyse, format_text
+
+    priced = {"termination": "final_answer", "cost": 0.5, "cost_known": True, "model": "a"}
+    old = {"termination": "final_answer", "cost": 0.7, "model": "a"}  # before cost_known
+    unpriced = {"termination": "final_answer", "cost": 0.0, "cost_known": False, "model": UNKNOWN}
+    report = analyse([priced, old, unpriced, dict(unpriced)])
+    assert report["unpriced"] == {"runs": 2, "models": {UNKNOWN: 2}}
+    assert report["cost"]["p50"] == pytest.approx(0.6)  # the unpriced 0.0s left out
+    text = format_text(report)
+    assert "unpriced runs: 2" in text and f"{UNKNOWN} (2)" in text
