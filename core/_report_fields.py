@@ -48,6 +48,12 @@ def _num(value: Any) -> float:
         return 0.0
 
 
+def _unpriced(record: Mapping[str, Any]) -> bool:
+    """The run's model had no price (``cost_known: false``, cost_budget 0.3): its ``cost`` is
+    not what it cost.  Records without the field (older, or no cost_budget) count as priced."""
+    return record.get("cost_known") is False
+
+
 def _tokens(record: Mapping[str, Any]) -> float:
     t = record.get("tokens")
     if isinstance(t, Mapping):

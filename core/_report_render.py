@@ -43,6 +43,13 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
     for key, digits in (("steps", 1), ("tokens", 0), ("cost", 4)):
         stats = report[key]
         lines.append(f"{key:<8}" + "".join(f"{_fmt(stats[c], digits):>10}" for c in cols))
+    unpriced = report.get("unpriced") or {}
+    if unpriced.get("runs"):
+        models = ", ".join(f"{m} ({n})" for m, n in (unpriced.get("models") or {}).items())
+        lines.append(
+            f"unpriced runs: {unpriced['runs']}, cost unknown (not in the cost row): {models}; "
+            "declare their price in [plugins.cost_budget.prices]"
+        )
     lines.append("")
     lines.append(
         f"duplicate calls: {report['duplicate_calls']} of {report['tool_calls']} tool calls "

@@ -78,8 +78,8 @@ class ModelConfig(_Strict):
     max_response_bytes: PositiveInt = 8 * 1024 * 1024
     temperature: float | None = None
     max_output_tokens: PositiveInt | None = None
-    #: the model's context window in tokens (None: from the table of known models, see
-    #: :mod:`loopwarden.models.windows`); context limits follow it
+    #: the model's context window in tokens (None: from the genai-prices package, else the
+    #: table of known models, see :mod:`loopwarden.models.windows`); context limits follow it
     context_window: PositiveInt | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
@@ -88,7 +88,7 @@ class ModelConfig(_Strict):
         :func:`loopwarden.models.windows.context_window`)."""
         from loopwarden.models.windows import context_window
 
-        return context_window(self.name, self.context_window)
+        return context_window(self.name, self.context_window, self.base_url)
 
 
 class Texts(_Strict):

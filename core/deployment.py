@@ -177,6 +177,7 @@ class Deployment:
         self.estimator = get_estimator(self.config.run.token_estimator)
         self.clock = clock or SystemClock()
         self._model = model
+        self._checked_models: set[str] = set()  # names validate_model accepted
         if tools is None or isinstance(tools, ToolRegistry):
             self._tools: ToolRegistry | None = tools
         else:
@@ -250,9 +251,18 @@ class Deployment:
     def check_model(self, name: str) -> None:
         """Let plugins refuse a model before any run (the ``validate_model`` hook).
 
-        The cost budget raises :class:`ConfigError` for a model it has no price for.
+        The cost budget raises :class:`ConfigError` for a model it has no price for (with
+        ``unknown_model = "error"``; by default it logs a note instead).  ``loopwarden run``
+        checks the configured model, framework adapters the model each run names.  A name
+        that passed is not checked again (once per deployment and model: adapters call this
+        for every run); a refused one raises every time.
         """
+        if name in self._checked_models:
+            return
         self.hooks.validate_model(name, self.config.path)
+        if len(self._checked_models) >= 1024:  # bounded, however many names callers pass
+            self._checked_models.clear()
+        self._checked_models.add(name)
 
     def limits(self, profile: str | None = None) -> Limits:
         p = self.config.profile(profile)

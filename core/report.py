@@ -7,7 +7,8 @@ the agent looping because of its prompt or its tool descriptions?
 
 * :func:`read_records` / :func:`load_records` -- parse lines; a corrupt or truncated line is
   skipped and counted, never fatal;
-* :func:`analyse` -- termination distribution, steps / tokens / cost percentiles,
+* :func:`analyse` -- termination distribution, steps / tokens / cost percentiles (of priced
+  runs: a run whose model had no price, ``cost_known: false``, is counted under ``unpriced``),
   duplicate-call and stall rates, the top repeated call signatures, the tools most involved,
   and advice;
 * :func:`format_text` -- the human-readable report; :func:`plot` -- tokens per step across
@@ -39,6 +40,7 @@ from loopwarden._report_fields import (
     _summary,
     _tokens,
     _trajectory_signatures,
+    _unpriced,
     percentile,
 )
 from loopwarden._report_render import format_text, plot
@@ -145,7 +147,9 @@ def analyse(
     stopped_by = Counter(str(r.get("stopped_by")) for r in records if r.get("stopped_by"))
     steps = [_num(r.get("steps")) for r in records]
     tokens = [_tokens(r) for r in records]
-    cost = [_num(r.get("cost")) for r in records]
+    unpriced = [r for r in records if _unpriced(r)]
+    cost = [_num(r.get("cost")) for r in records if not _unpriced(r)]
+    unpriced_models = Counter(str(r.get("model")) for r in unpriced)
     tool_calls = sum(int(_num(r.get("tool_calls"))) for r in records)
     duplicates = sum(int(_num(r.get("duplicate_calls"))) for r in records)
     dup_runs = [r for r in records if _num(r.get("duplicate_calls")) > 0]
@@ -192,6 +196,10 @@ def analyse(
         "steps": _summary(steps),
         "tokens": _summary(tokens),
         "cost": _summary(cost),
+        "unpriced": {
+            "runs": len(unpriced),
+            "models": dict(sorted(unpriced_models.items(), key=lambda kv: (-kv[1], kv[0]))),
+        },
         "tool_calls": tool_calls,
         "duplicate_calls": duplicates,
         "duplicate_call_rate": duplicates / tool_calls if tool_calls else 0.0,

@@ -22,7 +22,7 @@ from loopwarden.store import QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
     from loopwarden import Run
-    from loopwarden.plugins.cost_budget import ModelPrice
+    from loopwarden.plugins.cost_budget import Price
     from loopwarden.store import Shared
 
 __all__ = [
@@ -205,7 +205,7 @@ class _Applied:
 class _State:
     shared: Shared | None = None  # None: inert (a replay, or the store failed open)
     applied: list[_Applied] = field(default_factory=list)
-    price: ModelPrice | None = None
+    price: Price | None = None
     count_tools: bool = False  # a budget limits tool calls: count each before it runs
     pending: tuple[str, tuple[int, ...]] | None = None  # reservation token, amount
     last_prompt: int | None = None

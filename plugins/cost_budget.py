@@ -1,26 +1,35 @@
 """cost_budget: what a run may spend, priced per model, in Decimal.
 
-Prices are per million tokens -- ``input``, ``cached_input`` (default: ``input``) and
-``output`` -- in ``currency``, keyed by model name (``[plugins.cost_budget.prices]``).  Every
-response is priced with the price of the run's model (``run.model_name``: the configured one),
-never by the name the server returns in ``response.model`` -- a server must not pick its own
-price, and that field may hold anything.  Arithmetic is Decimal throughout: no float rounding
-in money.
+A model's price comes from ``[plugins.cost_budget.prices]`` -- per million tokens, ``input``,
+``cached_input`` (default: ``input``) and ``output``, in ``currency``, keyed by model name --
+and otherwise from the maintained ``genai-prices`` package (:mod:`loopwarden.models.catalog`:
+offline, imported only when a model is not in the table; USD, so only when ``currency`` is
+``"USD"``; ``[model] base_url`` helps it pick the provider).  The table wins: it is where an
+operator overrides a price, and where the offline ``scripted`` model gets one.  Every response
+is priced with the price of the run's model (``run.model_name``: the configured one), never by
+the name the server returns in ``response.model`` -- a server must not pick its own price, and
+that field may hold anything.  Arithmetic is Decimal throughout: no float rounding in money.
 
 A run's spend is this plugin's per-run state, under the public stash key ``RUN_COST``; read
 it with ``run_cost(run)`` (both in ``loopwarden.plugins.cost_budget``; ``Decimal(0)`` when
 the plugin is not enabled or nothing was priced yet) -- plugins placed after ``cost_budget``
 see a response's price in their ``after_response``.  The plugin fills the run record's
 ``cost`` (a float) and ``cost_currency`` through ``record_fields``; without it they are 0.0
-and null.
+and null.  It also adds ``cost_known`` (false: the model had no price, so ``cost`` is not what
+the run cost) and ``cost_source`` (``"prices"``, ``"genai-prices"``, ``"free"`` or null).
 
-Fails closed: a run whose model has no price is refused in ``on_start`` -- before any model
-call, so nothing is spent -- with a hard ``max_cost`` stop (evidence ``rule =
-"unpriced_model"``), unless ``unknown_model = "free"``.  The check is per run because the
-model is a property of the run: a deployment serves scenario runs (the scripted model) and
-live runs, and a caller may pass any model to ``Deployment.run``.  The deployment's own
-configured model is checked earlier still, when it is built and by ``loopwarden config check``
-(:meth:`CostBudget.check_model`): an unpriced ``[model] name`` is a config error, exit 2.
+A model nobody prices (a local vLLM model, a new release) follows ``unknown_model``:
+
+* ``"warn"`` (default) -- the run goes on unpriced: a WARNING is logged once per model (at
+  start-up through the ``validate_model`` hook, else at its first run) naming ``[model]`` and
+  ``[plugins.cost_budget.prices]``; its record says ``cost_known: false``.  ``max_cost``
+  cannot be enforced for it, so it never stops it; token budgets still apply.
+* ``"error"`` -- fail closed: the deployment's model is a config error at start-up
+  (:meth:`CostBudget.check_model`: ``loopwarden run``, ``config check`` and the framework
+  adapters, exit 2), and a run of any other unpriced model is refused in ``on_start`` -- before
+  any model call -- with a hard ``max_cost`` stop (evidence ``rule = "unpriced_model"``).
+* ``"free"`` -- the operator declares such models free (self-hosted): counted at no cost,
+  ``cost_known: true``, no note.
 
 The ladder is the token budget's (see :mod:`loopwarden.plugins._budgets`): before each call the
 cost of this call (its prompt estimate, uncached, plus the reserved output) and of the next one
@@ -30,9 +39,11 @@ final turn (soft), the next one passing ``warn_at`` warns once.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,7 +60,20 @@ from loopwarden.exceptions import ConfigError
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
 from loopwarden.stash import StashKey
 
-__all__ = ["RUN_COST", "CostBudget", "CostBudgetSettings", "ModelPrice", "run_cost"]
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+
+__all__ = [
+    "RUN_COST",
+    "CostBudget",
+    "CostBudgetSettings",
+    "ModelPrice",
+    "Price",
+    "run_cost",
+    "unpriced_note",
+]
+
+log = logging.getLogger("loopwarden.plugins.cost_budget")
 
 MILLION = Decimal(1_000_000)
 _ZERO = Decimal(0)
@@ -62,6 +86,17 @@ RUN_COST = StashKey[Decimal]()
 def run_cost(run: Run) -> Decimal:
     """What ``run`` has spent so far as ``cost_budget`` priced it (0 without the plugin)."""
     return run.stash.get(RUN_COST, _ZERO)
+
+
+def unpriced_note(deployment: Deployment, model: str) -> str | None:
+    """The start-up note for ``model`` when ``deployment``'s cost_budget will run it
+    unpriced (``unknown_model = "warn"``), else None: what the command line prints."""
+    plugin = deployment.plugins.get("cost_budget")
+    if not isinstance(plugin, CostBudget) or plugin.settings.unknown_model != "warn":
+        return None
+    if plugin.price_of(model) is not None:
+        return None
+    return plugin.unpriced_note(model, deployment.config.path)
 
 
 class ModelPrice(BaseModel):
@@ -86,6 +121,21 @@ class ModelPrice(BaseModel):
             + Decimal(cached) * cached_price
             + Decimal(completion) * self.output
         ) / MILLION
+
+    def describe(self) -> dict[str, Any]:
+        """What a verdict's evidence says about this price."""
+        return self.model_dump()
+
+
+class Price(Protocol):
+    """A model's price: a configured :class:`ModelPrice`, or the genai-prices package's
+    (:class:`loopwarden.models.catalog.PackagePrice`)."""
+
+    def cost(self, prompt: int, completion: int, cached: int = 0) -> Decimal:
+        """The price of one call's usage."""
+
+    def describe(self) -> dict[str, Any]:
+        """What a verdict's evidence says about this price."""
 
 
 def _default_prices() -> dict[str, ModelPrice]:
@@ -120,8 +170,9 @@ class CostBudgetSettings(BudgetSettings):
     templates = ("warning", "stop_message", "unpriced_message")
     template_sample = _TEMPLATE_FIELDS
 
+    # p99 of healthy coding-agent runs (one user turn) is 1.58 USD: x1.25, rounded up
     max_cost: Decimal = Field(
-        default=Decimal("1.00"), gt=0, description="most a run may spend, in `currency`"
+        default=Decimal("2.00"), gt=0, description="most a run may spend, in `currency`"
     )
     currency: str = Field(
         default="USD", min_length=1, description="the currency of max_cost and of every price"
@@ -130,10 +181,12 @@ class CostBudgetSettings(BudgetSettings):
         default_factory=_default_prices,
         description="prices per model name, per million tokens: input, cached_input, output",
     )
-    unknown_model: Literal["error", "free"] = Field(
-        default="error",
-        description='a run whose model has no price: "error" refuses it before the first '
-        'call (fail closed); "free" counts its tokens at no cost',
+    unknown_model: Literal["warn", "error", "free"] = Field(
+        default="warn",
+        description='a model with no price (neither in prices nor in genai-prices): "warn" '
+        "runs it unpriced (a start-up warning; the record says cost_known: false; max_cost "
+        'cannot stop it); "error" refuses it (a config error at start-up, else a stop before '
+        'the first call); "free" counts its tokens at no cost',
     )
     reserve_output_tokens: int = Field(
         default=1000,
@@ -163,7 +216,8 @@ class CostBudgetSettings(BudgetSettings):
 @dataclass(slots=True)
 class _State:
     model: str | None = None
-    price: ModelPrice | None = None  # None: an unpriced model counted as free
+    price: Price | None = None  # None: unpriced (counted as free)
+    source: str | None = None  # the record's cost_source
     last_prompt: int | None = None
     in_flight: int = 0
     warned: bool = False
@@ -189,11 +243,25 @@ class CostBudget(Plugin[CostBudgetSettings]):
     name = "cost_budget"
     Settings = CostBudgetSettings
 
+    def __init__(self, settings: CostBudgetSettings | None = None) -> None:
+        super().__init__(settings)
+        #: ``[model] base_url`` of the deployment: helps genai-prices pick the provider
+        self.base_url: str | None = None
+        self.config_path: str | None = None
+        self._noted: set[str] = set()  # models whose "unpriced" note was logged
+        self._noted_lock = threading.Lock()
+
+    def connect(self, deployment: Deployment) -> None:
+        """Remember the deployment's ``[model] base_url`` (a provider hint for prices)."""
+        self.base_url = deployment.config.model.base_url
+        self.config_path = deployment.config.path
+
     def new_state(self) -> _State:
         return _State()
 
-    def price_of(self, model: str | None) -> ModelPrice | None:
-        """The configured price of ``model`` (exact name, then case-insensitive), or None."""
+    def configured_price(self, model: str | None) -> ModelPrice | None:
+        """The price ``[plugins.cost_budget.prices]`` gives ``model`` (exact name, then
+        case-insensitive), or None."""
         if model is None:
             return None
         prices = self.settings.prices
@@ -203,17 +271,60 @@ class CostBudget(Plugin[CostBudgetSettings]):
             found = next((p for name, p in prices.items() if name.casefold() == folded), None)
         return found
 
+    def priced(self, model: str | None) -> tuple[Price | None, str | None]:
+        """``model``'s price and its source: the configured table (``"prices"``), else the
+        genai-prices package (``"genai-prices"``, only in USD), else ``(None, None)``."""
+        found = self.configured_price(model)
+        if found is not None:
+            return found, "prices"
+        if model is None or self.settings.currency != "USD":
+            return None, None
+        from loopwarden.models.catalog import package_price
+
+        package = package_price(model, self.base_url)
+        return (package, "genai-prices") if package is not None else (None, None)
+
+    def price_of(self, model: str | None) -> Price | None:
+        """``model``'s price (see :meth:`priced`), or None when nobody prices it."""
+        return self.priced(model)[0]
+
     def check_model(self, model: str, *, path: str | None = None) -> None:
-        """Raise ConfigError when ``model`` has no price and unpriced models are refused."""
+        """At start-up: raise ConfigError for an unpriced model when ``unknown_model =
+        "error"``; log the unpriced-model note when it is ``"warn"``."""
         s = self.settings
-        if s.unknown_model == "error" and self.price_of(model) is None:
+        if s.unknown_model == "free" or self.price_of(model) is not None:
+            return
+        if s.unknown_model == "error":
             raise ConfigError(
-                f"no price for model {model!r} (priced: {', '.join(sorted(s.prices))}); add "
-                f'[plugins.cost_budget.prices] "{model}" = {{ input = ..., output = ... }} per '
-                'million tokens, or set unknown_model = "free"',
+                f"no price for model {model!r} (not in genai-prices; configured: "
+                f"{', '.join(sorted(s.prices))}); add [plugins.cost_budget.prices] "
+                f'"{model}" = {{ input = ..., output = ... }} per million tokens in '
+                f'{s.currency}, or set unknown_model = "warn" (run unpriced) or "free"',
                 path=path,
                 key="plugins.cost_budget.prices",
             )
+        self.note_unpriced(model, path)
+
+    def unpriced_note(self, model: str | None, path: str | None = None) -> str:
+        """The start-up note for a model that runs unpriced (``unknown_model = "warn"``)."""
+        where = f" in {path}" if path else ""
+        return (
+            f"model {model!r} has no known price: its runs are not priced (record cost_known: "
+            f"false) and max_cost cannot stop them; declare its price in "
+            f"[plugins.cost_budget.prices]{where} (or use a model name genai-prices knows in "
+            f'[model]), or set unknown_model = "free" or "error"'
+        )
+
+    def note_unpriced(self, model: str | None, path: str | None = None) -> None:
+        """Log :meth:`unpriced_note` as a WARNING, once per model and deployment."""
+        key = model or ""
+        with self._noted_lock:
+            if key in self._noted:
+                return
+            if len(self._noted) >= 1024:  # bounded: many model names, a note each at most
+                self._noted.clear()
+            self._noted.add(key)
+        log.warning("%s", self.unpriced_note(model, path or self.config_path))
 
     @hookimpl
     def validate_model(self, model: str, path: str | None) -> None:
@@ -224,8 +335,12 @@ class CostBudget(Plugin[CostBudgetSettings]):
         s = self.settings
         st: _State = self.state(run)
         st.model = run.model_name
-        st.price = self.price_of(run.model_name)
+        st.price, st.source = self.priced(run.model_name)
         st.currency = s.currency
+        if st.price is None and s.unknown_model == "free":
+            st.source = "free"
+        elif st.price is None and s.unknown_model == "warn":
+            self.note_unpriced(run.model_name)
         if st.price is None and s.unknown_model == "error":
             return self.stop(
                 "max_cost",
@@ -245,7 +360,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
         growth = 0 if st.last_prompt is None else max(0, prompt - st.last_prompt)
         st.last_prompt = st.in_flight = prompt
         if st.price is None:
-            return None  # free (unknown_model = "free")
+            return None  # unpriced: max_cost cannot be enforced (unknown_model warn / free)
         reserve = request.max_output_tokens or s.reserve_output_tokens
         this_call = st.price.cost(prompt, reserve)
         next_call = st.price.cost(prompt + max(growth, reserve), reserve)
@@ -266,7 +381,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
             projected_with_next=after,
             estimate=prompt,
             reserved_output=reserve,
-            price=st.price.model_dump(),
+            price=st.price.describe(),
         )
         if rung == "warn":
             st.warned = True
@@ -312,7 +427,13 @@ class CostBudget(Plugin[CostBudgetSettings]):
     @hookimpl
     def record_fields(self, run: Run) -> dict[str, Any]:
         st: _State = self.state(run)
-        return {"cost": float(run_cost(run)), "cost_currency": st.currency}
+        return {
+            "cost": float(run_cost(run)),
+            "cost_currency": st.currency,
+            # false: nobody priced the run's model -- its cost (0.0) is unknown, not zero
+            "cost_known": st.source is not None,
+            "cost_source": st.source,
+        }
 
     def _text(self, template: str, spent: Decimal, st: _State) -> str:
         s = self.settings

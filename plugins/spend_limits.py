@@ -12,7 +12,8 @@ process of the deployment shares them.
 **Reserve before, reconcile after.**  A run counts when it starts (``on_start``: past
 ``max_runs`` it is refused before its first model call, and its evidence says so).  Before
 each model call the projected tokens and cost of the call (prompt estimate plus the reserved
-output, priced with the cost_budget plugin's prices) are *reserved* in the store atomically
+output, priced exactly as cost_budget prices the run's model: its ``prices`` table, then the
+genai-prices package, never the name the server reports) are *reserved* in the store atomically
 for every budget of the run; after the response the reservation is replaced by the real usage.
 So N concurrent workers overspend a budget by at most one reserved request each, and a
 reservation of a process that died stops counting after ``[store] reservation_ttl_s``.  With
@@ -109,6 +110,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                 raise validation_error(
                     exc, path=deployment.config.path, prefix="plugins.cost_budget"
                 ) from None
+            pricing.connect(deployment)  # the same provider hint as an enabled cost_budget
         self.pricing = pricing
         self.currency = pricing.settings.currency
 
@@ -217,9 +219,17 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         st.count_tools = any(a.budget.max_tool_calls is not None for a in st.applied)
         pricing = self.pricing
         st.price = pricing.price_of(run.model_name) if pricing is not None else None
+        costed = any(a.budget.max_cost is not None for a in st.applied)
         if (
             st.price is None
-            and any(a.budget.max_cost is not None for a in st.applied)
+            and costed
+            and pricing is not None
+            and pricing.settings.unknown_model == "warn"
+        ):  # runs unpriced: its max_cost budgets cannot bind
+            pricing.note_unpriced(run.model_name)
+        if (
+            st.price is None
+            and costed
             and (pricing is None or pricing.settings.unknown_model == "error")
         ):
             return self.stop(
@@ -367,11 +377,9 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                 run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
             )
             usage = Usage(prompt=pending[1][TOKENS], completion=completion)
-        price = (
-            self.pricing.price_of(response.model)
-            if self.pricing is not None and response.model
-            else None
-        ) or st.price
+        # the run's model's price, as cost_budget charges it: never the name the server
+        # reports in response.model (a server must not pick its own price)
+        price = st.price
         cost = cost_units(price.cost(usage.prompt, usage.completion, usage.cached)) if price else 0
         tools = 0 if st.count_tools else len(response.tool_calls)
         actual = (0, 1, tools, usage.total, cost)

@@ -78,9 +78,11 @@ def test_bad_settings_fail_at_load_time() -> None:
 # -- fail closed at start-up -------------------------------------------------------------------
 
 
-def test_an_unpriced_model_is_refused_before_any_call() -> None:
+def test_an_unpriced_model_is_refused_before_any_call_when_unknown_model_is_error() -> None:
     sc = scenario([turn(None, tool_call("query_order", order_id="88231"))])
-    dep = Deployment(config("cost_budget"), tools=shop_tools())
+    dep = Deployment(
+        config("cost_budget", cost_budget={"unknown_model": "error"}), tools=shop_tools()
+    )
     model = ScriptedModel(sc.model, name="mystery-model", estimator=dep.estimator)
     rec = dep.run(scenario=sc, model=model).record()
     assert model.calls == 0  # nothing was spent
@@ -90,6 +92,7 @@ def test_an_unpriced_model_is_refused_before_any_call() -> None:
     assert rec["evidence"]["model"] == "mystery-model"
     assert "scripted" in rec["evidence"]["priced_models"]
     assert rec["final_answer_present"] is False and rec["final_answer"]  # the fallback
+    assert rec["cost_known"] is False and rec["cost_source"] is None
 
 
 def test_unknown_model_free_runs_at_no_cost() -> None:
@@ -101,12 +104,15 @@ def test_unknown_model_free_runs_at_no_cost() -> None:
     rec = dep.run(scenario=sc, model=model).record()
     assert rec["termination"] == "final_answer"
     assert rec["cost"] == 0 and rec["cost_currency"] == "USD"
+    # the operator declared such models free: the cost is known (zero)
+    assert rec["cost_known"] is True and rec["cost_source"] == "free"
 
 
 def test_model_names_match_case_insensitively() -> None:
     p = plugin(prices={"GPT-4o-mini": UNIT})
-    assert p.price_of("gpt-4o-mini") is not None
-    assert p.price_of("gpt-4o") is None and p.price_of(None) is None
+    assert p.price_of("gpt-4o-mini") == ModelPrice.model_validate(UNIT)  # the table's
+    assert p.configured_price("gpt-4o") is None and p.price_of(None) is None
+    assert p.price_of("my-private-model") is None  # neither the table nor genai-prices
 
 
 # -- run_cost ----------------------------------------------------------------------------------
@@ -258,7 +264,9 @@ def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(
-        '[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n', encoding="utf-8"
+        '[model]\nname = "qwen-plus"\n[plugins]\nenabled = ["cost_budget"]\n'
+        '[plugins.cost_budget]\nunknown_model = "error"\n',
+        encoding="utf-8",
     )
     assert main(["config", "check", str(cfg)]) == 2
     err = capsys.readouterr().err
@@ -275,7 +283,15 @@ def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
     assert main(["config", "check", str(cfg)]) == 0
     with pytest.raises(ConfigError):
         Deployment(
-            parse_config({"model": {"name": "mystery"}, "plugins": {"enabled": ["cost_budget"]}}),
+            parse_config(
+                {
+                    "model": {"name": "mystery"},
+                    "plugins": {
+                        "enabled": ["cost_budget"],
+                        "cost_budget": {"unknown_model": "error"},
+                    },
+                }
+            ),
             tools=shop_tools(),
         ).check_model("mystery")
 

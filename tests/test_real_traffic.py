@@ -48,9 +48,10 @@ def test_a_prefix_must_end_at_a_word_boundary() -> None:
     assert known_window("my-private-model") is None
 
 
-def test_declared_window_wins_then_table_then_conservative_default() -> None:
+def test_declared_window_wins_then_package_then_table_then_conservative_default() -> None:
     assert context_window("gpt-4o", 50_000) == (50_000, "model.context_window")
-    assert context_window("gpt-4o") == (128_000, "known models")
+    assert context_window("gpt-4o") == (128_000, "genai-prices")
+    assert context_window("qwen-plus") == (131_072, "known models")  # not in genai-prices
     assert context_window("acme-llm") == (CONSERVATIVE_WINDOW, "default")
 
 
@@ -90,7 +91,8 @@ def test_cli_runs_an_unknown_model_with_the_conservative_default(tmp_path: Path)
         .replace('name = "gpt-4o-mini"', 'name = "acme-llm-unknown"', 1)
     )
     assert data["model"]["name"] == "gpt-4o-mini"
-    text = text.replace('unknown_model = "error"', 'unknown_model = "free"', 1)
+    # an unpriced model runs by default (unknown_model = "warn"): nothing else to change
+    assert 'unknown_model = "warn"' in text
     cfg = tmp_path / "config.toml"
     cfg.write_text(text, encoding="utf-8")
     proc = subprocess.run(

@@ -11,6 +11,11 @@ ledger) and its result is sent back (``after_tool``).  So verdict resolution, th
 warn -> soft stop -> hard stop ladder, the side-effect ledger, the run record, signals,
 metrics and alerts are exactly those of loopwarden's own loop.
 
+Before the machine's first step the run's model name (what the framework sends) goes through
+the deployment's start-up check, as ``loopwarden run``'s model does
+(``Deployment.check_model``: once per deployment and name, so never per step); a refused model
+raises its :class:`~loopwarden.ConfigError` to the framework's caller.
+
 The machine handles one tool call at a time, in the order the model proposed them.  A framework
 that starts parallel calls at once has the later ones wait for the earlier ones here (a stop
 after the first must keep the second from running).
@@ -192,6 +197,7 @@ class GuardedRun:
         #: what the adapter did where the framework could not follow a verdict exactly;
         #: written into the outcome's evidence under "adapter"
         self.adaptations: list[str] = []
+        self._refused = False  # the deployment refused the model: the run never started
 
     # -- tools ---------------------------------------------------------------------------
 
@@ -290,17 +296,41 @@ class GuardedRun:
     def finished(self) -> bool:
         return self.outcome is not None
 
+    @property
+    def refused(self) -> bool:
+        """The deployment refused the run's model at start-up (the run never started)."""
+        return self._refused
+
     def model_turn(self) -> ModelRequest | None:
         """Advance to the next model call: its request (``notes`` to inject, ``final`` for
         the tool-less wrap-up turn), or None when the run has ended (then answer with
         :attr:`final_answer`).  Calling it again before the response is sent is harmless."""
         with self._cond:
+            if self._refused:
+                return None
             if self.outcome is None and not self._started:
+                self._check_model()
                 self._send(None)
             self._drain()
             if isinstance(self._eff, CallModel):
                 return self._eff.request
             return None
+
+    def _check_model(self) -> None:
+        """The start-up checks ``loopwarden run`` makes (``Deployment.check_model``: the
+        ``validate_model`` hook), for the model the framework names -- once per deployment
+        and model name, before the run's first hook.  A refused model (``cost_budget``'s
+        ``unknown_model = "error"``) raises its :class:`ConfigError` to the framework's
+        caller, and the run is dropped without a record: it never started."""
+        name = self.run.model_name
+        if not name:
+            return
+        try:
+            self.deployment.check_model(name)
+        except BaseException:
+            self._refused = True
+            self._gen.close()
+            raise
 
     def model_failed(self, error: BaseException) -> None:
         """The model call raised ``error``.  Frameworks may retry it (a retry policy, a
@@ -432,6 +462,8 @@ class GuardedRun:
         """The framework's run is over: finish loopwarden's run if the machine has not
         (``ended_by_framework``, or ``error`` when ``error`` is given)."""
         with self._cond:
+            if self._refused:
+                return  # refused at start-up: no run to finish
             if (
                 error is not None
                 and error is self._model_error

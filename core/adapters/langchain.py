@@ -234,7 +234,13 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
         guarded.system(request.system_prompt)
-        turn = guarded.model_turn()
+        try:
+            turn = guarded.model_turn()  # the first one checks the model (validate_model)
+        except BaseException:
+            if guarded.refused:  # the run never started: nothing to finish, keep nothing
+                with self._lock:
+                    self._runs.pop(guarded.run.run_id, None)
+            raise
         if turn is None:
             return None, []
         notes: list[HumanMessage | SystemMessage] = []

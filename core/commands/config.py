@@ -55,8 +55,14 @@ def main(args: argparse.Namespace) -> int:
             check_tables(config)
             # what a plugin can only find out about its surroundings
             dep.hooks.validate_config(config)
+            note = None
             if config.model.provider == "openai":  # the live model must be acceptable too
                 dep.check_model(config.model.name)
+                from loopwarden.plugins.cost_budget import unpriced_note
+
+                note = unpriced_note(dep, config.model.name)
+        if note is not None:
+            print(f"loopwarden config: note: {note}", file=sys.stderr)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     from loopwarden import demo

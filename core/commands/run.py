@@ -210,6 +210,11 @@ def main(args: argparse.Namespace) -> int:
                 except ConfigError as exc:
                     print(exc.message, file=sys.stderr)
                     return EXIT_BAD_INPUT
+                from loopwarden.plugins.cost_budget import unpriced_note
+
+                note = unpriced_note(deployment, config.model.name)
+                if note is not None:
+                    print(f"loopwarden run: note: {note}", file=sys.stderr)
                 run = deployment.run(args.question, profile=args.profile, cancel=cancel, meta=meta)
     finally:
         deployment.close()

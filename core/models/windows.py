@@ -1,12 +1,15 @@
 """Context windows of known models, so that context limits follow the model.
 
-``[model] context_window`` (tokens) wins; otherwise the window comes from this table, matched
+``[model] context_window`` (tokens) wins; otherwise the window comes from the maintained
+``genai-prices`` package (:mod:`loopwarden.models.catalog`, offline, imported only when
+needed; ``[model] base_url`` helps it pick the provider); otherwise from this table, matched
 on the model name -- exactly, then by the longest known prefix (``gpt-4o-2024-08-06`` is a
-``gpt-4o``), after dropping a provider prefix (``openai/gpt-4o``).  No maintained package
-ships this metadata offline without heavy dependencies, so the table is small and kept here;
-a model it does not know gets :data:`CONSERVATIVE_WINDOW`, and the deployment logs a warning
-naming ``model.context_window`` at start-up.  Windows are the providers' published input +
-output context sizes.
+``gpt-4o``), after dropping a provider prefix (``openai/gpt-4o``).  The table stays for what
+the package does not carry: open-weight models as vLLM or Ollama serve them, Qwen on
+DashScope, Moonshot, GLM, and the offline ``scripted`` player.  A model neither knows gets
+:data:`CONSERVATIVE_WINDOW`, and the deployment logs a warning naming ``[model]
+context_window`` at start-up.  Windows are the providers' published input + output context
+sizes.
 """
 
 from __future__ import annotations
@@ -88,14 +91,23 @@ def known_window(model: str | None) -> int | None:
     return None
 
 
-def context_window(model: str | None, declared: int | None = None) -> tuple[int, str]:
+def context_window(
+    model: str | None, declared: int | None = None, base_url: str | None = None
+) -> tuple[int, str]:
     """The context window for ``model`` and where it came from.
 
-    ``declared`` (``[model] context_window``) wins; then the table; then
+    ``declared`` (``[model] context_window``) wins; then the ``genai-prices`` package (source
+    ``"genai-prices"``); then the table (``"known models"``); then
     :data:`CONSERVATIVE_WINDOW`, with the source ``"default"``.
     """
     if declared is not None:
         return declared, "model.context_window"
+    if model:
+        from loopwarden.models.catalog import package_window
+
+        window = package_window(model, base_url)
+        if window is not None:
+            return window, "genai-prices"
     known = known_window(model)
     if known is not None:
         return known, "known models"
