@@ -96,13 +96,13 @@ class ConversationLimitsSettings(BudgetSettings):
         "them is refused (max_turns, rule loop_stops)",
     )
     max_model_calls: int | None = Field(
-        default=100,
+        default=115,
         ge=1,
         description="model calls per conversation, the final wrap-up turn included",
     )
-    max_tool_calls: int | None = Field(default=80, ge=1, description="tool calls per conversation")
+    max_tool_calls: int | None = Field(default=104, ge=1, description="tool calls per conversation")
     max_tokens: int | None = Field(
-        default=1_000_000, ge=1, description="billed tokens (prompt + completion) per conversation"
+        default=3_398_000, ge=1, description="billed tokens (prompt + completion) per conversation"
     )
     max_cost: Decimal | None = Field(
         default=None,

@@ -69,7 +69,7 @@ class TimeoutSettings(BudgetSettings):
     template_sample = _TEMPLATE_FIELDS
 
     max_seconds: float = Field(
-        default=600.0,
+        default=1800.0,
         gt=0,
         description="seconds a run may take on its clock; a run profile's max_seconds overrides it",
     )

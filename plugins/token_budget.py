@@ -80,7 +80,7 @@ class TokenBudgetSettings(BudgetSettings):
         "([model] context_window, else the table of known models) a request may fill",
     )
     max_total_tokens: int = Field(
-        default=400_000,
+        default=3_398_000,
         ge=1,
         description="billed tokens (prompt + completion, all calls) allowed per run; a run "
         "profile's max_tokens overrides it",

@@ -45,7 +45,7 @@ class ToolCallsSettings(BudgetSettings):
     templates = ("warning", "refused_observation", "refused_hint", "stop_message")
     template_sample = _TEMPLATE_FIELDS
 
-    max_tool_calls: int = Field(default=40, ge=1, description="tool calls allowed per run")
+    max_tool_calls: int = Field(default=104, ge=1, description="tool calls allowed per run")
     max_per_tool: int | None = Field(
         default=None,
         ge=1,
