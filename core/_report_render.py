@@ -50,6 +50,13 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
             f"unpriced runs: {unpriced['runs']}, cost unknown (not in the cost row): {models}; "
             "declare their price in [plugins.cost_budget.prices]"
         )
+    answers = report.get("ledger_answers") or []
+    if answers:
+        lines.append(
+            "answered from the side-effect ledger, not run (declared side effects, same "
+            "idempotency key): "
+            + ", ".join(f"{a['tool']} {a['calls']}x ({a['source']}, {a['state']})" for a in answers)
+        )
     lines.append("")
     lines.append(
         f"duplicate calls: {report['duplicate_calls']} of {report['tool_calls']} tool calls "

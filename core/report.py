@@ -9,6 +9,8 @@ the agent looping because of its prompt or its tool descriptions?
   skipped and counted, never fatal;
 * :func:`analyse` -- termination distribution, steps / tokens / cost percentiles (of priced
   runs: a run whose model had no price, ``cost_known: false``, is counted under ``unpriced``),
+  the calls answered from a record of their declared side effect instead of running
+  (``ledger_answers``, per tool, source and state),
   duplicate-call and stall rates, the top repeated call signatures, the tools most involved,
   and advice;
 * :func:`format_text` -- the human-readable report; :func:`plot` -- tokens per step across
@@ -150,6 +152,12 @@ def analyse(
     unpriced = [r for r in records if _unpriced(r)]
     cost = [_num(r.get("cost")) for r in records if not _unpriced(r)]
     unpriced_models = Counter(str(r.get("model")) for r in unpriced)
+    ledger = Counter(
+        (str(a.get("tool")), str(a.get("source")), str(a.get("state")))
+        for r in records
+        for a in (r.get("ledger_answers") or ())
+        if isinstance(a, Mapping)
+    )
     tool_calls = sum(int(_num(r.get("tool_calls"))) for r in records)
     duplicates = sum(int(_num(r.get("duplicate_calls"))) for r in records)
     dup_runs = [r for r in records if _num(r.get("duplicate_calls")) > 0]
@@ -200,6 +208,10 @@ def analyse(
             "runs": len(unpriced),
             "models": dict(sorted(unpriced_models.items(), key=lambda kv: (-kv[1], kv[0]))),
         },
+        "ledger_answers": [
+            {"tool": t, "source": src, "state": state, "calls": c}
+            for (t, src, state), c in sorted(ledger.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
         "tool_calls": tool_calls,
         "duplicate_calls": duplicates,
         "duplicate_call_rate": duplicates / tool_calls if tool_calls else 0.0,

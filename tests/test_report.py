@@ -15,7 +15,7 @@ from support.observability import ALWAYS_NOT_FOUND, WANDERING, repeat_guard
 from loopwarden import Deployment, FakeClock
 from loopwarden.cli import main as cli
 from loopwarden.config import default_config_path, load_toml, parse_config
-from loopwarden.report import analyse, format_text, percentile, read_records
+from loopwarden.report import analyse, format_text, load_records, percentile, read_records
 from loopwarden.scenario import builtin_scenarios
 
 
@@ -434,3 +434,30 @@ def test_plot_without_matplotlib_exits_2(
 def test_format_text_of_an_empty_report() -> None:
     text = format_text(analyse([]))
     assert text.startswith("0 runs")
+
+
+def test_the_report_counts_calls_answered_from_the_ledger(
+    tmp_path: Path,
+    deployment_factory: Callable[..., Deployment],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The refund scenario twice, in two conversations: the second refund of order 88231 is
+    answered by the shared ledger (apply_refund is declared a side effect keyed on the order),
+    its record says so and why, and the report counts it."""
+    path = tmp_path / "runs.jsonl"
+    data = load_toml(default_config_path())
+    data["plugins"]["enabled"].append("run_record")
+    data["plugins"]["run_record"] = {"path": str(path)}
+    dep = deployment_factory(parse_config(data, path="<test>"), clock=FakeClock())
+    first, second = (dep.run(scenario="refund").record() for _ in range(2))
+    assert first["ledger_answers"] == [] and first["tools_executed"] == 4
+    [answer] = second["ledger_answers"]
+    assert (answer["tool"], answer["source"], answer["state"]) == ("apply_refund", "shared", "done")
+    assert answer["idempotency_keys"] == ["order_id"] and "another run" in answer["why"]
+    assert second["tools_executed"] == 3
+    data = analyse(load_records(path).records)
+    assert data["ledger_answers"] == [
+        {"tool": "apply_refund", "source": "shared", "state": "done", "calls": 1}
+    ]
+    assert cli(["report", str(path)]) == 0
+    assert "apply_refund 1x (shared, done)" in capsys.readouterr().out
