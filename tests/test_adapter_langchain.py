@@ -27,12 +27,11 @@ from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
 from support.adapters import (
     SCENARIOS,
+    WORLD_SCENARIOS,
     Effects,
     Outcome,
     Script,
     World,
-    check_coding_conversations,
-    check_context_user,
     deployment,
     only_record,
 )
@@ -133,16 +132,6 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
     """One run of an agent whose tools nobody declared, ``user`` in the run's context."""
 
     @tool
-    def bash(command: str) -> str:
-        """Run a shell command in the checkout."""
-        return world.bash(command)
-
-    @tool
-    def edit_file(path: str, old: str, new: str) -> str:
-        """Replace text in a file."""
-        return world.edit_file(path, old, new)
-
-    @tool
     def account_balance(runtime: ToolRuntime[UserContext]) -> str:
         """The signed-in user's account balance."""
         return world.account_balance(runtime.context.user)
@@ -150,7 +139,7 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
     dep = deployment(tmp_path)
     agent = create_agent(
         make_model(script),
-        [bash, edit_file, account_balance],
+        [tool(world.bash), tool(world.edit_file), account_balance],
         middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")],
         context_schema=UserContext,
     )
@@ -173,17 +162,10 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_undeclared_coding_tools_run_every_time_in_each_conversation(
-    tmp_path: Path, mode: str
-) -> None:
-    check_coding_conversations(tmp_path, run_world, mode)
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_tool_taking_its_user_from_context_answers_each_user_afresh(
-    tmp_path: Path, mode: str
-) -> None:
-    check_context_user(tmp_path, run_world, mode)
+@pytest.mark.parametrize("scenario", sorted(WORLD_SCENARIOS))
+def test_undeclared_tools(tmp_path: Path, scenario: str, mode: str) -> None:
+    """Tools nobody declared run every time, for every user (support.adapters.World)."""
+    WORLD_SCENARIOS[scenario](tmp_path, run_world, mode)
 
 
 def test_warnings_reach_the_model_as_messages(tmp_path: Path) -> None:

@@ -20,12 +20,11 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 from agents.usage import Usage
 from support.adapters import (
     SCENARIOS,
+    WORLD_SCENARIOS,
     Effects,
     Outcome,
     Script,
     World,
-    check_coding_conversations,
-    check_context_user,
     deployment,
     only_record,
 )
@@ -113,16 +112,6 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
     """One run of an agent whose tools nobody declared, ``user`` in the SDK's run context."""
 
     @function_tool
-    def bash(command: str) -> str:
-        """Run a shell command in the checkout."""
-        return world.bash(command)
-
-    @function_tool
-    def edit_file(path: str, old: str, new: str) -> str:
-        """Replace text in a file."""
-        return world.edit_file(path, old, new)
-
-    @function_tool
     def account_balance(ctx: RunContextWrapper[UserContext]) -> str:
         """The signed-in user's account balance."""
         return world.account_balance(ctx.context.user)
@@ -131,7 +120,7 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
         name="helper",
         instructions="Help the user.",
         model=make_model(script),
-        tools=[bash, edit_file, account_balance],
+        tools=[function_tool(world.bash), function_tool(world.edit_file), account_balance],
     )
     dep = deployment(tmp_path)
     runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
@@ -155,17 +144,10 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_undeclared_coding_tools_run_every_time_in_each_conversation(
-    tmp_path: Path, mode: str
-) -> None:
-    check_coding_conversations(tmp_path, run_world, mode)
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_tool_taking_its_user_from_context_answers_each_user_afresh(
-    tmp_path: Path, mode: str
-) -> None:
-    check_context_user(tmp_path, run_world, mode)
+@pytest.mark.parametrize("scenario", sorted(WORLD_SCENARIOS))
+def test_undeclared_tools(tmp_path: Path, scenario: str, mode: str) -> None:
+    """Tools nobody declared run every time, for every user (support.adapters.World)."""
+    WORLD_SCENARIOS[scenario](tmp_path, run_world, mode)
 
 
 def test_the_sdks_max_turns_ends_the_run_with_a_record(tmp_path: Path) -> None:

@@ -22,12 +22,11 @@ from support.adapters import (
 )
 from support.adapters import (
     SCENARIOS,
+    WORLD_SCENARIOS,
     Effects,
     Outcome,
     Script,
     World,
-    check_coding_conversations,
-    check_context_user,
     deployment,
     only_record,
     records,
@@ -46,6 +45,17 @@ def make_model(script: Script) -> FunctionModel:
         return pm.ModelResponse(parts=parts, usage=RequestUsage(input_tokens=p, output_tokens=c))
 
     return FunctionModel(respond, model_name="gpt-4o-mini")
+
+
+def tool_returns(messages: list[pm.ModelMessage]) -> list[str]:
+    """The observations the model was given, in order."""
+    return [
+        p.model_response_str()
+        for m in messages
+        if isinstance(m, pm.ModelRequest)
+        for p in m.parts
+        if isinstance(p, pm.ToolReturnPart)
+    ]
 
 
 def make_agent(script: Script, effects: Effects, dep: Any) -> Agent[None, str]:
@@ -81,13 +91,7 @@ def run_agent(tmp_path: Path, script: Script, mode: str, **dep_kwargs: Any) -> O
         result = agent.run_sync(prompt) if mode == "sync" else asyncio.run(agent.run(prompt))
     finally:
         dep.close()
-    observations = [
-        p.model_response_str()
-        for m in result.all_messages()
-        if isinstance(m, pm.ModelRequest)
-        for p in m.parts
-        if isinstance(p, pm.ToolReturnPart)
-    ]
+    observations = tool_returns(result.all_messages())
     return Outcome(output=result.output, observations=observations, effects=effects)
 
 
@@ -105,15 +109,8 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
         make_model(script), deps_type=str, capabilities=[Loopwarden(dep)]
     )
 
-    @agent.tool_plain
-    def bash(command: str) -> str:
-        """Run a shell command in the checkout."""
-        return world.bash(command)
-
-    @agent.tool_plain
-    def edit_file(path: str, old: str, new: str) -> str:
-        """Replace text in a file."""
-        return world.edit_file(path, old, new)
+    agent.tool_plain(world.bash)
+    agent.tool_plain(world.edit_file)
 
     @agent.tool
     def account_balance(ctx: RunContext[str]) -> str:
@@ -128,28 +125,15 @@ def run_world(tmp_path: Path, script: Script, mode: str, world: World, user: str
         )
     finally:
         dep.close()
-    observations = [
-        p.model_response_str()
-        for m in result.all_messages()
-        if isinstance(m, pm.ModelRequest)
-        for p in m.parts
-        if isinstance(p, pm.ToolReturnPart)
-    ]
+    observations = tool_returns(result.all_messages())
     return Outcome(output=result.output, observations=observations, effects=world.effects)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_undeclared_coding_tools_run_every_time_in_each_conversation(
-    tmp_path: Path, mode: str
-) -> None:
-    check_coding_conversations(tmp_path, run_world, mode)
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_tool_taking_its_user_from_context_answers_each_user_afresh(
-    tmp_path: Path, mode: str
-) -> None:
-    check_context_user(tmp_path, run_world, mode)
+@pytest.mark.parametrize("scenario", sorted(WORLD_SCENARIOS))
+def test_undeclared_tools(tmp_path: Path, scenario: str, mode: str) -> None:
+    """Tools nobody declared run every time, for every user (support.adapters.World)."""
+    WORLD_SCENARIOS[scenario](tmp_path, run_world, mode)
 
 
 def test_each_run_is_its_own_loopwarden_run(tmp_path: Path) -> None:

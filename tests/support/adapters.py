@@ -228,18 +228,20 @@ BALANCE = ("account_balance", {})
 class World:
     """What the framework tools act on: a checkout whose test fails until ``app.py`` is
     edited, and account balances.  Each framework's test wraps these methods as its own tools
-    (``account_balance`` taking the user from the framework's run context, not an argument);
-    none of them is declared in the config."""
+    (``bash`` and ``edit_file`` as they are, ``account_balance`` taking the user from the
+    framework's run context, not an argument); none of them is declared in the config."""
 
     effects: Effects
     fixed: bool = False
     balances: dict[str, int] = field(default_factory=lambda: {"alice": 100, "bob": 7})
 
     def bash(self, command: str) -> str:
+        """Run a shell command in the checkout."""
         self.effects.hit("bash")
         return f"$ {command}\n" + ("1 passed" if self.fixed else "1 failed: test_app")
 
     def edit_file(self, path: str, old: str, new: str) -> str:
+        """Replace text in a file."""
         self.effects.hit("edit_file")
         self.fixed = True
         return f"edited {path}"
@@ -293,3 +295,10 @@ def check_context_user(tmp_path: Path, run: WorldRunner, mode: str) -> None:
     recs = records(tmp_path)
     assert [r["termination"] for r in recs] == ["final_answer"] * 3
     assert all(r["ledger_answers"] == [] for r in recs)
+
+
+#: the scenarios of undeclared tools, played by each framework's ``run_world``
+WORLD_SCENARIOS = {
+    "coding_conversations": check_coding_conversations,
+    "context_user": check_context_user,
+}
