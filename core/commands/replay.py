@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="declared tool natures: a TOML file of [tools.NAME] tables "
         "(read_only / deterministic / side_effect / terminal / retryable / "
-        "idempotency_keys), e.g. the deployment's config.toml (default: "
-        "inferred from the tool names)",
+        "idempotency_keys), e.g. the deployment's config.toml, over the config's own "
+        "[tools] tables (default: an undeclared tool asserts no nature)",
     )
     parser.add_argument(
         "--system-prompt-tokens",
