@@ -109,6 +109,14 @@ class Texts(_Strict):
         "ERROR: TIMEOUT: {name} did not finish within {seconds:.1f}s; its result was discarded."
     )
     tool_cancelled: str = "ERROR: CANCELLED: the run was cancelled while {name} was running."
+    tool_retried_ok: str = (
+        "{content}\n(This result took {attempts} attempts: the earlier ones failed with a "
+        "transient error and were retried automatically.)"
+    )
+    tool_retried_failed: str = (
+        "{content}\n({name} failed {attempts} times with a transient error; it was retried "
+        "automatically already. Do not call it again with these arguments now.)"
+    )
     not_executed: str = "NOT EXECUTED: the run is stopping ({reason})."
     side_effect_replayed: str = (
         "{name} was already executed with these arguments in this run and was not executed "
@@ -157,6 +165,7 @@ class Texts(_Strict):
                 reason="r",
                 content="c",
                 observation="o",
+                attempts=3,
             ),
         )
         return self

@@ -158,6 +158,9 @@ class Run:
         #: tool calls answered from a record of their declared side effect instead of running
         #: (the record's ``ledger_answers``: which call, from which record, and why)
         self.ledger_answers: list[dict[str, Any]] = []
+        #: calls the runtime retried after a retryable failure (the record's ``tool_retries``:
+        #: which call, how many attempts, their errors, the time waited, the outcome)
+        self.tool_retries: list[dict[str, Any]] = []
         #: per-plugin state slots, keyed by plugin name
         self.state: dict[str, Any] = {}
         #: typed per-run plugin state (see :class:`~loopwarden.Stash`)
@@ -266,6 +269,7 @@ class Run:
             "model": self.model_name,
             "errors": list(self.errors),
             "ledger_answers": list(self.ledger_answers),
+            "tool_retries": list(self.tool_retries),
             "verdicts": list(self.verdicts),
             "mode": self.mode,
             "shadow_stop": _jsonable(self.shadow_stop),
