@@ -4,7 +4,8 @@ Each subcommand lives in its own module under ``loopwarden.commands`` and is imp
 it runs, so ``loopwarden --help`` stays fast.  Exit codes: 0 success, 1 a check that failed
 its purpose, 2 bad input (config, scenario, arguments) -- always with a message, never a
 traceback; ``run`` also exits 3 when the run could not be carried out (``model_error``,
-``plugin_error``) and 130 / 143 after SIGINT / SIGTERM (see :mod:`loopwarden.commands.run`).
+``plugin_error``, ``store_unavailable``) and 130 / 143 after SIGINT / SIGTERM (see
+:mod:`loopwarden.commands.run`).
 """
 
 from __future__ import annotations
