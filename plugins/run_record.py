@@ -23,7 +23,9 @@ Optional additions (the contract's fields are never changed, only added to):
 
 Secrets in tool arguments, observations and evidence are masked (``redact_keys``).  The file
 defaults to ``runs.jsonl`` in loopwarden's data directory (``LOOPWARDEN_DATA_DIR``), never the
-current directory; a relative ``path`` is taken relative to the current directory.
+current directory; a relative ``path`` is taken relative to the current directory.  The file
+holds conversations and tool results, so it is created owner-only (0600), and so is every
+directory the plugin creates for it (0700); a file or directory that exists keeps its mode.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic import Field, PositiveInt
 
 from loopwarden import Plugin, PluginSettings, signals
 from loopwarden.exceptions import ConfigError
-from loopwarden.paths import records_path
+from loopwarden.paths import ensure_private_dir, open_private, records_path
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
 from loopwarden.sanitize import jsonable
 
@@ -170,8 +172,8 @@ _OPEN_FLAGS = (
 
 
 def _append_line(path: Path, data: bytes, fsync: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, _OPEN_FLAGS, 0o644)  # non-blocking: a FIFO never hangs the run
+    ensure_private_dir(path.parent)  # 0700 where it creates one: records hold conversations
+    fd = open_private(path, _OPEN_FLAGS)  # 0600; non-blocking: a FIFO never hangs the run
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
