@@ -30,7 +30,6 @@ directory the plugin creates for it (0700); a file or directory that exists keep
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
@@ -45,7 +44,7 @@ from loopwarden import Plugin, PluginSettings, signals
 from loopwarden.exceptions import ConfigError
 from loopwarden.paths import ensure_private_dir, open_private, records_path
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
-from loopwarden.sanitize import jsonable
+from loopwarden.sanitize import json_line, jsonable
 
 try:
     import fcntl
@@ -147,19 +146,12 @@ class JsonlAppender:
         """Nothing to release (no descriptor is held between appends); kept for callers."""
 
 
-# Characters that some line splitters (str.splitlines, JavaScript) take for line breaks; JSON
-# leaves them raw inside strings, so they are escaped to keep one record on one line for all.
-_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-
-
 def encode_line(obj: Mapping[str, Any]) -> bytes:
     """One record as a line of strict JSON in UTF-8 (see :func:`loopwarden.sanitize.jsonable`:
     lone surrogates replaced, NaN and huge numbers as strings; no character that any line
-    splitter could break the line at)."""
-    text = json.dumps(jsonable(obj), ensure_ascii=False, allow_nan=False)
-    if not text.isascii():
-        text = text.translate(_LINE_BREAKS)
-    return (text + "\n").encode("utf-8")
+    splitter could break the line at, nor a control a terminal would run:
+    :func:`loopwarden.sanitize.json_line`)."""
+    return (json_line(jsonable(obj), allow_nan=False) + "\n").encode("utf-8")
 
 
 _OPEN_FLAGS = (
