@@ -28,13 +28,14 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import IO, Any
 
 from pydantic import BaseModel
 
 __all__ = [
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
+    "TerminalStream",
     "clean_text",
     "depth_exceeds",
     "escape_controls",
@@ -43,6 +44,7 @@ __all__ = [
     "jsonable",
     "loads_arguments",
     "loads_strict",
+    "raw_stream",
 ]
 
 #: the deepest nesting accepted in a tool call's arguments and in a record line
@@ -92,6 +94,35 @@ def escape_tree(value: Any, keep: str = "") -> Any:
     if isinstance(value, (list, tuple)):
         return [escape_tree(v, keep) for v in value]
     return value
+
+
+class TerminalStream:
+    """A text stream that writes through :func:`escape_controls` (newlines and tabs kept):
+    what the ``loopwarden`` commands print can hold a tool name or a record field the model
+    made up, and none of it may run an escape sequence on the operator's terminal.
+
+    Every other attribute (``isatty``, ``fileno``, ``encoding``, ``reconfigure``, ...) is the
+    wrapped stream's; :func:`raw_stream` gives the stream itself to a renderer that emits
+    escape sequences of its own (rich) and escapes its data itself."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(escape_controls(text, keep="\n\t"))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def raw_stream(stream: Any) -> Any:
+    """The stream a :class:`TerminalStream` wraps (``stream`` itself when it is not one)."""
+    return stream.stream if isinstance(stream, TerminalStream) else stream
 
 
 def json_line(value: Any, **kwargs: Any) -> str:

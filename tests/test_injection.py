@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.crafted import (
@@ -28,6 +29,7 @@ from support.crafted import (
 )
 
 from loopwarden import Deployment
+from loopwarden.cli import main
 from loopwarden.config import Config
 from loopwarden.plugins.logging import format_kv
 
@@ -109,3 +111,162 @@ def test_model_and_tool_text_cannot_forge_a_log_line(
         if fmt == "json":
             json.loads(message)  # still one valid JSON object
     assert any("\\u2028" in m for m in log_lines)
+
+
+# -- the operator's terminal (item 13) ---------------------------------------------------------
+
+#: a tool name the model made up: a window title (OSC), a screen clear (CSI), 8-bit CSI, BEL,
+#: a right-to-left override, and a line break that would start a forged report line
+EVIL = "lookup" + "".join(TERMINAL_ESCAPES) + "".join(BIDI) + "\nstopped by a loop guard: 0"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert_no_raw_controls(out, keep="\n\t")
+    assert_no_raw_controls(err, keep="\n\t")
+    return code, out, err
+
+
+def evil_record(i: int) -> dict[str, Any]:
+    sig = f'{EVIL}({{"q": "{EVIL}"}})'
+    return {
+        "run_id": f"r{i}{EVIL}",
+        "scenario": EVIL,
+        "termination": "repeat_call" if i % 2 else EVIL,
+        "soft": False,
+        "steps": 3,
+        "tool_calls": 3,
+        "tokens": {"prompt": 10, "completion": 5, "total": 15},
+        "cost": 0.0,
+        "duplicate_calls": 2,
+        "oscillation_hits": 0,
+        "stall_rounds": 0,
+        "warnings": [{"step": 1, "plugin": EVIL, "message": EVIL}],
+        "stopped_by": EVIL,
+        "evidence": {"signature": sig, "fingerprint": sig, "tool": EVIL, "count": 3},
+        "final_answer": EVIL,
+        "final_answer_present": True,
+        "elapsed_s": 0.1,
+        "model": EVIL,
+        "cost_known": False,
+        "ledger_answers": [
+            {"step": 1, "tool": EVIL, "call_id": "c", "source": EVIL, "state": EVIL}
+        ],
+    }
+
+
+@pytest.fixture
+def evil_records(tmp_path: Path) -> Path:
+    path = tmp_path / "runs.jsonl"
+    lines = [json.dumps(evil_record(i), ensure_ascii=False) for i in range(4)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_report_shows_escape_sequences_from_records_instead_of_running_them(
+    evil_records: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli(capsys, "report", str(evil_records))
+    assert code == 0
+    assert "\\u001b]0;pwned\\u0007" in out and "\\u009b31m" in out and "\\u202e" in out
+    # the line break in the tool name is shown, it does not start a line of its own
+    assert not any(line.startswith("stopped by a loop guard: 0") for line in out.splitlines())
+
+
+def test_report_json_stays_exact_json_with_the_controls_escaped(
+    evil_records: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli(capsys, "report", str(evil_records), "--json")
+    assert code == 0
+    report = json.loads(out)  # the escapes are JSON's: the values read back unchanged
+    assert EVIL in [row["termination"] for row in report["termination"]]
+
+
+def test_run_prints_an_invented_tool_name_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario_file(
+        tmp_path,
+        turns=[{"content": "Checking" + EVIL, "tool_calls": [{"name": EVIL, "arguments": {}}]}],
+        then="repeat_last",
+        final_text="Done" + EVIL,
+    )
+    code, out, _ = cli(capsys, "run", "--scenario", str(path))
+    assert code == 0 and "\\u001b[2J" in out
+    code, out, _ = cli(capsys, "run", "--scenario", str(path), "--json")
+    record = json.loads(out)
+    assert record["final_answer"].startswith("Done")
+
+
+def test_replay_and_calibrate_print_crafted_ids_and_tools_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "traj.jsonl"
+    rows = []
+    for i in range(3):
+        step = {
+            "content": EVIL,
+            "tool_calls": [{"name": EVIL, "arguments": {"q": EVIL}}],
+            "observations": [EVIL],
+        }
+        rows.append(
+            {
+                "source": f"src{EVIL}",
+                "id": f"t{i}{EVIL}",
+                "success": True,
+                "steps": [step, step, {"content": EVIL, "tool_calls": [], "observations": []}],
+                "final_answer_present": True,
+            }
+        )
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    code, out, _ = cli(capsys, "replay", str(path))
+    assert code == 0 and "\\u001b]0;pwned" in out
+    code, out, _ = cli(capsys, "replay", str(path), "--json")
+    assert json.loads(out.splitlines()[0])["id"] == f"t0{EVIL}"
+    cli(capsys, "calibrate", str(path), "--min-runs", "1")
+
+
+def test_budgets_prints_a_crafted_scope_key_escaped(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from support.stores import deployment_for, store_table
+
+    budget = {"spend_limits": {"budgets": [{"scope": "tenant", "window": "day", "max_runs": 9}]}}
+    with deployment_for(store_url, plugins=budget) as dep:
+        dep.run(scenario="refund", meta={"tenant": EVIL})
+    table = store_table(store_url)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[store]\nurl = "{table["url"]}"\nnamespace = "{table["namespace"]}"\n'
+        '[plugins]\nenabled = ["spend_limits"]\n[plugins.spend_limits]\n'
+        'budgets = [{ scope = "tenant", window = "day", max_runs = 9 }]\n',
+        encoding="utf-8",
+    )
+    code, out, _ = cli(capsys, "budgets", "--config", str(config))
+    assert code == 0 and "\\u001b]0;pwned" in out
+    assert not any(line.startswith("stopped by a loop guard") for line in out.splitlines())
+
+
+def test_demo_prints_a_crafted_scenario_name_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario_file(
+        tmp_path,
+        name="evil",
+        turns=[{"content": "Hi" + EVIL}],
+        then="final",
+        final_text="Bye" + EVIL,
+    )
+    text = (tmp_path / "evil.toml").read_text(encoding="utf-8")
+    (tmp_path / "evil.toml").write_text(
+        text.replace('name = "evil"', f"name = {json.dumps('evil' + EVIL)}"), encoding="utf-8"
+    )
+    cli(capsys, "demo", "--scenarios", str(tmp_path), "-q")
+
+
+def test_an_error_naming_a_crafted_path_is_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "report", str(tmp_path / f"missing{EVIL}.jsonl"))
+    assert code == 2 and "\\u001b]0;pwned" in err

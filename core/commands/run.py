@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from loopwarden.commands import add_config_argument
 from loopwarden.reasons import NOT_CARRIED_OUT_REASONS
+from loopwarden.sanitize import escape_controls
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
@@ -150,14 +151,15 @@ def load_tools(spec: str) -> ToolRegistry:
 
 def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
     """A short human-readable account of one run record."""
+    one = escape_controls  # a field on one line: a line break in it is shown, not run
     lines = [
-        f"termination: {record['termination']}" + (" (soft)" if record["soft"] else ""),
-        f"stopped by:  {record['stopped_by'] or '-'}",
+        f"termination: {one(str(record['termination']))}" + (" (soft)" if record["soft"] else ""),
+        f"stopped by:  {one(str(record['stopped_by'] or '-'))}",
         f"steps: {record['steps']}   tool calls: {record['tool_calls']}   "
         f"tokens: {record['tokens']['total']}   cost: {record['cost']}",
     ]
     for w in record["warnings"]:
-        lines.append(f"warning at step {w['step']} from {w['plugin']}: {w['message']}")
+        lines.append(f"warning at step {w['step']} from {one(w['plugin'])}: {one(w['message'])}")
     if record.get("evidence"):
         lines.append(f"evidence: {json.dumps(record['evidence'], ensure_ascii=False)}")
     lines.append("")
