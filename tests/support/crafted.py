@@ -10,6 +10,7 @@ go with them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ __all__ = [
     "TERMINAL_ESCAPES",
     "assert_no_raw_controls",
     "forged_log_lines",
+    "outside_quotes",
+    "quoted_values",
     "scenario_file",
     "system_texts",
 ]
@@ -123,3 +126,17 @@ def scenario_file(
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def outside_quotes(text: str) -> str:
+    """``text`` with every JSON string literal in it removed: what a note says in its own
+    voice, not as quoted data."""
+    return _JSON_STRING.sub('""', text)
+
+
+def quoted_values(text: str) -> list[str]:
+    """The values of the JSON string literals in ``text``."""
+    return [json.loads(m) for m in _JSON_STRING.findall(text)]
