@@ -72,9 +72,7 @@ def quote_data(value: object, limit: int = NOTE_DATA_CHARS) -> str:
 
 
 def _field(value: Any) -> Any:
-    if isinstance(value, RuntimeText) or (
-        isinstance(value, numbers.Number) and not isinstance(value, str)
-    ):
+    if isinstance(value, (RuntimeText, numbers.Number)):  # format specs ({percent:.0f}) work
         return value
     if value is None:
         return "-"
