@@ -338,14 +338,15 @@ def test_a_new_sqlite_store_is_owner_only(tmp_path: Path) -> None:
         path = tmp_path / "data" / "lw" / "store.sqlite3"
         store = SQLiteStore(path)
         store.claim("k", "o", 60)
+        sides = list(path.parent.glob("store.sqlite3-*"))  # WAL, shared memory: while open
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in sides}
         store.close()
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
-    for side in path.parent.glob("store.sqlite3-*"):  # WAL and shared-memory files
-        assert stat.S_IMODE(side.stat().st_mode) == 0o600, side
+    assert modes and set(modes.values()) == {0o600}, modes
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
