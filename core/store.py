@@ -23,6 +23,12 @@ The **ledger** maps an idempotency key to ``running`` / ``done`` / ``unknown`` (
 effect) and the recorded result: :meth:`Store.claim` is an atomic "insert if absent", so of two
 workers racing on one key exactly one executes.
 
+**Faults.** A store error is no proof that nothing was written (a reply lost after the server
+applied the write): a failed claim is released by its owner and a failed reservation dropped
+by its token -- at once, or at the next call the store answers (``_Backend``).  A ledger
+entry the store cannot read is ``unknown`` (``LedgerEntry.corrupt`` says why).  Writes prune
+a bounded batch of expired counters on their way.  ``timeout_s`` bounds one call.
+
 :class:`Shared` is a deployment's link to its store: opened on first use, with the
 ``on_store_error`` policy, and the ledger glue the loop calls.  Store calls are synchronous --
 one round trip each, a fraction of a millisecond on an idle host (``bench/shared_budget.py``)
@@ -203,7 +209,8 @@ class Store(Protocol):
 
     def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         """Atomically: record ``key`` as ``running`` by ``owner`` and return None -- or, when
-        a live entry exists, return it untouched."""
+        a live entry exists, return it untouched (None when it is ``owner``'s own running
+        claim: written by a try whose reply was lost)."""
         ...
 
     def finish(
@@ -218,7 +225,8 @@ class Store(Protocol):
         ...
 
     def release(self, key: str, owner: str) -> None:
-        """Remove ``owner``'s claim (the call failed before taking effect)."""
+        """Remove ``owner``'s claim while it is ``running`` (the call failed before taking
+        effect); a recorded outcome stays."""
         ...
 
     def close(self) -> None:
