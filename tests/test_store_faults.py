@@ -306,6 +306,9 @@ def test_a_redis_password_never_leaves_the_store(
     assert "store_unavailable" in out  # the record says what happened ...
     assert SECRET not in out and SECRET not in err  # ... without the password
     assert "***" in out
+    assert cli_main(["budgets", "--config", str(cfg)]) == 2  # the store is down: an error line
+    out, err = capsys.readouterr()
+    assert "***" in err and SECRET not in out + err
     with pytest.raises(StoreError) as info:
         open_store(url, timeout_s=0.5).claim("k", "o", 1)
     assert SECRET not in str(info.value) and SECRET not in str(info.value.url)
