@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loopwarden._files import private_file
 from loopwarden.exceptions import StoreError
+from loopwarden.paths import private_file
 from loopwarden.store import (
     QUANTITIES,
     Amounts,

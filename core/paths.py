@@ -1,9 +1,11 @@
 """Where loopwarden keeps its files: one data directory for the run records, the shared store
 and the demo shop (``LOOPWARDEN_DATA_DIR`` overrides it).
 
-Run records hold whole conversations and tool results, so what loopwarden creates there is
-owner-only: directories 0700, files 0600 (further narrowed by the umask, never widened).
-A directory or a file that already exists keeps its mode -- the user made it, or chose it.
+Run records hold whole conversations and tool results, and the store (``store.sqlite3``)
+holds tool results and ledger entries, so what loopwarden creates there is owner-only:
+directories 0700, files 0600 (further narrowed by the umask, never widened).  A directory or a
+file that already exists keeps its mode -- the user made it, or chose it.  (On Windows the
+modes are ignored; the user's profile directories are private already.)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = [
     "data_dir",
     "ensure_private_dir",
     "open_private",
+    "private_file",
     "records_path",
 ]
 
@@ -71,3 +74,16 @@ def open_private(path: Path, flags: int) -> int:
     """``os.open(path, flags)``; a file it creates (``O_CREAT`` in ``flags``) is 0600.  The
     directory must exist (see :func:`ensure_private_dir`); an existing file keeps its mode."""
     return os.open(path, flags, PRIVATE_FILE_MODE)
+
+
+def private_file(path: Path) -> bool:
+    """Create ``path`` empty and owner-only (0600) if it does not exist, in an owner-only
+    directory (:func:`ensure_private_dir`) -- before a library that would create it 0644
+    (SQLite) opens it.  True when it was created here."""
+    ensure_private_dir(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
