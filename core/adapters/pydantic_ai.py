@@ -32,26 +32,33 @@ Needs ``pip install 'loopwarden[pydantic-ai]'``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_graph import End
 
 from loopwarden import events
 from loopwarden.adapters._driver import (
     Answer,
     GuardedRun,
     NatureSpec,
+    conversation_for,
     nature_tables,
     proposed,
+    stop_info,
     tool_result,
     usage,
 )
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (
+        AgentNode,
+        NodeResult,
         RawToolArgs,
         ValidatedToolArgs,
         WrapModelRequestHandler,
@@ -65,7 +72,10 @@ if TYPE_CHECKING:
 
     from loopwarden.deployment import Deployment
 
-__all__ = ["Loopwarden"]
+__all__ = ["METADATA_KEY", "Loopwarden"]
+
+#: the key of loopwarden's entry in the run result's ``metadata`` (see :func:`stop_info`)
+METADATA_KEY = "loopwarden"
 
 
 def _text(content: Any) -> str:
@@ -108,9 +118,19 @@ def _openai(history: list[pm.ModelMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _response(msg: pm.ModelResponse) -> tuple[list[pm.ToolCallPart], events.ModelResponse]:
-    calls = [p for p in msg.parts if isinstance(p, pm.ToolCallPart)]
+def _response(
+    msg: pm.ModelResponse, output_tools: frozenset[str] = frozenset()
+) -> tuple[list[pm.ToolCallPart], events.ModelResponse]:
+    """The function tool calls of ``msg``, and ``msg`` as loopwarden's model response: a call
+    of an output tool (``output_tools``: ``final_result`` ...) is the answer, not a tool call
+    -- its arguments are the answer's text."""
+    calls = [
+        p for p in msg.parts if isinstance(p, pm.ToolCallPart) and p.tool_name not in output_tools
+    ]
     text = "".join(p.content for p in msg.parts if isinstance(p, pm.TextPart))
+    outputs = [_args_text(p.args) for p in _output_calls(msg, output_tools)]
+    if outputs:
+        text = "\n".join([text, *outputs]) if text else "\n".join(outputs)
     u = msg.usage
     return calls, events.ModelResponse(
         content=text or None,
@@ -121,6 +141,43 @@ def _response(msg: pm.ModelResponse) -> tuple[list[pm.ToolCallPart], events.Mode
         usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
         model=msg.model_name,
     )
+
+
+def _output_calls(msg: pm.ModelResponse, output_tools: frozenset[str]) -> list[pm.ToolCallPart]:
+    return [p for p in msg.parts if isinstance(p, pm.ToolCallPart) and p.tool_name in output_tools]
+
+
+def _args_text(args: Any) -> str:
+    if args is None:
+        return "{}"
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str)
+
+
+def _output_text(output: Any) -> str:
+    """A run's final output as text (structured output as JSON)."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, BaseModel):
+        return output.model_dump_json()
+    try:
+        return json.dumps(output, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(output)
+
+
+def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
+    return frozenset(t.name for t in request_context.model_request_parameters.output_tools)
+
+
+def _attach(result: AgentRunResult[Any], guarded: GuardedRun) -> None:
+    """Put loopwarden's stop (:func:`~loopwarden.adapters._driver.stop_info`) into the run
+    result's ``metadata`` under :data:`METADATA_KEY` -- a new dict: the caller's own metadata
+    mapping (shared by the agent's runs) is not changed."""
+    info = stop_info(guarded)
+    state = getattr(result, "_state", None)  # where pydantic-ai keeps a result's metadata
+    if info is None or state is None:
+        return
+    state.metadata = {**(state.metadata or {}), METADATA_KEY: info}
 
 
 class Loopwarden(AbstractCapability[Any]):
@@ -159,6 +216,7 @@ class Loopwarden(AbstractCapability[Any]):
     def _guard(self, ctx: RunContext[Any]) -> GuardedRun:
         if self.guarded is None:
             model_name = self.model_name or getattr(ctx.model, "model_name", None)
+            key = ctx.conversation_id  # inherited from message_history= when one is given
             self.guarded = GuardedRun(
                 self.deployment,
                 user=_text(ctx.prompt),
@@ -167,6 +225,8 @@ class Loopwarden(AbstractCapability[Any]):
                 model_name=model_name,
                 meta=self.meta,
                 profile=self.profile,
+                run_id=ctx.run_id,  # the result's run_id is the run record's
+                conversation=conversation_for(self.deployment, key) if key else None,
                 adapter="pydantic_ai",
             )
         return self.guarded
@@ -188,6 +248,24 @@ class Loopwarden(AbstractCapability[Any]):
             raise
         if self.guarded is not None:
             self.guarded.finish(detail="the agent ended before loopwarden's run did")
+            _attach(result, self.guarded)
+        return result
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        """The agent's graph has ended: finish loopwarden's run now.  Under ``run_stream``
+        (and ``run_stream_sync``) the graph ends when the caller has consumed the stream,
+        while the streamed response reaches ``wrap_model_request`` only when the stream is
+        closed -- possibly never, for a result that is not closed: the run is recorded from
+        the final output here."""
+        guarded = self.guarded
+        if isinstance(result, End) and guarded is not None and not guarded.finished:
+            final = getattr(node, "final_result", None)  # SetFinalResult, run_stream's end
+            if final is not None:
+                output = getattr(final, "output", None)
+                guarded.model_done(events.ModelResponse(content=_output_text(output)))
+            guarded.finish(detail="the agent ended before loopwarden's run did")
         return result
 
     # -- model requests ------------------------------------------------------------------
@@ -235,9 +313,16 @@ class Loopwarden(AbstractCapability[Any]):
         except BaseException as exc:
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
-        _, event = _response(response)
+        output_tools = _output_tools(request_context)
+        _, event = _response(response, output_tools)
         guarded.model_done(event)
         if guarded.replaced:
+            # the wrap-up's structured output stands (its function tool calls are dropped);
+            # otherwise the answer is loopwarden's text
+            outputs = _output_calls(response, output_tools)
+            o = guarded.outcome
+            if outputs and o is not None and o.soft and o.final_answer_present:
+                return dataclasses.replace(response, parts=[*outputs])
             return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
         return response
 
