@@ -8,23 +8,34 @@
 
     agent = Agent(model, tools=[...], capabilities=[Loopwarden(Deployment.from_config())])
 
-Each agent run (``run``, ``run_sync``, ``iter``) is one loopwarden run (same plugins, run
-records, signals, metrics and alerts as ``loopwarden run``): :meth:`Loopwarden.for_run` gives
-every run its own instance.  Verdicts become:
+Each agent run (``run``, ``run_sync``, ``iter``, ``run_stream``, ``run_stream_sync``) is one
+loopwarden run (same plugins, run records, signals, metrics and alerts as ``loopwarden run``):
+:meth:`Loopwarden.for_run` gives every run its own instance.  Its run id is pydantic-ai's
+``run_id``, and the result's ``metadata["loopwarden"]`` (:data:`METADATA_KEY`) says how it
+ended (``run_id``, ``termination``, ``stopped_by``, ``soft``, ``final_answer_present``).  A
+run continuing a ``message_history`` continues its loopwarden conversation (keyed on
+pydantic-ai's ``conversation_id``), so conversation-scoped limits count across it.  Verdicts
+become:
 
 * **warn** -- ``before_model_request`` enqueues the note (``RunContext.enqueue``): it reaches
   this request and stays in the message history;
 * **skip** -- ``wrap_tool_execute`` returns the skip's observation as the tool's return value
   without running the tool (so is a side effect already executed with the same idempotency key);
 * **soft stop** -- ``prepare_tools`` removes every function tool for the next request, whose
-  text is the answer (tool calls it proposes anyway are dropped);
+  text -- or call of the output tool, for an ``output_type`` -- is the answer (function tool
+  calls it proposes anyway are dropped);
 * **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
   answer as text, which ends the run.
+
+A call of an output tool (``final_result``) is the model's answer, never a tool call.  Under
+``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
+the stream is closed.
 
 Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
 fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
 pydantic-ai refuses before execution (a retry prompt) is recorded as not run by the framework
-(``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same.
+(``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same; a
+streamed run recorded before its stream is closed lacks the last answer's token usage.
 
 Needs ``pip install 'loopwarden[pydantic-ai]'``.
 """
