@@ -325,6 +325,7 @@ def test_run_stream_sync_is_recorded_when_the_stream_is_consumed(
         assert stopped == [rec["run_id"]] == [result.run_id]
         assert text == "Order 99999 does not exist." == rec["final_answer"]
         assert rec["termination"] == "final_answer" and rec["steps"] == 2
+        assert rec["tokens"]["total"] == 2 * USAGE["total_tokens"]  # the streamed answer's too
         assert rec["tools_executed"] == 1 and effects.counts == {"query_order": 1}
         assert all(r.get("stream") is True for r in server.requests)  # really streamed
     finally:

@@ -29,13 +29,13 @@ become:
 
 A call of an output tool (``final_result``) is the model's answer, never a tool call.  Under
 ``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
-the stream is closed.
+the stream is closed: the streamed response is read from the model's stream
+(:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
 
 Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
 fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
 pydantic-ai refuses before execution (a retry prompt) is recorded as not run by the framework
-(``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same; a
-streamed run recorded before its stream is closed lacks the last answer's token usage.
+(``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same.
 
 Needs ``pip install 'loopwarden[pydantic-ai]'``.
 """
@@ -44,13 +44,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.models import Model, StreamedResponse
+from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_graph import End
 
 from loopwarden import events
@@ -77,8 +79,9 @@ if TYPE_CHECKING:
         WrapToolExecuteHandler,
         WrapToolValidateHandler,
     )
-    from pydantic_ai.models import ModelRequestContext
+    from pydantic_ai.models import ModelRequestContext, ModelRequestParameters
     from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext, ToolDefinition
 
     from loopwarden.deployment import Deployment
@@ -164,20 +167,32 @@ def _args_text(args: Any) -> str:
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str)
 
 
-def _output_text(output: Any) -> str:
-    """A run's final output as text (structured output as JSON)."""
-    if isinstance(output, str):
-        return output
-    if isinstance(output, BaseModel):
-        return output.model_dump_json()
-    try:
-        return json.dumps(output, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(output)
-
-
 def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
     return frozenset(t.name for t in request_context.model_request_parameters.output_tools)
+
+
+class _Watched(WrapperModel):
+    """The run's model, keeping a handle on each streamed response it opens: under
+    ``run_stream`` the response is complete when the caller has read the stream, long before
+    pydantic-ai hands it to ``wrap_model_request`` (when the stream is closed)."""
+
+    def __init__(self, wrapped: Model, owner: Loopwarden) -> None:
+        super().__init__(wrapped)
+        self._owner = owner
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[pm.ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        async with self.wrapped.request_stream(
+            messages, model_settings, model_request_parameters, run_context
+        ) as streamed:
+            self._owner._streamed = streamed
+            yield streamed
 
 
 def _attach(result: AgentRunResult[Any], guarded: GuardedRun) -> None:
@@ -214,6 +229,9 @@ class Loopwarden(AbstractCapability[Any]):
         self.profile = profile
         self.meta = dict(meta or {})
         self.guarded: GuardedRun | None = None  # this run's (set on the for_run copy)
+        self._streaming = False  # the current model request is streamed
+        self._streamed: StreamedResponse | None = None  # its response, once opened
+        self._output_tools: frozenset[str] = frozenset()
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -272,12 +290,14 @@ class Loopwarden(AbstractCapability[Any]):
         the final output here."""
         guarded = self.guarded
         if isinstance(result, End) and guarded is not None and not guarded.finished:
-            final = getattr(node, "final_result", None)  # SetFinalResult, run_stream's end
-            if final is not None:
-                output = getattr(final, "output", None)
-                guarded.model_done(events.ModelResponse(content=_output_text(output)))
+            if self._streamed is not None:  # read to its end: the whole response, usage too
+                _, event = _response(self._streamed.get(), self._output_tools)
+                guarded.model_done(event)
             guarded.finish(detail="the agent ended before loopwarden's run did")
         return result
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        return _Watched(model, self) if self._streaming else None
 
     # -- model requests ------------------------------------------------------------------
 
@@ -319,12 +339,13 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         if guarded.model_turn() is None:
             return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
+        output_tools = self._output_tools = _output_tools(request_context)
+        self._streaming, self._streamed = request_context.streaming, None
         try:
             response = await handler(request_context)
         except BaseException as exc:
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
-        output_tools = _output_tools(request_context)
         _, event = _response(response, output_tools)
         guarded.model_done(event)
         if guarded.replaced:
