@@ -694,3 +694,62 @@ def test_http_structured_output_survives_guarding(
     assert rec["termination"] == ("repeat_call" if loop else "final_answer")
     assert json.loads(rec["final_answer"]) == {"order_id": "1", "status": "missing"}
     assert out[RESULT_KEY]["termination"] == rec["termination"]
+
+
+def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """LangChain's HumanInTheLoopMiddleware pauses the proposed refund in its own node (the
+    run's side-effect claim already taken on worker A); the approval is resumed on worker B:
+    the refund executes there once -- B's run takes over the claim of the run it resumes --
+    and worker A's run is recorded at the thread's next invocation."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    refund = completion(
+        None,
+        [{"name": "apply_refund", "arguments": '{"order_id": "88231", "reason": "damaged"}'}],
+        usage={"prompt_tokens": 40, "completion_tokens": 10},
+    )
+    for body in (refund, answer("Refunded."), answer("You are welcome.")):
+        server.push(body)
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit("apply_refund")
+        return f"refund #1 created for order {order_id}"
+
+    saver = InMemorySaver()
+    deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
+    workers = [LoopwardenMiddleware(d) for d in deps]
+    a, b = (
+        create_agent(
+            chat(url),
+            [apply_refund],
+            checkpointer=saver,
+            middleware=[w, HumanInTheLoopMiddleware(interrupt_on={"apply_refund": True})],
+        )
+        for w in workers
+    )
+    config: Any = {"configurable": {"thread_id": "t-hitl"}}
+    try:
+        first = a.invoke({"messages": [HumanMessage("Refund 88231")]}, config)
+        assert "__interrupt__" in first and effects.counts == {}
+        resumed = b.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+        a.invoke({"messages": [HumanMessage("Thanks")]}, config)
+    finally:
+        for d in deps:
+            d.close()
+    assert effects.counts == {"apply_refund": 1}
+    assert resumed["messages"][-1].content == "Refunded."
+    on_b, paused, thanks = records(tmp_path)  # A's run is recorded when the thread goes on
+    assert on_b["termination"] == "final_answer" and on_b["tools_executed"] == 1
+    assert on_b["meta"]["resumed_from"] == paused["run_id"]
+    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["abandoned"]
+    assert paused["tools_executed"] == 0
+    assert thanks["termination"] == "final_answer"
+    assert [w.runs() for w in workers] == [[], []]

@@ -73,6 +73,7 @@ from langgraph.managed.is_last_step import RemainingStepsManager
 from typing_extensions import NotRequired
 
 from loopwarden import events
+from loopwarden._calls import parse_calls
 from loopwarden._deadline import WATCHDOG
 from loopwarden.adapters._driver import (
     Answer,
@@ -83,7 +84,8 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
-from loopwarden.run import Conversation
+from loopwarden.exceptions import StoreError
+from loopwarden.run import Conversation, Run
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -225,6 +227,31 @@ def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
     return str(tool.name), str(getattr(tool, "description", "") or ""), params
 
 
+def _take_over_claims(run: Run, resumed: str, response: events.ModelResponse) -> None:
+    """Free the shared-ledger claims that the resumed run ``resumed`` holds for the pending
+    calls: a run interrupted outside the middleware (``HumanInTheLoopMiddleware``'s node)
+    claimed them before the pause and never ran them, and this run is the one to run them
+    now (a checkpointer resumes a thread once).  Only a ``running`` claim of that run for that
+    call id is freed: a call the ledger records as done stays answered from the ledger."""
+    shared = run.shared
+    if shared is None or not shared.config.ledger:
+        return
+    for call in parse_calls(run, response):
+        if call.idempotency_key is None:
+            continue
+        mine, theirs = f"{run.run_id}/{call.id}", f"{resumed}/{call.id}"  # Shared's owners
+        try:
+            store = shared.store
+            ledger_key = shared._ledger_key(run, call.idempotency_key)
+            entry = store.claim(ledger_key, mine, shared.config.ledger_ttl_s)  # read it
+            if entry is None:  # nobody held it: leave it free for the machine's own claim
+                store.release(ledger_key, mine)
+            elif entry.state == "running" and entry.owner == theirs:
+                store.release(ledger_key, theirs)
+        except StoreError:  # the claim stays: the call is answered as running elsewhere
+            continue
+
+
 class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     """loopwarden's plugins guarding a LangChain ``create_agent`` loop (see the module doc).
 
@@ -328,6 +355,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
                 guarded.declare(tc["name"])
             self._turn(key, guarded)
             _, response = _response(pending, with_usage=False)  # counted by the run it ended
+            _take_over_claims(guarded.run, key, response)
             guarded.model_done(response)
         return guarded
 
