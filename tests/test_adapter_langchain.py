@@ -448,7 +448,7 @@ def test_http_model_call_limit_error_is_recorded(tmp_path: Path, stub: tuple[Stu
 
     server, url = stub
     server.route = lambda payload: lookup(str(len(server.requests)))
-    dep = http_deployment(tmp_path, timeout={"max_seconds": 2.0, "grace_s": 0.5})
+    dep = http_deployment(tmp_path, timeout={"max_seconds": 4.0, "grace_s": 0.5})
     middleware = LoopwardenMiddleware(dep)
     agent = create_agent(
         chat(url),
@@ -534,7 +534,8 @@ def test_http_framework_limit_records_what_the_caller_received(
 def test_http_cancelled_invocation_is_recorded_cancelled(
     tmp_path: Path, stub: tuple[Stub, str]
 ) -> None:
-    """``asyncio.wait_for`` cancels the invocation during the model call: ``cancelled``."""
+    """The invocation (under ``asyncio.wait_for``) is cancelled during the model call:
+    recorded ``cancelled``, not ``model_error``."""
     server, url = stub
     server.push_hang(30.0)
     dep = http_deployment(tmp_path)
@@ -542,10 +543,15 @@ def test_http_cancelled_invocation_is_recorded_cancelled(
     agent = create_agent(chat(url), [query_order], middleware=[middleware])
 
     async def call() -> None:
-        await asyncio.wait_for(agent.ainvoke({"messages": [HumanMessage("Orders?")]}), 1.0)
+        invocation = agent.ainvoke({"messages": [HumanMessage("Orders?")]})
+        task = asyncio.ensure_future(asyncio.wait_for(invocation, 60.0))
+        while not server.requests:  # cancelled while the model call is under way
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await task
 
     try:
-        with pytest.raises(asyncio.TimeoutError):
+        with pytest.raises(asyncio.CancelledError):
             asyncio.run(call())
     finally:
         dep.close()
