@@ -414,13 +414,14 @@ def test_http_each_result_names_its_own_stop_under_concurrency(
     assert by_id[healthy[RESULT_KEY]["run_id"]]["final_answer"] == "Order 1 is on its way."
 
 
-@pytest.mark.parametrize(("limit", "requests"), [(4, 1), (5, 2)])
+@pytest.mark.parametrize(("limit", "requests"), [(4, 1), (5, 1), (6, 2)])
 def test_http_graph_recursion_error_is_recorded(
     tmp_path: Path, stub: tuple[Stub, str], limit: int, requests: int
 ) -> None:
     """LangGraph's recursion_limit ends the graph with GraphRecursionError: the run is
     recorded as ended by the framework, with no answer (the caller got none), and nothing
-    stays open.  The last step's model call, whose answer nobody would receive, is not made."""
+    stays open.  A model call in the last steps, whose answer nobody would receive, is not
+    made (limit 5: the second call)."""
     from langgraph.errors import GraphRecursionError
 
     server, url = stub

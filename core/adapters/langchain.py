@@ -103,8 +103,18 @@ RESULT_KEY = "loopwarden"
 ABANDON_S = 3600.0
 #: thread conversations kept in memory (least recently used dropped first)
 MAX_CONVERSATIONS = 10_000
+#: runs ended by LangGraph's recursion limit kept for their invocation's last step
+MAX_LAST = 256
 #: the part of LangGraph's ``GraphRecursionError`` message the record quotes
-RECURSION = "LangGraph's recursion_limit: the graph raises GraphRecursionError after this step"
+RECURSION = "LangGraph's recursion_limit: the graph raises GraphRecursionError next"
+
+
+def _last_steps(state: Mapping[str, Any]) -> bool:
+    """LangGraph raises ``GraphRecursionError`` once the node after this one has run: one
+    step is left at most (``remaining_steps``), and after a model or tools node another node
+    always comes (the tools or the model, this middleware's ``after_agent`` at the least)."""
+    remaining = state.get("remaining_steps")
+    return remaining is not None and remaining <= 1
 
 
 class LoopwardenState(AgentState[Any]):
@@ -284,6 +294,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         self._conversations: OrderedDict[str, Conversation] = OrderedDict()
         self._lock = threading.Lock()
         self._resuming = threading.Lock()
+        # runs ended in LangGraph's last steps: the step left answers from them (no new run)
+        self._last: OrderedDict[str, GuardedRun] = OrderedDict()
         self.tools = []
 
     # -- runs ----------------------------------------------------------------------------
@@ -366,7 +378,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if not run_id:
             return None
         with self._lock:
-            guarded = self._runs.get(run_id)
+            guarded = self._runs.get(run_id) or self._last.get(run_id)
         if guarded is None:
             with self._resuming:  # parallel tool calls of one resumed answer: one new run
                 with self._lock:
@@ -387,6 +399,13 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         """The framework ended the run where the middleware sees no end of it: record it."""
         guarded.end_by_framework(detail, None, **evidence)
         self._drop(key, guarded)
+
+    def _out_of_steps(self, key: str, guarded: GuardedRun) -> None:
+        self._close(key, guarded, RECURSION, recursion_limit=True)
+        with self._lock:
+            self._last[key] = guarded
+            while len(self._last) > MAX_LAST:
+                self._last.popitem(last=False)
 
     def _abandon(self, key: str, detail: str) -> None:
         with self._lock:
@@ -495,10 +514,10 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     ) -> tuple[ModelRequest[Any] | None, list[HumanMessage | SystemMessage]]:
         """The request as loopwarden's verdicts shape it (None: answer without the model),
         and the guard notes added to it."""
-        if request.state.get("remaining_steps") == 0:
-            # LangGraph ends the graph after this step whatever the model says: no model call
-            # whose answer nobody receives
-            self._close(key, guarded, RECURSION, recursion_limit=True)
+        if _last_steps(request.state):
+            # LangGraph raises whatever the model says: no model call whose answer nobody
+            # receives
+            self._out_of_steps(key, guarded)
             return None, []
         known = guarded.run.tools
         for t in request.tools:
@@ -598,10 +617,10 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         return found
 
     def _settled(self, key: str, guarded: GuardedRun, request: ToolCallRequest) -> None:
-        """After a tool call: in LangGraph's last step, the last call of the answer ends the
+        """After a tool call: in LangGraph's last steps, the last call of the answer ends the
         run (the graph raises ``GraphRecursionError`` next)."""
-        if request.state.get("remaining_steps") == 0 and not guarded.expects_tool:
-            self._close(key, guarded, RECURSION, recursion_limit=True)
+        if _last_steps(request.state) and not guarded.expects_tool:
+            self._out_of_steps(key, guarded)
 
     def wrap_tool_call(
         self,
