@@ -355,6 +355,13 @@ def answer(text: str) -> dict[str, Any]:
     return completion(text, usage={"prompt_tokens": 40, "completion_tokens": 10})
 
 
+REFUND = completion(
+    None,
+    [{"name": "apply_refund", "arguments": '{"order_id": "88231", "reason": "damaged"}'}],
+    usage={"prompt_tokens": 40, "completion_tokens": 10},
+)
+
+
 def asked(payload: dict[str, Any]) -> str:
     """The first user message of a chat-completions request."""
     return next(str(m["content"]) for m in payload["messages"] if m["role"] == "user")
@@ -573,12 +580,7 @@ def test_http_interrupt_resumed_by_another_worker_is_guarded(
 
     server, url = stub
     effects = Effects()
-    refund = completion(
-        None,
-        [{"name": "apply_refund", "arguments": '{"order_id": "88231", "reason": "damaged"}'}],
-        usage={"prompt_tokens": 40, "completion_tokens": 10},
-    )
-    for body in (refund, answer("Refunded."), refund, answer("Already refunded.")):
+    for body in (REFUND, answer("Refunded."), REFUND, answer("Already refunded.")):
         server.push(body)
 
     apply_refund = approved_refund(effects)
@@ -716,12 +718,7 @@ def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
 
     server, url = stub
     effects = Effects()
-    refund = completion(
-        None,
-        [{"name": "apply_refund", "arguments": '{"order_id": "88231", "reason": "damaged"}'}],
-        usage={"prompt_tokens": 40, "completion_tokens": 10},
-    )
-    for body in (refund, answer("Refunded."), answer("You are welcome.")):
+    for body in (REFUND, answer("Refunded."), answer("You are welcome.")):
         server.push(body)
 
     @tool
