@@ -50,7 +50,7 @@ def run_example(code: str, cwd: Path) -> list[str]:
 
 EXPECTED = {
     "LangChain": [
-        "repeat_call",
+        "repeat_call True",
         "Here is the last information I found: NOT_FOUND: order 99 does not exist",
     ],
     "OpenAI Agents SDK": ["1", "Your refund is on its way."],

@@ -490,6 +490,38 @@ class GuardedRun:
             self._end(outcome)
             self._wake()
 
+    def end_by_framework(self, detail: str, answer: str | None, **evidence: Any) -> None:
+        """The framework ended the run (``ended_by_framework``) and its caller received
+        ``answer`` (None: no answer, an exception): the record says what the caller got, not
+        loopwarden's fallback text.  ``evidence`` adds keys next to ``detail``.  No effect on
+        a run that already ended.  Calls of the last answer that the framework never started
+        are answered as not run first (a side effect's claim is released)."""
+        with self._cond:
+            if self._refused or self.outcome is not None:
+                return
+            while isinstance(self._eff, RunTool) and self._eff.call.id not in self._claimed:
+                self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
+                self._claimed.add(self._eff.call.id)
+                self._send_not_run(self._not_run("the framework ended the run"))
+            if self.finished:  # a verdict on the unrun call ended it
+                return
+            self._gen.close()
+            self._eff = None
+            self._end(
+                RunOutcome(
+                    termination=ENDED_BY_FRAMEWORK,
+                    evidence={"detail": detail, **evidence},
+                    final_answer=answer,
+                    final_answer_present=False,
+                )
+            )
+            self._wake()
+
+    @property
+    def expects_tool(self) -> bool:
+        """The machine waits for the result of a tool call of the model's last answer."""
+        return isinstance(self._eff, RunTool)
+
 
 def usage(prompt: int | None, completion: int | None) -> Usage:
     """Token counts a framework reported (None counts as 0)."""
