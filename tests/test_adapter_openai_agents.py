@@ -493,3 +493,60 @@ def test_conversation_limits_count_across_an_sdk_session(tmp_path: Path) -> None
     assert recs[2]["stopped_by"] == "conversation_limits"
     assert recs[2]["evidence"]["key"] == "customer-7"
     assert len(requests) == 2 and outputs[:2] == ["Hello.", "Still here."]
+
+
+def test_mcp_error_results_are_failures(tmp_path: Path) -> None:
+    """An MCP tool that fails (the server answers ``isError``; the SDK passes its text on as
+    the output): each call is a failed one, so failure_streak stops the run."""
+    log = tmp_path / "mcp.log"
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        for n in range(3):
+            stub.push(answer(None, ("flaky_lookup", {"order_id": str(n)})))
+        stub.push(answer("The old system is down."))  # the wrap-up turn
+
+        async def one_run() -> RunResult:
+            params = {"command": sys.executable, "args": [str(MCP_SHOP), str(log)]}
+            async with MCPServerStdio(params, client_session_timeout_seconds=60) as server:
+                agent = Agent(name="shop", model=http_model(url), mcp_servers=[server])
+                return await LoopwardenRunner(dep).run(agent, "Order 7?", run_config=NO_TRACE)
+
+        try:
+            result = asyncio.run(one_run())
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "failure_streak" and rec["tools_executed"] == 3
+    assert log.read_text().splitlines() == [f"flaky_lookup {n}" for n in range(3)]
+    assert result.final_output == "The old system is down."
+
+
+def test_a_hard_stop_ends_a_streamed_run_without_a_model_call(tmp_path: Path) -> None:
+    """Streamed calls reporting 3100 tokens each against a 7000-token budget: the third call
+    is not made; the stream ends with loopwarden's best-effort answer as the final output."""
+    effects = Effects()
+    dep = deployment(tmp_path, max_total_tokens=7000)
+    big = {"prompt_tokens": 3000, "completion_tokens": 100, "total_tokens": 3100}
+    with serve() as (stub, url):
+        for n in range(2):
+            body = answer(None, ("query_order", {"order_id": str(n)}))
+            stub.responses.append(streamed(body | {"usage": big}))
+        agent = Agent(name="shop", model=http_model(url), tools=[lookups(effects)])
+
+        async def consume() -> Any:
+            result = LoopwardenRunner(dep).run_streamed(agent, "Where?", run_config=NO_TRACE)
+            async for _event in result.stream_events():
+                pass
+            return result
+
+        try:
+            result = asyncio.run(consume())
+        finally:
+            dep.close()
+        assert len(stub.requests) == 2
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "max_tokens" and rec["soft"] is False
+    assert result.final_output == rec["final_answer"]
+    assert str(result.final_output).startswith("Here is the last information I found")
+    guard = openai_agents.guard_of(result)
+    assert guard is not None and guard.stopped_by == "token_budget"

@@ -335,6 +335,30 @@ class _GuardedModel(Model):
 
 Invoke = Callable[[Any, str], Awaitable[Any]]
 
+#: set while a guarded tool runs: MCP results the server flagged ``isError`` are noted in it
+#: (the SDK turns them into plain output text; the MCP call runs in a task of its own, which
+#: sees this holder through the copied context)
+_MCP_ERRORS: ContextVar[list[str] | None] = ContextVar("loopwarden_mcp_errors", default=None)
+
+
+def _watch(server: Any) -> None:
+    """Have ``server.call_tool`` note the error results of guarded calls (once per server
+    object; calls outside a guarded run are not affected)."""
+    if vars(server).get("_loopwarden_watched"):
+        return
+    call = server.call_tool
+
+    async def call_tool(*args: Any, **kwargs: Any) -> Any:
+        result = await call(*args, **kwargs)
+        holder = _MCP_ERRORS.get()
+        if holder is not None and (
+            getattr(result, "is_error", None) or getattr(result, "isError", None)
+        ):
+            holder.append(str(args[0]) if args else "?")
+        return result
+
+    vars(server).update(call_tool=call_tool, _loopwarden_watched=True)
+
 
 def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:
     """``tool`` (a function tool or an MCP server's) going through ``before_tool`` /
@@ -349,12 +373,16 @@ def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):
             return decision.text
+        errors: list[str] = []
+        token = _MCP_ERRORS.set(errors)
         try:
             value = await run(ctx, input_json)
         except BaseException as exc:
             guarded.tool_done(call_id, tool_result(None, error=exc))
             raise
-        guarded.tool_done(call_id, tool_result(value))
+        finally:
+            _MCP_ERRORS.reset(token)
+        guarded.tool_done(call_id, tool_result(value, ok=not errors))  # MCP isError: failed
         return value
 
     impl = getattr(inner, "_invoke_tool_impl", None)
@@ -481,6 +509,8 @@ class _RunState:
         self._own.add(id(copy_))
         copy_.handoffs = [self._handoff(copy_, h) for h in agent.handoffs]
         if agent.mcp_servers:
+            for server in agent.mcp_servers:
+                _watch(server)
             fetch = copy_.get_mcp_tools
 
             async def get_mcp_tools(run_context: RunContextWrapper[Any]) -> list[Any]:
