@@ -550,3 +550,27 @@ def test_a_hard_stop_ends_a_streamed_run_without_a_model_call(tmp_path: Path) ->
     assert str(result.final_output).startswith("Here is the last information I found")
     guard = openai_agents.guard_of(result)
     assert guard is not None and guard.stopped_by == "token_budget"
+
+
+def test_resuming_a_run_state_is_refused_clearly(tmp_path: Path) -> None:
+    """An interrupted run's ``RunState`` cannot be resumed through the runner yet: a clear
+    TypeError before any model call, not a crash inside the SDK."""
+
+    @function_tool(needs_approval=True)
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    dep = deployment(tmp_path)
+    model = ScriptedModel([[function_call("apply_refund", REFUND_A[1], call_id="c1")]])
+    agent = Agent(name="shop", model=model, tools=[apply_refund])
+    runner = LoopwardenRunner(dep)
+    try:
+        first = runner.run_sync(agent, "Refund 88231", run_config=NO_TRACE)
+        assert first.interruptions
+        state = first.to_state()
+        with pytest.raises(TypeError, match="cannot resume an interrupted run"):
+            runner.run_sync(agent, state, run_config=NO_TRACE)
+    finally:
+        dep.close()
+    assert len(model.calls) == 1

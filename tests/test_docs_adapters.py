@@ -53,7 +53,7 @@ EXPECTED = {
         "repeat_call",
         "Here is the last information I found: NOT_FOUND: order 99 does not exist",
     ],
-    "OpenAI Agents SDK": ["1", "Your refund is on its way."],
+    "OpenAI Agents SDK": ["repeat_call True 1", "Your refund is on its way."],
     "pydantic-ai": ["repeat_call", "I could not find order 99."],
 }
 

@@ -4,21 +4,24 @@
 
     from agents import Agent
     from loopwarden import Deployment
-    from loopwarden.adapters.openai_agents import LoopwardenRunner
+    from loopwarden.adapters.openai_agents import LoopwardenRunner, guard_of
 
     runner = LoopwardenRunner(Deployment.from_config())
-    result = await runner.run(agent, "Where is my order?")      # or runner.run_sync(...)
+    result = await runner.run(agent, "Where is my order?")      # or run_sync / run_streamed
+    guard = guard_of(result)      # the stop (termination, stopped_by, soft) and the run_id
 
-Each ``run`` is one loopwarden run (same plugins, run records, signals, metrics and alerts as
-``loopwarden run``).  The runner calls the SDK's own ``Runner.run`` with a per-run copy of the
-agent (``Agent.clone``) whose model and function tools are wrapped; every other argument
+Each run is one loopwarden run (same plugins, run records, signals, metrics and alerts as
+``loopwarden run``).  The runner calls the SDK's own ``Runner.run`` (``run_streamed``) with a
+per-run copy of the agent (``Agent.clone``) whose model, function tools, MCP servers' tools
+and handoffs are wrapped -- and so is every agent it hands off to; every other argument
 (``context``, ``max_turns``, ``hooks``, ``run_config``, ``session`` ...) is passed through.
 Verdicts become:
 
 * **warn** -- the note is appended to the model input of the next call, as a message of
   ``[run] warning_role`` (the SDK keeps no copy of it in its history);
 * **skip** -- the wrapped tool returns the skip's observation without running the tool (so is
-  a side effect already executed with the same idempotency key);
+  a side effect already executed with the same idempotency key); a skipped handoff stays
+  with the agent that asked;
 * **soft stop** -- the next model call is made with no tools and no handoffs; its text is the
   final output (tool calls it proposes anyway are dropped);
 * **hard stop** -- the model is not called: the wrapped model answers with the best-effort
@@ -29,12 +32,11 @@ The SDK's extension points that only observe (``RunHooks``) or only filter the i
 model is wrapped: that is the one point that sees -- and may replace -- every model call.  The
 SDK's ``max_turns`` is kept: when it is hit, a ``max_turns`` error handler (unless you pass
 your own) ends the run with loopwarden's best answer, and the loopwarden run is recorded as
-``ended_by_framework``.
+``ended_by_framework``; so is a run a guardrail tripped (no final answer recorded).
 
-Limits: only the starting agent is guarded -- after a handoff the other agent's calls are not
-seen, and the loopwarden run ends as ``ended_by_framework``; ``Runner.run_streamed`` is not
-wrapped; a hard stop's answer is text, so an agent with a structured ``output_type`` fails
-its output validation on it.
+Limits: a hard stop's answer is text, so an agent with a structured ``output_type`` fails
+its output validation on it; an agent used as a tool (``Agent.as_tool``) runs an SDK run of
+its own, unguarded; a session's conversation lives in this runner's memory.
 
 Needs ``pip install 'loopwarden[openai-agents]'``.
 """
@@ -62,6 +64,7 @@ from agents import (
     Runner,
     RunResult,
     RunResultStreaming,
+    RunState,
     handoff,
 )
 from agents.items import ModelResponse
@@ -641,6 +644,11 @@ class LoopwardenRunner:
     ) -> tuple[_RunState, Agent[Any], dict[str, Any]]:
         """A guarded run of ``agent``: its state, the guarded starting agent, and the SDK
         runner's keyword arguments."""
+        if isinstance(input, RunState):
+            raise TypeError(
+                "LoopwardenRunner cannot resume an interrupted run (a RunState) yet: "
+                "resume it with the SDK's Runner, or start a new guarded run"
+            )
         run_config = kwargs.pop("run_config", None) or RunConfig()
         if isinstance(run_config, dict):
             run_config = RunConfig(**run_config)
