@@ -202,9 +202,10 @@ class _GuardedModel(Model):
 
     def _before(
         self, system_instructions: str | None, input: Any, tools: list[Any], handoffs: list[Any]
-    ) -> tuple[Any, bool] | None:
-        """Advance to the model call: the input (with the notes to inject) and whether it is
-        the tool-less wrap-up turn; None when the run has ended (answer with its answer)."""
+    ) -> tuple[Any, list[Any], list[Any]] | None:
+        """Advance to the model call: its input (with the notes to inject), tools and
+        handoffs (none for the wrap-up turn); None when the run has ended (answer with its
+        answer)."""
         guarded = self.state.guarded
         for t in tools:
             if isinstance(t, FunctionTool):
@@ -224,7 +225,7 @@ class _GuardedModel(Model):
                     for n in turn.notes
                 ),
             ]
-        return input, turn.final
+        return (input, [], []) if turn.final else (input, tools, handoffs)
 
     def _after(self, resp: ModelResponse, handoffs: list[Any]) -> ModelResponse:
         """Send the model's answer to the machine: the answer to give the SDK."""
@@ -255,9 +256,7 @@ class _GuardedModel(Model):
         prepared = self._before(system_instructions, input, tools, handoffs)
         if prepared is None:
             return self._answer(guarded.final_answer)
-        input, final = prepared
-        if final:
-            tools, handoffs = [], []
+        input, tools, handoffs = prepared
         try:
             resp = await self.inner.get_response(
                 system_instructions,
@@ -293,9 +292,7 @@ class _GuardedModel(Model):
         if prepared is None:
             yield _completed(self._answer(guarded.final_answer))
             return
-        input, final = prepared
-        if final:
-            tools, handoffs = [], []
+        input, tools, handoffs = prepared
         items: list[Any] = []  # output items streamed (some backends end with an empty output)
         try:
             async for event in self.inner.stream_response(
