@@ -333,7 +333,7 @@ def test_every_agent_of_a_handoff_is_guarded(tmp_path: Path) -> None:
     assert effects.counts == {"query_order": 1}
     assert "tools" not in requests[-1] and "tools" in requests[1]
     assert result.last_agent.name == "support" and result.final_output == FINAL
-    assert rec["final_answer"] == FINAL
+    assert rec["final_answer"] == FINAL and rec["meta"]["agents"] == ["triage", "support"]
 
 
 def test_the_sdks_tool_error_output_is_a_failure(tmp_path: Path) -> None:
@@ -574,3 +574,39 @@ def test_resuming_a_run_state_is_refused_clearly(tmp_path: Path) -> None:
     finally:
         dep.close()
     assert len(model.calls) == 1
+
+
+def test_last_run_is_each_threads_own(tmp_path: Path) -> None:
+    """``run_sync`` in two threads at once (the first held at its server until the second
+    has started): ``runner.last_run`` in each thread is that thread's run."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    started, a_asked = threading.Event(), threading.Event()
+    seen: dict[str, tuple[Any, Any]] = {}
+    with serve() as (stub_a, url_a), serve() as (stub_b, url_b):
+        stub_a.responses.append(gated(answer(None, LOOKUP), wait=started, release=a_asked))
+        stub_a.push(answer("Not found."))
+        stub_b.responses.append(gated(answer("Hello!"), release=started))
+        agents = {
+            "a": Agent(name="a", model=http_model(url_a), tools=[lookups(effects)]),
+            "b": Agent(name="b", model=http_model(url_b)),
+        }
+        runner = LoopwardenRunner(dep)
+
+        def work(name: str) -> None:
+            result = runner.run_sync(agents[name], "Hi", run_config=NO_TRACE)
+            seen[name] = (result, runner.last_run)
+
+        first = threading.Thread(target=work, args=("a",))
+        first.start()
+        try:
+            assert a_asked.wait(60)  # a's run has started and waits at its server
+            work("b")
+            first.join(60)
+        finally:
+            dep.close()
+    for name in ("a", "b"):
+        result, last = seen[name]
+        guard = openai_agents.guard_of(result)
+        assert guard is not None and last is guard.run
+    assert seen["a"][1] is not seen["b"][1]

@@ -546,6 +546,7 @@ class _RunState:
                 raise
             if call_id is not None:
                 guarded.tool_done(call_id, tool_result(h.get_transfer_message(target)))
+            guarded.run.meta["agents"].append(getattr(target, "name", "?"))
             return self.agent(target) if isinstance(target, Agent) else target
 
         return dataclasses.replace(h, on_invoke_handoff=invoke)
@@ -667,6 +668,7 @@ class LoopwardenRunner:
             adapter="openai_agents",
         )
         guarded.hold_end = True  # output guardrails may still reject the final answer
+        guarded.run.meta["agents"] = [agent.name]  # the record's meta: who ran, in order
         state = _RunState(self, guarded, run_config)
         self._last.set(guarded.run)
         handlers = dict(kwargs.pop("error_handlers", None) or {})
