@@ -248,7 +248,11 @@ class StoreConfig(_Strict):
         min_length=1,
         description="prefix of every Redis key (several deployments, one server)",
     )
-    timeout_s: PositiveFloat = Field(default=5.0, description="connect / read timeout")
+    timeout_s: PositiveFloat = Field(
+        default=5.0,
+        description="the longest one store call waits: connect / read timeout (Redis), "
+        "lock wait in all (SQLite)",
+    )
     on_store_error: Literal["fail_closed", "fail_open"] = Field(
         default="fail_closed",
         description='an unreachable store: "fail_closed" refuses (runs with shared budgets '
@@ -265,7 +269,8 @@ class StoreConfig(_Strict):
         "an idempotency key runs once across runs, processes and hosts",
     )
     ledger_ttl_s: PositiveFloat = Field(
-        default=7 * 86400.0, description="how long an executed key is remembered"
+        default=7 * 86400.0,
+        description="how long an executed key is remembered (at least ledger_lease_s)",
     )
     ledger_lease_s: PositiveFloat = Field(
         default=600.0,
@@ -278,6 +283,19 @@ class StoreConfig(_Strict):
         "never answer those of another); unset: the run's `tenant` and `user` meta keys, "
         "those it carries; [] for one ledger across the deployment",
     )
+
+    @model_validator(mode="after")
+    def _ledger_outlives_its_lease(self) -> StoreConfig:
+        # An entry shorter-lived than the lease would vanish while its claim should still
+        # read "in progress": a worker killed after the effect would be followed by a second
+        # execution as soon as the entry expired.
+        if self.ledger_ttl_s < self.ledger_lease_s:
+            raise ValueError(
+                f"store.ledger_ttl_s ({self.ledger_ttl_s:g} s) is shorter than "
+                f"store.ledger_lease_s ({self.ledger_lease_s:g} s): a side effect whose worker "
+                "died could run twice; set ledger_ttl_s >= ledger_lease_s"
+            )
+        return self
 
 
 class PluginsConfig(BaseModel):

@@ -57,6 +57,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.exceptions import ConfigError
+from loopwarden.notes import render_note, runtime
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
 from loopwarden.stash import StashKey
 
@@ -437,10 +438,11 @@ class CostBudget(Plugin[CostBudgetSettings]):
 
     def _text(self, template: str, spent: Decimal, st: _State) -> str:
         s = self.settings
-        return template.format(
-            spent=_money(spent),
-            limit=_money(s.max_cost),
+        return render_note(
+            template,
+            spent=runtime(_money(spent)),
+            limit=runtime(_money(s.max_cost)),
             percent=percent(spent, s.max_cost),
-            currency=s.currency,
-            model=st.model,
+            currency=runtime(s.currency),
+            model=st.model,  # the name a server reported: data
         )

@@ -30,6 +30,8 @@ import asyncio
 import contextlib
 import json
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -54,8 +56,10 @@ __all__ = [
     "Execute",
     "GuardedRun",
     "NatureSpec",
+    "conversation_for",
     "framework_tool",
     "proposed",
+    "stop_info",
     "tool_result",
 ]
 
@@ -532,3 +536,49 @@ def nature_tables(natures: NatureSpec | Mapping[str, ToolNature] | None) -> dict
             spec.model_dump(exclude_none=True) if isinstance(spec, BaseModel) else dict(spec)
         )
     return out
+
+
+#: conversations a deployment keeps for framework threads / sessions / histories (the most
+#: recently used; an older one is forgotten and its next run starts a new conversation)
+MAX_CONVERSATIONS = 1024
+
+_conversations: weakref.WeakKeyDictionary[Deployment, OrderedDict[str, Conversation]] = (
+    weakref.WeakKeyDictionary()
+)
+_conversations_lock = threading.Lock()
+
+
+def conversation_for(deployment: Deployment, key: str) -> Conversation:
+    """The deployment's :class:`Conversation` for a framework's own conversation key (a
+    thread, a session, a message history's id): the same object for every run that continues
+    it, so conversation-scoped state (``conversation_limits``, ``failure_streak``'s
+    ``across_turns`` ...) carries on.  In-process, the :data:`MAX_CONVERSATIONS` most
+    recently used per deployment."""
+    with _conversations_lock:
+        known = _conversations.get(deployment)
+        if known is None:
+            known = _conversations[deployment] = OrderedDict()
+        conv = known.get(key)
+        if conv is None:
+            conv = known[key] = Conversation(key)
+            while len(known) > MAX_CONVERSATIONS:
+                known.popitem(last=False)
+        else:
+            known.move_to_end(key)
+        return conv
+
+
+def stop_info(guarded: GuardedRun) -> dict[str, Any] | None:
+    """How loopwarden's run ended, for the framework's result: its ``run_id`` (the run
+    record's), ``termination``, ``stopped_by`` (the plugin; None when no guard stopped it),
+    ``soft`` and ``final_answer_present``.  None while the run is not over."""
+    o = guarded.outcome
+    if o is None:
+        return None
+    return {
+        "run_id": guarded.run.run_id,
+        "termination": o.termination,
+        "stopped_by": o.stopped_by,
+        "soft": o.soft,
+        "final_answer_present": o.final_answer_present,
+    }
