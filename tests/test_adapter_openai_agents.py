@@ -54,7 +54,8 @@ from support.adapters import (
     only_record,
     records,
 )
-from support.openai_sse import gated, streamed
+from support.openai_gated import gated
+from support.openai_stream import push_stream
 from support.openai_stub import completion, serve
 from support.stores import store_table
 
@@ -257,6 +258,12 @@ def answer(text: str | None = None, *calls: tuple[str, dict[str, Any]]) -> dict[
     return body
 
 
+def streamed_call(call: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A tool call for :func:`support.openai_stream.push_stream`, with an id of its own."""
+    name, arguments = call
+    return {"name": name, "arguments": json.dumps(arguments), "id": f"call_{next(_call_ids)}"}
+
+
 def lookups(effects: Effects) -> Any:
     @function_tool
     def query_order(order_id: str) -> str:
@@ -403,6 +410,13 @@ def test_each_result_says_how_its_own_run_ended(tmp_path: Path) -> None:
     assert recs[guard_b.run_id]["termination"] == "final_answer" == guard_b.termination
     assert not guard_b.stopped and guard_b.stopped_by is None
     assert guard_a.record()["run_id"] == guard_a.run_id != guard_b.run_id
+    assert guard_a.info() == {
+        "run_id": guard_a.run_id,
+        "termination": "repeat_call",
+        "stopped_by": "repeat_call",
+        "soft": True,
+        "final_answer_present": True,
+    }
     assert last_a is guard_a.run and last_b is guard_b.run
 
 
@@ -414,8 +428,8 @@ def test_run_streamed_is_guarded(tmp_path: Path) -> None:
     dep = deployment(tmp_path)
     with serve() as (stub, url):
         for _ in range(3):
-            stub.responses.append(streamed(answer(None, LOOKUP)))
-        stub.responses.append(streamed(answer(FINAL)))
+            push_stream(stub, None, [streamed_call(LOOKUP)], USAGE)
+        push_stream(stub, FINAL, None, USAGE)
         agent = Agent(name="shop", model=http_model(url), tools=[lookups(effects)])
 
         async def consume() -> tuple[Any, int, dict[str, Any] | None]:
@@ -529,8 +543,7 @@ def test_a_hard_stop_ends_a_streamed_run_without_a_model_call(tmp_path: Path) ->
     big = {"prompt_tokens": 3000, "completion_tokens": 100, "total_tokens": 3100}
     with serve() as (stub, url):
         for n in range(2):
-            body = answer(None, ("query_order", {"order_id": str(n)}))
-            stub.responses.append(streamed(body | {"usage": big}))
+            push_stream(stub, None, [streamed_call(("query_order", {"order_id": str(n)}))], big)
         agent = Agent(name="shop", model=http_model(url), tools=[lookups(effects)])
 
         async def consume() -> Any:

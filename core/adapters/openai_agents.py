@@ -36,7 +36,7 @@ your own) ends the run with loopwarden's best answer, and the loopwarden run is 
 
 Limits: a hard stop's answer is text, so an agent with a structured ``output_type`` fails
 its output validation on it; an agent used as a tool (``Agent.as_tool``) runs an SDK run of
-its own, unguarded; a session's conversation lives in this runner's memory.
+its own, unguarded; a session's conversation lives in this process's memory.
 
 Needs ``pip install 'loopwarden[openai-agents]'``.
 """
@@ -47,8 +47,6 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
-import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -84,12 +82,14 @@ from loopwarden.adapters._driver import (
     Answer,
     GuardedRun,
     NatureSpec,
+    conversation_for,
     nature_tables,
     proposed,
+    stop_info,
     tool_result,
     usage,
 )
-from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
     from agents.tool_context import ToolContext
@@ -451,6 +451,12 @@ class RunGuard:
         """A guard stopped the run (not the model's own answer, not the SDK)."""
         return self.stopped_by is not None
 
+    def info(self) -> dict[str, Any] | None:
+        """The stop as a dict (``run_id``, ``termination``, ``stopped_by``, ``soft``,
+        ``final_answer_present``: what the other adapters put in their results); None
+        while the run is not recorded."""
+        return stop_info(self._guarded) if self.outcome is not None else None
+
     def record(self) -> dict[str, Any]:
         """The run record (what ``run_record`` writes and ``run_stopped`` sends)."""
         return self._guarded.run.record()
@@ -587,12 +593,9 @@ class LoopwardenRunner:
     latest run started in the calling task or thread.
 
     A ``session`` (any SDK session with a ``session_id``) is one loopwarden conversation:
-    its runs share conversation-scoped plugin state (``conversation_limits``) in this
-    runner -- one conversation per session id, its runs one after another.
+    its runs share conversation-scoped plugin state (``conversation_limits``) -- the
+    deployment's conversation of that id (``conversation_for``), its runs one after another.
     """
-
-    #: conversations kept (by session id, least recently used dropped first)
-    max_conversations = 10_000
 
     def __init__(
         self,
@@ -609,8 +612,6 @@ class LoopwardenRunner:
         self.profile = profile
         self.meta = dict(meta or {})
         self._last: ContextVar[Run | None] = ContextVar(f"loopwarden_last_run_{id(self)}")
-        self._conversations: OrderedDict[str, Conversation] = OrderedDict()
-        self._lock = threading.Lock()
 
     @property
     def last_run(self) -> Run | None:
@@ -623,19 +624,6 @@ class LoopwardenRunner:
         if isinstance(chosen, Model):
             return chosen
         return run_config.model_provider.get_model(chosen)
-
-    def _conversation(self, session: Any) -> Conversation | None:
-        key = getattr(session, "session_id", None)
-        if not isinstance(key, str):
-            return None
-        with self._lock:
-            conv = self._conversations.get(key)
-            if conv is None:
-                conv = self._conversations[key] = Conversation(key)
-                while len(self._conversations) > self.max_conversations:
-                    self._conversations.popitem(last=False)
-            self._conversations.move_to_end(key)
-            return conv
 
     def _start(
         self, agent: Agent[Any], input: Any, kwargs: dict[str, Any]
@@ -654,7 +642,8 @@ class LoopwardenRunner:
         items = _openai(_items(input))
         user = next((m["content"] for m in reversed(items) if m["role"] == "user"), "")
         name = self.model_name or getattr(inner, "model", None)
-        conversation = self._conversation(kwargs.get("session"))
+        key = getattr(kwargs.get("session"), "session_id", None)
+        conversation = conversation_for(self.deployment, key) if isinstance(key, str) else None
         history = [*conversation.messages, *items] if conversation is not None else items
         guarded = GuardedRun(
             self.deployment,
