@@ -37,7 +37,7 @@ STOP_REASONS: tuple[str, ...] = (
     "model_error",
     "max_turns",
     # loopwarden.adapters: the framework ended the run before loopwarden's loop did (its own
-    # step or usage limit, a handoff)
+    # step or usage limit, a guardrail)
     "ended_by_framework",
 )
 

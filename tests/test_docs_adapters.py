@@ -53,7 +53,7 @@ EXPECTED = {
         "repeat_call True",
         "Here is the last information I found: NOT_FOUND: order 99 does not exist",
     ],
-    "OpenAI Agents SDK": ["1", "Your refund is on its way."],
+    "OpenAI Agents SDK": ["repeat_call True 1", "Your refund is on its way."],
     "pydantic-ai": ["repeat_call repeat_call True True", "I could not find order 99."],
 }
 

@@ -202,6 +202,11 @@ class GuardedRun:
         #: written into the outcome's evidence under "adapter"
         self.adaptations: list[str] = []
         self._refused = False  # the deployment refused the model: the run never started
+        #: finish the run (on_stop, the record, ``run_stopped``) only at :meth:`finish`, not
+        #: when the machine ends: for frameworks that may still overturn the machine's ending
+        #: after its last model call (the Agents SDK's output guardrails); see :meth:`overrule`
+        self.hold_end = False
+        self._held: RunOutcome | None = None
 
     # -- tools ---------------------------------------------------------------------------
 
@@ -255,6 +260,12 @@ class GuardedRun:
             self._wake()
 
     def _end(self, outcome: RunOutcome) -> None:
+        if self.hold_end:
+            self._held = self.outcome = outcome  # finished at finish()
+            return
+        self._finish_run(outcome)
+
+    def _finish_run(self, outcome: RunOutcome) -> None:
         if self.adaptations:
             outcome.evidence = {**outcome.evidence, "adapter": list(self.adaptations)}
         self.outcome = self.engine.finish(self.run, outcome)
@@ -474,6 +485,13 @@ class GuardedRun:
                 and isinstance(self._eff, CallModel)
             ):
                 self._send(Failed(error))  # the machine's own model_error outcome
+            if self._held is not None:  # the machine's held ending stands, unless the
+                held, self._held = self._held, None  # framework raised after it
+                if error is not None and error is not self._model_error:
+                    held = _internal_error(self.engine, self.run, error)
+                self._finish_run(held)
+                self._wake()
+                return
             if self.outcome is not None:
                 return
             self._gen.close()
@@ -521,6 +539,20 @@ class GuardedRun:
     def expects_tool(self) -> bool:
         """The machine waits for the result of a tool call of the model's last answer."""
         return isinstance(self._eff, RunTool)
+
+    def overrule(self, outcome: RunOutcome) -> None:
+        """End the run with ``outcome`` instead of the machine's ending that :attr:`hold_end`
+        holds (or, when the machine has not ended, instead of ``ended_by_framework``): the
+        framework overturned it after the last model call -- a guardrail rejected the final
+        answer, say.  A run already finished is left as it is."""
+        with self._cond:
+            if self._refused or (self.outcome is not None and self._held is None):
+                return
+            self._held = None
+            self._gen.close()
+            self._eff = None
+            self._finish_run(outcome)
+            self._wake()
 
 
 def usage(prompt: int | None, completion: int | None) -> Usage:

@@ -38,13 +38,14 @@ def stream_chunks(
     *,
     piece: int = 4,
 ) -> list[dict[str, Any]]:
-    """The chunks of one streamed answer: ``content`` and ``tool_calls`` ({name, arguments})
-    split into ``piece``-character deltas, then a usage-only chunk when ``usage`` is given."""
+    """The chunks of one streamed answer: ``content`` and ``tool_calls`` ({name, arguments},
+    optionally an ``id``: ``call_<i>`` otherwise) split into ``piece``-character deltas, then
+    a usage-only chunk when ``usage`` is given."""
     chunks = [_chunk({"role": "assistant", "content": ""})]
     for text in _pieces(content, piece) if content else []:
         chunks.append(_chunk({"content": text}))
     for i, tc in enumerate(tool_calls or []):
-        head = {"index": i, "id": f"call_{i}", "type": "function"}
+        head = {"index": i, "id": tc.get("id", f"call_{i}"), "type": "function"}
         chunks.append(
             _chunk({"tool_calls": [{**head, "function": {"name": tc["name"], "arguments": ""}}]})
         )
