@@ -1,0 +1,154 @@
+"""Shared budgets when the world is hostile: a server naming a cheaper model, answers as long
+as the output cap allows, a store that times out or stops answering -- on a real SQLite file
+and a real redis-server (``store_url``), through the kit in :mod:`loopwarden._testing_faults`.
+"""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from support.openai_stub import Stub, completion
+from support.stores import make_store, store_table
+
+from loopwarden import Deployment, ModelRequest, Run, Verdict, hookimpl
+from loopwarden._testing_faults import CappedModel
+from loopwarden.config import parse_config
+from loopwarden.demo import shop_tools
+from loopwarden.plugins.cost_budget import run_cost
+from loopwarden.plugins.spend_limits import SpendLimits
+from loopwarden.store import COST_UNIT, QUANTITIES
+
+TOKENS, COST = QUANTITIES.index("tokens"), QUANTITIES.index("cost")
+
+
+def spent(url: str, scope: str = "tenant", key: str = "acme") -> tuple[int, ...]:
+    store = make_store(url)
+    try:
+        rows = [r for r in store.rows() if (r.scope, r.key) == (scope, key)]
+        return rows[0].committed if rows else (0,) * len(QUANTITIES)
+    finally:
+        store.close()
+
+
+# -- item 5: the price is the configured model's, whatever the server calls itself ---------------
+
+
+def test_a_tenant_is_charged_the_configured_models_price_not_the_servers_name(
+    store_url: str, stub: tuple[Stub, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, base = stub
+    body = completion("done", usage={"prompt_tokens": 1_000_000, "completion_tokens": 0})
+    body["model"] = "gpt-4o-mini"  # 0.15 per million input tokens; the request was gpt-4o: 2.50
+    state.push(body)
+    monkeypatch.setenv("STUB_KEY", "sk-stub")
+    config = parse_config(
+        {
+            "model": {
+                "provider": "openai",
+                "name": "gpt-4o",
+                "base_url": base,
+                "api_key_env": "STUB_KEY",
+                "max_retries": 0,
+            },
+            "store": store_table(store_url),
+            "plugins": {
+                "enabled": ["cost_budget", "spend_limits"],
+                "cost_budget": {"max_cost": 100},
+                "spend_limits": {
+                    "budgets": [{"scope": "tenant", "window": "day", "max_cost": 100}]
+                },
+            },
+        },
+        path="<test>",
+    )
+    with Deployment(config, tools=shop_tools()) as dep:
+        run = dep.run("hi", meta={"tenant": "acme"})
+    assert run.outcome is not None and run.outcome.termination == "final_answer"
+    assert run_cost(run) == Decimal("2.50")
+    assert Decimal(spent(store_url)[COST]) * COST_UNIT == Decimal("2.50")  # the same price
+
+
+class RecordingSpendLimits(SpendLimits):
+    """spend_limits, keeping the tokens of every reservation it was granted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reserved: list[int] = []
+
+    @hookimpl
+    def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
+        verdict = super().before_model(run, request)
+        pending = self.state(run).pending
+        if pending is not None:
+            self.reserved.append(pending[1][TOKENS])
+        return verdict
+
+
+def recording_deployment(url: str, budgets: list[dict[str, Any]]) -> Deployment:
+    config = parse_config(
+        {
+            "store": store_table(url),
+            "plugins": {"enabled": ["spend_limits"], "spend_limits": {"budgets": budgets}},
+        },
+        path="<test>",
+    )
+    return Deployment(config, plugins={"spend_limits": RecordingSpendLimits}, tools=shop_tools())
+
+
+# -- item 6: reservations cover the output cap the client sends -------------------------------
+
+
+class _AllInFlight:
+    """Holds each model call until every one of ``n`` runs is in a model call or has ended:
+    the worst interleaving for a shared budget (all reservations granted before any settles)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.waiting, self.ended = n, 0, 0
+        self.cond = threading.Condition()
+
+    def model_call(self, request: Any) -> None:
+        with self.cond:
+            self.waiting += 1
+            self.cond.notify_all()
+            assert self.cond.wait_for(lambda: self.waiting + self.ended >= self.n, timeout=30)
+
+    def run_ended(self) -> None:
+        with self.cond:
+            self.ended += 1
+            self.cond.notify_all()
+
+
+def test_four_workers_stay_within_the_documented_bound_with_max_output_tokens(
+    store_url: str,
+) -> None:
+    # The issue's numbers: 4 workers, a 5,000-token budget, [model] max_output_tokens = 4,000.
+    # Reserving 1,000 output tokens per call let all four in (4 x ~1,034) and each spent 4,034:
+    # 16,136 against a bound of 5,000 + 4 x 1,034 = 9,136.
+    budget = [{"scope": "tenant", "window": "day", "max_tokens": 5000}]
+    dep = recording_deployment(store_url, budget)
+    plugin: RecordingSpendLimits = dep.plugins.get("spend_limits")
+    gate = _AllInFlight(4)
+    models = [CappedModel(4000, before_answer=gate.model_call) for _ in range(4)]
+
+    def worker(model: CappedModel) -> None:
+        try:
+            dep.run("hi", model=model, meta={"tenant": "acme"})
+        finally:
+            gate.run_ended()
+
+    threads = [threading.Thread(target=worker, args=(m,)) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    dep.close()
+    largest = max(plugin.reserved)
+    tokens = spent(store_url)[TOKENS]
+    assert tokens <= 5000 + 4 * largest  # the documented bound (docs/shared-budgets.md)
+    assert tokens <= 5000  # the cap reserved: each call fits before it is made
+    assert largest >= 4000  # prompt estimate + the whole cap
+    # every request carried the configured cap, so every plugin saw it
+    assert {c for m in models for c in m.caps} == {4000}
