@@ -52,7 +52,6 @@ from loopwarden import (
     Run,
     RunOutcome,
     ToolCall,
-    Usage,
     Verdict,
     hookimpl,
 )
@@ -63,7 +62,6 @@ from loopwarden.plugins._spend import (
     _QUANTITY,
     COST,
     RUNS,
-    TOKENS,
     TOOL_CALLS,
     Budget,
     SpendLimitsSettings,
@@ -72,7 +70,7 @@ from loopwarden.plugins._spend import (
     _State,
     budget_reason,
 )
-from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _money
+from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _money, charged_usage
 from loopwarden.store import COST_UNIT, QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
@@ -218,7 +216,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         st.shared = run.shared
         st.count_tools = any(a.budget.max_tool_calls is not None for a in st.applied)
         pricing = self.pricing
-        st.price = pricing.price_of(run.model_name) if pricing is not None else None
+        st.price = pricing.run_price(run)[0] if pricing is not None else None
         costed = any(a.budget.max_cost is not None for a in st.applied)
         if (
             st.price is None
@@ -371,14 +369,10 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         pending, st.pending = st.pending, None
         if st.shared is None or pending is None:
             return None
-        usage = response.usage
-        if usage is None:  # unreported: count the estimates
-            completion = run.estimator(response.content or "") + sum(
-                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
-            )
-            usage = Usage(prompt=pending[1][TOKENS], completion=completion)
-        # the run's model's price, as cost_budget charges it: never the name the server
-        # reports in response.model (a server must not pick its own price)
+        # charged as cost_budget charges the run: the same usage (reported, else estimated
+        # from this call's prompt estimate) at the price of the run's configured model --
+        # never of the name the server reports in response.model
+        usage = charged_usage(run, response, st.last_prompt or 0)
         price = st.price
         cost = cost_units(price.cost(usage.prompt, usage.completion, usage.cached)) if price else 0
         tools = 0 if st.count_tools else len(response.tool_calls)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from support.openai_stub import Stub, completion
-from support.stores import make_store, store_table
+from support.stores import deployment_for, make_store, store_table
 
-from loopwarden import Deployment, ModelRequest, Run, Verdict, hookimpl
+from loopwarden import Deployment, ModelRequest, ModelResponse, Run, Verdict, hookimpl
 from loopwarden._testing_faults import CappedModel
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
@@ -96,6 +96,34 @@ def recording_deployment(url: str, budgets: list[dict[str, Any]]) -> Deployment:
         path="<test>",
     )
     return Deployment(config, plugins={"spend_limits": RecordingSpendLimits}, tools=shop_tools())
+
+
+class _Unreported:
+    """A model whose server reports no usage (some proxies and local servers)."""
+
+    name = "gpt-4o"
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        return ModelResponse(content="The order shipped on Monday.", usage=None, model="mini")
+
+
+def test_unreported_usage_charges_the_tenant_what_cost_budget_charges_the_run(
+    store_url: str,
+) -> None:
+    # Both estimate the call: the request's prompt estimate plus the answer -- spend_limits
+    # used to take its reservation (prompt + the reserved output) for the prompt.
+    budget = [{"scope": "tenant", "window": "day", "max_cost": 100, "max_tokens": 10**6}]
+    dep = deployment_for(
+        store_url,
+        plugins={"spend_limits": {"budgets": budget}, "cost_budget": {"max_cost": 100}},
+        enabled=("cost_budget", "spend_limits"),
+    )
+    run = dep.run("Where is order 88231?", model=_Unreported(), meta={"tenant": "acme"})
+    dep.close()
+    committed = spent(store_url)
+    assert run_cost(run) > 0
+    assert Decimal(committed[COST]) * COST_UNIT == run_cost(run)
+    assert committed[TOKENS] < 1000  # the estimate of a short prompt and answer
 
 
 # -- item 6: reservations cover the output cap the client sends -------------------------------
