@@ -5,16 +5,18 @@ and a real redis-server (``store_url``), through the kit in :mod:`loopwarden._te
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support.openai_stub import Stub, completion
-from support.stores import deployment_for, make_store, store_table
+from support.stores import deployment_for, make_store, pay_tool, store_table, write_scenario
 
-from loopwarden import Deployment, ModelRequest, ModelResponse, Run, Verdict, hookimpl
-from loopwarden._testing_faults import CappedModel
+from loopwarden import Deployment, ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
+from loopwarden._testing_faults import CappedModel, GatedStore, install_store
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.plugins.cost_budget import run_cost
@@ -180,3 +182,88 @@ def test_four_workers_stay_within_the_documented_bound_with_max_output_tokens(
     assert largest >= 4000  # prompt estimate + the whole cap
     # every request carried the configured cap, so every plugin saw it
     assert {c for m in models for c in m.caps} == {4000}
+
+
+# -- item 10: store I/O never blocks the event loop -----------------------------------------------
+
+TENANT_DAY = [{"scope": "tenant", "window": "day", "max_tokens": 10**6}]
+
+
+def _gated_arun(dep: Deployment, methods: tuple[str, ...], cancel: bool = False, **run: Any) -> Any:
+    """Start ``dep.arun(**run)`` with every store call of ``methods`` held at a gate that only
+    a coroutine on the same event loop opens -- which it can do only while the loop runs, not
+    frozen inside the store call.  A frozen loop sits out the gate's guard (10 s): the call
+    fails, ``gated.timeouts`` counts it, and the test fails instead of hanging."""
+
+    async def main() -> tuple[Any, GatedStore]:
+        loop = asyncio.get_running_loop()
+        reached = asyncio.Event()
+        gated = install_store(
+            dep,
+            lambda s: GatedStore(
+                s, methods=methods, on_enter=lambda _: loop.call_soon_threadsafe(reached.set)
+            ),
+        )
+        task = asyncio.create_task(dep.arun(**run))
+        await asyncio.wait_for(reached.wait(), 30)
+        if cancel:  # cancelled while its step waits in the store: the step ends first
+            task.cancel()
+            await asyncio.sleep(0)
+        gated.gate.set()
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            result = None
+        return result, gated
+
+    return asyncio.run(main())
+
+
+def test_budget_reservations_in_async_runs_leave_the_event_loop_free(store_url: str) -> None:
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    run, gated = _gated_arun(dep, ("reserve",), scenario="refund", meta={"tenant": "acme"})
+    dep.close()
+    assert gated.timeouts == 0 and gated.entered  # the gate was opened from the event loop
+    assert threading.main_thread().ident not in gated.threads  # never on the loop's thread
+    assert run.outcome.termination == "final_answer"
+    assert spent(store_url)[QUANTITIES.index("model_calls")] == run.step
+
+
+def test_ledger_claims_in_async_runs_leave_the_event_loop_free(
+    store_url: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.txt"
+    dep = deployment_for(store_url, enabled=(), tools=[pay_tool(effects)])
+    run, gated = _gated_arun(dep, ("claim",), scenario=str(write_scenario(tmp_path)))
+    dep.close()
+    assert gated.timeouts == 0 and gated.entered == ["claim"]
+    assert run.outcome.termination == "final_answer"
+    assert effects.read_text(encoding="utf-8").count("\n") == 1  # paid once
+
+
+def test_a_run_cancelled_while_the_store_holds_it_finishes_once_and_releases(
+    store_url: str,
+) -> None:
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    finished: list[str] = []
+    dep.connect(signals.run_stopped, lambda run, **kw: finished.append(kw["outcome"].termination))
+    run, gated = _gated_arun(
+        dep, ("settle",), cancel=True, scenario="refund", meta={"tenant": "acme"}
+    )
+    assert run is None and gated.timeouts == 0
+    assert finished == ["cancelled"]  # finished once, after the step in the store returned
+    store = make_store(store_url)
+    rows = [r for r in store.rows() if r.key == "acme"]
+    store.close()
+    dep.close()
+    assert rows and rows[0].reserved == (0,) * len(QUANTITIES)  # nothing left held
+
+
+def test_sync_runs_call_the_store_on_their_own_thread(store_url: str) -> None:
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    gated = install_store(dep, GatedStore)
+    gated.gate.set()
+    run = dep.run(scenario="refund", meta={"tenant": "acme"})
+    dep.close()
+    assert run.outcome is not None and run.outcome.termination == "final_answer"
+    assert gated.threads == {threading.get_ident()}  # inline: no worker thread, no hop
