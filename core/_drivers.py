@@ -11,8 +11,9 @@ some of them wait on the network or the disk: the shared store's budget reservat
 (``spend_limits``) and the side-effect ledger's claims.  When a run may do such I/O
 (:func:`blocking_io`), :func:`adrive` advances the machine -- the synchronous code between two
 effects, ``on_start`` and ``on_stop`` included -- in a reused daemon worker thread, one step at
-a time and in one ``contextvars.Context`` per run, while the event loop serves other runs; the
-model and the tools are still awaited on the loop.  A plugin whose hooks do blocking I/O says
+a time and in one ``contextvars.Context`` per run (at most :data:`OFFLOAD_LIMIT` steps at once
+per event loop), while the event loop serves other runs; the model and the tools are still
+awaited on the loop.  A plugin whose hooks do blocking I/O says
 so with a true ``blocking_io`` attribute; its hooks stay plain synchronous functions.  Runs
 without such I/O, and every sync run, advance the machine inline as before (no thread hop).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,12 @@ __all__ = ["adrive", "blocking_io", "drive"]
 log = logging.getLogger("loopwarden.loop")
 
 WATCHDOG_SLACK_S = 1.0  # how long past its deadline a run may go before the watchdog ends it
+#: machine steps one event loop runs in worker threads at once (more wait for a turn): bounds
+#: the threads, and the store connections they hold (redis-py's pool refuses a 101st)
+OFFLOAD_LIMIT = 32
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
@@ -120,10 +128,15 @@ class _Stepper:
         context = self.context
         if context is None:
             return fn(*args)
-        busy = self.busy = execution.daemon_thread(context.run, fn, *args, name="machine")
-        # shielded: a cancelled run still lets the step reach its next effect (the store's
-        # timeout bounds it) before the run is finished -- never two threads in one machine
-        return await asyncio.shield(busy)
+        loop = asyncio.get_running_loop()
+        slots = _SLOTS.get(loop)
+        if slots is None:
+            slots = _SLOTS[loop] = asyncio.Semaphore(OFFLOAD_LIMIT)
+        async with slots:
+            busy = self.busy = execution.daemon_thread(context.run, fn, *args, name="machine")
+            # shielded: a cancelled run still lets the step reach its next effect (the store's
+            # timeout bounds it) before the run is finished -- never two threads in one machine
+            return await asyncio.shield(busy)
 
     async def step(self, value: Any) -> Effect | _Done:
         return await self.call(_step, self.gen, value)  # type: ignore[no-any-return]

@@ -18,6 +18,7 @@ real thing.  :func:`install_store` puts a wrapper in front of a deployment's sto
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -54,7 +55,9 @@ class _Wrapper:
 
 
 class FlakyStore(_Wrapper):
-    """Every ``every``-th store call (counting from the ``first``-th) times out.
+    """Every ``every``-th store call (counting from the ``first``-th) times out -- or, with a
+    ``seed``, each call with probability ``1 / every`` (a fixed pattern can fall in step with
+    the calls of a run: then every run meets its fault at the same call).
 
     ``mode``: ``"before"`` (nothing reached the store), ``"after"`` (the store did it; the
     answer was lost) or ``"alternate"`` (before, after, before, ...).  ``calls`` counts the
@@ -69,9 +72,11 @@ class FlakyStore(_Wrapper):
         first: int = 2,
         mode: Literal["before", "after", "alternate"] = "alternate",
         methods: Sequence[str] = STORE_CALLS,
+        seed: int | None = None,
     ) -> None:
         super().__init__(inner)
         self.every, self.first, self.mode, self.methods = every, first, mode, tuple(methods)
+        self.rng = random.Random(seed) if seed is not None else None
         self.calls = 0
         self.failed: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -82,7 +87,10 @@ class FlakyStore(_Wrapper):
         with self._lock:
             self.calls += 1
             n = self.calls
-            fault = n >= self.first and (n - self.first) % self.every == 0
+            if self.rng is not None:
+                fault = self.rng.random() < 1 / self.every
+            else:
+                fault = n >= self.first and (n - self.first) % self.every == 0
             when = self.mode
             if fault and when == "alternate":
                 when = "before" if len(self.failed) % 2 == 0 else "after"
