@@ -25,12 +25,13 @@ skips it): ``--store-runs`` concurrent runs of the same workload with ``spend_li
 tenant/day budget they never reach: a reserve and a settle in the store per model call) on a
 SQLite file, on Redis (``--redis-url``, else ``LOOPWARDEN_TEST_REDIS_URL``; skipped without),
 and on an unresponsive store (SQLite behind a gate that never opens: every call fails after
-0.5 s, as a store that stopped answering does with ``[store] timeout_s = 0.5``; 20 runs).  A probe coroutine
-sleeps 5 ms over and over beside them; its oversleep is the event loop's *lag* -- how long the
-loop could not run anything else.  Each store is measured twice in the same process: as
-shipped (``offloaded``: the machine steps of those runs go to worker threads) and with the
-runs forced inline on the loop (``inline``: the behaviour before 0.3), reporting ``lag_ms``
-p50 / p99 / max and ``wall_s``, and ``lag_ratio`` = inline / offloaded for p50 and max.
+0.5 s, as a store that stopped answering does with ``[store] timeout_s = 0.5``; 20 runs).
+A probe coroutine sleeps 5 ms over and over beside them; its oversleep is the event loop's
+*lag*: how long the loop could not run anything else.  Each store is measured twice in the
+same process: as shipped (``offloaded``: the machine steps of those runs go to worker
+threads) and with the runs forced inline on the loop (``inline``: the behaviour before 0.3),
+reporting ``lag_ms`` p50 / p99 / max and ``wall_s``, and ``lag_ratio`` = inline / offloaded
+for p50 and max.
 
     python bench/concurrency.py --json
     python bench/concurrency.py --quick --json     # a smoke test of the bench itself

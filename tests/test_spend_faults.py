@@ -16,7 +16,7 @@ from support.openai_stub import Stub, completion
 from support.stores import deployment_for, make_store, pay_tool, store_table, write_scenario
 
 from loopwarden import Deployment, ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
-from loopwarden._testing_faults import CappedModel, GatedStore, install_store
+from loopwarden._testing_faults import CappedModel, FlakyStore, GatedStore, install_store
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.plugins.cost_budget import run_cost
@@ -182,6 +182,57 @@ def test_four_workers_stay_within_the_documented_bound_with_max_output_tokens(
     assert largest >= 4000  # prompt estimate + the whole cap
     # every request carried the configured cap, so every plugin saw it
     assert {c for m in models for c in m.caps} == {4000}
+
+
+def test_a_store_timing_out_half_of_its_calls_keeps_the_bound(store_url: str) -> None:
+    # Every reserve / settle fails with probability 1/2, in turn before reaching the store
+    # (nothing written) and after it (written, the answer lost); fail_closed.  What the runs
+    # really spent -- the usage the model reported -- stays within the documented bound: a
+    # reservation whose settle failed keeps counting (it covers the call's whole cap).
+    budget = [{"scope": "tenant", "window": "day", "max_tokens": 30_000}]
+    dep = recording_deployment(store_url, budget)
+    plugin: RecordingSpendLimits = dep.plugins.get("spend_limits")
+    flaky = install_store(dep, lambda s: FlakyStore(s, every=2, seed=7))
+    billed: list[int] = []
+
+    def worker() -> None:
+        for _ in range(15):
+            run = dep.run("Summarise the report.", model=CappedModel(8000), meta={"tenant": "acme"})
+            billed.append(run.usage.total)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    dep.close()
+    assert len(billed) == 60
+    assert {when for _, when in flaky.failed} == {"before", "after"}
+    assert sum(billed) <= 30_000 + 4 * max(plugin.reserved)  # the documented bound
+
+
+def test_a_lost_settle_leaves_a_reservation_that_covers_the_call(store_url: str) -> None:
+    # Every settle times out before reaching the store: each answered call stays counted as
+    # its reservation (until [store] reservation_ttl_s), which must cover what it cost.
+    budget = [{"scope": "tenant", "window": "day", "max_tokens": 10_000}]
+    dep = recording_deployment(store_url, budget)
+    flaky = install_store(
+        dep, lambda s: FlakyStore(s, every=1, first=1, mode="before", methods=("settle",))
+    )
+    runs = [
+        dep.run("Summarise the report.", model=CappedModel(4000), meta={"tenant": "acme"})
+        for _ in range(4)
+    ]
+    dep.close()
+    assert flaky.failed and all(f == ("settle", "before") for f in flaky.failed)
+    billed = sum(r.usage.total for r in runs)
+    answered = sum(r.step for r in runs)
+    assert billed <= 10_000 + 4 * max(dep.plugins.get("spend_limits").reserved)
+    store = make_store(store_url)
+    held = [r.reserved[TOKENS] for r in store.rows() if r.key == "acme"]
+    store.close()
+    # each lost settle's reservation covers its call's output (before 0.3: 1,000 of 4,000)
+    assert held and held[0] >= 4000 * answered > 0
 
 
 # -- item 10: store I/O never blocks the event loop -----------------------------------------------
