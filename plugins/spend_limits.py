@@ -11,13 +11,16 @@ process of the deployment shares them.
 
 **Reserve before, reconcile after.**  A run counts when it starts (``on_start``: past
 ``max_runs`` it is refused before its first model call, and its evidence says so).  Before
-each model call the projected tokens and cost of the call (prompt estimate plus the reserved
-output, priced exactly as cost_budget prices the run's model: its ``prices`` table, then the
-genai-prices package, never the name the server reports) are *reserved* in the store atomically
-for every budget of the run; after the response the reservation is replaced by the real usage.
-So N concurrent workers overspend a budget by at most one reserved request each, and a
-reservation of a process that died stops counting after ``[store] reservation_ttl_s``.  With
-``max_tool_calls`` each proposed tool call is counted before it runs.
+each model call the projected tokens and cost of the call (prompt estimate plus the request's
+``max_output_tokens`` -- ``[model] max_output_tokens``, which every request carries -- else
+``reserve_output_tokens``) are *reserved* in the store atomically for every budget of the run;
+after the response the reservation is replaced by the real usage.  Calls are charged through
+cost_budget's own pricing (:meth:`CostBudget.run_price`, :func:`charged_usage`): the run's
+configured model, never the name the server reports.  So N concurrent workers overspend a
+budget by at most one reserved request each, and a reservation of a process that died (or
+whose settle was lost) stops counting after ``[store] reservation_ttl_s``.  With
+``max_tool_calls`` each proposed tool call is counted before it runs.  The hooks wait on the
+store, so the plugin declares ``blocking_io``: async runs call them off the event loop.
 
 The ladder is the budget plugins' (:mod:`loopwarden.plugins._budgets`): this call not fitting
 refuses it (hard stop), the next one not fitting makes this call the final tool-less turn
