@@ -156,11 +156,12 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     hooks may block on I/O advances its machine off the event loop, see the module doc)."""
     gen = engine.machine(run)
     stepper = _Stepper(engine, run, gen)
+    inline = stepper.context is None  # no I/O in its hooks: steps run here, as before
     run_tool_async = engine.run_tool_async  # an Engine subclass may wrap tool execution
     acomplete = getattr(model, "acomplete", None)
     unwatch = _nothing
     try:
-        eff = await stepper.step(None)
+        eff = _step(gen, None) if inline else await stepper.step(None)
         unwatch = _watch(engine, run)
         while not isinstance(eff, _Done):
             if run.outcome is not None:  # the watchdog ended the run meanwhile
@@ -179,8 +180,8 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
                     value = Failed(exc)
             else:
                 value = await run_tool_async(eff, run)
-            eff = await stepper.step(value)
-        return await stepper.finish(eff.outcome)
+            eff = _step(gen, value) if inline else await stepper.step(value)
+        return engine.finish(run, eff.outcome) if inline else await stepper.finish(eff.outcome)
     except BaseException as exc:
         await stepper.settle()
         if run.outcome is None:
