@@ -217,6 +217,8 @@ def capped_worker(
         run = dep.run("Summarise the quarterly report.", model=model, meta={"tenant": "acme"})
         billed += run.usage.total  # what the model reported: what a provider bills
         term = run.outcome.termination if run.outcome else "?"
+        if term != "final_answer":  # a soft stop's answered last turn, or refused
+            term += " (refused)" if run.step == 0 else " (cut short)"
         ends[term] = ends.get(term, 0) + 1
     dep.close()
     return {

@@ -48,6 +48,6 @@ def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
             assert worst["spent_tokens"] > 0  # some runs were answered
         flaky = result["flaky_store"]
         assert 0 < flaky["store_timeouts"] < flaky["store_calls"]
-        assert "store_unavailable" in flaky["runs"]  # fail_closed: faults stopped runs
+        assert any(k.startswith("store_unavailable") for k in flaky["runs"])  # fail_closed
         # a cap loopwarden cannot see: reservations of reserve_output_tokens (1,000) only
         assert result["uncapped_reservation"]["largest_reservation_tokens"] < 4000
