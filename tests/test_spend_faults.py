@@ -131,6 +131,20 @@ def test_unreported_usage_charges_the_tenant_what_cost_budget_charges_the_run(
 # -- item 6: reservations cover the output cap the client sends -------------------------------
 
 
+@pytest.mark.parametrize(
+    ("cap", "carried"),
+    [(4000, 4000), (None, None), (0, None), (-5, None), (True, None), ("9", None)],
+)
+def test_requests_carry_the_models_own_output_cap(cap: Any, carried: int | None) -> None:
+    # odd values on a model object are ignored, never passed to the plugins or the server
+    model = CappedModel()
+    model.max_output_tokens = cap
+    dep = Deployment(parse_config({}, path="<test>"), tools=shop_tools())
+    run = dep.run("hi", model=model)
+    dep.close()
+    assert run.max_output_tokens == carried and model.caps == [carried]
+
+
 class _AllInFlight:
     """Holds each model call until every one of ``n`` runs is in a model call or has ended:
     the worst interleaving for a shared budget (all reservations granted before any settles)."""
