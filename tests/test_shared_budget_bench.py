@@ -45,7 +45,7 @@ def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
             assert worst["largest_reservation_tokens"] > worst["max_output_tokens"]
             assert worst["within_bound"] is True
             assert worst["spent_tokens"] <= worst["bound_tokens"]
-            assert worst["spent_tokens"] > 0  # some runs were answered
+        assert result["capped_output"]["spent_tokens"] > 0  # some runs were answered
         flaky = result["flaky_store"]
         assert 0 < flaky["store_timeouts"] < flaky["store_calls"]
         assert any(k.startswith("store_unavailable") for k in flaky["runs"])  # fail_closed
