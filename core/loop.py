@@ -204,6 +204,7 @@ class Engine:
             step=run.step + 1,
             notes=notes,
             estimated_tokens=run.context_tokens + schema_tokens,
+            max_output_tokens=run.max_output_tokens,
             cancel=run.cancel,
         )
         if final:

@@ -120,6 +120,7 @@ class Run:
         model_name: str | None = None,
         meta: dict[str, Any] | None = None,
         conversation: Conversation | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.conversation = conversation if conversation is not None else Conversation()
@@ -131,6 +132,9 @@ class Run:
         self.cancel = cancel or CancelToken()
         self.limits = limits or Limits()
         self.model_name = model_name
+        #: the model's cap on output tokens per call (``[model] max_output_tokens``): every
+        #: ModelRequest carries it, so the budgets reserve what an answer may really cost
+        self.max_output_tokens = max_output_tokens
         #: scope keys of this run (``{"tenant": "acme", "user": "u-17"}``): shared budgets
         #: are kept per scope key; the run record carries them
         self.meta: dict[str, Any] = meta or {}
