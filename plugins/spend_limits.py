@@ -60,6 +60,7 @@ from loopwarden import (
 )
 from loopwarden.config import validation_error
 from loopwarden.exceptions import StoreError
+from loopwarden.notes import render_note, runtime
 from loopwarden.plugins._budgets import ladder, percent
 from loopwarden.plugins._spend import (
     _QUANTITY,
@@ -155,13 +156,15 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
     def _text(self, template: str, a: _Applied, q: int, spent: int) -> str:
         limit = a.counter.limits[q] or 0
         show = (lambda u: _money(Decimal(u) * COST_UNIT)) if q == COST else str
-        return template.format(
-            scope=a.counter.scope,
+        # the scope key is the caller's meta value (a tenant or user id): data, quoted
+        return render_note(
+            template,
+            scope=runtime(a.counter.scope),
             key=a.counter.key,
-            window=a.counter.window,
-            quantity=_QUANTITY[QUANTITIES[q]][1],
-            spent=show(spent),
-            limit=show(limit),
+            window=runtime(a.counter.window),
+            quantity=runtime(_QUANTITY[QUANTITIES[q]][1]),
+            spent=runtime(show(spent)),
+            limit=runtime(show(limit)),
             percent=percent(spent, limit),
         )
 
@@ -203,7 +206,9 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                 if s.missing_key == "refuse":
                     return self.stop(
                         "missing_scope_key",
-                        message=s.missing_message.format(scope=b.scope, window=b.window),
+                        message=render_note(
+                            s.missing_message, scope=runtime(b.scope), window=runtime(b.window)
+                        ),
                         rule="missing_scope_key",
                         scope=b.scope,
                         window=b.window,
@@ -241,8 +246,10 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         ):
             return self.stop(
                 "max_cost",
-                message=pricing.settings.unpriced_message.format(
-                    model=run.model_name, currency=self.currency
+                message=render_note(
+                    pricing.settings.unpriced_message,
+                    model=run.model_name,  # the deployment's model; data all the same
+                    currency=runtime(self.currency),
                 )
                 if pricing
                 else None,

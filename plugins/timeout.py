@@ -45,6 +45,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.notes import render_note, runtime, tool_name
 from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
 __all__ = ["Timeout", "TimeoutSettings"]
@@ -133,7 +134,7 @@ class Timeout(Plugin[TimeoutSettings]):
         """The run's time limit in seconds: its profile's, else ``max_seconds``."""
         return run.limits.max_seconds or self.settings.max_seconds
 
-    def _fields(self, run: Run, tool: str = "") -> dict[str, float | int | str]:
+    def _fields(self, run: Run, tool: str = runtime("")) -> dict[str, float | int | str]:
         limit, elapsed = self.limit(run), run.elapsed
         return dict(
             elapsed=elapsed,
@@ -158,7 +159,7 @@ class Timeout(Plugin[TimeoutSettings]):
         in_grace = elapsed < limit + s.grace_s
         if final and in_grace:
             return None
-        tool = call.name if call is not None else ""
+        tool = tool_name(call) if call is not None else runtime("")
         time_up = elapsed >= limit
         template = s.stop_message if time_up or call is None else s.tool_stop_message
         evidence: dict[str, Any] = dict(
@@ -174,7 +175,10 @@ class Timeout(Plugin[TimeoutSettings]):
         if result is not None:
             evidence.update(tool_error=result.error, tool_duration_s=round(result.duration_s, 3))
         return self.stop(
-            "timeout", soft=in_grace, message=template.format(**self._fields(run, tool)), **evidence
+            "timeout",
+            soft=in_grace,
+            message=render_note(template, **self._fields(run, tool)),
+            **evidence,
         )
 
     @hookimpl
@@ -197,7 +201,7 @@ class Timeout(Plugin[TimeoutSettings]):
         if s.warn_at is not None and not st.warned and elapsed >= limit * s.warn_at:
             st.warned = True
             return self.warn(
-                s.warning.format(**self._fields(run)),
+                render_note(s.warning, **self._fields(run)),
                 limit=limit,
                 spent=round(elapsed, 3),
                 elapsed_s=round(elapsed, 3),
