@@ -466,7 +466,10 @@ def test_http_model_call_limit_error_is_recorded(tmp_path: Path, stub: tuple[Stu
     try:
         with pytest.raises(ModelCallLimitExceededError):
             agent.invoke({"messages": [HumanMessage("Orders?")]})
-        recorded = wait_for(lambda: (tmp_path / "runs.jsonl").exists(), seconds=30)
+        # the file may exist before its line is written: wait for the record itself
+        recorded = wait_for(
+            lambda: (tmp_path / "runs.jsonl").exists() and bool(records(tmp_path)), seconds=30
+        )
     finally:
         dep.close()
     assert recorded
