@@ -42,7 +42,10 @@ def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
         for key in ("capped_output", "flaky_store"):
             worst = result[key]
             assert worst["max_output_tokens"] == 4000
-            assert worst["largest_reservation_tokens"] > worst["max_output_tokens"]
+            # every granted reservation covers the cap (with a half-failing store, a short
+            # --quick run may have had none granted: its faults are drawn at random)
+            granted = worst["largest_reservation_tokens"]
+            assert granted > worst["max_output_tokens"] or (key == "flaky_store" and granted == 0)
             assert worst["within_bound"] is True
             assert worst["spent_tokens"] <= worst["bound_tokens"]
         assert result["capped_output"]["spent_tokens"] > 0  # some runs were answered
