@@ -15,6 +15,10 @@
 * ``before_model`` refuses a model call once the time is up, and gives every call at most the
   time left (``request.timeout``; a final turn: up to the end of the grace period).  A call
   that overruns it is abandoned and the run ends ``timeout``.
+* ``after_response`` and ``after_tool`` also stop a call that took longer than the time this
+  plugin gave it although nothing cut it -- the plugin is shadowed (its deadlines are undone:
+  see shadow mode in docs/real-traffic.md), or a synchronous model does not bound itself -- so
+  a shadow run records the timeout it would have had.
 
 A watchdog backs these checks up: past ``max_seconds + grace_s`` (``run.deadline``) a run still
 going -- stuck in a hook, or in a tool or model call that cannot be abandoned -- is ended with
