@@ -384,6 +384,15 @@ def _play(dep: Deployment, sc: Scenario, db: Path, driver: str) -> tuple[Run, in
 #: the scenarios ``loopwarden demo`` plays, and those of the detection benchmark
 DEMO = builtin_scenarios()
 EVERY = [*DEMO, *sorted(BENCH_SCENARIOS.glob("*.toml"))]
+#: what built-in plugins change besides their verdicts (retry_policy's backoff, call.delay_s,
+#: is not reached with these settings: no retry is granted)
+AUDITED_EFFECTS = {
+    ("timeout", "run.deadline"),
+    ("timeout", "request.timeout"),
+    ("timeout", "call.timeout"),
+    ("retry_policy", "call.delay_s"),
+    ("retry_policy", "result.retryable"),
+}
 #: the baseline of each way of shadowing: what stays enforced
 BASELINE = {"tables": ["max_steps"], "run": ["max_steps", "terminal_tool"]}
 
@@ -438,6 +447,8 @@ def test_a_shadow_run_of_every_scenario_is_the_run_with_only_max_steps(
         assert s["shadow_stop"] is not None, sc.name
         assert all(v["plugin"] in ("max_steps", "terminal_tool") for v in b["verdicts"])
         effects.update((e["plugin"], e["effect"]) for e in s.get("shadow_effects", []))
+    # the audit of the built-ins: only these two change anything besides their verdicts
+    assert effects <= AUDITED_EFFECTS
     assert {("timeout", "run.deadline"), ("timeout", "call.timeout")} <= effects
     assert ("retry_policy", "result.retryable") in effects
     shadow_dep.close()
