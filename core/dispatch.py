@@ -1,5 +1,6 @@
 """The typed facade the loop calls hooks through (:class:`Hooks`): call plans read off pluggy,
-verdicts checked and resolved, failing plugins blamed by name (fail closed).
+verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed plugins'
+effects undone (:mod:`loopwarden._shadow`).
 
 Split from :mod:`loopwarden.pluginmanager` (which re-exports :class:`Hooks`): finding and
 loading plugins is there, registering and checking them in :mod:`loopwarden.registry`.
@@ -136,6 +137,10 @@ class Hooks:
     ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
     plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
     that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
+
+    Shadowed plugins (a facade made by :meth:`shadowing`) are called on both paths with a
+    snapshot of the hook's arguments restored after each call, so nothing they change besides
+    their verdicts reaches the run; what they changed is recorded (``run.shadow_effects``).
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:

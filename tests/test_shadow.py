@@ -27,8 +27,11 @@ from support.slow import SlowModel
 
 from loopwarden import Deployment, FakeClock, hookimpl
 from loopwarden import _drivers as drivers
+from loopwarden._shadow import MAX_EFFECTS, Snapshot
 from loopwarden.config import default_config_path, load_toml, parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.demo.shop import Shop, with_shop_prompt
+from loopwarden.events import ToolCall
 from loopwarden.exceptions import ToolError
 from loopwarden.loop import adrive, drive
 from loopwarden.pluginmanager import BUILTIN_PLUGINS
@@ -36,7 +39,16 @@ from loopwarden.report import analyse
 from loopwarden.run import Run
 from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.store import Shared
-from loopwarden.testing import HookRecorder, ScriptedModel, make_tool, script, tool_call, turn
+from loopwarden.testing import (
+    HookRecorder,
+    ScriptedModel,
+    make_run,
+    make_tool,
+    make_tool_call,
+    script,
+    tool_call,
+    turn,
+)
 from loopwarden.tools import ToolRegistry
 
 BENCH_SCENARIOS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
@@ -241,8 +253,6 @@ def test_whatever_a_shadowed_plugin_changes_is_undone_before_the_next_plugin_see
     cfg = parse_config(
         {"plugins": {"enabled": ["max_steps"], "meddler": {"shadow": True}}}, path="<t>"
     )
-    from loopwarden.demo import shop_tools
-
     dep = Deployment(cfg, plugins={"meddler": Meddler(), "witness": witness}, tools=shop_tools())
     assert dep.engine.shadow == {"meddler"}
     model = ScriptedModel(
@@ -286,8 +296,6 @@ def test_a_shadowed_plugin_that_raises_keeps_no_later_plugin_from_its_turn() -> 
 
     witness = Witness()
     cfg = parse_config({"plugins": {"enabled": [], "broken": {"shadow": True}}}, path="<t>")
-    from loopwarden.demo import shop_tools
-
     dep = Deployment(cfg, plugins={"broken": Broken(), "witness": witness}, tools=shop_tools())
     model = ScriptedModel(script([turn(None, tool_call("get_current_time")), turn("ok")]))
     rec = dep.run("time?", model=model).record()
@@ -295,6 +303,42 @@ def test_a_shadowed_plugin_that_raises_keeps_no_later_plugin_from_its_turn() -> 
     assert rec["shadow_stop"]["reason"] == "plugin_error"
     assert any(isinstance(s[0], float) for s in witness.seen)  # the witness saw the call
     assert [e["effect"] for e in rec["shadow_effects"]] == ["call.timeout"]
+
+
+def test_a_field_added_to_an_event_later_is_restored_too() -> None:
+    @dataclasses.dataclass(slots=True, eq=False)
+    class PlannedCall(ToolCall):
+        plan: list[float] | None = None  # e.g. a runtime-retry plan a plugin fills in
+
+    run = make_run()
+    call = PlannedCall(
+        **{f.name: getattr(make_tool_call("pay"), f.name) for f in dataclasses.fields(ToolCall)}
+    )
+    snapshot = Snapshot(("run", "call"), (run, call))
+    call.plan = [1.0, 2.0]
+    call.delay_s = 3.0
+    changes = snapshot.restore()
+    assert call.plan is None and call.delay_s == 0.0
+    assert sorted(label for label, _, _ in changes) == ["call.delay_s", "call.plan"]
+
+
+def test_shadow_effects_are_bounded() -> None:
+    class Busy:
+        @hookimpl
+        def before_tool(self, call: Any) -> None:
+            call.timeout = 1.0
+
+        @hookimpl
+        def after_tool(self, result: Any) -> None:
+            result.retryable = True
+
+    cfg = parse_config({"plugins": {"enabled": [], "busy": {"shadow": True}}}, path="<t>")
+    dep = Deployment(cfg, plugins={"busy": Busy()}, tools=shop_tools())
+    calls = [tool_call("get_current_time") for _ in range(MAX_EFFECTS // 2 + 10)]
+    rec = dep.run("time?", model=ScriptedModel(script([turn(None, *calls)]))).record()
+    assert rec["tools_executed"] == len(calls)
+    assert len(rec["shadow_effects"]) == MAX_EFFECTS
+    assert rec["shadow_effects_dropped"] == 2 * len(calls) - MAX_EFFECTS
 
 
 def test_the_report_lists_what_shadowed_plugins_would_have_done(tmp_path: Path) -> None:
