@@ -5,7 +5,9 @@ timeout plugin sets ``call.timeout``, ``request.timeout`` and ``run.deadline``, 
 sets ``call.delay_s`` and clears ``result.retryable``.  In shadow mode none of that may reach
 the run.  The dispatcher (:mod:`loopwarden.dispatch`) therefore takes a :class:`Snapshot` of a
 hook's arguments before it calls a shadowed plugin and :meth:`Snapshot.restore` s it afterwards;
-what had changed becomes a ``shadow_effects`` entry of the run record.
+what had changed becomes a ``shadow_effects`` entry of the run record.  Each change can be
+applied again (:data:`Change`): the shadowed plugins after it on the same event see it, as they
+would if all were enforced, and it is undone again after each of them.
 
 The snapshot is generic: every field of every (non-frozen) dataclass among the arguments --
 :class:`~loopwarden.events.ModelRequest`, :class:`~loopwarden.events.ToolCall`, ... -- and of
@@ -22,9 +24,10 @@ is not: a shadowed plugin that cancels the run's token, or writes to a store.  P
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_EFFECTS", "RUN_FIELDS", "Snapshot", "describe"]
+__all__ = ["MAX_EFFECTS", "RUN_FIELDS", "Change", "Snapshot", "describe"]
 
 #: the run's attributes a plugin could steer the run with (the rest are the loop's counters
 #: and records, or plugin state, which a shadowed plugin keeps)
@@ -45,6 +48,10 @@ _OPAQUE = frozenset({"tool", "cancel", "value"})
 
 #: the shadow effects a run records at most (later ones are counted, not kept)
 MAX_EFFECTS = 200
+
+#: a change undone: (label, before, after, a function that applies it again)
+Change = tuple[str, Any, Any, Callable[[], None]]
+
 
 _NO_COPY: Any = object()
 _MISSING: Any = object()
@@ -123,28 +130,51 @@ class Snapshot:
         else:
             entries.append((obj, attr, value, dict(value), label))
 
-    def restore(self) -> list[tuple[str, Any, Any]]:
-        """Put every value back; return what had changed: (label, before, after)."""
-        changes: list[tuple[str, Any, Any]] = []
-        for obj, attr, value, copy, label in self._entries:
+    def restore(self) -> list[Change]:
+        """Put every value back; return what had changed: (label, before, after, and a
+        function that applies the change again)."""
+        changes: list[Change] = []
+        for obj, attr, value, saved, label in self._entries:
             now = getattr(obj, attr, _MISSING)
-            if copy is _NO_COPY:
-                if now is _MISSING or not _same(now, value):
-                    changes.append((label, value, None if now is _MISSING else now))
+            if saved is not _NO_COPY:
+                if now is not value:  # the container was replaced ...
+                    changes.append((label, saved, _or_none(now), _setter(obj, attr, now)))
                     setattr(obj, attr, value)
-                continue
-            if now is not value:  # the container was replaced
-                changes.append((label, copy, None if now is _MISSING else now))
+                if not _same(value, saved):  # ... or changed in place
+                    after = type(value)(value)
+                    if now is value:
+                        changes.append((label, saved, after, _filler(value, after)))
+                    _fill(value, saved)
+            elif now is _MISSING or not _same(now, value):
+                changes.append((label, value, _or_none(now), _setter(obj, attr, now)))
                 setattr(obj, attr, value)
-            if not _same(value, copy):  # ... or changed in place
-                if now is value:
-                    changes.append((label, copy, type(value)(value)))
-                if isinstance(value, list):
-                    value[:] = copy
-                else:
-                    value.clear()
-                    value.update(copy)
         return changes
+
+
+def _or_none(value: Any) -> Any:
+    return None if value is _MISSING else value
+
+
+def _fill(container: Any, contents: Any) -> None:
+    if isinstance(container, list):
+        container[:] = contents
+    else:
+        container.clear()
+        container.update(contents)
+
+
+def _setter(obj: Any, attr: str, value: Any) -> Callable[[], None]:
+    def apply() -> None:
+        if value is _MISSING:
+            delattr(obj, attr)
+        else:
+            setattr(obj, attr, value)
+
+    return apply
+
+
+def _filler(container: Any, contents: Any) -> Callable[[], None]:
+    return lambda: _fill(container, contents)
 
 
 def describe(value: Any) -> Any:

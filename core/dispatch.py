@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from loopwarden import hookspecs
-from loopwarden._shadow import MAX_EFFECTS, Snapshot, describe
+from loopwarden._shadow import MAX_EFFECTS, Change, Snapshot, describe
 from loopwarden.verdicts import (
     EMPTY,
     UNKNOWN_PLUGIN,
@@ -217,9 +217,10 @@ class Hooks:
 
     def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
         results: list[Any] = []
+        overlay: list[Callable[[], None]] = []
         for name, fn, idx, shadowed in plan:
             if shadowed:
-                v = self._shadowed(hook, name, fn, idx, args)
+                v = self._shadowed(hook, name, fn, idx, args, overlay)
                 if v is not None:
                     results.append(v)
                 continue
@@ -246,20 +247,35 @@ class Hooks:
         fn: Callable[..., Any],
         idx: tuple[int, ...] | None,
         args: tuple[Any, ...],
+        overlay: list[Callable[[], None]],
     ) -> Verdict | None:
         """Call a shadowed plugin's implementation on a snapshot of ``args`` that is restored
         afterwards; record what it changed.  Its verdict -- or the ``plugin_error`` stop it
         earned by raising or returning a non-verdict -- is returned for the record (the loop
-        does not honour it), and never keeps the later plugins from being called."""
-        snapshot = Snapshot(_HOOK_ARGS[hook], args)
+        does not honour it), and never keeps the later plugins from being called.
+
+        ``overlay`` holds what the shadowed plugins called before it for this event changed:
+        it sees those changes (retry_policy's spent budget reaches a shadowed repeat_call, as
+        it would when both are enforced), which are undone again after it."""
+        names = _HOOK_ARGS[hook]
+        real = mine = Snapshot(names, args)
         try:
-            r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
-        except Exception as exc:
-            return self._failed(hook, exc, plugin=name).stop
+            if overlay:
+                for apply in overlay:
+                    apply()
+                mine = Snapshot(names, args)
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name).stop
+            finally:
+                changes = mine.restore()
+                if changes:
+                    overlay.extend(c[3] for c in changes)
+                    self._note_effects(hook, name, args, changes)
         finally:
-            changes = snapshot.restore()
-            if changes:
-                self._note_effects(hook, name, args, changes)
+            if mine is not real:
+                real.restore()
         if r is None:
             return None
         if (
@@ -273,7 +289,7 @@ class Hooks:
         return r
 
     def _note_effects(
-        self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[tuple[str, Any, Any]]
+        self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]
     ) -> None:
         """Add what a shadowed plugin would have changed to the run's ``shadow_effects``."""
         run = args[0]
@@ -281,7 +297,7 @@ class Hooks:
         if effects is None:  # a hand-built run object without the records
             return
         call = args[1] if hook in ("before_tool", "after_tool") else None
-        for label, before, after in changes:
+        for label, before, after, _ in changes:
             log.debug("shadowed plugin %r would have changed %s in %s", plugin, label, hook)
             if label == "run.deadline":  # a time on the run's clock: say when, from its start
                 before, after = (
@@ -393,8 +409,9 @@ class Hooks:
             results = caller(**dict(zip(_HOOK_ARGS[hook], args, strict=True)))
         except Exception as exc:
             return self._failed(hook, exc)
+        overlay: list[Callable[[], None]] = []
         for name, fn, idx, _ in shadowed:
-            v = self._shadowed(hook, name, fn, idx, args)
+            v = self._shadowed(hook, name, fn, idx, args, overlay)
             if v is not None:
                 results = [*results, v]
         return self._resolve(hook, results)

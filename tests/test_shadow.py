@@ -198,6 +198,30 @@ def test_in_shadow_mode_a_side_effect_that_failed_for_good_still_never_runs_agai
     assert attempts == ["88231"] and run.record()["tools_executed"] == 1
 
 
+def test_shadowed_plugins_see_each_others_effects_so_the_would_be_stop_is_the_real_one(
+    tmp_path: Path,
+) -> None:
+    # retry_policy spends the retry budget (result.retryable = False) and repeat_call, later
+    # in the config order, stops the storm on it: shadowed, the flag is undone for the run
+    # and for enforced plugins, not for the shadowed plugins after it on the same event
+    def storm(mode: str) -> dict[str, Any]:
+        data = load_toml(default_config_path())
+        data["store"] = {"url": f"sqlite:///{tmp_path / mode}.sqlite3"}
+        data["run"]["mode"] = mode
+        data["plugins"]["enabled"] = ["max_steps", "retry_policy", "repeat_call"]
+        with Deployment(parse_config(data, path="<t>"), tools=shop_tools()) as dep:
+            return dep.run(scenario="retry-storm", clock=FakeClock()).record()
+
+    enforced, shadowed = storm("enforce"), storm("shadow")
+    stop = next(v for v in enforced["verdicts"] if v["kind"] == "stop")
+    assert (enforced["termination"], stop["plugin"]) == ("repeat_call", "repeat_call")
+    would = shadowed["shadow_stop"]
+    assert shadowed["termination"] == "max_steps"
+    assert {k: would[k] for k in ("step", "hook", "plugin", "reason", "soft")} == {
+        k: stop[k] for k in ("step", "hook", "plugin", "reason", "soft")
+    }
+
+
 # -- the dispatcher: generic over fields, on both paths ----------------------------------------
 
 
@@ -319,7 +343,10 @@ def test_a_field_added_to_an_event_later_is_restored_too() -> None:
     call.delay_s = 3.0
     changes = snapshot.restore()
     assert call.plan is None and call.delay_s == 0.0
-    assert sorted(label for label, _, _ in changes) == ["call.delay_s", "call.plan"]
+    assert sorted(c[0] for c in changes) == ["call.delay_s", "call.plan"]
+    for c in changes:  # each change can be applied again (shadowed plugins see each other's)
+        c[3]()
+    assert call.plan == [1.0, 2.0] and call.delay_s == 3.0
 
 
 def test_shadow_effects_are_bounded() -> None:
