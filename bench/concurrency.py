@@ -20,6 +20,19 @@ tool, then the final answer -- against an async model that waits ``--latency-ms`
   beside it, and ``beyond_history_kb_per_run`` is the difference.  ``rss_kb_per_run`` is the
   growth of the process's peak RSS during the first (untraced) pass, for comparison.
 
+**Store I/O and the event loop** (``store_lag``; ``--store-runs``, default 200, ``--no-store``
+skips it): ``--store-runs`` concurrent runs of the same workload with ``spend_limits`` (a
+tenant/day budget they never reach: a reserve and a settle in the store per model call) on a
+SQLite file, on Redis (``--redis-url``, else ``LOOPWARDEN_TEST_REDIS_URL``; skipped without),
+and on an unresponsive store (SQLite behind a gate that never opens: every call fails after
+0.5 s, as a store that stopped answering does with ``[store] timeout_s = 0.5``; 20 runs).
+A probe coroutine sleeps 5 ms over and over beside them; its oversleep is the event loop's
+*lag*: how long the loop could not run anything else.  Each store is measured twice in the
+same process: as shipped (``offloaded``: the machine steps of those runs go to worker
+threads) and with the runs forced inline on the loop (``inline``: the behaviour before 0.3),
+reporting ``lag_ms`` p50 / p99 / max and ``wall_s``, and ``lag_ratio`` = inline / offloaded
+for p50 and max.
+
     python bench/concurrency.py --json
     python bench/concurrency.py --quick --json     # a smoke test of the bench itself
 """
@@ -120,6 +133,131 @@ async def batch(dep: Any, model_cls: Any, runs: int, steps: int) -> list[Any]:
     return list(done)
 
 
+LAG_PROBE_S = 0.005  # the probe's sleep: its oversleep is the event loop's lag
+
+
+async def _probe(lags: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, time.perf_counter() - t - LAG_PROBE_S))
+
+
+def _pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * len(values)))] if values else 0.0
+
+
+async def _lagged_batch(dep: Any, model_cls: Any, runs: int, steps: int) -> tuple[Any, ...]:
+    lags: list[float] = []
+    stop = asyncio.Event()
+    probe = asyncio.create_task(_probe(lags, stop))
+    await asyncio.sleep(0)
+    t0 = time.perf_counter()
+    done = await asyncio.gather(
+        *(
+            dep.arun(W.USER, model=model_cls(steps - 1), meta={"tenant": f"t{i % 7}"})
+            for i in range(runs)
+        )
+    )
+    wall = time.perf_counter() - t0
+    stop.set()
+    await probe
+    ends: dict[str, int] = {}
+    for run in done:
+        term = run.outcome.termination if run.outcome else "?"
+        ends[term] = ends.get(term, 0) + 1
+    return lags, wall, ends
+
+
+def store_lag(
+    url: str, namespace: str, runs: int, steps: int, latency: float, *, hung: bool = False
+) -> dict[str, Any]:
+    """Loop lag of ``runs`` concurrent store-using runs, offloaded and forced inline."""
+    import loopwarden._drivers as drivers
+    from loopwarden import Deployment
+    from loopwarden._testing_faults import GatedStore, install_store
+    from loopwarden.config import default_config_path, load_toml, parse_config
+
+    data = W.bench_config_data(load_toml(default_config_path()))
+    plugins = data["plugins"]
+    plugins["enabled"] = [*plugins["enabled"], "spend_limits"]
+    plugins["spend_limits"] = {
+        "budgets": [{"scope": "tenant", "window": "day", "max_tokens": W.BIG}]
+    }
+    # the shipped store timeout (5 s); the unresponsive store answers nothing within 0.5 s
+    data["store"] = {"url": url, "namespace": namespace, "timeout_s": 0.5 if hung else 5.0}
+    config = parse_config(data, path="<bench>")
+    _, model_cls = make(latency)
+    from loopwarden.tools import ToolRegistry, tool
+
+    async def lookup(key: str) -> str:
+        return W.lookup(key)
+
+    lookup.__doc__ = W.lookup.__doc__
+    tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(lookup)])
+    out: dict[str, Any] = {}
+    shipped = drivers.blocking_io
+    for label, decide in (("offloaded", shipped), ("inline", lambda run: False)):
+        dep = Deployment(config, tools=tools)
+        if hung:  # a store that no longer answers: each call fails after timeout_s
+            install_store(dep, lambda s: GatedStore(s, guard_s=0.5))
+        drivers.blocking_io = decide  # type: ignore[assignment]
+        try:
+            if not hung:
+                asyncio.run(_lagged_batch(dep, model_cls, min(runs, 20), steps))  # warm up
+            lags, wall, ends = asyncio.run(_lagged_batch(dep, model_cls, runs, steps))
+        finally:
+            drivers.blocking_io = shipped
+            dep.close()
+        out[label] = {
+            "wall_s": round(wall, 3),
+            "lag_ms": {
+                "p50": round(_pct(lags, 0.5) * 1e3, 2),
+                "p99": round(_pct(lags, 0.99) * 1e3, 2),
+                "max": round(max(lags, default=0.0) * 1e3, 2),
+            },
+            "probes": len(lags),
+            "runs": dict(sorted(ends.items())),
+        }
+    off, inl = out["offloaded"]["lag_ms"], out["inline"]["lag_ms"]
+    out["lag_ratio"] = {
+        k: round(inl[k] / off[k], 1) if off[k] > 0 else None for k in ("p50", "max")
+    }
+    out["concurrent_runs"] = runs
+    return out
+
+
+def store_lags(runs: int, steps: int, latency: float, redis_url: str | None) -> dict[str, Any]:
+    import os
+    import tempfile
+    import uuid
+
+    tmp = Path(tempfile.mkdtemp(prefix="lw-bench-lag-"))
+    ns = "lwbench-" + uuid.uuid4().hex[:8]
+    result: dict[str, Any] = {
+        "sqlite": store_lag(f"sqlite:///{tmp}/store.sqlite3", ns, runs, steps, latency)
+    }
+    redis_url = redis_url or os.environ.get("LOOPWARDEN_TEST_REDIS_URL")
+    if redis_url:
+        result["redis"] = store_lag(redis_url, ns, runs, steps, latency)
+    else:
+        result["redis"] = {"skipped": "no Redis (give --redis-url)"}
+    hung_runs = min(runs, 20)
+    result["unresponsive"] = store_lag(
+        f"sqlite:///{tmp}/hung.sqlite3", ns, hung_runs, steps, latency, hung=True
+    )
+    if redis_url:
+        import redis
+
+        r = redis.Redis.from_url(redis_url)
+        keys = list(r.scan_iter(match="{" + ns + "}:*", count=500))
+        if keys:
+            r.delete(*keys)
+        r.close()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -132,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no plugins but the essential max_steps, instead of the shipped config",
     )
+    ap.add_argument("--store-runs", type=int, default=None, help="store lag runs (200)")
+    ap.add_argument("--no-store", action="store_true", help="skip the store lag section")
+    ap.add_argument("--redis-url", default=None, help="Redis for the store lag section")
     args = ap.parse_args(argv)
     runs = args.runs or (20 if args.quick else 1000)
     steps = max(1, args.steps)
@@ -191,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": W.machine(),
     }
     dep.close()
+    if not args.no_store:
+        store_runs = args.store_runs or (10 if args.quick else 200)
+        result["store_lag"] = store_lags(store_runs, steps, latency, args.redis_url)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -211,6 +355,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['rss_kb_per_run']:.1f} KB"
     )
     print("plugins: " + ", ".join(result["plugins"]))
+    for name, lag in result.get("store_lag", {}).items():
+        if "skipped" in lag:
+            print(f"store lag, {name}: skipped ({lag['skipped']})")
+            continue
+        print(
+            f"store lag, {name}, {lag['concurrent_runs']} runs: loop lag p50/max "
+            f"{lag['offloaded']['lag_ms']['p50']}/{lag['offloaded']['lag_ms']['max']} ms "
+            f"(inline: {lag['inline']['lag_ms']['p50']}/{lag['inline']['lag_ms']['max']} ms, "
+            f"x{lag['lag_ratio']['p50']}/x{lag['lag_ratio']['max']}); wall "
+            f"{lag['offloaded']['wall_s']} s (inline {lag['inline']['wall_s']} s)"
+        )
     return 0
 
 

@@ -20,6 +20,24 @@ Reported per store:
   beside ``other_guards_us_per_model_call``: the rest of the guard stack's hooks for the same
   call; ``single_worker`` has the same figures for one worker alone (no CPU contention).
 
+Then two worst cases for the overspend bound, per store, each with ``--capped-workers``
+(default 4) processes x ``--capped-runs`` (default 25) one-call runs against a ``tenant/day``
+budget of ``--capped-budget`` (default 50,000) tokens, by a model that answers every call with
+all the output it may (:class:`loopwarden._testing_faults.CappedModel`:
+``--max-output-tokens``, default 4,000, the ``[model] max_output_tokens`` cap its client
+sends).  What the runs *really* spent -- the usage the model reported, what a provider bills --
+is compared with the bound (budget + one largest reservation per worker):
+
+* ``capped_output``: a healthy store.  ``uncapped_reservation`` beside it: the same runs by a
+  model whose cap loopwarden cannot see (requests without ``max_output_tokens``, as before
+  0.3: ``reserve_output_tokens`` = 1,000 reserved per call) -- how far past the bound that goes;
+* ``flaky_store``: the same runs on a store that times out half of its calls
+  (:class:`loopwarden._testing_faults.FlakyStore`: each reserve / settle fails with probability
+  1/2, in turn before reaching the store and after it -- a lost answer), ``on_store_error =
+  "fail_closed"``; ``store_calls`` / ``store_timeouts`` count them, ``recorded_tokens`` /
+  ``held_tokens`` are what the store counts as spent / still reserved (a reservation whose
+  settle failed keeps counting until ``[store] reservation_ttl_s``).
+
     python bench/shared_budget.py --json
     python bench/shared_budget.py --quick --json     # a smoke test of the bench itself
 
@@ -46,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden import ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
+from loopwarden._testing_faults import CappedModel, FlakyStore, install_store
 from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.demo import config_tools
 from loopwarden.deployment import Deployment
@@ -63,6 +82,7 @@ class TimedSpendLimits(SpendLimits):
         self.samples: list[float] = []
         self.pending: dict[str, float] = {}
         self.max_reserved = 0  # the largest cost reservation, in store units
+        self.max_reserved_tokens = 0  # the largest token reservation
 
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
@@ -72,6 +92,9 @@ class TimedSpendLimits(SpendLimits):
         st = self.state(run)
         if st.pending is not None:
             self.max_reserved = max(self.max_reserved, st.pending[1][QUANTITIES.index("cost")])
+            self.max_reserved_tokens = max(
+                self.max_reserved_tokens, st.pending[1][QUANTITIES.index("tokens")]
+            )
         return verdict
 
     @hookimpl
@@ -145,6 +168,113 @@ def worker(
         "others_s": others,
         "max_reserved": plugin.max_reserved,
     }
+
+
+class HiddenCapModel(CappedModel):
+    """A CappedModel whose cap loopwarden cannot see (no ``max_output_tokens`` attribute, so
+    requests carry none): what every model was before requests carried the cap."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(None, default_output=cap)
+
+
+def capped_worker(
+    store: dict[str, Any],
+    budget_tokens: int,
+    max_output: int,
+    runs: int,
+    start: float,
+    variant: str,
+) -> dict[str, Any]:
+    """One process: ``runs`` one-call runs for tenant acme by a model that answers with all
+    the output it may; ``variant``: "capped", "hidden" (the cap unseen) or "flaky" (a store
+    that times out half of its calls)."""
+    config = parse_config(
+        {
+            "store": {**store, "timeout_s": 2.0},
+            "plugins": {
+                "enabled": ["spend_limits"],
+                "spend_limits": {
+                    "budgets": [{"scope": "tenant", "window": "day", "max_tokens": budget_tokens}]
+                },
+            },
+        },
+        path="<bench>",
+    )
+    dep = Deployment(config, plugins={"spend_limits": TimedSpendLimits})
+    plugin: TimedSpendLimits = dep.plugins.get("spend_limits")
+    flaky = (
+        install_store(dep, lambda s: FlakyStore(s, every=2, seed=os.getpid()))
+        if variant == "flaky"
+        else None
+    )
+    while time.time() < start:
+        time.sleep(0.001)
+    ends: dict[str, int] = {}
+    billed = 0
+    for _ in range(runs):
+        model = HiddenCapModel(max_output) if variant == "hidden" else CappedModel(max_output)
+        run = dep.run("Summarise the quarterly report.", model=model, meta={"tenant": "acme"})
+        billed += run.usage.total  # what the model reported: what a provider bills
+        term = run.outcome.termination if run.outcome else "?"
+        if term != "final_answer":  # a soft stop's answered last turn, or refused
+            term += " (refused)" if run.step == 0 else " (cut short)"
+        ends[term] = ends.get(term, 0) + 1
+    dep.close()
+    return {
+        "ends": ends,
+        "billed_tokens": billed,
+        "max_reserved_tokens": plugin.max_reserved_tokens,
+        "store_calls": flaky.calls if flaky is not None else 0,
+        "store_timeouts": len(flaky.failed) if flaky is not None else 0,
+    }
+
+
+def measure_capped(
+    name: str,
+    store: dict[str, Any],
+    workers: int,
+    runs: int,
+    budget_tokens: int,
+    max_output: int,
+    variant: str,
+) -> dict[str, Any]:
+    """``workers`` processes of :func:`capped_worker` at once on a fresh budget."""
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 2.0 + 0.3 * workers
+    args = (store, budget_tokens, max_output, runs, start, variant)
+    with ctx.Pool(workers) as pool:
+        results = pool.starmap(capped_worker, [args] * workers)
+    st = open_store(store["url"], namespace=store.get("namespace", "loopwarden"))
+    rows = [r for r in st.rows() if r.scope == "tenant" and r.key == "acme"]
+    st.close()
+    tokens = QUANTITIES.index("tokens")
+    billed = sum(r["billed_tokens"] for r in results)
+    largest = max(r["max_reserved_tokens"] for r in results)
+    bound = budget_tokens + workers * largest
+    ends: dict[str, int] = {}
+    for r in results:
+        for k, v in r["ends"].items():
+            ends[k] = ends.get(k, 0) + v
+    out: dict[str, Any] = {
+        "workers": workers,
+        "runs_per_worker": runs,
+        "budget_tokens": budget_tokens,
+        "max_output_tokens": max_output,
+        "spent_tokens": billed,
+        "largest_reservation_tokens": largest,
+        "bound_tokens": bound,
+        "within_bound": billed <= bound,
+        "within_budget": billed <= budget_tokens,
+        "overspend_tokens": max(0, billed - budget_tokens),
+        "recorded_tokens": rows[0].committed[tokens] if rows else 0,
+        "held_tokens": rows[0].reserved[tokens] if rows else 0,
+        "runs": dict(sorted(ends.items())),
+    }
+    if variant == "flaky":
+        out["store_calls"] = sum(r["store_calls"] for r in results)
+        out["store_timeouts"] = sum(r["store_timeouts"] for r in results)
+    return out
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -259,9 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--quick", action="store_true", help="2 workers x 3 runs (smoke test)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--capped-workers", type=int, default=4)
+    parser.add_argument("--capped-runs", type=int, default=25, help="one-call runs per worker")
+    parser.add_argument("--capped-budget", type=int, default=50_000, help="tenant/day tokens")
+    parser.add_argument("--max-output-tokens", type=int, default=4000)
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.runs, args.max_cost = 2, 3, 0.01
+        args.capped_workers, args.capped_runs, args.capped_budget = 2, 4, 10_000
     out: dict[str, Any] = {
         "bench": "shared_budget",
         "python": platform.python_version(),
@@ -298,6 +433,26 @@ def main(argv: list[str] | None = None) -> int:
                     "other_guards_us_per_model_call",
                 )
             }
+            for variant, key in (
+                ("capped", "capped_output"),
+                ("hidden", "uncapped_reservation"),
+                ("flaky", "flaky_store"),
+            ):
+                fresh = {
+                    **store,
+                    "url": store["url"].replace("store.sqlite3", f"{variant}.sqlite3"),
+                }
+                if "namespace" in store:
+                    fresh["namespace"] = f"{store['namespace']}-{variant}"
+                result[key] = measure_capped(
+                    name,
+                    fresh,
+                    args.capped_workers,
+                    args.capped_runs,
+                    args.capped_budget,
+                    args.max_output_tokens,
+                    variant,
+                )
             if name == "sqlite":
                 shutil.rmtree(tmp, ignore_errors=True)
     finally:
@@ -321,6 +476,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['single_worker']['store_us_per_model_call']} us, other guards "
             f"{r['single_worker']['other_guards_us_per_model_call']} us"
         )
+        for key in ("capped_output", "uncapped_reservation", "flaky_store"):
+            c = r[key]
+            print(
+                f"  {key}: {c['workers']} workers x {c['runs_per_worker']} runs, budget "
+                f"{c['budget_tokens']} tokens, max_output_tokens {c['max_output_tokens']}: "
+                f"spent {c['spent_tokens']} (bound {c['bound_tokens']}, within: "
+                f"{c['within_bound']}); runs {c['runs']}"
+                + (
+                    f"; store timeouts {c['store_timeouts']} of {c['store_calls']} calls"
+                    if "store_calls" in c
+                    else ""
+                )
+            )
     return 0
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         ModelRequest,
         ModelResponse,
         ProposedCall,
+        RetryPlan,
         ToolCall,
         ToolResult,
         Usage,
@@ -64,7 +65,15 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Config", "load_config"), "config"),
     "Deployment": "deployment",
     **dict.fromkeys(
-        ("ModelRequest", "ModelResponse", "ProposedCall", "ToolCall", "ToolResult", "Usage"),
+        (
+            "ModelRequest",
+            "ModelResponse",
+            "ProposedCall",
+            "RetryPlan",
+            "ToolCall",
+            "ToolResult",
+            "Usage",
+        ),
         "events",
     ),
     **dict.fromkeys(
@@ -104,6 +113,7 @@ __all__ = [
     "PluginLoadError",
     "PluginSettings",
     "ProposedCall",
+    "RetryPlan",
     "Run",
     "RunOutcome",
     "ScenarioError",

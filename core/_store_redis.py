@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from loopwarden.exceptions import ConfigError, StoreError
 from loopwarden.store import (
@@ -25,6 +26,8 @@ from loopwarden.store import (
     LedgerState,
     Reserved,
     _amounts,
+    _Backend,
+    _entry,
     _ident,
     redact_url,
 )
@@ -32,7 +35,12 @@ from loopwarden.store import (
 __all__ = ["RedisStore"]
 
 
-# KEYS: per counter, its hash and its reservations hash; then the index set.
+#: expired members of the counter index a write removes on its way (bounded, opportunistic)
+PRUNE_BATCH = 64
+
+# The counter index is a sorted set scored by each counter's expiry (+inf: never), so a write
+# prunes the expired members in O(log n) -- the hashes themselves expire by EXPIREAT.
+# KEYS: per counter, its hash and its reservations hash; then the index.
 # ARGV: now, ttl, commit, token, the 5 amounts, then per counter: expires_at (-1: never),
 # scope, key, window, bucket, the 5 limits (-1: none).
 _LUA_RESERVE = """
@@ -87,13 +95,19 @@ for i = 1, n do
     redis.call('EXPIRE', rk, math.ceil(ttl) + 1)
   end
   local exp = tonumber(ARGV[o + 1])
-  if exp > 0 then redis.call('EXPIREAT', ck, math.ceil(exp)) end
-  redis.call('SADD', index, ck)
+  if exp > 0 then
+    redis.call('EXPIREAT', ck, math.ceil(exp))
+    redis.call('ZADD', index, math.ceil(exp), ck)
+  else
+    redis.call('ZADD', index, '+inf', ck)
+  end
 end
+local old = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, PRUNE)
+if #old > 0 then redis.call('ZREM', index, unpack(old)) end
 return out
 """
 
-# KEYS: per counter, its hash and its reservations hash; then the index set.
+# KEYS: per counter, its hash and its reservations hash; then the index.
 # ARGV: token, count (1/0), the 5 amounts, then per counter: expires_at, scope, key, window,
 # bucket.
 _LUA_SETTLE = """
@@ -110,8 +124,12 @@ for i = 1, n do
       if tonumber(ARGV[2 + q]) ~= 0 then redis.call('HINCRBY', ck, Q[q], ARGV[2 + q]) end
     end
     local exp = tonumber(ARGV[o + 1])
-    if exp > 0 then redis.call('EXPIREAT', ck, math.ceil(exp)) end
-    redis.call('SADD', KEYS[#KEYS], ck)
+    if exp > 0 then
+      redis.call('EXPIREAT', ck, math.ceil(exp))
+      redis.call('ZADD', KEYS[#KEYS], math.ceil(exp), ck)
+    else
+      redis.call('ZADD', KEYS[#KEYS], '+inf', ck)
+    end
   end
 end
 return 1
@@ -126,20 +144,37 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {}
 """
 
-# KEYS: the entry.  ARGV: owner, state, result ('' for none), ttl_ms; state '' releases.
+# KEYS: the entry.  ARGV: owner, state, result ('' for none), ttl_ms; state '' releases (a
+# claim still running: a recorded outcome is never released).
 _LUA_FINISH = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then redis.call('DEL', KEYS[1]); return 1 end
+if ARGV[2] == '' then
+  if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+  redis.call('DEL', KEYS[1]); return 1
+end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'result', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
 
-class RedisStore:
+def _url_secrets(url: str) -> list[str]:
+    """The passwords in a Redis URL (``user:password@``, ``?password=``), to scrub from any
+    error text the client library may build from them."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+        found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
+    except ValueError:
+        return []
+    return [x for s in found for x in {s, unquote(s)} if len(x) >= 3]
+
+
+class RedisStore(_Backend):
     """The store on a Redis server (Lua scripts for every check-and-change)."""
 
     def __init__(self, url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0) -> None:
+        super().__init__()
         try:
             import redis
         except ImportError:
@@ -150,20 +185,31 @@ class RedisStore:
         self.url = url
         self.now = time.time  #: the wall clock (tests may replace it)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._secrets = _url_secrets(url)
         self._prefix = "{" + namespace + "}:"
-        self._index = self._prefix + "counters"
+        self._index = self._prefix + "cidx"  # sorted by expiry
+        self._legacy_index = self._prefix + "counters"  # 0.3's plain set: read, then moved
         try:
             self._r = redis.Redis.from_url(
                 url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
             )
-            self._reserve = self._r.register_script(_LUA_RESERVE)
-            self._settle = self._r.register_script(_LUA_SETTLE)
-            self._claim = self._r.register_script(_LUA_CLAIM)
-            self._finish = self._r.register_script(_LUA_FINISH)
+            self._lua_reserve = self._r.register_script(
+                _LUA_RESERVE.replace("PRUNE", str(PRUNE_BATCH))
+            )
+            self._lua_settle = self._r.register_script(_LUA_SETTLE)
+            self._lua_claim = self._r.register_script(_LUA_CLAIM)
+            self._lua_finish = self._r.register_script(_LUA_FINISH)
         except (ValueError, *self._errors) as exc:
             raise StoreError(
-                f"cannot use the Redis store {redact_url(url)}: {exc}", url=redact_url(url)
+                f"cannot use the Redis store {redact_url(url)}: {self._scrub(exc)}",
+                url=redact_url(url),
             ) from exc
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = str(exc)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     @contextmanager
     def _errors_as_store_error(self) -> Iterator[None]:
@@ -171,21 +217,21 @@ class RedisStore:
             yield
         except self._errors as exc:
             raise StoreError(
-                f"Redis store {redact_url(self.url)}: {exc}", url=redact_url(self.url)
+                f"Redis store {redact_url(self.url)}: {self._scrub(exc)}",
+                url=redact_url(self.url),
             ) from exc
 
     def _keys(self, c: Counter) -> tuple[str, str]:
         ident = "\x1f".join(_ident(c))
         return self._prefix + "c:" + ident, self._prefix + "r:" + ident
 
-    def reserve(
+    def _reserve(
         self,
         counters: Sequence[Counter],
         amount: Sequence[int],
-        *,
         token: str,
         ttl_s: float,
-        commit: bool = False,
+        commit: bool,
     ) -> Reserved:
         keys: list[str] = []
         args: list[Any] = [
@@ -206,13 +252,15 @@ class RedisStore:
             )
         keys.append(self._index)
         with self._errors_as_store_error():
-            out = self._reserve(keys=keys, args=args)
+            out = self._lua_reserve(keys=keys, args=args)
         nums = [int(x) for x in out]
         used = tuple(_amounts(nums[2 + 5 * i : 7 + 5 * i]) for i in range(len(counters)))
         refused = (nums[0] - 1, nums[1] - 1) if nums[0] else None
         return Reserved(used, refused)
 
-    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
+    def _settle(
+        self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
+    ) -> None:
         keys: list[str] = []
         args: list[Any] = [
             token,
@@ -224,15 +272,36 @@ class RedisStore:
             args.extend([repr(c.expires_at) if c.expires_at is not None else "-1", *_ident(c)])
         keys.append(self._index)
         with self._errors_as_store_error():
-            self._settle(keys=keys, args=args)
+            self._lua_settle(keys=keys, args=args)
 
-    def rows(self) -> list[CounterRow]:
+    def _migrate_legacy_index(self) -> None:
+        """Move the members of 0.3's plain index set into the sorted index (scored by their
+        hash's expiry), then drop the set: old counters stay listed, and are pruned too."""
+        legacy: list[bytes] = [
+            n if isinstance(n, bytes) else str(n).encode()
+            for n in self._r.smembers(self._legacy_index)
+        ]
+        if not legacy:
+            return
+        pipe = self._r.pipeline(transaction=False)
+        for name in legacy:
+            pipe.ttl(name)
+        ttls = pipe.execute()
+        now = self.now()
+        scores = {  # TTL -1: no expiry; -2: gone (pruned as any expired member)
+            n: float("inf") if t == -1 else now + t for n, t in zip(legacy, ttls, strict=True)
+        }
+        self._r.zadd(self._index, scores, nx=True)
+        self._r.srem(self._legacy_index, *legacy)
+
+    def _rows(self) -> list[CounterRow]:
         now = self.now()
         out: list[CounterRow] = []
         with self._errors_as_store_error():
+            self._migrate_legacy_index()
             names = sorted(
                 n if isinstance(n, bytes) else str(n).encode()
-                for n in self._r.smembers(self._index)
+                for n in self._r.zrange(self._index, 0, -1)
             )
             pipe = self._r.pipeline(transaction=False)
             for name in names:
@@ -266,38 +335,42 @@ class RedisStore:
                     )
                 )
             if gone:
-                self._r.srem(self._index, *gone)
+                self._r.zrem(self._index, *gone)
         out.sort(key=lambda r: (r.scope, r.key, r.window, r.bucket))
         return out
 
-    def reset(self, scope: str, key: str) -> int:
+    def _reset(self, scope: str, key: str) -> int:
         n = 0
-        for row in self.rows():
+        for row in self._rows():
             if row.scope == scope and row.key == key:
                 c = Counter(row.scope, row.key, row.window, row.bucket)
                 ck, rk = self._keys(c)
                 with self._errors_as_store_error():
                     self._r.delete(ck, rk)
-                    self._r.srem(self._index, ck)
+                    self._r.zrem(self._index, ck)
                 n += 1
         return n
 
     def _entry_key(self, key: str) -> str:
         return self._prefix + "l:" + key
 
-    def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+    def _claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         with self._errors_as_store_error():
-            out = self._claim(
+            out = self._lua_claim(
                 keys=[self._entry_key(key)],
                 args=[owner, repr(self.now()), max(1, int(ttl_s * 1000))],
             )
         if not out:
             return None
-        d = {out[i].decode(): out[i + 1].decode() for i in range(0, len(out), 2)}
-        result = json.loads(d["result"]) if d.get("result") else None
-        return LedgerEntry(key, d["state"], d["owner"], float(d["started_at"]), result)
+        d = {
+            out[i].decode(errors="replace"): out[i + 1].decode(errors="replace")
+            for i in range(0, len(out) - 1, 2)
+        }
+        return _entry(
+            key, d.get("state", ""), d.get("owner", ""), d.get("started_at"), d.get("result")
+        )
 
-    def finish(
+    def _finish(
         self,
         key: str,
         owner: str,
@@ -307,13 +380,13 @@ class RedisStore:
     ) -> None:
         text = json.dumps(result, ensure_ascii=False) if result is not None else ""
         with self._errors_as_store_error():
-            self._finish(
+            self._lua_finish(
                 keys=[self._entry_key(key)], args=[owner, state, text, max(1, int(ttl_s * 1000))]
             )
 
-    def release(self, key: str, owner: str) -> None:
+    def _release(self, key: str, owner: str) -> None:
         with self._errors_as_store_error():
-            self._finish(keys=[self._entry_key(key)], args=[owner, "", "", 1])
+            self._lua_finish(keys=[self._entry_key(key)], args=[owner, "", "", 1])
 
     def close(self) -> None:
         self._r.close()

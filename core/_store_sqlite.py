@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden.exceptions import StoreError
+from loopwarden.paths import private_file
 from loopwarden.store import (
     QUANTITIES,
     Amounts,
@@ -29,6 +30,8 @@ from loopwarden.store import (
     LedgerState,
     Reserved,
     _amounts,
+    _Backend,
+    _entry,
     _ident,
 )
 
@@ -65,20 +68,33 @@ CREATE TABLE IF NOT EXISTS ledger (
     key TEXT PRIMARY KEY, state TEXT NOT NULL, owner TEXT NOT NULL, started_at REAL NOT NULL,
     result TEXT, expires_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS ledger_expiry ON ledger (expires_at);
 """
+
+#: expired rows a write deletes on its way (counters, ledger entries): pruning stays
+#: opportunistic and bounded -- a store never grows with the runs it has seen, and no write
+#: pays for a large backlog at once
+PRUNE_BATCH = 64
 
 _COLS = ", ".join(QUANTITIES)
 _WHERE = "scope = ? AND key = ? AND window = ? AND bucket = ?"
 
 
-class SQLiteStore:
-    """The store in one SQLite file (WAL mode; ``BEGIN IMMEDIATE`` for every change)."""
+class SQLiteStore(_Backend):
+    """The store in one SQLite file (WAL mode; ``BEGIN IMMEDIATE`` for every change).
+
+    ``timeout_s`` bounds one store call: waiting for this process's other threads, for
+    another process's write lock (SQLite's busy timeout) and the retries of opening a new
+    file, all together.  A new file is created owner-only (0600), in owner-only directories
+    where it creates them (0700).
+    """
 
     def __init__(self, path: Path, *, timeout_s: float = 5.0) -> None:
+        super().__init__()
         self.path = path
         self.url = "sqlite:///" + str(path)
         self.now = time.time  #: the wall clock (tests may replace it)
-        self._timeout = max(timeout_s, 1.0) * 6  # waiting for another writer's lock
+        self._timeout = timeout_s  # one call's whole wait, lock included
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
@@ -93,7 +109,7 @@ class SQLiteStore:
         while True:
             conn: sqlite3.Connection | None = None
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                private_file(self.path)  # owner-only, before SQLite creates it 0644
                 conn = sqlite3.connect(
                     str(self.path),
                     timeout=self._timeout,
@@ -123,14 +139,24 @@ class SQLiteStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction (serialised across threads and processes)."""
-        with self._lock:
+        """One ``BEGIN IMMEDIATE`` transaction (serialised across threads and processes),
+        waiting at most ``timeout_s`` in all for the thread lock and the file's write lock."""
+        deadline = time.monotonic() + self._timeout
+        if not self._lock.acquire(timeout=self._timeout):
+            raise StoreError(
+                f"SQLite store {self.path}: busy (other calls of this process held it "
+                f"for {self._timeout:g} s)",
+                url=self.url,
+            )
+        try:
             if self._closed:
                 raise StoreError("the store is closed", url=self.url)
             if os.getpid() != self._pid:  # a forked child: never share the parent's connection
                 self._pid, self._conn = os.getpid(), self._connect()
             conn = self._conn
             try:
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                conn.execute(f"PRAGMA busy_timeout = {left_ms}")  # what is left of timeout_s
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
@@ -140,6 +166,8 @@ class SQLiteStore:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite store {self.path}: {exc}", url=self.url) from exc
+        finally:
+            self._lock.release()
 
     def _used(self, conn: sqlite3.Connection, c: Counter) -> Amounts:
         ident = _ident(c)
@@ -160,18 +188,27 @@ class SQLiteStore:
             (*_ident(c), *amount, c.expires_at),
         )
 
-    def reserve(
+    @staticmethod
+    def _prune(conn: sqlite3.Connection, table: str, now: float) -> None:
+        """Delete up to :data:`PRUNE_BATCH` expired rows of ``table`` (by its expiry index)."""
+        conn.execute(
+            f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+            "WHERE expires_at <= ? LIMIT ?)",
+            (now, PRUNE_BATCH),
+        )
+
+    def _reserve(
         self,
         counters: Sequence[Counter],
         amount: Sequence[int],
-        *,
         token: str,
         ttl_s: float,
-        commit: bool = False,
+        commit: bool,
     ) -> Reserved:
         now = self.now()
         with self._tx() as conn:
             conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
+            self._prune(conn, "counters", now)
             used = tuple(self._used(conn, c) for c in counters)
             for i, c in enumerate(counters):
                 q = _first_refused(used[i], amount, c.limits)
@@ -189,7 +226,9 @@ class SQLiteStore:
                     )
             return Reserved(used)
 
-    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
+    def _settle(
+        self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
+    ) -> None:
         with self._tx() as conn:
             for c in counters:
                 conn.execute(
@@ -198,7 +237,7 @@ class SQLiteStore:
                 if actual is not None:
                     self._add(conn, c, actual)
 
-    def rows(self) -> list[CounterRow]:
+    def _rows(self) -> list[CounterRow]:
         now = self.now()
         with self._tx() as conn:
             conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
@@ -228,14 +267,14 @@ class SQLiteStore:
             for r in rows
         ]
 
-    def reset(self, scope: str, key: str) -> int:
+    def _reset(self, scope: str, key: str) -> int:
         with self._tx() as conn:
             conn.execute("DELETE FROM reservations WHERE scope = ? AND key = ?", (scope, key))
             return conn.execute(
                 "DELETE FROM counters WHERE scope = ? AND key = ?", (scope, key)
             ).rowcount
 
-    def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+    def _claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         now = self.now()
         with self._tx() as conn:
             row = conn.execute(
@@ -244,9 +283,8 @@ class SQLiteStore:
                 (key, now),
             ).fetchone()
             if row is not None:
-                return LedgerEntry(
-                    key, row[0], row[1], row[2], json.loads(row[3]) if row[3] else None
-                )
+                return _entry(key, str(row[0]), str(row[1]), row[2], row[3])
+            self._prune(conn, "ledger", now)
             conn.execute(
                 "INSERT OR REPLACE INTO ledger (key, state, owner, started_at, result, "
                 "expires_at) VALUES (?, 'running', ?, ?, NULL, ?)",
@@ -254,7 +292,7 @@ class SQLiteStore:
             )
             return None
 
-    def finish(
+    def _finish(
         self,
         key: str,
         owner: str,
@@ -270,9 +308,12 @@ class SQLiteStore:
                 (state, text, self.now() + ttl_s, key, owner),
             )
 
-    def release(self, key: str, owner: str) -> None:
-        with self._tx() as conn:
-            conn.execute("DELETE FROM ledger WHERE key = ? AND owner = ?", (key, owner))
+    def _release(self, key: str, owner: str) -> None:
+        with self._tx() as conn:  # a recorded outcome is never released
+            conn.execute(
+                "DELETE FROM ledger WHERE key = ? AND owner = ? AND state = 'running'",
+                (key, owner),
+            )
 
     def close(self) -> None:
         with self._lock:

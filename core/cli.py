@@ -4,7 +4,8 @@ Each subcommand lives in its own module under ``loopwarden.commands`` and is imp
 it runs, so ``loopwarden --help`` stays fast.  Exit codes: 0 success, 1 a check that failed
 its purpose, 2 bad input (config, scenario, arguments) -- always with a message, never a
 traceback; ``run`` also exits 3 when the run could not be carried out (``model_error``,
-``plugin_error``) and 130 / 143 after SIGINT / SIGTERM (see :mod:`loopwarden.commands.run`).
+``plugin_error``, ``store_unavailable``) and 130 / 143 after SIGINT / SIGTERM (see
+:mod:`loopwarden.commands.run`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import contextlib
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from loopwarden._version import __version__
 
@@ -77,13 +78,36 @@ def _tolerant_output() -> None:
                 reconfigure(errors="backslashreplace")
 
 
+@contextlib.contextmanager
+def _escaped_output() -> Iterator[None]:
+    """While a command runs, everything it prints on stdout and stderr -- tables, records,
+    errors, log lines -- goes through :class:`~loopwarden.sanitize.TerminalStream`: a tool
+    name, an id or a message the model made up cannot run an escape sequence (OSC, CSI, BEL)
+    or a bidi override on the operator's terminal."""
+    from loopwarden.sanitize import TerminalStream
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalStream(sys.stdout), TerminalStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
+    """Entry point of the console script (a command's output is escaped: see
+    :func:`_escaped_output`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not args or args[0] in ("-h", "--help") or args[0] == "--version":
-        parser.parse_args(args or ["--help"])
+        parser.parse_args(args or ["--help"])  # fixed text: no need to load the escaping
         return 0
+    with _escaped_output():
+        return _command(parser, args)
+
+
+def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
+    """Run the command ``args`` names (``args[0]``)."""
     name = args[0]
     if name not in COMMANDS:
         parser.error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")

@@ -109,6 +109,14 @@ class Texts(_Strict):
         "ERROR: TIMEOUT: {name} did not finish within {seconds:.1f}s; its result was discarded."
     )
     tool_cancelled: str = "ERROR: CANCELLED: the run was cancelled while {name} was running."
+    tool_retried_ok: str = (
+        "{content}\n(This result took {attempts} attempts: the earlier ones failed with a "
+        "transient error and were retried automatically.)"
+    )
+    tool_retried_failed: str = (
+        "{content}\n({name} failed {attempts} times with a transient error; it was retried "
+        "automatically already. Do not call it again with these arguments now.)"
+    )
     not_executed: str = "NOT EXECUTED: the run is stopping ({reason})."
     side_effect_replayed: str = (
         "{name} was already executed with these arguments in this run and was not executed "
@@ -157,6 +165,7 @@ class Texts(_Strict):
                 reason="r",
                 content="c",
                 observation="o",
+                attempts=3,
             ),
         )
         return self
@@ -239,7 +248,11 @@ class StoreConfig(_Strict):
         min_length=1,
         description="prefix of every Redis key (several deployments, one server)",
     )
-    timeout_s: PositiveFloat = Field(default=5.0, description="connect / read timeout")
+    timeout_s: PositiveFloat = Field(
+        default=5.0,
+        description="the longest one store call waits: connect / read timeout (Redis), "
+        "lock wait in all (SQLite)",
+    )
     on_store_error: Literal["fail_closed", "fail_open"] = Field(
         default="fail_closed",
         description='an unreachable store: "fail_closed" refuses (runs with shared budgets '
@@ -256,7 +269,8 @@ class StoreConfig(_Strict):
         "an idempotency key runs once across runs, processes and hosts",
     )
     ledger_ttl_s: PositiveFloat = Field(
-        default=7 * 86400.0, description="how long an executed key is remembered"
+        default=7 * 86400.0,
+        description="how long an executed key is remembered (at least ledger_lease_s)",
     )
     ledger_lease_s: PositiveFloat = Field(
         default=600.0,
@@ -269,6 +283,19 @@ class StoreConfig(_Strict):
         "never answer those of another); unset: the run's `tenant` and `user` meta keys, "
         "those it carries; [] for one ledger across the deployment",
     )
+
+    @model_validator(mode="after")
+    def _ledger_outlives_its_lease(self) -> StoreConfig:
+        # An entry shorter-lived than the lease would vanish while its claim should still
+        # read "in progress": a worker killed after the effect would be followed by a second
+        # execution as soon as the entry expired.
+        if self.ledger_ttl_s < self.ledger_lease_s:
+            raise ValueError(
+                f"store.ledger_ttl_s ({self.ledger_ttl_s:g} s) is shorter than "
+                f"store.ledger_lease_s ({self.ledger_lease_s:g} s): a side effect whose worker "
+                "died could run twice; set ledger_ttl_s >= ledger_lease_s"
+            )
+        return self
 
 
 class PluginsConfig(BaseModel):

@@ -30,6 +30,7 @@ from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
 from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
 from loopwarden.loop import Engine, adrive, drive
+from loopwarden.models import output_limit
 from loopwarden.pluginmanager import PluginSet, load_plugins
 from loopwarden.redaction import Redactor, model_api_key
 from loopwarden.run import Conversation, Limits, Run
@@ -371,6 +372,7 @@ class Deployment:
             run_id=run_id,
             estimator=self.estimator,
             model_name=getattr(model, "name", None),
+            max_output_tokens=output_limit(model),
             meta=meta,
             conversation=conversation,
         )

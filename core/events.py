@@ -19,6 +19,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ProposedCall",
+    "RetryPlan",
     "ToolCall",
     "ToolResult",
     "Usage",
@@ -113,6 +114,32 @@ ErrorKind = Literal[
 ]
 
 
+@dataclass(slots=True, frozen=True)
+class RetryPlan:
+    """How the runtime itself retries a call that fails with a retryable error.
+
+    Set on :attr:`ToolCall.retry` in ``before_tool`` (the ``retry_policy`` plugin does); the
+    loop then makes up to ``attempts`` executions of the call, the first included, and the
+    model sees one observation.  Between attempts it waits ``backoff_s * factor ** (n - 1)``
+    (capped at ``max_backoff_s``; ``jitter`` is the fraction of it drawn at random), or the
+    ``Retry-After`` the failure carried.  All attempts and waits fit in the call's
+    ``timeout``: a retry that could not finish in time is not started.
+    """
+
+    attempts: int
+    backoff_s: float = 1.0
+    factor: float = 2.0
+    max_backoff_s: float = 30.0
+    jitter: float = 0.5
+    #: retry a call that overran its deadline too (never a side effect's: its outcome is unknown)
+    timeouts: bool = True
+
+    def wait(self, retry: int, draw: float) -> float:
+        """The wait before the ``retry``-th retry (1-based); ``draw`` is uniform in [0, 1)."""
+        base = min(self.backoff_s * self.factor ** (retry - 1), self.max_backoff_s)
+        return float(base * (1.0 - self.jitter * draw))
+
+
 @dataclass(slots=True, eq=False)
 class ToolCall:
     """One proposed tool call, parsed and resolved by the loop.
@@ -123,8 +150,9 @@ class ToolCall:
     ``fingerprint`` (tool name + a hash of the canonical
     arguments) is computed once and shared by every plugin.  ``tool`` is the declared tool, or
     None for an unknown name.  In ``before_tool`` a plugin may lower ``timeout`` (seconds;
-    set ``call.timeout = min(call.timeout or t, t)``) and raise ``delay_s`` (a backoff the loop
-    waits on the run's clock, cancellably, before executing).
+    set ``call.timeout = min(call.timeout or t, t)``), raise ``delay_s`` (a backoff the loop
+    waits on the run's clock, cancellably, before executing) and set ``retry`` (a
+    :class:`RetryPlan`: the runtime retries a retryable failure itself, within ``timeout``).
     """
 
     name: str
@@ -140,6 +168,7 @@ class ToolCall:
     timeout: float | None = None
     delay_s: float = 0.0
     idempotency_key: str | None = None
+    retry: RetryPlan | None = None
 
     def signature(self, limit: int = 200) -> str:
         """The call for people: ``name({"key": "value"})``, arguments clipped to ``limit``."""
@@ -187,7 +216,11 @@ class ToolResult:
     observation (a guard's skip verdict, or the earlier result of a side effect replayed for
     the same idempotency key): it is not a tool result and must not count as one.  In
     ``after_tool`` a plugin may set ``retryable = False`` (a spent retry budget); plugins later
-    in the config order see the change.
+    in the config order see the change.  ``attempts`` is how many executions the result took
+    (more than one when the runtime retried a retryable failure; ``content`` then says so,
+    while ``digest`` stays the hash of the last attempt's own output, so that detectors
+    compare what the tool returned).  ``retry_after`` is the wait a failure asked for (a
+    ``ToolError``'s, or an HTTP ``Retry-After``), when it named one.
     """
 
     content: str
@@ -198,6 +231,8 @@ class ToolResult:
     skipped_by: str | None = None
     duration_s: float = 0.0
     value: Any = None
+    attempts: int = 1
+    retry_after: float | None = None
     _digest: str | None = field(default=None, repr=False)
 
     @property

@@ -132,9 +132,14 @@ class ToolError(Exception):
 
     :param message: the observation the model sees (``"NOT_FOUND: order 99999"``).
     :param retryable: whether trying the same call again may succeed (429, 5xx, timeouts).
+    :param retry_after: seconds the service asked to wait before trying again (its
+        ``Retry-After``); the runtime's retries honour it.
     """
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = False, retry_after: float | None = None
+    ) -> None:
         self.message = message
         self.retryable = retryable
+        self.retry_after = retry_after
         super().__init__(message)

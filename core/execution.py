@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
+import email.utils
 import json
 import logging
+import math
+import random
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -35,19 +39,37 @@ log = logging.getLogger("loopwarden.loop")
 
 def run_tool_sync(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for a synchronous run: inline, on an event loop of its own (an async
-    tool), or in a worker thread under its deadline (a blocking tool).  ``t`` is the run's
-    :class:`~loopwarden.config.Texts` (or, as in 0.1, the :class:`~loopwarden.loop.Engine`)."""
+    tool), or in a worker thread under its deadline (a blocking tool) -- and, when the call
+    carries a :class:`~loopwarden.events.RetryPlan`, again after a retryable failure.  ``t``
+    is the run's :class:`~loopwarden.config.Texts` (or, as in 0.1, the
+    :class:`~loopwarden.loop.Engine`)."""
     if not isinstance(t, Texts):  # an Engine: the 0.1 signature
         t = t.texts
-    tool, ctx = eff.tool, eff.ctx
-    if eff.call.delay_s > 0:
-        run.clock.sleep(eff.call.delay_s, run.cancel)
+    call = eff.call
+    if call.delay_s > 0:
+        run.clock.sleep(call.delay_s, run.cancel)
         if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
             return cancelled_result(t, eff)
+    end = None if call.timeout is None else run.clock.now() + call.timeout
+    result = _attempt_sync(t, eff, run, end)
+    if not _may_retry(call, result):
+        return result
+    retries = _Retries(call, run, end)
+    while (wait := retries.next_wait(result)) is not None:
+        run.clock.sleep(wait, run.cancel)
+        if run.cancel.is_set():
+            return cancelled_result(t, eff)
+        result = _attempt_sync(t, eff, run, end)
+    return retries.done(t, result)
+
+
+def _attempt_sync(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolResult:
+    """One execution of ``eff``, to end by ``end`` on the run's clock (None: no deadline)."""
+    tool, ctx = eff.tool, eff.ctx
     started = run.clock.now()
-    if ctx.deadline is not None and eff.call.timeout is not None:
-        ctx.deadline = started + eff.call.timeout
-    timeout = eff.call.timeout
+    timeout = None if end is None else max(end - started, 0.0)
+    if ctx.deadline is not None and end is not None:
+        ctx.deadline = end
     if tool.is_async:
         # on an event loop of its own in a daemon thread: a coroutine that swallows its
         # cancellation at the deadline is abandoned there, not waited for
@@ -110,18 +132,35 @@ def run_tool_sync(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
 
 async def run_tool_async(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
-    thread (a blocking tool), under its deadline.  ``t`` as for :func:`run_tool_sync`."""
+    thread (a blocking tool), under its deadline, and retried as in :func:`run_tool_sync`.
+    ``t`` as for :func:`run_tool_sync`."""
     if not isinstance(t, Texts):  # an Engine: the 0.1 signature
         t = t.texts
-    tool, ctx = eff.tool, eff.ctx
-    if eff.call.delay_s > 0:
-        await run.clock.asleep(eff.call.delay_s, run.cancel)
+    call = eff.call
+    if call.delay_s > 0:
+        await run.clock.asleep(call.delay_s, run.cancel)
         if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
             return cancelled_result(t, eff)
+    end = None if call.timeout is None else run.clock.now() + call.timeout
+    result = await _attempt_async(t, eff, run, end)
+    if not _may_retry(call, result):
+        return result
+    retries = _Retries(call, run, end)
+    while (wait := retries.next_wait(result)) is not None:
+        await run.clock.asleep(wait, run.cancel)
+        if run.cancel.is_set():
+            return cancelled_result(t, eff)
+        result = await _attempt_async(t, eff, run, end)
+    return retries.done(t, result)
+
+
+async def _attempt_async(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolResult:
+    """One execution of ``eff`` in an async run, to end by ``end`` (None: no deadline)."""
+    tool, ctx = eff.tool, eff.ctx
     started = run.clock.now()
-    if ctx.deadline is not None and eff.call.timeout is not None:
-        ctx.deadline = started + eff.call.timeout
-    timeout = eff.call.timeout
+    timeout = None if end is None else max(end - started, 0.0)
+    if ctx.deadline is not None and end is not None:
+        ctx.deadline = end
     try:
         if tool.is_async:
             aw = tool.invoke(eff.arguments, ctx)
@@ -135,6 +174,93 @@ async def run_tool_async(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResul
     if ending == "timeout":
         return timeout_result(t, eff.call, run.clock.now() - started)
     return tool_result(t, eff, value, started, run)
+
+
+# -- retries the runtime owns ------------------------------------------------------------------
+
+_JITTER = random.Random()  # jitter only spreads retries out: no need for a seeded source
+
+
+def _may_retry(call: ToolCall, result: ToolResult) -> bool:
+    """Whether ``result`` is a failure the runtime may retry under ``call``'s plan.
+
+    Only a failure flagged retryable (a 429, a 5xx, a reset connection, a read-only call's
+    timeout) -- never a semantic one; only a tool whose nature is declared; a side effect only
+    under its declared idempotency keys (the service can then deduplicate), and never after
+    a timeout or a cancellation (its outcome is unknown).
+    """
+    plan = call.retry
+    if plan is None or plan.attempts < 2 or result.ok or not result.retryable:
+        return False
+    if result.error == "cancelled" or (result.error == "timeout" and not plan.timeouts):
+        return False
+    tool = call.tool
+    if tool is None or not tool.declared:
+        return False
+    return not call.side_effect or (tool.idempotency_keys is not None and result.error != "timeout")
+
+
+class _Retries:
+    """The attempts of one call the runtime retries: when to try again, and what it took."""
+
+    __slots__ = ("attempts", "call", "end", "errors", "plan", "run", "waited")
+
+    def __init__(self, call: ToolCall, run: Run, end: float | None) -> None:
+        assert call.retry is not None
+        self.call, self.run, self.plan, self.end = call, run, call.retry, end
+        self.attempts = 1
+        self.errors: list[str] = []  # the error kind of each failed attempt
+        self.waited = 0.0
+
+    def next_wait(self, result: ToolResult) -> float | None:
+        """After an attempt: the wait before the next one, or None to stop -- the attempt
+        succeeded or failed for good, the plan's attempts are spent, or the retry would not
+        start within the call's time (``end``), its ``Retry-After`` included."""
+        if result.ok:
+            return None
+        self.errors.append(result.error or "error")
+        plan = self.plan
+        if not result.retryable or result.error == "cancelled":
+            return None
+        if result.error == "timeout" and (self.call.side_effect or not plan.timeouts):
+            return None  # a side effect that may have happened is never tried again
+        if self.attempts >= plan.attempts:
+            return None
+        if result.retry_after is not None:
+            if result.retry_after > plan.max_backoff_s:
+                return None  # the service asks for more patience than the plan has
+            wait = result.retry_after
+        else:
+            wait = plan.wait(self.attempts, _JITTER.random())
+        if self.end is not None and self.run.clock.now() + wait >= self.end:
+            return None
+        self.waited += wait
+        self.attempts += 1
+        return wait
+
+    def done(self, t: Texts, result: ToolResult) -> ToolResult:
+        """The one observation the model sees: the last attempt's, saying what it took."""
+        if self.attempts < 2:
+            return result
+        digest = result.digest  # of the tool's own output, before the note
+        template = t.tool_retried_ok if result.ok else t.tool_retried_failed
+        result.content = template.format(
+            content=result.content, name=self.call.name, attempts=self.attempts
+        )
+        result._digest = digest
+        result.attempts = self.attempts
+        self.run.tool_retries.append(
+            {
+                "step": self.call.step,
+                "tool": self.call.name,
+                "call_id": self.call.id,
+                "attempts": self.attempts,
+                "errors": list(self.errors),
+                "waited_s": round(self.waited, 6),
+                "ok": result.ok,
+            }
+        )
+        return result
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -170,6 +296,7 @@ def error_result(t: Texts, eff: RunTool, exc: BaseException, elapsed: float) -> 
             error="tool_error",
             retryable=exc.retryable,
             duration_s=elapsed,
+            retry_after=retry_after_of(exc),
         )
     if eff.ctx.cancel.cancelled:
         return ToolResult(
@@ -178,13 +305,42 @@ def error_result(t: Texts, eff: RunTool, exc: BaseException, elapsed: float) -> 
             error="cancelled",
             duration_s=elapsed,
         )
+    retryable = eff.tool.is_retryable(exc)
     return ToolResult(
         content=f"ERROR: {type(exc).__name__}: {safe_str(exc)}",
         ok=False,
         error="exception",
-        retryable=eff.tool.is_retryable(exc),
+        retryable=retryable,
         duration_s=elapsed,
+        retry_after=retry_after_of(exc) if retryable else None,
     )
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds a failure asks to wait before trying again: a ``ToolError``'s
+    ``retry_after``, else an HTTP error's ``Retry-After`` header (seconds or an HTTP date,
+    as httpx's, requests' and openai's errors carry it on ``exc.response``)."""
+    given = getattr(exc, "retry_after", None)
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        return max(float(given), 0.0) if math.isfinite(given) else None
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    try:
+        value = None if headers is None else headers.get("retry-after", headers.get("Retry-After"))
+    except Exception:  # a third-party object that only looks like headers
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
 def cancelled_result(t: Texts, eff: RunTool) -> ToolResult:

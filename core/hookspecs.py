@@ -170,8 +170,10 @@ def before_tool(run: Run, call: ToolCall) -> Verdict | None:
     :param run: the run.
     :param call: the parsed call: ``name``, ``arguments`` (None if unparseable),
         ``fingerprint`` (shared canonical signature), ``tool`` (the declaration, or None),
-        ``step`` and ``index``.  You may lower ``call.timeout`` (seconds) and raise
-        ``call.delay_s`` (a backoff the loop waits, on the run's clock, before executing).
+        ``step`` and ``index``.  You may lower ``call.timeout`` (seconds), raise
+        ``call.delay_s`` (a backoff the loop waits, on the run's clock, before executing) and
+        set ``call.retry`` (a :class:`~loopwarden.RetryPlan`: the runtime then retries a
+        retryable failure itself, within ``call.timeout``).
     :return: ``None``, a warning, a :func:`~loopwarden.skip` (do not execute; the model gets
         the skip's observation instead), or a stop.  A side-effecting call is never executed
         twice for the same idempotency key, whatever the verdicts.

@@ -206,6 +206,7 @@ class Engine:
             step=run.step + 1,
             notes=notes,
             estimated_tokens=run.context_tokens + schema_tokens,
+            max_output_tokens=run.max_output_tokens,
             cancel=run.cancel,
         )
         if final:
@@ -471,7 +472,7 @@ class Engine:
                 if call.timeout is not None:
                     ctx.deadline = run.clock.now() + call.timeout
                 result = yield RunTool(call, call.tool, call.arguments, ctx)
-                run.tools_executed += 1
+                run.tools_executed += result.attempts  # the runtime's retries execute too
                 if call.idempotency_key is not None:
                     # Every executed side effect is remembered, whatever its outcome; only a
                     # failure that stays retryable (after_tool plugins may spend a retry

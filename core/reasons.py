@@ -13,6 +13,7 @@ __all__ = [
     "FAILURE_REASONS",
     "LOOP_REASONS",
     "NORMAL_ENDINGS",
+    "NOT_CARRIED_OUT_REASONS",
     "STOP_REASONS",
 ]
 
@@ -36,7 +37,7 @@ STOP_REASONS: tuple[str, ...] = (
     "model_error",
     "max_turns",
     # loopwarden.adapters: the framework ended the run before loopwarden's loop did (its own
-    # step or usage limit, a handoff)
+    # step or usage limit, a guardrail)
     "ended_by_framework",
 )
 
@@ -64,5 +65,10 @@ BUDGET_REASONS: tuple[str, ...] = (
     "max_model_calls",
 )
 
-#: something failed: the model call, a plugin, or the loop itself
+#: something failed: the model call, a plugin, the shared store, or the loop itself
 ERROR_REASONS: tuple[str, ...] = ("plugin_error", "model_error", "error", "store_unavailable")
+
+#: the run could not be carried out ("could not be carried out" in docs/contracts.md):
+#: ``loopwarden run`` exits 3 on these; every other ending is a decision -- the model's or a
+#: guard's -- and exits 0
+NOT_CARRIED_OUT_REASONS: tuple[str, ...] = ERROR_REASONS

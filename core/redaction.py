@@ -10,6 +10,9 @@ Observers write tool arguments, evidence and model text to places that many peop
   arguments the model sent, which may not even parse);
 * text matching the secret patterns (``sk-...`` API keys, ``Bearer ...`` credentials);
 * literal secrets it was given (e.g. the value of the model's API-key environment variable).
+
+:func:`redact_url` does it for a URL (a store's, an alert sink's): the password of
+``user:password@host`` and every query parameter named like a secret (``?password=``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote_plus, urlsplit
 
 __all__ = [
     "DEFAULT_REDACT_KEYS",
@@ -26,6 +30,7 @@ __all__ = [
     "MASK",
     "Redactor",
     "model_api_key",
+    "redact_url",
 ]
 
 MASK = "[REDACTED]"
@@ -168,3 +173,56 @@ def model_api_key(deployment: Any) -> str | None:
     config = getattr(deployment, "config", None)
     env = getattr(getattr(config, "model", None), "api_key_env", None)
     return os.environ.get(env) if isinstance(env, str) and env else None
+
+
+#: the mask :func:`redact_url` writes (short: a URL stays readable)
+URL_MASK = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its secrets, for logs, run records and the command line.
+
+    The password of ``scheme://user:password@host`` and the value of every query parameter
+    whose name is a secret key of :data:`DEFAULT_REDACT_KEYS` (``?password=``, ``&token=``,
+    ``?api_key=``) become ``***``; the rest -- scheme, user, host, port, path -- stays.
+    A URL that does not even parse is masked from ``//`` to the last ``@``, and in every
+    secret-looking query value.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unbalanced IPv6 bracket: mask what may be a password
+        head, sep, tail = url.rpartition("@")
+        if sep and "//" in head:
+            url = head.split("//", 1)[0] + "//" + URL_MASK + "@" + tail
+        return _URL_SECRET_PARAM.sub(lambda m: m.group(1) + URL_MASK, url)
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = userinfo.split(":", 1)[0] + ":" + URL_MASK + "@" + host
+    query = parts.query
+    if query:
+        query = "&".join(_redact_param(p) for p in query.split("&"))
+    out = url  # edited in place: urlunsplit would turn unix:///path into unix:/path
+    if query != parts.query:
+        i = out.index("?") + 1
+        out = out[:i] + query + out[i + len(parts.query) :]
+    if netloc != parts.netloc:
+        out = out.replace(parts.netloc, netloc, 1)  # the first thing after "scheme://"
+    return out
+
+
+_SECRET_KEYS = Redactor()
+
+
+def _redact_param(param: str) -> str:
+    name, eq, _ = param.partition("=")
+    if eq and _SECRET_KEYS.is_secret_key(unquote_plus(name)):
+        return name + "=" + URL_MASK
+    return param
+
+
+_URL_SECRET_PARAM = re.compile(
+    r"(?i)([?&;](?:[\w.-]*[_-])?(?:"
+    + "|".join(re.escape(k) for k in DEFAULT_REDACT_KEYS)
+    + r")=)[^&#]*"
+)

@@ -120,6 +120,7 @@ class Run:
         model_name: str | None = None,
         meta: dict[str, Any] | None = None,
         conversation: Conversation | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.conversation = conversation if conversation is not None else Conversation()
@@ -131,6 +132,9 @@ class Run:
         self.cancel = cancel or CancelToken()
         self.limits = limits or Limits()
         self.model_name = model_name
+        #: the model's cap on output tokens per call (``[model] max_output_tokens``): every
+        #: ModelRequest carries it, so the budgets reserve what an answer may really cost
+        self.max_output_tokens = max_output_tokens
         #: scope keys of this run (``{"tenant": "acme", "user": "u-17"}``): shared budgets
         #: are kept per scope key; the run record carries them
         self.meta: dict[str, Any] = meta or {}
@@ -158,6 +162,9 @@ class Run:
         #: tool calls answered from a record of their declared side effect instead of running
         #: (the record's ``ledger_answers``: which call, from which record, and why)
         self.ledger_answers: list[dict[str, Any]] = []
+        #: calls the runtime retried after a retryable failure (the record's ``tool_retries``:
+        #: which call, how many attempts, their errors, the time waited, the outcome)
+        self.tool_retries: list[dict[str, Any]] = []
         #: per-plugin state slots, keyed by plugin name
         self.state: dict[str, Any] = {}
         #: typed per-run plugin state (see :class:`~loopwarden.Stash`)
@@ -272,6 +279,7 @@ class Run:
             "model": self.model_name,
             "errors": list(self.errors),
             "ledger_answers": list(self.ledger_answers),
+            "tool_retries": list(self.tool_retries),
             "verdicts": list(self.verdicts),
             "mode": self.mode,
             "shadow_stop": _jsonable(self.shadow_stop),

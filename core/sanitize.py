@@ -11,7 +11,13 @@ or a report.  Three dangers are handled here, once for every caller:
   :func:`loads_arguments` bounds the depth of a tool call's arguments (:data:`MAX_DEPTH`);
 * **numbers and constants that are not JSON**: ``NaN``, ``Infinity``, ``1e999``, integers too
   long to convert.  :func:`loads_strict` rejects them when a record file is read back, and
-  :func:`jsonable` turns them into strings before a record is written.
+  :func:`jsonable` turns them into strings before a record is written;
+* **characters that steer a reader instead of being read**: C0 and C1 controls (ESC, CSI
+  ``\x9b``, BEL), line breaks that ``str.splitlines`` and other splitters honour (``\x85``,
+  U+2028, U+2029, ``\x1c``-``\x1e``) and bidi overrides.  In a log line they forge lines, on
+  a terminal they run escape sequences (OSC, CSI), in a guard note they start a line of their
+  own.  :func:`escape_controls` writes each as a visible escape (``\n``, ``\u001b``) -- valid
+  inside a JSON string, so :func:`json_line` applies it to JSON text as well.
 """
 
 from __future__ import annotations
@@ -22,18 +28,23 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import IO, Any
 
 from pydantic import BaseModel
 
 __all__ = [
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
+    "TerminalStream",
     "clean_text",
     "depth_exceeds",
+    "escape_controls",
+    "escape_tree",
+    "json_line",
     "jsonable",
     "loads_arguments",
     "loads_strict",
+    "raw_stream",
 ]
 
 #: the deepest nesting accepted in a tool call's arguments and in a record line
@@ -43,6 +54,82 @@ MAX_INT_DIGITS = 30
 
 _MAX_INT_BITS = (10**MAX_INT_DIGITS).bit_length() - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+#: C0 controls, DEL and C1 controls (line breaks \n \r \v \f \x1c-\x1e \x85 among them),
+#: U+2028 / U+2029 (line and paragraph separators), bidi marks, embeddings, overrides and
+#: isolates (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069)
+_CONTROLS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def escape_controls(text: str, keep: str = "") -> str:
+    """``text`` with every control character (see :data:`_CONTROLS`) but those in ``keep``
+    written as a visible escape: ``\\n``, ``\\r``, ``\\t``, ``\\b``, ``\\f`` or ``\\uXXXX`` --
+    the escapes JSON reads back, so JSON text stays valid JSON with the same value.
+
+    For every place untrusted text is shown or written line by line: the terminal (CLI
+    output), log lines, guard notes.  Backslashes are left alone: the result is for reading,
+    not for decoding."""
+    if _CONTROLS.search(text) is None:
+        return text
+
+    def escape(m: re.Match[str]) -> str:
+        c = m.group()
+        if c in keep:
+            return c
+        return _SHORT_ESCAPES.get(c) or f"\\u{ord(c):04x}"
+
+    return _CONTROLS.sub(escape, text)
+
+
+def escape_tree(value: Any, keep: str = "") -> Any:
+    """A copy of ``value`` with :func:`escape_controls` applied to every string in it, keys
+    included (mappings become dicts, tuples lists; other values are kept)."""
+    if isinstance(value, str):
+        return escape_controls(value, keep)
+    if isinstance(value, Mapping):
+        return {escape_tree(k, keep): escape_tree(v, keep) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escape_tree(v, keep) for v in value]
+    return value
+
+
+class TerminalStream:
+    """A text stream that writes through :func:`escape_controls` (newlines and tabs kept):
+    what the ``loopwarden`` commands print can hold a tool name or a record field the model
+    made up, and none of it may run an escape sequence on the operator's terminal.
+
+    Every other attribute (``isatty``, ``fileno``, ``encoding``, ``reconfigure``, ...) is the
+    wrapped stream's; :func:`raw_stream` gives the stream itself to a renderer that emits
+    escape sequences of its own (rich) and escapes its data itself."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(escape_controls(text, keep="\n\t"))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def raw_stream(stream: Any) -> Any:
+    """The stream a :class:`TerminalStream` wraps (``stream`` itself when it is not one)."""
+    return stream.stream if isinstance(stream, TerminalStream) else stream
+
+
+def json_line(value: Any, **kwargs: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **kwargs)`` that no line splitter, log viewer
+    or terminal can break or steer: json leaves C1 controls, U+2028 / U+2029 and bidi marks
+    raw inside strings; they are escaped too (the value read back is the same)."""
+    return escape_controls(json.dumps(value, ensure_ascii=False, **kwargs))
 
 
 def clean_text(text: str) -> str:

@@ -23,6 +23,12 @@ The **ledger** maps an idempotency key to ``running`` / ``done`` / ``unknown`` (
 effect) and the recorded result: :meth:`Store.claim` is an atomic "insert if absent", so of two
 workers racing on one key exactly one executes.
 
+**Faults.** A store error is no proof that nothing was written (a reply lost after the server
+applied the write): a failed claim is released by its owner and a failed reservation dropped
+by its token -- at once, or at the next call the store answers (``_Backend``).  A ledger
+entry the store cannot read is ``unknown`` (``LedgerEntry.corrupt`` says why).  Writes prune
+a bounded batch of expired counters on their way.  ``timeout_s`` bounds one call.
+
 :class:`Shared` is a deployment's link to its store: opened on first use, with the
 ``on_store_error`` policy, and the ledger glue the loop calls.  Store calls are synchronous --
 one round trip each, a fraction of a millisecond on an idle host (``bench/shared_budget.py``)
@@ -36,17 +42,18 @@ This module is the interface and the one import name; the two backends live in
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 from loopwarden.exceptions import ConfigError, StoreError
+from loopwarden.redaction import redact_url
 
 if TYPE_CHECKING:
     from loopwarden._store_redis import RedisStore
@@ -69,6 +76,7 @@ __all__ = [
     "Store",
     "cost_units",
     "default_store_url",
+    "ledger_key",
     "open_store",
     "redact_url",
 ]
@@ -154,13 +162,19 @@ class CounterRow:
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
-    """A side effect's entry in the ledger (``result``: ``content``, ``ok``, ``error``)."""
+    """A side effect's entry in the ledger (``result``: ``content``, ``ok``, ``error``).
+
+    ``corrupt`` says what was wrong with an entry the store could not read (a result that is
+    not JSON, an unknown state): such an entry is reported as ``unknown`` -- may have taken
+    effect -- and never lets the side effect run again.
+    """
 
     key: str
     state: str
     owner: str
     started_at: float
     result: dict[str, Any] | None = None
+    corrupt: str | None = None
 
 
 class Store(Protocol):
@@ -195,7 +209,8 @@ class Store(Protocol):
 
     def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         """Atomically: record ``key`` as ``running`` by ``owner`` and return None -- or, when
-        a live entry exists, return it untouched."""
+        a live entry exists, return it untouched (None when it is ``owner``'s own running
+        claim: written by a try whose reply was lost)."""
         ...
 
     def finish(
@@ -210,7 +225,8 @@ class Store(Protocol):
         ...
 
     def release(self, key: str, owner: str) -> None:
-        """Remove ``owner``'s claim (the call failed before taking effect)."""
+        """Remove ``owner``'s claim while it is ``running`` (the call failed before taking
+        effect); a recorded outcome stays."""
         ...
 
     def close(self) -> None:
@@ -223,18 +239,6 @@ def default_store_url() -> str:
     from loopwarden.paths import data_dir
 
     return "sqlite:///" + str(data_dir() / "store.sqlite3")
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a password (for logs, evidence and the command line)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
 def open_store(url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0) -> Store:
@@ -271,6 +275,215 @@ def _amounts(values: Sequence[Any]) -> Amounts:
 
 def _ident(c: Counter) -> tuple[str, str, str, str]:
     return (c.scope, c.key, c.window, c.bucket)
+
+
+def _parse_result(text: object) -> tuple[dict[str, Any] | None, str | None]:
+    """A ledger entry's stored result: ``(result, None)``, or ``(None, what is wrong)``."""
+    if text is None or text in ("", b""):
+        return None, None
+    if not isinstance(text, (str, bytes)):
+        return None, f"the recorded result is a {type(text).__name__}, not text"
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return None, f"the recorded result is not JSON ({exc})"
+    if not isinstance(value, dict):
+        return None, f"the recorded result is a JSON {type(value).__name__}, not an object"
+    return value, None
+
+
+def _entry(key: str, state: str, owner: str, started_at: object, result: object) -> LedgerEntry:
+    """A ledger entry from a store's row; an unreadable one is ``unknown`` and ``corrupt``."""
+    data, corrupt = _parse_result(result)
+    if state not in ("running", "done", "unknown"):
+        corrupt = corrupt or f"unknown state {state[:40]!r}"
+    try:
+        started = float(started_at)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        started, corrupt = 0.0, corrupt or "no start time"
+    if corrupt is not None:
+        return LedgerEntry(key, "unknown", owner, started, None, corrupt)
+    return LedgerEntry(key, state, owner, started, data)
+
+
+class _Doubts:
+    """Writes a store error left in doubt, and how to undo each (thread-safe).
+
+    A store error is no proof that nothing was written: a reply that timed out may follow a
+    write the server applied.  Such a write is undone at once, best effort; when the store
+    fails again, the undo is remembered and retried at the next successful contact.
+    """
+
+    #: more undos than this are not remembered (logged): a store down for long
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._undo: dict[tuple[str, ...], Callable[[], None]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._undo)
+
+    def undo(self, ident: tuple[str, ...], fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except StoreError as exc:
+            with self._lock:
+                if len(self._undo) < self.LIMIT:
+                    self._undo[ident] = fn
+                    return
+            log.error("store: cannot undo %s (%s); too many undos pending", ident[0], exc)
+
+    def forget(self, ident: tuple[str, ...]) -> None:
+        """Drop a remembered undo: the write in doubt is being made again, on purpose."""
+        if self._undo:
+            with self._lock:
+                self._undo.pop(ident, None)
+
+    def drain(self) -> set[tuple[str, ...]]:
+        """Retry the remembered undos (stopping at the first failure); returns those done."""
+        with self._lock:
+            items = list(self._undo.items())
+        done: set[tuple[str, ...]] = set()
+        for ident, fn in items:
+            try:
+                fn()
+            except StoreError:
+                break
+            with self._lock:
+                self._undo.pop(ident, None)
+            done.add(ident)
+        return done
+
+
+class _Backend:
+    """What both backends share: the public :class:`Store` methods, around the backend's
+    primitives (``_claim``, ``_reserve``...), reconciling the writes a store error left in
+    doubt (:class:`_Doubts`).
+
+    * a claim that failed is released by its owner (only while still ``running``); a claim
+      found later that carries the caller's own owner is the caller's -- written by a try
+      whose reply was lost -- and reported claimed;
+    * a reservation that failed is dropped by its token (a commit is not undone: counted
+      twice at worst, never under-counted).
+    """
+
+    url: str
+
+    def __init__(self) -> None:
+        self._doubts = _Doubts()
+
+    # -- the backend's primitives ----------------------------------------------------------
+
+    def _reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        token: str,
+        ttl_s: float,
+        commit: bool,
+    ) -> Reserved:
+        raise NotImplementedError
+
+    def _settle(
+        self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
+    ) -> None:
+        raise NotImplementedError
+
+    def _rows(self) -> list[CounterRow]:
+        raise NotImplementedError
+
+    def _reset(self, scope: str, key: str) -> int:
+        raise NotImplementedError
+
+    def _claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+        raise NotImplementedError
+
+    def _finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
+        raise NotImplementedError
+
+    def _release(self, key: str, owner: str) -> None:
+        raise NotImplementedError
+
+    # -- the Store interface ---------------------------------------------------------------
+
+    def _answered(self) -> set[tuple[str, ...]]:
+        """The store answered: retry the undos left pending."""
+        return self._doubts.drain() if self._doubts else set()
+
+    def reserve(
+        self,
+        counters: Sequence[Counter],
+        amount: Sequence[int],
+        *,
+        token: str,
+        ttl_s: float,
+        commit: bool = False,
+    ) -> Reserved:
+        counters = tuple(counters)
+        self._doubts.forget(("reserve", token))
+        try:
+            out = self._reserve(counters, amount, token, ttl_s, commit)
+        except StoreError:
+            if not commit:
+                self._doubts.undo(("reserve", token), lambda: self._settle(counters, token, None))
+            raise
+        self._answered()
+        return out
+
+    def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
+        self._settle(counters, token, actual)
+        self._answered()
+
+    def rows(self) -> list[CounterRow]:
+        out = self._rows()
+        self._answered()
+        return out
+
+    def reset(self, scope: str, key: str) -> int:
+        n = self._reset(scope, key)
+        self._answered()
+        return n
+
+    def claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+        self._doubts.forget(("claim", key, owner))  # claimed again: the claim is wanted now
+        for attempt in range(2):
+            try:
+                entry = self._claim(key, owner, ttl_s)
+            except StoreError:
+                self._doubts.undo(("claim", key, owner), lambda: self._release(key, owner))
+                raise
+            undone = self._answered()
+            if entry is None or entry.state != "running":
+                return entry
+            if entry.owner == owner:
+                return None  # ours: an earlier try of this very claim was written
+            if attempt or ("claim", key, entry.owner) not in undone:
+                return entry
+            # the entry was a claim of ours left in doubt, released just now: claim again
+        return None  # pragma: no cover - the loop returns
+
+    def finish(
+        self,
+        key: str,
+        owner: str,
+        state: LedgerState,
+        result: Mapping[str, Any] | None,
+        ttl_s: float,
+    ) -> None:
+        self._finish(key, owner, state, result, ttl_s)
+        self._answered()
+
+    def release(self, key: str, owner: str) -> None:
+        self._release(key, owner)
+        self._answered()
 
 
 #: the backends, in modules of their own: imported on first use (``from loopwarden.store import
@@ -354,9 +567,14 @@ class Shared:
         scope = self.config.ledger_scope
         if scope is None:  # the default: the tenant and the user, where the run names them
             scope = [s for s in DEFAULT_LEDGER_SCOPE if s in run.meta]
-        if not scope:
-            return key
-        return "|".join(f"{s}={run.meta.get(s, '')}" for s in scope) + "|" + key
+        return ledger_key(key, [(s, str(run.meta.get(s, ""))) for s in scope])
+
+    @property
+    def _ledger_ttl(self) -> float:
+        # an entry lives at least the lease (the config refuses less; a StoreConfig built
+        # around the validation still gets it): a worker killed after the effect is never
+        # followed by a second execution while its claim should read "in progress"
+        return max(self.config.ledger_ttl_s, self.config.ledger_lease_s)
 
     @staticmethod
     def _owner(run: Run, call: ToolCall) -> str:
@@ -365,18 +583,43 @@ class Shared:
     def claim(self, run: Run, call: ToolCall) -> LedgerEntry | None:
         """Claim ``call``'s idempotency key: None means "execute it" (claimed, or the store
         failed under fail_open); otherwise the entry that stands in for the call (recorded by
-        another run, in progress, or ``state = "unavailable"`` under fail_closed)."""
+        another run, in progress, or ``state = "unavailable"`` under fail_closed).
+
+        A claim that failed may still have been written (a reply that timed out): the store
+        releases it by its owner, now or once it answers again.  An entry the store could not
+        read stands in as ``unknown`` (may have taken effect), logged and noted on the run.
+        """
         key = call.idempotency_key
         if key is None or not self.config.ledger:
             return None
         try:
-            return self.store.claim(
-                self._ledger_key(run, key), self._owner(run, call), self.config.ledger_ttl_s
+            entry = self.store.claim(
+                self._ledger_key(run, key), self._owner(run, call), self._ledger_ttl
             )
         except StoreError as exc:
             if self.failed(exc, "claiming a side effect", run, "loopwarden"):
                 return None
             return LedgerEntry(key, "unavailable", "", 0.0, {"content": str(exc)})
+        if entry is not None and entry.corrupt is not None:
+            log.error(
+                "store %s: the ledger entry of %s is unreadable (%s): reported as "
+                '"may have taken effect", not executed again (run %s)',
+                redact_url(self.url),
+                call.name,
+                entry.corrupt,
+                run.run_id,
+            )
+            run.errors.append(
+                {
+                    "plugin": "loopwarden",
+                    "hook": "claiming a side effect",
+                    "error": f"corrupt ledger entry: {entry.corrupt}",
+                    "store": redact_url(self.url),
+                    "tool": call.name,
+                    "call_id": call.id,
+                }
+            )
+        return entry
 
     def finish(self, run: Run, call: ToolCall, result: ToolResult) -> None:
         """Record what the claimed call did: done, unknown (a timeout: may have taken effect),
@@ -387,13 +630,9 @@ class Shared:
         lkey, owner = self._ledger_key(run, key), self._owner(run, call)
         try:
             if result.ok:
-                self.store.finish(
-                    lkey, owner, "done", _result_data(result), self.config.ledger_ttl_s
-                )
+                self.store.finish(lkey, owner, "done", _result_data(result), self._ledger_ttl)
             elif result.error in ("timeout", "cancelled"):
-                self.store.finish(
-                    lkey, owner, "unknown", _result_data(result), self.config.ledger_ttl_s
-                )
+                self.store.finish(lkey, owner, "unknown", _result_data(result), self._ledger_ttl)
             else:
                 self.store.release(lkey, owner)
         except StoreError as exc:
@@ -403,6 +642,29 @@ class Shared:
     def stale(self, entry: LedgerEntry) -> bool:
         """A ``running`` entry older than ``ledger_lease_s``: its worker probably died."""
         return time.time() - entry.started_at > self.config.ledger_lease_s
+
+
+def _escape(text: str, chars: str) -> str:
+    """``text`` with ``%`` and each of ``chars`` percent-encoded (``%`` first: reversible)."""
+    out = text.replace("%", "%25")
+    for ch in chars:
+        out = out.replace(ch, f"%{ord(ch):02X}")
+    return out
+
+
+def ledger_key(key: str, scope: Sequence[tuple[str, str]]) -> str:
+    """The store key of idempotency key ``key`` within ``scope`` (``(meta key, value)`` pairs).
+
+    ``name=value|name=value|key``, each name and value escaped (``%``, ``|``, ``=``, and ``:``
+    in names, percent-encoded), so two scopes never share a key: tenant ``a|user=b`` + user
+    ``c`` is not tenant ``a`` + user ``b|user=c``.  The idempotency key follows unescaped
+    (``tool:arguments``): its first ``|``-separated part has a ``:`` before any ``=``, where
+    a scope part has an escaped name, so no ``:``.  No scope: the key itself, as ever; names
+    and values without ``%``, ``|``, ``=`` (``:`` in names) give the same key as before.
+    """
+    if not scope:
+        return key
+    return "|".join(f"{_escape(s, '|=:')}={_escape(v, '|=')}" for s, v in scope) + "|" + key
 
 
 def _result_data(result: ToolResult) -> dict[str, Any]:

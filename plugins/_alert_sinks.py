@@ -25,6 +25,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from loopwarden import PluginSettings
 from loopwarden.redaction import MASK, Redactor
+from loopwarden.sanitize import escape_controls
 
 __all__ = [
     "SEVERITIES",
@@ -455,4 +456,4 @@ def _summary(alert: Mapping[str, Any]) -> str:
     text += f": {alert.get('message')}"
     if alert.get("suppressed"):
         text += f" (+{alert['suppressed']} suppressed)"
-    return text
+    return escape_controls(text)  # one line, whatever the model or a tool wrote

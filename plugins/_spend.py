@@ -134,7 +134,8 @@ class SpendLimitsSettings(BudgetSettings):
     reserve_output_tokens: int = Field(
         default=1000,
         ge=0,
-        description="output tokens reserved per call (the request's max_output_tokens if set)",
+        description="output tokens reserved per call when the request sets no "
+        "max_output_tokens ([model] max_output_tokens sets it on every request)",
     )
     soft: bool = Field(
         default=True,

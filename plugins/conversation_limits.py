@@ -56,6 +56,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.notes import render_note, runtime
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
 from loopwarden.plugins.cost_budget import run_cost
 from loopwarden.reasons import FAILURE_REASONS, LOOP_REASONS
@@ -191,8 +192,12 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         return totals
 
     def _text(self, template: str, rule: str, used: Any, limit: Any) -> str:
-        return template.format(
-            what=_WHAT[rule], used=used, limit=limit, percent=percent(used, limit)
+        return render_note(
+            template,
+            what=runtime(_WHAT[rule]),
+            used=used,
+            limit=limit,
+            percent=percent(used, limit),
         )
 
     def _stop(

@@ -57,6 +57,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.exceptions import ConfigError
+from loopwarden.notes import render_note, runtime
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
 from loopwarden.stash import StashKey
 
@@ -69,6 +70,7 @@ __all__ = [
     "CostBudgetSettings",
     "ModelPrice",
     "Price",
+    "charged_usage",
     "run_cost",
     "unpriced_note",
 ]
@@ -86,6 +88,18 @@ RUN_COST = StashKey[Decimal]()
 def run_cost(run: Run) -> Decimal:
     """What ``run`` has spent so far as ``cost_budget`` priced it (0 without the plugin)."""
     return run.stash.get(RUN_COST, _ZERO)
+
+
+def charged_usage(run: Run, response: ModelResponse, prompt: int) -> Usage:
+    """The usage a response is charged for: what the server reported, else estimates (the
+    request's prompt estimate ``prompt``, the answer and proposed calls as text) -- shared by
+    cost_budget and spend_limits, so a run and its tenant are charged alike."""
+    if response.usage is not None:
+        return response.usage
+    completion = run.estimator(response.content or "") + sum(
+        run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
+    )
+    return Usage(prompt=prompt, completion=completion)
 
 
 def unpriced_note(deployment: Deployment, model: str) -> str | None:
@@ -288,6 +302,17 @@ class CostBudget(Plugin[CostBudgetSettings]):
         """``model``'s price (see :meth:`priced`), or None when nobody prices it."""
         return self.priced(model)[0]
 
+    def run_price(self, run: Run) -> tuple[Price | None, str | None]:
+        """The price every call of ``run`` is charged at, and its source: the price of the
+        run's configured model (``run.model_name``) -- never of the name a server returns in
+        ``response.model`` (a server must not pick its own price).  ``"free"`` is the source
+        of an unpriced model under ``unknown_model = "free"``.  cost_budget and spend_limits
+        both charge through it."""
+        price, source = self.priced(run.model_name)
+        if price is None and self.settings.unknown_model == "free":
+            source = "free"
+        return price, source
+
     def check_model(self, model: str, *, path: str | None = None) -> None:
         """At start-up: raise ConfigError for an unpriced model when ``unknown_model =
         "error"``; log the unpriced-model note when it is ``"warn"``."""
@@ -335,11 +360,9 @@ class CostBudget(Plugin[CostBudgetSettings]):
         s = self.settings
         st: _State = self.state(run)
         st.model = run.model_name
-        st.price, st.source = self.priced(run.model_name)
+        st.price, st.source = self.run_price(run)
         st.currency = s.currency
-        if st.price is None and s.unknown_model == "free":
-            st.source = "free"
-        elif st.price is None and s.unknown_model == "warn":
+        if st.price is None and s.unknown_model == "warn":
             self.note_unpriced(run.model_name)
         if st.price is None and s.unknown_model == "error":
             return self.stop(
@@ -399,12 +422,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
         s = self.settings
         st: _State = self.state(run)
         price = st.price  # the configured model's, whatever the server calls itself
-        usage = response.usage
-        if usage is None:  # unreported: count the estimates
-            completion = run.estimator(response.content or "") + sum(
-                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
-            )
-            usage = Usage(prompt=st.in_flight, completion=completion)
+        usage = charged_usage(run, response, st.in_flight)
         st.in_flight = 0
         if price is None:
             return None
@@ -437,10 +455,11 @@ class CostBudget(Plugin[CostBudgetSettings]):
 
     def _text(self, template: str, spent: Decimal, st: _State) -> str:
         s = self.settings
-        return template.format(
-            spent=_money(spent),
-            limit=_money(s.max_cost),
+        return render_note(
+            template,
+            spent=runtime(_money(spent)),
+            limit=runtime(_money(s.max_cost)),
             percent=percent(spent, s.max_cost),
-            currency=s.currency,
-            model=st.model,
+            currency=runtime(s.currency),
+            model=st.model,  # the name a server reported: data
         )

@@ -47,6 +47,7 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden._util import first_line as _first_line
+from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
 
@@ -100,7 +101,8 @@ class FailureStreakSettings(PluginSettings):
     message: str = Field(
         default="Your last {count} tool calls failed (latest: {error}). Do not keep trying the "
         "same way; change approach or tell the user what is not possible.",
-        description="the warning ({count}, {error}: first line of the latest failure, {tool})",
+        description="the warning ({count}, {error}: first line of the latest failure, quoted as "
+        "data; {tool}: a registered tool's name, a made-up one quoted)",
     )
     stop_message: str = Field(
         default="The last {count} tool calls all failed (latest: {error}).",
@@ -131,6 +133,7 @@ class _Streak:
     failures: deque[dict[str, str]]  # the latest failures of the streak (evidence)
     streak: int = 0  # failed rounds in a row
     last_digest: str | None = None  # the output of the streak's latest failure
+    latest_tool: str = ""  # the latest failure's tool, for a note (see loopwarden.notes)
 
 
 @dataclass(slots=True)
@@ -194,6 +197,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
                 if call.may_change_state and result.digest != box.last_digest:
                     st.round_news = True
                 box.last_digest = result.digest
+                box.latest_tool = tool_name(call)
                 box.failures.append(
                     {
                         "tool": call.name,
@@ -211,6 +215,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
             box.streak = 0
             box.failures.clear()
             box.last_digest = None
+            box.latest_tool = ""
             return None
         st.round_counted = 0  # judged
         s = self.settings
@@ -230,11 +235,15 @@ class FailureStreak(Plugin[FailureStreakSettings]):
             tool=latest["tool"],
             step=run.step,
         )
-        fields = dict(count=box.streak, error=error, tool=latest["tool"])
+        # the error line and a made-up tool name are model / tool text: quoted as data
+        fields = dict(count=box.streak, error=error, tool=box.latest_tool or tool_name(call))
         if box.streak >= s.stop_after:
             return self.stop(
-                "failure_streak", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+                "failure_streak",
+                soft=s.soft,
+                message=render_note(s.stop_message, **fields),
+                **evidence,
             )
         if s.warn_after is not None and box.streak == s.warn_after:
-            return self.warn(s.message.format(**fields), **evidence)
+            return self.warn(render_note(s.message, **fields), **evidence)
         return None

@@ -8,6 +8,10 @@ pairs or as one JSON object per line (``format``).  Records go to loggers under
 handlers the usual way.  Each record also carries its fields as ``record.loopwarden`` (a dict)
 for handlers that want structure without parsing.
 
+Every record is one line whatever the model or a tool wrote: control characters, C1 codes,
+U+2028 / U+2029 and bidi marks in any field are escaped in both formats (``\\u2028``), so
+``str.splitlines()`` or a terminal can never find a forged line or run an escape sequence.
+
 Secrets never appear: values under keys named in ``redact_keys`` are masked at any depth of
 tool arguments and evidence, ``key=value`` pairs and API-key patterns are masked in free text,
 and so is the value of the model's API-key environment variable.
@@ -15,7 +19,6 @@ and so is the value of the model's API-key environment variable.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +33,7 @@ from loopwarden.redaction import (
     Redactor,
     model_api_key,
 )
+from loopwarden.sanitize import json_line
 
 if TYPE_CHECKING:
     from blinker import NamedSignal
@@ -118,15 +122,20 @@ def _kv_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        if value and not any(c in value for c in ' "=\\\n\r\t') and value.isprintable():
-            return value
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        if value and not any(c in value for c in ' "=\\') and value.isprintable():
+            return value  # isprintable: no control, line break or separator of any kind
+        return json_line(value)
+    return json_line(value, separators=(",", ":"), default=str)
 
 
 def format_kv(fields: Mapping[str, Any]) -> str:
-    """``key=value`` pairs; strings with spaces, quotes or ``=`` and nested values as JSON."""
-    return " ".join(f"{k}={_kv_value(v)}" for k, v in fields.items())
+    """``key=value`` pairs; strings with spaces, quotes or ``=`` and nested values as JSON.
+
+    One record is one line for every reader: model and tool text can carry characters that
+    ``str.splitlines`` (and log viewers, terminals) take for line breaks or escape sequences
+    -- ``\\x85``, U+2028, CSI ``\\x9b`` -- and json leaves them raw; they are escaped
+    (:func:`loopwarden.sanitize.json_line`), so no field can forge a line of its own."""
+    return " ".join(f"{_kv_value(k)}={_kv_value(v)}" for k, v in fields.items())
 
 
 class LoggingPlugin(Plugin[LoggingSettings]):
@@ -174,7 +183,7 @@ class LoggingPlugin(Plugin[LoggingSettings]):
     def render(self, fields: Mapping[str, Any]) -> str:
         """The log line for ``fields`` in the configured format."""
         if self.settings.format == "json":
-            return json.dumps(fields, ensure_ascii=False, default=str)
+            return json_line(fields, default=str)
         return format_kv(fields)
 
     def emit(self, event: str, run: Run, level: int, **fields: Any) -> None:

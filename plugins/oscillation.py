@@ -39,6 +39,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.notes import quote_data, render_note, runtime
 from loopwarden.plugin import check_templates
 from loopwarden.stash import StashKey
 
@@ -212,7 +213,8 @@ class Oscillation(Plugin[OscillationSettings]):
     def _verdict(self, run: Run, st: _State, period: int) -> Verdict:
         s = self.settings
         cycle_syms = st.detector.last(period)
-        cycle = " -> ".join(st.labels.get(sym, sym) for sym in cycle_syms)
+        labels = [st.labels.get(sym, sym) for sym in cycle_syms]
+        cycle = " -> ".join(labels)
         evidence: dict[str, Any] = dict(
             count=st.hits,
             signatures=list(cycle_syms),
@@ -225,12 +227,17 @@ class Oscillation(Plugin[OscillationSettings]):
             calls=cycle,
             step=run.step,
         )
-        fields = dict(cycle=cycle, period=period, hits=st.hits)
+        # each call is model text: quoted as data, joined by the runtime's arrows
+        quoted = runtime(" -> ".join(quote_data(label) for label in labels))
+        fields = dict(cycle=quoted, period=period, hits=st.hits)
         if st.hits >= s.stop_at_hit:
             return self.stop(
-                "oscillation", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+                "oscillation",
+                soft=s.soft,
+                message=render_note(s.stop_message, **fields),
+                **evidence,
             )
-        return self.warn(s.message.format(**fields), **evidence)
+        return self.warn(render_note(s.message, **fields), **evidence)
 
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:

@@ -54,6 +54,7 @@ from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden._util import first_line as _first_line
+from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_templates
 from loopwarden.stash import StashKey
 
@@ -247,6 +248,13 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             **extra,
         )
 
+    @staticmethod
+    def _fields(call: ToolCall, e: _Entry) -> dict[str, Any]:
+        """The template fields of a call: its tool's name (registered: runtime text, made
+        up: data) and signature (model text: a note quotes it, see :mod:`loopwarden.notes`);
+        an observation, a tool message, shows them as they are."""
+        return dict(name=tool_name(call), signature=call.signature(), count=e.seen)
+
     def _stop(
         self, call: ToolCall, e: _Entry, window_hits: int, *, by_repeats: bool = True, **extra: Any
     ) -> Verdict:
@@ -257,7 +265,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         return self.stop(
             "repeat_call",
             soft=s.soft,
-            message=s.stop_message.format(name=call.name, signature=sig, count=e.seen),
+            message=render_note(s.stop_message, name=tool_name(call), signature=sig, count=e.seen),
             **self._evidence(call, e, window_hits, rule=rule, **extra),
         )
 
@@ -306,9 +314,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if e.repeats >= s.stop_at_repeat:
             return self._stop(call, e, hits, across_turns=True)
         error = _first_line(result.content)
-        fields = dict(name=call.name, signature=call.signature(), count=e.seen)
+        fields = self._fields(call, e)
         return self.warn(
-            s.failed_hint.format(error=error, **fields),
+            render_note(s.failed_hint, error=error, **fields),
             **self._evidence(call, e, hits, rule="failed", across_turns=True),
         )
 
@@ -356,11 +364,10 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             return None
         if self._stops(e, hits):
             return self._stop(call, e, hits)
-        sig = call.signature()
-        fields = dict(name=call.name, signature=sig, count=e.seen)
+        fields = self._fields(call, e)
         if not e.ok:
             error = _first_line(e.content)
-            hint = s.failed_hint.format(error=error, **fields)
+            hint = render_note(s.failed_hint, error=error, **fields)
             return self.skip(
                 s.failed_observation.format(
                     observation=e.content, hint=hint, error=error, **fields
@@ -368,7 +375,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 message=hint,
                 **self._evidence(call, e, hits, rule="failed"),
             )
-        hint = s.repeat_hint.format(**fields)
+        hint = render_note(s.repeat_hint, **fields)
         if call.read_only:
             return self.skip(
                 s.repeat_observation.format(observation=e.content, hint=hint, **fields),
@@ -412,11 +419,13 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                     if self._stops(e, hits):
                         verdict = self._stop(call, e, hits, result_digest=result.digest)
                     else:
-                        fields = dict(name=call.name, signature=call.signature(), count=e.seen)
+                        fields = self._fields(call, e)
                         hint = (
-                            s.unchanged_hint.format(**fields)
+                            render_note(s.unchanged_hint, **fields)
                             if result.ok
-                            else s.failed_hint.format(error=_first_line(result.content), **fields)
+                            else render_note(
+                                s.failed_hint, error=_first_line(result.content), **fields
+                            )
                         )
                         verdict = self.warn(
                             hint,

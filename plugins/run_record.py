@@ -23,12 +23,13 @@ Optional additions (the contract's fields are never changed, only added to):
 
 Secrets in tool arguments, observations and evidence are masked (``redact_keys``).  The file
 defaults to ``runs.jsonl`` in loopwarden's data directory (``LOOPWARDEN_DATA_DIR``), never the
-current directory; a relative ``path`` is taken relative to the current directory.
+current directory; a relative ``path`` is taken relative to the current directory.  The file
+holds conversations and tool results, so it is created owner-only (0600), and so is every
+directory the plugin creates for it (0700); a file or directory that exists keeps its mode.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
@@ -41,9 +42,9 @@ from pydantic import Field, PositiveInt
 
 from loopwarden import Plugin, PluginSettings, signals
 from loopwarden.exceptions import ConfigError
-from loopwarden.paths import records_path
+from loopwarden.paths import ensure_private_dir, open_private, records_path
 from loopwarden.redaction import DEFAULT_REDACT_KEYS, Redactor, model_api_key
-from loopwarden.sanitize import jsonable
+from loopwarden.sanitize import json_line, jsonable
 
 try:
     import fcntl
@@ -145,19 +146,12 @@ class JsonlAppender:
         """Nothing to release (no descriptor is held between appends); kept for callers."""
 
 
-# Characters that some line splitters (str.splitlines, JavaScript) take for line breaks; JSON
-# leaves them raw inside strings, so they are escaped to keep one record on one line for all.
-_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-
-
 def encode_line(obj: Mapping[str, Any]) -> bytes:
     """One record as a line of strict JSON in UTF-8 (see :func:`loopwarden.sanitize.jsonable`:
     lone surrogates replaced, NaN and huge numbers as strings; no character that any line
-    splitter could break the line at)."""
-    text = json.dumps(jsonable(obj), ensure_ascii=False, allow_nan=False)
-    if not text.isascii():
-        text = text.translate(_LINE_BREAKS)
-    return (text + "\n").encode("utf-8")
+    splitter could break the line at, nor a control a terminal would run:
+    :func:`loopwarden.sanitize.json_line`)."""
+    return (json_line(jsonable(obj), allow_nan=False) + "\n").encode("utf-8")
 
 
 _OPEN_FLAGS = (
@@ -170,8 +164,8 @@ _OPEN_FLAGS = (
 
 
 def _append_line(path: Path, data: bytes, fsync: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, _OPEN_FLAGS, 0o644)  # non-blocking: a FIFO never hangs the run
+    ensure_private_dir(path.parent)  # 0700 where it creates one: records hold conversations
+    fd = open_private(path, _OPEN_FLAGS)  # 0600; non-blocking: a FIFO never hangs the run
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

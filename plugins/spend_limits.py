@@ -11,13 +11,16 @@ process of the deployment shares them.
 
 **Reserve before, reconcile after.**  A run counts when it starts (``on_start``: past
 ``max_runs`` it is refused before its first model call, and its evidence says so).  Before
-each model call the projected tokens and cost of the call (prompt estimate plus the reserved
-output, priced exactly as cost_budget prices the run's model: its ``prices`` table, then the
-genai-prices package, never the name the server reports) are *reserved* in the store atomically
-for every budget of the run; after the response the reservation is replaced by the real usage.
-So N concurrent workers overspend a budget by at most one reserved request each, and a
-reservation of a process that died stops counting after ``[store] reservation_ttl_s``.  With
-``max_tool_calls`` each proposed tool call is counted before it runs.
+each model call the projected tokens and cost of the call (prompt estimate plus the request's
+``max_output_tokens`` -- ``[model] max_output_tokens``, which every request carries -- else
+``reserve_output_tokens``) are *reserved* in the store atomically for every budget of the run;
+after the response the reservation is replaced by the real usage.  Calls are charged through
+cost_budget's own pricing (:meth:`CostBudget.run_price`, :func:`charged_usage`): the run's
+configured model, never the name the server reports.  So N concurrent workers overspend a
+budget by at most one reserved request each, and a reservation of a process that died (or
+whose settle was lost) stops counting after ``[store] reservation_ttl_s``.  With
+``max_tool_calls`` each proposed tool call is counted before it runs.  The hooks wait on the
+store, so the plugin declares ``blocking_io``: async runs call them off the event loop.
 
 The ladder is the budget plugins' (:mod:`loopwarden.plugins._budgets`): this call not fitting
 refuses it (hard stop), the next one not fitting makes this call the final tool-less turn
@@ -52,7 +55,6 @@ from loopwarden import (
     Run,
     RunOutcome,
     ToolCall,
-    Usage,
     Verdict,
     hookimpl,
 )
@@ -63,7 +65,6 @@ from loopwarden.plugins._spend import (
     _QUANTITY,
     COST,
     RUNS,
-    TOKENS,
     TOOL_CALLS,
     Budget,
     SpendLimitsSettings,
@@ -72,7 +73,7 @@ from loopwarden.plugins._spend import (
     _State,
     budget_reason,
 )
-from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _money
+from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _money, charged_usage
 from loopwarden.store import COST_UNIT, QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
@@ -95,6 +96,12 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         self.wall = time.time  #: the wall clock of calendar windows (tests may replace it)
         self.pricing: CostBudget | None = None
         self.currency = "USD"
+
+    @property
+    def blocking_io(self) -> bool:
+        """True with budgets: the hooks wait on the shared store, so async runs advance the
+        loop off the event loop (:func:`loopwarden._drivers.blocking_io`)."""
+        return bool(self.settings.budgets)
 
     def new_state(self) -> _State:
         return _State()
@@ -218,7 +225,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         st.shared = run.shared
         st.count_tools = any(a.budget.max_tool_calls is not None for a in st.applied)
         pricing = self.pricing
-        st.price = pricing.price_of(run.model_name) if pricing is not None else None
+        st.price = pricing.run_price(run)[0] if pricing is not None else None
         costed = any(a.budget.max_cost is not None for a in st.applied)
         if (
             st.price is None
@@ -371,14 +378,10 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         pending, st.pending = st.pending, None
         if st.shared is None or pending is None:
             return None
-        usage = response.usage
-        if usage is None:  # unreported: count the estimates
-            completion = run.estimator(response.content or "") + sum(
-                run.estimator(c.name) + run.estimator(c.arguments) for c in response.tool_calls
-            )
-            usage = Usage(prompt=pending[1][TOKENS], completion=completion)
-        # the run's model's price, as cost_budget charges it: never the name the server
-        # reports in response.model (a server must not pick its own price)
+        # charged as cost_budget charges the run: the same usage (reported, else estimated
+        # from this call's prompt estimate) at the price of the run's configured model --
+        # never of the name the server reports in response.model
+        usage = charged_usage(run, response, st.last_prompt or 0)
         price = st.price
         cost = cost_units(price.cost(usage.prompt, usage.completion, usage.cached)) if price else 0
         tools = 0 if st.count_tools else len(response.tool_calls)

@@ -55,6 +55,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
 from loopwarden.plugins._text import free_text_differs, structurally_empty, token_set
@@ -307,13 +308,13 @@ class Stall(Plugin[StallSettings]):
             step=run.step,
             rule="repeat" if st.round_strong else "sweep",
         )
-        fields = dict(count=st.streak, tool=call.name)
+        fields = dict(count=st.streak, tool=tool_name(call))  # a made-up name: quoted
         if st.strong >= s.stop_after or st.streak >= s.sweep_stop_after:
             return self.stop(
-                "stall", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+                "stall", soft=s.soft, message=render_note(s.stop_message, **fields), **evidence
             )
         if (s.warn_after is not None and st.strong == s.warn_after and st.round_strong) or (
             s.sweep_warn_after is not None and st.streak == s.sweep_warn_after
         ):
-            return self.warn(s.message.format(**fields), **evidence)
+            return self.warn(render_note(s.message, **fields), **evidence)
         return None

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden.notes import render_note, runtime, tool_name
 from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
 __all__ = ["ToolCalls", "ToolCallsSettings"]
@@ -135,7 +136,7 @@ class ToolCalls(Plugin[ToolCallsSettings]):
         else:
             return None
         st.refused += 1
-        fields = dict(name=call.name, limit=limit, used=used, scope=scope)
+        fields = dict(name=tool_name(call), limit=limit, used=used, scope=runtime(scope))
         evidence: dict[str, Any] = dict(
             tool=call.name,
             scope=scope,
@@ -147,9 +148,12 @@ class ToolCalls(Plugin[ToolCallsSettings]):
         )
         if s.on_exceed == "end":
             return self.stop(
-                "max_tool_calls", soft=s.soft, message=s.stop_message.format(**fields), **evidence
+                "max_tool_calls",
+                soft=s.soft,
+                message=render_note(s.stop_message, **fields),
+                **evidence,
             )
-        hint = None if st.hinted else s.refused_hint.format(**fields)
+        hint = None if st.hinted else render_note(s.refused_hint, **fields)
         st.hinted = True
         return self.skip(s.refused_observation.format(**fields), message=hint, **evidence)
 
@@ -167,7 +171,13 @@ class ToolCalls(Plugin[ToolCallsSettings]):
         if st.used >= math.ceil(s.max_tool_calls * s.warn_at):
             st.warned = True
             return self.warn(
-                s.warning.format(used=st.used, limit=s.max_tool_calls, scope="run", name=call.name),
+                render_note(
+                    s.warning,
+                    used=st.used,
+                    limit=s.max_tool_calls,
+                    scope=runtime("run"),
+                    name=tool_name(call),
+                ),
                 used=st.used,
                 limit=s.max_tool_calls,
                 threshold=s.warn_at,

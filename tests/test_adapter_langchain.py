@@ -7,6 +7,8 @@ playing :class:`support.adapters.Script`; the tools are real LangChain tools.
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
+from pydantic import BaseModel
 from support.adapters import (
     SCENARIOS,
     WORLD_SCENARIOS,
@@ -34,9 +37,14 @@ from support.adapters import (
     World,
     deployment,
     only_record,
+    records,
 )
+from support.openai_stub import Stub, completion, serve
+from support.stores import store_table
 
-from loopwarden.adapters.langchain import LoopwardenMiddleware
+from loopwarden import Deployment
+from loopwarden.adapters.langchain import RESULT_KEY, LoopwardenMiddleware
+from loopwarden.config import default_config_path, load_toml, parse_config
 
 
 class ScriptedChatModel(GenericFakeChatModel):
@@ -242,12 +250,9 @@ def test_a_tool_exception_that_ends_the_agent_is_recorded(tmp_path: Path) -> Non
     assert middleware.runs() == []
 
 
-def test_an_interrupted_tool_resumes_in_the_same_run(tmp_path: Path) -> None:
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Command, interrupt
-
-    effects = Effects()
-    dep = deployment(tmp_path)
+def approved_refund(effects: Effects) -> Any:
+    """``apply_refund`` that a person approves first (``interrupt``, human in the loop)."""
+    from langgraph.types import interrupt
 
     @tool
     def apply_refund(order_id: str, reason: str) -> str:
@@ -257,21 +262,498 @@ def test_an_interrupted_tool_resumes_in_the_same_run(tmp_path: Path) -> None:
         effects.hit("apply_refund")
         return f"refund #1 created for order {order_id}"
 
+    return apply_refund
+
+
+def test_an_interrupted_tool_resumes_in_a_new_run_of_the_thread(tmp_path: Path) -> None:
+    """An interrupt ends the invocation and its run (nothing stays open); the resumed
+    invocation is a new run of the same conversation that executes the call once."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    effects = Effects()
+    dep = deployment(tmp_path)
+
+    apply_refund = approved_refund(effects)
+
     script = Script(
         [[("apply_refund", {"order_id": "88231", "reason": "damaged"})]], final="Refunded."
     )
+    middleware = LoopwardenMiddleware(dep, model_name="gpt-4o-mini")
     agent = create_agent(
-        make_model(script),
-        [apply_refund],
-        checkpointer=InMemorySaver(),
-        middleware=[LoopwardenMiddleware(dep, model_name="gpt-4o-mini")],
+        make_model(script), [apply_refund], checkpointer=InMemorySaver(), middleware=[middleware]
     )
     config: Any = {"configurable": {"thread_id": "t1"}}
     first = agent.invoke({"messages": [HumanMessage("Refund 88231")]}, config)
     assert "__interrupt__" in first and effects.counts == {}
+    assert middleware.runs() == []
     out = agent.invoke(Command(resume="yes"), config)
     dep.close()
     assert effects.counts == {"apply_refund": 1}
     assert out["messages"][-1].content == "Refunded."
+    paused, resumed = records(tmp_path)
+    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["interrupted"]
+    assert paused["tools_executed"] == 0
+    assert resumed["termination"] == "final_answer" and resumed["tools_executed"] == 1
+    assert resumed["meta"]["resumed_from"] == paused["run_id"]
+    assert paused["conversation_id"] == resumed["conversation_id"] == "t1"
+    assert out[RESULT_KEY]["run_id"] == resumed["run_id"]
+
+
+# -- over real HTTP: a real ChatOpenAI against the local chat-completions stub ---------------
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, str]]:
+    with serve() as served:
+        yield served
+
+
+def chat(url: str) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model="gpt-4o-mini", base_url=url, api_key="sk-test", max_retries=0, timeout=10
+    )
+
+
+def http_deployment(tmp_path: Path, store: str | None = None, **plugins: Any) -> Deployment:
+    """:func:`support.adapters.deployment`'s config, with plugin settings and a ``[store]``."""
+    data = load_toml(default_config_path())
+    data["plugins"]["enabled"] = [*data["plugins"]["enabled"], "run_record"]
+    data["plugins"]["run_record"] = {"path": str(tmp_path / "runs.jsonl")}
+    for name, table in plugins.items():
+        data["plugins"][name] = {**data["plugins"].get(name, {}), **table}
+    data["tools"] = {
+        "apply_refund": {"side_effect": True, "idempotency_keys": ["order_id"]},
+        "query_order": {"read_only": True, "deterministic": True},
+    }
+    if store is not None:
+        data["store"] = store_table(store)
+    return Deployment(parse_config(data, path="<adapter-http>"), tools=[])
+
+
+def wait_for(done: Callable[[], bool], seconds: float) -> bool:
+    """Poll ``done`` until it holds or ``seconds`` pass (for what happens on another thread)."""
+    end = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def lookup(order_id: str) -> dict[str, Any]:
+    return completion(
+        None,
+        [{"name": "query_order", "arguments": json.dumps({"order_id": order_id})}],
+        usage={"prompt_tokens": 40, "completion_tokens": 10},
+    )
+
+
+def answer(text: str) -> dict[str, Any]:
+    return completion(text, usage={"prompt_tokens": 40, "completion_tokens": 10})
+
+
+REFUND = completion(
+    None,
+    [{"name": "apply_refund", "arguments": '{"order_id": "88231", "reason": "damaged"}'}],
+    usage={"prompt_tokens": 40, "completion_tokens": 10},
+)
+
+
+def asked(payload: dict[str, Any]) -> str:
+    """The first user message of a chat-completions request."""
+    return next(str(m["content"]) for m in payload["messages"] if m["role"] == "user")
+
+
+def tool_answers(payload: dict[str, Any]) -> int:
+    return sum(1 for m in payload["messages"] if m["role"] == "tool")
+
+
+@tool
+def query_order(order_id: str) -> str:
+    """Look up an order by its id."""
+    return f"NOT_FOUND: order {order_id} does not exist"
+
+
+def test_http_each_result_names_its_own_stop_under_concurrency(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Two invocations of one agent at once: the looping one is stopped by repeat_call, the
+    other answers; each result's ``loopwarden`` key names its own run and stop."""
+    server, url = stub
+
+    def route(payload: dict[str, Any]) -> dict[str, Any]:
+        if asked(payload).startswith("loop"):
+            return lookup("99999") if payload.get("tools") else answer("Not found.")
+        return lookup("1") if tool_answers(payload) == 0 else answer("Order 1 is on its way.")
+
+    server.route = route
+    dep = http_deployment(tmp_path)
+    agent = create_agent(chat(url), [query_order], middleware=[LoopwardenMiddleware(dep)])
+
+    async def both() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(
+                    agent.ainvoke({"messages": [HumanMessage(text)]})
+                    for text in ("loop: where is 99999?", "ok: where is 1?")
+                )
+            )
+        )
+
+    try:
+        looped, healthy = asyncio.run(both())
+    finally:
+        dep.close()
+    by_id = {r["run_id"]: r for r in records(tmp_path)}
+    assert looped[RESULT_KEY] == {
+        "run_id": looped[RESULT_KEY]["run_id"],
+        "termination": "repeat_call",
+        "stopped": True,
+        "stopped_by": "repeat_call",
+        "soft": True,
+    }
+    assert healthy[RESULT_KEY]["termination"] == "final_answer"
+    assert healthy[RESULT_KEY]["stopped"] is False and healthy[RESULT_KEY]["stopped_by"] is None
+    assert by_id[looped[RESULT_KEY]["run_id"]]["final_answer"] == "Not found."
+    assert by_id[healthy[RESULT_KEY]["run_id"]]["final_answer"] == "Order 1 is on its way."
+
+
+@pytest.mark.parametrize(("limit", "requests"), [(4, 1), (5, 1), (6, 2)])
+def test_http_graph_recursion_error_is_recorded(
+    tmp_path: Path, stub: tuple[Stub, str], limit: int, requests: int
+) -> None:
+    """LangGraph's recursion_limit ends the graph with GraphRecursionError: the run is
+    recorded as ended by the framework, with no answer (the caller got none), and nothing
+    stays open.  A model call in the last steps, whose answer nobody would receive, is not
+    made (limit 5: the second call)."""
+    from langgraph.errors import GraphRecursionError
+
+    server, url = stub
+    server.route = lambda payload: lookup(str(len(server.requests)))
+    dep = http_deployment(tmp_path)
+    middleware = LoopwardenMiddleware(dep)
+    agent = create_agent(chat(url), [query_order], middleware=[middleware])
+    try:
+        with pytest.raises(GraphRecursionError):
+            agent.invoke({"messages": [HumanMessage("Orders?")]}, {"recursion_limit": limit})
+    finally:
+        dep.close()
     rec = only_record(tmp_path)
-    assert rec["termination"] == "final_answer" and rec["tools_executed"] == 1
+    assert rec["termination"] == "ended_by_framework" and rec["evidence"]["recursion_limit"]
+    assert rec["final_answer"] is None and rec["final_answer_present"] is False
+    assert len(server.requests) == requests == rec["steps"]
+    assert middleware.runs() == []
+
+
+def test_http_model_call_limit_error_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
+    """ModelCallLimitMiddleware(exit_behavior="error") raises in its own node, where the
+    middleware sees no end of the run: the run is recorded at its deadline, not left open."""
+    from langchain.agents.middleware import ModelCallLimitMiddleware
+    from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
+
+    server, url = stub
+    server.route = lambda payload: lookup(str(len(server.requests)))
+    dep = http_deployment(tmp_path, timeout={"max_seconds": 4.0, "grace_s": 0.5})
+    middleware = LoopwardenMiddleware(dep)
+    agent = create_agent(
+        chat(url),
+        [query_order],
+        middleware=[middleware, ModelCallLimitMiddleware(run_limit=1, exit_behavior="error")],
+    )
+    try:
+        with pytest.raises(ModelCallLimitExceededError):
+            agent.invoke({"messages": [HumanMessage("Orders?")]})
+        recorded = wait_for(lambda: (tmp_path / "runs.jsonl").exists(), seconds=30)
+    finally:
+        dep.close()
+    assert recorded
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "ended_by_framework" and rec["evidence"]["abandoned"] is True
+    assert rec["steps"] == 1 and rec["final_answer"] is None
+    assert middleware.runs() == []
+
+
+def test_http_model_call_limit_error_closes_at_the_threads_next_invocation(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Behind a checkpointer, the thread's next invocation records the run that ended in
+    ModelCallLimitExceededError at once."""
+    from langchain.agents.middleware import ModelCallLimitMiddleware
+    from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    server, url = stub
+    server.route = lambda payload: lookup(str(len(server.requests)))
+    dep = http_deployment(tmp_path)
+    middleware = LoopwardenMiddleware(dep)
+    agent = create_agent(
+        chat(url),
+        [query_order],
+        checkpointer=InMemorySaver(),
+        middleware=[middleware, ModelCallLimitMiddleware(thread_limit=1, exit_behavior="error")],
+    )
+    config: Any = {"configurable": {"thread_id": "t-limit"}}
+    try:
+        for _ in range(2):
+            with pytest.raises(ModelCallLimitExceededError):
+                agent.invoke({"messages": [HumanMessage("Orders?")]}, config)
+    finally:
+        dep.close()
+    first = records(tmp_path)[0]
+    assert first["termination"] == "ended_by_framework" and first["evidence"]["abandoned"]
+    assert first["steps"] == 1 and first["conversation_id"] == "t-limit"
+    assert len(middleware.runs()) == 1  # the second invocation's, until the thread goes on
+
+
+def test_http_framework_limit_records_what_the_caller_received(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """ModelCallLimitMiddleware(exit_behavior="end") ends the agent on its own message: the
+    record's final_answer is that message, not loopwarden's fallback text."""
+    from langchain.agents.middleware import ModelCallLimitMiddleware
+
+    server, url = stub
+    server.route = lambda payload: lookup(str(len(server.requests)))
+    dep = http_deployment(tmp_path)
+    agent = create_agent(
+        chat(url),
+        [query_order],
+        middleware=[
+            LoopwardenMiddleware(dep),
+            ModelCallLimitMiddleware(run_limit=2, exit_behavior="end"),
+        ],
+    )
+    try:
+        out = agent.invoke({"messages": [HumanMessage("Orders?")]})
+    finally:
+        dep.close()
+    received = out["messages"][-1].content
+    assert received.startswith("Model call limits exceeded")
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "ended_by_framework" and rec["steps"] == 2
+    assert rec["final_answer"] == received and rec["final_answer_present"] is False
+    assert out[RESULT_KEY]["termination"] == "ended_by_framework"
+    assert out[RESULT_KEY]["run_id"] == rec["run_id"]
+
+
+def test_http_cancelled_invocation_is_recorded_cancelled(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """The invocation (under ``asyncio.wait_for``) is cancelled during the model call:
+    recorded ``cancelled``, not ``model_error``."""
+    server, url = stub
+    server.push_hang(30.0)
+    dep = http_deployment(tmp_path)
+    middleware = LoopwardenMiddleware(dep)
+    agent = create_agent(chat(url), [query_order], middleware=[middleware])
+
+    async def call() -> None:
+        invocation = agent.ainvoke({"messages": [HumanMessage("Orders?")]})
+        task = asyncio.ensure_future(asyncio.wait_for(invocation, 60.0))
+        while not server.requests:  # cancelled while the model call is under way
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await task
+
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(call())
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled" and "CancelledError" in rec["evidence"]["error"]
+    assert middleware.runs() == []
+
+
+def test_http_interrupt_resumed_by_another_worker_is_guarded(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Two workers (two deployments on one shared store, two middleware instances) behind one
+    checkpointer: worker A's run ends at the interrupt (nothing left open), worker B's resume
+    is guarded and recorded, and the refund proposed again later on A is answered from the
+    shared ledger -- it executes once."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    for body in (REFUND, answer("Refunded."), REFUND, answer("Already refunded.")):
+        server.push(body)
+
+    apply_refund = approved_refund(effects)
+
+    saver = InMemorySaver()
+    deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
+    workers = [LoopwardenMiddleware(d) for d in deps]
+    a, b = (
+        create_agent(chat(url), [apply_refund], checkpointer=saver, middleware=[w]) for w in workers
+    )
+    config: Any = {"configurable": {"thread_id": "t-refund"}}
+    try:
+        first = a.invoke({"messages": [HumanMessage("Refund 88231")]}, config)
+        assert "__interrupt__" in first
+        assert workers[0].runs() == []  # the interrupt ended the run: nothing held open
+        resumed = b.invoke(Command(resume="yes"), config)
+        again = a.invoke({"messages": [HumanMessage("Refund 88231 again")]}, config)
+    finally:
+        for d in deps:
+            d.close()
+    assert effects.counts == {"apply_refund": 1}
+    assert resumed["messages"][-1].content == "Refunded."
+    assert again["messages"][-1].content == "Already refunded."
+    paused, on_b, later = records(tmp_path)
+    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["interrupted"]
+    assert on_b["termination"] == "final_answer" and on_b["tools_executed"] == 1
+    assert on_b["meta"]["resumed_from"] == paused["run_id"]
+    assert on_b["run_id"] == resumed[RESULT_KEY]["run_id"]
+    assert later["tools_executed"] == 0
+    [ledger] = later["ledger_answers"]
+    assert ledger["source"] == "shared" and ledger["tool"] == "apply_refund"
+    assert [w.runs() for w in workers] == [[], []]
+
+
+def test_http_conversation_limits_count_across_a_thread(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """The thread is the conversation (as ModelCallLimitMiddleware's thread_limit counts it):
+    conversation_limits' max_turns = 2 refuses the thread's third invocation."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    server, url = stub
+    server.route = lambda payload: answer("Hello again.")
+    dep = http_deployment(tmp_path, conversation_limits={"max_turns": 2})
+    agent = create_agent(
+        chat(url),
+        [query_order],
+        checkpointer=InMemorySaver(),
+        middleware=[LoopwardenMiddleware(dep)],
+    )
+    config: Any = {"configurable": {"thread_id": "t-chat"}}
+    try:
+        outs = [agent.invoke({"messages": [HumanMessage(f"Hi {n}")]}, config) for n in range(3)]
+        other = agent.invoke(
+            {"messages": [HumanMessage("Hi")]}, {"configurable": {"thread_id": "t-other"}}
+        )
+    finally:
+        dep.close()
+    recs = records(tmp_path)
+    assert [r["termination"] for r in recs] == ["final_answer"] * 2 + ["max_turns", "final_answer"]
+    refused = recs[2]
+    assert refused["stopped_by"] == "conversation_limits"
+    assert refused["evidence"]["key"] == "t-chat" == refused["conversation_id"]
+    assert len(server.requests) == 3  # the refused turn made no model call
+    assert [o[RESULT_KEY]["termination"] for o in outs] == ["final_answer"] * 2 + ["max_turns"]
+    assert other[RESULT_KEY]["termination"] == "final_answer"
+
+
+class OrderInfo(BaseModel):
+    """What the agent found about an order."""
+
+    order_id: str
+    status: str
+
+
+def structured_route(server: Stub, strategy: str, loop: bool) -> Callable[[dict[str, Any]], Any]:
+    """The model: lookups (repeated when ``loop``), then the structured answer -- through the
+    ``OrderInfo`` tool (ToolStrategy) or as JSON text (ProviderStrategy)."""
+    info = {"order_id": "1", "status": "missing"}
+
+    def route(payload: dict[str, Any]) -> dict[str, Any]:
+        names = [t["function"]["name"] for t in payload.get("tools") or ()]
+        if "query_order" in names and (loop or tool_answers(payload) == 0):
+            return lookup("1")
+        if strategy == "provider":
+            return answer(json.dumps(info))
+        return completion(
+            None,
+            [{"name": "OrderInfo", "arguments": json.dumps(info)}],
+            usage={"prompt_tokens": 40, "completion_tokens": 10},
+        )
+
+    return route
+
+
+@pytest.mark.parametrize(
+    ("strategy", "loop"), [("tool", False), ("tool", True), ("provider", True)]
+)
+def test_http_structured_output_survives_guarding(
+    tmp_path: Path, stub: tuple[Stub, str], strategy: str, loop: bool
+) -> None:
+    """``response_format``: a healthy ToolStrategy run ends as final_answer (its output tool
+    is the answer, not a tool left unrun), and a soft stop's wrap-up turn still produces the
+    structured response (ToolStrategy and ProviderStrategy)."""
+    from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
+
+    server, url = stub
+    server.route = structured_route(server, strategy, loop)
+    fmt: Any = ToolStrategy(OrderInfo) if strategy == "tool" else ProviderStrategy(OrderInfo)
+    dep = http_deployment(tmp_path)
+    agent = create_agent(
+        chat(url), [query_order], middleware=[LoopwardenMiddleware(dep)], response_format=fmt
+    )
+    try:
+        out = agent.invoke({"messages": [HumanMessage("Where is order 1?")]})
+    finally:
+        dep.close()
+    assert out["structured_response"] == OrderInfo(order_id="1", status="missing")
+    rec = only_record(tmp_path)
+    assert rec["termination"] == ("repeat_call" if loop else "final_answer")
+    assert json.loads(rec["final_answer"]) == {"order_id": "1", "status": "missing"}
+    assert out[RESULT_KEY]["termination"] == rec["termination"]
+
+
+def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """LangChain's HumanInTheLoopMiddleware pauses the proposed refund in its own node (the
+    run's side-effect claim already taken on worker A); the approval is resumed on worker B:
+    the refund executes there once -- B's run takes over the claim of the run it resumes --
+    and worker A's run is recorded at the thread's next invocation."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    for body in (REFUND, answer("Refunded."), answer("You are welcome.")):
+        server.push(body)
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit("apply_refund")
+        return f"refund #1 created for order {order_id}"
+
+    saver = InMemorySaver()
+    deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
+    workers = [LoopwardenMiddleware(d) for d in deps]
+    a, b = (
+        create_agent(
+            chat(url),
+            [apply_refund],
+            checkpointer=saver,
+            middleware=[w, HumanInTheLoopMiddleware(interrupt_on={"apply_refund": True})],
+        )
+        for w in workers
+    )
+    config: Any = {"configurable": {"thread_id": "t-hitl"}}
+    try:
+        first = a.invoke({"messages": [HumanMessage("Refund 88231")]}, config)
+        assert "__interrupt__" in first and effects.counts == {}
+        resumed = b.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+        a.invoke({"messages": [HumanMessage("Thanks")]}, config)
+    finally:
+        for d in deps:
+            d.close()
+    assert effects.counts == {"apply_refund": 1}
+    assert resumed["messages"][-1].content == "Refunded."
+    on_b, paused, thanks = records(tmp_path)  # A's run is recorded when the thread goes on
+    assert on_b["termination"] == "final_answer" and on_b["tools_executed"] == 1
+    assert on_b["meta"]["resumed_from"] == paused["run_id"]
+    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["abandoned"]
+    assert paused["tools_executed"] == 0
+    assert thanks["termination"] == "final_answer"
+    assert [w.runs() for w in workers] == [[], []]

@@ -1,24 +1,49 @@
-"""OpenAI Agents SDK runs guarded by ``LoopwardenRunner``, offline.
+"""OpenAI Agents SDK runs guarded by ``LoopwardenRunner``.
 
-The model is the SDK's own ``agents.testing.ScriptedModel`` whose steps respond from the
-recorded call (``ModelCall.tools`` says whether tools are offered), playing
-:class:`support.adapters.Script`; the tools are real SDK function tools.
+The scenarios' model is the SDK's own ``agents.testing.ScriptedModel`` whose steps respond
+from the recorded call (``ModelCall.tools`` says whether tools are offered), playing
+:class:`support.adapters.Script`; the tools are real SDK function tools.  The paths beyond
+the basics -- MCP servers, handoffs, streaming, guardrails, sessions, concurrent runs -- run
+as a user runs them: ``OpenAIChatCompletionsModel(AsyncOpenAI(base_url=...))`` over real HTTP
+against the local stub server (:mod:`support.openai_stub`), and a real MCP server over stdio
+(``tests/support/mcp_shop.py``, started by the SDK's ``MCPServerStdio``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, RunContextWrapper, function_tool
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    OpenAIChatCompletionsModel,
+    OutputGuardrailTripwireTriggered,
+    RunConfig,
+    RunContextWrapper,
+    RunResult,
+    SQLiteSession,
+    function_tool,
+    output_guardrail,
+)
 from agents.items import ItemHelpers, ToolCallOutputItem
+from agents.mcp import MCPServerStdio
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.usage import Usage
+from openai import AsyncOpenAI
 from support.adapters import (
+    FINAL,
+    LOOKUP,
+    REFUND_A,
+    REFUND_B,
     SCENARIOS,
     WORLD_SCENARIOS,
     Effects,
@@ -27,8 +52,14 @@ from support.adapters import (
     World,
     deployment,
     only_record,
+    records,
 )
+from support.openai_gated import gated
+from support.openai_stream import push_stream
+from support.openai_stub import completion, serve
+from support.stores import store_table
 
+from loopwarden.adapters import openai_agents
 from loopwarden.adapters.openai_agents import LoopwardenRunner
 
 
@@ -199,3 +230,396 @@ def test_notes_reach_the_model_input(tmp_path: Path) -> None:
     ]
     assert notes and "Stop calling tools" in notes[-1]
     assert last.tools == [] and last.handoffs == []
+
+
+# -- over real HTTP: the SDK's OpenAIChatCompletionsModel against the local stub server ------
+
+NO_TRACE = RunConfig(tracing_disabled=True)
+MCP_SHOP = Path(__file__).parent / "support" / "mcp_shop.py"
+USAGE = {"prompt_tokens": 40, "completion_tokens": 10, "total_tokens": 50}
+
+
+def http_model(url: str) -> OpenAIChatCompletionsModel:
+    """The SDK's chat-completions model, talking HTTP to the stub at ``url``."""
+    client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    return OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client)
+
+
+_call_ids = itertools.count()
+
+
+def answer(text: str | None = None, *calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A chat completion: ``text`` and/or tool ``calls`` (name, arguments), each call with an
+    id of its own (the SDK refuses an id used before in the run)."""
+    tool_calls = [{"name": n, "arguments": json.dumps(a)} for n, a in calls]
+    body = completion(text, tool_calls or None, usage=USAGE)
+    for call in body["choices"][0]["message"].get("tool_calls") or ():
+        call["id"] = f"call_{next(_call_ids)}"
+    return body
+
+
+def streamed_call(call: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A tool call for :func:`support.openai_stream.push_stream`, with an id of its own."""
+    name, arguments = call
+    return {"name": name, "arguments": json.dumps(arguments), "id": f"call_{next(_call_ids)}"}
+
+
+def lookups(effects: Effects) -> Any:
+    @function_tool
+    def query_order(order_id: str) -> str:
+        """Look up an order by its id."""
+        effects.hit("query_order")
+        return f"NOT_FOUND: order {order_id} does not exist"
+
+    return query_order
+
+
+def test_mcp_server_tools_are_guarded_and_in_the_ledger(tmp_path: Path, store_url: str) -> None:
+    """A real MCP server over stdio (the SDK's ``MCPServerStdio``): a refund declared a side
+    effect, proposed twice in each of two runs, executes once; both runs record their calls,
+    and the second run's are answered from the deployment's shared ledger."""
+    log = tmp_path / "mcp.log"
+    dep = deployment(tmp_path, store=store_table(store_url))
+    with serve() as (stub, url):
+        for _ in range(2):
+            stub.push(answer(None, REFUND_A))
+            stub.push(answer(None, REFUND_B))
+            stub.push(answer("Refunded."))
+
+        async def two_runs() -> list[RunResult]:
+            params = {"command": sys.executable, "args": [str(MCP_SHOP), str(log)]}
+            async with MCPServerStdio(params, client_session_timeout_seconds=60) as server:
+                agent = Agent(name="shop", model=http_model(url), mcp_servers=[server])
+                runner = LoopwardenRunner(dep)
+                first = await runner.run(agent, "Refund 88231", run_config=NO_TRACE)
+                second = await runner.run(agent, "Refund 88231 again", run_config=NO_TRACE)
+                return [first, second]
+
+        try:
+            results = asyncio.run(two_runs())
+        finally:
+            dep.close()
+    assert log.read_text().splitlines() == ["apply_refund 88231"]  # what the server really ran
+    recs = records(tmp_path)
+    assert [r["termination"] for r in recs] == ["final_answer", "final_answer"]
+    assert [r["tool_calls"] for r in recs] == [2, 2] and [r["tools_executed"] for r in recs] == [
+        1,
+        0,
+    ]
+    assert len(recs[0]["ledger_answers"]) == 1 and len(recs[1]["ledger_answers"]) == 2
+    outputs = [
+        str(item.output) for item in results[1].new_items if isinstance(item, ToolCallOutputItem)
+    ]
+    assert len(outputs) == 2 and all("was not executed again" in o for o in outputs)
+
+
+def test_every_agent_of_a_handoff_is_guarded(tmp_path: Path) -> None:
+    """Triage hands off to support, whose lookups loop: the handoff is a recorded call, the
+    repeats are answered from the first lookup, and the third stops the run (repeat_call,
+    soft) -- support's wrap-up turn gets no tools."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    support = Agent(name="support", tools=[lookups(effects)])
+    with serve() as (stub, url):
+        model = http_model(url)
+        support.model = model
+        triage = Agent(name="triage", model=model, handoffs=[support])
+        stub.push(answer(None, ("transfer_to_support", {})))
+        for _ in range(3):  # the third is the second repeat: the stop
+            stub.push(answer(None, LOOKUP))
+        stub.push(answer(FINAL))  # the wrap-up turn
+        try:
+            result = LoopwardenRunner(dep).run_sync(triage, "Where is 99999?", run_config=NO_TRACE)
+        finally:
+            dep.close()
+        requests = stub.requests
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["stopped_by"] == "repeat_call"
+    assert rec["soft"] is True and rec["steps"] == 5 and len(requests) == 5
+    assert rec["tool_calls"] == 4 and rec["tools_executed"] == 2  # the handoff + one lookup
+    assert effects.counts == {"query_order": 1}
+    assert "tools" not in requests[-1] and "tools" in requests[1]
+    assert result.last_agent.name == "support" and result.final_output == FINAL
+    assert rec["final_answer"] == FINAL and rec["meta"]["agents"] == ["triage", "support"]
+
+
+def test_the_sdks_tool_error_output_is_a_failure(tmp_path: Path) -> None:
+    """A tool that raises: the SDK answers the model "An error occurred while running the
+    tool..." (its default failure_error_function) -- loopwarden counts a failed call, so
+    failure_streak stops the run after three failed rounds."""
+    effects = Effects()
+
+    @function_tool
+    def legacy_lookup(order_id: str) -> str:
+        """Look up an order in the old system."""
+        effects.hit("legacy_lookup")
+        raise ConnectionError("the old order system is down")
+
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        for n in range(8):
+            stub.push(answer(None, ("legacy_lookup", {"order_id": str(n)})))
+        stub.push(answer("The order system is down."))
+        agent = Agent(name="shop", model=http_model(url), tools=[legacy_lookup])
+        try:
+            result = LoopwardenRunner(dep).run_sync(agent, "Where is 7?", run_config=NO_TRACE)
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "failure_streak" and rec["stopped_by"] == "failure_streak"
+    assert effects.counts == {"legacy_lookup": 3}
+    outputs = [str(i.output) for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert outputs == ["An error occurred while running the tool. Please try again."] * 3
+
+
+def test_each_result_says_how_its_own_run_ended(tmp_path: Path) -> None:
+    """Two runs at once on one runner (the first is held at the server until the second has
+    started): each result carries its own run -- id, stop, plugin, soft -- and so does
+    ``runner.last_run`` in each task, whatever was started last."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    started = threading.Event()
+    with serve() as (stub_a, url_a), serve() as (stub_b, url_b):
+        stub_a.responses.append(gated(answer(None, LOOKUP), wait=started))
+        for _ in range(2):
+            stub_a.push(answer(None, LOOKUP))
+        stub_a.push(answer(FINAL))
+        stub_b.responses.append(gated(answer("Hello!"), release=started))
+        looping = Agent(name="a", model=http_model(url_a), tools=[lookups(effects)])
+        polite = Agent(name="b", model=http_model(url_b))
+        runner = LoopwardenRunner(dep)
+
+        async def one(agent: Agent[Any]) -> tuple[Any, Any]:
+            result = await runner.run(agent, "Hi", run_config=NO_TRACE)
+            return result, runner.last_run
+
+        async def both() -> list[tuple[Any, Any]]:
+            first = asyncio.create_task(one(looping))
+            await asyncio.sleep(0)  # let the first run start before the second
+            return list(await asyncio.gather(first, one(polite)))
+
+        try:
+            (res_a, last_a), (res_b, last_b) = asyncio.run(both())
+        finally:
+            dep.close()
+    recs = {r["run_id"]: r for r in records(tmp_path)}
+    guard_a, guard_b = openai_agents.guard_of(res_a), openai_agents.guard_of(res_b)
+    assert guard_a is not None and guard_b is not None
+    assert recs[guard_a.run_id]["termination"] == "repeat_call" == guard_a.termination
+    assert guard_a.stopped and guard_a.stopped_by == "repeat_call" and guard_a.soft is True
+    assert recs[guard_b.run_id]["termination"] == "final_answer" == guard_b.termination
+    assert not guard_b.stopped and guard_b.stopped_by is None
+    assert guard_a.record()["run_id"] == guard_a.run_id != guard_b.run_id
+    assert guard_a.info() == {
+        "run_id": guard_a.run_id,
+        "termination": "repeat_call",
+        "stopped_by": "repeat_call",
+        "soft": True,
+        "final_answer_present": True,
+    }
+    assert last_a is guard_a.run and last_b is guard_b.run
+
+
+def test_run_streamed_is_guarded(tmp_path: Path) -> None:
+    """``run_streamed`` over a streaming HTTP endpoint: the looping lookups stop
+    (repeat_call, soft), the events stream as usual, and the record is written by the time
+    the events are consumed."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        for _ in range(3):
+            push_stream(stub, None, [streamed_call(LOOKUP)], USAGE)
+        push_stream(stub, FINAL, None, USAGE)
+        agent = Agent(name="shop", model=http_model(url), tools=[lookups(effects)])
+
+        async def consume() -> tuple[Any, int, dict[str, Any] | None]:
+            result = LoopwardenRunner(dep).run_streamed(agent, "Where?", run_config=NO_TRACE)
+            n = 0
+            async for _event in result.stream_events():
+                n += 1
+            guard = openai_agents.guard_of(result)
+            return result, n, guard.record() if guard and guard.outcome else None
+
+        try:
+            result, n_events, record = asyncio.run(consume())
+        finally:
+            dep.close()
+        requests = stub.requests
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["soft"] is True and rec["steps"] == 4
+    assert len(requests) == 4 and all(r.get("stream") is True for r in requests)
+    assert effects.counts == {"query_order": 1} and n_events > 0
+    assert result.final_output == FINAL == rec["final_answer"]
+    assert record is not None and record["run_id"] == rec["run_id"]
+
+
+def test_a_tripped_output_guardrail_is_recorded_without_the_blocked_text(tmp_path: Path) -> None:
+    """The model's answer trips an output guardrail: the SDK raises, and the record says the
+    SDK ended the run (which guardrail), with no final answer -- not the blocked text."""
+
+    @output_guardrail
+    def no_secrets(ctx: RunContextWrapper[Any], agent: Agent[Any], output: Any) -> Any:
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered="secret" in output)
+
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        stub.push(answer("The secret code is 4711."))
+        agent = Agent(name="shop", model=http_model(url), output_guardrails=[no_secrets])
+        with pytest.raises(OutputGuardrailTripwireTriggered) as caught:
+            LoopwardenRunner(dep).run_sync(agent, "Code?", run_config=NO_TRACE)
+        dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "ended_by_framework" and rec["evidence"]["guardrail"] == (
+        "no_secrets"
+    )
+    assert rec["final_answer"] is None and rec["final_answer_present"] is False
+    assert "4711" not in json.dumps(rec)
+    guard = openai_agents.guard_of(caught.value)
+    assert guard is not None and guard.run_id == rec["run_id"] and not guard.stopped
+
+
+def test_conversation_limits_count_across_an_sdk_session(tmp_path: Path) -> None:
+    """Three runs in one SDK session with ``conversation_limits.max_turns = 2``: the session
+    is one conversation, so the third run is refused before its model call."""
+    dep = deployment(tmp_path, plugins_conversation_limits={"max_turns": 2})
+    session = SQLiteSession("customer-7", str(tmp_path / "sessions.sqlite3"))
+    with serve() as (stub, url):
+        stub.push(answer("Hello."))
+        stub.push(answer("Still here."))
+        stub.push(answer("A third answer."))
+        agent = Agent(name="shop", model=http_model(url))
+        runner = LoopwardenRunner(dep)
+
+        async def three_runs() -> list[Any]:
+            return [
+                (await runner.run(agent, q, session=session, run_config=NO_TRACE)).final_output
+                for q in ("Hi", "Are you there?", "And now?")
+            ]
+
+        try:
+            outputs = asyncio.run(three_runs())
+        finally:
+            dep.close()
+            session.close()
+        requests = stub.requests
+    recs = records(tmp_path)
+    assert [r["termination"] for r in recs] == ["final_answer", "final_answer", "max_turns"]
+    assert recs[2]["stopped_by"] == "conversation_limits"
+    assert recs[2]["evidence"]["key"] == "customer-7"
+    assert len(requests) == 2 and outputs[:2] == ["Hello.", "Still here."]
+
+
+def test_mcp_error_results_are_failures(tmp_path: Path) -> None:
+    """An MCP tool that fails (the server answers ``isError``; the SDK passes its text on as
+    the output): each call is a failed one, so failure_streak stops the run."""
+    log = tmp_path / "mcp.log"
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        for n in range(3):
+            stub.push(answer(None, ("flaky_lookup", {"order_id": str(n)})))
+        stub.push(answer("The old system is down."))  # the wrap-up turn
+
+        async def one_run() -> RunResult:
+            params = {"command": sys.executable, "args": [str(MCP_SHOP), str(log)]}
+            async with MCPServerStdio(params, client_session_timeout_seconds=60) as server:
+                agent = Agent(name="shop", model=http_model(url), mcp_servers=[server])
+                return await LoopwardenRunner(dep).run(agent, "Order 7?", run_config=NO_TRACE)
+
+        try:
+            result = asyncio.run(one_run())
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "failure_streak" and rec["tools_executed"] == 3
+    assert log.read_text().splitlines() == [f"flaky_lookup {n}" for n in range(3)]
+    assert result.final_output == "The old system is down."
+
+
+def test_a_hard_stop_ends_a_streamed_run_without_a_model_call(tmp_path: Path) -> None:
+    """Streamed calls reporting 3100 tokens each against a 7000-token budget: the third call
+    is not made; the stream ends with loopwarden's best-effort answer as the final output."""
+    effects = Effects()
+    dep = deployment(tmp_path, max_total_tokens=7000)
+    big = {"prompt_tokens": 3000, "completion_tokens": 100, "total_tokens": 3100}
+    with serve() as (stub, url):
+        for n in range(2):
+            push_stream(stub, None, [streamed_call(("query_order", {"order_id": str(n)}))], big)
+        agent = Agent(name="shop", model=http_model(url), tools=[lookups(effects)])
+
+        async def consume() -> Any:
+            result = LoopwardenRunner(dep).run_streamed(agent, "Where?", run_config=NO_TRACE)
+            async for _event in result.stream_events():
+                pass
+            return result
+
+        try:
+            result = asyncio.run(consume())
+        finally:
+            dep.close()
+        assert len(stub.requests) == 2
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "max_tokens" and rec["soft"] is False
+    assert result.final_output == rec["final_answer"]
+    assert str(result.final_output).startswith("Here is the last information I found")
+    guard = openai_agents.guard_of(result)
+    assert guard is not None and guard.stopped_by == "token_budget"
+
+
+def test_resuming_a_run_state_is_refused_clearly(tmp_path: Path) -> None:
+    """An interrupted run's ``RunState`` cannot be resumed through the runner yet: a clear
+    TypeError before any model call, not a crash inside the SDK."""
+
+    @function_tool(needs_approval=True)
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    dep = deployment(tmp_path)
+    model = ScriptedModel([[function_call("apply_refund", REFUND_A[1], call_id="c1")]])
+    agent = Agent(name="shop", model=model, tools=[apply_refund])
+    runner = LoopwardenRunner(dep)
+    try:
+        first = runner.run_sync(agent, "Refund 88231", run_config=NO_TRACE)
+        assert first.interruptions
+        state = first.to_state()
+        with pytest.raises(TypeError, match="cannot resume an interrupted run"):
+            runner.run_sync(agent, state, run_config=NO_TRACE)
+    finally:
+        dep.close()
+    assert len(model.calls) == 1
+
+
+def test_last_run_is_each_threads_own(tmp_path: Path) -> None:
+    """``run_sync`` in two threads at once (the first held at its server until the second
+    has started): ``runner.last_run`` in each thread is that thread's run."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    started, a_asked = threading.Event(), threading.Event()
+    seen: dict[str, tuple[Any, Any]] = {}
+    with serve() as (stub_a, url_a), serve() as (stub_b, url_b):
+        stub_a.responses.append(gated(answer(None, LOOKUP), wait=started, release=a_asked))
+        stub_a.push(answer("Not found."))
+        stub_b.responses.append(gated(answer("Hello!"), release=started))
+        agents = {
+            "a": Agent(name="a", model=http_model(url_a), tools=[lookups(effects)]),
+            "b": Agent(name="b", model=http_model(url_b)),
+        }
+        runner = LoopwardenRunner(dep)
+
+        def work(name: str) -> None:
+            result = runner.run_sync(agents[name], "Hi", run_config=NO_TRACE)
+            seen[name] = (result, runner.last_run)
+
+        first = threading.Thread(target=work, args=("a",))
+        first.start()
+        try:
+            assert a_asked.wait(60)  # a's run has started and waits at its server
+            work("b")
+            first.join(60)
+        finally:
+            dep.close()
+    for name in ("a", "b"):
+        result, last = seen[name]
+        guard = openai_agents.guard_of(result)
+        assert guard is not None and last is guard.run
+    assert seen["a"][1] is not seen["b"][1]

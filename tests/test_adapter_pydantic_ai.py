@@ -1,26 +1,31 @@
-"""pydantic-ai agents guarded by the ``Loopwarden`` capability, offline.
+"""pydantic-ai agents guarded by the ``Loopwarden`` capability.
 
-The model is pydantic-ai's own ``FunctionModel`` playing :class:`support.adapters.Script`
-(``AgentInfo.function_tools`` says whether tools are offered); the tools are real
-pydantic-ai tools.
+The shared scenarios play :class:`support.adapters.Script` through pydantic-ai's own
+``FunctionModel`` (``AgentInfo.function_tools`` says whether tools are offered); the tests of
+issue 20 talk real HTTP: pydantic-ai's ``OpenAIChatModel`` against the local stub server
+(:mod:`support.openai_stub`, streamed answers from :mod:`support.openai_stream`).  The tools are
+real pydantic-ai tools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
+from pydantic import BaseModel
 from pydantic_ai import Agent, RunContext
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import RequestUsage
 from support.adapters import (
-    REFUND_A as REFUND,
-)
-from support.adapters import (
+    FINAL,
     SCENARIOS,
     WORLD_SCENARIOS,
     Effects,
@@ -31,8 +36,15 @@ from support.adapters import (
     only_record,
     records,
 )
+from support.adapters import (
+    REFUND_A as REFUND,
+)
+from support.openai_stream import push_stream
+from support.openai_stub import Stub, completion, serve
 
-from loopwarden.adapters.pydantic_ai import Loopwarden
+from loopwarden import Deployment, signals
+from loopwarden.adapters.pydantic_ai import METADATA_KEY, Loopwarden
+from loopwarden.config import default_config_path, load_toml, parse_config
 
 
 def make_model(script: Script) -> FunctionModel:
@@ -189,3 +201,236 @@ def test_a_side_effect_runs_once_across_runs(tmp_path: Path) -> None:
         if isinstance(p, pm.ToolReturnPart)
     ]
     assert "refund #1 created" in replayed[0] and len(records(tmp_path)) == 2
+
+
+# -- over real HTTP: pydantic-ai's own OpenAIChatModel against the local stub server ----------
+
+LOOKUP_CALL = {"name": "query_order", "arguments": '{"order_id": "99999"}'}
+USAGE = {"prompt_tokens": 40, "completion_tokens": 10, "total_tokens": 50}
+
+
+def http_model(url: str) -> OpenAIChatModel:
+    """A real ``OpenAIChatModel`` talking HTTP to the stub (no retries: one request each)."""
+    client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=10)
+    return OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(openai_client=client))
+
+
+def http_agent(url: str, dep: Any, effects: Effects, **kwargs: Any) -> Agent[None, Any]:
+    agent: Agent[None, Any] = Agent(http_model(url), capabilities=[Loopwarden(dep)], **kwargs)
+
+    @agent.tool_plain
+    def query_order(order_id: str) -> str:
+        """Look up an order by its id."""
+        effects.hit("query_order")
+        return f"NOT_FOUND: order {order_id} does not exist"
+
+    return agent
+
+
+def push_lookups(server: Stub, n: int, final: str = FINAL) -> None:
+    for _ in range(n):
+        server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
+    server.push(completion(final, usage=USAGE))
+
+
+def offered(request: dict[str, Any]) -> list[str]:
+    """The tool names a request offered the model."""
+    return [t["function"]["name"] for t in request.get("tools") or []]
+
+
+def loopwarden_meta(result: Any) -> dict[str, Any]:
+    meta = result.metadata
+    assert meta is not None and METADATA_KEY in meta, meta
+    info: dict[str, Any] = meta[METADATA_KEY]
+    return info
+
+
+def test_result_metadata_says_which_guard_stopped_the_run(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 20 item 12: the result says that repeat_call stopped the run (soft), links to
+    the record by run id, and keeps the caller's own metadata."""
+    server, url = stub
+    push_lookups(server, 3)  # the third identical lookup stops the run; then the wrap-up
+    dep = deployment(tmp_path)
+    mine = {"tenant": "acme"}
+    try:
+        result = http_agent(url, dep, Effects()).run_sync("Where is 99999?", metadata=mine)
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call"
+    info = loopwarden_meta(result)
+    assert info == {
+        "run_id": rec["run_id"],
+        "termination": "repeat_call",
+        "stopped_by": "repeat_call",
+        "soft": True,
+        "final_answer_present": True,
+    }
+    assert result.run_id == rec["run_id"] and result.output == FINAL
+    assert result.metadata is not None and result.metadata["tenant"] == "acme"
+    assert mine == {"tenant": "acme"}  # the caller's mapping is not written into
+    assert offered(server.requests[-1]) == []  # the wrap-up was made without tools
+
+
+def test_result_metadata_is_each_runs_own_under_concurrency(tmp_path: Path) -> None:
+    """Two runs of one agent at once (one loops, one answers): each result carries its own
+    run's stop and run id, whichever finished last."""
+    dep = deployment(tmp_path)
+    with serve() as (looping, loop_url), serve() as (healthy, ok_url):
+        push_lookups(looping, 3)
+        healthy.push(completion(None, [LOOKUP_CALL], usage=USAGE))
+        healthy.push(completion("Order 99999 does not exist.", usage=USAGE))
+        agent = http_agent(loop_url, dep, Effects())
+
+        async def both() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    agent.run("Where is 99999?"),
+                    agent.run("Where is 99999?", model=http_model(ok_url)),
+                )
+            )
+
+        try:
+            stopped, answered = asyncio.run(both())
+        finally:
+            dep.close()
+    by_id = {r["run_id"]: r for r in records(tmp_path)}
+    assert len(by_id) == 2
+    s, a = loopwarden_meta(stopped), loopwarden_meta(answered)
+    assert by_id[s["run_id"]]["termination"] == s["termination"] == "repeat_call"
+    assert s["stopped_by"] == "repeat_call" and s["run_id"] == stopped.run_id
+    assert by_id[a["run_id"]]["termination"] == a["termination"] == "final_answer"
+    assert a["stopped_by"] is None and a["run_id"] == answered.run_id
+
+
+def test_run_stream_sync_is_recorded_when_the_stream_is_consumed(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 20 item 9: a streamed run (SSE over HTTP), its result not closed and still
+    referenced: the record is written and ``run_stopped`` sent once the caller has read the
+    stream to its end -- not when the result is garbage-collected."""
+    server, url = stub
+    push_stream(server, None, [LOOKUP_CALL], usage=USAGE)
+    push_stream(server, "Order 99999 does not exist.", usage=USAGE)
+    dep = deployment(tmp_path)
+    stopped: list[str] = []
+    dep.connect(signals.run_stopped, lambda run, record, **_: stopped.append(record["run_id"]))
+    effects = Effects()
+    result = http_agent(url, dep, effects).run_stream_sync("Where is 99999?")
+    try:
+        text = "".join(result.stream_text(delta=True))
+        rec = only_record(tmp_path)  # before any close or collection of `result`
+        assert stopped == [rec["run_id"]] == [result.run_id]
+        assert text == "Order 99999 does not exist." == rec["final_answer"]
+        assert rec["termination"] == "final_answer" and rec["steps"] == 2
+        assert rec["tokens"]["total"] == 2 * USAGE["total_tokens"]  # the streamed answer's too
+        assert rec["tools_executed"] == 1 and effects.counts == {"query_order": 1}
+        assert all(r.get("stream") is True for r in server.requests)  # really streamed
+    finally:
+        result.__exit__(None, None, None)
+        dep.close()
+    assert len(records(tmp_path)) == 1 and len(stopped) == 1  # closing adds nothing
+    assert loopwarden_meta(result)["termination"] == "final_answer"
+
+
+class Order(BaseModel):
+    order_id: str
+    status: str
+
+
+ORDER_ARGS = '{"order_id": "99999", "status": "not found"}'
+
+
+def test_output_type_healthy_run_is_a_final_answer(tmp_path: Path, stub: tuple[Stub, str]) -> None:
+    """Issue 20 item 10: the model's ``final_result`` call is the answer, not a tool call the
+    framework never ran: the run is recorded ``final_answer`` with the structured output."""
+    server, url = stub
+    server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
+    server.push(completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE))
+    dep = deployment(tmp_path)
+    try:
+        result = http_agent(url, dep, Effects(), output_type=Order).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    assert result.output == Order(order_id="99999", status="not found")
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer" and rec["final_answer_present"] is True
+    assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
+    assert rec["tools_executed"] == 1 and "adapter" not in rec["evidence"]
+
+
+def test_output_type_soft_stop_keeps_the_structured_output(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 20 item 10: a soft stop's wrap-up offers no function tool but still the output
+    tool; the model's valid ``final_result`` call is the run's output."""
+    server, url = stub
+    for _ in range(3):
+        server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
+    server.push(completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE))
+    dep = deployment(tmp_path)
+    effects = Effects()
+    try:
+        result = http_agent(url, dep, effects, output_type=Order).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    assert result.output == Order(order_id="99999", status="not found")
+    assert offered(server.requests[-1]) == ["final_result"] and len(server.requests) == 4
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["soft"] is True
+    assert rec["final_answer_present"] is True
+    assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
+    assert effects.counts == {"query_order": 1}
+    assert loopwarden_meta(result)["stopped_by"] == "repeat_call"
+
+
+def limited_deployment(tmp_path: Path, **conversation_limits: Any) -> Deployment:
+    """The adapter tests' deployment with ``[plugins.conversation_limits]`` overrides."""
+    data = load_toml(default_config_path())
+    data["plugins"]["enabled"] = [*data["plugins"]["enabled"], "run_record"]
+    data["plugins"]["run_record"] = {"path": str(tmp_path / "runs.jsonl")}
+    limits = data["plugins"]["conversation_limits"]
+    data["plugins"]["conversation_limits"] = {**limits, **conversation_limits}
+    return Deployment(parse_config(data, path="<adapter-test>"), tools=[])
+
+
+def test_conversation_limits_hold_across_a_message_history(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 20 item 13: runs continuing one conversation (``message_history=``) are one
+    loopwarden conversation: with ``max_turns = 2`` the third turn is refused before any
+    request; a run without history starts a conversation of its own."""
+    server, url = stub
+    dep = limited_deployment(tmp_path, max_turns=2)
+    agent = http_agent(url, dep, Effects())
+    try:
+        history: list[pm.ModelMessage] = []
+        results = []
+        for turn in range(3):
+            if turn < 2:
+                server.push(completion(f"Answer {turn + 1}.", usage=USAGE))
+            result = agent.run_sync(f"Question {turn + 1}?", message_history=history)
+            history = result.all_messages()
+            results.append(result)
+        assert len(server.requests) == 2  # the third turn never reached the model
+        server.push(completion("A new conversation.", usage=USAGE))
+        fresh = agent.run_sync("Question 1?")
+    finally:
+        dep.close()
+    recs = records(tmp_path)
+    assert [r["termination"] for r in recs] == [
+        "final_answer",
+        "final_answer",
+        "max_turns",
+        "final_answer",
+    ]
+    refused = recs[2]
+    assert refused["stopped_by"] == "conversation_limits" and refused["steps"] == 0
+    assert refused["evidence"]["key"] == results[0].conversation_id == results[2].conversation_id
+    assert loopwarden_meta(results[2])["termination"] == "max_turns"
+    assert (
+        fresh.output == "A new conversation."
+        and fresh.conversation_id != refused["evidence"]["key"]
+    )

@@ -127,11 +127,16 @@ def test_transfer_loop(shipped_config: Config) -> None:
     assert rec["final_answer_present"] is True
 
 
-def test_retry_storm_executes_the_failing_tool_exactly_twice(shipped_config: Config) -> None:
-    """Needs repeat_call (the loop detectors' plugin): skipped until it exists."""
+def test_retry_storm_executes_the_failing_tool_only_within_its_retry_budget(
+    shipped_config: Config,
+) -> None:
+    """The runtime retries the 429 (``max_retries`` more times), the model sees one
+    observation, and repeat_call answers every repeat the model proposes after it."""
     rec, _ = _run("retry-storm", shipped_config)
     assert rec["termination"] == "repeat_call" and rec["stopped_by"] == "repeat_call"
-    assert rec["tools_executed"] == 2
+    budget = shipped_config.plugins.tables()["retry_policy"]["max_retries"] + 1
+    assert rec["tools_executed"] == budget
+    assert [r["attempts"] for r in rec["tool_retries"]] == [budget]
 
 
 # -- the command line --------------------------------------------------------------------------

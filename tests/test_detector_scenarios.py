@@ -114,7 +114,7 @@ def test_always_not_found_warns_at_the_second_call_and_stops_at_the_third(play: 
     assert record["soft"] is True
     rc_warnings = [w for w in record["warnings"] if w["plugin"] == "repeat_call"]
     assert [w["step"] for w in rc_warnings] == [2]
-    assert "already failed with NOT_FOUND" in rc_warnings[0]["message"]
+    assert 'already failed with "NOT_FOUND' in rc_warnings[0]["message"]
     assert [(s["step"], s["plugin"], s["reason"]) for s in stops(run)] == [
         (3, "repeat_call", "repeat_call")
     ]
@@ -150,7 +150,7 @@ def test_oscillation(play: Any) -> None:
     osc = [w for w in record["warnings"] if w["plugin"] == "oscillation"]
     assert [w["step"] for w in osc] == [4]
     assert (
-        'query_order(order_id="88231") -> query_logistics(tracking_no="SF1234567890")'
+        '"query_order(order_id=\\"88231\\")" -> "query_logistics(tracking_no=\\"SF1234567890\\")"'
         in osc[0]["message"]
     )
     assert [(s["step"], s["plugin"]) for s in stops(run)] == [(5, "oscillation")]
@@ -232,6 +232,6 @@ def test_cli_json_record(capsys: pytest.CaptureFixture[str]) -> None:
     assert record["warnings"][0] == {
         "step": 2,
         "plugin": "repeat_call",
-        "message": "This call (query_order) already failed with NOT_FOUND: 订单 99999 不存在; "
+        "message": 'This call (query_order) already failed with "NOT_FOUND: 订单 99999 不存在"; '
         "do not retry it. Answer from what you know or change approach.",
     }

@@ -50,11 +50,11 @@ def run_example(code: str, cwd: Path) -> list[str]:
 
 EXPECTED = {
     "LangChain": [
-        "repeat_call",
+        "repeat_call True",
         "Here is the last information I found: NOT_FOUND: order 99 does not exist",
     ],
-    "OpenAI Agents SDK": ["1", "Your refund is on its way."],
-    "pydantic-ai": ["repeat_call", "I could not find order 99."],
+    "OpenAI Agents SDK": ["repeat_call True 1", "Your refund is on its way."],
+    "pydantic-ai": ["repeat_call repeat_call True True", "I could not find order 99."],
 }
 
 

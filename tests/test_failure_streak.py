@@ -44,7 +44,7 @@ def test_three_failures_in_a_row_stop_with_evidence() -> None:
         "TIMEOUT",
         "boom",
     ]
-    assert stop.message == "The last 3 tool calls all failed (latest: boom)."
+    assert stop.message == 'The last 3 tool calls all failed (latest: "boom").'  # data: quoted
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -177,7 +177,7 @@ def test_warning_text() -> None:
         make_tool_result("NOT_FOUND: x\nmore", error="tool_error"),
     )
     warn = f.verdicts[-1]
-    assert isinstance(warn, Warn) and warn.message == "2 failed, last lookup: NOT_FOUND: x"
+    assert isinstance(warn, Warn) and warn.message == '2 failed, last lookup: "NOT_FOUND: x"'
 
 
 def test_settings_are_validated() -> None:

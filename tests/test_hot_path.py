@@ -262,8 +262,9 @@ class _RefStall:
             return None
         s = self.s
         tokens = _ref_token_set(result.content, s.max_chars)
+        fp = call.fingerprint
         best = 0.0
-        for d, t in self.recent:
+        for d, t, _ in self.recent:
             if d == result.digest or (not tokens and not t):
                 sim = 1.0
             else:
@@ -271,9 +272,15 @@ class _RefStall:
             best = max(best, sim)
             if best >= 1.0:
                 break
-        changed_world = result.ok and call.tool is not None and not call.read_only
+        # a call that may change state is progress, unless it is the same call again with the
+        # same result (the 0.3 rule: it evidently changed nothing)
+        changed_world = (
+            result.ok
+            and call.may_change_state
+            and not any(d == result.digest and f == fp for d, _, f in self.recent)
+        )
         stalled = bool(self.recent) and best >= s.similarity and not changed_world
-        self.recent.append((result.digest, tokens))
+        self.recent.append((result.digest, tokens, fp))
         if not stalled:
             self.streak = 0
             return None

@@ -84,7 +84,8 @@ def test_period_two_warns_at_two_full_cycles_then_stops() -> None:
     warn, stop = f.verdicts
     assert isinstance(warn, Warn)
     assert warn.message.startswith(
-        'You are alternating between lookup(key="A") -> lookup(key="B") with no new information'
+        'You are alternating between "lookup(key=\\"A\\")" -> "lookup(key=\\"B\\")" with no '
+        "new information"
     )
     assert warn.evidence["period"] == 2
     assert isinstance(stop, Stop) and stop.soft
@@ -140,7 +141,7 @@ def test_cjk_arguments_are_shown_in_the_message() -> None:
         f.tool(c, make_tool_result("结果"))
     warn = f.verdicts[-1]
     assert isinstance(warn, Warn)
-    assert 'lookup(key="订单") -> lookup(key="物流")' in warn.message
+    assert '"lookup(key=\\"订单\\")" -> "lookup(key=\\"物流\\")"' in warn.message
 
 
 def test_non_deterministic_calls_with_new_results_do_not_oscillate() -> None:
@@ -172,7 +173,9 @@ def test_final_turn_without_calls_is_ignored() -> None:
 def test_custom_message() -> None:
     f = feed(message="cycle {cycle} (period {period}, hit {hits})")
     play(f, "ABAB")
-    assert f.verdicts[-1].message == 'cycle lookup(key="A") -> lookup(key="B") (period 2, hit 1)'
+    assert f.verdicts[-1].message == (
+        'cycle "lookup(key=\\"A\\")" -> "lookup(key=\\"B\\")" (period 2, hit 1)'
+    )
 
 
 def test_settings_are_validated() -> None:

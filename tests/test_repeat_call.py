@@ -56,7 +56,7 @@ def test_second_repeat_stops_softly_with_evidence() -> None:
     assert stop.evidence["count"] == 3
     assert stop.evidence["repeats"] == 2
     assert stop.evidence["tool"] == "lookup"
-    assert stop.message is not None and 'lookup({"key": "a"})' in stop.message
+    assert stop.message is not None and '"lookup({\\"key\\": \\"a\\"})"' in stop.message
     assert f.field("duplicate_calls") == 2
 
 
@@ -149,7 +149,7 @@ def test_non_retryable_failure_is_skipped_then_stopped() -> None:
     v = f.before(f.call("lookup", {"key": "99999"}))
     assert isinstance(v, Skip)
     assert v.message is not None
-    assert "already failed with NOT_FOUND: order 99999;" in v.message
+    assert 'already failed with "NOT_FOUND: order 99999";' in v.message
     assert "do not retry it" in v.message
     assert v.observation.startswith("NOT_FOUND: order 99999")
     assert v.evidence["rule"] == "failed"
@@ -200,7 +200,7 @@ def test_retryable_failures_are_retries_until_the_retry_budget_is_spent() -> Non
         None,
     )
     v = f.before(call())
-    assert isinstance(v, Skip) and "already failed with 503" in (v.message or "")
+    assert isinstance(v, Skip) and 'already failed with "503"' in (v.message or "")
     f.after(call(), make_tool_result(v.observation, skipped=True, skipped_by="other"))
     assert kinds([f.before(call())]) == ["stop:repeat_call"]
 

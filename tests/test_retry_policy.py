@@ -9,7 +9,14 @@ from support.budgets import config, scenario
 
 from loopwarden import Deployment, FakeClock
 from loopwarden.plugins.retry_policy import RetryPolicy, RetryPolicySettings
-from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
+from loopwarden.testing import (
+    make_run,
+    make_tool,
+    make_tool_call,
+    make_tool_result,
+    tool_call,
+    turn,
+)
 
 
 def plugin(**settings: Any) -> RetryPolicy:
@@ -19,7 +26,7 @@ def plugin(**settings: Any) -> RetryPolicy:
 def test_first_failure_stays_retryable_second_spends_the_budget() -> None:
     clock = FakeClock()
     run = make_run(clock=clock)
-    p = plugin()
+    p = plugin(max_retries=1, runtime=False)
     c1 = make_tool_call("query_logistics")
     assert p.before_tool(run, c1) is None and c1.delay_s == 0  # not a retry
     r1 = make_tool_result("429 rate limited", error="tool_error", retryable=True)
@@ -111,7 +118,7 @@ def test_success_and_non_retryable_failures_forget_the_call() -> None:
 
 def test_skipped_results_change_nothing() -> None:
     run = make_run()
-    p = plugin()
+    p = plugin(max_retries=1)
     r = make_tool_result("ERROR", error="tool_error", retryable=True)
     p.after_tool(run, make_tool_call("query_order"), r)
     p.after_tool(
@@ -161,7 +168,10 @@ LOOKUP = tool_call("query_logistics", tracking_no="SF1234567890")
 
 def test_the_backoff_is_waited_on_the_run_clock() -> None:
     clock = FakeClock()
-    dep = Deployment(config("retry_policy", max_steps={"max_steps": 4}), clock=clock)
+    policy = {"max_retries": 1, "runtime": False}
+    dep = Deployment(
+        config("retry_policy", max_steps={"max_steps": 4}, retry_policy=policy), clock=clock
+    )
     run = dep.run(scenario=scenario([turn(None, LOOKUP)], tools=FAILING), clock=clock)
     rec = run.record()
     # without repeat_call nothing skips the later repeats: 3 executions, one backoff waited
@@ -174,7 +184,8 @@ def test_retry_storm_executes_the_failing_tool_exactly_twice() -> None:
     """Needs the repeat_call plugin (another defence line): skipped until it exists."""
     pytest.importorskip("loopwarden.plugins.repeat_call")
     clock = FakeClock()
-    dep = Deployment(config("retry_policy", "repeat_call"), clock=clock)
+    policy = {"max_retries": 1, "runtime": False}
+    dep = Deployment(config("retry_policy", "repeat_call", retry_policy=policy), clock=clock)
     run = dep.run(scenario="retry-storm", clock=clock)
     rec = run.record()
     assert rec["termination"] == "repeat_call" and rec["stopped_by"] == "repeat_call"
@@ -182,3 +193,52 @@ def test_retry_storm_executes_the_failing_tool_exactly_twice() -> None:
     observations = [m["content"] for m in run.messages if m["role"] == "tool"]
     assert observations[:2] == ["429 rate limited", "429 rate limited"]
     assert clock.now() == pytest.approx(1.0)  # one backoff before the retry
+
+
+def test_retry_storm_with_the_runtime_retrying_executes_the_budget_and_no_more() -> None:
+    """The shipped way: the runtime makes the attempts (max_retries + 1), the model sees one
+    observation, and repeat_call answers the model's repeats -- no further execution."""
+    clock = FakeClock()
+    policy = {"max_retries": 2, "jitter": 0.0}
+    dep = Deployment(config("retry_policy", "repeat_call", retry_policy=policy), clock=clock)
+    run = dep.run(scenario="retry-storm", clock=clock)
+    rec = run.record()
+    assert rec["termination"] == "repeat_call"
+    assert rec["tools_executed"] == 3
+    assert [r["attempts"] for r in rec["tool_retries"]] == [3]
+    observations = [m["content"] for m in run.messages if m["role"] == "tool"]
+    assert observations[0].startswith("429 rate limited") and "3 times" in observations[0]
+    assert clock.now() == pytest.approx(1.0 + 2.0)  # the runtime's two backoffs
+
+
+def test_the_runtime_plan_carries_the_budget_left() -> None:
+    run = make_run(tools=[make_tool("query_order", read_only=True)])
+    p = plugin(max_retries=3, backoff_s=1.0, backoff_factor=2.0, jitter=0.0)
+    c = make_tool_call("query_order", run=run)
+    p.before_tool(run, c)
+    assert c.retry is not None and c.retry.attempts == 4 and c.retry.backoff_s == 1.0
+    r = make_tool_result("ERROR", error="tool_error", retryable=True)
+    r.attempts = 2  # the runtime tried twice
+    p.after_tool(run, c, r)
+    c2 = make_tool_call("query_order", run=run)
+    p.before_tool(run, c2)
+    # two of four executions spent: two left, the backoff carrying on from the third retry
+    assert c2.retry is not None and c2.retry.attempts == 2 and c2.retry.backoff_s == 4.0
+
+
+@pytest.mark.parametrize(
+    ("nature", "planned"),
+    [
+        ({"read_only": True}, True),
+        ({"side_effect": True}, False),  # no idempotency keys declared: the model decides
+        ({"undeclared": True}, False),  # nobody declared it: a guess never changes execution
+    ],
+)
+def test_only_declared_safe_calls_get_a_runtime_plan(nature: dict[str, Any], planned: bool) -> None:
+    t = make_tool("query_order", **{k: v for k, v in nature.items() if k != "undeclared"})
+    if nature.get("undeclared"):
+        t.declared = False
+    run = make_run(tools=[t])
+    c = make_tool_call("query_order", run=run)
+    plugin().before_tool(run, c)
+    assert (c.retry is not None) is planned

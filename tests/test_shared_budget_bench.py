@@ -1,8 +1,9 @@
 """bench/shared_budget.py runs on both stores and prints its promised figures (tiny numbers).
 
 No timing is asserted (the machine is shared and noisy): the shape of the output, and the
-invariants the bench exists to show -- spend within budget + one reservation per worker, one
-refund execution however many workers ask for it.
+invariants the bench exists to show -- spend within budget + one reservation per worker (also
+with ``max_output_tokens`` set and on a store that times out half of its calls), one refund
+execution however many workers ask for it.
 """
 
 from __future__ import annotations
@@ -36,3 +37,17 @@ def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
             for figures in (result[key], result["single_worker"][key]):
                 assert set(figures) == {"p50", "p99"}
                 assert 0 < figures["p50"] <= figures["p99"]
+        # the overspend bound with [model] max_output_tokens set (a model that answers with
+        # its whole cap), and with a store that times out half of its calls
+        for key in ("capped_output", "flaky_store"):
+            worst = result[key]
+            assert worst["max_output_tokens"] == 4000
+            assert worst["largest_reservation_tokens"] > worst["max_output_tokens"]
+            assert worst["within_bound"] is True
+            assert worst["spent_tokens"] <= worst["bound_tokens"]
+        assert result["capped_output"]["spent_tokens"] > 0  # some runs were answered
+        flaky = result["flaky_store"]
+        assert 0 < flaky["store_timeouts"] < flaky["store_calls"]
+        assert any(k.startswith("store_unavailable") for k in flaky["runs"])  # fail_closed
+        # a cap loopwarden cannot see: reservations of reserve_output_tokens (1,000) only
+        assert result["uncapped_reservation"]["largest_reservation_tokens"] < 4000

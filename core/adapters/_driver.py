@@ -30,6 +30,8 @@ import asyncio
 import contextlib
 import json
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -54,8 +56,10 @@ __all__ = [
     "Execute",
     "GuardedRun",
     "NatureSpec",
+    "conversation_for",
     "framework_tool",
     "proposed",
+    "stop_info",
     "tool_result",
 ]
 
@@ -198,6 +202,11 @@ class GuardedRun:
         #: written into the outcome's evidence under "adapter"
         self.adaptations: list[str] = []
         self._refused = False  # the deployment refused the model: the run never started
+        #: finish the run (on_stop, the record, ``run_stopped``) only at :meth:`finish`, not
+        #: when the machine ends: for frameworks that may still overturn the machine's ending
+        #: after its last model call (the Agents SDK's output guardrails); see :meth:`overrule`
+        self.hold_end = False
+        self._held: RunOutcome | None = None
 
     # -- tools ---------------------------------------------------------------------------
 
@@ -251,6 +260,12 @@ class GuardedRun:
             self._wake()
 
     def _end(self, outcome: RunOutcome) -> None:
+        if self.hold_end:
+            self._held = self.outcome = outcome  # finished at finish()
+            return
+        self._finish_run(outcome)
+
+    def _finish_run(self, outcome: RunOutcome) -> None:
         if self.adaptations:
             outcome.evidence = {**outcome.evidence, "adapter": list(self.adaptations)}
         self.outcome = self.engine.finish(self.run, outcome)
@@ -470,6 +485,13 @@ class GuardedRun:
                 and isinstance(self._eff, CallModel)
             ):
                 self._send(Failed(error))  # the machine's own model_error outcome
+            if self._held is not None:  # the machine's held ending stands, unless the
+                held, self._held = self._held, None  # framework raised after it
+                if error is not None and error is not self._model_error:
+                    held = _internal_error(self.engine, self.run, error)
+                self._finish_run(held)
+                self._wake()
+                return
             if self.outcome is not None:
                 return
             self._gen.close()
@@ -486,6 +508,52 @@ class GuardedRun:
             self._end(outcome)
             self._wake()
 
+    def end_by_framework(self, detail: str, answer: str | None, **evidence: Any) -> None:
+        """The framework ended the run (``ended_by_framework``) and its caller received
+        ``answer`` (None: no answer, an exception): the record says what the caller got, not
+        loopwarden's fallback text.  ``evidence`` adds keys next to ``detail``.  No effect on
+        a run that already ended.  Calls of the last answer that the framework never started
+        are answered as not run first (a side effect's claim is released)."""
+        with self._cond:
+            if self._refused or self.outcome is not None:
+                return
+            while isinstance(self._eff, RunTool) and self._eff.call.id not in self._claimed:
+                self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
+                self._claimed.add(self._eff.call.id)
+                self._send_not_run(self._not_run("the framework ended the run"))
+            if self.finished:  # a verdict on the unrun call ended it
+                return
+            self._gen.close()
+            self._eff = None
+            self._end(
+                RunOutcome(
+                    termination=ENDED_BY_FRAMEWORK,
+                    evidence={"detail": detail, **evidence},
+                    final_answer=answer,
+                    final_answer_present=False,
+                )
+            )
+            self._wake()
+
+    @property
+    def expects_tool(self) -> bool:
+        """The machine waits for the result of a tool call of the model's last answer."""
+        return isinstance(self._eff, RunTool)
+
+    def overrule(self, outcome: RunOutcome) -> None:
+        """End the run with ``outcome`` instead of the machine's ending that :attr:`hold_end`
+        holds (or, when the machine has not ended, instead of ``ended_by_framework``): the
+        framework overturned it after the last model call -- a guardrail rejected the final
+        answer, say.  A run already finished is left as it is."""
+        with self._cond:
+            if self._refused or (self.outcome is not None and self._held is None):
+                return
+            self._held = None
+            self._gen.close()
+            self._eff = None
+            self._finish_run(outcome)
+            self._wake()
+
 
 def usage(prompt: int | None, completion: int | None) -> Usage:
     """Token counts a framework reported (None counts as 0)."""
@@ -500,3 +568,49 @@ def nature_tables(natures: NatureSpec | Mapping[str, ToolNature] | None) -> dict
             spec.model_dump(exclude_none=True) if isinstance(spec, BaseModel) else dict(spec)
         )
     return out
+
+
+#: conversations a deployment keeps for framework threads / sessions / histories (the most
+#: recently used; an older one is forgotten and its next run starts a new conversation)
+MAX_CONVERSATIONS = 1024
+
+_conversations: weakref.WeakKeyDictionary[Deployment, OrderedDict[str, Conversation]] = (
+    weakref.WeakKeyDictionary()
+)
+_conversations_lock = threading.Lock()
+
+
+def conversation_for(deployment: Deployment, key: str) -> Conversation:
+    """The deployment's :class:`Conversation` for a framework's own conversation key (a
+    thread, a session, a message history's id): the same object for every run that continues
+    it, so conversation-scoped state (``conversation_limits``, ``failure_streak``'s
+    ``across_turns`` ...) carries on.  In-process, the :data:`MAX_CONVERSATIONS` most
+    recently used per deployment."""
+    with _conversations_lock:
+        known = _conversations.get(deployment)
+        if known is None:
+            known = _conversations[deployment] = OrderedDict()
+        conv = known.get(key)
+        if conv is None:
+            conv = known[key] = Conversation(key)
+            while len(known) > MAX_CONVERSATIONS:
+                known.popitem(last=False)
+        else:
+            known.move_to_end(key)
+        return conv
+
+
+def stop_info(guarded: GuardedRun) -> dict[str, Any] | None:
+    """How loopwarden's run ended, for the framework's result: its ``run_id`` (the run
+    record's), ``termination``, ``stopped_by`` (the plugin; None when no guard stopped it),
+    ``soft`` and ``final_answer_present``.  None while the run is not over."""
+    o = guarded.outcome
+    if o is None:
+        return None
+    return {
+        "run_id": guarded.run.run_id,
+        "termination": o.termination,
+        "stopped_by": o.stopped_by,
+        "soft": o.soft,
+        "final_answer_present": o.final_answer_present,
+    }

@@ -21,14 +21,33 @@ signals, metrics and alerts as ``loopwarden run``).  Verdicts become:
 * **hard stop** -- no further model call: ``wrap_model_call`` answers in the model's place
   with the best-effort answer as an ``AIMessage`` without tool calls, so the agent ends on
   it (the effect of ``jump_to="end"``, without a ``before_model`` node on every step); a
-  stop that came with the model's answer replaces that answer the same way.
+  stop that came with the model's answer replaces that answer the same way.  A soft stop's
+  wrap-up turn keeps the agent's ``response_format``: its structured response stands.
 
-Needs ``pip install 'loopwarden[langchain]'``.
+The result says how the run ended: ``result["loopwarden"]`` (:data:`RESULT_KEY`) holds the run
+record's ``run_id``, its ``termination``, ``stopped`` (a guard stopped it), ``stopped_by`` and
+``soft`` -- the invocation's own, whatever runs concurrently.
+
+A LangGraph thread (``config["configurable"]["thread_id"]``) is the run's conversation, so
+``conversation_limits`` and conversation-scoped budgets count across the thread's invocations
+(as ``ModelCallLimitMiddleware(thread_limit=...)`` does).
+
+Where the invocation ends without returning to the middleware, the run is still recorded
+(``ended_by_framework``): an interrupt ends it (the resumed invocation -- in any process behind
+the same checkpointer -- is a new run of the thread, its pending tool calls guarded); in
+LangGraph's last step (``recursion_limit``) it ends before ``GraphRecursionError``; an
+exception raised in another middleware's node (``ModelCallLimitExceededError``) is found at
+the thread's next invocation, or at the run's deadline.  A cancellation is ``cancelled``.
+
+Needs ``pip install 'loopwarden[langchain]'`` (with ``langchain-openai`` for ``ChatOpenAI``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -37,6 +56,7 @@ from langchain.agents.middleware.types import (
     AgentState,
     ModelRequest,
     ModelResponse,
+    OmitFromInput,
     PrivateStateAttr,
 )
 from langchain_core.messages import (
@@ -47,10 +67,14 @@ from langchain_core.messages import (
     ToolMessage,
     convert_to_openai_messages,
 )
-from langgraph.errors import GraphBubbleUp
+from langgraph.config import get_config
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.managed.is_last_step import RemainingStepsManager
 from typing_extensions import NotRequired
 
 from loopwarden import events
+from loopwarden._calls import parse_calls
+from loopwarden._deadline import WATCHDOG
 from loopwarden.adapters._driver import (
     Answer,
     GuardedRun,
@@ -60,6 +84,8 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.exceptions import StoreError
+from loopwarden.run import Conversation, Run
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -68,15 +94,80 @@ if TYPE_CHECKING:
 
     from loopwarden.deployment import Deployment
 
-__all__ = ["LoopwardenMiddleware", "LoopwardenState"]
+__all__ = ["RESULT_KEY", "LoopwardenMiddleware", "LoopwardenState"]
 
 _KEY = "loopwarden_run_id"
+#: the state key of the agent's result that says how loopwarden's run of the invocation ended
+RESULT_KEY = "loopwarden"
+#: seconds an open run waits for its framework when the run has no deadline (``timeout`` off)
+ABANDON_S = 3600.0
+#: thread conversations kept in memory (least recently used dropped first)
+MAX_CONVERSATIONS = 10_000
+#: runs ended by LangGraph's recursion limit kept for their invocation's last step
+MAX_LAST = 256
+#: the part of LangGraph's ``GraphRecursionError`` message the record quotes
+RECURSION = "LangGraph's recursion_limit: the graph raises GraphRecursionError next"
+
+
+def _last_steps(state: Mapping[str, Any]) -> bool:
+    """LangGraph raises ``GraphRecursionError`` once the node after this one has run: one
+    step is left at most (``remaining_steps``), and after a model or tools node another node
+    always comes (the tools or the model, this middleware's ``after_agent`` at the least)."""
+    remaining = state.get("remaining_steps")
+    return remaining is not None and remaining <= 1
 
 
 class LoopwardenState(AgentState[Any]):
-    """The agent state with the id of the loopwarden run of this invocation (private)."""
+    """The agent state with loopwarden's keys: the id of the invocation's run (private), the
+    stop in the result (:data:`RESULT_KEY`), and LangGraph's remaining steps (private)."""
 
     loopwarden_run_id: NotRequired[Annotated[str, PrivateStateAttr]]
+    loopwarden: NotRequired[Annotated[dict[str, Any] | None, OmitFromInput]]
+    remaining_steps: NotRequired[Annotated[int, PrivateStateAttr, RemainingStepsManager]]
+
+
+def _stop(guarded: GuardedRun) -> dict[str, Any]:
+    """What the result says of the run: its id (the run record's ``run_id``), how it ended,
+    the plugin that stopped it, soft or hard."""
+    o = guarded.outcome
+    return {
+        "run_id": guarded.run.run_id,
+        "termination": o.termination if o else None,
+        "stopped": o is not None and o.stopped_by is not None,
+        "stopped_by": o.stopped_by if o else None,
+        "soft": bool(o and o.soft),
+    }
+
+
+def _thread(config: Mapping[str, Any] | None) -> str | None:
+    """The LangGraph thread of the invocation (``configurable.thread_id``), if any."""
+    configurable = (config or {}).get("configurable") or {}
+    thread = configurable.get("thread_id")
+    return None if thread is None else str(thread)
+
+
+def _config() -> Mapping[str, Any]:
+    try:
+        return get_config()
+    except RuntimeError:  # called outside a graph (a test calling a hook directly)
+        return {}
+
+
+def _pending(messages: list[BaseMessage]) -> AIMessage | None:
+    """The last message when it is the model's answer with tool calls still unanswered."""
+    if not messages:
+        return None
+    last = messages[-1]
+    if isinstance(last, AIMessage) and last.tool_calls:
+        return last
+    return None
+
+
+def _received(messages: list[BaseMessage]) -> str | None:
+    """The text the caller receives as the agent's answer (its last message's)."""
+    if not messages or isinstance(messages[-1], HumanMessage):
+        return None
+    return _text(messages[-1])
 
 
 def _text(msg: BaseMessage) -> str:
@@ -91,18 +182,44 @@ def _openai(messages: list[BaseMessage]) -> list[dict[str, Any]]:
     return [m for m in converted if isinstance(m, dict)]
 
 
+def _structured_text(value: Any) -> str:
+    """A structured response as the answer's text (JSON where it can be)."""
+    dump = getattr(value, "model_dump_json", None)
+    if callable(dump):
+        return str(dump())
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def _response(
-    result: ModelResponse[Any] | AIMessage | Any,
+    result: ModelResponse[Any] | AIMessage | Any, *, with_usage: bool = True
 ) -> tuple[AIMessage | None, events.ModelResponse]:
+    """The framework's model answer as loopwarden's.  With a structured response
+    (``response_format``), the calls that the answer itself settled (ToolStrategy's output
+    tool, answered by its ``ToolMessage``) are the answer, not tools to run: its text is the
+    structured output when the model gave none."""
     msgs = result.result if isinstance(result, ModelResponse) else [result]
     ai = next((m for m in msgs if isinstance(m, AIMessage)), None)
     if ai is None:
         return None, events.ModelResponse(content=None)
-    meta = ai.usage_metadata
+    structured = result.structured_response if isinstance(result, ModelResponse) else None
+    settled = (
+        {m.tool_call_id for m in msgs if isinstance(m, ToolMessage)}
+        if structured is not None
+        else set()
+    )
+    content = _text(ai) or None
+    if structured is not None and content is None:
+        content = _structured_text(structured)
+    meta = ai.usage_metadata if with_usage else None
     return ai, events.ModelResponse(
-        content=_text(ai) or None,
+        content=content,
         tool_calls=[
-            proposed(tc["name"], tc.get("args") or {}, tc.get("id") or "") for tc in ai.tool_calls
+            proposed(tc["name"], tc.get("args") or {}, tc.get("id") or "")
+            for tc in ai.tool_calls
+            if tc.get("id") not in settled
         ],
         usage=usage(meta["input_tokens"], meta["output_tokens"]) if meta else None,
         model=(ai.response_metadata or {}).get("model_name"),
@@ -118,6 +235,31 @@ def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
     except Exception:  # a tool without a pydantic schema: counted without its parameters
         params = None
     return str(tool.name), str(getattr(tool, "description", "") or ""), params
+
+
+def _take_over_claims(run: Run, resumed: str, response: events.ModelResponse) -> None:
+    """Free the shared-ledger claims that the resumed run ``resumed`` holds for the pending
+    calls: a run interrupted outside the middleware (``HumanInTheLoopMiddleware``'s node)
+    claimed them before the pause and never ran them, and this run is the one to run them
+    now (a checkpointer resumes a thread once).  Only a ``running`` claim of that run for that
+    call id is freed: a call the ledger records as done stays answered from the ledger."""
+    shared = run.shared
+    if shared is None or not shared.config.ledger:
+        return
+    for call in parse_calls(run, response):
+        if call.idempotency_key is None:
+            continue
+        mine, theirs = f"{run.run_id}/{call.id}", f"{resumed}/{call.id}"  # Shared's owners
+        try:
+            store = shared.store
+            ledger_key = shared._ledger_key(run, call.idempotency_key)
+            entry = store.claim(ledger_key, mine, shared.config.ledger_ttl_s)  # read it
+            if entry is None:  # nobody held it: leave it free for the machine's own claim
+                store.release(ledger_key, mine)
+            elif entry.state == "running" and entry.owner == theirs:
+                store.release(ledger_key, theirs)
+        except StoreError:  # the claim stays: the call is answered as running elsewhere
+            continue
 
 
 class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
@@ -146,43 +288,175 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         self.model_name = model_name
         self.profile = profile
         self.meta = dict(meta or {})
+        # open runs by the run id the graph state carries (a resumed run: the id it resumes)
         self._runs: dict[str, GuardedRun] = {}
+        self._unwatch: dict[str, Callable[[], None]] = {}
+        self._conversations: OrderedDict[str, Conversation] = OrderedDict()
         self._lock = threading.Lock()
+        self._resuming = threading.Lock()
+        # runs ended in LangGraph's last steps: the step left answers from them (no new run)
+        self._last: OrderedDict[str, GuardedRun] = OrderedDict()
         self.tools = []
 
     # -- runs ----------------------------------------------------------------------------
 
-    def _begin(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        messages: list[BaseMessage] = list(state.get("messages") or [])
+    def _conversation(self, thread: str | None) -> Conversation | None:
+        """The conversation of a LangGraph thread (its id is the thread id), kept in memory;
+        None (a conversation of the run's own) without a thread."""
+        if thread is None:
+            return None
+        with self._lock:
+            conv = self._conversations.get(thread)
+            if conv is None:
+                conv = self._conversations[thread] = Conversation(thread)
+                while len(self._conversations) > MAX_CONVERSATIONS:
+                    self._conversations.popitem(last=False)
+            else:
+                self._conversations.move_to_end(thread)
+            return conv
+
+    def _new(
+        self,
+        messages: list[BaseMessage],
+        config: Mapping[str, Any],
+        *,
+        key: str | None = None,
+        resumed_from: str | None = None,
+    ) -> tuple[str, GuardedRun]:
         user = next((_text(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+        meta = dict(self.meta)
+        if resumed_from is not None:
+            meta["resumed_from"] = resumed_from
         guarded = GuardedRun(
             self.deployment,
             user=user,
             history=_openai(messages),
             natures=self.natures,
             model_name=self.model_name,
-            meta=self.meta,
+            meta=meta,
             profile=self.profile,
+            conversation=self._conversation(_thread(config)),
             adapter="langchain",
         )
+        key = key or guarded.run.run_id
         with self._lock:
-            self._runs[guarded.run.run_id] = guarded
-        return {_KEY: guarded.run.run_id}
+            self._runs[key] = guarded
+        return key, guarded
 
-    def _guarded(self, state: Any) -> GuardedRun | None:
+    def _begin(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        earlier = state.get(_KEY)
+        if earlier:  # the thread's last invocation ended where the middleware did not see it
+            self._abandon(
+                earlier, "the thread's next invocation began before this run was seen to end"
+            )
+        key, _ = self._new(list(state.get("messages") or []), _config())
+        return {_KEY: key, RESULT_KEY: None}
+
+    def _resume(self, key: str, state: Mapping[str, Any], config: Mapping[str, Any]) -> GuardedRun:
+        """A run re-established for an invocation that resumes the run ``key`` (an interrupt
+        ended it here, or it began in another process): a new run of the same conversation,
+        whose first model answer is the one whose tool calls are still to run, if any --
+        those calls go through the guards (and the side-effect ledger) as any other."""
+        messages: list[BaseMessage] = list(state.get("messages") or [])
+        pending = _pending(messages)
+        _, guarded = self._new(
+            messages[:-1] if pending else messages, config, key=key, resumed_from=key
+        )
+        if pending is not None:
+            for tc in pending.tool_calls:
+                guarded.declare(tc["name"])
+            self._turn(key, guarded)
+            _, response = _response(pending, with_usage=False)  # counted by the run it ended
+            _take_over_claims(guarded.run, key, response)
+            guarded.model_done(response)
+        return guarded
+
+    def _guarded(
+        self, state: Any, config: Mapping[str, Any] | None = None
+    ) -> tuple[str, GuardedRun] | None:
         run_id = state.get(_KEY) if isinstance(state, Mapping) else getattr(state, _KEY, None)
+        if not run_id:
+            return None
         with self._lock:
-            return self._runs.get(run_id) if run_id else None
+            guarded = self._runs.get(run_id) or self._last.get(run_id)
+        if guarded is None:
+            with self._resuming:  # parallel tool calls of one resumed answer: one new run
+                with self._lock:
+                    guarded = self._runs.get(run_id)
+                if guarded is None:
+                    guarded = self._resume(run_id, state, _config() if config is None else config)
+        return run_id, guarded
 
-    def _end(self, state: Mapping[str, Any]) -> None:
-        run_id = state.get(_KEY)
+    def _drop(self, key: str, guarded: GuardedRun) -> None:
         with self._lock:
-            guarded = self._runs.pop(run_id, None) if run_id else None
+            if self._runs.get(key) is guarded:
+                del self._runs[key]
+            unwatch = self._unwatch.pop(key, None)
+        if unwatch is not None:
+            unwatch()
+
+    def _close(self, key: str, guarded: GuardedRun, detail: str, **evidence: Any) -> None:
+        """The framework ended the run where the middleware sees no end of it: record it."""
+        guarded.end_by_framework(detail, None, **evidence)
+        self._drop(key, guarded)
+
+    def _out_of_steps(self, key: str, guarded: GuardedRun) -> None:
+        self._close(key, guarded, RECURSION, recursion_limit=True)
+        with self._lock:
+            self._last[key] = guarded
+            while len(self._last) > MAX_LAST:
+                self._last.popitem(last=False)
+
+    def _abandon(self, key: str, detail: str) -> None:
+        with self._lock:
+            guarded = self._runs.get(key)
         if guarded is not None:
-            guarded.finish(detail="the agent ended before loopwarden's run did")
+            self._close(key, guarded, detail, abandoned=True)
+
+    def _turn(self, key: str, guarded: GuardedRun) -> events.ModelRequest | None:
+        """The machine's next model call; the first one arms the watch for an invocation
+        that ends without returning to the middleware (an exception raised outside it --
+        another middleware's, LangGraph's -- or a cancellation between steps): past the run's
+        deadline the run is recorded as ended by the framework."""
+        try:
+            turn = guarded.model_turn()  # the first one checks the model (validate_model)
+        except BaseException:
+            if guarded.refused:  # the run never started: nothing to finish, keep nothing
+                self._drop(key, guarded)
+            raise
+        if key not in self._unwatch and not guarded.finished:
+            run = guarded.run
+            wait = ABANDON_S if run.deadline is None else run.deadline - run.clock.now()
+
+            def fire() -> None:
+                self._abandon(
+                    key, "the invocation did not return to the middleware by the run's deadline"
+                )
+
+            with self._lock:
+                if key in self._runs:
+                    self._unwatch[key] = WATCHDOG.watch(max(0.0, wait) + 1.0, fire)
+        return turn
+
+    def _end(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        run_id = state.get(_KEY)
+        if not run_id:
+            return None
+        with self._lock:
+            guarded = self._runs.get(run_id)
+        if guarded is None:
+            return None
+        if not guarded.finished:  # the framework ended the run: a limit, a structured output
+            guarded.end_by_framework(
+                "the agent ended before loopwarden's run did",
+                _received(list(state.get("messages") or [])),
+            )
+        self._drop(run_id, guarded)
+        return {RESULT_KEY: _stop(guarded)}
 
     def _failed(
         self,
+        key: str,
         guarded: GuardedRun,
         exc: BaseException,
         *,
@@ -192,19 +466,33 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         """The model or a tool raised and the exception leaves the middleware: LangChain has
         already applied its own error handling (``handle_tool_errors``) inside ``handler``, so
         the agent ends here -- the guards see the failure, and the run ends (recorded).
-        An interrupt (``GraphBubbleUp``: human-in-the-loop) is not a failure: the run stays
-        open for the resumed invocation, which finds it by the id kept in the state."""
+
+        An interrupt (``GraphBubbleUp``: human-in-the-loop) ends the invocation too: the
+        interrupted call is recorded as not run (its side-effect claim released), the run as
+        ended by the framework; the invocation that resumes it -- in this process or another
+        behind the same checkpointer -- continues in a new run (:meth:`_resume`).  A
+        cancellation is recorded ``cancelled``."""
         if isinstance(exc, GraphBubbleUp):
             if call_id is not None:
                 guarded.release(call_id)
+                guarded.not_run(call_id, "interrupted")
+            interrupted = isinstance(exc, GraphInterrupt)
+            detail = (
+                "interrupted: the resumed invocation is a new run"
+                if interrupted
+                else f"{type(exc).__name__}: the graph left the agent"
+            )
+            self._close(key, guarded, detail, interrupted=interrupted)
             return
-        if model:
-            guarded.model_failed(exc)
-        elif call_id is not None:
-            guarded.tool_done(call_id, tool_result(None, error=exc))
-        guarded.finish(exc)
-        with self._lock:
-            self._runs.pop(guarded.run.run_id, None)
+        if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+            guarded.finish(exc)
+        else:
+            if model:
+                guarded.model_failed(exc)
+            elif call_id is not None:
+                guarded.tool_done(call_id, tool_result(None, error=exc))
+            guarded.finish(exc)
+        self._drop(key, guarded)
 
     def runs(self) -> list[Any]:
         """The loopwarden runs in progress (for inspection)."""
@@ -222,10 +510,15 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         return self._begin(state)
 
     def _prepare(
-        self, guarded: GuardedRun, request: ModelRequest[Any]
+        self, key: str, guarded: GuardedRun, request: ModelRequest[Any]
     ) -> tuple[ModelRequest[Any] | None, list[HumanMessage | SystemMessage]]:
         """The request as loopwarden's verdicts shape it (None: answer without the model),
         and the guard notes added to it."""
+        if _last_steps(request.state):
+            # LangGraph raises whatever the model says: no model call whose answer nobody
+            # receives
+            self._out_of_steps(key, guarded)
+            return None, []
         known = guarded.run.tools
         for t in request.tools:
             name = t.get("name") if isinstance(t, dict) else getattr(t, "name", None)
@@ -234,13 +527,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
         guarded.system(request.system_prompt)
-        try:
-            turn = guarded.model_turn()  # the first one checks the model (validate_model)
-        except BaseException:
-            if guarded.refused:  # the run never started: nothing to finish, keep nothing
-                with self._lock:
-                    self._runs.pop(guarded.run.run_id, None)
-            raise
+        turn = self._turn(key, guarded)
         if turn is None:
             return None, []
         notes: list[HumanMessage | SystemMessage] = []
@@ -257,10 +544,12 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     def _answer(guarded: GuardedRun, result: Any, notes: list[HumanMessage | SystemMessage]) -> Any:
         """The model's answer as the agent keeps it: the notes that preceded it first (so they
         stay in the conversation, in order), and loopwarden's answer in its place when the
-        run ended on it."""
+        run ended on it -- unless the answer is the agent's structured output (a soft stop's
+        wrap-up turn may produce it: it stands, as the model's answer)."""
         _, response = _response(result)
         guarded.model_done(response)
-        if guarded.replaced:
+        structured = isinstance(result, ModelResponse) and result.structured_response is not None
+        if guarded.replaced and not structured:
             result = AIMessage(content=guarded.final_answer)
         if not notes:
             return result
@@ -273,16 +562,17 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
     ) -> ModelResponse[Any] | AIMessage:
-        guarded = self._guarded(request.state)
-        if guarded is None:
+        found = self._guarded(request.state)
+        if found is None:
             return handler(request)
-        prepared, notes = self._prepare(guarded, request)
+        key, guarded = found
+        prepared, notes = self._prepare(key, guarded, request)
         if prepared is None:
             return AIMessage(content=guarded.final_answer)
         try:
             result = handler(prepared)
         except BaseException as exc:
-            self._failed(guarded, exc, model=True)
+            self._failed(key, guarded, exc, model=True)
             raise
         answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result, notes)
         return answer
@@ -292,16 +582,17 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any] | AIMessage:
-        guarded = self._guarded(request.state)
-        if guarded is None:
+        found = self._guarded(request.state)
+        if found is None:
             return await handler(request)
-        prepared, notes = self._prepare(guarded, request)
+        key, guarded = found
+        prepared, notes = self._prepare(key, guarded, request)
         if prepared is None:
             return AIMessage(content=guarded.final_answer)
         try:
             result = await handler(prepared)
         except BaseException as exc:
-            self._failed(guarded, exc, model=True)
+            self._failed(key, guarded, exc, model=True)
             raise
         answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result, notes)
         return answer
@@ -319,24 +610,39 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             )
         return tool_result(repr(out))  # a Command: the tool changed the graph's state
 
+    def _tool_guard(self, request: ToolCallRequest) -> tuple[str, GuardedRun] | None:
+        found = self._guarded(request.state, request.runtime.config)
+        if found is not None and request.tool is not None:
+            found[1].declare(*_schema(request.tool))
+        return found
+
+    def _settled(self, key: str, guarded: GuardedRun, request: ToolCallRequest) -> None:
+        """After a tool call: in LangGraph's last steps, the last call of the answer ends the
+        run (the graph raises ``GraphRecursionError`` next)."""
+        if _last_steps(request.state) and not guarded.expects_tool:
+            self._out_of_steps(key, guarded)
+
     def wrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
-        guarded = self._guarded(request.state)
-        if guarded is None:
+        found = self._tool_guard(request)
+        if found is None:
             return handler(request)
+        key, guarded = found
         call_id = request.tool_call["id"] or ""
         decision = guarded.tool(call_id)
         if isinstance(decision, Answer):
+            self._settled(key, guarded, request)
             return self._skipped(request, decision)
         try:
             out = handler(request)
         except BaseException as exc:
-            self._failed(guarded, exc, call_id=call_id)
+            self._failed(key, guarded, exc, call_id=call_id)
             raise
         guarded.tool_done(call_id, self._result(out))
+        self._settled(key, guarded, request)
         return out
 
     async def awrap_tool_call(
@@ -344,27 +650,28 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
-        guarded = self._guarded(request.state)
-        if guarded is None:
+        found = self._tool_guard(request)
+        if found is None:
             return await handler(request)
+        key, guarded = found
         call_id = request.tool_call["id"] or ""
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):
+            self._settled(key, guarded, request)
             return self._skipped(request, decision)
         try:
             out = await handler(request)
         except BaseException as exc:
-            self._failed(guarded, exc, call_id=call_id)
+            self._failed(key, guarded, exc, call_id=call_id)
             raise
         guarded.tool_done(call_id, self._result(out))
+        self._settled(key, guarded, request)
         return out
 
     def after_agent(self, state: LoopwardenState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        self._end(state)
-        return None
+        return self._end(state)
 
     async def aafter_agent(
         self, state: LoopwardenState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        self._end(state)
-        return None
+        return self._end(state)

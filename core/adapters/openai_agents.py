@@ -4,21 +4,24 @@
 
     from agents import Agent
     from loopwarden import Deployment
-    from loopwarden.adapters.openai_agents import LoopwardenRunner
+    from loopwarden.adapters.openai_agents import LoopwardenRunner, guard_of
 
     runner = LoopwardenRunner(Deployment.from_config())
-    result = await runner.run(agent, "Where is my order?")      # or runner.run_sync(...)
+    result = await runner.run(agent, "Where is my order?")      # or run_sync / run_streamed
+    guard = guard_of(result)      # the stop (termination, stopped_by, soft) and the run_id
 
-Each ``run`` is one loopwarden run (same plugins, run records, signals, metrics and alerts as
-``loopwarden run``).  The runner calls the SDK's own ``Runner.run`` with a per-run copy of the
-agent (``Agent.clone``) whose model and function tools are wrapped; every other argument
+Each run is one loopwarden run (same plugins, run records, signals, metrics and alerts as
+``loopwarden run``).  The runner calls the SDK's own ``Runner.run`` (``run_streamed``) with a
+per-run copy of the agent (``Agent.clone``) whose model, function tools, MCP servers' tools
+and handoffs are wrapped -- and so is every agent it hands off to; every other argument
 (``context``, ``max_turns``, ``hooks``, ``run_config``, ``session`` ...) is passed through.
 Verdicts become:
 
 * **warn** -- the note is appended to the model input of the next call, as a message of
   ``[run] warning_role`` (the SDK keeps no copy of it in its history);
 * **skip** -- the wrapped tool returns the skip's observation without running the tool (so is
-  a side effect already executed with the same idempotency key);
+  a side effect already executed with the same idempotency key); a skipped handoff stays
+  with the agent that asked;
 * **soft stop** -- the next model call is made with no tools and no handoffs; its text is the
   final output (tool calls it proposes anyway are dropped);
 * **hard stop** -- the model is not called: the wrapped model answers with the best-effort
@@ -29,12 +32,11 @@ The SDK's extension points that only observe (``RunHooks``) or only filter the i
 model is wrapped: that is the one point that sees -- and may replace -- every model call.  The
 SDK's ``max_turns`` is kept: when it is hit, a ``max_turns`` error handler (unless you pass
 your own) ends the run with loopwarden's best answer, and the loopwarden run is recorded as
-``ended_by_framework``.
+``ended_by_framework``; so is a run a guardrail tripped (no final answer recorded).
 
-Limits: only the starting agent is guarded -- after a handoff the other agent's calls are not
-seen, and the loopwarden run ends as ``ended_by_framework``; ``Runner.run_streamed`` is not
-wrapped; a hard stop's answer is text, so an agent with a structured ``output_type`` fails
-its output validation on it.
+Limits: a hard stop's answer is text, so an agent with a structured ``output_type`` fails
+its output validation on it; an agent used as a tool (``Agent.as_tool``) runs an SDK run of
+its own, unguarded; a session's conversation lives in this process's memory.
 
 Needs ``pip install 'loopwarden[openai-agents]'``.
 """
@@ -42,35 +44,59 @@ Needs ``pip install 'loopwarden[openai-agents]'``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import dataclasses
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from agents import Agent, FunctionTool, RunConfig, Runner, RunResult
+from agents import (
+    Agent,
+    FunctionTool,
+    Handoff,
+    InputGuardrailTripwireTriggered,
+    OutputGuardrailTripwireTriggered,
+    RunConfig,
+    RunContextWrapper,
+    Runner,
+    RunResult,
+    RunResultStreaming,
+    RunState,
+    handoff,
+)
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.run_error_handlers import RunErrorHandlerInput, RunErrorHandlerResult
 from agents.usage import Usage as SDKUsage
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseFunctionToolCall,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+)
 
 from loopwarden import events
 from loopwarden.adapters._driver import (
+    ENDED_BY_FRAMEWORK,
     Answer,
     GuardedRun,
     NatureSpec,
+    conversation_for,
     nature_tables,
     proposed,
+    stop_info,
     tool_result,
     usage,
 )
+from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
     from agents.tool_context import ToolContext
 
     from loopwarden.deployment import Deployment
-    from loopwarden.run import Run
 
-__all__ = ["LoopwardenRunner"]
+__all__ = ["LoopwardenRunner", "RunGuard", "guard_of"]
 
 
 def _message(text: str) -> Any:
@@ -111,28 +137,61 @@ def _openai(items: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _response(resp: ModelResponse, handoffs: set[str]) -> events.ModelResponse:
+def _sdk_usage(u: Any) -> events.Usage:
+    return usage(getattr(u, "input_tokens", 0), getattr(u, "output_tokens", 0))
+
+
+def _response(resp: ModelResponse, handoffs: set[str]) -> tuple[events.ModelResponse, list[str]]:
+    """The SDK's answer as loopwarden's, and the ids of the handoff calls in it.
+
+    A handoff is a tool call in the model's eyes, and loopwarden's: it goes through
+    ``before_tool`` / ``after_tool`` and counts as a call.  The function calls come first, then
+    the handoffs: the SDK runs an answer's function tools before it hands off."""
     texts: list[str] = []
-    calls = []
+    calls: list[events.ProposedCall] = []
+    transfers: list[events.ProposedCall] = []
     for item in resp.output:
         if isinstance(item, ResponseOutputMessage):
             texts.extend(getattr(c, "text", "") for c in item.content)
-        elif isinstance(item, ResponseFunctionToolCall) and item.name not in handoffs:
-            calls.append(proposed(item.name, item.arguments, item.call_id))
-    u = resp.usage
-    return events.ModelResponse(
+        elif isinstance(item, ResponseFunctionToolCall):
+            call = proposed(item.name, item.arguments, item.call_id)
+            (transfers if item.name in handoffs else calls).append(call)
+    response = events.ModelResponse(
         content="".join(texts) or None,
-        tool_calls=calls,
-        usage=usage(u.input_tokens, u.output_tokens),
+        tool_calls=[*calls, *transfers],
+        usage=_sdk_usage(resp.usage),
+    )
+    return response, [c.id for c in transfers]
+
+
+def _completed(resp: ModelResponse) -> ResponseCompletedEvent:
+    """A stream's end event carrying ``resp`` (the stream of an answer loopwarden gives)."""
+    from openai.types.responses import Response
+
+    return ResponseCompletedEvent(
+        type="response.completed",
+        sequence_number=0,
+        response=Response(
+            id=resp.response_id or "loopwarden-answer",
+            created_at=0,
+            model="loopwarden",
+            object="response",
+            output=list(resp.output),
+            tool_choice="none",
+            tools=[],
+            top_p=None,
+            parallel_tool_calls=False,
+            status="completed",
+        ),
     )
 
 
 class _GuardedModel(Model):
-    """The agent's model, with loopwarden deciding before and after every call."""
+    """An agent's model, with loopwarden deciding before and after every call."""
 
-    def __init__(self, inner: Model, guarded: GuardedRun) -> None:
+    def __init__(self, inner: Model, state: _RunState) -> None:
         self.inner = inner
-        self.guarded = guarded
+        self.state = state
 
     def _answer(self, text: str, base: ModelResponse | None = None) -> ModelResponse:
         return ModelResponse(
@@ -140,6 +199,47 @@ class _GuardedModel(Model):
             usage=base.usage if base is not None else SDKUsage(),
             response_id=base.response_id if base is not None else None,
         )
+
+    def _before(
+        self, system_instructions: str | None, input: Any, tools: list[Any], handoffs: list[Any]
+    ) -> tuple[Any, list[Any], list[Any]] | None:
+        """Advance to the model call: its input (with the notes to inject), tools and
+        handoffs (none for the wrap-up turn); None when the run has ended (answer with its
+        answer)."""
+        guarded = self.state.guarded
+        for t in tools:
+            if isinstance(t, FunctionTool):
+                guarded.declare(t.name, t.description, t.params_json_schema)
+        for h in handoffs:
+            guarded.declare(h.tool_name, h.tool_description, h.input_json_schema)
+        guarded.system(system_instructions)
+        turn = guarded.model_turn()
+        if turn is None:
+            return None
+        if turn.notes:
+            settings = guarded.engine.settings
+            input = [
+                *_items(input),
+                *(
+                    {"role": settings.warning_role, "content": settings.warning_prefix + n}
+                    for n in turn.notes
+                ),
+            ]
+        return (input, [], []) if turn.final else (input, tools, handoffs)
+
+    def _after(self, resp: ModelResponse, handoffs: list[Any]) -> ModelResponse:
+        """Send the model's answer to the machine: the answer to give the SDK."""
+        state = self.state
+        guarded = state.guarded
+        response, transfers = _response(resp, {h.tool_name for h in handoffs})
+        guarded.model_done(response)
+        if guarded.replaced:
+            state.transfers = []
+            return self._answer(guarded.final_answer, resp)
+        state.transfers = transfers[:1]
+        for call_id in transfers[1:]:  # the SDK ignores every handoff but an answer's first
+            guarded.not_run(call_id, "the SDK carries out only the first handoff of an answer")
+        return resp
 
     async def get_response(
         self,
@@ -152,25 +252,11 @@ class _GuardedModel(Model):
         tracing: Any,
         **kwargs: Any,
     ) -> ModelResponse:
-        guarded = self.guarded
-        for t in tools:
-            if isinstance(t, FunctionTool):
-                guarded.declare(t.name, t.description, t.params_json_schema)
-        guarded.system(system_instructions)
-        turn = guarded.model_turn()
-        if turn is None:
+        guarded = self.state.guarded
+        prepared = self._before(system_instructions, input, tools, handoffs)
+        if prepared is None:
             return self._answer(guarded.final_answer)
-        if turn.notes:
-            settings = guarded.engine.settings
-            input = [
-                *_items(input),
-                *(
-                    {"role": settings.warning_role, "content": settings.warning_prefix + n}
-                    for n in turn.notes
-                ),
-            ]
-        if turn.final:
-            tools, handoffs = [], []
+        input, tools, handoffs = prepared
         try:
             resp = await self.inner.get_response(
                 system_instructions,
@@ -185,13 +271,60 @@ class _GuardedModel(Model):
         except BaseException as exc:
             guarded.model_failed(exc)  # the SDK may retry; recorded if the run ends on it
             raise
-        guarded.model_done(_response(resp, {h.tool_name for h in handoffs}))
-        if guarded.replaced:
-            return self._answer(guarded.final_answer, resp)
-        return resp
+        return self._after(resp, handoffs)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError("LoopwardenRunner does not wrap Runner.run_streamed")
+    async def stream_response(
+        self,
+        system_instructions: str | None,
+        input: Any,
+        model_settings: Any,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: Any,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        """The model's stream, passed through event by event; its end event goes through
+        the machine, and carries loopwarden's answer where a stop replaces the model's (the
+        deltas of a replaced answer have already been streamed)."""
+        guarded = self.state.guarded
+        prepared = self._before(system_instructions, input, tools, handoffs)
+        if prepared is None:
+            yield _completed(self._answer(guarded.final_answer))
+            return
+        input, tools, handoffs = prepared
+        items: list[Any] = []  # output items streamed (some backends end with an empty output)
+        try:
+            async for event in self.inner.stream_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                **kwargs,
+            ):
+                if isinstance(event, ResponseOutputItemDoneEvent):
+                    items.append(event.item)
+                elif isinstance(event, ResponseCompletedEvent):
+                    r = event.response
+                    resp = ModelResponse(
+                        output=list(r.output) or items,
+                        usage=SDKUsage(
+                            input_tokens=r.usage.input_tokens if r.usage else 0,
+                            output_tokens=r.usage.output_tokens if r.usage else 0,
+                        ),
+                        response_id=r.id,
+                    )
+                    answer = self._after(resp, handoffs)
+                    if answer is not resp:
+                        output = {"output": list(answer.output)}
+                        event = event.model_copy(update={"response": r.model_copy(update=output)})
+                yield event
+        except (Exception, asyncio.CancelledError) as exc:
+            guarded.model_failed(exc)
+            raise
 
     def get_retry_advice(self, request: Any) -> Any:
         return self.inner.get_retry_advice(request)
@@ -200,32 +333,268 @@ class _GuardedModel(Model):
         await self.inner.close()
 
 
+Invoke = Callable[[Any, str], Awaitable[Any]]
+
+#: set while a guarded tool runs: MCP results the server flagged ``isError`` are noted in it
+#: (the SDK turns them into plain output text; the MCP call runs in a task of its own, which
+#: sees this holder through the copied context)
+_MCP_ERRORS: ContextVar[list[str] | None] = ContextVar("loopwarden_mcp_errors", default=None)
+
+
+def _watch(server: Any) -> None:
+    """Have ``server.call_tool`` note the error results of guarded calls (once per server
+    object; calls outside a guarded run are not affected)."""
+    if vars(server).get("_loopwarden_watched"):
+        return
+    call = server.call_tool
+
+    async def call_tool(*args: Any, **kwargs: Any) -> Any:
+        result = await call(*args, **kwargs)
+        holder = _MCP_ERRORS.get()
+        if holder is not None and (
+            getattr(result, "is_error", None) or getattr(result, "isError", None)
+        ):
+            holder.append(str(args[0]) if args else "?")
+        return result
+
+    vars(server).update(call_tool=call_tool, _loopwarden_watched=True)
+
+
 def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:
+    """``tool`` (a function tool or an MCP server's) going through ``before_tool`` /
+    ``after_tool``.  Where the SDK's own failure handling wraps the tool (``function_tool``,
+    MCP tools: an exception becomes "An error occurred while running the tool..." or your
+    ``failure_error_function``'s text), loopwarden guards the implementation inside it, so
+    it sees the exception -- a failed call -- and the SDK still formats what the model reads."""
     inner = tool.on_invoke_tool
 
-    async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
+    async def guard(ctx: ToolContext[Any], input_json: str, run: Invoke) -> Any:
         call_id = ctx.tool_call_id
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):
             return decision.text
+        errors: list[str] = []
+        token = _MCP_ERRORS.set(errors)
         try:
-            value = await inner(ctx, input_json)
-        except Exception as exc:
+            value = await run(ctx, input_json)
+        except BaseException as exc:
             guarded.tool_done(call_id, tool_result(None, error=exc))
             raise
-        guarded.tool_done(call_id, tool_result(value))
+        finally:
+            _MCP_ERRORS.reset(token)
+        guarded.tool_done(call_id, tool_result(value, ok=not errors))  # MCP isError: failed
         return value
+
+    impl = getattr(inner, "_invoke_tool_impl", None)
+    if callable(impl) and callable(getattr(inner, "__agents_bind_function_tool__", None)):
+
+        async def guarded_impl(ctx: ToolContext[Any], input_json: str) -> Any:
+            return await guard(ctx, input_json, impl)
+
+        # the SDK's markers on the implementation (argument preparation for approvals, the
+        # wrapped function) stay visible on ours
+        guarded_impl.__dict__.update(getattr(impl, "__dict__", {}))
+        invoker = copy.copy(inner)
+        invoker._invoke_tool_impl = guarded_impl  # type: ignore[attr-defined]
+        invoker._function_tool = None  # type: ignore[attr-defined]  # bound to the copy below
+        return dataclasses.replace(tool, on_invoke_tool=invoker)
+
+    async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
+        return await guard(ctx, input_json, inner)
 
     return dataclasses.replace(tool, on_invoke_tool=invoke)
 
 
-class LoopwardenRunner:
-    """``Runner.run`` / ``Runner.run_sync`` with loopwarden's plugins guarding the run.
+class RunGuard:
+    """What loopwarden made of one SDK run: ``guard_of(result)`` (or ``result.loopwarden``,
+    also on the exception a guarded run raises).
 
-    ``tools`` adds tool natures to the deployment's ``[tools.<name>]`` tables;
-    ``model_name`` prices the run for ``cost_budget`` (default: the agent's model name);
-    ``profile`` and ``meta`` are those of ``Deployment.run``.  :attr:`last_run` is the
-    loopwarden run of the latest ``run`` (its record: ``runner.last_run.record()``).
+    ``stopped`` says whether a guard (a plugin) stopped the run; ``termination`` is the stop
+    reason (``final_answer`` when the model finished by itself, ``ended_by_framework`` when
+    the SDK ended it), ``stopped_by`` the plugin, ``soft`` whether the model was given the
+    tool-less wrap-up turn; ``run_id`` links to the run record (``record()`` builds it).
+    Read after the run: a streamed run's when its events are consumed."""
+
+    def __init__(self, guarded: GuardedRun) -> None:
+        self._guarded = guarded
+
+    @property
+    def run(self) -> Run:
+        return self._guarded.run
+
+    @property
+    def run_id(self) -> str:
+        return self._guarded.run.run_id
+
+    @property
+    def outcome(self) -> RunOutcome | None:
+        """The run's outcome once it is recorded (None while the SDK's run goes on)."""
+        return self._guarded.run.outcome
+
+    @property
+    def termination(self) -> str | None:
+        o = self.outcome
+        return o.termination if o is not None else None
+
+    @property
+    def stopped_by(self) -> str | None:
+        o = self.outcome
+        return o.stopped_by if o is not None else None
+
+    @property
+    def soft(self) -> bool:
+        o = self.outcome
+        return o.soft if o is not None else False
+
+    @property
+    def stopped(self) -> bool:
+        """A guard stopped the run (not the model's own answer, not the SDK)."""
+        return self.stopped_by is not None
+
+    def info(self) -> dict[str, Any] | None:
+        """The stop as a dict (``run_id``, ``termination``, ``stopped_by``, ``soft``,
+        ``final_answer_present``: what the other adapters put in their results); None
+        while the run is not recorded."""
+        return stop_info(self._guarded) if self.outcome is not None else None
+
+    def record(self) -> dict[str, Any]:
+        """The run record (what ``run_record`` writes and ``run_stopped`` sends)."""
+        return self._guarded.run.record()
+
+    def __repr__(self) -> str:
+        return (
+            f"<RunGuard {self.run_id[:8]} termination={self.termination!r} "
+            f"stopped_by={self.stopped_by!r} soft={self.soft}>"
+        )
+
+
+_ATTR = "loopwarden"
+
+
+def guard_of(result_or_error: object) -> RunGuard | None:
+    """The :class:`RunGuard` of a guarded run's result (``RunResult``,
+    ``RunResultStreaming``) or of the exception it raised; None for anything else."""
+    guard = getattr(result_or_error, _ATTR, None)
+    return guard if isinstance(guard, RunGuard) else None
+
+
+def _attach(obj: object, guard: RunGuard) -> None:
+    with contextlib.suppress(AttributeError, TypeError):  # an object without a __dict__
+        vars(obj)[_ATTR] = guard
+
+
+class _RunState:
+    """One guarded SDK run: its :class:`GuardedRun` and the guarded copies of its agents."""
+
+    def __init__(self, runner: LoopwardenRunner, guarded: GuardedRun, run_config: RunConfig):
+        self.runner = runner
+        self.guarded = guarded
+        self.run_config = run_config  # the caller's (its model, if any, is every agent's)
+        self.guard = RunGuard(guarded)
+        self._copies: dict[int, Agent[Any]] = {}  # id(agent) -> its guarded copy
+        self._own: set[int] = set()  # ids of the copies
+        #: the handoff call of the model's last answer that the SDK will carry out
+        self.transfers: list[str] = []
+
+    def agent(self, agent: Agent[Any]) -> Agent[Any]:
+        """The per-run guarded copy of ``agent`` (made once per run: handoffs may go back)."""
+        if id(agent) in self._own:
+            return agent
+        done = self._copies.get(id(agent))
+        if done is not None:
+            return done
+        guarded = self.guarded
+        copy_ = agent.clone(
+            model=_GuardedModel(self.runner._model(agent, self.run_config), self),
+            tools=[
+                _wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in agent.tools
+            ],
+            handoffs=[],
+        )
+        self._copies[id(agent)] = copy_
+        self._own.add(id(copy_))
+        copy_.handoffs = [self._handoff(copy_, h) for h in agent.handoffs]
+        if agent.mcp_servers:
+            for server in agent.mcp_servers:
+                _watch(server)
+            fetch = copy_.get_mcp_tools
+
+            async def get_mcp_tools(run_context: RunContextWrapper[Any]) -> list[Any]:
+                tools = await fetch(run_context)
+                return [_wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in tools]
+
+            object.__setattr__(copy_, "get_mcp_tools", get_mcp_tools)
+        return copy_
+
+    def _handoff(self, source: Agent[Any], item: Any) -> Any:
+        """A handoff of ``source`` that goes through ``before_tool`` / ``after_tool`` and
+        hands off to the guarded copy of its agent (a refused one stays with ``source``)."""
+        if not isinstance(item, (Agent, Handoff)):
+            return item
+        h: Handoff[Any, Any] = handoff(item) if isinstance(item, Agent) else item
+        inner = h.on_invoke_handoff
+        guarded = self.guarded
+
+        async def invoke(ctx: RunContextWrapper[Any], input_json: str) -> Agent[Any]:
+            call_id = self.transfers.pop(0) if self.transfers else None
+            if call_id is not None:
+                decision = await guarded.atool(call_id)
+                if isinstance(decision, Answer):
+                    guarded.adaptations.append(
+                        f"handoff {h.tool_name} ({call_id}) was not carried out: {decision.text}"
+                    )
+                    return source
+            try:
+                target = await inner(ctx, input_json)
+            except BaseException as exc:
+                if call_id is not None:
+                    guarded.tool_done(call_id, tool_result(None, error=exc))
+                raise
+            if call_id is not None:
+                guarded.tool_done(call_id, tool_result(h.get_transfer_message(target)))
+            guarded.run.meta["agents"].append(getattr(target, "name", "?"))
+            return self.agent(target) if isinstance(target, Agent) else target
+
+        return dataclasses.replace(h, on_invoke_handoff=invoke)
+
+    def end(self, error: BaseException | None) -> None:
+        """The SDK's run is over (``error``: what it raised): record loopwarden's run."""
+        guarded = self.guarded
+        if isinstance(error, (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered)):
+            kind = "input" if isinstance(error, InputGuardrailTripwireTriggered) else "output"
+            name = error.guardrail_result.guardrail.get_name()
+            guarded.overrule(
+                RunOutcome(
+                    termination=ENDED_BY_FRAMEWORK,
+                    evidence={
+                        "detail": f"{kind} guardrail {name!r} tripped: the SDK raised "
+                        f"{type(error).__name__}, no answer was given",
+                        "guardrail": name,
+                    },
+                )
+            )
+        elif error is not None:
+            guarded.finish(error)
+        else:
+            guarded.finish(detail="the agent ended before loopwarden's run did")
+        if error is not None:
+            _attach(error, self.guard)
+
+
+class LoopwardenRunner:
+    """``Runner.run`` / ``run_sync`` / ``run_streamed`` with loopwarden's plugins guarding
+    every agent of the run.
+
+    ``tools`` adds tool natures to the deployment's ``[tools.<name>]`` tables (function
+    tools and MCP servers' tools alike); ``model_name`` prices the run for ``cost_budget``
+    (default: the starting agent's model name); ``profile`` and ``meta`` are those of
+    ``Deployment.run``.  Each result says what loopwarden made of its run:
+    ``guard_of(result)`` (:class:`RunGuard`).  :attr:`last_run` is the loopwarden run of the
+    latest run started in the calling task or thread.
+
+    A ``session`` (any SDK session with a ``session_id``) is one loopwarden conversation:
+    its runs share conversation-scoped plugin state (``conversation_limits``) -- the
+    deployment's conversation of that id (``conversation_for``), its runs one after another.
     """
 
     def __init__(
@@ -242,7 +611,13 @@ class LoopwardenRunner:
         self.model_name = model_name
         self.profile = profile
         self.meta = dict(meta or {})
-        self.last_run: Run | None = None
+        self._last: ContextVar[Run | None] = ContextVar(f"loopwarden_last_run_{id(self)}")
+
+    @property
+    def last_run(self) -> Run | None:
+        """The loopwarden run of the latest run started in this task or thread (concurrent
+        runs in other tasks or threads do not change it; ``guard_of(result)`` is exact)."""
+        return self._last.get(None)
 
     def _model(self, agent: Agent[Any], run_config: RunConfig) -> Model:
         chosen = run_config.model if run_config.model is not None else agent.model
@@ -250,32 +625,41 @@ class LoopwardenRunner:
             return chosen
         return run_config.model_provider.get_model(chosen)
 
-    async def run(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
-        """Run ``agent`` on ``input`` with the SDK's ``Runner.run``, guarded."""
+    def _start(
+        self, agent: Agent[Any], input: Any, kwargs: dict[str, Any]
+    ) -> tuple[_RunState, Agent[Any], dict[str, Any]]:
+        """A guarded run of ``agent``: its state, the guarded starting agent, and the SDK
+        runner's keyword arguments."""
+        if isinstance(input, RunState):
+            raise TypeError(
+                "LoopwardenRunner cannot resume an interrupted run (a RunState) yet: "
+                "resume it with the SDK's Runner, or start a new guarded run"
+            )
         run_config = kwargs.pop("run_config", None) or RunConfig()
         if isinstance(run_config, dict):
             run_config = RunConfig(**run_config)
         inner = self._model(agent, run_config)
-        items = _items(input)
-        user = next((m["content"] for m in reversed(_openai(items)) if m["role"] == "user"), "")
+        items = _openai(_items(input))
+        user = next((m["content"] for m in reversed(items) if m["role"] == "user"), "")
         name = self.model_name or getattr(inner, "model", None)
+        key = getattr(kwargs.get("session"), "session_id", None)
+        conversation = conversation_for(self.deployment, key) if isinstance(key, str) else None
+        history = [*conversation.messages, *items] if conversation is not None else items
         guarded = GuardedRun(
             self.deployment,
             user=user,
-            history=_openai(items),
+            history=history,
             natures=self.natures,
             model_name=name if isinstance(name, str) else None,
             meta=self.meta,
             profile=self.profile,
+            conversation=conversation,
             adapter="openai_agents",
         )
-        self.last_run = guarded.run
-        wrapped = agent.clone(
-            model=_GuardedModel(inner, guarded),
-            tools=[
-                _wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in agent.tools
-            ],
-        )
+        guarded.hold_end = True  # output guardrails may still reject the final answer
+        guarded.run.meta["agents"] = [agent.name]  # the record's meta: who ran, in order
+        state = _RunState(self, guarded, run_config)
+        self._last.set(guarded.run)
         handlers = dict(kwargs.pop("error_handlers", None) or {})
 
         def max_turns(data: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
@@ -283,21 +667,59 @@ class LoopwardenRunner:
             return RunErrorHandlerResult(final_output=guarded.final_answer)
 
         handlers.setdefault("max_turns", max_turns)
-        run_config = dataclasses.replace(run_config, model=None)
+        kwargs["error_handlers"] = handlers
+        kwargs["run_config"] = dataclasses.replace(run_config, model=None)
+        return state, state.agent(agent), kwargs
+
+    async def run(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
+        """Run ``agent`` on ``input`` with the SDK's ``Runner.run``, guarded."""
+        state, wrapped, kwargs = self._start(agent, input, kwargs)
         try:
-            result = await Runner.run(
-                wrapped,
-                input,
-                run_config=run_config,
-                error_handlers=handlers,  # type: ignore[arg-type]
-                **kwargs,
-            )
+            result = await Runner.run(wrapped, input, **kwargs)
         except BaseException as exc:
-            guarded.finish(exc)
+            state.end(exc)
             raise
-        guarded.finish(detail="the agent ended before loopwarden's run did (a handoff?)")
+        state.end(None)
+        _attach(result, state.guard)
         return result
 
     def run_sync(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
         """:meth:`run` from sync code (not from inside a running event loop)."""
-        return asyncio.run(self.run(agent, input, **kwargs))
+        started: list[Run | None] = []
+
+        async def run() -> RunResult:
+            try:
+                return await self.run(agent, input, **kwargs)
+            finally:
+                started.append(self.last_run)
+
+        try:
+            return asyncio.run(run())
+        finally:
+            if started:  # asyncio.run ran it in a copy of this thread's context
+                self._last.set(started[0])
+
+    def run_streamed(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResultStreaming:
+        """``Runner.run_streamed``, guarded: consume ``result.stream_events()`` as usual;
+        the run is recorded when the SDK's run ends."""
+        state, wrapped, kwargs = self._start(agent, input, kwargs)
+        try:
+            result = Runner.run_streamed(wrapped, input, **kwargs)
+        except BaseException as exc:
+            state.end(exc)
+            raise
+        _attach(result, state.guard)
+        task = result.run_loop_task
+        if task is None:  # pragma: no cover - the SDK always starts one
+            state.end(None)
+            return result
+
+        def ended(t: asyncio.Task[Any]) -> None:
+            # before stream_events() returns: it awaits this task after its last event
+            error: BaseException | None = getattr(result, "_stored_exception", None)
+            if error is None:
+                error = asyncio.CancelledError() if t.cancelled() else t.exception()
+            state.end(error)
+
+        task.add_done_callback(ended)
+        return result

@@ -8,18 +8,29 @@
 
     agent = Agent(model, tools=[...], capabilities=[Loopwarden(Deployment.from_config())])
 
-Each agent run (``run``, ``run_sync``, ``iter``) is one loopwarden run (same plugins, run
-records, signals, metrics and alerts as ``loopwarden run``): :meth:`Loopwarden.for_run` gives
-every run its own instance.  Verdicts become:
+Each agent run (``run``, ``run_sync``, ``iter``, ``run_stream``, ``run_stream_sync``) is one
+loopwarden run (same plugins, run records, signals, metrics and alerts as ``loopwarden run``):
+:meth:`Loopwarden.for_run` gives every run its own instance.  Its run id is pydantic-ai's
+``run_id``, and the result's ``metadata["loopwarden"]`` (:data:`METADATA_KEY`) says how it
+ended (``run_id``, ``termination``, ``stopped_by``, ``soft``, ``final_answer_present``).  A
+run continuing a ``message_history`` continues its loopwarden conversation (keyed on
+pydantic-ai's ``conversation_id``), so conversation-scoped limits count across it.  Verdicts
+become:
 
 * **warn** -- ``before_model_request`` enqueues the note (``RunContext.enqueue``): it reaches
   this request and stays in the message history;
 * **skip** -- ``wrap_tool_execute`` returns the skip's observation as the tool's return value
   without running the tool (so is a side effect already executed with the same idempotency key);
 * **soft stop** -- ``prepare_tools`` removes every function tool for the next request, whose
-  text is the answer (tool calls it proposes anyway are dropped);
+  text -- or call of the output tool, for an ``output_type`` -- is the answer (function tool
+  calls it proposes anyway are dropped);
 * **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
   answer as text, which ends the run.
+
+A call of an output tool (``final_result``) is the model's answer, never a tool call.  Under
+``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
+the stream is closed: the streamed response is read from the model's stream
+(:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
 
 Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
 fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
@@ -32,26 +43,35 @@ Needs ``pip install 'loopwarden[pydantic-ai]'``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.models import Model, StreamedResponse
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_graph import End
 
 from loopwarden import events
 from loopwarden.adapters._driver import (
     Answer,
     GuardedRun,
     NatureSpec,
+    conversation_for,
     nature_tables,
     proposed,
+    stop_info,
     tool_result,
     usage,
 )
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (
+        AgentNode,
+        NodeResult,
         RawToolArgs,
         ValidatedToolArgs,
         WrapModelRequestHandler,
@@ -59,13 +79,17 @@ if TYPE_CHECKING:
         WrapToolExecuteHandler,
         WrapToolValidateHandler,
     )
-    from pydantic_ai.models import ModelRequestContext
+    from pydantic_ai.models import ModelRequestContext, ModelRequestParameters
     from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext, ToolDefinition
 
     from loopwarden.deployment import Deployment
 
-__all__ = ["Loopwarden"]
+__all__ = ["METADATA_KEY", "Loopwarden"]
+
+#: the key of loopwarden's entry in the run result's ``metadata`` (see :func:`stop_info`)
+METADATA_KEY = "loopwarden"
 
 
 def _text(content: Any) -> str:
@@ -108,9 +132,19 @@ def _openai(history: list[pm.ModelMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _response(msg: pm.ModelResponse) -> tuple[list[pm.ToolCallPart], events.ModelResponse]:
-    calls = [p for p in msg.parts if isinstance(p, pm.ToolCallPart)]
+def _response(
+    msg: pm.ModelResponse, output_tools: frozenset[str] = frozenset()
+) -> tuple[list[pm.ToolCallPart], events.ModelResponse]:
+    """The function tool calls of ``msg``, and ``msg`` as loopwarden's model response: a call
+    of an output tool (``output_tools``: ``final_result`` ...) is the answer, not a tool call
+    -- its arguments are the answer's text."""
+    calls = [
+        p for p in msg.parts if isinstance(p, pm.ToolCallPart) and p.tool_name not in output_tools
+    ]
     text = "".join(p.content for p in msg.parts if isinstance(p, pm.TextPart))
+    outputs = [_args_text(p.args) for p in _output_calls(msg, output_tools)]
+    if outputs:
+        text = "\n".join([text, *outputs]) if text else "\n".join(outputs)
     u = msg.usage
     return calls, events.ModelResponse(
         content=text or None,
@@ -121,6 +155,55 @@ def _response(msg: pm.ModelResponse) -> tuple[list[pm.ToolCallPart], events.Mode
         usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
         model=msg.model_name,
     )
+
+
+def _output_calls(msg: pm.ModelResponse, output_tools: frozenset[str]) -> list[pm.ToolCallPart]:
+    return [p for p in msg.parts if isinstance(p, pm.ToolCallPart) and p.tool_name in output_tools]
+
+
+def _args_text(args: Any) -> str:
+    if args is None:
+        return "{}"
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str)
+
+
+def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
+    return frozenset(t.name for t in request_context.model_request_parameters.output_tools)
+
+
+class _Watched(WrapperModel):
+    """The run's model, keeping a handle on each streamed response it opens: under
+    ``run_stream`` the response is complete when the caller has read the stream, long before
+    pydantic-ai hands it to ``wrap_model_request`` (when the stream is closed)."""
+
+    def __init__(self, wrapped: Model, owner: Loopwarden) -> None:
+        super().__init__(wrapped)
+        self._owner = owner
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[pm.ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        async with self.wrapped.request_stream(
+            messages, model_settings, model_request_parameters, run_context
+        ) as streamed:
+            self._owner._streamed = streamed
+            yield streamed
+
+
+def _attach(result: AgentRunResult[Any], guarded: GuardedRun) -> None:
+    """Put loopwarden's stop (:func:`~loopwarden.adapters._driver.stop_info`) into the run
+    result's ``metadata`` under :data:`METADATA_KEY` -- a new dict: the caller's own metadata
+    mapping (shared by the agent's runs) is not changed."""
+    info = stop_info(guarded)
+    state = getattr(result, "_state", None)  # where pydantic-ai keeps a result's metadata
+    if info is None or state is None:
+        return
+    state.metadata = {**(state.metadata or {}), METADATA_KEY: info}
 
 
 class Loopwarden(AbstractCapability[Any]):
@@ -146,6 +229,9 @@ class Loopwarden(AbstractCapability[Any]):
         self.profile = profile
         self.meta = dict(meta or {})
         self.guarded: GuardedRun | None = None  # this run's (set on the for_run copy)
+        self._streaming = False  # the current model request is streamed
+        self._streamed: StreamedResponse | None = None  # its response, once opened
+        self._output_tools: frozenset[str] = frozenset()
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -159,6 +245,7 @@ class Loopwarden(AbstractCapability[Any]):
     def _guard(self, ctx: RunContext[Any]) -> GuardedRun:
         if self.guarded is None:
             model_name = self.model_name or getattr(ctx.model, "model_name", None)
+            key = ctx.conversation_id  # inherited from message_history= when one is given
             self.guarded = GuardedRun(
                 self.deployment,
                 user=_text(ctx.prompt),
@@ -167,6 +254,8 @@ class Loopwarden(AbstractCapability[Any]):
                 model_name=model_name,
                 meta=self.meta,
                 profile=self.profile,
+                run_id=ctx.run_id,  # the result's run_id is the run record's
+                conversation=conversation_for(self.deployment, key) if key else None,
                 adapter="pydantic_ai",
             )
         return self.guarded
@@ -188,7 +277,27 @@ class Loopwarden(AbstractCapability[Any]):
             raise
         if self.guarded is not None:
             self.guarded.finish(detail="the agent ended before loopwarden's run did")
+            _attach(result, self.guarded)
         return result
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        """The agent's graph has ended: finish loopwarden's run now.  Under ``run_stream``
+        (and ``run_stream_sync``) the graph ends when the caller has consumed the stream,
+        while the streamed response reaches ``wrap_model_request`` only when the stream is
+        closed -- possibly never, for a result that is not closed: the run is recorded from
+        the final output here."""
+        guarded = self.guarded
+        if isinstance(result, End) and guarded is not None and not guarded.finished:
+            if self._streamed is not None:  # read to its end: the whole response, usage too
+                _, event = _response(self._streamed.get(), self._output_tools)
+                guarded.model_done(event)
+            guarded.finish(detail="the agent ended before loopwarden's run did")
+        return result
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        return _Watched(model, self) if self._streaming else None
 
     # -- model requests ------------------------------------------------------------------
 
@@ -230,14 +339,22 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         if guarded.model_turn() is None:
             return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
+        output_tools = self._output_tools = _output_tools(request_context)
+        self._streaming, self._streamed = request_context.streaming, None
         try:
             response = await handler(request_context)
         except BaseException as exc:
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
-        _, event = _response(response)
+        _, event = _response(response, output_tools)
         guarded.model_done(event)
         if guarded.replaced:
+            # the wrap-up's structured output stands (its function tool calls are dropped);
+            # otherwise the answer is loopwarden's text
+            outputs = _output_calls(response, output_tools)
+            o = guarded.outcome
+            if outputs and o is not None and o.soft and o.final_answer_present:
+                return dataclasses.replace(response, parts=[*outputs])
             return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
         return response
 

@@ -52,6 +52,7 @@ def _limits(config: Any) -> dict[tuple[str, str], dict[str, Any]]:
 
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
+    from loopwarden.sanitize import escape_controls
     from loopwarden.store import QUANTITIES, Shared, redact_url
 
     config = load_config(args.config)
@@ -96,7 +97,8 @@ def main(args: argparse.Namespace) -> int:
     head = ["scope", "key", "window", "bucket", *QUANTITIES]
     table = [head]
     for r in rows:
-        cells = [r["scope"], r["key"], r["window"], r["bucket"]]
+        # a scope key comes from a run's meta: shown on one line, escaped
+        cells = [escape_controls(str(r[c])) for c in ("scope", "key", "window", "bucket")]
         for q in QUANTITIES:
             spent = r["spent"][q]
             text = f"{spent:.6f}".rstrip("0").rstrip(".") if q == "cost" else str(spent)

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TextIO
 
 from loopwarden.commands import add_config_argument
+from loopwarden.sanitize import escape_controls, raw_stream
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -178,6 +179,7 @@ def render_rich(
     """The same table with rich (only called when rich is importable)."""
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     body = rows(pairs, totals)
@@ -194,17 +196,17 @@ def render_rich(
     for k, r in enumerate(body):
         guarded = r[2] == GUARDED
         style = "" if guarded else "dim"
-        cells = list(r)
+        cells = [escape(escape_controls(c)) for c in r]  # data: shown, never run or styled
         if k < 2 * n and guarded:
             p = pairs[k // 2]
-            cells[-1] = f"[bold red]{r[-1]}[/]" if p.ok is False else f"[green]{r[-1]}[/]"
+            cells[-1] = f"[bold red]{cells[-1]}[/]" if p.ok is False else f"[green]{cells[-1]}[/]"
         if k == 2 * n:
             table.add_section()
             style = "bold"
         table.add_row(*cells, style=style, end_section=k < 2 * n and not guarded)
     # never truncate a number: widen past a narrow terminal instead (its lines then wrap)
     needed = max(len(line) for line in render_plain(pairs, totals, currency, cap).splitlines()[2:])
-    console = Console(file=out)
+    console = Console(file=raw_stream(out))  # rich's own styling passes; the cells are escaped
     console.width = max(console.width, needed + 2 * len(HEADERS))
     console.print(table)
 
@@ -270,18 +272,21 @@ class _RichProgress:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            console=Console(stderr=True),
+            console=Console(file=raw_stream(sys.stderr)),  # its cursor codes pass unescaped
             transient=True,
         )
         self.task = self.bar.add_task("playing", total=total)
 
     def __enter__(self) -> Progress:
+        from rich.markup import escape
+
         self.bar.start()
 
         def report(phase: str, sc: Scenario, guarded: bool, rec: dict[str, Any] | None) -> None:
             side = "guarded" if guarded else "unguarded"
             if phase == "start":
-                self.bar.update(self.task, description=f"{sc.name} ({side})")
+                name = escape(escape_controls(sc.name))
+                self.bar.update(self.task, description=f"{name} ({side})")
             else:
                 self.bar.advance(self.task)
 

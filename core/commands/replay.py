@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from loopwarden.commands import add_config_argument
+from loopwarden.sanitize import escape_controls
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +92,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     width = max(len(k) for k in summary)
     for k, v in summary.items():
         text = json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
-        print(f"{k:<{width}}  {text}")
+        print(f"{k:<{width}}  {escape_controls(text)}")
 
 
 def _ratio(part: int, whole: int) -> str:
@@ -118,7 +119,9 @@ _SOURCE_COLUMNS: tuple[tuple[str, Any], ...] = (
 def print_by_source(by_source: dict[str, dict[str, Any]]) -> None:
     """The per-source figures as an aligned table (ok = successful runs; "a/b" = a of b)."""
     rows = [["source", *(title for title, _ in _SOURCE_COLUMNS)]]
-    rows += [[src, *(f(s) for _, f in _SOURCE_COLUMNS)] for src, s in by_source.items()]
+    rows += [
+        [escape_controls(src), *(f(s) for _, f in _SOURCE_COLUMNS)] for src, s in by_source.items()
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         rest = (c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))
@@ -177,7 +180,8 @@ def main(args: argparse.Namespace) -> int:
                 fw, st = r.first_warning, r.stop
                 warn = "-" if fw is None else "@{step} {plugin}".format(**fw)
                 stop = "-" if st is None else "@{step} {reason} ({plugin})".format(**st)
-                print(f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}")
+                line = f"{r.id:<48} steps {r.steps:>3}  warn {warn:<24} stop {stop}"
+                print(escape_controls(line))  # one line per trajectory, whatever its id
     summary = summarize(results)
     by_source = summarize_by_source(results)
     summary["profile"] = config.run.profile

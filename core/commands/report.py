@@ -43,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loopwarden.report import Thresholds, analyse, format_text, load_records, plot
+    from loopwarden.sanitize import escape_tree
 
     if args.file is None:
         from loopwarden.paths import records_path
@@ -79,7 +80,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
     else:
-        print(format_text(report, source=str(path)))
+        # every field on one line of its own: a line break in a tool name is shown, not run
+        print(format_text(escape_tree(report), source=escape_tree(str(path))))
     if not loaded.records:
         print(f"loopwarden report: no valid run record in {path}", file=sys.stderr)
         return 1

@@ -4,8 +4,10 @@ Exit codes (scripts rely on them):
 
 * 0 -- the run was carried out: the model answered, or a guard stopped it (any stop reason
   that a plugin decided, ``timeout`` included);
-* 3 -- the run could not be carried out: ``model_error`` (a 401 for a bad key included),
-  ``plugin_error``, or an internal ``error``;
+* 3 -- the run could not be carried out (:data:`loopwarden.reasons.NOT_CARRIED_OUT_REASONS`):
+  ``model_error`` (a 401 for a bad key included), ``plugin_error``, ``store_unavailable`` (the
+  shared store that budgets and the side-effect ledger need cannot be reached), or an
+  internal ``error``;
 * 2 -- bad input: config, scenario, arguments, a missing API key (nothing was run);
 * 130 / 143 -- interrupted by SIGINT / SIGTERM: the run is cancelled (the model call in flight
   is abandoned, a blocking tool too), ends with a ``cancelled`` record (printed, and written by
@@ -23,6 +25,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from loopwarden.commands import add_config_argument
+from loopwarden.reasons import NOT_CARRIED_OUT_REASONS
+from loopwarden.sanitize import escape_controls
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
@@ -34,8 +38,8 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 #: the run could not be carried out (the model or a plugin failed)
 EXIT_NOT_CARRIED_OUT = 3
-#: terminations that mean the run could not be carried out
-NOT_CARRIED_OUT = frozenset({"model_error", "plugin_error", "error"})
+#: terminations that mean the run could not be carried out (one definition, in reasons)
+NOT_CARRIED_OUT = frozenset(NOT_CARRIED_OUT_REASONS)
 #: the exit code after each signal (128 + its number, the shell's convention)
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -147,14 +151,15 @@ def load_tools(spec: str) -> ToolRegistry:
 
 def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
     """A short human-readable account of one run record."""
+    one = escape_controls  # a field on one line: a line break in it is shown, not run
     lines = [
-        f"termination: {record['termination']}" + (" (soft)" if record["soft"] else ""),
-        f"stopped by:  {record['stopped_by'] or '-'}",
+        f"termination: {one(str(record['termination']))}" + (" (soft)" if record["soft"] else ""),
+        f"stopped by:  {one(str(record['stopped_by'] or '-'))}",
         f"steps: {record['steps']}   tool calls: {record['tool_calls']}   "
         f"tokens: {record['tokens']['total']}   cost: {record['cost']}",
     ]
     for w in record["warnings"]:
-        lines.append(f"warning at step {w['step']} from {w['plugin']}: {w['message']}")
+        lines.append(f"warning at step {w['step']} from {one(w['plugin'])}: {one(w['message'])}")
     if record.get("evidence"):
         lines.append(f"evidence: {json.dumps(record['evidence'], ensure_ascii=False)}")
     lines.append("")

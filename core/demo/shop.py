@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwarden.exceptions import ToolError
-from loopwarden.paths import data_dir
+from loopwarden.paths import data_dir, ensure_private_dir
 from loopwarden.tools import Tool, ToolRegistry, tool
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class Shop:
         with self._init_lock:
             if self._ready.is_set():  # another thread created it meanwhile
                 return
-            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_private_dir(self.db_path.parent)  # often the data directory: owner-only
             conn = sqlite3.connect(self.db_path, timeout=10)
             try:
                 with conn:

@@ -14,7 +14,7 @@ from loopwarden.events import ModelRequest, ModelResponse
 if TYPE_CHECKING:
     from loopwarden.config import ModelConfig
 
-__all__ = ["AsyncModel", "Model", "model_from_config"]
+__all__ = ["AsyncModel", "Model", "model_from_config", "output_limit"]
 
 
 @runtime_checkable
@@ -29,6 +29,20 @@ class Model(Protocol):
 class AsyncModel(Protocol):
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Answer one request asynchronously."""
+
+
+def output_limit(model: object) -> int | None:
+    """The most output tokens each call of ``model`` asks for: its ``max_output_tokens``
+    (the built-in client's, from ``[model] max_output_tokens``), None when it sets none.
+
+    The loop puts it on every :class:`~loopwarden.events.ModelRequest`, so that the budget
+    plugins reserve what the model may really answer with -- not a guess below the cap the
+    client sends (a plugin may lower it in ``before_model``; the client sends the request's).
+    """
+    value = getattr(model, "max_output_tokens", None)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
 
 
 def model_from_config(config: ModelConfig) -> Model:

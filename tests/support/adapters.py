@@ -70,11 +70,13 @@ def deployment(
     allowlist: bool = False,
     max_total_tokens: int | None = None,
     declare_lookup: bool = True,
+    **tables: dict[str, Any],
 ) -> Deployment:
     """The shipped config, plus: run records to ``tmp_path/runs.jsonl``, ``apply_refund``
     declared a side effect keyed by order, ``query_order`` declared a read-only, deterministic
     lookup (unless ``declare_lookup`` is false), optionally the example allowlist plugin and a
-    token limit.  Every other tool is undeclared."""
+    token limit, and top-level ``tables`` (``store=``, ``plugins_conversation_limits=``: the
+    plugin's table).  Every other tool is undeclared."""
     data = load_toml(default_config_path())
     plugins = data["plugins"]
     plugins["enabled"] = [*plugins["enabled"], "run_record"]
@@ -91,6 +93,11 @@ def deployment(
         }
     if max_total_tokens is not None:
         plugins["token_budget"] = {**plugins["token_budget"], "max_total_tokens": max_total_tokens}
+    for key, table in tables.items():
+        if key.startswith("plugins_"):
+            plugins[key.removeprefix("plugins_")] = {**plugins.get(key[8:], {}), **table}
+        else:
+            data[key] = table
     return Deployment(parse_config(data, path="<adapter-test>"), tools=[])
 
 

@@ -9,6 +9,7 @@ proxy can show, so the client's bounds are tested over real sockets:
 * :meth:`Stub.push_gzip_bomb`    a small gzip body that inflates to many megabytes
 * :meth:`Stub.push_echo_auth`    an error whose body echoes the ``Authorization`` header
 * :meth:`Stub.push_hang`         no answer at all (not even headers) for a while
+* :attr:`Stub.route`            answers computed from each request (concurrent clients)
 * :func:`lone_surrogate_completion`, :func:`nested_arguments`: bodies with a lone UTF-16
   surrogate, and tool arguments nested arbitrarily deep (``push`` sends a str body verbatim)
 
@@ -43,6 +44,9 @@ class Stub:
         self.closing = threading.Event()
         #: bytes the hostile handlers managed to send (what a client did not refuse early)
         self.bytes_sent = 0
+        #: answers a request when the queue is empty: ``route(payload)`` gives the body (for
+        #: concurrent clients, whose requests arrive in no fixed order)
+        self.route: Callable[[dict[str, Any]], Any] | None = None
 
     def push(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         """Queue one answer: ``body`` as JSON (a str is sent verbatim)."""
@@ -217,11 +221,12 @@ def serve() -> Iterator[tuple[Stub, str]]:
             with state.lock:
                 state.requests.append(payload)
                 state.headers.append({k.lower(): v for k, v in self.headers.items()})
-                queued = (
-                    state.responses.pop(0)
-                    if state.responses
-                    else (500, {"error": {"message": "no response"}}, {})
-                )
+                if state.responses:
+                    queued = state.responses.pop(0)
+                elif state.route is not None:
+                    queued = (200, state.route(payload), {})
+                else:
+                    queued = (500, {"error": {"message": "no response"}}, {})
             try:
                 if callable(queued):
                     queued(self, state)
