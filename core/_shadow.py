@@ -179,7 +179,8 @@ def _filler(container: Any, contents: Any) -> Callable[[], None]:
 
 def describe(value: Any) -> Any:
     """A short JSON-able stand-in for a value in a shadow effect: numbers, booleans, None and
-    (clipped) text as they are; containers by their size; anything else by its type."""
+    (clipped) text as they are; containers by their size; a dataclass (a retry plan) by its
+    numbers and flags; anything else by its type."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
@@ -188,4 +189,10 @@ def describe(value: Any) -> Any:
         return f"<{len(value)} items>"
     if isinstance(value, dict):
         return f"<{len(value)} keys>"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. a RetryPlan
+        return {
+            name: v
+            for name in _fields(type(value))
+            if (v := getattr(value, name, None)) is None or isinstance(v, (bool, int, float))
+        }
     return f"<{type(value).__name__}>"

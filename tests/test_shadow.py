@@ -137,7 +137,9 @@ def test_a_shadowed_timeout_lets_a_slow_model_answer_and_records_the_would_be_ti
 # -- item 2: a shadowed retry_policy neither delays nor spends a retry budget -------------------
 
 
-def _paying(tmp_path: Path, shadow: bool, error: ToolError) -> tuple[Run, list[str]]:
+def _paying(
+    tmp_path: Path, shadow: bool, error: ToolError, runtime: bool = False
+) -> tuple[Run, list[str]]:
     attempts: list[str] = []
 
     def pay(**kwargs: Any) -> str:
@@ -152,7 +154,12 @@ def _paying(tmp_path: Path, shadow: bool, error: ToolError) -> tuple[Run, list[s
             "store": {"url": f"sqlite:///{tmp_path / 'store.sqlite3'}"},
             "plugins": {
                 "enabled": ["max_steps", "retry_policy"],
-                "retry_policy": {"shadow": shadow, "max_retries": 1, "backoff_s": 1.0},
+                "retry_policy": {
+                    "shadow": shadow,
+                    "max_retries": 1,
+                    "backoff_s": 1.0,
+                    "runtime": runtime,
+                },
             },
         },
         path="<test>",
@@ -190,6 +197,21 @@ def test_a_shadowed_retry_policy_neither_delays_nor_blocks_a_retryable_side_effe
     assert run.record()["shadow_effects"] == []
 
 
+def test_a_shadowed_retry_policy_leaves_retries_to_the_model(tmp_path: Path) -> None:
+    # with runtime retries (the default), the plan it gives each call is undone: the loop
+    # executes each proposal once, at once, and the record shows the plan
+    unavailable = ToolError("503 service unavailable", retryable=True)
+    run, attempts = _paying(tmp_path / "shadow", True, unavailable, runtime=True)
+    rec = run.record()
+    assert attempts == ["88231"] * 3 and rec["elapsed_s"] == 0.0
+    plans = [e for e in rec["shadow_effects"] if e["effect"] == "call.retry"]
+    assert plans and plans[0]["plugin"] == "retry_policy" and plans[0]["was"] is None
+    assert plans[0]["value"]["attempts"] == 2 and plans[0]["step"] == 1
+    enforced, attempts = _paying(tmp_path / "enforce", False, unavailable, runtime=True)
+    assert attempts == ["88231"] * 2  # the runtime's retry, then the budget is spent
+    assert enforced.record()["elapsed_s"] > 0
+
+
 def test_in_shadow_mode_a_side_effect_that_failed_for_good_still_never_runs_again(
     tmp_path: Path,
 ) -> None:
@@ -209,6 +231,9 @@ def test_shadowed_plugins_see_each_others_effects_so_the_would_be_stop_is_the_re
         data["store"] = {"url": f"sqlite:///{tmp_path / mode}.sqlite3"}
         data["run"]["mode"] = mode
         data["plugins"]["enabled"] = ["max_steps", "retry_policy", "repeat_call"]
+        # the model's retries: the runtime's own are executions a shadow run does not make,
+        # so with them the shadowed budget would be spent later than the enforced one
+        data["plugins"]["retry_policy"]["runtime"] = False
         with Deployment(parse_config(data, path="<t>"), tools=shop_tools()) as dep:
             return dep.run(scenario="retry-storm", clock=FakeClock()).record()
 
@@ -369,7 +394,7 @@ def test_shadow_effects_are_bounded() -> None:
 
 
 def test_the_report_lists_what_shadowed_plugins_would_have_done(tmp_path: Path) -> None:
-    run, _ = _paying(tmp_path, True, ToolError("503", retryable=True))
+    run, _ = _paying(tmp_path, True, ToolError("503", retryable=True), runtime=False)
     report = analyse([run.record()])
     assert report["shadow"]["effects"] == {
         "retry_policy: call.delay_s": 1,
@@ -456,12 +481,14 @@ def _play(dep: Deployment, sc: Scenario, db: Path, driver: str) -> tuple[Run, in
 DEMO = builtin_scenarios()
 EVERY = [*DEMO, *sorted(BENCH_SCENARIOS.glob("*.toml"))]
 #: what built-in plugins change besides their verdicts (retry_policy's backoff, call.delay_s,
-#: is not reached with these settings: no retry is granted)
+#: and its runtime retry plan, call.retry, are not reached with these settings: no retry is
+#: granted)
 AUDITED_EFFECTS = {
     ("timeout", "run.deadline"),
     ("timeout", "request.timeout"),
     ("timeout", "call.timeout"),
     ("retry_policy", "call.delay_s"),
+    ("retry_policy", "call.retry"),
     ("retry_policy", "result.retryable"),
 }
 #: the baseline of each way of shadowing: what stays enforced
