@@ -84,6 +84,11 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
         )
         for label, count in shadow["by"].items():
             lines.append(f"  {count:>5}  {label}")
+        effects = shadow.get("effects") or {}
+        if effects:
+            lines.append("  what else they would have changed (deadlines, delays, flags):")
+            for label, count in effects.items():
+                lines.append(f"  {count:>5}  {label}")
         for stop in shadow["stops"]:
             lines.append(
                 f"  run {str(stop['run_id'])[:12]}: step {stop['step']} "

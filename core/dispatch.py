@@ -1,5 +1,6 @@
 """The typed facade the loop calls hooks through (:class:`Hooks`): call plans read off pluggy,
-verdicts checked and resolved, failing plugins blamed by name (fail closed).
+verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed plugins'
+effects undone (:mod:`loopwarden._shadow`).
 
 Split from :mod:`loopwarden.pluginmanager` (which re-exports :class:`Hooks`): finding and
 loading plugins is there, registering and checking them in :mod:`loopwarden.registry`.
@@ -7,16 +8,18 @@ loading plugins is there, registering and checking them in :mod:`loopwarden.regi
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import traceback
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from loopwarden import hookspecs
+from loopwarden._shadow import MAX_EFFECTS, Change, Snapshot, describe
 from loopwarden.verdicts import (
     EMPTY,
     UNKNOWN_PLUGIN,
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
+    from loopwarden.verdicts import Verdict
 
 __all__ = ["Hooks"]
 
@@ -64,8 +68,9 @@ _HOOK_ARGS: dict[str, tuple[str, ...]] = {
     "after_tool": ("run", "call", "result"),
 }
 
-#: one implementation in a call plan: plugin name, function, argument positions (None: all)
-_Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None"]
+#: one implementation in a call plan: plugin name, function, argument positions (None: all),
+#: whether the plugin is shadowed (its changes to the arguments are undone)
+_Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None", bool]
 
 
 _REDACTOR: list[Any] = []  # the default redactor, built on first use
@@ -132,6 +137,10 @@ class Hooks:
     ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
     plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
     that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
+
+    Shadowed plugins (a facade made by :meth:`shadowing`) are called on both paths with a
+    snapshot of the hook's arguments restored after each call, so nothing they change besides
+    their verdicts reaches the run; what they changed is recorded (``run.shadow_effects``).
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
@@ -140,42 +149,62 @@ class Hooks:
         #: masks secrets in the error texts of failing plugins (records, logs); a deployment
         #: sets its own (which also knows the model's API key)
         self.redact: Callable[[str], str] = _default_redact
-        h = pm.hook
-        self._on_start = h.on_start
-        self._before_model = h.before_model
-        self._after_response = h.after_response
-        self._before_tool = h.before_tool
-        self._after_tool = h.after_tool
-        self._on_stop = h.on_stop
+        self._on_stop = pm.hook.on_stop
         self._owners = _impl_owner_map(pm)
+        #: plugins in shadow mode: what their hooks change in the arguments is undone (and
+        #: recorded); see :meth:`shadowing`
+        self.shadow: frozenset[str] = frozenset()
         self._plans: dict[str, tuple[_Step, ...] | None] = {}
+        #: pluggy's path with shadowed plugins: a caller without them, and their own steps
+        self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
         self._generation = -1
         self._build_plans()
+
+    def shadowing(self, plugins: Iterable[str]) -> Hooks:
+        """A facade over the same plugins in which ``plugins`` are shadowed: each is called
+        with a snapshot of the hook's arguments taken before and restored after (its
+        deadlines, delays, cleared flags, request fields never reach the run), and what it
+        changed is recorded in ``run.shadow_effects`` (:mod:`loopwarden._shadow`).
+
+        The engine of a deployment in shadow mode calls its hooks through one; this facade
+        stays as it is (a replay honours every plugin)."""
+        other = copy.copy(self)
+        other.shadow = frozenset(plugins)
+        other._plans, other._subsets, other._generation = {}, {}, -1
+        other._build_plans()
+        return other
 
     # -- direct dispatch -------------------------------------------------------------------
 
     def _build_plans(self) -> None:
         pm = self._pm
         plans: dict[str, tuple[_Step, ...] | None] = {}
-        for hook, full in _HOOK_ARGS.items():
+        for hook in _HOOK_ARGS:
             impls = getattr(pm.hook, hook).get_hookimpls()
             if any(i.hookwrapper or i.wrapper for i in impls):
                 plans[hook] = None  # wrappers need pluggy's multicall
                 continue
-            plan: list[_Step] = []
-            for impl in reversed(impls):  # pluggy calls the last registered first
-                idx = tuple(full.index(a) for a in impl.argnames)
-                plan.append(
-                    (
-                        impl.plugin_name,
-                        impl.function,
-                        None if idx == tuple(range(len(full))) else idx,
-                    )
-                )
-            plans[hook] = tuple(plan)
+            plans[hook] = self._steps(hook, impls)
         self._plans = plans
+        self._subsets = {}
         self._generation = getattr(pm, "generation", 0)
         self._owners = _impl_owner_map(pm)
+
+    def _steps(self, hook: str, impls: Sequence[Any]) -> tuple[_Step, ...]:
+        """Call steps for ``impls`` (as pluggy lists them), in call order."""
+        full, shadow = _HOOK_ARGS[hook], self.shadow
+        plan: list[_Step] = []
+        for impl in reversed(impls):  # pluggy calls the last registered first
+            idx = tuple(full.index(a) for a in impl.argnames)
+            plan.append(
+                (
+                    impl.plugin_name,
+                    impl.function,
+                    None if idx == tuple(range(len(full))) else idx,
+                    impl.plugin_name in shadow,
+                )
+            )
+        return tuple(plan)
 
     def _plan(self, hook: str) -> tuple[_Step, ...] | None:
         """The direct call plan for ``hook``, or None when pluggy must dispatch."""
@@ -188,7 +217,13 @@ class Hooks:
 
     def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
         results: list[Any] = []
-        for name, fn, idx in plan:
+        overlay: list[Callable[[], None]] = []
+        for name, fn, idx, shadowed in plan:
+            if shadowed:
+                v = self._shadowed(hook, name, fn, idx, args, overlay)
+                if v is not None:
+                    results.append(v)
+                continue
             try:
                 r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
             except Exception as exc:
@@ -204,6 +239,86 @@ class Hooks:
                     r = dataclasses.replace(r, plugin=name)
                 results.append(r)
         return resolve(results) if results else EMPTY
+
+    def _shadowed(
+        self,
+        hook: str,
+        name: str,
+        fn: Callable[..., Any],
+        idx: tuple[int, ...] | None,
+        args: tuple[Any, ...],
+        overlay: list[Callable[[], None]],
+    ) -> Verdict | None:
+        """Call a shadowed plugin's implementation on a snapshot of ``args`` that is restored
+        afterwards; record what it changed.  Its verdict -- or the ``plugin_error`` stop it
+        earned by raising or returning a non-verdict -- is returned for the record (the loop
+        does not honour it), and never keeps the later plugins from being called.
+
+        ``overlay`` holds what the shadowed plugins called before it for this event changed:
+        it sees those changes (retry_policy's spent budget reaches a shadowed repeat_call, as
+        it would when both are enforced), which are undone again after it."""
+        names = _HOOK_ARGS[hook]
+        real = mine = Snapshot(names, args)
+        try:
+            if overlay:
+                for apply in overlay:
+                    apply()
+                mine = Snapshot(names, args)
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name).stop
+            finally:
+                changes = mine.restore()
+                if changes:
+                    overlay.extend(c[3] for c in changes)
+                    self._note_effects(hook, name, args, changes)
+        finally:
+            if mine is not real:
+                real.restore()
+        if r is None:
+            return None
+        if (
+            not isinstance(r, (Warn, Skip, Stop))
+            or _ill_typed(r)
+            or (type(r) is Skip and hook != "before_tool")
+        ):
+            return self._not_a_verdict(hook, r, plugin=name).stop
+        if r.plugin == UNKNOWN_PLUGIN:
+            r = dataclasses.replace(r, plugin=name)
+        return r
+
+    def _note_effects(
+        self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]
+    ) -> None:
+        """Add what a shadowed plugin would have changed to the run's ``shadow_effects``."""
+        run = args[0]
+        effects = getattr(run, "shadow_effects", None)
+        if effects is None:  # a hand-built run object without the records
+            return
+        call = args[1] if hook in ("before_tool", "after_tool") else None
+        for label, before, after, _ in changes:
+            log.debug("shadowed plugin %r would have changed %s in %s", plugin, label, hook)
+            if label == "run.deadline":  # a time on the run's clock: say when, from its start
+                before, after = (
+                    round(t - run.started_at, 6) if isinstance(t, (int, float)) else t
+                    for t in (before, after)
+                )
+            if len(effects) >= MAX_EFFECTS:
+                run.shadow_effects_dropped += 1
+                continue
+            entry: dict[str, Any] = {
+                "step": run.step,
+                "hook": hook,
+                "plugin": plugin,
+                "shadow": True,
+                "effect": label,
+                "value": describe(after),
+                "was": describe(before),
+            }
+            if call is not None:
+                entry["tool"], entry["call_id"] = call.name, call.id
+            effects.append(entry)
 
     def blame(self, exc: BaseException) -> str:
         """The plugin whose hook implementation raised ``exc`` (``<unknown>`` if none)."""
@@ -285,50 +400,64 @@ class Hooks:
                 return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
-    def on_start(self, run: Run) -> Resolution:
-        plan = self._plan("on_start")
+    def _call(self, hook: str, args: tuple[Any, ...]) -> Resolution:
+        plan = self._plan(hook)
         if plan is not None:
-            return self._direct("on_start", plan, (run,))
+            return self._direct(hook, plan, args)
+        caller, shadowed = self._pluggy(hook)
         try:
-            return self._resolve("on_start", self._on_start(run=run))
+            results = caller(**dict(zip(_HOOK_ARGS[hook], args, strict=True)))
         except Exception as exc:
-            return self._failed("on_start", exc)
+            return self._failed(hook, exc)
+        overlay: list[Callable[[], None]] = []
+        for name, fn, idx, _ in shadowed:
+            v = self._shadowed(hook, name, fn, idx, args, overlay)
+            if v is not None:
+                results = [*results, v]
+        return self._resolve(hook, results)
+
+    def _pluggy(self, hook: str) -> tuple[Any, tuple[_Step, ...]]:
+        """pluggy's caller for ``hook`` and the steps of the shadowed plugins it leaves out.
+
+        Shadowed plugins are taken out of pluggy's call (a subset caller: wrappers and
+        monitors still see the hook called, with the others) and called after it, each on a
+        restored snapshot; their wrappers, if any, are not called."""
+        full = getattr(self._pm.hook, hook)
+        if not self.shadow:
+            return full, ()
+        generation = getattr(self._pm, "generation", None)
+        if generation != self._generation or generation is None:
+            self._subsets = {}
+            if generation is not None:
+                self._build_plans()
+        cached = self._subsets.get(hook)
+        if cached is not None:
+            return cached
+        impls = full.get_hookimpls()
+        out = [i for i in impls if i.plugin_name in self.shadow]
+        if not out:
+            cached = (full, ())
+        else:
+            caller = self._pm.subset_hook_caller(hook, remove_plugins=[i.plugin for i in out])
+            steps = self._steps(hook, [i for i in out if not (i.hookwrapper or i.wrapper)])
+            cached = (caller, steps)
+        self._subsets[hook] = cached
+        return cached
+
+    def on_start(self, run: Run) -> Resolution:
+        return self._call("on_start", (run,))
 
     def before_model(self, run: Run, request: ModelRequest) -> Resolution:
-        plan = self._plan("before_model")
-        if plan is not None:
-            return self._direct("before_model", plan, (run, request))
-        try:
-            return self._resolve("before_model", self._before_model(run=run, request=request))
-        except Exception as exc:
-            return self._failed("before_model", exc)
+        return self._call("before_model", (run, request))
 
     def after_response(self, run: Run, response: ModelResponse) -> Resolution:
-        plan = self._plan("after_response")
-        if plan is not None:
-            return self._direct("after_response", plan, (run, response))
-        try:
-            return self._resolve("after_response", self._after_response(run=run, response=response))
-        except Exception as exc:
-            return self._failed("after_response", exc)
+        return self._call("after_response", (run, response))
 
     def before_tool(self, run: Run, call: ToolCall) -> Resolution:
-        plan = self._plan("before_tool")
-        if plan is not None:
-            return self._direct("before_tool", plan, (run, call))
-        try:
-            return self._resolve("before_tool", self._before_tool(run=run, call=call))
-        except Exception as exc:
-            return self._failed("before_tool", exc)
+        return self._call("before_tool", (run, call))
 
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Resolution:
-        plan = self._plan("after_tool")
-        if plan is not None:
-            return self._direct("after_tool", plan, (run, call, result))
-        try:
-            return self._resolve("after_tool", self._after_tool(run=run, call=call, result=result))
-        except Exception as exc:
-            return self._failed("after_tool", exc)
+        return self._call("after_tool", (run, call, result))
 
     def on_stop(self, run: Run, outcome: RunOutcome) -> list[dict[str, str]]:
         """Call every ``on_stop``; return the failures (plugin, error) instead of raising."""

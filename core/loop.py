@@ -76,11 +76,13 @@ class Engine:
     """The loop logic for one deployment (shared by all its runs; holds no run state)."""
 
     def __init__(self, hooks: Hooks, settings: RunConfig, shadow: Collection[str] = ()) -> None:
-        self.hooks = hooks
         self.settings = settings
         self.mode = settings.mode
-        #: plugins in shadow mode: their verdicts are recorded and signalled, never honoured
+        #: plugins in shadow mode: their verdicts are recorded and signalled, never honoured,
+        #: and whatever else their hooks change (a deadline, a delay, a cleared flag) is
+        #: undone and recorded as a shadow effect (see Hooks.shadowing)
         self.shadow = frozenset(shadow)
+        self.hooks = hooks.shadowing(self.shadow) if self.shadow else hooks
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
         #: masks secrets in error texts (the deployment sets one that knows the model's key)

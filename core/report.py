@@ -242,16 +242,29 @@ _SHADOW_LISTED = 20  # would-be stops listed one by one
 
 
 def _shadow(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What shadowed guards would have done: which runs they would have stopped, by what."""
-    shadowed = [r for r in records if r.get("mode") == "shadow" or r.get("shadow_stop")]
+    """What shadowed guards would have done: which runs they would have stopped, by what,
+    and what else they would have changed (``shadow_effects``: a call's timeout or delay, the
+    run's deadline, a spent retry), counted by plugin and effect."""
+    shadowed = [
+        r
+        for r in records
+        if r.get("mode") == "shadow" or r.get("shadow_stop") or r.get("shadow_effects")
+    ]
     would = [r for r in shadowed if isinstance(r.get("shadow_stop"), dict)]
     by: Counter[str] = Counter(
         f"{r['shadow_stop'].get('plugin')}: {r['shadow_stop'].get('reason')}" for r in would
     )
+    effects: Counter[str] = Counter()
+    for r in shadowed:
+        listed = r.get("shadow_effects")
+        for e in listed if isinstance(listed, list) else ():
+            if isinstance(e, Mapping):
+                effects[f"{e.get('plugin')}: {e.get('effect')}"] += 1
     return {
         "runs": len(shadowed),
         "would_stop": len(would),
         "by": dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "effects": dict(sorted(effects.items(), key=lambda kv: (-kv[1], kv[0]))),
         "stops": [
             {
                 "run_id": r.get("run_id"),

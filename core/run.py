@@ -176,6 +176,12 @@ class Run:
         self.stopping: Stop | None = None  # the Stop verdict being honoured, if any
         #: the stop a shadowed plugin would have made first (shadow mode), else None
         self.shadow_stop: dict[str, Any] | None = None
+        #: what shadowed plugins would have changed besides their verdicts (a call's timeout
+        #: or delay, the run's deadline, a result's retryable flag), undone by the dispatcher:
+        #: ``step``, ``hook``, ``plugin``, ``shadow``, ``effect``, ``value``, ``was`` (and
+        #: ``tool``, ``call_id``); at most ``loopwarden._shadow.MAX_EFFECTS``, the rest counted
+        self.shadow_effects: list[dict[str, Any]] = []
+        self.shadow_effects_dropped = 0
         #: the time on ``clock`` by which the run must have ended (set in ``on_start`` by the
         #: timeout plugin: its limit plus grace).  A watchdog ends a run still going shortly
         #: after it -- outcome ``timeout``, record written -- even while a hook, a tool or a
@@ -277,6 +283,8 @@ class Run:
             "verdicts": list(self.verdicts),
             "mode": self.mode,
             "shadow_stop": _jsonable(self.shadow_stop),
+            "shadow_effects": _jsonable(self.shadow_effects),
+            "shadow_effects_dropped": self.shadow_effects_dropped,
             "meta": _jsonable(self.meta),
             "conversation_id": self.conversation.id,
         }

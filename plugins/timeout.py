@@ -15,6 +15,10 @@
 * ``before_model`` refuses a model call once the time is up, and gives every call at most the
   time left (``request.timeout``; a final turn: up to the end of the grace period).  A call
   that overruns it is abandoned and the run ends ``timeout``.
+* ``after_response`` and ``after_tool`` also stop a call that took longer than the time this
+  plugin gave it although nothing cut it -- the plugin is shadowed (its deadlines are undone:
+  see shadow mode in docs/real-traffic.md), or a synchronous model does not bound itself -- so
+  a shadow run records the timeout it would have had.
 
 A watchdog backs these checks up: past ``max_seconds + grace_s`` (``run.deadline``) a run still
 going -- stuck in a hook, or in a tool or model call that cannot be abandoned -- is ended with
@@ -45,6 +49,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden._deadline import DEADLINE_SLACK_S
 from loopwarden.notes import render_note, runtime, tool_name
 from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
@@ -114,6 +119,14 @@ class _State:
     warned: bool = False
     #: the call whose timeout is the run's time left (its overrun means the time is up)
     run_bound: ToolCall | None = None
+    #: the last call given a deadline, and the deadline given (seconds)
+    call: ToolCall | None = None
+    call_timeout: float | None = None
+    #: the model call under way: when it was asked (run clock), the time it was given, and
+    #: whether it is a final turn
+    model_asked: float | None = None
+    model_timeout: float | None = None
+    model_final: bool = False
 
 
 class Timeout(Plugin[TimeoutSettings]):
@@ -171,7 +184,9 @@ class Timeout(Plugin[TimeoutSettings]):
             source=f"profile {run.limits.name}" if run.limits.max_seconds else "plugins.timeout",
         )
         if call is not None:
-            evidence.update(tool=call.name, tool_timeout_s=call.timeout, step=call.step)
+            st: _State = self.state(run)
+            given = st.call_timeout if st.call is call else call.timeout
+            evidence.update(tool=call.name, tool_timeout_s=given, step=call.step)
         if result is not None:
             evidence.update(tool_error=result.error, tool_duration_s=round(result.duration_s, 3))
         return self.stop(
@@ -193,11 +208,13 @@ class Timeout(Plugin[TimeoutSettings]):
         limit, elapsed = self.limit(run), run.elapsed
         # the call itself may take no more than the time left (a final turn: the grace too)
         left = limit + (s.grace_s if request.final else 0.0) - elapsed
+        st: _State = self.state(run)
+        st.model_asked, st.model_timeout, st.model_final = None, None, request.final
         if left > 0:
             request.timeout = left if request.timeout is None else min(request.timeout, left)
+            st.model_asked, st.model_timeout = run.clock.now(), request.timeout
         if elapsed >= limit:
             return self._stop(run, final=request.final)
-        st: _State = self.state(run)
         if s.warn_at is not None and not st.warned and elapsed >= limit * s.warn_at:
             st.warned = True
             return self.warn(
@@ -209,6 +226,20 @@ class Timeout(Plugin[TimeoutSettings]):
                 threshold=s.warn_at,
             )
         return None
+
+    @hookimpl
+    def after_response(self, run: Run) -> Verdict | None:
+        # A model call that took longer than the time it was given: cut in an enforced run
+        # (the driver abandons it, and the run ends), so this answers only when nothing cut
+        # it -- the plugin shadowed, or a synchronous model that does not bound itself.
+        st: _State = self.state(run)
+        asked, given = st.model_asked, st.model_timeout
+        st.model_asked = st.model_timeout = None
+        if asked is None or given is None:
+            return None
+        if run.clock.now() - asked <= given + DEADLINE_SLACK_S:
+            return None
+        return self._stop(run, final=st.model_final)
 
     @hookimpl
     def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
@@ -223,6 +254,7 @@ class Timeout(Plugin[TimeoutSettings]):
         else:
             call.timeout = min(bounds)
             st.run_bound = None
+        st.call, st.call_timeout = call, call.timeout
         return None
 
     @hookimpl
@@ -230,9 +262,14 @@ class Timeout(Plugin[TimeoutSettings]):
         if result.skipped:
             return None
         st: _State = self.state(run)
-        overran = result.error == "timeout"
+        # an overrun: cut at the deadline, or (nothing cut it: the plugin is shadowed) a
+        # call that took longer than the deadline this plugin gave it
+        given = st.call_timeout if st.call is call else None
+        overran = result.error == "timeout" or (given is not None and result.duration_s > given)
         time_up = run.elapsed >= self.limit(run) or (overran and st.run_bound is call)
         st.run_bound = None
+        stop = None
         if time_up or (overran and self.settings.stop_on_tool_timeout):
-            return self._stop(run, call=call, result=result)
-        return None
+            stop = self._stop(run, call=call, result=result)
+        st.call = st.call_timeout = None
+        return stop
