@@ -13,8 +13,10 @@ default shipped inside the package.
 
 from __future__ import annotations
 
+import difflib
 import sys
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -385,13 +387,56 @@ def _describe(err: Mapping[str, Any]) -> tuple[str, str]:
     return loc, msg
 
 
-def validation_error(exc: ValidationError, *, path: str | None, prefix: str = "") -> ConfigError:
-    """Turn pydantic's error into a ConfigError naming the first bad key."""
-    errors = exc.errors()
-    loc, msg = _describe(errors[0])
-    key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return ConfigError(msg + more, path=path, key=key or None)
+def _known_keys(model: type[BaseModel] | None, loc: Sequence[Any]) -> list[str]:
+    """The keys the table at ``loc`` (the bad key's parents) accepts, when ``model`` says."""
+    current: Any = model
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        current = field.annotation
+        args = [a for a in typing.get_args(current) if isinstance(a, type)]
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) and args:
+            models = [a for a in args if issubclass(a, BaseModel)]
+            current = models[0] if len(models) == 1 else None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def validation_error(
+    exc: ValidationError,
+    *,
+    path: str | None,
+    prefix: str = "",
+    model: type[BaseModel] | None = None,
+) -> ConfigError:
+    """Turn pydantic's error into a ConfigError naming the first bad key, and listing every
+    other problem after it.  An unknown key gets a "did you mean" from the keys its table
+    accepts (``model``: the validated model, for its field names)."""
+    problems: list[tuple[str, str]] = []
+    for err in exc.errors():
+        loc, msg = _describe(err)
+        if err.get("type") == "extra_forbidden":
+            parts = err.get("loc", ())
+            close = difflib.get_close_matches(
+                str(parts[-1]) if parts else "", _known_keys(model, parts[:-1]), n=1
+            )
+            if close:
+                msg += f" (did you mean {close[0]!r}?)"
+        key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        problems.append((key, msg))
+    key, msg = problems[0]
+    if len(problems) > 1:
+        where = path or "the config"
+        msg += (
+            "; and "
+            + "; ".join(f"{k}: {m}" if k else m for k, m in problems[1:])
+            + f" ({len(problems)} problems in {where})"
+        )
+    return ConfigError(msg, path=path, key=key or None)
 
 
 def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
@@ -399,7 +444,7 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
     try:
         cfg = Config.model_validate(dict(data))
     except ValidationError as exc:
-        raise validation_error(exc, path=path) from None
+        raise validation_error(exc, path=path, model=Config) from None
     for name, table in cfg.plugins.tables().items():
         if not isinstance(table, dict):
             raise ConfigError(

@@ -269,7 +269,7 @@ def _validate_settings(
     try:
         return model.model_validate(dict(table))
     except ValidationError as exc:
-        raise validation_error(exc, path=cfg_path, prefix=f"plugins.{name}") from None
+        raise validation_error(exc, path=cfg_path, prefix=f"plugins.{name}", model=model) from None
     except Exception as exc:  # a validator raising TypeError, KeyError, ... (not wrapped)
         raise ConfigError(
             f"the plugin's settings validator failed: {_describe_exc(exc)}",

@@ -25,6 +25,7 @@ tools the deployment does not have, ``read_only`` / ``deterministic`` / ``side_e
 
 from __future__ import annotations
 
+import difflib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -133,8 +134,21 @@ def builtin_scenarios() -> list[Path]:
 
 
 def scenario_path(name_or_path: str) -> Path:
-    """A path as given, or the built-in scenario of that name."""
+    """A path as given, or the built-in scenario of that name.
+
+    A name that is neither a file nor a built-in scenario is a :class:`ScenarioError` that
+    lists the built-in scenarios and suggests the closest name (not the package's path).
+    """
     p = Path(name_or_path)
-    if p.exists() or p.suffix == ".toml" or "/" in name_or_path:
+    if p.exists() or p.suffix == ".toml" or "/" in name_or_path or "\\" in name_or_path:
         return p
-    return scenarios_dir() / f"{name_or_path}.toml"
+    builtin = scenarios_dir() / f"{name_or_path}.toml"
+    if builtin.is_file():
+        return builtin
+    names = sorted(f.stem for f in scenarios_dir().glob("*.toml"))
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ScenarioError(
+        f"no scenario {name_or_path!r}: {hint}built-in scenarios: {', '.join(names)} "
+        "(or give the path of a scenario file, e.g. ./my-scenario.toml)"
+    )

@@ -91,6 +91,12 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"store": redact_url(shared.url), "counters": rows}, ensure_ascii=False))
         return 0
     print(f"store: {redact_url(shared.url)}")
+    if "spend_limits" not in config.plugins.enabled:
+        where = config.path or "the config"
+        print(
+            f"spend_limits is not enabled in {where}: nothing counts spend per scope. Add it "
+            "to [plugins] enabled and set [plugins.spend_limits] budgets (docs/shared-budgets.md)."
+        )
     if not rows:
         print("(no spend recorded)")
         return 0

@@ -60,6 +60,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if not path.is_file():
         print(f"loopwarden report: no such file: {path}", file=sys.stderr)
+        if args.file is None:
+            print(
+                "  Runs write their records there when the run_record plugin is enabled (it is "
+                "in the shipped config.toml's [plugins] enabled; [plugins.run_record] path "
+                "moves the file); try `loopwarden demo` or `loopwarden run --scenario refund`, "
+                "or pass a records file: loopwarden report FILE.",
+                file=sys.stderr,
+            )
         return 2
     try:
         loaded = load_records(path)
