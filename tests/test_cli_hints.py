@@ -71,3 +71,18 @@ def test_budgets_says_when_spend_limits_is_off(
     config.write_text('[plugins]\nenabled = ["max_steps"]\n', encoding="utf-8")
     assert _cli(["budgets", "--config", str(config)]) == 0
     assert "spend_limits is not enabled" in capsys.readouterr().out
+
+
+def test_run_says_which_calls_the_ledger_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second `run --scenario refund` differs from the first (the refund is not executed
+    again): its text output says so, and why."""
+    monkeypatch.setenv("LOOPWARDEN_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert _cli(["run", "--scenario", "refund"]) == 0
+    assert "side-effect ledger" not in capsys.readouterr().out
+    assert _cli(["run", "--scenario", "refund"]) == 0
+    out = capsys.readouterr().out
+    assert "not executed at step" in out and "apply_refund" in out
+    assert "answered from the side-effect ledger (another run, state done)" in out

@@ -162,6 +162,18 @@ def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
         lines.append(f"warning at step {w['step']} from {one(w['plugin'])}: {one(w['message'])}")
     if record.get("evidence"):
         lines.append(f"evidence: {json.dumps(record['evidence'], ensure_ascii=False)}")
+    for a in record.get("ledger_answers") or ():
+        # a repeated run differs from the first: say which calls a record answered, and why
+        where = "another run" if a.get("source") == "shared" else "earlier in this run"
+        lines.append(
+            f"not executed at step {a['step']}: {one(str(a['tool']))} -- answered from the "
+            f"side-effect ledger ({where}, state {one(str(a['state']))}): {one(str(a['why']))}"
+        )
+    for r in record.get("tool_retries") or ():
+        lines.append(
+            f"retried at step {r['step']}: {one(str(r['tool']))} took {r['attempts']} attempts "
+            f"({', '.join(map(str, r['errors']))}), waited {r['waited_s']:g} s"
+        )
     lines.append("")
     lines.append(str(record["final_answer"] or "(no answer)"))
     print("\n".join(lines), file=out or sys.stdout)
