@@ -420,7 +420,8 @@ def test_cli_replay_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "skipped 1 unreadable line" in err
     code = main(["replay", str(path), "--summary", "--config", str(conf)])
     out, _ = capsys.readouterr()
-    assert code == 0 and "step_cap_runs_stopped_pct" in out and "steps  " not in out
+    assert code == 0 and "step cap reached             1/1 (100.0%)" in out
+    assert "unreadable lines 1" in out and "steps  " not in out
 
 
 def test_cli_replay_missing_file_exits_2(
@@ -913,6 +914,10 @@ def test_cli_replay_reads_gzip_and_several_files_and_reports_per_source(
     out = capsys.readouterr().out
     assert "trajectories" in out and "identical repeats 5+ stopped" not in out
     assert "by_source" not in out
+    # for people: labelled sections, no raw keys (the JSON keeps them)
+    assert "Successful runs -- the guards should leave these alone" in out
+    assert "Runaway runs -- the guards should stop these" in out
+    assert "successful_stopped_with_work_left" not in out and "_pct" not in out
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "not gzip"])

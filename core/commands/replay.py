@@ -87,12 +87,163 @@ def _count(text: str) -> int:
     return value
 
 
+def _counts(value: Any) -> str:
+    """``{"repeat_call": 6, "failure_streak": 3}`` as ``repeat_call 6, failure_streak 3``."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+#: the summary for people: (section, [(label, how the figure reads from the summary)]); the
+#: JSON (``--json``) keeps every key as it is
+_SUMMARY_SECTIONS: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    (
+        "Successful runs -- the guards should leave these alone",
+        (
+            ("runs", lambda s: str(s["successful"])),
+            (
+                "stopped with work left",
+                lambda s: (
+                    _ratio(s["successful_stopped_with_work_left"], s["successful"])
+                    + f"   by {_counts(s['successful_stopped_with_work_left_by_reason'])}"
+                ),
+            ),
+            (
+                "stopped early, any reason",
+                lambda s: (
+                    _ratio(s["successful_stopped_early"], s["successful"])
+                    + f"   by {_counts(s['early_stops_of_successful_by_reason'])}"
+                ),
+            ),
+            (
+                "  of them by loop detectors",
+                lambda s: str(s["successful_stopped_early_by_detectors"]),
+            ),
+            (
+                "  only the closing text left",
+                lambda s: str(s["successful_stopped_closing_text_only"]),
+            ),
+            ("  at a hand-off", lambda s: str(s["successful_stopped_at_hand_off"])),
+            ("stopped at their end", lambda s: str(s["successful_stopped_at_end"])),
+            (
+                "warned",
+                lambda s: (
+                    _ratio(s["successful_warned"], s["successful"])
+                    + f"   by {_counts(s['successful_warned_by_plugin'])}"
+                ),
+            ),
+        ),
+    ),
+    (
+        "Runaway runs -- the guards should stop these",
+        (
+            (
+                "stopped",
+                lambda s: (
+                    _ratio(s["runaway_runs_stopped"], s["runaway_runs"])
+                    + f"   by {_counts(s['runaway_stops_by_reason'])}"
+                ),
+            ),
+            ("  of them successful anyway", lambda s: str(s["runaway_runs_successful"])),
+            ("step cap reached", lambda s: _ratio(s["step_cap_runs_stopped"], s["step_cap_runs"])),
+            ("repeating a call", lambda s: _ratio(s["repeat_runs_stopped"], s["repeat_runs"])),
+            (
+                "identical call 5+ times",
+                lambda s: _ratio(s["identical_repeat_runs_stopped"], s["identical_repeat_runs"]),
+            ),
+            ("missed", lambda s: ", ".join(s["runaway_runs_missed"]) or "-"),
+        ),
+    ),
+    (
+        "All runs",
+        (
+            (
+                "runs without an answer stopped",
+                lambda s: _ratio(s["runs_without_answer_stopped"], s["runs_without_answer"]),
+            ),
+            ("stops", lambda s: _counts(s["stops_by_reason"])),
+            ("steps saved", lambda s: f"{s['steps_saved']:,}"),
+            ("recorded tokens saved", lambda s: f"{s['recorded_tokens_saved']:,}"),
+        ),
+    ),
+)
+
+
 def print_summary(summary: dict[str, Any]) -> None:
-    """The summary as aligned ``key  value`` lines."""
-    width = max(len(k) for k in summary)
-    for k, v in summary.items():
-        text = json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
-        print(f"{k:<{width}}  {escape_controls(text)}")
+    """The summary for people: what was replayed, then the successful runs (the guards should
+    leave them alone), the runaways (they should stop them) and all runs, as labelled lines
+    ("a/b (p%)" = a of b).  Figures this layout does not know are listed at the end as they
+    are; ``--json`` prints every key."""
+    s = summary
+    shown: set[str] = set()
+    setup = [
+        f"{s.get('trajectories', 0)} trajectories replayed in {s.get('seconds', 0)} s",
+        f"unreadable lines {s.get('unreadable_lines', 0)}",
+        f"profile {s.get('profile') or '-'}",
+        f"system prompt tokens {s.get('system_prompt_tokens') or '-'}",
+    ]
+    if s.get("carry_state"):
+        setup.append(f"carried state {_counts(s['carry_state'])}")
+    print(escape_controls(", ".join(setup)))
+    shown |= {"trajectories", "seconds", "unreadable_lines", "profile", "system_prompt_tokens"}
+    shown.add("carry_state")
+    for title, rows in _SUMMARY_SECTIONS:
+        lines: list[tuple[str, str]] = []
+        for label, figure in rows:
+            try:
+                lines.append((label, figure(s)))
+            except (KeyError, TypeError):  # a figure this summary lacks: left out
+                continue
+        if not lines:
+            continue
+        print(f"\n{title}")
+        width = max(len(label) for label, _ in lines)
+        for label, text in lines:
+            print(f"  {label:<{width}}  {escape_controls(text)}")
+    known = {
+        "successful",
+        "successful_stopped_with_work_left",
+        "successful_stopped_with_work_left_pct",
+        "successful_stopped_with_work_left_by_reason",
+        "successful_stopped_early",
+        "successful_stopped_early_pct",
+        "early_stops_of_successful_by_reason",
+        "successful_stopped_early_by_detectors",
+        "successful_stopped_early_by_detectors_pct",
+        "successful_stopped_closing_text_only",
+        "successful_stopped_at_hand_off",
+        "successful_stopped_at_end",
+        "successful_warned",
+        "successful_warned_pct",
+        "successful_warned_by_plugin",
+        "runaway_runs",
+        "runaway_runs_stopped",
+        "runaway_runs_stopped_pct",
+        "runaway_stops_by_reason",
+        "runaway_runs_successful",
+        "step_cap_runs",
+        "step_cap_runs_stopped",
+        "step_cap_runs_stopped_pct",
+        "repeat_runs",
+        "repeat_runs_stopped",
+        "identical_repeat_runs",
+        "identical_repeat_runs_stopped",
+        "identical_repeat_runs_stopped_pct",
+        "runaway_runs_missed",
+        "runs_without_answer",
+        "runs_without_answer_stopped",
+        "runs_without_answer_stopped_pct",
+        "stops_by_reason",
+        "steps_saved",
+        "recorded_tokens_saved",
+    }
+    rest = {k: v for k, v in s.items() if k not in shown | known}
+    if rest:
+        print("\nOther figures")
+        width = max(len(k) for k in rest)
+        for k, v in rest.items():
+            text = json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
+            print(f"  {k:<{width}}  {escape_controls(text)}")
 
 
 def _ratio(part: int, whole: int) -> str:
