@@ -183,6 +183,7 @@ from importlib import metadata
 from typing import Any
 
 import pytest
+from loopwarden import ConfigError
 from loopwarden.testing import (
     call_hook,
     make_tool,
@@ -243,7 +244,8 @@ def test_a_matching_result_warns() -> None:
 
 
 def test_a_bad_pattern_fails_when_the_config_loads() -> None:
-    with pytest.raises(Exception, match="bad regular expression"):
+    expected = r"plugins\\.__NAME__\\.patterns: .*bad regular expression"
+    with pytest.raises(ConfigError, match=expected):
         call_hook(__CLASS__, "before_tool", settings={"patterns": ["("]}, call=make_tool_call("x"))
 
 
