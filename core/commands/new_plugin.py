@@ -53,6 +53,7 @@ __PACKAGE__ = ["py.typed"]
 
 [tool.ruff]
 line-length = 100
+extend-exclude = [".typecheck"]  # a wheel-layout copy of loopwarden for mypy (README)
 
 [tool.ruff.lint]
 select = ["E", "F", "I", "UP", "B"]
