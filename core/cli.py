@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
     "config": ("loopwarden.commands.config", "check a config file, or print its JSON Schema"),
     "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
+    "new-plugin": (
+        "loopwarden.commands.new_plugin",
+        "write a plugin package to start from: settings, hooks, entry point, tests, README",
+    ),
     "budgets": (
         "loopwarden.commands.budgets",
         "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`",
