@@ -86,10 +86,50 @@ def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | 
         except ValueError:
             yield lineno, None
             continue
+        obj = from_run_record(obj)
         if not _well_formed(obj):
             yield lineno, None
             continue
         yield lineno, obj
+
+
+def is_run_record(obj: Any) -> bool:
+    """A line of ``runs.jsonl`` (the run_record plugin's file), not a trajectory."""
+    return isinstance(obj, dict) and "run_id" in obj and "termination" in obj
+
+
+def from_run_record(obj: Any) -> Any:
+    """A run record written with ``[plugins.run_record] trajectory = true`` as a trajectory
+    (``source`` ``run_record``, its run id, success unknown); anything else as it is.  A
+    record without its trajectory stays unreadable: it holds no steps to replay."""
+    if not is_run_record(obj) or not isinstance(obj.get("trajectory"), list):
+        return obj
+    return {
+        "source": "run_record",
+        "id": str(obj["run_id"]),
+        "success": None,
+        "steps": obj["trajectory"],
+        "final_answer_present": bool(obj.get("final_answer_present")),
+    }
+
+
+def run_records_without_trajectory(path: str | Path, limit: int = 5) -> bool:
+    """Whether the first readable lines of ``path`` are run records without a trajectory (so
+    the command can say how to record trajectories instead of "unreadable")."""
+    seen = 0
+    for line in read_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = loads_strict(line)
+        except ValueError:
+            return False
+        if is_run_record(obj) and not isinstance(obj.get("trajectory"), list):
+            return True
+        seen += 1
+        if seen >= limit:
+            return False
+    return False
 
 
 def _well_formed(obj: Any) -> bool:

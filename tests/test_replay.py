@@ -940,3 +940,44 @@ def test_cli_replay_a_corrupt_gzip_file_is_a_clear_error(
     _, err = capsys.readouterr()
     assert code == 2
     assert "runs.jsonl.gz" in err and "gzip" in err and "Traceback" not in err
+
+
+def _records(tmp_path: Path, trajectory: bool) -> Path:
+    """run_record's own file, written by real runs of the demo scenarios."""
+    path = tmp_path / ("with.jsonl" if trajectory else "without.jsonl")
+    conf = parse_config(
+        {
+            "plugins": {
+                "enabled": ["max_steps", "run_record"],
+                "run_record": {"path": str(path), "trajectory": trajectory},
+            }
+        },
+        path="<test>",
+    )
+    with Deployment(conf) as dep:
+        for name in ("refund", "retry-storm", "oscillation"):
+            dep.run(scenario=name)
+    return path
+
+
+def test_replay_reads_run_records_written_with_their_trajectories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _records(tmp_path, trajectory=True)
+    conf = _probe_config(tmp_path)
+    assert main(["replay", str(path), "--json", "--summary", "--config", str(conf)]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["trajectories"] == 3 and summary["unreadable_lines"] == 0
+    assert "unreadable" not in err
+
+
+def test_replay_of_run_records_without_trajectories_says_how_to_record_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _records(tmp_path, trajectory=False)
+    conf = _probe_config(tmp_path)
+    assert main(["replay", str(path), "--summary", "--config", str(conf)]) == 2
+    err = capsys.readouterr().err
+    assert "skipped 3 unreadable line(s)" in err
+    assert "trajectory = true" in err

@@ -355,4 +355,16 @@ def main(args: argparse.Namespace) -> int:
             print_by_source(by_source)
     if bad:
         print(f"loopwarden replay: skipped {bad} unreadable line(s)", file=sys.stderr)
+        from loopwarden._trajectory import run_records_without_trajectory
+
+        for f in args.file:
+            if run_records_without_trajectory(f):
+                print(
+                    f"loopwarden replay: {f} holds run records without their trajectories; "
+                    "set [plugins.run_record] trajectory = true to record them (replay reads "
+                    "such records), or give a trajectory file (docs/contracts.md)",
+                    file=sys.stderr,
+                )
+        if not summary.get("trajectories"):
+            return 2  # nothing in the input could be replayed: bad input, not a result
     return 0
