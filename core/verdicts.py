@@ -32,13 +32,18 @@ UNKNOWN_PLUGIN = "<unknown>"
 class Warn:
     """Inject ``message`` into the next model request; the run goes on."""
 
+    #: the warning injected into the next model request
     message: str
+    #: the plugin that gave the verdict (filled in by the dispatcher when left out)
     plugin: str = UNKNOWN_PLUGIN
+    #: what the plugin saw: recorded in the run record and sent with the signal
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: the verdict's kind, for ``match`` and records
     kind: Literal["warn"] = "warn"
 
     @property
     def severity(self) -> str:
+        """``"warn"`` (for alerts and logs)."""
         return "warn"
 
 
@@ -49,14 +54,20 @@ class Skip:
     ``message`` (optional) is also injected as a warning into the next request.
     """
 
+    #: what the model gets instead of the tool's result
     observation: str
+    #: the plugin that gave the verdict (filled in by the dispatcher when left out)
     plugin: str = UNKNOWN_PLUGIN
+    #: also injected as a warning into the next model request, when given
     message: str | None = None
+    #: what the plugin saw: recorded in the run record and sent with the signal
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: the verdict's kind, for ``match`` and records
     kind: Literal["skip"] = "skip"
 
     @property
     def severity(self) -> str:
+        """``"warn"`` (for alerts and logs)."""
         return "warn"
 
 
@@ -69,16 +80,26 @@ class Stop:
     ``answer`` (optional) is the run's final answer, e.g. a terminal tool's hand-off message.
     """
 
+    #: the stop reason: the run record's ``termination``
     reason: str
+    #: the plugin that gave the verdict (filled in by the dispatcher when left out)
     plugin: str = UNKNOWN_PLUGIN
+    #: True: one last tool-less model turn to wrap up; False: the run ends at once
     soft: bool = False
+    #: hard stop: for logs and alerts only, never shown to the user or the model; soft stop:
+    #: put before the wrap-up instruction of the final turn
     message: str | None = None
+    #: what the plugin saw: recorded in the run record and sent with the signal
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: the user's answer on a hard stop, from any hook (replaces the best-effort answer); ignored
+    #: by a soft stop
     answer: str | None = None
+    #: the verdict's kind, for ``match`` and records
     kind: Literal["stop"] = "stop"
 
     @property
     def severity(self) -> str:
+        """``"soft_stop"`` or ``"hard_stop"`` (for alerts and logs)."""
         return "soft_stop" if self.soft else "hard_stop"
 
 
