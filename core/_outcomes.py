@@ -33,14 +33,21 @@ def best_effort(settings: RunConfig, run: Run) -> str:
 
 
 def hard(
-    settings: RunConfig, run: Run, stop: Stop, extra: dict[str, Any] | None = None
+    settings: RunConfig,
+    run: Run,
+    stop: Stop,
+    extra: dict[str, Any] | None = None,
+    *,
+    normal: bool = False,
 ) -> RunOutcome:
-    """A hard stop: the stop's own answer, else the best effort."""
+    """A hard stop: the stop's own answer, else the best effort.  The answer counts as
+    present only from a plugin whose stops are ``normal`` endings (a terminal tool's
+    hand-off): a guard's substitute answer is not the model's (docs/contracts.md)."""
     evidence = dict(stop.evidence)
     if extra:
         evidence.update(extra)
     if stop.answer is not None:
-        answer, present = stop.answer, True
+        answer, present = stop.answer, normal
     else:
         answer, present = best_effort(settings, run), False
     return RunOutcome(
@@ -54,8 +61,9 @@ def hard(
     )
 
 
-def vetoed(settings: RunConfig, run: Run, stop: Stop) -> RunOutcome:
-    """A hard stop on an answer: the model's text is withheld, here and in later turns."""
+def vetoed(settings: RunConfig, run: Run, stop: Stop, *, normal: bool = False) -> RunOutcome:
+    """A hard stop on an answer: the model's text is withheld, here and in later turns; the
+    stop's ``answer`` (present only from a ``normal`` ending), else the fallback."""
     evidence = dict(stop.evidence)
     if run.stopping is not None:
         evidence.setdefault("after_stop", run.stopping.reason)
@@ -69,7 +77,7 @@ def vetoed(settings: RunConfig, run: Run, stop: Stop) -> RunOutcome:
         stopped_by=stop.plugin,
         evidence=evidence,
         final_answer=stop.answer if stop.answer is not None else settings.fallback_answer,
-        final_answer_present=stop.answer is not None,
+        final_answer_present=stop.answer is not None and normal,
         message=stop.message,
     )
 

@@ -86,8 +86,11 @@ def make_deployment(
 class VerdictRecord:
     """A verdict as the loop recorded it: at which step, from which hook."""
 
+    #: the model turn the verdict was given at
     step: int
+    #: the hook that returned it
     hook: str
+    #: the verdict itself
     verdict: Verdict
 
 
@@ -101,12 +104,19 @@ class PluginRun:
     got); ``deployment`` the (closed) deployment, e.g. for ``deployment.plugins.describe()``.
     """
 
+    #: the plugin object as registered
     plugin: Any
+    #: its name
     name: str
+    #: the finished run
     run: Run
+    #: a recorder of every hook call of the run
     hooks: HookRecorder
+    #: a recorder of every signal of the run
     signals: SignalRecorder
+    #: the scripted model (``model.requests``: the requests it got)
     model: ScriptedModel
+    #: the (closed) deployment, e.g. for ``deployment.plugins.describe()``
     deployment: Deployment
     _tmp: Any = dataclasses.field(default=None, repr=False)
 
@@ -117,12 +127,14 @@ class PluginRun:
 
     @property
     def outcome(self) -> RunOutcome:
+        """How the run ended."""
         if self.run.outcome is None:  # pragma: no cover - run_plugin returns finished runs
             raise RuntimeError("the run has not finished")
         return self.run.outcome
 
     @property
     def termination(self) -> str:
+        """The outcome's stop reason."""
         return self.outcome.termination
 
     @property

@@ -174,6 +174,13 @@ class Hooks:
         other._build_plans()
         return other
 
+    def ends_runs_normally(self, plugin: str) -> bool:
+        """Whether ``plugin``'s stops are normal endings (``Plugin.ends_runs_normally``, e.g.
+        ``terminal_tool``'s hand-off): only such a stop's ``answer=`` counts as a final answer
+        present (docs/contracts.md, ``final_answer_present``)."""
+        obj = self._pm.get_plugin(plugin)
+        return bool(getattr(obj, "ends_runs_normally", False))
+
     # -- direct dispatch -------------------------------------------------------------------
 
     def _build_plans(self) -> None:

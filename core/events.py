@@ -30,20 +30,26 @@ __all__ = [
 class Usage:
     """Token usage of one model call (or a run's total)."""
 
+    #: prompt (input) tokens billed
     prompt: int = 0
+    #: completion (output) tokens billed
     completion: int = 0
+    #: prompt tokens served from the provider's cache (part of ``prompt``)
     cached: int = 0
 
     @property
     def total(self) -> int:
+        """``prompt + completion``."""
         return self.prompt + self.completion
 
     def add(self, other: Usage) -> None:
+        """Add another call's usage to this one (a run's total)."""
         self.prompt += other.prompt
         self.completion += other.completion
         self.cached += other.cached
 
     def as_dict(self) -> dict[str, int]:
+        """``prompt``, ``completion`` and ``total``, as the run record has them."""
         return {"prompt": self.prompt, "completion": self.completion, "total": self.total}
 
 
@@ -61,15 +67,26 @@ class ModelRequest:
     give up on a call in flight when the run is cancelled.
     """
 
+    #: the conversation in OpenAI chat format, notes included
     messages: list[dict[str, Any]]
+    #: the tool schemas offered to the model (empty on a final, tool-less turn)
     tools: list[dict[str, Any]]
+    #: ``"none"`` on the soft stop's wrap-up turn, else ``"auto"``
     tool_choice: Literal["auto", "none"] = "auto"
+    #: the model turn this request starts (1-based)
     step: int = 1
+    #: the guard warnings injected into this request (also in ``messages``)
     notes: list[str] = field(default_factory=list)
+    #: True on the tool-less wrap-up turn of a soft stop
     final: bool = False
+    #: the project's estimate of the prompt size
     estimated_tokens: int = 0
+    #: the cap on output tokens per call (``[model] max_output_tokens``); a plugin may lower it
     max_output_tokens: int | None = None
+    #: the most this call may take, in seconds (None: only the model's own ``timeout_s``); a
+    #: plugin may lower it
     timeout: float | None = None
+    #: the run's cancel token, for a model client to give up on a call in flight
     cancel: CancelToken | None = field(default=None, repr=False, compare=False)
 
 
@@ -77,8 +94,11 @@ class ModelRequest:
 class ProposedCall:
     """A tool call as the model proposed it: arguments are raw, untrusted JSON text."""
 
+    #: the tool name the model wrote
     name: str
+    #: the arguments as raw, untrusted JSON text
     arguments: str
+    #: the provider's call id
     id: str = ""
 
 
@@ -91,11 +111,18 @@ class ModelResponse:
     ``before_tool`` and ``after_tool`` receive next.  It is empty on a final, tool-less turn.
     """
 
+    #: the model's text (None when it only proposed calls)
     content: str | None = None
+    #: the calls as the model proposed them (raw JSON arguments)
     tool_calls: list[ProposedCall] = field(default_factory=list)
+    #: tokens billed for this call, when the provider said
     usage: Usage | None = None
+    #: the provider's finish reason (``stop``, ``tool_calls``, ``length``, ...)
     finish_reason: str | None = None
+    #: the model that answered, when the provider named it
     model: str | None = None
+    #: the proposals parsed into ToolCall objects, filled in by the loop before
+    #: ``after_response``; empty on a final turn
     calls: list[ToolCall] = field(default_factory=list)
 
 
@@ -126,10 +153,15 @@ class RetryPlan:
     ``timeout``: a retry that could not finish in time is not started.
     """
 
+    #: executions at most, the first included
     attempts: int
+    #: the wait before the first retry, in seconds
     backoff_s: float = 1.0
+    #: each further wait is this many times the one before
     factor: float = 2.0
+    #: the longest wait between attempts
     max_backoff_s: float = 30.0
+    #: the fraction of each wait drawn at random (0: none)
     jitter: float = 0.5
     #: retry a call that overran its deadline too (never a side effect's: its outcome is unknown)
     timeouts: bool = True
@@ -155,19 +187,37 @@ class ToolCall:
     :class:`RetryPlan`: the runtime retries a retryable failure itself, within ``timeout``).
     """
 
+    #: the tool name as the model wrote it (may name no tool: see ``error``)
     name: str
+    #: the parsed (and, when valid, schema-validated) JSON object; None when it could not be
+    #: parsed
     arguments: dict[str, Any] | None
+    #: the arguments exactly as the model wrote them -- the only view of a malformed call
     raw_arguments: str
+    #: the call id (the provider's, or one the loop made up); the tool message answers it
     id: str
+    #: the model turn that proposed the call (1-based)
     step: int
+    #: its position among that turn's calls (0-based)
     index: int
+    #: tool name + a hash of the canonical arguments, computed once and shared by every plugin
     fingerprint: str
+    #: the declared tool, or None for an unknown name
     tool: Tool | None = None
+    #: why the call cannot run at all (``malformed_arguments``, ``unknown_tool``,
+    #: ``invalid_arguments``), else None
     error: ErrorKind | None = None
+    #: what was wrong, for ``error`` (model text: quote it with ``loopwarden.notes``)
     error_detail: str | None = None
+    #: the most the call may take, in seconds; ``before_tool`` may lower it (``min(call.timeout or
+    #: t, t)``)
     timeout: float | None = None
+    #: a wait before executing, on the run's clock (cancellable); ``before_tool`` may raise it
     delay_s: float = 0.0
+    #: set for a declared side effect: the key of the loop's and the shared ledger -- the same key
+    #: never executes twice
     idempotency_key: str | None = None
+    #: how the runtime retries a retryable failure itself (set in ``before_tool``), or None
     retry: RetryPlan | None = None
 
     def signature(self, limit: int = 200) -> str:
@@ -182,14 +232,17 @@ class ToolCall:
 
     @property
     def read_only(self) -> bool:
+        """The tool is declared read-only (False for an unknown tool)."""
         return self.tool is not None and self.tool.read_only
 
     @property
     def deterministic(self) -> bool:
+        """The tool is declared deterministic: the same arguments give the same result."""
         return self.tool is not None and self.tool.deterministic
 
     @property
     def side_effect(self) -> bool:
+        """The tool is declared to change the world (its calls get an ``idempotency_key``)."""
         return self.tool is not None and self.tool.side_effect
 
     @property
@@ -223,15 +276,26 @@ class ToolResult:
     ``ToolError``'s, or an HTTP ``Retry-After``), when it named one.
     """
 
+    #: what the model sees
     content: str
+    #: False for any failure
     ok: bool = True
+    #: the failure's kind, when ``ok`` is False
     error: ErrorKind | None = None
+    #: whether trying again may help; ``after_tool`` may clear it (a spent retry budget)
     retryable: bool = False
+    #: a synthetic observation (a skip verdict, a ledger's answer): not a tool result
     skipped: bool = False
+    #: the plugin whose skip verdict produced it
     skipped_by: str | None = None
+    #: the time the execution took, on the run's clock
     duration_s: float = 0.0
+    #: the tool's return value before it was turned into ``content``
     value: Any = None
+    #: executions the result took (more than one when the runtime retried)
     attempts: int = 1
+    #: the wait a failure asked for (a ``ToolError``'s, an HTTP ``Retry-After``), when it named
+    #: one
     retry_after: float | None = None
     _digest: str | None = field(default=None, repr=False)
 

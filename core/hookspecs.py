@@ -26,7 +26,12 @@ the hook can honour: a ``skip`` is for ``before_tool`` alone (anywhere else it f
 as ``plugin_error`` naming the plugin).  Every enabled
 plugin's implementation is called -- none is ``firstresult`` -- in the order ``[plugins]
 enabled`` gives in ``config.toml``; the loop then resolves the verdicts: hard stop > soft stop
-> skip > warn, ties to the plugin earlier in the config, all warnings kept.
+> skip > warn, ties to the plugin earlier in the config, all warnings kept.  What each verdict
+does -- where a ``message`` goes, what the user gets on a hard stop (its ``answer=``, from any
+hook, else the best-effort answer) -- is in :mod:`loopwarden.verdicts` and
+[the API reference](api.md), which also lists every field of the objects the hooks receive
+(``ToolCall``, ``ToolResult``, ``ModelRequest``, ``ModelResponse``, ``Run``, ``RunOutcome``)
+and the testing kit.
 
 Rules for implementations:
 

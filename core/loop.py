@@ -277,6 +277,10 @@ class Engine:
 
     # -- the machine ---------------------------------------------------------------------
 
+    def _hard(self, run: Run, stop: Stop) -> RunOutcome:
+        """The outcome of a hard stop (see :func:`loopwarden._outcomes.hard`)."""
+        return hard(self.settings, run, stop, normal=self.hooks.ends_runs_normally(stop.plugin))
+
     def machine(self, run: Run) -> Machine:
         """The loop as a generator of effects; returns the (not yet finished) outcome."""
         hooks = self.hooks
@@ -286,7 +290,7 @@ class Engine:
             res = self._note(run, "on_start", res)
         if res.stop is not None:
             if not res.stop.soft:
-                return hard(self.settings, run, res.stop)
+                return self._hard(run, res.stop)
             run.stopping = res.stop
         # Side effects that happened (or may have: a timeout) are remembered for the whole
         # conversation; failures only for this run -- the user's next message may have fixed
@@ -333,7 +337,7 @@ class Engine:
                             "final_turn_refused_reason": stop.reason,
                         },
                     )
-                return hard(self.settings, run, stop)
+                return self._hard(run, stop)
             if not final:
                 run.stopping = stop
                 self._make_final(run, request)
@@ -395,7 +399,9 @@ class Engine:
         if (final or not calls) and res.stop is not None and not res.stop.soft:
             # A hard stop on an answer is a veto (an output guard, or a guard that failed
             # and fails closed): the model's text is withheld.
-            return vetoed(self.settings, run, res.stop)
+            return vetoed(
+                self.settings, run, res.stop, normal=self.hooks.ends_runs_normally(res.stop.plugin)
+            )
         if final and run.stopping is not None:  # the soft stop's wrap-up turn
             return soft_end(self.settings, run, run.stopping, response)
         if not calls:
@@ -410,7 +416,7 @@ class Engine:
         if stop is not None:
             self._close_calls(run, calls, stop.reason)
             if not stop.soft:
-                return hard(self.settings, run, stop)
+                return self._hard(run, stop)
             run.stopping = stop
             return []
         return calls
@@ -438,7 +444,7 @@ class Engine:
             if stop is not None:
                 self._close_calls(run, calls[i:], stop.reason)
                 if not stop.soft:
-                    return hard(self.settings, run, stop)
+                    return self._hard(run, stop)
                 run.stopping = stop
                 return None
             skip = res.skip
@@ -494,7 +500,7 @@ class Engine:
             if stop is not None:
                 self._close_calls(run, calls[i + 1 :], stop.reason)
                 if not stop.soft:
-                    return hard(self.settings, run, stop)
+                    return self._hard(run, stop)
                 run.stopping = stop
                 return None
         return None

@@ -101,6 +101,7 @@ class Plugin(Generic[S]):
     def __init__(self, settings: S | None = None) -> None:
         if not self.name:
             self.name = type(self).__name__
+        #: the validated ``[plugins.<name>]`` table (an instance of ``Settings``)
         self.settings: S = settings if settings is not None else self.Settings()  # type: ignore[assignment]
 
     # -- per-run state -----------------------------------------------------------------
@@ -134,9 +135,11 @@ class Plugin(Generic[S]):
     # -- verdicts carrying this plugin's name ------------------------------------------
 
     def warn(self, message: str, **evidence: Any) -> Warn:
+        """:func:`loopwarden.warn` with this plugin's name."""
         return warn(message, plugin=self.name, **evidence)
 
     def skip(self, observation: str, *, message: str | None = None, **evidence: Any) -> Skip:
+        """:func:`loopwarden.skip` with this plugin's name."""
         return skip(observation, plugin=self.name, message=message, **evidence)
 
     def stop(
@@ -148,6 +151,7 @@ class Plugin(Generic[S]):
         answer: str | None = None,
         **evidence: Any,
     ) -> Stop:
+        """:func:`loopwarden.stop` with this plugin's name."""
         return stop(reason, soft=soft, plugin=self.name, message=message, answer=answer, **evidence)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -164,20 +168,24 @@ class Plugin(Generic[S]):
 
     @hookimpl
     def on_configure(self, deployment: Deployment) -> None:
+        """The ``on_configure`` hook: calls :meth:`connect`."""
         self.connect(deployment)
 
     @hookimpl
     def on_unconfigure(self) -> None:
+        """The ``on_unconfigure`` hook: calls :meth:`close`."""
         self.close()
 
     @hookimpl
     def validate_model(self, model: str, path: str | None) -> None:
+        """The ``validate_model`` hook: calls ``check_model(model, path=)`` when defined."""
         check = getattr(self, "check_model", None)  # the 0.1 spelling of this hook
         if callable(check):
             check(model, path=path)
 
     @hookimpl
     def validate_config(self, config: Config) -> None:
+        """The ``validate_config`` hook: calls ``check_config(path=)`` when defined."""
         check = getattr(self, "check_config", None)  # the 0.1 spelling of this hook
         if callable(check):
             check(path=config.path)

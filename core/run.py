@@ -45,10 +45,15 @@ PLUGIN_FIELD_DEFAULTS: dict[str, Any] = {
 class Limits:
     """A run's profile limits (None: the plugin's own setting applies)."""
 
+    #: the profile's name
     name: str | None = None
+    #: model turns at most
     max_steps: int | None = None
+    #: tokens at most
     max_tokens: int | None = None
+    #: wall time at most
     max_seconds: float | None = None
+    #: prompt tokens at most per request
     max_context: int | None = None
 
 
@@ -63,13 +68,23 @@ class RunOutcome:
     fallback of a hard stop.
     """
 
+    #: the stop reason (``final_answer``, ``max_steps``, ``repeat_call``, ...)
     termination: str
+    #: True when a soft stop granted the final tool-less turn
     soft: bool = False
+    #: the plugin that ended the run; None when the model finished by itself
     stopped_by: str | None = None
+    #: what the stopping plugin saw
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: the answer the user gets
     final_answer: str | None = None
+    #: True when the answer came from the model (or a plugin that ends runs normally, e.g. a
+    #: terminal tool), not from a best effort or a stopping plugin's substitute
     final_answer_present: bool = False
+    #: the stop's ``message``: for logs, alerts and the record, never shown to the user or the
+    #: model
     message: str | None = None
+    #: the error text when the run ended on a failure (``model_error``), else None
     error: str | None = None
 
 
@@ -87,6 +102,7 @@ class Conversation:
     """
 
     def __init__(self, conversation_id: str | None = None) -> None:
+        #: the conversation's id (made up when not given)
         self.id = conversation_id or uuid.uuid4().hex
         #: the messages so far (the last run's, including its system prompt)
         self.messages: list[dict[str, Any]] = []
@@ -122,15 +138,25 @@ class Run:
         conversation: Conversation | None = None,
         max_output_tokens: int | None = None,
     ) -> None:
+        #: the run's id (the run record's ``run_id``)
         self.run_id = run_id or uuid.uuid4().hex
+        #: the conversation this run belongs to (its messages, ledger and state carry on)
         self.conversation = conversation if conversation is not None else Conversation()
+        #: the user's message that started the run
         self.user = user
+        #: the scenario's name, or None
         self.scenario = scenario
+        #: the deployment running it (None for a hand-built run)
         self.deployment = deployment
+        #: the tools the model may call (a ToolRegistry)
         self.tools = tools
+        #: the run's clock: measure time and wait on it (a FakeClock in tests)
         self.clock: Clock = clock or SystemClock()
+        #: the run's cancel token (``run.cancel.set(reason)`` ends it as ``cancelled``)
         self.cancel = cancel or CancelToken()
+        #: the profile's limits (None fields: the plugins' own settings apply)
         self.limits = limits or Limits()
+        #: the model's name, when known
         self.model_name = model_name
         #: the model's cap on output tokens per call (``[model] max_output_tokens``): every
         #: ModelRequest carries it, so the budgets reserve what an answer may really cost
@@ -141,8 +167,11 @@ class Run:
         #: the deployment's shared store (budgets, ledger) -- set for live runs by
         #: ``Deployment.prepare``; None in replays and hand-built runs
         self.shared: Shared | None = None
+        #: the text-to-tokens estimator the loop uses
         self.estimator = estimator
+        #: the time on ``clock`` the run started
         self.started_at = self.clock.now()
+        #: the time on ``clock`` it ended, or None while it runs
         self.ended_at: float | None = None
         #: the conversation so far, in OpenAI chat format (the loop appends; do not mutate)
         self.messages: list[dict[str, Any]] = []
@@ -152,12 +181,18 @@ class Run:
         self.step = 0
         #: tool calls the model proposed / that actually executed
         self.tool_calls = 0
+        #: tool executions that really ran (retries included)
         self.tools_executed = 0
+        #: the run's billed tokens so far (a Usage)
         self.usage = Usage()
+        #: warnings injected so far: ``step``, ``plugin``, ``message`` (the record's ``warnings``)
         self.warnings: list[dict[str, Any]] = []
         #: warnings not yet injected: the loop adds them to the next model request
         self.pending_notes: list[str] = []
+        #: every verdict so far, as the run record lists them
         self.verdicts: list[dict[str, Any]] = []
+        #: failures beside the outcome (a failing ``on_stop``, a record write): the record's
+        #: ``errors``
         self.errors: list[dict[str, Any]] = []
         #: tool calls answered from a record of their declared side effect instead of running
         #: (the record's ``ledger_answers``: which call, from which record, and why)
@@ -169,11 +204,14 @@ class Run:
         self.state: dict[str, Any] = {}
         #: typed per-run plugin state (see :class:`~loopwarden.Stash`)
         self.stash = Stash()
-        #: the latest non-empty model content, and the last successful observation
+        #: the latest non-empty model content (the best-effort answer's first choice)
         self.best_answer: str | None = None
+        #: the last successful tool observation (the best-effort answer's second choice)
         self.last_observation: str | None = None
+        #: how the run ended, or None while it runs
         self.outcome: RunOutcome | None = None
-        self.stopping: Stop | None = None  # the Stop verdict being honoured, if any
+        #: the soft stop being honoured (its wrap-up turn), or None
+        self.stopping: Stop | None = None
         #: the stop a shadowed plugin would have made first (shadow mode), else None
         self.shadow_stop: dict[str, Any] | None = None
         #: what shadowed plugins would have changed besides their verdicts (a call's timeout
@@ -181,6 +219,7 @@ class Run:
         #: ``step``, ``hook``, ``plugin``, ``shadow``, ``effect``, ``value``, ``was`` (and
         #: ``tool``, ``call_id``); at most ``loopwarden._shadow.MAX_EFFECTS``, the rest counted
         self.shadow_effects: list[dict[str, Any]] = []
+        #: shadow effects beyond the cap, counted
         self.shadow_effects_dropped = 0
         #: the time on ``clock`` by which the run must have ended (set in ``on_start`` by the
         #: timeout plugin: its limit plus grace).  A watchdog ends a run still going shortly
@@ -188,7 +227,8 @@ class Run:
         #: model call blocks; the blocked code runs on, and its caller gets the run back
         #: when it returns.
         self.deadline: float | None = None
-        self.finish_lock = threading.Lock()  # one outcome, whoever finishes first
+        #: held while the run is finished: one outcome, whoever finishes first
+        self.finish_lock = threading.Lock()
 
     # -- conversation ------------------------------------------------------------------
 
@@ -199,6 +239,7 @@ class Run:
 
     @property
     def elapsed(self) -> float:
+        """Seconds on ``clock`` since the run started (until it ended, once it has)."""
         end = self.ended_at if self.ended_at is not None else self.clock.now()
         return end - self.started_at
 
@@ -211,6 +252,7 @@ class Run:
 
     @property
     def finished(self) -> bool:
+        """The run has an outcome."""
         return self.outcome is not None
 
     @property

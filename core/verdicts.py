@@ -5,6 +5,31 @@ loop collects every plugin's verdict for an event and resolves them with :func:`
 hard stop > soft stop > skip > warn > carry on, ties to the plugin earlier in config order; all
 warnings are kept.  Each verdict carries the name of the plugin that gave it, because pluggy's
 result list carries no attribution.
+
+What each verdict does (the same from every decision hook unless said)::
+
+    warn(message)            message -> a warning in the next model request; the run goes on
+    skip(observation,        before_tool only: the call does not run; the model gets
+         message=None)       observation as the call's result, and message (when given)
+                             as a warning in the next model request
+    stop(reason, soft=True)  one last model turn without tools; message (when given) is
+                             put before the wrap-up instruction the model gets
+    stop(reason)             the run ends at once (a hard stop); message goes only to logs
+                             and alerts (RunOutcome.message, the guard_triggered signal) --
+                             never to the user nor the model
+
+The user's answer on a hard stop is the stop's ``answer=`` when given -- from any hook:
+``on_start``, ``before_model``, ``after_response``, ``before_tool``, ``after_tool`` -- else
+the *best-effort answer*: the latest non-empty model content (even a half sentence such as
+"One more time." said before the stopped call), else the last successful tool observation
+wrapped in ``[run.texts] best_effort``, else ``[run] fallback_answer``.  A hard stop in
+``after_response`` on a response without tool calls is a veto: the model's text is withheld,
+and the answer is the stop's ``answer=`` or the fallback.  A soft stop's ``answer`` is used
+only when its wrap-up turn is refused by a hard stop; otherwise the wrap-up turn answers.
+
+``RunOutcome.final_answer_present`` (docs/contracts.md) is True only when the answer came from
+the model or from a plugin whose stops are normal endings (``ends_runs_normally``, e.g.
+``terminal_tool``'s hand-off) -- a guard's substitute ``answer=`` is not the model's answer.
 """
 
 from __future__ import annotations
@@ -32,13 +57,18 @@ UNKNOWN_PLUGIN = "<unknown>"
 class Warn:
     """Inject ``message`` into the next model request; the run goes on."""
 
+    #: the warning injected into the next model request
     message: str
+    #: the plugin that gave the verdict (filled in by the dispatcher when left out)
     plugin: str = UNKNOWN_PLUGIN
+    #: what the plugin saw: recorded in the run record and sent with the signal
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: the verdict's kind, for ``match`` and records
     kind: Literal["warn"] = "warn"
 
     @property
     def severity(self) -> str:
+        """``"warn"`` (for alerts and logs)."""
         return "warn"
 
 
@@ -49,14 +79,20 @@ class Skip:
     ``message`` (optional) is also injected as a warning into the next request.
     """
 
+    #: what the model gets instead of the tool's result
     observation: str
+    #: the plugin that gave the verdict (filled in by the dispatcher when left out)
     plugin: str = UNKNOWN_PLUGIN
+    #: also injected as a warning into the next model request, when given
     message: str | None = None
+    #: what the plugin saw: recorded in the run record and sent with the signal
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: the verdict's kind, for ``match`` and records
     kind: Literal["skip"] = "skip"
 
     @property
     def severity(self) -> str:
+        """``"warn"`` (for alerts and logs)."""
         return "warn"
 
 
@@ -69,16 +105,26 @@ class Stop:
     ``answer`` (optional) is the run's final answer, e.g. a terminal tool's hand-off message.
     """
 
+    #: the stop reason: the run record's ``termination``
     reason: str
+    #: the plugin that gave the verdict (filled in by the dispatcher when left out)
     plugin: str = UNKNOWN_PLUGIN
+    #: True: one last tool-less model turn to wrap up; False: the run ends at once
     soft: bool = False
+    #: hard stop: for logs and alerts only, never shown to the user or the model; soft stop:
+    #: put before the wrap-up instruction of the final turn
     message: str | None = None
+    #: what the plugin saw: recorded in the run record and sent with the signal
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: the user's answer on a hard stop, from any hook (replaces the best-effort answer); ignored
+    #: by a soft stop
     answer: str | None = None
+    #: the verdict's kind, for ``match`` and records
     kind: Literal["stop"] = "stop"
 
     @property
     def severity(self) -> str:
+        """``"soft_stop"`` or ``"hard_stop"`` (for alerts and logs)."""
         return "soft_stop" if self.soft else "hard_stop"
 
 

@@ -1,0 +1,90 @@
+"""docs/api.md: generated from the code, current, and complete for what plugin authors use
+(issue 21.4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loopwarden import _docs_api, docs
+
+ROOT = Path(__file__).resolve().parent.parent
+API = ROOT / "docs" / "api.md"
+
+TOOLCALL = [
+    *("name", "arguments", "raw_arguments", "id", "step", "index", "fingerprint", "tool"),
+    *("error", "error_detail", "timeout", "delay_s", "idempotency_key", "retry", "read_only"),
+    *("side_effect", "deterministic", "declared", "may_change_state", "signature"),
+]
+
+
+def _classes() -> list[type]:
+    out = []
+    for _, module, names in _docs_api.SECTIONS:
+        mod = importlib.import_module(module)
+        out += [getattr(mod, n) for n in names if isinstance(getattr(mod, n), type)]
+    return out
+
+
+def test_api_md_is_generated_and_current() -> None:
+    assert API.read_text(encoding="utf-8") == docs.render_api(), (
+        "run `python -m loopwarden.docs` and commit the result"
+    )
+
+
+def test_check_fails_on_a_stale_api_md(tmp_path: Path) -> None:
+    for name in docs.PAGES:
+        shutil.copy(ROOT / "docs" / name, tmp_path / name)
+    assert docs.main(["--check", "--out", str(tmp_path)]) == 0
+    page = tmp_path / "api.md"
+    page.write_text(page.read_text(encoding="utf-8").replace("raw_arguments", "raw"), "utf-8")
+    assert docs.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+def test_every_toolcall_member_is_documented() -> None:
+    members = {m.name: m for m in _docs_api.members(_docs_api_cls("ToolCall"))}
+    assert sorted(members) == sorted(TOOLCALL)
+    text = API.read_text(encoding="utf-8")
+    for name in TOOLCALL:
+        assert members[name].doc, f"ToolCall.{name}: no description"
+        assert f"`{name}" in text
+
+
+def _docs_api_cls(name: str) -> type:
+    return next(c for c in _classes() if c.__name__ == name)
+
+
+@pytest.mark.parametrize("cls", _classes(), ids=lambda c: c.__name__)
+def test_every_listed_class_member_has_a_description(cls: type) -> None:
+    undocumented = [m.name for m in _docs_api.members(cls) if not m.doc]
+    assert undocumented == [], f"{cls.__name__}: add a #: comment or a docstring"
+    if dataclasses.is_dataclass(cls):
+        public = [f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")]
+        assert public == [m.name for m in _docs_api.members(cls) if m.kind == "field"]
+
+
+def test_the_testing_kit_and_fixtures_are_in_the_reference() -> None:
+    text = API.read_text(encoding="utf-8")
+    for name in (
+        "run_plugin(plugin: Any, *, turns",
+        "call_hook(",
+        "### PluginRun",
+        "make_tool_call(name: str, arguments: Mapping[str, Any] | str | None = None, /",
+        "raw JSON text",
+        "lw_deployment(tmp_path: Path)",
+        "lw_hooks()",
+        "lw_clock()",
+        "lw_signals()",
+        "render_note(template: str, /, **fields: Any) -> str",
+        "stop(reason: str, *, soft: bool = False",
+    ):
+        assert name in text, name
+    assert "0x" not in text  # no object addresses: the page must be stable
+
+
+def test_hooks_md_links_the_api_reference() -> None:
+    assert "(api.md)" in (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8")
