@@ -5,7 +5,9 @@
 * ``plugins.md`` -- every built-in plugin's settings from its ``Settings`` model: name, type,
   default, description, and a ``[plugins.<name>]`` table with the defaults.  Built-ins whose
   module does not exist yet are left out, so the page grows as plugins land;
-* ``api.md`` -- the objects hooks receive and plugin authors use (:mod:`loopwarden._docs_api`).
+* ``api.md`` -- the objects hooks receive and plugin authors use (:mod:`loopwarden._docs_api`);
+* ``config.schema.json`` -- the JSON Schema of a config file with the built-in plugins' tables,
+  which the shipped config.toml points TOML editors at.
 
 ``--check`` writes nothing and exits 1 when a page differs from what the code generates (CI);
 the test suite does the same.
@@ -389,12 +391,27 @@ def render_api() -> str:
     return _docs_api.render_api()
 
 
+def render_config_schema() -> str:
+    """docs/config.schema.json: the JSON Schema of a config file with the built-in plugins'
+    tables (and the demo's ``[shop]``), for editors; the shipped config.toml points at it
+    (``#:schema``).  A deployment with plugins of its own writes its own with
+    ``loopwarden config schema --config FILE --output FILE``."""
+    import json
+
+    from loopwarden import demo
+    from loopwarden.schema import config_schema
+
+    schema = config_schema(None, tables={"shop": demo.ShopConfig})
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
 # -- command line --------------------------------------------------------------------------
 
 PAGES: dict[str, Callable[[], str]] = {
     "hooks.md": render_hooks,
     "plugins.md": render_plugins,
     "api.md": render_api,
+    "config.schema.json": render_config_schema,
 }
 
 

@@ -178,3 +178,20 @@ def test_guide_toml_blocks_are_valid_toml() -> None:
     text = (DOCS / "plugin-guide.md").read_text(encoding="utf-8")
     for block in re.findall(r"```toml\n(.*?)```", text, flags=re.S):
         tomllib.loads(block)
+
+
+def test_the_shipped_config_points_editors_at_the_generated_schema() -> None:
+    import json
+
+    from loopwarden.config import default_config_path
+    from loopwarden.docs import render_config_schema
+
+    first = default_config_path().read_text(encoding="utf-8").splitlines()[0]
+    assert first == "#:schema ./docs/config.schema.json"
+    root = Path(__file__).resolve().parents[1]
+    shipped = root / first.removeprefix("#:schema ./")
+    assert shipped.read_text(encoding="utf-8") == render_config_schema()
+    schema = json.loads(shipped.read_text(encoding="utf-8"))
+    # every built-in plugin's table is described, and a typo is not allowed by the schema
+    tables = schema["properties"]["plugins"]["properties"]
+    assert {"max_steps", "retry_policy", "spend_limits", "run_record"} <= set(tables)
