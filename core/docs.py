@@ -396,13 +396,9 @@ def render_config_schema() -> str:
     tables (and the demo's ``[shop]``), for editors; the shipped config.toml points at it
     (``#:schema``).  A deployment with plugins of its own writes its own with
     ``loopwarden config schema --config FILE --output FILE``."""
-    import json
+    from loopwarden.commands.config import schema_text  # the command line wires the demo in
 
-    from loopwarden import demo
-    from loopwarden.schema import config_schema
-
-    schema = config_schema(None, tables={"shop": demo.ShopConfig})
-    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+    return schema_text(None)
 
 
 # -- command line --------------------------------------------------------------------------

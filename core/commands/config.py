@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,12 +66,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"loopwarden config: note: {note}", file=sys.stderr)
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
-    from loopwarden import demo
-    from loopwarden.schema import config_schema
-
-    # the demo's [shop] table, which the core keeps as written: described as the demo checks it
-    schema = config_schema(find_config(args.config), tables={"shop": demo.ShopConfig})
-    text = json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+    text = schema_text(find_config(args.config))
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:
@@ -84,3 +80,14 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def schema_text(config_path: str | Path | None) -> str:
+    """The JSON Schema of a config file as text: the core tables, the built-in plugins' and
+    those ``config_path`` enables (None: the built-ins only, as docs/config.schema.json)."""
+    from loopwarden import demo
+    from loopwarden.schema import config_schema
+
+    # the demo's [shop] table, which the core keeps as written: described as the demo checks it
+    schema = config_schema(config_path, tables={"shop": demo.ShopConfig})
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
