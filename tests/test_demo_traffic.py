@@ -130,6 +130,21 @@ def test_the_file_holds_the_scenarios_unguarded_runs_and_labelled_synthetic_traf
                 assert isinstance(call["arguments"], dict)
 
 
+def test_every_conversation_starts_from_the_shop_as_seeded(demo_file: Path) -> None:
+    """The generated conversations share one shop, reset between them: every refund is the
+    first of its order, never the duplicate an earlier conversation's refund would make."""
+    refunds = [
+        json.loads(obs)
+        for t in read(demo_file)
+        if t["source"] == SOURCE
+        for step in t["steps"]
+        for call, obs in zip(step["tool_calls"], step["observations"], strict=True)
+        if call["name"] == "apply_refund"
+    ]
+    assert len(refunds) > 1
+    assert all("duplicate" not in r and r["refund_id"] == "RF88231001" for r in refunds)
+
+
 def test_a_multi_turn_conversation_is_recorded_with_the_users_replies(demo_file: Path) -> None:
     synthetic = [t for t in read(demo_file) if t["source"] == SOURCE]
     multi = [t for t in synthetic if any(s.get("user_reply") for s in t["steps"])]
