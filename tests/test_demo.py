@@ -7,6 +7,7 @@ not change when more built-in scenarios land.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -339,3 +340,19 @@ def test_every_built_in_scenario_is_labelled() -> None:
     for path in builtin_scenarios():
         sc = load_scenario(path)
         assert sc.expect.healthy is not None, path.name
+
+
+def test_the_docs_show_the_demos_table_and_legend_as_the_code_prints_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "real-traffic.md").read_text(
+        encoding="utf-8"
+    )
+    (block,) = re.findall(r"```console\n\$ loopwarden (demo [^\n]*)\n(.*?)```", doc, re.S)
+    command, shown = block[0].split(), block[1].splitlines()
+    code = main([*command, "--quiet"])
+    out = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    head = shown[: shown.index("...")]  # the doc elides the totals in words
+    assert out[: len(head)] == head
+    assert "What the columns show:" in head
