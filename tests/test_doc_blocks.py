@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import gzip
+import inspect
 import io
 import json
 import os
@@ -317,6 +318,11 @@ def test_toml_blocks_are_valid(
         for group in data.get("project", {}).get("entry-points", {}).values():
             for target in group.values():
                 assert re.fullmatch(r"[\w.]+:[\w.]+", target), target
+        from loopwarden import pytest_plugin
+
+        ini = data.get("tool", {}).get("pytest", {}).get("ini_options", {})
+        for key in (k for k in ini if k.startswith("loopwarden")):  # an ini option we register
+            assert f'"{key}"' in inspect.getsource(pytest_plugin), f"{block.id}: {key}"
         return
     path = scratch / f"{kind}-{block.line}.toml"
     if kind == "scenario":
@@ -709,6 +715,14 @@ def test_a_doc_command_that_does_not_parse_fails() -> None:
 @pytest.mark.parametrize("block", _of(JSON), ids=_ids(_of(JSON)))
 def test_json_blocks_parse(block: Block) -> None:
     json.loads(block.text)
+
+
+@pytest.mark.parametrize("block", _of(TEXT), ids=_ids(_of(TEXT)))
+def test_hooks_named_in_text_diagrams_exist(block: Block) -> None:
+    from loopwarden.hookspecs import HOOK_NAMES
+
+    named = set(re.findall(r"\b((?:on|before|after)_[a-z_]+)\(", block.text))
+    assert named <= set(HOOK_NAMES), f"{block.id}: no such hook: {sorted(named - set(HOOK_NAMES))}"
 
 
 def test_console_output_matching() -> None:
