@@ -16,6 +16,11 @@ in-process model -- runs four ways in one process, interleaved:
                   runs inline, while a plain blocking one (``default``) runs in a worker thread
                   so that the timeout plugin's deadline can abandon it -- the difference is the
                   cost of that thread hand-off
+``default_otel``  ``default`` plus the ``otel`` plugin writing to real SDK providers (a
+                  ``TracerProvider`` whose span processor hands every span to a no-op exporter,
+                  a ``MeterProvider`` aggregating in memory): ``otel_us_per_step`` is its
+                  difference to ``default`` (target: at most 10 us).  Left out, and said so,
+                  when opentelemetry-sdk is not installed (``loopwarden[otel]``).
 
 It prints microseconds per step (the median of ``--runs`` runs; per step = run time / N) for
 N = 10, 50 and 500, each as a ratio to the bare loop, plus the time of ``import loopwarden``
@@ -47,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as W
 import pluggy
 
-VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx")
+VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx", "default_otel")
 
 # -- 1. the bare loop -------------------------------------------------------------------------
 
@@ -187,8 +192,32 @@ def make_floor() -> Callable[[int], str]:
 # -- 3 and 4. loopwarden ------------------------------------------------------------------------
 
 
+def otel_plugin() -> Any:
+    """The otel plugin on SDK providers with a no-op span exporter (None without the SDK)."""
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+        from loopwarden.plugins.otel import OTel
+    except ImportError:
+        return None
+
+    class NoOpExporter(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            from opentelemetry.sdk.trace.export import SpanExportResult
+
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return OTel(tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+
 def make_loopwarden(
-    shipped: bool, cooperative: bool = False
+    shipped: bool, cooperative: bool = False, otel: Any = None
 ) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
@@ -201,10 +230,13 @@ def make_loopwarden(
         base = load_toml(path)
     else:
         path, base = Path("<empty>"), {"plugins": {"enabled": []}}
-    config = parse_config(W.bench_config_data(base), path=str(path))
+    data = W.bench_config_data(base)
+    if otel is not None:
+        data["plugins"]["enabled"] = [*data["plugins"]["enabled"], "otel"]
+    config = parse_config(data, path=str(path))
     fn = W.lookup_ctx if cooperative else W.lookup
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(fn)])
-    dep = Deployment(config, tools=tools)
+    dep = Deployment(config, tools=tools, plugins={"otel": otel} if otel is not None else None)
 
     def lw_loop(n: int) -> str:
         run = dep.run(W.USER, model=InstantModel(n))
@@ -332,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         "default": default_fn,
         "default_ctx": ctx_fn,
     }
+    otel = otel_plugin()
+    if otel is not None:
+        fns["default_otel"], _ = make_loopwarden(shipped=True, otel=otel)
+    variants = [v for v in VARIANTS if v in fns]
     if args.profile:
         return profile(fns[args.profile], sizes[-1], runs)
     per_step: dict[str, dict[str, float]] = {}
@@ -346,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": W.machine(),
         "ratio_to_bare": ratios,
+        "otel_us_per_step": {
+            n: round(row["default_otel"] - row["default"], 2)
+            for n, row in per_step.items()
+            if "default_otel" in row
+        },
         **startup_ms(repeat),
         "runs": runs,
         "plugins": {"empty": empty_plugins, "default": default_plugins},
@@ -354,22 +395,27 @@ def main(argv: list[str] | None = None) -> int:
     if len(sizes) >= 2:
         a, b = str(sizes[-2]), str(sizes[-1])
         result["growth"] = {
-            f"{b}/{a}": {k: round(per_step[b][k] / per_step[a][k], 2) for k in VARIANTS}
+            f"{b}/{a}": {k: round(per_step[b][k] / per_step[a][k], 2) for k in variants}
         }
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"loopwarden overhead -- python {result['python']} on {result['machine']}")
     print(f"median of {runs} runs, interleaved; microseconds per step (ratio to bare)")
-    print(f"{'N':>6}  " + "  ".join(f"{v:>17}" for v in VARIANTS))
+    print(f"{'N':>6}  " + "  ".join(f"{v:>17}" for v in variants))
     for n, row in per_step.items():
-        cells = [f"{row[v]:>8.1f} ({ratios[n][v]:>5.1f}x)" for v in VARIANTS]
+        cells = [f"{row[v]:>8.1f} ({ratios[n][v]:>5.1f}x)" for v in variants]
         print(f"{n:>6}  " + "  ".join(cells))
     for label, growth in result.get("growth", {}).items():
         print(f"growth {label}: " + ", ".join(f"{k} {v:.2f}x" for k, v in growth.items()))
     print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
     print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
     print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
+    if otel is None:
+        print("default_otel: left out (opentelemetry-sdk is not installed: loopwarden[otel])")
+    else:
+        added = ", ".join(f"N={n}: {v:.1f}" for n, v in result["otel_us_per_step"].items())
+        print(f"default_otel = default + otel (SDK, no-op exporter): +us per step {added}")
     print(
         f"import loopwarden: {result['import_ms']:.1f} ms; "
         f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "
