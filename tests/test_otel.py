@@ -438,7 +438,16 @@ def test_records_are_the_same_with_and_without_the_plugin(
         a, b = base.run(scenario=scenario), traced.run(scenario=scenario)
         assert a.messages == b.messages, scenario
         assert _comparable(a) == _comparable(b), scenario
-    assert len(telemetry.spans("invoke_agent")) == 3
+    roots = telemetry.spans("invoke_agent")
+    assert len(roots) == 3
+    events = [e.attributes for r in roots for e in r.events]
+    assert events  # the runaway run's verdicts
+    for e in events:  # max_steps is essential: never shadowed
+        shadowed = mode == "shadow" and e["loopwarden.verdict.plugin"] != "max_steps"
+        assert e["loopwarden.verdict.shadow"] is shadowed
+    if mode == "shadow":  # what would have stopped the run is on its span
+        (runaway,) = [r for r in roots if "loopwarden.shadow_stop.reason" in r.attributes]
+        assert runaway.attributes["loopwarden.shadow_stop.reason"] == "repeat_call"
 
 
 def test_a_failing_telemetry_backend_never_breaks_a_run(
