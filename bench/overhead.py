@@ -2,7 +2,7 @@
 
 The same scripted workload -- N steps, each one tool call to a trivial tool with distinct
 arguments and a distinct result (no guard fires), then a final answer, from an instant
-in-process model -- runs four ways in one process, interleaved:
+in-process model -- runs these ways in one process, interleaved:
 
 ``bare``          a plain agent loop of about 20 lines (no validation, no hooks)
 ``pluggy_floor``  the bare loop calling 6 trivial pluggy plugins on 5 hooks
@@ -16,10 +16,14 @@ in-process model -- runs four ways in one process, interleaved:
                   runs inline, while a plain blocking one (``default``) runs in a worker thread
                   so that the timeout plugin's deadline can abandon it -- the difference is the
                   cost of that thread hand-off
-``default_otel``  ``default`` plus the ``otel`` plugin writing to real SDK providers (a
-                  ``TracerProvider`` whose span processor hands every span to a no-op exporter,
-                  a ``MeterProvider`` aggregating in memory): ``otel_us_per_step`` is its
-                  difference to ``default`` (target: at most 10 us).  Left out, and said so,
+``otel_api``      ``default_ctx`` plus the ``otel`` plugin on the OpenTelemetry API's no-op
+                  providers: what the plugin costs when the application set no SDK
+``otel_sdk``      ``default_ctx`` plus the ``otel`` plugin on real SDK providers: a
+                  ``TracerProvider`` whose batching span processor hands every span to a no-op
+                  exporter, a ``MeterProvider`` aggregating in memory -- everything but the
+                  network.  ``otel_us_per_step`` is each one's difference to ``default_ctx``
+                  (target: at most 10 us), ``otel_ratio_to_bare`` the same over the bare loop
+                  (to scale to a calmer machine).  Both are left out, and the output says so,
                   when opentelemetry-sdk is not installed (``loopwarden[otel]``).
 
 It prints microseconds per step (the median of ``--runs`` runs; per step = run time / N) for
@@ -52,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as W
 import pluggy
 
-VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx", "default_otel")
+VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx", "otel_api", "otel_sdk")
+OTEL_VARIANTS = ("otel_api", "otel_sdk")
 
 # -- 1. the bare loop -------------------------------------------------------------------------
 
@@ -192,28 +197,36 @@ def make_floor() -> Callable[[int], str]:
 # -- 3 and 4. loopwarden ------------------------------------------------------------------------
 
 
-def otel_plugin() -> Any:
-    """The otel plugin on SDK providers with a no-op span exporter (None without the SDK)."""
+def otel_plugins() -> dict[str, Any]:
+    """The otel plugin on the API's no-op providers and on SDK providers with a no-op span
+    exporter, by variant name (empty without the SDK)."""
     try:
+        from opentelemetry.metrics import NoOpMeterProvider
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+        from opentelemetry.trace import NoOpTracerProvider
 
         from loopwarden.plugins.otel import OTel
     except ImportError:
-        return None
+        return {}
 
     class NoOpExporter(SpanExporter):
-        def export(self, spans: Any) -> Any:
-            from opentelemetry.sdk.trace.export import SpanExportResult
-
+        def export(self, spans: Any) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    return OTel(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    return {
+        "otel_api": OTel(tracer_provider=NoOpTracerProvider(), meter_provider=NoOpMeterProvider()),
+        "otel_sdk": OTel(tracer_provider=tracer_provider, meter_provider=meter_provider),
+    }
 
 
 def make_loopwarden(
@@ -364,10 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         "default": default_fn,
         "default_ctx": ctx_fn,
     }
-    otel = otel_plugin()
-    if otel is not None:
-        fns["default_otel"], _ = make_loopwarden(shipped=True, otel=otel)
+    otel = otel_plugins()
+    for name, plugin in otel.items():
+        fns[name], _ = make_loopwarden(shipped=True, cooperative=True, otel=plugin)
     variants = [v for v in VARIANTS if v in fns]
+    if args.profile and args.profile not in fns:
+        ap.error(f"{args.profile}: opentelemetry-sdk is not installed (loopwarden[otel])")
     if args.profile:
         return profile(fns[args.profile], sizes[-1], runs)
     per_step: dict[str, dict[str, float]] = {}
@@ -383,9 +398,15 @@ def main(argv: list[str] | None = None) -> int:
         "machine": W.machine(),
         "ratio_to_bare": ratios,
         "otel_us_per_step": {
-            n: round(row["default_otel"] - row["default"], 2)
-            for n, row in per_step.items()
-            if "default_otel" in row
+            v: {n: round(row[v] - row["default_ctx"], 2) for n, row in per_step.items()}
+            for v in otel
+        },
+        "otel_ratio_to_bare": {
+            v: {
+                n: round((row[v] - row["default_ctx"]) / row["bare"], 2)
+                for n, row in per_step.items()
+            }
+            for v in otel
         },
         **startup_ms(repeat),
         "runs": runs,
@@ -411,11 +432,15 @@ def main(argv: list[str] | None = None) -> int:
     print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
     print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
     print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
-    if otel is None:
-        print("default_otel: left out (opentelemetry-sdk is not installed: loopwarden[otel])")
-    else:
-        added = ", ".join(f"N={n}: {v:.1f}" for n, v in result["otel_us_per_step"].items())
-        print(f"default_otel = default + otel (SDK, no-op exporter): +us per step {added}")
+    if not otel:
+        print("otel_api, otel_sdk: left out (opentelemetry-sdk is not installed: loopwarden[otel])")
+    for v, label in (("otel_api", "API no-op providers"), ("otel_sdk", "SDK, no-op exporter")):
+        if v in otel:
+            added = ", ".join(
+                f"N={n}: {us:+.1f} us ({result['otel_ratio_to_bare'][v][n]:+.1f}x bare)"
+                for n, us in result["otel_us_per_step"][v].items()
+            )
+            print(f"{v} = default_ctx + otel ({label}), added per step: {added}")
     print(
         f"import loopwarden: {result['import_ms']:.1f} ms; "
         f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "

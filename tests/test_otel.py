@@ -599,5 +599,9 @@ def test_overhead_bench_reports_the_otel_variant() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     row = data["us_per_step"]["10"]
-    assert row["default_otel"] > 0
-    assert data["otel_us_per_step"]["10"] == pytest.approx(row["default_otel"] - row["default"])
+    for variant in ("otel_api", "otel_sdk"):
+        assert row[variant] > 0
+        added = data["otel_us_per_step"][variant]["10"]
+        assert added == pytest.approx(row[variant] - row["default_ctx"], abs=0.011)
+        ratio = data["otel_ratio_to_bare"][variant]["10"]
+        assert ratio == pytest.approx(added / row["bare"], abs=0.011)
