@@ -12,10 +12,11 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
 * a ``chat`` span (kind CLIENT) per model call, from ``before_model`` to the answer:
   ``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.usage.*``,
   ``gen_ai.response.finish_reasons``; a failed call carries ``error.type``;
-* an ``execute_tool`` span per tool call (executed, skipped, refused or answered by the
-  side-effect ledger): ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``error.type`` on a
-  failure, ``loopwarden.tool.outcome`` (ok, error, skipped); a call answered by the ledger has
-  ``loopwarden.ledger.answered = true`` and ``loopwarden.ledger.source``;
+* an ``execute_tool`` span per tool call that gets a result -- executed, skipped by a guard,
+  invalid, or answered by the side-effect ledger: ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
+  ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok, error, skipped); a call answered
+  by the ledger has ``loopwarden.ledger.answered = true`` and ``loopwarden.ledger.source``
+  (a call a stop verdict holds back has no span: the verdict's event says why);
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
   and the standard evidence keys as ``loopwarden.evidence.<key>``.
@@ -52,7 +53,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, hookimpl, signals
 from loopwarden._version import __version__
@@ -150,6 +151,18 @@ class OTelSettings(PluginSettings):
         description="regular expressions for secrets masked inside any text",
     )
     mask: str = Field(default=MASK, description="what a redacted value is replaced with")
+
+    @model_validator(mode="after")
+    def _otlp_only(self) -> OTelSettings:
+        if self.exporter != "otlp":
+            defaults = {"endpoint": None, "service_name": "loopwarden"}
+            stray = [k for k, v in defaults.items() if getattr(self, k) != v]
+            if stray:
+                raise ValueError(
+                    f'{", ".join(stray)}: only used with exporter = "otlp" (the global '
+                    "providers are configured by the application)"
+                )
+        return self
 
 
 def counter_names(namespace: str = "loopwarden") -> dict[str, tuple[str, str]]:

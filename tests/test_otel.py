@@ -605,3 +605,15 @@ def test_overhead_bench_reports_the_otel_variant() -> None:
         assert added == pytest.approx(row[variant] - row["default_ctx"], abs=0.011)
         ratio = data["otel_ratio_to_bare"][variant]["10"]
         assert ratio == pytest.approx(added / row["bare"], abs=0.011)
+
+
+def test_otlp_settings_without_the_otlp_exporter_are_an_error(
+    make_config: Callable[..., Config],
+) -> None:
+    from loopwarden.exceptions import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_plugins(
+            make_config(plugins={"enabled": ["otel"], "otel": {"endpoint": "http://x:4318"}})
+        )
+    assert "endpoint" in str(err.value) and 'exporter = "otlp"' in str(err.value)
