@@ -614,3 +614,43 @@ def test_otlp_settings_without_the_otlp_exporter_are_an_error(
             make_config(plugins={"enabled": ["otel"], "otel": {"endpoint": "http://x:4318"}})
         )
     assert "endpoint" in str(err.value) and 'exporter = "otlp"' in str(err.value)
+
+
+class _CountingSampler:
+    """The SDK's parent-based sampler, counting the spans it is asked about."""
+
+    def __init__(self, root_sampled: bool) -> None:
+        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+
+        self.inner = ParentBased(ALWAYS_ON if root_sampled else ALWAYS_OFF)
+        self.asked = 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+        self.asked += 1
+        return self.inner.should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "counting"
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+def test_a_trace_the_sampler_drops_makes_no_child_spans(
+    make_config: Callable[..., Config],
+    deployment_factory: Factory,
+    telemetry: Telemetry,
+    sampled: bool,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    sampler = _CountingSampler(sampled)
+    provider = TracerProvider(sampler=sampler)  # type: ignore[arg-type]
+    provider.add_span_processor(SimpleSpanProcessor(telemetry.exporter))
+    otel = OTel(tracer_provider=provider, meter_provider=telemetry.meter_provider)
+    run = _deployment(make_config, deployment_factory, otel).run(scenario=REFUND)
+    spans = 1 + run.step + run.tool_calls  # invoke_agent, chat per step, execute_tool per call
+    assert sampler.asked == (spans if sampled else 1)
+    assert len(telemetry.spans()) == (spans if sampled else 0)
+    # the metrics do not depend on sampling
+    (duration,) = telemetry.points("gen_ai.client.operation.duration")
+    assert duration.count == run.step
