@@ -2,7 +2,7 @@
 
 The same scripted workload -- N steps, each one tool call to a trivial tool with distinct
 arguments and a distinct result (no guard fires), then a final answer, from an instant
-in-process model -- runs four ways in one process, interleaved:
+in-process model -- runs these ways in one process, interleaved:
 
 ``bare``          a plain agent loop of about 20 lines (no validation, no hooks)
 ``pluggy_floor``  the bare loop calling 6 trivial pluggy plugins on 5 hooks
@@ -16,6 +16,16 @@ in-process model -- runs four ways in one process, interleaved:
                   runs inline, while a plain blocking one (``default``) runs in a worker thread
                   so that the timeout plugin's deadline can abandon it -- the difference is the
                   cost of that thread hand-off
+``otel_api``      ``default_ctx`` plus the ``otel`` plugin on the OpenTelemetry API's no-op
+                  providers: what the plugin costs when the application set no SDK
+``otel_sdk``      ``default_ctx`` plus the ``otel`` plugin on real SDK providers: a
+                  ``TracerProvider`` whose batching span processor hands every span to a no-op
+                  exporter, a ``MeterProvider`` aggregating in memory -- everything but the
+                  network.  ``otel_us_per_step`` is what each adds per step to ``default_ctx``
+                  in CPU time of the running thread (target: at most 10 us), measured apart
+                  from the wall-clock table (:func:`otel_cost`): on a shared machine the wall
+                  clock's noise is larger than the figure.  Both are left out, and the output
+                  says so, when opentelemetry-sdk is not installed (``loopwarden[otel]``).
 
 It prints microseconds per step (the median of ``--runs`` runs; per step = run time / N) for
 N = 10, 50 and 500, each as a ratio to the bare loop, plus the time of ``import loopwarden``
@@ -47,7 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as W
 import pluggy
 
-VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx")
+VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx", "otel_api", "otel_sdk")
+OTEL_VARIANTS = ("otel_api", "otel_sdk")
 
 # -- 1. the bare loop -------------------------------------------------------------------------
 
@@ -187,8 +198,40 @@ def make_floor() -> Callable[[int], str]:
 # -- 3 and 4. loopwarden ------------------------------------------------------------------------
 
 
+def otel_plugins() -> dict[str, Any]:
+    """The otel plugin on the API's no-op providers and on SDK providers with a no-op span
+    exporter, by variant name (empty without the SDK)."""
+    try:
+        from opentelemetry.metrics import NoOpMeterProvider
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+        from opentelemetry.trace import NoOpTracerProvider
+
+        from loopwarden.plugins.otel import OTel
+    except ImportError:
+        return {}
+
+    class NoOpExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return {
+        "otel_api": OTel(tracer_provider=NoOpTracerProvider(), meter_provider=NoOpMeterProvider()),
+        "otel_sdk": OTel(tracer_provider=tracer_provider, meter_provider=meter_provider),
+    }
+
+
 def make_loopwarden(
-    shipped: bool, cooperative: bool = False
+    shipped: bool, cooperative: bool = False, otel: Any = None
 ) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
@@ -201,10 +244,13 @@ def make_loopwarden(
         base = load_toml(path)
     else:
         path, base = Path("<empty>"), {"plugins": {"enabled": []}}
-    config = parse_config(W.bench_config_data(base), path=str(path))
+    data = W.bench_config_data(base)
+    if otel is not None:
+        data["plugins"]["enabled"] = [*data["plugins"]["enabled"], "otel"]
+    config = parse_config(data, path=str(path))
     fn = W.lookup_ctx if cooperative else W.lookup
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(fn)])
-    dep = Deployment(config, tools=tools)
+    dep = Deployment(config, tools=tools, plugins={"otel": otel} if otel is not None else None)
 
     def lw_loop(n: int) -> str:
         run = dep.run(W.USER, model=InstantModel(n))
@@ -223,7 +269,11 @@ def make_loopwarden(
 
 
 def measure(
-    fns: dict[str, Callable[[int], str]], n: int, runs: int, warmup: int = 3
+    fns: dict[str, Callable[[int], str]],
+    n: int,
+    runs: int,
+    warmup: int = 3,
+    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> dict[str, float]:
     """Median microseconds per step of each variant; variants interleaved, order rotated."""
     for fn in fns.values():
@@ -236,10 +286,26 @@ def measure(
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             fn = fns[name]
-            t0 = time.perf_counter_ns()
+            t0 = clock()
             fn(n)
-            times[name].append((time.perf_counter_ns() - t0) / 1000 / n)
+            times[name].append((clock() - t0) / 1000 / n)
     return {k: round(statistics.median(v), 2) for k, v in times.items()}
+
+
+def otel_cost(
+    fns: dict[str, Callable[[int], str]], sizes: list[int], runs: int, warmup: int
+) -> dict[str, dict[str, float]]:
+    """What each otel variant adds per step to ``default_ctx``, in CPU time of the running
+    thread (``time.thread_time_ns``): everything runs inline there with a cooperative tool, and
+    on a shared machine the wall clock also counts the time other processes hold the CPU --
+    more than the few microseconds measured here."""
+    names = ["default_ctx", *(v for v in OTEL_VARIANTS if v in fns)]
+    cost: dict[str, dict[str, float]] = {v: {} for v in names[1:]}
+    for n in sizes:
+        cpu = measure({k: fns[k] for k in names}, n, runs, warmup, clock=time.thread_time_ns)
+        for v in names[1:]:
+            cost[v][str(n)] = round(cpu[v] - cpu["default_ctx"], 2)
+    return cost
 
 
 def _subprocess_ms(cmd: list[str], repeat: int, inner: bool = False) -> float:
@@ -332,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         "default": default_fn,
         "default_ctx": ctx_fn,
     }
+    otel = otel_plugins()
+    for name, plugin in otel.items():
+        fns[name], _ = make_loopwarden(shipped=True, cooperative=True, otel=plugin)
+    variants = [v for v in VARIANTS if v in fns]
+    if args.profile and args.profile not in fns:
+        ap.error(f"{args.profile}: opentelemetry-sdk is not installed (loopwarden[otel])")
     if args.profile:
         return profile(fns[args.profile], sizes[-1], runs)
     per_step: dict[str, dict[str, float]] = {}
@@ -346,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": W.machine(),
         "ratio_to_bare": ratios,
+        "otel_us_per_step": otel_cost(fns, sizes, runs, 1 if args.quick else 3),
         **startup_ms(repeat),
         "runs": runs,
         "plugins": {"empty": empty_plugins, "default": default_plugins},
@@ -354,22 +427,30 @@ def main(argv: list[str] | None = None) -> int:
     if len(sizes) >= 2:
         a, b = str(sizes[-2]), str(sizes[-1])
         result["growth"] = {
-            f"{b}/{a}": {k: round(per_step[b][k] / per_step[a][k], 2) for k in VARIANTS}
+            f"{b}/{a}": {k: round(per_step[b][k] / per_step[a][k], 2) for k in variants}
         }
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"loopwarden overhead -- python {result['python']} on {result['machine']}")
     print(f"median of {runs} runs, interleaved; microseconds per step (ratio to bare)")
-    print(f"{'N':>6}  " + "  ".join(f"{v:>17}" for v in VARIANTS))
+    print(f"{'N':>6}  " + "  ".join(f"{v:>17}" for v in variants))
     for n, row in per_step.items():
-        cells = [f"{row[v]:>8.1f} ({ratios[n][v]:>5.1f}x)" for v in VARIANTS]
+        cells = [f"{row[v]:>8.1f} ({ratios[n][v]:>5.1f}x)" for v in variants]
         print(f"{n:>6}  " + "  ".join(cells))
     for label, growth in result.get("growth", {}).items():
         print(f"growth {label}: " + ", ".join(f"{k} {v:.2f}x" for k, v in growth.items()))
     print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
     print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
     print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
+    if not otel:
+        print("otel_api, otel_sdk: left out (opentelemetry-sdk is not installed: loopwarden[otel])")
+    for v, label in (("otel_api", "API no-op providers"), ("otel_sdk", "SDK, no-op exporter")):
+        if v in otel:
+            added = ", ".join(
+                f"N={n}: {us:+.1f}" for n, us in result["otel_us_per_step"][v].items()
+            )
+            print(f"{v} = default_ctx + otel ({label}): CPU us added per step {added}")
     print(
         f"import loopwarden: {result['import_ms']:.1f} ms; "
         f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "

@@ -113,6 +113,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "logging": "loopwarden.plugins.logging:LoggingPlugin",
     "alerting": "loopwarden.plugins.alerting:Alerting",
     "metrics": "loopwarden.plugins.metrics:Metrics",
+    "otel": "loopwarden.plugins.otel:OTel",
     "run_record": "loopwarden.plugins.run_record:RunRecord",
 }
 

@@ -1,0 +1,186 @@
+"""The otel plugin's OpenTelemetry side: providers, instruments, attribute values.
+
+Split from :mod:`loopwarden.plugins.otel` (which decides *what* becomes a span, an event or a
+measurement): this module holds everything that touches the ``opentelemetry`` packages, and
+imports them only when a plugin is created -- never at ``import loopwarden`` or when the
+docs read the settings model.  The API (``opentelemetry-api``) is enough for the global
+providers; an exporter the settings name needs the SDK and ``opentelemetry-exporter-otlp-
+proto-http`` (the extra ``loopwarden[otel]`` brings all three).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Instruments", "Providers", "evidence_attributes", "scalar"]
+
+log = logging.getLogger("loopwarden.plugins.otel")
+
+INSTRUMENTATION = "loopwarden"
+
+#: the GenAI conventions' advised bucket boundaries (gen_ai.client.token.usage)
+TOKEN_BUCKETS = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
+#: ... and for gen_ai.client.operation.duration (seconds)
+DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+
+#: the standard evidence keys (docs/contracts.md) carried by a verdict's span event
+EVIDENCE_KEYS = (
+    "count",
+    "threshold",
+    "signature",
+    "tool",
+    "limit",
+    "spent",
+    "scope",
+    "window",
+    "rule",
+)
+
+_MAX_ATTR_CHARS = 1000  # a string attribute longer than this is cut (evidence, messages)
+
+
+def scalar(value: Any, limit: int = _MAX_ATTR_CHARS) -> str | bool | int | float:
+    """``value`` as an OTel attribute value: bools and numbers as they are (a Decimal as a
+    float), anything else as a string cut to ``limit`` characters."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if type(value).__name__ == "Decimal":
+        return float(value)
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def evidence_attributes(evidence: Mapping[str, Any], redact: Any) -> dict[str, Any]:
+    """The standard evidence keys present in ``evidence``, redacted, as ``loopwarden.evidence.*``
+    attributes (other keys stay in the run record: a span event is not an archive)."""
+    out: dict[str, Any] = {}
+    for key in EVIDENCE_KEYS:
+        value = evidence.get(key)
+        if value is not None:
+            out[f"loopwarden.evidence.{key}"] = scalar(redact(value))
+    return out
+
+
+@dataclass
+class Providers:
+    """The tracer and meter the plugin writes to, and what it must shut down on close."""
+
+    tracer: Any
+    meter: Any
+    owned: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for provider in self.owned:
+            try:
+                provider.shutdown()
+            except Exception:  # an exporter failing at shutdown never breaks a close
+                log.warning("otel: shutting down %r failed", provider, exc_info=True)
+        self.owned.clear()
+
+
+def providers(
+    exporter: str,
+    endpoint: str | None,
+    service_name: str,
+    version: str,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+) -> Providers:
+    """The tracer and meter: the given providers, else the global ones (``exporter =
+    "global"``), else SDK providers of the plugin's own shipping to an OTLP/HTTP endpoint."""
+    from opentelemetry import metrics, trace
+
+    if exporter == "otlp" and tracer_provider is None and meter_provider is None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create({"service.name": service_name})
+        base = endpoint.rstrip("/") if endpoint else None
+        tp = TracerProvider(resource=resource)
+        tp.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None))
+        )
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None)
+        )
+        mp = MeterProvider(resource=resource, metric_readers=[reader])
+        tracer_provider, meter_provider = tp, mp
+        owned: list[Any] = [tp, mp]
+    else:
+        owned = []
+    tracer = (
+        tracer_provider.get_tracer(INSTRUMENTATION, version)
+        if tracer_provider is not None
+        else trace.get_tracer(INSTRUMENTATION, version)
+    )
+    meter = (
+        meter_provider.get_meter(INSTRUMENTATION, version)
+        if meter_provider is not None
+        else metrics.get_meter(INSTRUMENTATION, version)
+    )
+    return Providers(tracer, meter, owned)
+
+
+class Instruments:
+    """The metric instruments: the GenAI client histograms, and loopwarden's counters under
+    the names and labels of the metrics plugin's Prometheus series."""
+
+    def __init__(self, meter: Any, counters: Mapping[str, tuple[str, str]]) -> None:
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS),
+        )
+        self.duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        #: in-process name (as the metrics plugin reads it) -> the OTel counter
+        self.counters: dict[str, Any] = {
+            key: meter.create_counter(name, description=help_text)
+            for key, (name, help_text) in counters.items()
+        }
+
+    def add(self, key: str, amount: float = 1, **labels: Any) -> None:
+        self.counters[key].add(amount, labels)
