@@ -9,6 +9,7 @@ Nothing is mocked; the scripted model proposes the calls.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.mcp_servers import count, http_server, stdio_table
+from support.mcp_servers import alive, count, http_server, server_pids, stdio_table
 from support.stores import store_table
 
 from loopwarden import Deployment, signals
@@ -325,14 +326,53 @@ def test_tool_not_listed_by_the_server(tmp_path: Path) -> None:
     assert "did you mean 'lookup_order'?" in str(err.value)
 
 
-def test_closed_deployment_closes_its_servers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["close", "aclose"])
+def test_closing_the_deployment_ends_its_servers(tmp_path: Path, mode: str) -> None:
+    """Servers start once per deployment and end with it (``close`` or ``async with``);
+    a run on a closed deployment gets a tool error, not a hang."""
     log = tmp_path / "log"
-    dep = Deployment(config(stdio_table(log)))
+    cfg = config(stdio_table(log))
     sc = scenario(tmp_path, LOOKUP)
-    dep.close()
+    if mode == "close":
+        dep = Deployment(cfg)
+        dep.run(scenario=sc)
+        dep.close()
+    else:
+
+        async def use() -> Deployment:
+            async with Deployment(cfg) as dep:
+                await dep.arun(scenario=sc)
+            return dep
+
+        dep = asyncio.run(use())
+    (pid,) = server_pids(log)  # one server process, for both runs
+    assert not alive(pid)
+    assert count(log, "lookup_order 7") == 1
     _, seen = results(lambda: dep.run(scenario=sc))
     assert not seen[0][1].ok and "closed" in seen[0][1].content
-    assert count(log, "lookup_order 7") == 0
+    assert count(log, "lookup_order 7") == 1
+
+
+def test_concurrent_runs_share_one_server(
+    tmp_path: Path, deployments: Callable[..., Deployment]
+) -> None:
+    """Sync runs on several threads and async runs on one event loop, at once, through one
+    server session."""
+    log = tmp_path / "log"
+    dep = deployments(config(stdio_table(log)))
+    scenarios = [
+        scenario(tmp_path, ("lookup_order", {"order_id": str(i)}), name=f"s{i}") for i in range(8)
+    ]
+
+    async def async_runs() -> list[Run]:
+        return list(await asyncio.gather(*(dep.arun(scenario=s) for s in scenarios[4:])))
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        threads = [pool.submit(dep.run, scenario=s) for s in scenarios[:4]]
+        runs = [*asyncio.run(async_runs()), *(f.result() for f in threads)]
+    assert all(r.record()["termination"] == "final_answer" for r in runs)
+    assert [count(log, f"lookup_order {i}") for i in range(8)] == [1] * 8
+    assert len(server_pids(log)) == 1
 
 
 # -- streamable HTTP ----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Written with the ``mcp`` SDK's ``MCPServer``; loopwarden starts it as a subprocess (stdio) or,
 with ``MODE`` ``http:PORT[:TOKEN]``, it serves streamable HTTP on 127.0.0.1:PORT (requests
 without ``Authorization: Bearer TOKEN`` are refused with a 401 when a token is given).  Every
-tool execution appends a line to ``LOG``, so a test counts what really ran in another process.
+tool execution appends a line to ``LOG``, so a test counts what really ran in another process
+(and a stdio server logs ``started PID`` first, so a test can see it end).
 
 Its tools declare their natures with MCP annotations:
 
@@ -123,4 +124,5 @@ if __name__ == "__main__":
         _, port, *rest = MODE.split(":")
         _serve_http(int(port), rest[0] if rest else None)
     else:
+        _log(f"started {os.getpid()}")
         server.run("stdio")

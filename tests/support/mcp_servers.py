@@ -23,6 +23,31 @@ def count(log: Path, line: str) -> int:
     return log.read_text(encoding="utf-8").splitlines().count(line)
 
 
+def server_pids(log: Path) -> list[int]:
+    """The process ids of the stdio servers that logged to ``log``."""
+    if not log.exists():
+        return []
+    lines = log.read_text(encoding="utf-8").splitlines()
+    return [int(ln.split()[1]) for ln in lines if ln.startswith("started ")]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie -- ended, not yet reaped -- does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        import os
+
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def stdio_table(log: Path, mode: str | None = None, **extra: Any) -> dict[str, Any]:
     """The table of a stdio ``mcp_orders`` server logging to ``log`` (``mode``: ``exit``,
     ``mute``; see the server's docstring)."""
