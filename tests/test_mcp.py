@@ -446,3 +446,63 @@ def test_config_check_starts_the_servers(
     assert main(["config", "check", str(good)]) == 0
     assert main(["config", "check", str(bad)]) == 2
     assert "mcp.servers.orders: cannot start the MCP server" in capsys.readouterr().err
+
+
+def test_named_tables_get_did_you_mean() -> None:
+    """A typo inside a table of named tables ([tools.<name>], [mcp.servers.<name>]) is
+    answered with the keys that table accepts."""
+    with pytest.raises(ConfigError, match="did you mean 'side_effect'"):
+        parse_config({"tools": {"cancel_order": {"side_efect": True}}})
+    with pytest.raises(ConfigError, match="did you mean 'trust_annotations'"):
+        config({"command": "x", "trust_annotation": False})
+
+
+@pytest.mark.parametrize(
+    ("hints", "nature"),
+    [
+        ({"readOnlyHint": True}, {"read_only": True, "side_effect": False}),
+        (
+            {"readOnlyHint": True, "openWorldHint": False},
+            {"read_only": True, "side_effect": False, "deterministic": True},
+        ),
+        (
+            {"readOnlyHint": True, "openWorldHint": True},
+            {"read_only": True, "side_effect": False, "deterministic": False},
+        ),
+        ({"readOnlyHint": False}, {"read_only": False, "side_effect": True}),
+        ({"destructiveHint": True}, {"read_only": False, "side_effect": True}),
+        ({"destructiveHint": False}, {"read_only": False, "side_effect": True}),
+        (
+            {"idempotentHint": True},
+            {"read_only": False, "side_effect": True, "idempotency_keys": ["a", "b"]},
+        ),
+        (
+            {"readOnlyHint": False, "idempotentHint": False},
+            {"read_only": False, "side_effect": True},
+        ),
+        ({"openWorldHint": True}, {"deterministic": False}),
+        ({"openWorldHint": None, "readOnlyHint": None}, {}),  # not sent: nothing declared
+        (None, {}),
+    ],
+)
+def test_annotation_natures(hints: dict[str, Any] | None, nature: dict[str, Any]) -> None:
+    from loopwarden.mcp import annotation_nature
+
+    assert annotation_nature(hints, ["a", "b"]) == nature
+
+
+def test_the_docs_toml_examples_are_valid_configs() -> None:
+    """Every TOML block of docs/mcp.md and the README's MCP section validates as written."""
+    import re
+
+    from loopwarden.config import tomllib
+
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Tools from MCP servers", 1)[1].split("\n## ", 1)[0]
+    text = (root / "docs" / "mcp.md").read_text(encoding="utf-8") + section
+    blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
+    assert len(blocks) == 3
+    for block in blocks:
+        cfg = parse_config(tomllib.loads(block), path="docs/mcp.md")
+        assert cfg.mcp.servers
