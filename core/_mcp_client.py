@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import os
 import tempfile
 import threading
 from collections.abc import Callable
@@ -56,6 +57,9 @@ log = logging.getLogger("loopwarden.mcp")
 CLOSE_TIMEOUT_S = 5.0
 #: how much of a server's stderr an error quotes
 STDERR_TAIL = 400
+#: a stdio server's stderr file is cut to its last STDERR_KEEP bytes past STDERR_MAX
+STDERR_MAX = 1 << 20
+STDERR_KEEP = 1 << 14
 
 
 class _StartError(Exception):
@@ -97,20 +101,38 @@ class _Session:
         return stdio_client(params, errlog=self.errlog)
 
     def stderr_tail(self) -> str:
-        """The end of what a stdio server wrote to its stderr (one line, for an error)."""
+        """The end of what a stdio server wrote to its stderr (one line, for an error).
+
+        Read with ``pread``: the server writes through the same open file, whose offset a
+        seek would move under it."""
         if self.cfg.url is not None:
             return ""
         try:
-            self.errlog.flush()
-            self.errlog.seek(0, 2)
-            size = self.errlog.tell()
-            self.errlog.seek(max(0, size - 4 * STDERR_TAIL))
-            text = self.errlog.read()
+            fd = self.errlog.fileno()
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, 4 * STDERR_TAIL, max(0, size - 4 * STDERR_TAIL))
         except (OSError, ValueError):
             return ""
+        text = data.decode("utf-8", "replace")
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        tail = " | ".join(lines[-3:])
-        return tail[-STDERR_TAIL:]
+        return " | ".join(lines[-3:])[-STDERR_TAIL:]
+
+    def trim_stderr(self) -> None:
+        """Keep a long-lived server's stderr file small: past ``STDERR_MAX`` bytes only its
+        end is kept (a server that logs every request would otherwise fill the disk)."""
+        if self.cfg.url is not None:
+            return
+        try:
+            fd = self.errlog.fileno()
+            size = os.fstat(fd).st_size
+            if size <= STDERR_MAX:
+                return
+            keep = os.pread(fd, STDERR_KEEP, size - STDERR_KEEP)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)  # the offset the server writes at (shared)
+            os.write(fd, keep)
+        except (OSError, ValueError):
+            return
 
     async def _hold(self) -> None:
         async with Client(
@@ -179,6 +201,7 @@ class _Session:
             raise ToolError(
                 f"ERROR: the MCP server {self.name!r} is not running" + self._stderr_note()
             )
+        self.trim_stderr()
         return await client.call_tool(tool, arguments)
 
     async def close(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -373,6 +374,27 @@ def test_concurrent_runs_share_one_server(
     assert all(r.record()["termination"] == "final_answer" for r in runs)
     assert [count(log, f"lookup_order {i}") for i in range(8)] == [1] * 8
     assert len(server_pids(log)) == 1
+
+
+def test_a_chatty_servers_stderr_is_kept_small(
+    tmp_path: Path, deployments: Callable[..., Deployment], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stderr a stdio server writes is kept for error messages, cut to its end once it
+    grows past a bound (lowered here), and still quoted when the server dies."""
+    from loopwarden import _mcp_client
+
+    monkeypatch.setattr(_mcp_client, "STDERR_MAX", 4000)
+    monkeypatch.setattr(_mcp_client, "STDERR_KEEP", 1000)
+    dep = deployments(config(stdio_table(tmp_path / "log")))
+    noisy = ("noisy", {"lines": 200})
+    _, seen = results(
+        lambda: dep.run(scenario=scenario(tmp_path, noisy, noisy, noisy, ("crash", {})))
+    )
+    assert [r.ok for _, r in seen] == [True, True, True, False]
+    assert "noise line 199" in seen[-1][1].content  # the end of its stderr, quoted
+    errlog = dep.mcp._sessions["orders"].errlog
+    # each call trims what came before it: at most one call's output besides the kept end
+    assert os.fstat(errlog.fileno()).st_size < 1000 + 200 * 80
 
 
 # -- streamable HTTP ----------------------------------------------------------------------------

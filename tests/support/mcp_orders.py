@@ -16,6 +16,7 @@ Its tools declare their natures with MCP annotations:
 ``crash``          the server process exits at once, mid-call (a server that dies)
 ``hang``           never answers (a server that hangs)
 ``broken``         the tool fails: the server answers an MCP tool error
+``noisy``          writes many lines to stderr (a server that logs a lot)
 
 Other modes make the server itself misbehave: ``exit`` quits before speaking MCP (a server
 that fails to start) and ``mute`` reads its input but never answers (one that hangs at start).
@@ -85,6 +86,15 @@ async def hang() -> str:
     _log("hang")
     await anyio.sleep(3600)
     return "late"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def noisy(lines: int) -> str:
+    """Write ``lines`` lines to stderr (a server that logs a lot)."""
+    _log(f"noisy {lines}")
+    for i in range(lines):
+        print(f"noise line {i} " + "x" * 60, file=sys.stderr, flush=True)
+    return f"wrote {lines} lines"
 
 
 @server.tool()
