@@ -83,6 +83,13 @@ def results(run_fn: Callable[[], Run]) -> tuple[Run, list[tuple[ToolCall, ToolRe
     return run, seen
 
 
+def play(dep: Deployment, sc: Path, mode: str) -> tuple[Run, list[tuple[ToolCall, ToolResult]]]:
+    """Play scenario ``sc`` in a sync run (``mode`` "sync") or an async one ("async")."""
+    if mode == "sync":
+        return results(lambda: dep.run(scenario=sc))
+    return results(lambda: asyncio.run(dep.arun(scenario=sc)))
+
+
 LOOKUP: OrderCall = ("lookup_order", {"order_id": "7"})
 CANCEL: OrderCall = ("cancel_order", {"order_id": "7"})
 
@@ -258,10 +265,7 @@ def test_server_that_dies_is_a_tool_error_with_a_record(
     log = tmp_path / "log"
     dep = deployments(config(stdio_table(log, timeout_s=600)))
     sc = scenario(tmp_path, ("crash", {}), LOOKUP)
-    if mode == "sync":
-        run, seen = results(lambda: dep.run(scenario=sc))
-    else:
-        run, seen = results(lambda: asyncio.run(dep.arun(scenario=sc)))
+    run, seen = play(dep, sc, mode)
     assert [(c.name, r.ok, r.error) for c, r in seen] == [
         ("crash", False, "tool_error"),
         ("lookup_order", False, "tool_error"),
@@ -279,10 +283,7 @@ def test_server_that_hangs_is_a_timeout_and_the_server_serves_on(
     log = tmp_path / "log"
     dep = deployments(config(stdio_table(log, timeout_s=1.0)))
     sc = scenario(tmp_path, ("hang", {}), LOOKUP)
-    if mode == "sync":
-        run, seen = results(lambda: dep.run(scenario=sc))
-    else:
-        run, seen = results(lambda: asyncio.run(dep.arun(scenario=sc)))
+    run, seen = play(dep, sc, mode)
     assert [(c.name, r.ok, r.error) for c, r in seen] == [
         ("hang", False, "timeout"),
         ("lookup_order", True, None),
