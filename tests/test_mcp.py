@@ -220,6 +220,47 @@ def test_prefix_and_allow_list(tmp_path: Path, deployments: Callable[..., Deploy
     assert run.record()["tool_calls"] == 1
 
 
+def test_own_tools_and_mcp_tools_together(tmp_path: Path) -> None:
+    """MCP tools join the tools a deployment is given (a copy: the caller's registry is not
+    changed); a name taken by one of them is a start-up error."""
+    from loopwarden.tools import ToolRegistry, tool
+
+    @tool(read_only=True)
+    def lookup_order(order_id: str) -> str:
+        """A local lookup."""
+        return "local"
+
+    own = ToolRegistry([lookup_order])
+    log = tmp_path / "log"
+    with Deployment(config(stdio_table(log, prefix="orders_")), tools=own) as dep:
+        assert {"lookup_order", "orders_lookup_order"} <= set(dep.tools.names)
+        assert own.names == ["lookup_order"]
+    with pytest.raises(ConfigError, match="set a prefix"):
+        Deployment(config(stdio_table(log)), tools=own)
+
+
+def test_loopwarden_run_with_mcp_tools(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``loopwarden run --scenario`` with a config naming a server: the MCP tools beside the
+    demo's, the second cancellation answered from the ledger in the printed record."""
+    from loopwarden.cli import main
+
+    log = tmp_path / "log"
+    server = stdio_table(log)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        "[mcp.servers.orders]\n"
+        f"command = {json.dumps(server['command'])}\nargs = {json.dumps(server['args'])}\n"
+        f"[store]\nurl = {json.dumps('sqlite:///' + str(tmp_path / 'store.sqlite3'))}\n",
+        encoding="utf-8",
+    )
+    sc = scenario(tmp_path, LOOKUP, CANCEL, CANCEL)
+    assert main(["run", "--config", str(cfg), "--scenario", str(sc), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["tool_calls"] == 3
+    assert [a["tool"] for a in record["ledger_answers"]] == ["cancel_order"]
+    assert count(log, "cancel_order 7") == 1
+
+
 def test_invalid_arguments_never_reach_the_server(
     tmp_path: Path, deployments: Callable[..., Deployment]
 ) -> None:
@@ -281,7 +322,7 @@ def test_server_that_hangs_is_a_timeout_and_the_server_serves_on(
     tmp_path: Path, deployments: Callable[..., Deployment], mode: str
 ) -> None:
     log = tmp_path / "log"
-    dep = deployments(config(stdio_table(log, timeout_s=1.0)))
+    dep = deployments(config(stdio_table(log, timeout_s=3.0)))
     sc = scenario(tmp_path, ("hang", {}), LOOKUP)
     run, seen = play(dep, sc, mode)
     assert [(c.name, r.ok, r.error) for c, r in seen] == [
