@@ -445,10 +445,17 @@ def test_a_chatty_servers_stderr_is_kept_small(
 def test_streamable_http_server_with_headers_from_variables(
     tmp_path: Path, deployments: Callable[..., Deployment], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A server over streamable HTTP behind a bearer token from a variable: the same ledger;
+    a wrong token is a start-up error that shows no secret; a server that goes away is a
+    tool error."""
     log = tmp_path / "log"
     monkeypatch.setenv("ORDERS_TOKEN", "tok-123456789")
     with http_server(log, token="tok-123456789") as url:
-        server = {"url": url, "headers": {"Authorization": "Bearer ${ORDERS_TOKEN}"}}
+        server = {
+            "url": url,
+            "headers": {"Authorization": "Bearer ${ORDERS_TOKEN}"},
+            "timeout_s": 600,
+        }
         dep = deployments(config(server))
         cancel = dep.tools.get("cancel_order")
         assert cancel is not None and cancel.side_effect
@@ -461,6 +468,11 @@ def test_streamable_http_server_with_headers_from_variables(
             Deployment(config(server))
         assert "cannot start the MCP server" in str(err.value)
         assert "wrong-token-987654" not in str(err.value)
+    # the server is gone: a tool error at once (the deadline is far), and a record
+    run, seen = results(lambda: dep.run(scenario=scenario(tmp_path, LOOKUP, name="gone")))
+    assert [(r.ok, r.error) for _, r in seen] == [(False, "tool_error")]
+    assert "MCP server 'orders'" in seen[0][1].content
+    assert run.record()["termination"] == "final_answer"
 
 
 # -- config --------------------------------------------------------------------------------------
