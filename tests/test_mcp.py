@@ -571,6 +571,8 @@ def test_the_docs_toml_examples_are_valid_configs() -> None:
     """Every TOML block of docs/mcp.md and the README's MCP section validates as written."""
     import re
 
+    import jsonschema
+
     from loopwarden.config import tomllib
 
     root = Path(__file__).parent.parent
@@ -579,6 +581,12 @@ def test_the_docs_toml_examples_are_valid_configs() -> None:
     text = (root / "docs" / "mcp.md").read_text(encoding="utf-8") + section
     blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
     assert len(blocks) == 3
+    schema = json.loads((root / "docs" / "config.schema.json").read_text(encoding="utf-8"))
     for block in blocks:
-        cfg = parse_config(tomllib.loads(block), path="docs/mcp.md")
+        data = tomllib.loads(block)
+        cfg = parse_config(data, path="docs/mcp.md")
         assert cfg.mcp.servers
+        jsonschema.validate(data, schema)  # what editors check against
+    bad = {"mcp": {"servers": {"orders": {"comand": "x"}}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
