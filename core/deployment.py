@@ -43,6 +43,7 @@ from loopwarden.tools import Tool, ToolContext, ToolRegistry
 if TYPE_CHECKING:
     from blinker import NamedSignal
 
+    from loopwarden._mcp_client import McpServers
     from loopwarden.models import Model
 
 __all__ = ["Deployment", "scripted_tools"]
@@ -171,7 +172,7 @@ class Deployment:
         self.hooks = self.plugins.hooks
         key = model_api_key(self)
         #: the MCP servers' tools are taken when the plugins are configured (see _start_mcp)
-        self.mcp: Any = None
+        self.mcp: McpServers | None = None
         secrets = mcp_secrets(self.config) if self.config.mcp.servers else []
         #: masks secrets (the model's API key, bearer credentials, ``sk-`` keys, ``token=``
         #: pairs, the MCP servers' env and header values) in the error texts that reach
