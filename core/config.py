@@ -33,6 +33,7 @@ from pydantic import (
 
 from loopwarden.exceptions import ConfigError
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
+from loopwarden.mcp import McpConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -338,6 +339,8 @@ class Config(_Strict):
     #: (the core knows nothing of the shop; deployment files that set it stay valid)
     shop: dict[str, Any] = Field(default_factory=dict)
     tools: dict[str, ToolNature] = Field(default_factory=dict)
+    #: ``[mcp.servers.<name>]``: MCP servers whose tools the deployment takes (loopwarden.mcp)
+    mcp: McpConfig = Field(default_factory=McpConfig)
 
     store: StoreConfig = Field(default_factory=StoreConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
@@ -391,6 +394,9 @@ def _known_keys(model: type[BaseModel] | None, loc: Sequence[Any]) -> list[str]:
     """The keys the table at ``loc`` (the bad key's parents) accepts, when ``model`` says."""
     current: Any = model
     for part in loc:
+        if typing.get_origin(current) is dict:  # a table of named tables: ``part`` is a name
+            current = typing.get_args(current)[-1]
+            continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return []
         field = current.model_fields.get(str(part))
@@ -398,6 +404,8 @@ def _known_keys(model: type[BaseModel] | None, loc: Sequence[Any]) -> list[str]:
             return []
         current = field.annotation
         args = [a for a in typing.get_args(current) if isinstance(a, type)]
+        if typing.get_origin(current) is dict:
+            continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)) and args:
             models = [a for a in args if issubclass(a, BaseModel)]
             current = models[0] if len(models) == 1 else None

@@ -30,6 +30,7 @@ from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
 from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
 from loopwarden.loop import Engine, adrive, drive
+from loopwarden.mcp import secret_values as mcp_secrets
 from loopwarden.models import output_limit
 from loopwarden.pluginmanager import PluginSet, load_plugins
 from loopwarden.redaction import Redactor, model_api_key
@@ -42,6 +43,7 @@ from loopwarden.tools import Tool, ToolContext, ToolRegistry
 if TYPE_CHECKING:
     from blinker import NamedSignal
 
+    from loopwarden._mcp_client import McpServers
     from loopwarden.models import Model
 
 __all__ = ["Deployment", "scripted_tools"]
@@ -169,9 +171,13 @@ class Deployment:
         self.plugins: PluginSet = load_plugins(self.config, extra=extra_plugins, objects=plugins)
         self.hooks = self.plugins.hooks
         key = model_api_key(self)
+        #: the MCP servers' tools are taken when the plugins are configured (see _start_mcp)
+        self.mcp: McpServers | None = None
+        secrets = mcp_secrets(self.config) if self.config.mcp.servers else []
         #: masks secrets (the model's API key, bearer credentials, ``sk-`` keys, ``token=``
-        #: pairs) in the error texts that reach records, logs and alerts
-        self.redactor = Redactor(literals=[key] if key else ())
+        #: pairs, the MCP servers' env and header values) in the error texts that reach
+        #: records, logs and alerts
+        self.redactor = Redactor(literals=[key, *secrets] if key else secrets)
         self.hooks.redact = self.redactor.text
         self.engine = Engine(self.hooks, self.config.run, shadow=self._shadowed())
         self.engine.redactor = self.redactor
@@ -204,6 +210,34 @@ class Deployment:
                 plugin=culprit,
                 path=self.config.path,
             ) from exc
+        if self.config.mcp.servers:
+            self._start_mcp()
+
+    def _start_mcp(self) -> None:
+        """Start the ``[mcp.servers.<name>]`` servers and add their tools to the deployment's
+        (a copy of the registry it was given); a server that cannot start closes the
+        deployment and raises :class:`ConfigError` naming its table."""
+        from loopwarden.mcp import start_servers
+
+        try:
+            self.mcp, mcp_tools = start_servers(self.config, self.redactor.text)
+            registry = self._tools.copy() if self._tools is not None else ToolRegistry()
+            for t in mcp_tools:
+                if t.name in registry:
+                    raise ConfigError(
+                        f"MCP tool {t.name!r} has the name of one of the deployment's own "
+                        "tools: set a prefix",
+                        path=self.config.path,
+                        key="mcp.servers",
+                    )
+                registry.add(t)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
+        self._tools = registry
+        # an unclosed deployment's servers are closed when it is collected (or at exit)
+        weakref.finalize(self, self.mcp.close)
 
     def _shadowed(self) -> list[str]:
         """The plugins in shadow mode: every one but the essential ones and normal endings
@@ -318,12 +352,27 @@ class Deployment:
         self._local_receivers.clear()
         self.hooks.unconfigure(self)
         self.shared.close()
+        if self.mcp is not None:
+            self.mcp.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close` from an event loop (closing MCP servers waits for them: in a
+        thread, so the loop goes on)."""
+        import asyncio
+
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Deployment:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # -- runs ----------------------------------------------------------------------------
 
