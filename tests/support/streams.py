@@ -9,11 +9,14 @@ Hostile streams (each queues one answer on a :class:`~support.openai_stub.Stub`)
 * :func:`push_garbage`      a chunk that is not JSON in the middle of a good stream
 * :func:`push_stalled`      a few chunks, then silence (the connection stays open)
 * :func:`push_endless_text` the same sentence, chunk after chunk, until the client leaves
+* :func:`push_held`         the first part of an answer, the rest only once a test releases it
+  (to see a client show text while its stream is still open)
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -31,6 +34,7 @@ __all__ = [
     "healthy_scenario",
     "push_endless_text",
     "push_garbage",
+    "push_held",
     "push_stalled",
     "push_truncated",
     "runaway_scenario",
@@ -159,5 +163,32 @@ def push_endless_text(stub: Stub, sentence: str = "I will check the order again.
             s._send(h, b"%x\r\n%s\r\n" % (len(piece), piece))
             if s.closing.wait(0.001):
                 return
+
+    stub.responses.append(write)
+
+
+def push_held(
+    stub: Stub,
+    first: str,
+    rest: str,
+    release: threading.Event,
+    usage: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> None:
+    """A stream that sends ``first`` (in one chunk), then waits for ``release`` (at most
+    ``timeout_s``: a test that never sets it fails on its assertions, not by hanging)
+    before it sends ``rest``, the finish, ``usage`` and ``[DONE]``."""
+    chunks: list[Any] = stream_chunks(first + rest, None, usage, piece=len(first))
+    head = sse(chunks[:2])  # the role, then ``first``
+    tail = sse([*chunks[2:], "[DONE]"])
+
+    def write(h: BaseHTTPRequestHandler, s: Stub) -> None:
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.send_header("transfer-encoding", "chunked")
+        h.end_headers()
+        s._send(h, b"%x\r\n%s\r\n" % (len(head), head))
+        release.wait(timeout_s)
+        s._send(h, b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
 
     stub.responses.append(write)
