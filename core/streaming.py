@@ -456,9 +456,9 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
                     await stepper.finish(eff.outcome)
             else:
                 gen.close()
-        except GeneratorExit:
+        except GeneratorExit:  # aclose(): the consumer left between two events
             if run.outcome is None:
-                engine.finish(run, _consumer_left(engine, run))
+                await stepper.finish(_consumer_left(engine, run))
             raise
         except BaseException as exc:
             await stepper.settle()

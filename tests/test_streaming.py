@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.stores import store_table
 from support.streams import LOOP_SENTENCE, ClockedModel, healthy_scenario, runaway_scenario
 
 from loopwarden import Deployment, FakeClock, Plugin, hookimpl, signals, stop
+from loopwarden._drivers import blocking_io
 from loopwarden.config import Config, parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.scenario import load_scenario, scenario_path
@@ -271,6 +273,31 @@ final_text = "已退款。"
     assert isinstance(skipped, ToolCallSkipped)
     assert skipped.why == "ledger" and skipped.call.name == "apply_refund"
     assert events[-1].run.ledger_answers  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shared_ledger_answer_streams_as_skipped(
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
+    store_url: str,
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    """Two streamed runs of the refund through one shared store (a SQLite file, a Redis
+    server): the second run's refund is answered by the store's ledger, and says so.  An
+    async run with a ledger advances its machine in worker threads (store I/O never blocks
+    the event loop): its events still arrive in order."""
+    cfg = make_config(plugins={"enabled": ["max_steps"]}, store=store_table(store_url))
+    dep = deployment_factory(cfg, tools=shop_tools(tmp_path))
+    first = events_of(dep, mode, scenario=healthy_scenario())
+    second = events_of(dep, mode, scenario=healthy_scenario())
+    end = second[-1]
+    assert isinstance(end, RunEnd) and blocking_io(end.run)
+    assert [e.call.name for e in first if isinstance(e, ToolCallExecuted)][-1] == "apply_refund"
+    skipped = [e for e in second if isinstance(e, ToolCallSkipped)]
+    assert [(e.call.name, e.why) for e in skipped] == [("apply_refund", "ledger")]
+    assert end.record["ledger_answers"][0]["source"] == "shared"
+    assert end.record["termination"] == "final_answer"
 
 
 class CutAtThird(Plugin):
