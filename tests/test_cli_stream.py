@@ -4,12 +4,10 @@ is the unstreamed run's, and a runaway answer is cut on screen."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +17,6 @@ from support.streams import LOOP_SENTENCE, push_held, runaway_scenario
 from loopwarden.cli import main
 
 IGNORE = ("run_id", "elapsed_s", "conversation_id")
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    logger = logging.getLogger("loopwarden")
-    level, handlers = logger.level, list(logger.handlers)
-    yield
-    logger.setLevel(level)
-    logger.handlers[:] = handlers
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

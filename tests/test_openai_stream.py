@@ -8,9 +8,15 @@ import asyncio
 from typing import Any
 
 import pytest
-from support.openai_stream import push_stream
+from support.openai_stream import push_stream, stream_chunks
 from support.openai_stub import Stub, completion
-from support.streams import push_endless_text, push_garbage, push_stalled, push_truncated
+from support.streams import (
+    push_endless_text,
+    push_garbage,
+    push_sse,
+    push_stalled,
+    push_truncated,
+)
 
 from loopwarden import Deployment, ModelError, ModelRequest, ModelResponse
 from loopwarden.config import parse_config
@@ -132,20 +138,8 @@ def test_stream_that_breaks_off_is_a_model_error(stub: tuple[Stub, str], mode: s
 def test_stream_without_a_finish_is_malformed(stub: tuple[Stub, str]) -> None:
     """A stream that ends cleanly (``[DONE]``) but never said it was finished."""
     state, url = stub
-    from support.openai_stream import stream_chunks
-    from support.streams import sse
-
     chunks = stream_chunks("half an answer", None, None)[:-1]  # no finish chunk
-    data = sse([*chunks, "[DONE]"])
-
-    def write(h: Any, s: Stub) -> None:
-        h.send_response(200)
-        h.send_header("content-type", "text/event-stream")
-        h.send_header("content-length", str(len(data)))
-        h.end_headers()
-        s._send(h, data)
-
-    state.responses.append(write)
+    push_sse(state, [*chunks, "[DONE]"])
     with pytest.raises(ModelError) as err:
         list(make_model(url).stream(request()))
     assert err.value.kind == "malformed" and "finish" in str(err.value)
@@ -163,23 +157,12 @@ def test_garbage_chunk_is_malformed(stub: tuple[Stub, str], mode: str) -> None:
 
 def test_wrong_shaped_chunk_is_malformed(stub: tuple[Stub, str]) -> None:
     state, url = stub
-    from support.streams import sse
-
     bad = {
         "id": "x",
         "object": "chat.completion.chunk",
         "choices": [{"index": 0, "delta": {"content": {"not": "text"}}, "finish_reason": None}],
     }
-    data = sse([bad, "[DONE]"])
-
-    def write(h: Any, s: Stub) -> None:
-        h.send_response(200)
-        h.send_header("content-type", "text/event-stream")
-        h.send_header("content-length", str(len(data)))
-        h.end_headers()
-        s._send(h, data)
-
-    state.responses.append(write)
+    push_sse(state, [bad, "[DONE]"])
     with pytest.raises(ModelError) as err:
         list(make_model(url).stream(request()))
     assert err.value.kind == "malformed"

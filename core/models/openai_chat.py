@@ -189,6 +189,15 @@ class OpenAIChatModel:
             seconds = min(seconds, max(0.0, request.timeout))
         return self._http.CallBounds(time.monotonic() + seconds, self.max_response_bytes, seconds)
 
+    def _ended(self, ending: str, value: Any, bounds: CallBounds) -> Any:
+        """The call's value when it ended ``ok``; else the error of its cancellation or its
+        deadline, raised."""
+        if ending == "ok":
+            return value
+        if ending == "cancelled":
+            raise ModelError("the run was cancelled during the model call", kind="cancelled")
+        raise self._deadline_error(bounds)
+
     def _deadline_error(self, bounds: CallBounds) -> ModelError:
         return ModelError(
             f"the model call did not finish within {bounds.seconds:g}s", kind="timeout"
@@ -244,11 +253,7 @@ class OpenAIChatModel:
         ending, value = call_within(
             self._call, request, bounds, timeout=bounds.left(), cancel=request.cancel, name="model"
         )
-        if ending == "ok":
-            return self._convert(value, request)
-        if ending == "cancelled":
-            raise ModelError("the run was cancelled during the model call", kind="cancelled")
-        raise self._deadline_error(bounds)
+        return self._convert(self._ended(ending, value, bounds), request)
 
     def _call(self, request: ModelRequest, bounds: CallBounds, stream: bool = False) -> Any:
         params = self._params(request)
@@ -301,11 +306,7 @@ class OpenAIChatModel:
         ending, value = await await_within(
             self._acall(client, request, bounds), bounds.left(), request.cancel
         )
-        if ending == "ok":
-            return self._convert(value, request)
-        if ending == "cancelled":
-            raise ModelError("the run was cancelled during the model call", kind="cancelled")
-        raise self._deadline_error(bounds)
+        return self._convert(self._ended(ending, value, bounds), request)
 
     async def _acall(
         self, client: Any, request: ModelRequest, bounds: CallBounds, stream: bool = False
@@ -345,13 +346,10 @@ class OpenAIChatModel:
             cancel=request.cancel,
             name="model",
         )
-        if ending == "cancelled":
-            raise ModelError("the run was cancelled during the model call", kind="cancelled")
-        if ending != "ok":
-            raise self._deadline_error(bounds)
+        stream = self._ended(ending, value, bounds)
         assembly = _Assembly()
         try:
-            for chunk in value:
+            for chunk in stream:
                 text = assembly.add(chunk)
                 if text:
                     yield text
@@ -360,7 +358,7 @@ class OpenAIChatModel:
         except Exception as exc:
             raise self._stream_error(exc, bounds) from None
         finally:
-            _close(value)
+            _close(stream)
         yield assembly.response(self, request)
 
     async def astream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
@@ -372,13 +370,10 @@ class OpenAIChatModel:
         ending, value = await await_within(
             self._acall(client, request, bounds, True), bounds.left(), request.cancel
         )
-        if ending == "cancelled":
-            raise ModelError("the run was cancelled during the model call", kind="cancelled")
-        if ending != "ok":
-            raise self._deadline_error(bounds)
+        stream = self._ended(ending, value, bounds)
         assembly = _Assembly()
         try:
-            async for chunk in value:
+            async for chunk in stream:
                 text = assembly.add(chunk)
                 if text:
                     yield text
@@ -388,7 +383,7 @@ class OpenAIChatModel:
             raise self._stream_error(exc, bounds) from None
         finally:
             with contextlib.suppress(Exception):  # the connection is going away anyway
-                await value.close()
+                await stream.close()
         yield assembly.response(self, request)
 
     def _stream_error(self, exc: Exception, bounds: CallBounds) -> ModelError:

@@ -9,6 +9,7 @@ Hostile streams (each queues one answer on a :class:`~support.openai_stub.Stub`)
 * :func:`push_garbage`      a chunk that is not JSON in the middle of a good stream
 * :func:`push_stalled`      a few chunks, then silence (the connection stays open)
 * :func:`push_endless_text` the same sentence, chunk after chunk, until the client leaves
+* :func:`push_sse`          any chunks as one complete response (a str chunk sent verbatim)
 * :func:`push_held`         the first part of an answer, the rest only once a test releases it
   (to see a client show text while its stream is still open)
 """
@@ -35,6 +36,7 @@ __all__ = [
     "push_endless_text",
     "push_garbage",
     "push_held",
+    "push_sse",
     "push_stalled",
     "push_truncated",
     "runaway_scenario",
@@ -124,6 +126,21 @@ def _stream_writer(data: bytes, *, hold_open: bool = False, close: bool = False)
         stub._send(h, b"0\r\n\r\n")
 
     return write
+
+
+def push_sse(stub: Stub, chunks: list[Any]) -> None:
+    """Queue ``chunks`` as one complete event stream (with a content-length): wrong-shaped
+    or unfinished answers that arrive in full."""
+    data = sse(chunks)
+
+    def write(h: BaseHTTPRequestHandler, s: Stub) -> None:
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.send_header("content-length", str(len(data)))
+        h.end_headers()
+        s._send(h, data)
+
+    stub.responses.append(write)
 
 
 def push_truncated(stub: Stub, content: str = "The order is on its way and", keep: int = 3) -> None:
