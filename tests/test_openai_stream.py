@@ -11,6 +11,7 @@ import pytest
 from support.openai_stream import push_stream, stream_chunks
 from support.openai_stub import Stub, completion
 from support.streams import (
+    events_of,
     push_endless_text,
     push_garbage,
     push_sse,
@@ -22,7 +23,7 @@ from loopwarden import Deployment, ModelError, ModelRequest, ModelResponse
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.models.openai_chat import OpenAIChatModel
-from loopwarden.streaming import ResponseCut, RunEnd, StreamEvent, TextDelta
+from loopwarden.streaming import ResponseCut, RunEnd, TextDelta
 
 USAGE = {"prompt_tokens": 50, "completion_tokens": 9, "total_tokens": 59}
 LOOKUP = {"name": "query_order", "arguments": '{"order_id": "88231"}'}
@@ -54,16 +55,6 @@ def stream_items(model: OpenAIChatModel, mode: str) -> list[str | ModelResponse]
 
     async def collect() -> list[str | ModelResponse]:
         return [item async for item in model.astream(request())]
-
-    return asyncio.run(collect())
-
-
-def events_of(dep: Deployment, mode: str, **kwargs: Any) -> list[StreamEvent]:
-    if mode == "sync":
-        return list(dep.stream(**kwargs))
-
-    async def collect() -> list[StreamEvent]:
-        return [e async for e in dep.astream(**kwargs)]
 
     return asyncio.run(collect())
 

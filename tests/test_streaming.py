@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 from support.stores import store_table
-from support.streams import LOOP_SENTENCE, ClockedModel, healthy_scenario, runaway_scenario
+from support.streams import (
+    LOOP_SENTENCE,
+    ClockedModel,
+    events_of,
+    healthy_scenario,
+    runaway_scenario,
+)
 
 from loopwarden import Deployment, FakeClock, Plugin, hookimpl, signals, stop
 from loopwarden._drivers import blocking_io
@@ -33,17 +39,6 @@ from loopwarden.streaming import (
 
 #: record fields that differ between two runs of the same scenario: timing and identities
 TIMING = ("run_id", "elapsed_s", "conversation_id")
-
-
-def events_of(dep: Deployment, mode: str, **kwargs: Any) -> list[StreamEvent]:
-    """Every event of one streamed run, driven sync or async."""
-    if mode == "sync":
-        return list(dep.stream(**kwargs))
-
-    async def collect() -> list[StreamEvent]:
-        return [e async for e in dep.astream(**kwargs)]
-
-    return asyncio.run(collect())
 
 
 def without_timing(record: dict[str, Any]) -> dict[str, Any]:

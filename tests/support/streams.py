@@ -16,6 +16,7 @@ Hostile streams (each queues one answer on a :class:`~support.openai_stub.Stub`)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -23,15 +24,17 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from loopwarden import FakeClock, ModelRequest, ModelResponse
+from loopwarden import Deployment, FakeClock, ModelRequest, ModelResponse
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.scenario import Scenario, load_scenario
+from loopwarden.streaming import StreamEvent
 from support.openai_stream import stream_chunks
 from support.openai_stub import Stub
 
 __all__ = [
     "LOOP_SENTENCE",
     "ClockedModel",
+    "events_of",
     "healthy_scenario",
     "push_endless_text",
     "push_garbage",
@@ -45,6 +48,17 @@ __all__ = [
 
 #: the sentence the runaway scenario's model says again and again in one answer
 LOOP_SENTENCE = "我再查一下这个订单的状态。"
+
+
+def events_of(dep: Deployment, mode: str, **kwargs: Any) -> list[StreamEvent]:
+    """Every event of one streamed run of ``dep``, driven ``"sync"`` or ``"async"``."""
+    if mode == "sync":
+        return list(dep.stream(**kwargs))
+
+    async def collect() -> list[StreamEvent]:
+        return [e async for e in dep.astream(**kwargs)]
+
+    return asyncio.run(collect())
 
 
 def runaway_scenario(directory: Path, repeats: int = 60) -> Scenario:
