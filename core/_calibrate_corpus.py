@@ -36,6 +36,9 @@ class Turn:
     max_batch: int
     prompts: list[int] = field(default_factory=list)  # recorded prompt tokens per request
     tokens: int | None = None  # billed tokens (prompt + completion), when all are recorded
+    #: (prompt, completion) tokens of each model call, in order, when every call's usage is
+    #: recorded -- what the token guards project before each call is computed from these
+    calls: list[tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +59,8 @@ class Conversation:
     turn_tokens: int | None = None
     #: its first recorded request: the system prompt and tool schemas, and the first messages
     first_prompt: int | None = None
+    #: its turns' model calls (see :attr:`Turn.calls`), None when any usage is missing
+    turn_calls: list[list[tuple[int, int]]] | None = None
 
 
 @dataclass(slots=True)
@@ -122,6 +127,7 @@ def _trajectory(obj: dict[str, Any], group: str) -> tuple[Conversation, list[Tur
     turns = []
     for _, seg, _user in _segments(steps):
         prompts, billed, complete = [], 0, True
+        calls: list[tuple[int, int]] = []
         for s in seg:
             u = s.get("usage")
             p = _int(u.get("prompt_tokens")) if isinstance(u, dict) else None
@@ -132,6 +138,7 @@ def _trajectory(obj: dict[str, Any], group: str) -> tuple[Conversation, list[Tur
                 complete = False
             else:
                 billed += p + c
+                calls.append((p, c))
         batches = [len(_calls(s)) for s in seg]
         turns.append(
             Turn(
@@ -141,6 +148,7 @@ def _trajectory(obj: dict[str, Any], group: str) -> tuple[Conversation, list[Tur
                 max(batches, default=0),
                 prompts,
                 billed if complete and seg else None,
+                calls if complete and seg else None,
             )
         )
     meta = obj.get("meta")
@@ -160,6 +168,9 @@ def _trajectory(obj: dict[str, Any], group: str) -> tuple[Conversation, list[Tur
         max((t.tool_calls for t in turns), default=0),
         max((x for x in tokens if x is not None), default=None),
         prompts[0] if prompts else None,
+        [t.calls for t in turns if t.calls is not None]
+        if turns and all(t.calls is not None for t in turns)
+        else None,
     )
     return conv, turns
 

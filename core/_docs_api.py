@@ -196,9 +196,9 @@ def _render_class(cls: type, heading: str) -> list[str]:
 
     out = [heading, ""]
     if "__init__" in vars(cls) and not dataclasses.is_dataclass(cls):
-        init = signature(vars(cls)["__init__"], cls.__name__)
-        init = init.replace("(self, ", "(").replace("(self)", "()").replace(" -> None", "")
-        out += ["```python", "class " + init, "```", ""]
+        init = signature(vars(cls)["__init__"], "__init__")
+        # a stub, valid Python as in a .pyi file (the docs' tests compile every block)
+        out += ["```python", f"class {cls.__name__}:", f"    def {init}: ...", "```", ""]
     out += [rst_to_markdown(inspect.getdoc(cls) or ""), ""]
     rows = members(cls)
     data = [m for m in rows if m.kind in ("field", "attribute", "class attribute")]
@@ -227,7 +227,8 @@ def _render_function(fn: Callable[..., Any], heading: str, name: str) -> list[st
     from loopwarden.docs import rst_to_markdown
 
     doc = inspect.getdoc(fn) or ""
-    return [heading, "", "```python", signature(fn, name), "```", "", rst_to_markdown(doc), ""]
+    stub = f"def {signature(fn, name)}: ..."  # valid Python, as in a .pyi file
+    return [heading, "", "```python", stub, "```", "", rst_to_markdown(doc), ""]
 
 
 def render_api() -> str:

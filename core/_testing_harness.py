@@ -20,7 +20,13 @@ from loopwarden.clock import Clock, FakeClock
 from loopwarden.config import Config, load_config, parse_config
 from loopwarden.deployment import Deployment
 from loopwarden.models.scripted import ScriptedModel
-from loopwarden.pluginmanager import LoadedPlugin, instantiate_plugin, register
+from loopwarden.pluginmanager import (
+    LoadedPlugin,
+    instantiate_plugin,
+    plugin_name,
+    register,
+    resolve_plugin_name,
+)
 from loopwarden.run import Run, RunOutcome
 from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
 from loopwarden.verdicts import Verdict
@@ -31,8 +37,7 @@ def _plugin_object(
 ) -> tuple[str, Any]:
     import inspect
 
-    pname = name or getattr(plugin, "name", None) or getattr(plugin, "__name__", None)
-    pname = str(pname or type(plugin).__name__)
+    pname = name or plugin_name(plugin)  # the loader's rule: one name in tests and production
     if inspect.isclass(plugin):
         table = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings or {})
         obj, _ = instantiate_plugin(pname, plugin, table, "<test>")
@@ -216,7 +221,12 @@ def run_plugin(
     plugins_table: dict[str, Any] = dict(data.get("plugins", {}))
     objects: dict[str, Any] = dict(plugins or {})
     if isinstance(plugin, str):
-        pname = name or plugin
+        pname = resolve_plugin_name(plugin)  # "mod:Cls" -> the name the plugin declares
+        if name is not None and name != pname:
+            raise ValueError(
+                f"{plugin!r} is the plugin {pname!r}: a plugin enabled by reference keeps its "
+                "own name (name= renames only objects and classes)"
+            )
         if settings is not None:
             plugins_table[pname] = (
                 settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
@@ -224,9 +234,10 @@ def run_plugin(
     else:
         pname, obj = _plugin_object(plugin, settings, name)
         objects[pname] = obj
-    plugins_table["enabled"] = list(enabled) if enabled is not None else [pname]
-    if pname not in plugins_table["enabled"]:
-        raise ValueError(f"enabled={list(plugins_table['enabled'])} does not name {pname!r}")
+    ref = plugin if isinstance(plugin, str) else pname
+    plugins_table["enabled"] = list(enabled) if enabled is not None else [ref]
+    if ref not in plugins_table["enabled"]:
+        raise ValueError(f"enabled={list(plugins_table['enabled'])} does not name {ref!r}")
     data["plugins"] = plugins_table
     cfg = parse_config(data, path="<test>")
     if scenario is not None:

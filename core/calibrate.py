@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,11 +108,118 @@ def distribution(values: Sequence[float]) -> dict[str, float | None]:
 
 @dataclass(frozen=True, slots=True)
 class Metric:
-    """One statistic of healthy traffic."""
+    """One statistic of healthy traffic.  ``reserved``, when set, computes the values from the
+    output tokens each model call reserves (which depends on the config the limit goes into:
+    :func:`reserve_of`) and replaces ``values`` there."""
 
     label: str
     values: Callable[[Stats], list[float]]
     tokens: bool = False
+    reserved: Callable[[Stats, Mapping[str, Any], str], list[float]] | None = None
+    reserve_plugin: str = "token_budget"
+
+    def of(self, stats: Stats, base: Mapping[str, Any]) -> list[float]:
+        """The values on ``stats`` for a limit that goes into the config ``base``."""
+        if self.reserved is None:
+            return self.values(stats)
+        return self.reserved(stats, base, self.reserve_plugin)
+
+
+def reserve_of(base: Mapping[str, Any], plugin: str) -> int:
+    """The output tokens ``plugin`` reserves per model call under the config ``base``: the
+    requests' ``[model] max_output_tokens`` when set, else the plugin's
+    ``reserve_output_tokens`` (its default when the config leaves it out)."""
+    cap = _lookup(base, "model.max_output_tokens")
+    if isinstance(cap, int) and cap > 0:
+        return cap
+    own = _lookup(base, f"plugins.{plugin}.reserve_output_tokens")
+    return int(
+        own if own is not None else _default_of(f"plugins.{plugin}.reserve_output_tokens") or 0
+    )
+
+
+def token_budget_peak(calls: Sequence[tuple[int, int]], reserve: int) -> int:
+    """The most ``token_budget`` projects for one run (one user turn) before any of its model
+    calls, replayed from the recorded ``(prompt, completion)`` tokens of each call.
+
+    Before each call it projects this call (spent + prompt + reserve: past the limit, a hard
+    stop) and, for a call after which the run still went on, the next one too (prompt +
+    expected growth + reserve: past the limit, this call becomes the last -- the work after it
+    is lost).  A limit at or above the peak stops none of these calls; a limit set from billed
+    tokens alone would, since the projection counts two calls' reserved output ahead."""
+    from loopwarden.plugins.token_budget import _GROWTH_WINDOW, _median
+
+    spent, peak, last = 0, 0, None
+    growths: deque[int] = deque(maxlen=_GROWTH_WINDOW)
+    for k, (prompt, completion) in enumerate(calls):
+        if last is not None:
+            growths.append(max(0, prompt - last))
+        this_call = prompt + reserve
+        peak = max(peak, spent + this_call)
+        if k < len(calls) - 1:
+            peak = max(peak, spent + this_call + prompt + _median(reserve, growths) + reserve)
+        spent += prompt + completion
+        last = prompt
+    return peak
+
+
+def context_peak(calls: Sequence[tuple[int, int]], reserve: int) -> int:
+    """The largest request ``token_budget`` projects against ``max_context`` in one run: this
+    call (prompt + reserve: past the limit, a hard stop) and, for a call after which the run
+    went on, the next one (prompt + expected growth + reserve: past it, this call is the
+    last)."""
+    from loopwarden.plugins.token_budget import _GROWTH_WINDOW, _median
+
+    peak, last = 0, None
+    growths: deque[int] = deque(maxlen=_GROWTH_WINDOW)
+    for k, (prompt, _) in enumerate(calls):
+        if last is not None:
+            growths.append(max(0, prompt - last))
+        peak = max(peak, prompt + reserve)
+        if k < len(calls) - 1:
+            peak = max(peak, prompt + _median(reserve, growths) + reserve)
+        last = prompt
+    return peak
+
+
+def conversation_tokens_peak(turns: Sequence[Sequence[tuple[int, int]]], reserve: int) -> int:
+    """The most ``conversation_limits`` projects for ``max_tokens`` in one conversation:
+    before each call, the conversation's spent tokens plus this call (hard) and, for a call
+    its run went on after, twice this call (soft: the run's last)."""
+    spent = peak = 0
+    for calls in turns:
+        for k, (prompt, completion) in enumerate(calls):
+            this_call = prompt + reserve
+            peak = max(peak, spent + (2 * this_call if k < len(calls) - 1 else this_call))
+            spent += prompt + completion
+    return peak
+
+
+def _turn_peaks(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
+    reserve = reserve_of(base, plugin)
+    return [
+        float(max(token_budget_peak(t, reserve) for t in c.turn_calls))
+        for c in stats.conversations
+        if c.turn_calls
+    ]
+
+
+def _context_peaks(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
+    reserve = reserve_of(base, plugin)
+    return [
+        float(max(context_peak(t, reserve) for t in c.turn_calls))
+        for c in stats.conversations
+        if c.turn_calls
+    ]
+
+
+def _conversation_peaks(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
+    reserve = reserve_of(base, plugin)
+    return [
+        float(conversation_tokens_peak(c.turn_calls, reserve))
+        for c in stats.conversations
+        if c.turn_calls
+    ]
 
 
 def _turns(f: Callable[[Turn], float | None]) -> Callable[[Stats], list[float]]:
@@ -137,6 +245,28 @@ METRICS: dict[str, Metric] = {
         "most billed tokens in one turn, per conversation (recorded)",
         _convs(lambda c: c.turn_tokens),
         tokens=True,
+    ),
+    "busiest_turn_projection": Metric(
+        "most tokens token_budget projects in one turn, per conversation (recorded usage "
+        "+ the reserved output)",
+        lambda s: [],
+        tokens=True,
+        reserved=_turn_peaks,
+    ),
+    "context_projection": Metric(
+        "largest request token_budget projects per conversation (recorded prompts + the "
+        "reserved output)",
+        lambda s: [],
+        tokens=True,
+        reserved=_context_peaks,
+    ),
+    "conversation_projection": Metric(
+        "most tokens conversation_limits projects per conversation (recorded usage + the "
+        "reserved output)",
+        lambda s: [],
+        tokens=True,
+        reserved=_conversation_peaks,
+        reserve_plugin="conversation_limits",
     ),
     "first_prompt_tokens": Metric(
         "first request per conversation (recorded)", _convs(lambda c: c.first_prompt), tokens=True
@@ -201,25 +331,16 @@ class Limit:
 LIMITS: tuple[Limit, ...] = (
     Limit("plugins.max_steps.max_steps", "busiest_turn_model_calls"),
     Limit("plugins.tool_calls.max_tool_calls", "busiest_turn_tool_calls"),
-    Limit("plugins.token_budget.max_total_tokens", "busiest_turn_tokens"),
-    Limit(
-        "plugins.token_budget.max_context",
-        "conversation_max_prompt",
-        plus_key="plugins.token_budget.reserve_output_tokens",
-    ),
+    Limit("plugins.token_budget.max_total_tokens", "busiest_turn_projection"),
+    Limit("plugins.token_budget.max_context", "context_projection"),
     Limit("plugins.conversation_limits.max_turns", "conversation_turns"),
     Limit("plugins.conversation_limits.max_model_calls", "conversation_model_calls"),
     Limit("plugins.conversation_limits.max_tool_calls", "conversation_tool_calls"),
-    Limit("plugins.conversation_limits.max_tokens", "conversation_tokens"),
+    Limit("plugins.conversation_limits.max_tokens", "conversation_projection"),
     Limit("max_steps", "busiest_turn_model_calls", profile=True),
-    Limit("max_tokens", "busiest_turn_tokens", profile=True),
+    Limit("max_tokens", "busiest_turn_projection", profile=True),
     Limit("max_seconds", "run_seconds", profile=True),
-    Limit(
-        "max_context",
-        "conversation_max_prompt",
-        profile=True,
-        plus_key="plugins.token_budget.reserve_output_tokens",
-    ),
+    Limit("max_context", "context_projection", profile=True),
 )
 
 
@@ -286,7 +407,7 @@ def propose_limit(
     """``lim``'s proposed value on ``stats`` and the number of values it rests on; the value
     is None when there are fewer than ``min_runs`` of them (no p99 to speak of)."""
     metric = METRICS[lim.metric]
-    values = metric.values(stats)
+    values = metric.of(stats, base)
     if not values or len(values) < min_runs:
         return None, len(values)
     value = propose(values, tokens=metric.tokens, margin=margin, plus=_plus(lim, base))
@@ -395,7 +516,7 @@ def calibrated_config(
 
     def why(lim: Limit, part: Stats) -> str:
         metric = METRICS[lim.metric]
-        p99 = percentile(metric.values(part), PERCENTILE)
+        p99 = percentile(metric.of(part, data), PERCENTILE)
         text = f"p99 {p99:g} of {metric.label} x {margin:g}"
         return text + (f" + {lim.plus_key.rsplit('.', 1)[-1]}" if lim.plus_key else "")
 

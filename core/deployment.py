@@ -197,9 +197,12 @@ class Deployment:
             with contextlib.suppress(Exception):
                 self.close()
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            culprit = self.hooks.blame(exc)
+            ref = self.plugins.enabled_as(culprit)
             raise PluginLoadError(
-                f"on_configure (connect) failed: {text}",
-                plugin=self.hooks.blame(exc),
+                (f"(enabled as {ref!r}) " if ref else "")
+                + f"on_configure (connect) failed: {text}",
+                plugin=culprit,
                 path=self.config.path,
             ) from exc
 

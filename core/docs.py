@@ -65,6 +65,25 @@ def _inline(text: str) -> str:
     return re.sub(r"``([^`]+)``", r"`\1`", text)
 
 
+def _literal_lang(lines: list[str]) -> str:
+    """``python`` for a literal block that is Python code (it compiles, and is more than a
+    literal such as a JSON sample), else ``text``: the docs' tests run every Python block."""
+    import ast
+
+    source = "\n".join(lines) + "\n"
+    try:
+        compile(source, "<docstring>", "exec")
+    except SyntaxError:
+        return "text"
+    literals = (ast.Constant, ast.Dict, ast.List, ast.Tuple, ast.Set, ast.Name)
+    code = [
+        n
+        for n in ast.parse(source).body
+        if not (isinstance(n, ast.Expr) and isinstance(n.value, literals))
+    ]
+    return "python" if code else "text"
+
+
 def rst_to_markdown(text: str) -> str:
     """The small reST subset used in docstrings: roles, ````code````, ``::`` literal blocks."""
     lines = text.splitlines()
@@ -96,7 +115,8 @@ def rst_to_markdown(text: str) -> str:
             while block and not block[0].strip():
                 block.pop(0)
             indent = min((len(b) - len(b.lstrip()) for b in block if b.strip()), default=0)
-            out += ["", "```text", *[b[indent:] for b in block], "```", ""]
+            code = [b[indent:] for b in block]
+            out += ["", f"```{_literal_lang(code)}", *code, "```", ""]
             continue
         prose.append(line)
         i += 1
@@ -174,7 +194,7 @@ def _signature(fn: Callable[..., Any]) -> str:
         for p in sig.parameters.values()
     )
     ret = f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
-    return f"def {fn.__name__}({params}){ret}"
+    return f"def {fn.__name__}({params}){ret}: ..."  # a stub: valid Python, as in a .pyi
 
 
 def render_hooks() -> str:

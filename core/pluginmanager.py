@@ -11,6 +11,15 @@ Names in ``[plugins] enabled`` (whose order is the call order) resolve, in this 
    entry-point loading is turned off by ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD=1``;
 3. ``module:attr`` -- an importable object, for plugins that are not packaged.
 
+**One name per plugin.**  Whichever way it is enabled, a plugin is named by the ``name`` it
+declares (:func:`plugin_name`: its ``name`` attribute, else its ``__name__``) -- the same name
+the testing kit gives it.  That name attributes its verdicts, keys its state, its record fields
+and its settings table ``[plugins.<name>]``.  A built-in's and an entry point's name in
+``enabled`` must be that name (an entry point named otherwise fails at start-up); a
+``module:attr`` reference is only where to find the plugin.  Two plugins with one name fail at
+start-up, naming both; so does a settings table that configures nothing (``[plugins."mod:Cls"]``
+beside ``[plugins.<name>]``, or a table for no enabled, blocked, built-in or installed plugin).
+
 ``LOOPWARDEN_PLUGINS`` (comma-separated) appends names.  ``[plugins] blocked`` and
 ``LOOPWARDEN_BLOCK_PLUGINS`` remove names *before anything is imported*: a blocked plugin's
 module never runs.  Essential plugins (``max_steps``) are always loaded and cannot be blocked.
@@ -74,8 +83,10 @@ __all__ = [
     "load_plugins",
     "new_plugin_manager",
     "plugin_hooks",
+    "plugin_name",
     "register",
     "resolve_names",
+    "resolve_plugin_name",
     "settings_model",
 ]
 
@@ -223,6 +234,46 @@ def _import_spec(spec: str, plugin: str) -> Any:
 def _describe_exc(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def plugin_name(target: Any) -> str:
+    """The name a plugin declares: its ``name`` attribute when that is a non-empty string, else
+    its ``__name__`` (a class's or a module's), else its type's name.
+
+    The loader and the testing kit both name a plugin so; see the module docstring."""
+    try:
+        declared = getattr(target, "name", None)
+    except Exception as exc:  # an object whose attribute access raises
+        raise PluginLoadError(f"reading its name failed: {_describe_exc(exc)}") from exc
+    if isinstance(declared, str) and declared.strip():
+        return declared
+    fallback = getattr(target, "__name__", None)
+    return fallback if isinstance(fallback, str) and fallback else type(target).__name__
+
+
+def resolve_plugin_name(ref: str) -> str:
+    """The name of the plugin ``ref`` (a name in ``[plugins] enabled``) refers to.
+
+    A built-in's or an entry point's name is the reference itself; a ``module:attr`` is
+    imported to read the name it declares (:func:`plugin_name`)."""
+    eps = installed_entry_points()
+    if ref in BUILTIN_PLUGINS or ref in eps or ":" not in ref:
+        return ref
+    return plugin_name(_import_spec(ref, ref))
+
+
+def _named(ref: str, target: Any, source: str) -> str:
+    """The plugin's one name; a built-in or an entry point enabled under another name fails."""
+    name = plugin_name(target)
+    if source != "module:attr" and name != ref:
+        what = "built-in" if source == "builtin" else "entry point"
+        raise PluginLoadError(
+            f"the {what} {ref!r} loads a plugin named {name!r}: a plugin has one name, in "
+            f"tests and production -- name the entry point {name!r} or declare "
+            f"name = {ref!r} on the plugin",
+            plugin=ref,
+        )
+    return name
 
 
 def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any, str, str]:
@@ -404,19 +455,12 @@ def load_plugins(
     )
     tables = config.plugins.tables()
     eps = installed_entry_points()
-    known = set(names) | set(blocked) | set(BUILTIN_PLUGINS) | set(eps)
-    for tname in tables:
-        if tname not in known and ":" not in tname:
-            raise ConfigError(
-                "settings for a plugin that is neither enabled, blocked, built in nor installed "
-                f"(enabled: {', '.join(names)})",
-                path=config.path,
-                key=f"plugins.{tname}",
-            )
     loaded: list[LoadedPlugin] = []
+    refs: dict[str, str] = {}  # plugin name -> the reference that enabled it
     for name in names:
         table = tables.get(name, {})
         if name in objects:
+            _claim(refs, name, name, config)
             obj = objects[name]
             if inspect.isclass(obj):
                 inst, settings = instantiate_plugin(name, obj, table, config.path)
@@ -434,20 +478,31 @@ def load_plugins(
                 LoadedPlugin(name, "object", repr(obj), obj, getattr(obj, "settings", None))
             )
             continue
+        ref = name
         try:
-            target, source, spec = _find(name, eps)
-            obj, settings = instantiate_plugin(name, target, table, config.path)
+            target, source, spec = _find(ref, eps)
+            name = _named(ref, target, source)
+            _claim(refs, name, ref, config)
+            if name != ref and ref in tables:
+                raise ConfigError(
+                    f"configures nothing: the plugin {ref!r} is named {name!r}, so its settings "
+                    f"go in [plugins.{name}]",
+                    path=config.path,
+                    key=f'plugins."{ref}"',
+                )
+            obj, settings = instantiate_plugin(name, target, tables.get(name, {}), config.path)
         except PluginLoadError as exc:
             if exc.plugin is None:
-                exc = PluginLoadError(exc.reason, plugin=name)
-            raise exc.located(config.path, _where(config, name)) from exc.__cause__
+                exc = PluginLoadError(exc.reason, plugin=ref)
+            raise exc.located(config.path, _where(config, ref)) from exc.__cause__
         except ConfigError:
             raise
         except Exception as exc:  # plugin code raising while it is looked at or configured
-            raise PluginLoadError(f"loading failed: {_describe_exc(exc)}", plugin=name).located(
-                config.path, _where(config, name)
+            raise PluginLoadError(f"loading failed: {_describe_exc(exc)}", plugin=ref).located(
+                config.path, _where(config, ref)
             ) from exc
         loaded.append(LoadedPlugin(name, source, spec, obj, settings))
+    _check_unused_tables(config, [lp.name for lp in loaded], blocked, eps)
     check_tables(config)  # a bad table of a switched-off built-in fails before any run, too
     try:
         return register(loaded)
@@ -461,6 +516,42 @@ def load_plugins(
             path=config.path,
             key="plugins.enabled",
         ) from exc
+
+
+def _claim(refs: dict[str, str], name: str, ref: str, config: Config) -> None:
+    """Take ``name`` for the plugin enabled as ``ref``; a second plugin of that name fails."""
+    if name in refs:
+        first = refs[name]
+        how = "" if (first, ref) == (name, name) else f" (enabled as {first!r} and {ref!r})"
+        raise PluginLoadError(
+            f"two plugins are named {name!r}{how}; a name belongs to one plugin -- remove "
+            "one, or give one another name",
+            plugin=name,
+        ).located(config.path, _where(config, ref))
+    refs[name] = ref
+
+
+def _check_unused_tables(
+    config: Config,
+    loaded: list[str],
+    blocked: list[str],
+    eps: Mapping[str, list[metadata.EntryPoint]],
+) -> None:
+    """A ``[plugins.<name>]`` table must configure something: a loaded plugin, a blocked one,
+    a built-in (validated while switched off, see :func:`check_tables`) or an installed entry
+    point (validated once enabled; its code is not imported while it is off)."""
+    known = set(loaded) | set(blocked) | set(BUILTIN_PLUGINS) | set(eps)
+    for tname in config.plugins.tables():
+        if tname in known:
+            continue
+        close = difflib.get_close_matches(tname, sorted(known), n=1)
+        hint = f"; did you mean [plugins.{close[0]}]?" if close else ""
+        raise ConfigError(
+            "configures nothing: no enabled, blocked, built-in or installed plugin has this "
+            f"name (loaded: {', '.join(loaded)}){hint}",
+            path=config.path,
+            key=f"plugins.{tname}" if ":" not in tname else f'plugins."{tname}"',
+        )
 
 
 def _where(config: Config, name: str) -> str:

@@ -307,6 +307,14 @@ class PluginSet:
                 return p.obj
         return None
 
+    def enabled_as(self, name: str) -> str | None:
+        """The ``module:attr`` reference that enabled the plugin ``name``, when the config
+        names it so (errors then show both: the name and where it came from)."""
+        for p in self.plugins:
+            if p.name == name and p.source == "module:attr" and p.spec != name:
+                return p.spec
+        return None
+
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.plugins]

@@ -29,6 +29,7 @@ from loopwarden.pluginmanager import (
     _find,
     builtin_settings,
     installed_entry_points,
+    plugin_name,
     resolve_names,
     settings_model,
 )
@@ -58,10 +59,11 @@ def plugin_settings_models(
         target_doc = _doc_of(BUILTIN_PLUGINS[name])
         out[name] = (model, f"built-in plugin {name!r}" + (f": {target_doc}" if target_doc else ""))
     eps = installed_entry_points() if any(n not in BUILTIN_PLUGINS for n in names) else {}
-    for name in names:
-        if name in out or name in BUILTIN_PLUGINS:
+    for ref in names:
+        if ref in out or ref in BUILTIN_PLUGINS:
             continue
-        target, source, spec = _find(name, eps)
+        target, source, spec = _find(ref, eps)
+        name = plugin_name(target)  # its table is keyed by its one name, not by "mod:Cls"
         doc = _summary(inspect.getdoc(target))
         out[name] = (
             settings_model(target),

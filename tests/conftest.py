@@ -18,6 +18,12 @@ from loopwarden.demo import shop_tools
 pytest_plugins = ["support.stores"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: an integration test of minutes (CI runs it; -m 'not slow' skips it)"
+    )
+
+
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch

@@ -71,6 +71,23 @@ def test_concurrency_bench_prints_the_promised_json() -> None:
     assert data["wall_s"] >= data["ideal_s"]  # every run waits steps x latency at least
 
 
+def test_serving_bench_prints_the_promised_json() -> None:
+    data = _bench("serving.py")
+    for side in ("bare", "loopwarden"):
+        row = data[side]
+        assert row["runs"] == data["conversations"] * data["turns"] == 20
+        # every turn is a lookup and an answer: two model calls, through real HTTP
+        assert row["model_calls"] == 2 * row["runs"]
+        for key in ("wall_s", "cpu_s", "cpu_us_per_step", "runs_per_s_per_core"):
+            assert _number(row[key]) and row[key] > 0, (side, key)
+        # a step waits for the server's latency at least
+        assert row["step_ms"]["p50"] >= data["latency_ms"]
+        assert row["step_ms"]["p99"] >= row["step_ms"]["p50"]
+    assert data["loopwarden"]["ended"] == {"final_answer": 20}  # no guard fired
+    assert _number(data["guard_cpu_us_per_step"])
+    assert set(data["added_step_ms"]) == {"p50", "p99"}
+
+
 # -- guard state per run does not grow with the run ----------------------------------------------
 
 

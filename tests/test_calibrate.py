@@ -232,11 +232,14 @@ def test_calibrate_writes_a_config_that_config_check_accepts(
     assert tables["max_steps"]["max_steps"] == p99_x(busiest) == 125
     assert tables["tool_calls"]["max_tool_calls"] == p99_x([max(2.0, i) for i in range(1, 101)])
     largest = 2000 + 100 * (1 + 99 + 2 + 3)  # the last request of ok99: p99 of 100 values
-    assert f"(p99 {largest} of largest request per conversation" in out
     reserve = tables["token_budget"]["reserve_output_tokens"]
+    # what token_budget projects: before the call ahead of that last request (prompt 12,400)
+    # it expects the next one to grow by the upper median of (reserve, 100) = the reserve,
+    # and to reserve its output: 12,400 + 2 x 1,000 -- more than the last request + reserve
+    assert f"(p99 {largest - 100 + 2 * reserve} of largest request token_budget projects" in out
     assert (
         tables["token_budget"]["max_context"]
-        == math.ceil((math.ceil(largest * 1.25) + reserve) / 1000) * 1000
+        == math.ceil(math.ceil((largest - 100 + 2 * reserve) * 1.25) / 1000) * 1000
     )
     # one profile for the source (enough runs; a TOML bare key), the shipped profiles kept
     shop = config.profiles["test-shop"]
@@ -331,8 +334,8 @@ def test_a_limit_with_too_few_values_keeps_the_base_value(
     got = load_config(target).plugins.tables()["token_budget"]
     assert got["max_total_tokens"] == base["max_total_tokens"]
     assert (
-        "plugins.token_budget.max_total_tokens: not proposed, 40 value(s) of most billed "
-        "tokens in one turn, per conversation (recorded), fewer than 100" in out
+        "plugins.token_budget.max_total_tokens: not proposed, 40 value(s) of most tokens "
+        "token_budget projects in one turn, per conversation" in out
     )
     assert load_config(target).profiles["test-shop"].max_tokens is None
 
@@ -505,3 +508,39 @@ def test_a_bad_line_is_counted_never_fatal(tmp_path: Path, bad: str) -> None:
         fh.write(b"\xff\xfe not utf-8\n")
     s = load_stats(path)
     assert s.unreadable == 2 and len(s.conversations) == 1
+
+
+# -- token limits follow what the guards project, not only what was billed -------------------
+
+
+def test_token_budget_peak_counts_the_reserved_output_the_guard_projects() -> None:
+    from loopwarden.calibrate import context_peak, conversation_tokens_peak, token_budget_peak
+
+    # three calls: prompts 1,000 / 1,500 / 2,000, 100 output tokens each; reserve 1,000
+    calls = [(1000, 100), (1500, 100), (2000, 100)]
+    # before call 2 (spent 1,100): this call 2,500 and the next 1,500 + median(1,000, 500)
+    # + 1,000 = 3,500 -> 7,100; before call 3 (spent 2,700): this call only (the last) 3,000
+    assert token_budget_peak(calls, 1000) == 7100
+    assert sum(p + c for p, c in calls) == 4800  # what billed tokens alone would have said
+    # the largest request: call 2's next call, 3,500
+    assert context_peak(calls, 1000) == 3500
+    # conversation_limits: before call 2, spent 1,100 + 2 x 2,500; the last call 2,700 + 3,000
+    assert conversation_tokens_peak([calls], 1000) == 6100
+    assert conversation_tokens_peak([calls, [(2500, 50)]], 1000) == 8300  # 4,800 + 3,500
+
+
+def test_the_calibrated_token_limits_stop_none_of_the_runs_they_come_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Small requests and a 1,000-token reserve: billed tokens are about half of what the
+    token guards project, so limits set from billed tokens stopped successful runs."""
+    corpus = []
+    for i in range(1, 121):
+        conv = conversation(f"ok{i}", [1, 1 + i % 4], source="small/shop")
+        for k, s in enumerate(conv["steps"]):
+            s["usage"] = {"prompt_tokens": 300 + 40 * k + i, "completion_tokens": 20}
+        corpus.append(conv)
+    out, _, _ = _calibrate(tmp_path, corpus, capsys)
+    assert "successful runs stopped with tool work left  0/120 (0.0%)" in out
+    assert "of most tokens token_budget projects in one turn" in out
+    assert "of most tokens conversation_limits projects per conversation" in out

@@ -37,6 +37,7 @@ class CapSettings(PluginSettings):
 
 class Cap(Plugin[CapSettings]):
     '''Caps something, for the schema test.'''
+    name = "cap"
     Settings = CapSettings
 
     @hookimpl
@@ -153,19 +154,19 @@ def test_a_configs_own_plugins_are_included(
         textwrap.dedent(f"""
         [plugins]
         enabled = ["max_steps", "{spec}"]
-        [plugins."{spec}"]
+        [plugins.cap]  # keyed by the plugin's name, not by "{spec}"
         cap = 5
     """),
         encoding="utf-8",
     )
     schema = config_schema(cfg)
-    entry = schema["properties"]["plugins"]["properties"][spec]
+    entry = schema["properties"]["plugins"]["properties"]["cap"]
     assert "Caps something" in entry["description"] and "module:attr" in entry["description"]
     v = validator(schema)
     with cfg.open("rb") as fh:
         data = tomllib.load(fh)
     assert v.is_valid(data)
-    data["plugins"][spec]["cap"] = 0
+    data["plugins"]["cap"]["cap"] = 0
     assert not v.is_valid(data)
     sys.modules.pop("lwschema_cap", None)
 
@@ -178,7 +179,7 @@ def test_schema_command_reads_the_local_config_by_default(
     monkeypatch.chdir(tmp_path)
     assert cli(["config", "schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert spec in printed["properties"]["plugins"]["properties"]
+    assert "cap" in printed["properties"]["plugins"]["properties"]  # keyed by its name
     sys.modules.pop("lwschema_local", None)
 
 
@@ -189,7 +190,7 @@ def test_blocked_plugins_are_not_imported_for_the_schema(
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'[plugins]\nenabled = ["{spec}"]\nblocked = ["{spec}"]\n', encoding="utf-8")
     schema = config_schema(cfg)
-    assert spec not in schema["properties"]["plugins"]["properties"]
+    assert "cap" not in schema["properties"]["plugins"]["properties"]
     assert "lwschema_blocked" not in sys.modules
 
 

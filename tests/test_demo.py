@@ -7,6 +7,7 @@ not change when more built-in scenarios land.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,7 @@ def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str], scenario_d
     lines = out.splitlines()
     head = next(line for line in lines if line.startswith("scenario"))
     for col in (
-        "expect",
+        "provokes",
         "run",
         "termination",
         "turns",
@@ -201,7 +202,7 @@ def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str], scenario_d
         assert col in head
     i = next(k for k, line in enumerate(lines) if line.startswith("loop-lookup"))
     guarded, unguarded = lines[i], lines[i + 1]  # two lines per scenario
-    assert "runaway" in guarded and " guarded " in guarded and "ok stopped" in guarded
+    assert "runaway" in guarded and " guarded " in guarded and "ok: stopped" in guarded
     assert " unguarded " in unguarded and "max_steps" in unguarded
     assert f" {UNGUARDED_CAP} " in unguarded
     assert any(line.startswith("total") for line in lines)
@@ -209,6 +210,54 @@ def test_demo_table_in_plain_text(capsys: pytest.CaptureFixture[str], scenario_d
     assert "runaway scenarios stopped by a guard: 1/1" in out
     assert "healthy scenarios finished as expected: 1/1" in out
     assert "observers left out: " in out and "logging" in out
+
+
+def _legend(out: str) -> str:
+    return out[out.index("What the columns show:") : out.index("\ntokens:")]
+
+
+def test_a_legend_under_the_table_says_what_each_column_shows(
+    capsys: pytest.CaptureFixture[str], scenario_dir: Path
+) -> None:
+    code, out, _ = run_demo(capsys, "--scenarios", str(scenario_dir))
+    assert code == 0
+    legend = _legend(out)
+    assert all(len(line) <= 100 for line in legend.splitlines())
+    keys = ("provokes", "run", "termination", "turns, calls", "tokens, cost", "answer", "result")
+    for key in keys:  # one entry per column of the table
+        assert f"\n  {key} " in legend
+    flat = " ".join(legend.split())
+    assert f"only a cap of {UNGUARDED_CAP} model calls" in flat
+    assert "judged on the guarded run only" in flat
+    assert "ok: stopped = a guard stopped the runaway" in flat
+    # loop-lookup runs to the cap unguarded: the legend says why its row still has an answer
+    assert "loop-lookup: runaways the cap cut" in flat
+
+
+def test_the_legend_explains_runaways_that_finish_and_healthy_runs_that_run_away(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_demo(capsys, "--only", "all-tools-fail", "--only", "repeat-then-recover")
+    assert code == 0
+    legend = " ".join(_legend(out).split())
+    assert "all-tools-fail: runaways that end with an answer unguarded" in legend
+    assert "the model gave up by itself" in legend
+    assert "repeat-then-recover: healthy, yet it runs away unguarded" in legend
+    assert "runaways the cap cut" not in legend  # only the notes that apply
+
+
+def test_the_rich_table_has_the_legend_too(scenario_dir: Path, shipped_config: Config) -> None:
+    pytest.importorskip("rich")
+    import io
+
+    from loopwarden.commands.demo import render_rich
+
+    pairs = play_all(shipped_config, find_scenarios([scenario_dir]))
+    buf = io.StringIO()
+    render_rich(pairs, Totals.of(pairs), None, UNGUARDED_CAP, buf)
+    text = " ".join(buf.getvalue().split())
+    assert "provokes" in text and "What the columns show:" in text
+    assert "loop-lookup: runaways the cap cut" in text
 
 
 def test_progress_goes_to_stderr_when_not_quiet(
@@ -291,3 +340,19 @@ def test_every_built_in_scenario_is_labelled() -> None:
     for path in builtin_scenarios():
         sc = load_scenario(path)
         assert sc.expect.healthy is not None, path.name
+
+
+def test_the_docs_show_the_demos_table_and_legend_as_the_code_prints_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "real-traffic.md").read_text(
+        encoding="utf-8"
+    )
+    (block,) = re.findall(r"```console\n\$ loopwarden (demo [^\n]*)\n(.*?)```", doc, re.S)
+    command, shown = block[0].split(), block[1].splitlines()
+    code = main([*command, "--quiet"])
+    out = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    head = shown[: shown.index("...")]  # the doc elides the totals in words
+    assert out[: len(head)] == head
+    assert "What the columns show:" in head

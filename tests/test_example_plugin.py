@@ -51,7 +51,8 @@ def write_config(tmp_path: Path, name: str) -> Path:
     cfg.write_text(
         "[plugins]\n"
         f'enabled = ["max_steps", "{name}", "repeat_call"]\n'
-        f'[plugins."{name}"]\nallowed = ["query_*"]\nallow_read_only = false\nmax_refusals = 0\n',
+        # one table whichever way the plugin is enabled: it is named by the name it declares
+        '[plugins.allowlist]\nallowed = ["query_*"]\nallow_read_only = false\nmax_refusals = 0\n',
         encoding="utf-8",
     )
     return cfg
@@ -89,9 +90,10 @@ def test_the_same_plugin_loads_by_module_attr_without_installing(tmp_path: Path)
     proc = lw("plugins", "--config", str(cfg), "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)["plugins"][1]
-    assert row["name"] == "loopwarden_allowlist:Allowlist" and row["source"] == "module:attr"
+    assert row["name"] == "allowlist" and row["source"] == "module:attr"
+    assert row["spec"] == "loopwarden_allowlist:Allowlist"
     proc = lw("run", "--scenario", "refund", "--config", str(cfg), "--json", env=env)
-    assert json.loads(proc.stdout)["stopped_by"] == "loopwarden_allowlist:Allowlist"
+    assert json.loads(proc.stdout)["stopped_by"] == "allowlist"  # as when installed
 
 
 @needs_install

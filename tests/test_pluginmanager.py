@@ -56,6 +56,7 @@ class GuardSettings(PluginSettings):
 
 class Guard(Plugin[GuardSettings]):
     '''A test guard from a third-party package.'''
+    name = "__PLUGIN__"
     Settings = GuardSettings
 
     @hookimpl
@@ -78,9 +79,13 @@ class Site:
         self.root = root
         self.modules: list[str] = []
 
-    def module(self, source: str = GUARD_SOURCE, name: str | None = None) -> str:
-        """Write a module; returns its (unique) name."""
+    def module(
+        self, source: str = GUARD_SOURCE, name: str | None = None, plugin: str | None = None
+    ) -> str:
+        """Write a module; returns its (unique) name.  The guard in it is the plugin named
+        ``plugin`` (default: the module's name)."""
         name = name or f"lwtest_plugin_{next(_counter)}"
+        source = source.replace("__PLUGIN__", plugin or name)
         (self.root / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
         self.modules.append(name)
         importlib.invalidate_caches()
@@ -112,7 +117,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
 @pytest.fixture
 def installed_guard(site: Site) -> tuple[str, str]:
     """An installed distribution 'lw-guard 1.2.3' with entry point 'guard'; (ep, module)."""
-    mod = site.module()
+    mod = site.module(plugin="guard")
     site.dist("lw-guard", "1.2.3", {"guard": f"{mod}:Guard"})
     return "guard", mod
 
@@ -121,10 +126,10 @@ def installed_guard(site: Site) -> tuple[str, str]:
 
 
 def test_config_order_is_the_call_order_of_every_hook(site: Site) -> None:
-    a, b, c = (f"{site.module()}:Guard" for _ in range(3))
+    a, b, c = (site.module() for _ in range(3))
     for order in ([a, b, c], [c, a, b]):
-        plugins = load_plugins(make_config(enabled=["max_steps", *order]))
-        assert plugins.names == ["max_steps", *order]
+        plugins = load_plugins(make_config(enabled=["max_steps", *(f"{m}:Guard" for m in order)]))
+        assert plugins.names == ["max_steps", *order]  # each is named by the name it declares
         # read back from pluggy, not from our own list
         assert plugins.call_order("before_model") == ["max_steps", *order]
 
@@ -133,7 +138,8 @@ def test_plugins_run_in_the_configured_position(
     installed_guard: tuple[str, str], site: Site
 ) -> None:
     ep, _ = installed_guard
-    spec = f"{site.module()}:Guard"
+    mod = site.module()
+    spec = f"{mod}:Guard"
     for order in ([ep, spec], [spec, ep]):
         result = run_plugin(
             ep,
@@ -141,7 +147,8 @@ def test_plugins_run_in_the_configured_position(
             turns=[turn("hi", tool_call("query_order", order_id="88231"))],
             tools=shop_tools(),
         )
-        assert result.run.state["order"] == order * 2  # two model calls, same order each
+        names = [mod if n == spec else n for n in order]
+        assert result.run.state["order"] == names * 2  # two model calls, same order each
 
 
 def test_essential_plugin_is_loaded_first_when_left_out() -> None:
@@ -192,11 +199,12 @@ def test_an_installed_entry_point_is_not_imported_unless_named(
 
 
 def test_module_attr_works_without_installing(site: Site) -> None:
-    spec = f"{site.module()}:Guard"
-    plugins = load_plugins(make_config(enabled=[spec], **{spec: {"note": "careful"}}))
-    (row,) = [r for r in plugins.describe() if r["name"] == spec]
-    assert row["source"] == "module:attr"
-    assert plugins.get(spec).settings.note == "careful"
+    mod = site.module(plugin="careful_guard")
+    spec = f"{mod}:Guard"
+    plugins = load_plugins(make_config(enabled=[spec], careful_guard={"note": "careful"}))
+    (row,) = [r for r in plugins.describe() if r["name"] == "careful_guard"]
+    assert row["source"] == "module:attr" and row["spec"] == spec
+    assert plugins.get("careful_guard").settings.note == "careful"
     assert spec not in installed_entry_points()
 
 
@@ -204,10 +212,10 @@ def test_extra_plugins_from_the_environment_come_last(
     installed_guard: tuple[str, str], site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ep, _ = installed_guard
-    spec = f"{site.module()}:Guard"
-    monkeypatch.setenv("LOOPWARDEN_PLUGINS", f" {ep} ,{spec}")
+    mod = site.module()
+    monkeypatch.setenv("LOOPWARDEN_PLUGINS", f" {ep} ,{mod}:Guard")
     plugins = load_plugins(make_config(enabled=["max_steps"]))
-    assert plugins.names == ["max_steps", ep, spec]
+    assert plugins.names == ["max_steps", ep, mod]
 
 
 def test_disabling_autoload_ignores_entry_points_but_not_module_attr(
@@ -220,8 +228,8 @@ def test_disabling_autoload_ignores_entry_points_but_not_module_attr(
         load_plugins(make_config(enabled=[ep]))
     assert err.value.plugin == ep
     assert mod not in sys.modules
-    spec = f"{site.module()}:Guard"
-    assert load_plugins(make_config(enabled=[spec])).names == ["max_steps", spec]
+    mod = site.module()
+    assert load_plugins(make_config(enabled=[f"{mod}:Guard"])).names == ["max_steps", mod]
 
 
 # -- blocking before import ----------------------------------------------------------------
@@ -261,20 +269,19 @@ def test_a_blocked_plugin_keeps_its_table_without_complaint() -> None:
 
 
 def test_a_plugin_table_is_validated_by_its_settings_model(site: Site) -> None:
-    spec = f"{site.module()}:Guard"
+    mod = site.module()
     with pytest.raises(ConfigError) as err:
-        load_plugins(make_config(enabled=[spec], **{spec: {"noet": "typo"}}))
-    assert err.value.key == f"plugins.{spec}.noet"
+        load_plugins(make_config(enabled=[f"{mod}:Guard"], **{mod: {"noet": "typo"}}))
+    assert err.value.key == f"plugins.{mod}.noet"
     assert err.value.path == "<test>"
     assert "unknown key" in str(err.value)
 
 
 def test_a_table_for_an_unknown_plugin_fails() -> None:
-    with pytest.raises(
-        ConfigError, match="neither enabled, blocked, built in nor installed"
-    ) as err:
+    with pytest.raises(ConfigError, match="configures nothing") as err:
         load_plugins(make_config(enabled=["max_steps"], max_stpes={"max_steps": 3}))
     assert err.value.key == "plugins.max_stpes"
+    assert "did you mean [plugins.max_steps]?" in str(err.value)
 
 
 def test_a_table_for_a_ready_object_fails_but_a_class_gets_it() -> None:
@@ -297,7 +304,7 @@ def test_a_table_for_a_ready_object_fails_but_a_class_gets_it() -> None:
 def test_check_tables_validates_builtins_that_are_switched_off(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mod = site.module()
+    mod = site.module(plugin="demo_guard")
     monkeypatch.setitem(BUILTIN_PLUGINS, "demo_guard", f"{mod}:Guard")
     good = make_config(enabled=["max_steps"], demo_guard={"note": "hi"})
     assert check_tables(good) == ["demo_guard"]
@@ -496,7 +503,8 @@ def test_plugins_command_shows_position_source_and_hooks(
     installed_guard: tuple[str, str], site: Site, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ep, mod = installed_guard
-    spec = f"{site.module()}:Guard"
+    mod3 = site.module()
+    spec = f"{mod3}:Guard"
     cfg = _write_config(
         tmp_path,
         f"""
@@ -512,13 +520,14 @@ def test_plugins_command_shows_position_source_and_hooks(
     assert row.split()[0] == "2"
     assert "entry point (lw-guard 1.2.3)" in row and row.endswith("before_model")
     assert f"-> {mod}:Guard" in out
-    row3 = next(ln for ln in lines if spec in ln)
+    row3 = next(ln for ln in lines if f" {mod3} " in ln)  # named by the name it declares
     assert row3.split()[0] == "3" and "module:attr" in row3
+    assert f"-> {spec}" in out
     assert "blocked (never imported): gone (config)" in out
 
     assert cli(["plugins", "--json", "--config", cfg]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [p["name"] for p in data["plugins"]] == ["max_steps", ep, spec]
+    assert [p["name"] for p in data["plugins"]] == ["max_steps", ep, mod3]
     assert data["plugins"][1]["source"] == "entry point (lw-guard 1.2.3)"
     assert data["blocked"] == [{"name": "gone", "by": "config"}]
 

@@ -111,7 +111,8 @@ def test_a_plugin_that_raises(
     (tmp_path / f"{module}.py").write_text(PLUGINS[kind], encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = tmp_path / "config.toml"
-    table = f'\n[plugins."{module}:P"]\nx = 2\n' if kind == "validator" else ""
+    # the plugin is named by the name it declares ("p"): its table is [plugins.p]
+    table = "\n[plugins.p]\nx = 2\n" if kind == "validator" else ""
     config.write_text(
         f'[plugins]\nenabled = ["max_steps", "{module}:P"]\n{table}', encoding="utf-8"
     )
@@ -120,7 +121,8 @@ def test_a_plugin_that_raises(
         if command[0] == "config"
         else [*command, "--config", str(config)]
     )
-    _exit2(argv, capsys, str(config), f"{module}:P")
+    # a bad table is pointed at by its key; anything else names the reference that loaded it
+    _exit2(argv, capsys, str(config), "plugins.p" if kind == "validator" else f"{module}:P")
 
 
 @pytest.mark.parametrize(

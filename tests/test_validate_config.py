@@ -143,4 +143,4 @@ def test_a_check_that_crashes_is_bad_input_naming_the_plugin(
     assert main(["config", "check", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "validate_config failed: ValueError: bucket gone" in err
-    assert f"plugins.{guards}:Broken" in err and "Traceback" not in err
+    assert "plugins.broken" in err and "Traceback" not in err  # its table: its one name

@@ -12,3 +12,14 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="deployment config (default: ./config.toml if present, else the shipped default)",
     )
+
+
+def whole_number(text: str) -> int:
+    """argparse type: a whole number >= 0 (a bad value is a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import textwrap
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from loopwarden.commands import add_config_argument
+from loopwarden.commands import add_config_argument, whole_number
 from loopwarden.sanitize import escape_controls, raw_stream
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from loopwarden.config import Config
     from loopwarden.demo import Pair, Progress, Totals
     from loopwarden.scenario import Scenario
 
@@ -59,6 +63,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in the guarded runs; by default the demo leaves them out: they cannot "
         "change a run, and their output would bury the table",
     )
+    parser.add_argument(
+        "--trajectories",
+        metavar="FILE",
+        default=None,
+        help="also write the runs played UNGUARDED as recorded trajectories (the format "
+        "`loopwarden replay` and `calibrate` read; gzip-compressed when FILE ends .gz): the "
+        "scenarios' and --conversations generated ones -- synthetic demo traffic, not a "
+        "statistic of real agents",
+    )
+    parser.add_argument(
+        "--conversations",
+        metavar="N",
+        type=whole_number,
+        default=None,
+        help="with --trajectories: how many synthetic conversations to generate over the demo "
+        "shop (default: 150, enough for calibrate's minimum of 100 successful ones; "
+        "0: only the scenarios)",
+    )
+    parser.add_argument(
+        "--seed",
+        metavar="N",
+        type=int,
+        default=None,
+        help="with --trajectories: the generator's seed (default: 21; the same seed "
+        "writes the same file)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     add_config_argument(parser)
 
@@ -88,7 +118,7 @@ def _expect(sc: Scenario) -> str:
 def _result(p: Pair) -> str:
     if p.ok is None:
         return "? unlabelled"
-    return f"ok {p.why}" if p.ok else "FAILED"
+    return f"ok: {p.why}" if p.ok else "FAILED"
 
 
 def _side(rec: dict[str, Any]) -> list[str]:
@@ -105,7 +135,7 @@ def _side(rec: dict[str, Any]) -> list[str]:
 
 HEADERS = [
     "scenario",
-    "expect",
+    "provokes",
     "run",
     "termination",
     "turns",
@@ -147,6 +177,96 @@ def _headers(currency: str | None) -> list[str]:
     return [f"cost {currency}" if h == "cost" and currency else h for h in HEADERS]
 
 
+#: the legend's width (its lines wrap here, with a hanging indent)
+LEGEND_WIDTH = 100
+
+
+#: phrases a legend line never breaks inside
+_UNBROKEN = ("ok: stopped", "ok: finished", "max_steps (soft)")
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    for phrase in _UNBROKEN:
+        text = text.replace(phrase, phrase.replace(" ", "\u00a0"))
+    lines = textwrap.wrap(
+        text,
+        LEGEND_WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_on_hyphens=False,
+    )
+    return [line.replace("\u00a0", " ") for line in lines]
+
+
+def _entry(key: str, text: str, width: int = 14) -> list[str]:
+    return _wrap(text, f"  {key:<{width}}", " " * (width + 2))
+
+
+def legend(pairs: list[Pair], cap: int) -> list[str]:
+    """What each column shows, and why an unguarded row can surprise: printed under the table
+    (plain and rich) and explained in docs/real-traffic.md."""
+    lines = ["What the columns show:"]
+    for key, text in (
+        (
+            "provokes",
+            "what the scenario's scripted model is written to do: runaway = a loop the guards "
+            "must stop; healthy = work they must leave alone",
+        ),
+        (
+            "run",
+            "guarded = with the deployment's plugins; unguarded = no guard at all, only a cap "
+            f"of {cap} model calls",
+        ),
+        (
+            "termination",
+            "how the run ended (a stop reason, docs/contracts.md); (soft) = the model got one "
+            "last turn without tools, to answer from what it knew",
+        ),
+        ("turns, calls", "model calls, tool calls"),
+        ("tokens, cost", "what the run spent (both sides priced alike)"),
+        ("answer", "whether the user got a final answer (a soft stop's last turn gives one)"),
+        (
+            "result",
+            "judged on the guarded run only: ok: stopped = a guard stopped the runaway; "
+            "ok: finished = the healthy run ended as expected; FAILED = neither",
+        ),
+    ):
+        lines += _entry(key, text)
+
+    def names(ps: list[Pair]) -> str:
+        return ", ".join(escape_controls(p.name) for p in ps)
+
+    runaway = [p for p in pairs if p.scenario.expect.healthy is False]
+    gave_up = [p for p in runaway if p.unguarded["termination"] == "final_answer"]
+    capped = [p for p in runaway if p.unguarded["termination"] == "max_steps"]
+    astray = [
+        p
+        for p in pairs
+        if p.scenario.expect.healthy is True and p.unguarded["termination"] == "max_steps"
+    ]
+    notes = []
+    if capped:
+        notes.append(
+            f"{names(capped)}: runaways the cap cut -- max_steps (soft) after {cap} model "
+            "calls; their answer came from the cap's last, tool-less turn."
+        )
+    if gave_up:
+        notes.append(
+            f"{names(gave_up)}: runaways that end with an answer unguarded -- the model gave "
+            "up by itself, but only after the turns and tokens the guarded row saves."
+        )
+    if astray:
+        notes.append(
+            f"{names(astray)}: healthy, yet it runs away unguarded -- its model recovers only "
+            "when a guard's note (this call was already made) tells it to."
+        )
+    if notes:
+        lines.append("Why an unguarded row can surprise:")
+        for note in notes:
+            lines += _wrap(note, "  ", "    ")
+    return lines
+
+
 def render_plain(pairs: list[Pair], totals: Totals, currency: str | None, cap: int) -> str:
     """The table as aligned plain text: a guarded and an unguarded line per scenario."""
     head = _headers(currency)
@@ -173,6 +293,11 @@ def render_plain(pairs: list[Pair], totals: Totals, currency: str | None, cap: i
     return "\n".join(out)
 
 
+def render_legend_plain(pairs: list[Pair], cap: int) -> str:
+    """The legend under the plain table."""
+    return "\n".join(legend(pairs, cap))
+
+
 def render_rich(
     pairs: list[Pair], totals: Totals, currency: str | None, cap: int, out: TextIO
 ) -> None:
@@ -181,6 +306,7 @@ def render_rich(
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     body = rows(pairs, totals)
     table = Table(
@@ -209,6 +335,7 @@ def render_rich(
     console = Console(file=raw_stream(out))  # rich's own styling passes; the cells are escaped
     console.width = max(console.width, needed + 2 * len(HEADERS))
     console.print(table)
+    console.print(Text("\n".join(legend(pairs, cap)), style="dim"))  # Text: never markup
 
 
 def summary_lines(pairs: list[Pair], totals: Totals, currency: str | None) -> list[str]:
@@ -337,20 +464,86 @@ def _records(pairs: list[Pair]) -> Iterator[dict[str, Any]]:
         yield p.unguarded
 
 
+def _check_writable(path: Path) -> None:
+    """The trajectory file's directory exists and can be written (else exit 2 at once)."""
+    from loopwarden.exceptions import ConfigError
+
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError("no such directory", path=path, key="--trajectories")
+    if path.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError("cannot write this file", path=path, key="--trajectories")
+
+
+def _write_trajectories(
+    args: argparse.Namespace, config: Config, pairs: list[Pair]
+) -> dict[str, Any]:
+    """Generate the synthetic conversations, write them after the scenarios' unguarded runs,
+    and say what was written (the ``trajectories`` key of ``--json``'s last line)."""
+    from loopwarden.demo.runner import SYNTHETIC_NOTE
+    from loopwarden.demo.traffic import DEFAULT_CONVERSATIONS, DEFAULT_SEED, play_traffic
+    from loopwarden.demo.trajectories import write_trajectories
+
+    n = DEFAULT_CONVERSATIONS if args.conversations is None else args.conversations
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    if not args.quiet:
+        print(f"generating {n} synthetic conversation(s), seed {seed} ...", file=sys.stderr)
+    synthetic = play_traffic(config, n, seed, db_dir=args.db_dir)
+    scenarios = [p.trajectory for p in pairs if p.trajectory is not None]
+    count = write_trajectories(args.trajectories, [*scenarios, *synthetic])
+    every = [*scenarios, *synthetic]
+    return {
+        "path": args.trajectories,
+        "trajectories": count,
+        "scenarios": len(scenarios),
+        "conversations": n,
+        "seed": seed,
+        "successful": sum(1 for t in every if t.get("success") is True),
+        "synthetic": True,
+        "note": SYNTHETIC_NOTE,
+    }
+
+
+def trajectory_lines(written: dict[str, Any]) -> list[str]:
+    """What ``--trajectories`` wrote, that it is synthetic, and what to try with it."""
+    path = escape_controls(str(written["path"]))
+    n = written["trajectories"]
+    return [
+        f"trajectories: {n} written to {path} -- the unguarded runs of {written['scenarios']} "
+        f"scenario(s) and {written['conversations']} generated conversation(s) "
+        f"(seed {written['seed']}); {written['successful']} successful, "
+        f"{n - written['successful']} not (runaways, runs the cap cut)",
+        f"  {written['note']}: for trying the commands, not for setting your limits",
+        f"  try: loopwarden replay {path} --summary",
+        f"       loopwarden calibrate {path} > calibrated.toml",
+    ]
+
+
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
     from loopwarden.demo import UNGUARDED_CAP, Totals, find_scenarios, observer_names, play_all
-    from loopwarden.exceptions import ScenarioError
+    from loopwarden.exceptions import ConfigError, ScenarioError
 
+    for flag in ("conversations", "seed"):
+        if getattr(args, flag) is not None and args.trajectories is None:
+            raise ConfigError("needs --trajectories FILE", key=f"--{flag}")
     config = load_config(args.config)
     paths = find_scenarios(args.scenarios, args.only)
     left_out = [] if args.observers else observer_names(config)
     if not paths:
         raise ScenarioError("no scenario matched", key="--only" if args.only else None)
+    if args.trajectories is not None:
+        _check_writable(Path(args.trajectories))  # before minutes of work, not after
     with _progress(args, 2 * len(paths)) as report:
         pairs = play_all(
-            config, paths, progress=report, db_dir=args.db_dir, observers=args.observers
+            config,
+            paths,
+            progress=report,
+            db_dir=args.db_dir,
+            observers=args.observers,
+            trajectories=args.trajectories is not None,
         )
+    written = None if args.trajectories is None else _write_trajectories(args, config, pairs)
     totals = Totals.of(pairs)
     currency = next(
         (r.get("cost_currency") for r in _records(pairs) if r.get("cost_currency")), None
@@ -359,20 +552,24 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         for rec in _records(pairs):
             print(json.dumps(rec, ensure_ascii=False))
-        print(
-            json.dumps(
-                {"totals": totals.as_dict(), "failed": [p.name for p in failed]}, ensure_ascii=False
-            )
-        )
+        last: dict[str, Any] = {"totals": totals.as_dict(), "failed": [p.name for p in failed]}
+        if written is not None:
+            last["trajectories"] = written
+        print(json.dumps(last, ensure_ascii=False))
     else:
         if sys.stdout.isatty() and _has_rich():
             render_rich(pairs, totals, currency, UNGUARDED_CAP, sys.stdout)
         else:
             print(render_plain(pairs, totals, currency, UNGUARDED_CAP))
+            print()
+            print(render_legend_plain(pairs, UNGUARDED_CAP))
         print()
         print("\n".join(summary_lines(pairs, totals, currency)))
         if left_out:
             print(f"observers left out: {', '.join(left_out)} (--observers keeps them)")
+        if written is not None:
+            print()
+            print("\n".join(trajectory_lines(written)))
     unlabelled = [p.name for p in pairs if p.ok is None]
     if unlabelled:
         print(

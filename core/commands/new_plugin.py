@@ -318,8 +318,8 @@ package directories, which mypy does not follow), so check against a wheel-layou
 install loopwarden without `-e`:
 
 ```bash
-# LOOPWARDEN: the loopwarden checkout (or `loopwarden` from the package index)
-pip install -q --no-deps --target .typecheck "$LOOPWARDEN"
+checkout=$(python -c 'import loopwarden as lw, pathlib as p; print(p.Path(lw.__file__).parents[1])')
+pip install -q --no-deps --target .typecheck "$checkout"   # the checkout `pip install -e` uses
 MYPYPATH=.typecheck mypy src tests      # strict: see [tool.mypy] in pyproject.toml
 ```
 """

@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
         source = str(r["source"])
         hooks = ", ".join(r["hooks"]) or "(signals only)"
         print(f"{r['position']:>2}  {name:<{width}} {source:<{swidth}} {hooks}")
-        if source.startswith("entry point"):
+        if source.startswith("entry point") or source == "module:attr":
             print(f"{'':>2}  {'':<{width}} -> {r['spec']}")
     if blocked:
         print("blocked (never imported): " + ", ".join(f"{b['name']} ({b['by']})" for b in blocked))

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from loopwarden.commands import add_config_argument
+from loopwarden.commands import add_config_argument, whole_number
 from loopwarden.sanitize import escape_controls
 
 
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--limit",
-        type=_count,
+        type=whole_number,
         default=None,
         metavar="N",
         help="replay only the first N (over all files)",
@@ -74,17 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and recorded runs should not page anyone",
     )
     add_config_argument(parser)
-
-
-def _count(text: str) -> int:
-    """argparse type: a whole number >= 0 (a bad value is a usage error, exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def _counts(value: Any) -> str:

@@ -8,6 +8,9 @@ and ``loopwarden demo`` play the built-in scenarios against the shop.
 * :mod:`loopwarden.demo.shop` -- the shop (an embedded SQLite database), its tools and its
   ``[shop]`` table;
 * :mod:`loopwarden.demo.runner` -- each scenario played guarded and unguarded;
+* :mod:`loopwarden.demo.traffic` -- synthetic conversations over the shop, played unguarded
+  (``loopwarden demo --trajectories FILE``), and :mod:`loopwarden.demo.trajectories`, which
+  records runs as trajectories and writes the file;
 * ``scenarios/`` -- the built-in scenario files (:func:`loopwarden.scenario.builtin_scenarios`).
 
 The runner's names are importable from here, loaded on first use (the runner brings the

@@ -33,7 +33,9 @@ from typing import Any
 from loopwarden.clock import FakeClock
 from loopwarden.config import Config, ProfileConfig
 from loopwarden.demo.shop import Shop, with_shop_prompt
+from loopwarden.demo.trajectories import run_steps, usage_tape
 from loopwarden.deployment import Deployment
+from loopwarden.events import Usage
 from loopwarden.exceptions import ConfigError, ScenarioError
 from loopwarden.loop import drive
 from loopwarden.offline import observer_names, without_observers
@@ -43,15 +45,21 @@ from loopwarden.store import Shared
 
 __all__ = [
     "DEMO_NOW",
+    "SCENARIO_SOURCE",
+    "SYNTHETIC_NOTE",
     "UNGUARDED_CAP",
     "Pair",
     "Pricer",
+    "TickingNow",
     "Totals",
     "find_scenarios",
+    "fresh_store",
     "judge",
     "observer_names",
     "play",
     "play_all",
+    "scenario_trajectory",
+    "shop_world",
     "stop_step",
     "unguarded_config",
     "unguarded_deployment",
@@ -201,6 +209,8 @@ class Pair:
     unguarded: dict[str, Any]
     ok: bool | None
     why: str
+    #: the unguarded run as a recorded trajectory (``play_all(..., trajectories=True)``)
+    trajectory: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -303,19 +313,45 @@ def _db_dir(keep: str | Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
-class _TickingNow:
+class TickingNow:
     """The demo shop's clock: :data:`DEMO_NOW`, moving on a little every time it is read, as
     a real clock would between two tool calls (a clock that never moves would make every
     repeated time check look like a loop)."""
 
     def __init__(self, step_s: float = 20.0) -> None:
-        self._now = DEMO_NOW
         self._step = timedelta(seconds=step_s)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to :data:`DEMO_NOW`."""
+        self._now = DEMO_NOW
 
     def __call__(self) -> datetime:
         now = self._now
         self._now += self._step
         return now
+
+
+@contextmanager
+def fresh_store(deployment: Deployment, path: Path) -> Iterator[Shared]:
+    """A shared store (ledger, budgets) of its own at ``path`` (opened on first use)."""
+    if path.exists():
+        path.unlink()
+    shared = Shared(deployment.config.store.model_copy(update={"url": f"sqlite:///{path}"}))
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@contextmanager
+def shop_world(deployment: Deployment, db: Path) -> Iterator[tuple[Shop, Shared]]:
+    """A world of its own for one run: a fresh shop at ``db`` (seeded, its clock at
+    :data:`DEMO_NOW`) and the shared store (ledger, budgets) beside it."""
+    if db.exists():
+        db.unlink()
+    with fresh_store(deployment, db.with_suffix(".store")) as shared:
+        yield Shop(db, now=TickingNow(), durable=False), shared
 
 
 def play(
@@ -332,18 +368,10 @@ def play(
     ``stop_step`` / ``stop_hook`` (see :func:`stop_step`), ``first_warning_step``,
     ``priced_cost`` (usage priced by ``pricer``), ``expect``.
     """
-    store = db.with_suffix(".store")
-    for path in (db, store):
-        if path.exists():
-            path.unlink()
-    shop = Shop(db, now=_TickingNow())
-    run, model = deployment.prepare(scenario=scenario, tools=shop.tools(), clock=FakeClock())
-    # a world of its own: the shared store (ledger, budgets) beside this run's shop
-    run.shared = Shared(deployment.config.store.model_copy(update={"url": f"sqlite:///{store}"}))
-    try:
+    with shop_world(deployment, db) as (shop, shared):
+        run, model = deployment.prepare(scenario=scenario, tools=shop.tools(), clock=FakeClock())
+        run.shared = shared
         drive(deployment.engine, run, model)
-    finally:
-        run.shared.close()
     rec = run.record()
     step, hook = stop_step(run)
     rec["guarded"] = guarded
@@ -369,13 +397,15 @@ def play_all(
     db_dir: str | Path | None = None,
     cap: int = UNGUARDED_CAP,
     observers: bool = False,
+    trajectories: bool = False,
 ) -> list[Pair]:
     """Play every scenario in ``paths`` guarded (``config``) and unguarded (a cap of ``cap``).
 
     ``progress(phase, scenario, guarded, record)`` is called before (``"start"``, record
     None) and after (``"done"``) each run.  ``db_dir`` keeps the per-run shop databases there
     (default: a temporary directory, removed afterwards).  Pure observers are left out unless
-    ``observers`` (see :func:`without_observers`).
+    ``observers`` (see :func:`without_observers`).  With ``trajectories``, each pair keeps its
+    unguarded run as a recorded trajectory (:func:`scenario_trajectory`).
     """
     scenarios = [load_scenario(p) for p in paths]
     config = with_shop_prompt(config)
@@ -386,6 +416,7 @@ def play_all(
         Deployment(config) as guarded_dep,
         unguarded_deployment(config, cap) as unguarded_dep,
         _db_dir(db_dir) as dbs,
+        usage_tape() as tape,
     ):
         pricer = Pricer(guarded_dep)
         for i, sc in enumerate(scenarios):
@@ -394,11 +425,48 @@ def play_all(
                 if progress is not None:
                     progress("start", sc, guarded, None)
                 db = dbs / f"{i:03d}-{sc.name}-{'guarded' if guarded else 'unguarded'}.sqlite3"
-                _, rec = play(dep, sc, db, pricer=pricer, guarded=guarded)
+                run, rec = play(dep, sc, db, pricer=pricer, guarded=guarded)
+                usages = tape.pop(run.run_id, [])  # the unguarded run's, after the loop
                 recs.append(rec)
                 if progress is not None:
                     progress("done", sc, guarded, rec)
             ok, why = judge(sc, recs[0])
             recs[0]["ok"] = ok
-            pairs.append(Pair(sc, recs[0], recs[1], ok, why))
+            traj = scenario_trajectory(sc, run, recs[1], usages) if trajectories else None
+            pairs.append(Pair(sc, recs[0], recs[1], ok, why, traj))
     return pairs
+
+
+#: the ``source`` of the built-in scenarios' trajectories (``loopwarden demo --trajectories``)
+SCENARIO_SOURCE = "loopwarden-demo/scenarios"
+#: what every trajectory the demo writes says of itself (``meta.note``)
+SYNTHETIC_NOTE = "synthetic demo traffic over the demo shop, not a statistic of real agents"
+
+
+def scenario_trajectory(
+    scenario: Scenario, run: Run, record: dict[str, Any], usages: list[Usage | None]
+) -> dict[str, Any]:
+    """A scenario's unguarded run as a recorded trajectory.
+
+    ``success`` is true only for a healthy scenario whose run ended by itself, false for a
+    runaway scenario and for a healthy one that ran to the cap, null for an unlabelled one;
+    ``meta.termination_reason`` is the run's termination (``max_steps`` at the cap: what
+    replay counts as a run that hit its step cap).
+    """
+    healthy = scenario.expect.healthy
+    success = None if healthy is None else healthy and record["termination"] in NATURAL_ENDS
+    return {
+        "source": SCENARIO_SOURCE,
+        "id": scenario.name,
+        "success": success,
+        "user": scenario.user,
+        "steps": run_steps(run, usages),
+        "final_answer_present": bool(record["final_answer_present"]),
+        "meta": {
+            "domain": "demo-shop",
+            "scenario": scenario.name,
+            "provokes": "?" if healthy is None else "healthy" if healthy else "runaway",
+            "termination_reason": record["termination"],
+            "note": SYNTHETIC_NOTE,
+        },
+    }

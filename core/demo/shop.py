@@ -182,9 +182,14 @@ class Shop:
         self,
         db_path: str | os.PathLike[str] | None = None,
         now: Callable[[], datetime] | None = None,
+        *,
+        durable: bool = True,
     ) -> None:
         self.db_path = Path(db_path) if db_path else default_data_dir() / "shop.sqlite3"
         self._now = now or (lambda: datetime.now(timezone(timedelta(hours=8))))
+        #: False for a throwaway shop (the demo's): SQLite does not wait for the disk
+        #: (``synchronous = OFF``), so creating a shop per run costs no fsyncs
+        self.durable = durable
         self._init_lock = threading.Lock()
         self._ready = threading.Event()
 
@@ -192,7 +197,7 @@ class Shop:
     def connect(self) -> Iterator[sqlite3.Connection]:
         """A connection to the (created and seeded if new) database."""
         self._ensure()
-        conn = sqlite3.connect(self.db_path, timeout=10)
+        conn = self._open(timeout=10)
         try:
             with conn:
                 yield conn
@@ -208,7 +213,7 @@ class Shop:
         inserting (the UNIQUE constraint is the last line, not the mechanism).
         """
         self._ensure()
-        conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        conn = self._open(timeout=30, autocommit=True)
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -220,6 +225,17 @@ class Shop:
         finally:
             conn.close()
 
+    def _open(self, timeout: float, *, autocommit: bool = False) -> sqlite3.Connection:
+        """A connection (``autocommit``: no implicit transactions, for :meth:`write`)."""
+        conn = (
+            sqlite3.connect(self.db_path, timeout=timeout, isolation_level=None)
+            if autocommit
+            else sqlite3.connect(self.db_path, timeout=timeout)
+        )
+        if not self.durable:
+            conn.execute("PRAGMA synchronous=OFF")
+        return conn
+
     def _ensure(self) -> None:
         if self._ready.is_set():
             return
@@ -227,7 +243,7 @@ class Shop:
             if self._ready.is_set():  # another thread created it meanwhile
                 return
             ensure_private_dir(self.db_path.parent)  # often the data directory: owner-only
-            conn = sqlite3.connect(self.db_path, timeout=10)
+            conn = self._open(timeout=10)
             try:
                 with conn:
                     conn.executescript(_SCHEMA)
@@ -329,6 +345,13 @@ class Shop:
             else:
                 ticket = row[0]
         return {"status": "已转接人工客服", "ticket_id": ticket}
+
+    def reset(self) -> None:
+        """Forget every refund and hand-off: the shop as seeded (the demo's generated
+        conversations share one shop, each starting from the seed data)."""
+        with self.write() as c:
+            c.execute("DELETE FROM refunds")
+            c.execute("DELETE FROM handoffs")
 
     def refunds(self) -> list[tuple[str, str, str]]:
         """All refund rows as (refund_id, order_id, reason) -- for tests and the demo."""

@@ -1,0 +1,1 @@
+"""The reader's package of the docs' examples (a stand-in)."""
