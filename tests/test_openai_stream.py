@@ -86,6 +86,21 @@ def test_stream_assembles_the_unstreamed_response(stub: tuple[Stub, str], mode: 
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_server_that_does_not_stream_answers_as_one_delta(
+    stub: tuple[Stub, str], mode: str
+) -> None:
+    """An "OpenAI-compatible" server that ignores ``stream`` and sends one JSON completion."""
+    state, url = stub
+    state.push(completion("Let me check.", [LOOKUP], USAGE))
+    state.push(completion("Let me check.", [LOOKUP], USAGE))
+    model = make_model(url)
+    whole = model.complete(request())
+    items = stream_items(model, mode)
+    assert items == ["Let me check.", whole]
+    assert state.requests[1]["stream"] is True
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_streamed_http_run_ends_with_the_unstreamed_record(
     stub: tuple[Stub, str], mode: str
 ) -> None:

@@ -31,7 +31,8 @@ unstreamed answer does (:class:`~loopwarden.ModelError`, the run ends ``model_er
 chunk that is not JSON or has the wrong shape (``malformed``), a connection that breaks
 mid-stream (``connection``), a stream that ends without a finish reason (``malformed``), one
 that stalls past the deadline (``timeout``); a stream without usage is estimated, as an
-unstreamed answer without usage is.  Closing the stream early (a guard cut it) closes the
+unstreamed answer without usage is.  A server that ignores ``stream`` and answers with one
+JSON completion is read as one delta.  Closing the stream early (a guard cut it) closes the
 connection: the rest of the answer is not read, nor paid for by a provider that stops
 generating when the client leaves.
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import json
 import os
 import random
 import time
@@ -349,7 +351,12 @@ class OpenAIChatModel:
         stream = self._ended(ending, value, bounds)
         assembly = _Assembly()
         try:
-            for chunk in stream:
+            whole = _whole_answer(stream.response)
+            if whole:  # a server that does not stream answered as a whole
+                text = assembly.whole(json.loads(stream.response.read()))
+                if text:
+                    yield text
+            for chunk in () if whole else stream:
                 text = assembly.add(chunk)
                 if text:
                     yield text
@@ -373,10 +380,15 @@ class OpenAIChatModel:
         stream = self._ended(ending, value, bounds)
         assembly = _Assembly()
         try:
-            async for chunk in stream:
-                text = assembly.add(chunk)
+            if _whole_answer(stream.response):  # a server that does not stream
+                text = assembly.whole(json.loads(await stream.response.aread()))
                 if text:
                     yield text
+            else:
+                async for chunk in stream:
+                    text = assembly.add(chunk)
+                    if text:
+                        yield text
         except ModelError:
             raise
         except Exception as exc:
@@ -442,6 +454,30 @@ class _Assembly:
                 self._tool_delta(tc)
         return text
 
+    def whole(self, data: Any) -> str | None:
+        """Take a whole chat completion (the answer of a server that ignores ``stream``) as
+        one chunk; its text, if any."""
+        choices = _field(data, "choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise _malformed("a whole answer without choices")
+        choice = choices[0]
+        message = _field(choice, "message")
+        calls = _field(message, "tool_calls") or []
+        if not isinstance(calls, list):
+            raise _malformed("its tool calls are not a list")
+        delta = {
+            "content": _field(message, "content"),
+            "tool_calls": [{**c, "index": i} for i, c in enumerate(calls) if isinstance(c, dict)],
+        }
+        finish = _field(choice, "finish_reason") or ("tool_calls" if calls else "stop")
+        return self.add(
+            {
+                "model": data.get("model"),
+                "usage": data.get("usage"),
+                "choices": [{"delta": delta, "finish_reason": finish}],
+            }
+        )
+
     def _tool_delta(self, tc: Any) -> None:
         index = _field(tc, "index")
         if isinstance(index, bool) or not isinstance(index, int):
@@ -473,6 +509,12 @@ class _Assembly:
             finish_reason=self.finish,
             model=_text_or(self.model, model.name),
         )
+
+
+def _whole_answer(response: Any) -> bool:
+    """Whether the server answered a streamed request with one JSON body, not events."""
+    ctype = str(response.headers.get("content-type", "")).lower()
+    return "json" in ctype and "event-stream" not in ctype
 
 
 def _field(obj: Any, name: str) -> Any:
