@@ -166,6 +166,25 @@ def test_a_hard_repeat_stop_withholds_the_cut_text(
     assert rec["steps"] == 1
 
 
+def test_a_wrap_up_turn_that_repeats_too_is_withheld(
+    shipped_config: Config, deployment_factory: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    """The soft stop's tool-less wrap-up turn loops as well: it is cut and withheld (a cut
+    answer is never a final answer), and the run ends there -- no third model call."""
+    scenario = runaway_scenario(tmp_path)
+    looping = scenario.model.model_copy(update={"final_text": LOOP_SENTENCE * 20})
+    scenario = scenario.model_copy(update={"model": looping})
+    events = list(deployment_factory(shipped_config).stream(scenario=scenario))
+    assert [(e.step, e.reason) for e in events if isinstance(e, ResponseCut)] == [
+        (1, "verdict"),
+        (2, "verdict"),
+    ]
+    rec = events[-1].record  # type: ignore[union-attr]
+    assert rec["termination"] == "no_progress" and rec["soft"] is False
+    assert rec["steps"] == 2 and rec["final_answer_present"] is False
+    assert LOOP_SENTENCE not in (rec["final_answer"] or "")
+
+
 def test_repeat_check_can_be_turned_off(
     make_config: Callable[..., Config],
     deployment_factory: Callable[..., Deployment],
