@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from loopwarden._mcp_client import McpServers
     from loopwarden.models import Model
+    from loopwarden.streaming import StreamEvent
 
 __all__ = ["Deployment", "scripted_tools"]
 
@@ -443,3 +444,23 @@ class Deployment:
         run, model = self.prepare(user, **kwargs)
         await adrive(self.engine, run, model)
         return run
+
+    def stream(self, user: str | None = None, **kwargs: Any) -> Iterator[StreamEvent]:
+        """Run one agent loop, yielding its events as they happen: text deltas, tool calls
+        proposed / executed / skipped, verdicts, and last a
+        :class:`~loopwarden.streaming.RunEnd` with the outcome and the record
+        (:mod:`loopwarden.streaming`).  Takes the arguments of :meth:`run`; the run is built
+        at once (bad arguments raise here), and starts when the first event is asked for.
+        Guards act mid-stream: an answer past its output cap, the run's time or an
+        ``on_model_delta`` stop is cut there.  Stop iterating to cancel the run."""
+        from loopwarden.streaming import stream_drive
+
+        run, model = self.prepare(user, **kwargs)
+        return stream_drive(self.engine, run, model)
+
+    def astream(self, user: str | None = None, **kwargs: Any) -> AsyncIterator[StreamEvent]:
+        """:meth:`stream` on the event loop: ``async for event in dep.astream(...)``."""
+        from loopwarden.streaming import astream_drive
+
+        run, model = self.prepare(user, **kwargs)
+        return astream_drive(self.engine, run, model)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
+    from loopwarden.streaming import ModelDelta
     from loopwarden.verdicts import Verdict
 
 __all__ = ["Hooks"]
@@ -63,6 +64,7 @@ def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]
 _HOOK_ARGS: dict[str, tuple[str, ...]] = {
     "on_start": ("run",),
     "before_model": ("run", "request"),
+    "on_model_delta": ("run", "request", "delta"),
     "after_response": ("run", "response"),
     "before_tool": ("run", "call"),
     "after_tool": ("run", "call", "result"),
@@ -456,6 +458,14 @@ class Hooks:
 
     def before_model(self, run: Run, request: ModelRequest) -> Resolution:
         return self._call("before_model", (run, request))
+
+    def on_model_delta(self, run: Run, request: ModelRequest, delta: ModelDelta) -> Resolution:
+        return self._call("on_model_delta", (run, request, delta))
+
+    def implements(self, hook: str) -> bool:
+        """Whether any plugin implements ``hook`` (streamed runs skip a per-delta hook that
+        no plugin implements)."""
+        return bool(getattr(self._pm.hook, hook).get_hookimpls())
 
     def after_response(self, run: Run, response: ModelResponse) -> Resolution:
         return self._call("after_response", (run, response))

@@ -5,6 +5,7 @@ The loop calls these hooks, in this order, for every run::
     on_start(run)                         once, before the first model call
     loop:
       before_model(run, request)          before paying for a model call
+      on_model_delta(run, request, delta) streamed runs only: each piece of the answer
       after_response(run, response)       after the model answered
       for each proposed tool call:
         before_tool(run, call)            before the call executes
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
+    from loopwarden.streaming import ModelDelta
     from loopwarden.verdicts import Verdict
 
 PROJECT = "loopwarden"
@@ -73,6 +75,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 RUN_HOOK_NAMES = (
     "on_start",
     "before_model",
+    "on_model_delta",
     "after_response",
     "before_tool",
     "after_tool",
@@ -136,6 +139,31 @@ def before_model(run: Run, request: ModelRequest) -> Verdict | None:
     :may stop the run: yes.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def on_model_delta(run: Run, request: ModelRequest, delta: ModelDelta) -> Verdict | None:
+    """Called for each piece of text of a *streamed* answer, as it arrives -- only in runs
+    driven by :meth:`Deployment.stream() <loopwarden.Deployment.stream>` / ``astream()``;
+    an unstreamed run never calls it.  Optional: most plugins judge whole responses in
+    ``after_response``, which is called for streamed answers too, with the whole response.
+
+    Checks that must act before an answer has been paid for in full belong here: degenerate
+    repetition inside one answer (``no_progress``).  Keep the work per call constant: read
+    ``delta.text`` (this piece), keep what you need in per-run state.
+
+    :param run: the run.
+    :param request: the request being answered (``max_output_tokens``, ``timeout``).
+    :param delta: this piece (``text``), its position (``index``) and the answer's estimated
+        output tokens so far (``tokens``); ``delta.content()`` joins the text so far.
+    :return: ``None``, a warning (queued for the next request), or a stop: a stop *cuts
+        the stream here* -- the connection is closed, the answer so far (without its tool
+        calls) goes through ``after_response`` and the stop is honoured as if that hook had
+        returned it; a soft stop on a tool turn gives the model its tool-less wrap-up turn.
+    :may stop the run: yes.
+
+    .. versionadded:: 0.3
     """
 
 

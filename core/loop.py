@@ -396,6 +396,16 @@ class Engine:
         res = hooks.after_response(run, response)
         if res.verdicts:
             res = self._note(run, "after_response", res)
+        if type(response) is not ModelResponse and getattr(response, "cut_by", None) is not None:
+            # a streamed answer an on_model_delta stop cut (loopwarden.streaming): that stop
+            # is honoured with the after_response verdicts, as if this hook had returned it
+            res = resolve((response.cut_by, *res.verdicts))
+            cut = res.stop
+            if cut is not None and cut.soft:  # a cut answer is no final answer
+                if final:
+                    return vetoed(self.settings, run, cut)
+                run.stopping = cut  # the tool-less wrap-up turn answers instead
+                return []
         if (final or not calls) and res.stop is not None and not res.stop.soft:
             # A hard stop on an answer is a veto (an output guard, or a guard that failed
             # and fails closed): the model's text is withheld.

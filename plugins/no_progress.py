@@ -10,7 +10,15 @@ or only skipped calls), the run stops with ``no_progress``; if some were new, th
 warned once per streak.  Empty contents (usual in function calling) are skipped, neither
 similar nor dissimilar.  A turn without tool calls is the final answer and is not judged.
 
-State per run is bounded: ``window`` token sets and the last ``result_memory`` result digests.
+**Inside one streamed answer** (``on_model_delta``, streamed runs only): an answer that says
+the same sentence ``stream_repeats`` times is degenerate -- a model stuck in a loop within one
+turn, paid for token by token.  The stream is cut at that sentence and the run stops with
+``no_progress`` (``rule = "repeated_sentence"``; soft per ``soft``: the tool-less wrap-up turn
+answers instead of the cut text).  Sentences end at ``。！？!?.;；`` or a line break; shorter
+than ``min_sentence_chars`` ones ("OK.", list numbers) are not counted.
+
+State per run is bounded: ``window`` token sets, the last ``result_memory`` result digests, and
+for a streamed answer one sentence being read and at most 256 distinct sentences counted.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import (
+    ModelRequest,
     ModelResponse,
     Plugin,
     PluginSettings,
@@ -33,6 +42,7 @@ from loopwarden import (
 )
 from loopwarden.plugin import check_templates
 from loopwarden.plugins._text import jaccard, token_set
+from loopwarden.streaming import ModelDelta
 
 __all__ = ["NoProgress", "NoProgressSettings"]
 
@@ -79,9 +89,24 @@ class NoProgressSettings(PluginSettings):
         "({count}, {similarity})",
     )
 
+    stream_repeats: int | None = Field(
+        default=4,
+        ge=2,
+        description="a sentence said this many times inside one streamed answer cuts the "
+        "stream and stops the run (null: off)",
+    )
+    min_sentence_chars: int = Field(
+        default=6, ge=1, description="shorter sentences are not counted as repeats"
+    )
+    repeat_message: str = Field(
+        default="The answer repeated the same sentence {count} times; it was cut there.",
+        description="why a streamed answer was cut ({count}, {sentence})",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> NoProgressSettings:
         check_templates(self, ("message", "stop_message"), dict(count=3, similarity=0.9))
+        check_templates(self, ("repeat_message",), dict(count=3, sentence="..."))
         return self
 
 
@@ -93,9 +118,25 @@ class _Content:
     new_results: int = 0  # new tool results that arrived after this content
 
 
+_SENTENCE_ENDS = frozenset("。！？!?.;；\n")
+_MAX_SENTENCE_CHARS = 400  # a longer "sentence" is counted in pieces of this size
+_MAX_SENTENCES = 256  # distinct sentences counted per answer (later new ones are not)
+
+
+@dataclass(slots=True)
+class _Echo:
+    """The sentences of the streamed answer being read (reset for each answer)."""
+
+    step: int
+    buf: list[str] = field(default_factory=list)
+    size: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class _State:
     contents: deque[_Content]
+    echo: _Echo | None = None
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     warned: bool = False
     similar: int = 0  # contents in a row, up to the latest, similar to the one before
@@ -147,6 +188,46 @@ class NoProgress(Plugin[NoProgressSettings]):
         if s.warn_on_similar and not st.warned:
             st.warned = True
             return self.warn(s.message.format(**fields), **evidence)
+        return None
+
+    @hookimpl
+    def on_model_delta(self, run: Run, request: ModelRequest, delta: ModelDelta) -> Verdict | None:
+        """Count the sentences of a streamed answer; stop at the ``stream_repeats``-th
+        saying of one (work bounded by the delta's length)."""
+        s = self.settings
+        limit = s.stream_repeats
+        if limit is None:
+            return None
+        st: _State = self.state(run)
+        echo = st.echo
+        if echo is None or echo.step != request.step or delta.index == 0:
+            echo = st.echo = _Echo(request.step)
+        for ch in delta.text:
+            echo.buf.append(ch)
+            echo.size += 1
+            if ch not in _SENTENCE_ENDS and echo.size < _MAX_SENTENCE_CHARS:
+                continue
+            sentence = "".join(echo.buf).strip().casefold()
+            echo.buf.clear()
+            echo.size = 0
+            if len(sentence) < s.min_sentence_chars:
+                continue
+            counts = echo.counts
+            n = counts.get(sentence, 0) + 1
+            if n == 1 and len(counts) >= _MAX_SENTENCES:
+                continue
+            counts[sentence] = n
+            if n >= limit:
+                return self.stop(
+                    "no_progress",
+                    soft=s.soft,
+                    message=s.repeat_message.format(count=n, sentence=sentence[:80]),
+                    rule="repeated_sentence",
+                    count=n,
+                    threshold=limit,
+                    signature=sentence[:120],
+                    tokens=delta.tokens,
+                )
         return None
 
     @hookimpl

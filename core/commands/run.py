@@ -9,6 +9,10 @@ Exit codes (scripts rely on them):
   shared store that budgets and the side-effect ledger need cannot be reached), or an
   internal ``error``;
 * 2 -- bad input: config, scenario, arguments, a missing API key (nothing was run);
+``--stream`` prints the model's text as it arrives (and a line for each tool call, verdict
+and cut answer), then the same summary; with ``--json`` the stream goes to stderr and stdout
+holds only the record.  The record of a streamed run is the unstreamed run's.
+
 * 130 / 143 -- interrupted by SIGINT / SIGTERM: the run is cancelled (the model call in flight
   is abandoned, a blocking tool too), ends with a ``cancelled`` record (printed, and written by
   ``run_record``), then the command exits.  A second signal interrupts at once.
@@ -30,6 +34,9 @@ from loopwarden.sanitize import escape_controls
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
+    from loopwarden.deployment import Deployment
+    from loopwarden.run import Run
+    from loopwarden.streaming import StreamEvent
     from loopwarden.tools import ToolRegistry
 
 #: the run was carried out (an answer, or a guard's stop)
@@ -88,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--profile", help="a profile from [profiles] (steps, tokens, seconds)")
     parser.add_argument("--json", action="store_true", help="print the run record as JSON")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="print the model's text as it arrives, and each tool call and verdict "
+        "(to stderr with --json); guards act mid-stream",
+    )
     parser.add_argument(
         "--meta",
         metavar="KEY=VALUE",
@@ -179,6 +192,57 @@ def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
     print("\n".join(lines), file=out or sys.stdout)
 
 
+class EventPrinter:
+    """Prints the events of a streamed run: the text as it arrives, everything else -- tool
+    calls, skips, verdicts, a cut answer -- on a line of its own."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.fresh_line = True
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.fresh_line = text.endswith("\n")
+
+    def _line(self, text: str) -> None:
+        self._write(("" if self.fresh_line else "\n") + text + "\n")
+
+    def show(self, event: StreamEvent) -> None:
+        from loopwarden import streaming as st
+
+        if isinstance(event, st.TextDelta):
+            self._write(event.text)
+        elif isinstance(event, st.ToolCallProposed):
+            self._line(f"-> {event.call.name} {event.call.raw_arguments}")
+        elif isinstance(event, st.ToolCallSkipped):
+            self._line(f"   ({event.call.name} not executed: {event.why}, {event.by})")
+        elif isinstance(event, st.VerdictIssued):
+            v = event.verdict
+            what = getattr(v, "reason", None) or v.kind
+            shadow = " (shadow)" if event.shadow else ""
+            self._line(f"[{v.plugin}: {what} in {event.hook}{shadow}] {v.message or ''}".rstrip())
+        elif isinstance(event, st.ResponseCut):
+            self._line(f"[answer cut after ~{event.tokens} tokens: {event.reason}]")
+        elif isinstance(event, st.RunEnd):
+            self._line("")
+        self.out.flush()
+
+
+def _execute(deployment: Deployment, stream: TextIO | None, *args: Any, **kwargs: Any) -> Run:
+    """Run to the end; with ``stream``, streamed, each event printed there as it happens."""
+    if stream is None:
+        return deployment.run(*args, **kwargs)
+    from loopwarden.streaming import RunEnd
+
+    printer = EventPrinter(stream)
+    for event in deployment.stream(*args, **kwargs):
+        printer.show(event)
+        if isinstance(event, RunEnd):
+            return event.run
+    raise AssertionError("a stream always ends with RunEnd")  # pragma: no cover
+
+
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
     from loopwarden.deployment import Deployment
@@ -215,11 +279,17 @@ def main(args: argparse.Namespace) -> int:
         )
     cancel = CancelToken()
     received: list[int] = []
+    stream = (sys.stderr if args.json else sys.stdout) if args.stream else None
     try:
         with cancel_on_signals(cancel, received):
             if args.scenario:
-                run = deployment.run(
-                    scenario=args.scenario, profile=args.profile, cancel=cancel, meta=meta
+                run = _execute(
+                    deployment,
+                    stream,
+                    scenario=args.scenario,
+                    profile=args.profile,
+                    cancel=cancel,
+                    meta=meta,
                 )
             else:
                 try:
@@ -232,7 +302,14 @@ def main(args: argparse.Namespace) -> int:
                 note = unpriced_note(deployment, config.model.name)
                 if note is not None:
                     print(f"loopwarden run: note: {note}", file=sys.stderr)
-                run = deployment.run(args.question, profile=args.profile, cancel=cancel, meta=meta)
+                run = _execute(
+                    deployment,
+                    stream,
+                    args.question,
+                    profile=args.profile,
+                    cancel=cancel,
+                    meta=meta,
+                )
     finally:
         deployment.close()
     record = run.record()

@@ -21,16 +21,34 @@ event loop, so one model serves ``asyncio.run(dep.arun(...))`` job after job.  E
 redacted (the API key, bearer credentials) before they leave the client: a server that echoes
 the ``Authorization`` header in an error body does not put the key into records or logs.
 
+**Streaming** (:meth:`OpenAIChatModel.stream`, :meth:`~OpenAIChatModel.astream`; used by
+``Deployment.stream()``): the same request with ``stream=True`` and
+``stream_options={"include_usage": true}``; text deltas are yielded as they arrive, tool-call
+deltas are assembled, and the stream ends with the same :class:`~loopwarden.ModelResponse` the
+unstreamed call returns.  The same bounds hold (the deadline is checked on every chunk read;
+retries only before the first byte).  A stream that misbehaves fails the call as a malformed
+unstreamed answer does (:class:`~loopwarden.ModelError`, the run ends ``model_error``): a
+chunk that is not JSON or has the wrong shape (``malformed``), a connection that breaks
+mid-stream (``connection``), a stream that ends without a finish reason (``malformed``), one
+that stalls past the deadline (``timeout``); a stream without usage is estimated, as an
+unstreamed answer without usage is.  A server that ignores ``stream`` and answers with one
+JSON completion is read as one delta.  Closing the stream early (a guard cut it) closes the
+connection: the rest of the answer is not read, nor paid for by a provider that stops
+generating when the client leaves.
+
 ``openai`` is imported when the first client is built, never by ``import loopwarden``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
+import json
 import os
 import random
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
@@ -46,6 +64,8 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIChatModel", "missing_key_message"]
 
 _RETRY_STATUS = frozenset({408, 409, 429})
+#: what a streamed request adds: the usage comes in a last chunk
+_STREAM: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
 _BACKOFF_S, _MAX_BACKOFF_S = 0.5, 8.0
 
 
@@ -171,6 +191,15 @@ class OpenAIChatModel:
             seconds = min(seconds, max(0.0, request.timeout))
         return self._http.CallBounds(time.monotonic() + seconds, self.max_response_bytes, seconds)
 
+    def _ended(self, ending: str, value: Any, bounds: CallBounds) -> Any:
+        """The call's value when it ended ``ok``; else the error of its cancellation or its
+        deadline, raised."""
+        if ending == "ok":
+            return value
+        if ending == "cancelled":
+            raise ModelError("the run was cancelled during the model call", kind="cancelled")
+        raise self._deadline_error(bounds)
+
     def _deadline_error(self, bounds: CallBounds) -> ModelError:
         return ModelError(
             f"the model call did not finish within {bounds.seconds:g}s", kind="timeout"
@@ -210,25 +239,10 @@ class OpenAIChatModel:
                     id=str(getattr(tc, "id", "") or ""),
                 )
             )
-        u = getattr(completion, "usage", None)
-        if u is not None:
-            details = getattr(u, "prompt_tokens_details", None)
-            cached = int(getattr(details, "cached_tokens", 0) or 0) if details else 0
-            usage = Usage(
-                prompt=int(u.prompt_tokens or 0),
-                completion=int(u.completion_tokens or 0),
-                cached=cached,
-            )
-        else:  # some compatible servers omit usage: estimate rather than count zero
-            usage = Usage(
-                prompt=request.estimated_tokens,
-                completion=estimate_text(msg.content or "")
-                + sum(estimate_text(c.arguments) for c in calls),
-            )
         return ModelResponse(
             content=msg.content,
             tool_calls=calls,
-            usage=usage,
+            usage=_usage(getattr(completion, "usage", None), request, msg.content, calls),
             finish_reason=choice.finish_reason,
             model=_text_or(getattr(completion, "model", None), self.name),
         )
@@ -241,14 +255,12 @@ class OpenAIChatModel:
         ending, value = call_within(
             self._call, request, bounds, timeout=bounds.left(), cancel=request.cancel, name="model"
         )
-        if ending == "ok":
-            return self._convert(value, request)
-        if ending == "cancelled":
-            raise ModelError("the run was cancelled during the model call", kind="cancelled")
-        raise self._deadline_error(bounds)
+        return self._convert(self._ended(ending, value, bounds), request)
 
-    def _call(self, request: ModelRequest, bounds: CallBounds) -> Any:
+    def _call(self, request: ModelRequest, bounds: CallBounds, stream: bool = False) -> Any:
         params = self._params(request)
+        if stream:
+            params.update(_STREAM)
         cancel = request.cancel
         attempt = 0
         while True:
@@ -296,14 +308,14 @@ class OpenAIChatModel:
         ending, value = await await_within(
             self._acall(client, request, bounds), bounds.left(), request.cancel
         )
-        if ending == "ok":
-            return self._convert(value, request)
-        if ending == "cancelled":
-            raise ModelError("the run was cancelled during the model call", kind="cancelled")
-        raise self._deadline_error(bounds)
+        return self._convert(self._ended(ending, value, bounds), request)
 
-    async def _acall(self, client: Any, request: ModelRequest, bounds: CallBounds) -> Any:
+    async def _acall(
+        self, client: Any, request: ModelRequest, bounds: CallBounds, stream: bool = False
+    ) -> Any:
         params = self._params(request)
+        if stream:
+            params.update(_STREAM)
         attempt = 0
         while True:
             try:
@@ -317,6 +329,225 @@ class OpenAIChatModel:
                     raise self._too_late(exc, wait, bounds) from None
             await asyncio.sleep(wait)
             attempt += 1
+
+    # -- streaming ------------------------------------------------------------------------
+
+    def stream(self, request: ModelRequest) -> Iterator[str | ModelResponse]:
+        """One bounded call, streamed (see the module doc): text deltas, then the whole
+        response.  The request (with its retries) is made in a daemon thread, bounded like
+        :meth:`complete`; the chunks are read here, each within the call's deadline."""
+        from loopwarden._deadline import call_within
+
+        bounds = self._bounds(request)
+        ending, value = call_within(
+            self._call,
+            request,
+            bounds,
+            True,
+            timeout=bounds.left(),
+            cancel=request.cancel,
+            name="model",
+        )
+        stream = self._ended(ending, value, bounds)
+        assembly = _Assembly()
+        try:
+            whole = _whole_answer(stream.response)
+            if whole:  # a server that does not stream answered as a whole
+                text = assembly.whole(json.loads(stream.response.read()))
+                if text:
+                    yield text
+            for chunk in () if whole else stream:
+                text = assembly.add(chunk)
+                if text:
+                    yield text
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._stream_error(exc, bounds) from None
+        finally:
+            _close(stream)
+        yield assembly.response(self, request)
+
+    async def astream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        """:meth:`stream` on the running event loop."""
+        from loopwarden._deadline import await_within
+
+        bounds = self._bounds(request)
+        client = self._async_client()
+        ending, value = await await_within(
+            self._acall(client, request, bounds, True), bounds.left(), request.cancel
+        )
+        stream = self._ended(ending, value, bounds)
+        assembly = _Assembly()
+        try:
+            if _whole_answer(stream.response):  # a server that does not stream
+                text = assembly.whole(json.loads(await stream.response.aread()))
+                if text:
+                    yield text
+            else:
+                async for chunk in stream:
+                    text = assembly.add(chunk)
+                    if text:
+                        yield text
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._stream_error(exc, bounds) from None
+        finally:
+            with contextlib.suppress(Exception):  # the connection is going away anyway
+                await stream.close()
+        yield assembly.response(self, request)
+
+    def _stream_error(self, exc: Exception, bounds: CallBounds) -> ModelError:
+        """What a failure while reading a stream means (the same kinds as a whole body's)."""
+        import httpx2  # already imported by the client
+
+        if isinstance(exc, self._http.ResponseTooLarge):
+            return ModelError(str(exc), kind="too_large")
+        if isinstance(exc, httpx2.TimeoutException):
+            return self._deadline_error(bounds)
+        if isinstance(exc, httpx2.HTTPError):
+            text = f"the stream broke off: {type(exc).__name__}: {exc}"
+            return ModelError(self.redactor.text(text[:4000]), kind="connection")
+        if isinstance(exc, self._openai.APIError):
+            return self._error(exc)
+        text = f"a chunk of the stream is not a chat-completion chunk: {type(exc).__name__}: {exc}"
+        return ModelError(self.redactor.text(text[:4000]), kind="malformed")
+
+
+class _Assembly:
+    """The chunks of one streamed answer assembled into the response an unstreamed call
+    returns: text, tool calls (by index: id, name, arguments in pieces), finish, usage."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.model: Any = None
+
+    def add(self, chunk: Any) -> str | None:
+        """Take one chunk; its text, if any.  A chunk of the wrong shape is malformed."""
+        if self.model is None:
+            self.model = _field(chunk, "model")
+        usage = _field(chunk, "usage")
+        if usage is not None:
+            self.usage = usage
+        choices = _field(chunk, "choices") or []
+        if not isinstance(choices, list):
+            raise _malformed("its choices are not a list")
+        text = None
+        for choice in choices[:1]:  # one answer asked for: the first choice
+            finish = _field(choice, "finish_reason")
+            if finish is not None:
+                self.finish = str(finish)
+            delta = _field(choice, "delta")
+            if delta is None:
+                continue
+            content = _field(delta, "content")
+            if content is not None and not isinstance(content, str):
+                raise _malformed(f"its content is a {type(content).__name__}, not text")
+            if content:
+                self.parts.append(content)
+                text = content
+            for tc in _field(delta, "tool_calls") or ():
+                self._tool_delta(tc)
+        return text
+
+    def whole(self, data: Any) -> str | None:
+        """Take a whole chat completion (the answer of a server that ignores ``stream``) as
+        one chunk; its text, if any."""
+        choices = _field(data, "choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise _malformed("a whole answer without choices")
+        choice = choices[0]
+        message = _field(choice, "message")
+        calls = _field(message, "tool_calls") or []
+        if not isinstance(calls, list):
+            raise _malformed("its tool calls are not a list")
+        delta = {
+            "content": _field(message, "content"),
+            "tool_calls": [{**c, "index": i} for i, c in enumerate(calls) if isinstance(c, dict)],
+        }
+        finish = _field(choice, "finish_reason") or ("tool_calls" if calls else "stop")
+        return self.add(
+            {
+                "model": data.get("model"),
+                "usage": data.get("usage"),
+                "choices": [{"delta": delta, "finish_reason": finish}],
+            }
+        )
+
+    def _tool_delta(self, tc: Any) -> None:
+        index = _field(tc, "index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            index = len(self.calls)  # no index: each delta is a call of its own
+        slot = self.calls.setdefault(index, ["", ""])
+        call_id, fn = _field(tc, "id"), _field(tc, "function")
+        if isinstance(call_id, str) and call_id and not slot[0]:
+            slot[0] = call_id
+        if fn is None:
+            return
+        name, arguments = _field(fn, "name"), _field(fn, "arguments")
+        if isinstance(name, str) and name and not slot[1]:
+            slot[1] = name
+        if isinstance(arguments, str) and arguments:
+            slot.append(arguments)
+
+    def response(self, model: OpenAIChatModel, request: ModelRequest) -> ModelResponse:
+        if self.finish is None:
+            raise _malformed("the stream ended before the answer did (no finish reason)")
+        calls = [
+            ProposedCall(name=slot[1], arguments="".join(slot[2:]), id=slot[0])
+            for _, slot in sorted(self.calls.items())
+        ]
+        content = "".join(self.parts) or None
+        return ModelResponse(
+            content=content,
+            tool_calls=calls,
+            usage=_usage(self.usage, request, content, calls),
+            finish_reason=self.finish,
+            model=_text_or(self.model, model.name),
+        )
+
+
+def _whole_answer(response: Any) -> bool:
+    """Whether the server answered a streamed request with one JSON body, not events."""
+    ctype = str(response.headers.get("content-type", "")).lower()
+    return "json" in ctype and "event-stream" not in ctype
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj``'s field ``name`` (an SDK object, or a dict the SDK left unparsed)."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _malformed(why: str) -> ModelError:
+    return ModelError(f"a malformed stream: {why}", kind="malformed")
+
+
+def _close(stream: Any) -> None:
+    with contextlib.suppress(Exception):  # the connection is going away anyway
+        stream.close()
+
+
+def _usage(u: Any, request: ModelRequest, content: str | None, calls: list[ProposedCall]) -> Usage:
+    """The response's usage, or -- some compatible servers omit it -- an estimate rather
+    than zero."""
+    if u is not None:
+        details = _field(u, "prompt_tokens_details")
+        cached = int(_field(details, "cached_tokens") or 0) if details else 0
+        return Usage(
+            prompt=int(_field(u, "prompt_tokens") or 0),
+            completion=int(_field(u, "completion_tokens") or 0),
+            cached=cached,
+        )
+    return Usage(
+        prompt=request.estimated_tokens,
+        completion=estimate_text(content or "") + sum(estimate_text(c.arguments) for c in calls),
+    )
 
 
 def _text_or(value: Any, default: str) -> str:

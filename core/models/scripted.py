@@ -1,23 +1,28 @@
 """The scripted model: plays a scenario's turns, offline and deterministic.
 
-Each :meth:`complete` returns the next turn.  After the last turn, ``then`` decides:
-``repeat_last``, ``cycle`` or ``final`` (answer ``final_text``).  It always obeys a request
-without tools or with ``tool_choice="none"`` by answering ``final_text``, and with
-``on_warning = "final"`` it answers ``final_text`` as soon as a request carries a guard's
-warning.  Usage is estimated with the project's token estimator over the actual request, so
-token growth is as quadratic as a real run's.
+Each :meth:`complete` returns the next turn (:meth:`stream` the same turn, its text in
+pieces).  After the last turn, ``then`` decides: ``repeat_last``, ``cycle`` or ``final``
+(answer ``final_text``).  It always obeys a request without tools or with
+``tool_choice="none"`` by answering ``final_text``, and with ``on_warning = "final"`` it
+answers ``final_text`` as soon as a request carries a guard's warning.  Usage is estimated
+with the project's token estimator over the actual request, so token growth is as quadratic
+as a real run's.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import AsyncIterator, Iterator
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.scenario import ScriptConfig
 from loopwarden.tokens import TextEstimator, estimate_messages, estimate_text, estimate_tools
 
-__all__ = ["ScriptedModel"]
+__all__ = ["PIECE_CHARS", "ScriptedModel"]
+
+#: characters per streamed text delta (``stream``): a few words, as real endpoints send
+PIECE_CHARS = 8
 
 
 class ScriptedModel:
@@ -91,3 +96,18 @@ class ScriptedModel:
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         return self.complete(request)
+
+    def stream(self, request: ModelRequest) -> Iterator[str | ModelResponse]:
+        """The turn :meth:`complete` answers, streamed: its text in pieces of
+        :data:`PIECE_CHARS` characters, then the whole response (the same usage: a streamed
+        scenario ends with the record of the unstreamed one)."""
+        response = self.complete(request)
+        text = response.content or ""
+        for i in range(0, len(text), PIECE_CHARS):
+            yield text[i : i + PIECE_CHARS]
+        yield response
+
+    async def astream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        """:meth:`stream` for async runs."""
+        for item in self.stream(request):
+            yield item
