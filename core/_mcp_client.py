@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped, unused-ignore]  # no stubs for a plugin's mypy
 import mcp_types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -367,7 +367,7 @@ def observation(result: mcp_types.CallToolResult) -> str:
             text = getattr(c.resource, "text", None)
             parts.append(text if isinstance(text, str) else f"[resource: {c.resource.uri}]")
         else:  # a content type of a later protocol revision
-            parts.append(f"[{getattr(c, 'type', type(c).__name__)}]")  # type: ignore[unreachable]
+            parts.append(f"[{getattr(c, 'type', type(c).__name__)}]")  # type: ignore[unreachable, unused-ignore]
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, ensure_ascii=False, default=str)
     return "\n".join(parts)

@@ -41,12 +41,22 @@ def _isolated_data_dir(
     return d
 
 
+_LOGGER_BASELINE = (
+    logging.getLogger("loopwarden").level,
+    list(logging.getLogger("loopwarden").handlers),
+)
+
+
 @pytest.fixture(autouse=True)
 def _restore_loopwarden_logger() -> Iterator[None]:
     """``loopwarden.cli.main`` configures the "loopwarden" logger, as a command line should
-    (level, a stderr handler); undo it so that no test sees another test's CLI settings."""
+    (level, a stderr handler); undo it so that no test sees another test's CLI settings --
+    including a module- or session-scoped fixture's, set up before this snapshot could be
+    taken: each test starts from the logger as it was when the session began."""
     logger = logging.getLogger("loopwarden")
-    level, handlers = logger.level, list(logger.handlers)
+    level, handlers = _LOGGER_BASELINE
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
     yield
     logger.setLevel(level)
     logger.handlers[:] = handlers

@@ -11,9 +11,10 @@ environment's packages -- loopwarden, pytest, mypy -- through a ``site.addsitedi
 * runs docs/writing-a-plugin.md's type-check recipe as written (a wheel-layout copy of
   loopwarden, then strict mypy over the package).
 
-``pip install -e`` builds without isolation (``--no-build-isolation``, no network) when this
-environment can build a wheel (setuptools >= 70.1 or ``wheel``); otherwise pip fetches the
-build backend as usual (a Python 3.12+ venv has no setuptools at all).
+``pip install -e`` builds without isolation (``--no-build-isolation``, no network) when the
+throwaway venv can build a wheel (setuptools >= 70.1 or ``wheel``); otherwise pip fetches the
+build backend from the package index as usual (a venv of Python 3.11 brings setuptools 65,
+one of 3.12+ none at all).
 """
 
 from __future__ import annotations
@@ -33,17 +34,25 @@ LINE = "loopwarden new-plugin pii_guard pii-guard && pip install -e pii-guard &&
 pytestmark = pytest.mark.slow
 
 
-def _can_build_without_isolation() -> bool:
-    try:
-        import setuptools
-    except ImportError:
-        return False
-    try:
-        import wheel  # noqa: F401
-    except ImportError:
-        major, minor = (int(p) for p in setuptools.__version__.split(".")[:2])
-        return (major, minor) >= (70, 1)
-    return True
+_CAN_BUILD = """
+import sys
+try:
+    import setuptools
+except ImportError:
+    sys.exit(1)
+try:
+    import wheel  # noqa: F401
+except ImportError:
+    major, minor = (int(p) for p in setuptools.__version__.split(".")[:2])
+    sys.exit(0 if (major, minor) >= (70, 1) else 1)
+"""
+
+
+def _can_build_without_isolation(venv: Path) -> bool:
+    """Whether ``venv``'s own Python can build an editable wheel (its setuptools, which shadows
+    this environment's: a venv made by Python 3.11 brings setuptools 65)."""
+    python = venv / "bin" / "python"
+    return subprocess.run([str(python), "-c", _CAN_BUILD], check=False).returncode == 0
 
 
 def make_venv(where: Path) -> Path:
@@ -90,7 +99,7 @@ def test_the_line_in_the_docs_is_the_one_tested() -> None:
 
 def test_a_new_plugin_installs_passes_its_tests_and_loads_by_name(tmp_path: Path) -> None:
     venv = make_venv(tmp_path / "venv")
-    pip_env = {"PIP_NO_BUILD_ISOLATION": "0"} if _can_build_without_isolation() else {}
+    pip_env = {"PIP_NO_BUILD_ISOLATION": "0"} if _can_build_without_isolation(venv) else {}
     # pip's inverted flag: PIP_NO_BUILD_ISOLATION=0 means --no-build-isolation
     out = bash(LINE, tmp_path, venv, **pip_env)
     assert " passed" in out.splitlines()[-1], out[-2000:]
