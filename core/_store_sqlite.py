@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +72,47 @@ CREATE TABLE IF NOT EXISTS ledger (
 CREATE INDEX IF NOT EXISTS ledger_expiry ON ledger (expires_at);
 """
 
-#: expired rows a write deletes on its way (counters, ledger entries): pruning stays
-#: opportunistic and bounded -- a store never grows with the runs it has seen, and no write
-#: pays for a large backlog at once
+#: expired rows a write deletes on its way (counters, reservations, ledger entries), on
+#: average: pruning stays opportunistic and bounded -- a store never grows with the runs it
+#: has seen, and no write pays for a large backlog at once
 PRUNE_BATCH = 64
+#: budget writes (reserve, settle) prune every this many, each up to this many batches: the
+#: statements of a prune are not paid on every call of the hot path, the pace stays the same
+PRUNE_EVERY = 8
 
 _COLS = ", ".join(QUANTITIES)
+_SUMS = ", ".join(f"SUM({q})" for q in QUANTITIES)
 _WHERE = "scope = ? AND key = ? AND window = ? AND bucket = ?"
+#: counters one ``SELECT`` reads (each is two arms of a ``UNION ALL``; SQLite allows 500)
+_USED_CHUNK = 100
+#: count an amount into a counter (created if absent)
+_SQL_ADD = (
+    f"INSERT INTO counters (scope, key, window, bucket, {_COLS}, expires_at) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (scope, key, window, bucket) DO UPDATE SET "
+    + ", ".join(f"{q} = {q} + excluded.{q}" for q in QUANTITIES)
+    + ", expires_at = excluded.expires_at"
+)
+#: create a counter, or move its expiry (a reservation's counter is listed by ``rows``)
+_SQL_TOUCH = (
+    "INSERT INTO counters (scope, key, window, bucket, expires_at) VALUES (?,?,?,?,?) "
+    "ON CONFLICT (scope, key, window, bucket) DO UPDATE SET expires_at = excluded.expires_at"
+)
+_SQL_HOLD = (
+    f"INSERT OR REPLACE INTO reservations (token, scope, key, window, bucket, {_COLS}, "
+    "expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+_SQL_DROP = f"DELETE FROM reservations WHERE {_WHERE} AND token = ?"
+
+
+@lru_cache(maxsize=32)
+def _used_sql(n: int) -> str:
+    """One ``SELECT`` of ``n`` counters' rows and live reservations, tagged by counter index
+    and kind (0: the counter, with its expiry; 1: the sum of its live reservations)."""
+    return " UNION ALL ".join(
+        f"SELECT {i}, 0, {_COLS}, expires_at FROM counters WHERE {_WHERE} UNION ALL "
+        f"SELECT {i}, 1, {_SUMS}, NULL FROM reservations WHERE {_WHERE} AND expires_at > ?"
+        for i in range(n)
+    )
 
 
 class SQLiteStore(_Backend):
@@ -98,6 +133,7 @@ class SQLiteStore(_Backend):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        self._writes = 0  # budget writes by this process: every PRUNE_EVERY-th prunes
         self._conn = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -116,6 +152,7 @@ class SQLiteStore(_Backend):
                     isolation_level=None,
                     check_same_thread=False,
                 )
+                self._busy_ms = int(self._timeout * 1000)  # sqlite3.connect's timeout
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SQL_SCHEMA)
@@ -155,8 +192,13 @@ class SQLiteStore(_Backend):
                 self._pid, self._conn = os.getpid(), self._connect()
             conn = self._conn
             try:
+                # SQLite's busy timeout gets what is left of timeout_s after the thread lock
+                # -- set only when that moved (by more than a negligible 2 ms; raised again
+                # lazily): an uncontended call spends no statement on it
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                conn.execute(f"PRAGMA busy_timeout = {left_ms}")  # what is left of timeout_s
+                if left_ms < self._busy_ms - 2 or left_ms > self._busy_ms + 50:
+                    conn.execute(f"PRAGMA busy_timeout = {left_ms}")
+                    self._busy_ms = left_ms
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
@@ -169,32 +211,45 @@ class SQLiteStore(_Backend):
         finally:
             self._lock.release()
 
-    def _used(self, conn: sqlite3.Connection, c: Counter) -> Amounts:
-        ident = _ident(c)
-        row = conn.execute(f"SELECT {_COLS} FROM counters WHERE {_WHERE}", ident).fetchone()
-        res = conn.execute(
-            f"SELECT {', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations WHERE {_WHERE}",
-            ident,
-        ).fetchone()
-        return _amounts([(row[i] if row else 0) + (res[i] or 0) for i in range(len(QUANTITIES))])
+    @staticmethod
+    def _used(
+        conn: sqlite3.Connection, counters: Sequence[Counter], now: float
+    ) -> tuple[tuple[Amounts, ...], list[bool]]:
+        """Per counter: committed plus live reserved amounts, and whether its row must be
+        written to be listed (absent, or with another expiry) -- one ``SELECT`` (per
+        :data:`_USED_CHUNK` counters)."""
+        sums = [[0] * len(QUANTITIES) for _ in counters]
+        touch = [True] * len(counters)
+        for start in range(0, len(counters), _USED_CHUNK):
+            chunk = counters[start : start + _USED_CHUNK]
+            args: list[Any] = []
+            for c in chunk:
+                ident = _ident(c)
+                args += [*ident, *ident, now]
+            for row in conn.execute(_used_sql(len(chunk)), args):
+                i = start + row[0]
+                if row[1] == 0:
+                    touch[i] = row[7] != counters[i].expires_at
+                acc = sums[i]
+                for q in range(len(QUANTITIES)):
+                    acc[q] += row[2 + q] or 0
+        return tuple(_amounts(a) for a in sums), touch
+
+    def _prune_due(self, conn: sqlite3.Connection, now: float) -> None:
+        """Every :data:`PRUNE_EVERY`-th budget write: delete expired reservations and
+        counters, up to ``PRUNE_EVERY`` x :data:`PRUNE_BATCH` rows each."""
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 1:  # the first write of a process prunes, too
+            self._prune(conn, "reservations", now, PRUNE_BATCH * PRUNE_EVERY)
+            self._prune(conn, "counters", now, PRUNE_BATCH * PRUNE_EVERY)
 
     @staticmethod
-    def _add(conn: sqlite3.Connection, c: Counter, amount: Sequence[int]) -> None:
-        conn.execute(
-            f"INSERT INTO counters (scope, key, window, bucket, {_COLS}, expires_at) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (scope, key, window, bucket) DO UPDATE SET "
-            + ", ".join(f"{q} = {q} + excluded.{q}" for q in QUANTITIES)
-            + ", expires_at = excluded.expires_at",
-            (*_ident(c), *amount, c.expires_at),
-        )
-
-    @staticmethod
-    def _prune(conn: sqlite3.Connection, table: str, now: float) -> None:
-        """Delete up to :data:`PRUNE_BATCH` expired rows of ``table`` (by its expiry index)."""
+    def _prune(conn: sqlite3.Connection, table: str, now: float, limit: int = PRUNE_BATCH) -> None:
+        """Delete up to ``limit`` expired rows of ``table`` (by its expiry index)."""
         conn.execute(
             f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
             "WHERE expires_at <= ? LIMIT ?)",
-            (now, PRUNE_BATCH),
+            (now, limit),
         )
 
     def _reserve(
@@ -205,37 +260,37 @@ class SQLiteStore(_Backend):
         ttl_s: float,
         commit: bool,
     ) -> Reserved:
+        # one transaction: a SELECT of what every counter holds, then the writes (one
+        # statement per counter and kind); expired reservations are not counted (the SELECT
+        # skips them) and are pruned with expired counters every PRUNE_EVERY writes
         now = self.now()
         with self._tx() as conn:
-            conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
-            self._prune(conn, "counters", now)
-            used = tuple(self._used(conn, c) for c in counters)
+            self._prune_due(conn, now)
+            used, touch = self._used(conn, counters, now)
             for i, c in enumerate(counters):
                 q = _first_refused(used[i], amount, c.limits)
                 if q is not None:
                     return Reserved(used, (i, q))
-            for c in counters:
-                if commit:
-                    self._add(conn, c, amount)
-                else:
-                    self._add(conn, c, (0,) * len(QUANTITIES))  # the counter exists: listed
-                    conn.execute(
-                        "INSERT OR REPLACE INTO reservations (token, scope, key, window, bucket, "
-                        f"{_COLS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (token, *_ident(c), *amount, now + ttl_s),
-                    )
+            if commit:
+                conn.executemany(_SQL_ADD, [(*_ident(c), *amount, c.expires_at) for c in counters])
+            else:
+                touched = [
+                    (*_ident(c), c.expires_at) for c, t in zip(counters, touch, strict=True) if t
+                ]
+                if touched:  # the counter exists (with its expiry): listed by rows()
+                    conn.executemany(_SQL_TOUCH, touched)
+                conn.executemany(
+                    _SQL_HOLD, [(token, *_ident(c), *amount, now + ttl_s) for c in counters]
+                )
             return Reserved(used)
 
     def _settle(
         self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
     ) -> None:
         with self._tx() as conn:
-            for c in counters:
-                conn.execute(
-                    f"DELETE FROM reservations WHERE {_WHERE} AND token = ?", (*_ident(c), token)
-                )
-                if actual is not None:
-                    self._add(conn, c, actual)
+            conn.executemany(_SQL_DROP, [(*_ident(c), token) for c in counters])
+            if actual is not None:
+                conn.executemany(_SQL_ADD, [(*_ident(c), *actual, c.expires_at) for c in counters])
 
     def _rows(self) -> list[CounterRow]:
         now = self.now()
