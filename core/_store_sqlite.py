@@ -214,12 +214,14 @@ class SQLiteStore(_Backend):
     @staticmethod
     def _used(
         conn: sqlite3.Connection, counters: Sequence[Counter], now: float
-    ) -> tuple[tuple[Amounts, ...], list[bool]]:
+    ) -> tuple[tuple[Amounts, ...], list[bool], list[int]]:
         """Per counter: committed plus live reserved amounts, and whether its row must be
         written to be listed (absent, or with another expiry) -- one ``SELECT`` (per
-        :data:`_USED_CHUNK` counters)."""
+        :data:`_USED_CHUNK` counters); and which counters have an expired row not pruned
+        yet (it counts nothing: the caller deletes it before writing)."""
         sums = [[0] * len(QUANTITIES) for _ in counters]
         touch = [True] * len(counters)
+        stale: list[int] = []
         for start in range(0, len(counters), _USED_CHUNK):
             chunk = counters[start : start + _USED_CHUNK]
             args: list[Any] = []
@@ -229,11 +231,14 @@ class SQLiteStore(_Backend):
             for row in conn.execute(_used_sql(len(chunk)), args):
                 i = start + row[0]
                 if row[1] == 0:
+                    if row[7] is not None and row[7] <= now:
+                        stale.append(i)
+                        continue
                     touch[i] = row[7] != counters[i].expires_at
                 acc = sums[i]
                 for q in range(len(QUANTITIES)):
                     acc[q] += row[2 + q] or 0
-        return tuple(_amounts(a) for a in sums), touch
+        return tuple(_amounts(a) for a in sums), touch, stale
 
     def _prune_due(self, conn: sqlite3.Connection, now: float) -> None:
         """Every :data:`PRUNE_EVERY`-th budget write: delete expired reservations and
@@ -266,11 +271,15 @@ class SQLiteStore(_Backend):
         now = self.now()
         with self._tx() as conn:
             self._prune_due(conn, now)
-            used, touch = self._used(conn, counters, now)
+            used, touch, stale = self._used(conn, counters, now)
             for i, c in enumerate(counters):
                 q = _first_refused(used[i], amount, c.limits)
                 if q is not None:
                     return Reserved(used, (i, q))
+            if stale:  # an expired window's row, not pruned yet: it starts from nothing
+                conn.executemany(
+                    f"DELETE FROM counters WHERE {_WHERE}", [_ident(counters[i]) for i in stale]
+                )
             if commit:
                 conn.executemany(_SQL_ADD, [(*_ident(c), *amount, c.expires_at) for c in counters])
             else:

@@ -83,6 +83,25 @@ def test_a_sqlite_reserve_prunes_expired_rows_only_now_and_then(tmp_path: Path) 
     store.close()
 
 
+def test_an_expired_sqlite_counter_not_pruned_yet_counts_nothing(tmp_path: Path) -> None:
+    """Between prunes, a window's expired row may still be there: a reserve on it starts
+    from nothing, and the row it leaves holds only the new window's spend."""
+    store = SQLiteStore(tmp_path / "store.sqlite3")
+    now = [1000.0]
+    store.now = lambda: now[0]
+    c = Counter("run", "r1", "run", "-", limits=(None, 5, None, None, None), expires_at=1001.0)
+    assert store.reserve([c], (0, 5, 0, 0, 0), token="a", ttl_s=1, commit=True).ok  # prunes
+    now[0] = 1002.0  # the row expired; the next write is not a pruning one
+    c2 = Counter("run", "r1", "run", "-", limits=(None, 5, None, None, None), expires_at=2000.0)
+    with count_round_trips(store) as counts:
+        res = store.reserve([c2], (0, 5, 0, 0, 0), token="b", ttl_s=1, commit=True)
+    assert res.ok and res.used == ((0, 0, 0, 0, 0),)
+    assert "DELETE" in _sqlite_shape(counts)
+    (row,) = store.rows()
+    assert row.committed == (0, 5, 0, 0, 0) and row.expires_at == 2000.0
+    store.close()
+
+
 class _SlowLock:
     """A thread lock that another call of the process holds for ``wait_s`` before each
     acquire: real time passes, so what is left of ``timeout_s`` shrinks."""
