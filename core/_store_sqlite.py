@@ -80,6 +80,11 @@ PRUNE_BATCH = 64
 #: statements of a prune are not paid on every call of the hot path, the pace stays the same
 PRUNE_EVERY = 8
 
+#: the first and the longest pause between tries for the file's write lock (seconds, jittered):
+#: SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms in turn, so one of 8 writers could
+#: sleep tens of milliseconds past a lock that each holds for a fraction of one
+LOCK_RETRY_S = (0.0002, 0.002)
+
 _COLS = ", ".join(QUANTITIES)
 _SUMS = ", ".join(f"SUM({q})" for q in QUANTITIES)
 _WHERE = "scope = ? AND key = ? AND window = ? AND bucket = ?"
@@ -119,9 +124,9 @@ class SQLiteStore(_Backend):
     """The store in one SQLite file (WAL mode; ``BEGIN IMMEDIATE`` for every change).
 
     ``timeout_s`` bounds one store call: waiting for this process's other threads, for
-    another process's write lock (SQLite's busy timeout) and the retries of opening a new
-    file, all together.  A new file is created owner-only (0600), in owner-only directories
-    where it creates them (0700).
+    another process's write lock (tried again in short pauses, :meth:`_locked`) and the
+    retries of opening a new file, all together.  A new file is created owner-only (0600),
+    in owner-only directories where it creates them (0700).
     """
 
     def __init__(self, path: Path, *, timeout_s: float = 5.0) -> None:
@@ -152,10 +157,12 @@ class SQLiteStore(_Backend):
                     isolation_level=None,
                     check_same_thread=False,
                 )
-                self._busy_ms = int(self._timeout * 1000)  # sqlite3.connect's timeout
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SQL_SCHEMA)
+                # from now on the store waits for the write lock itself (_locked): within
+                # timeout_s, with short pauses instead of SQLite's growing ones
+                conn.execute("PRAGMA busy_timeout = 0")
                 return conn
             except sqlite3.OperationalError as exc:
                 if conn is not None:
@@ -192,24 +199,34 @@ class SQLiteStore(_Backend):
                 self._pid, self._conn = os.getpid(), self._connect()
             conn = self._conn
             try:
-                # SQLite's busy timeout gets what is left of timeout_s after the thread lock
-                # -- set only when that moved (by more than a negligible 2 ms; raised again
-                # lazily): an uncontended call spends no statement on it
-                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                if left_ms < self._busy_ms - 2 or left_ms > self._busy_ms + 50:
-                    conn.execute(f"PRAGMA busy_timeout = {left_ms}")
-                    self._busy_ms = left_ms
-                conn.execute("BEGIN IMMEDIATE")
+                self._locked(conn, "BEGIN IMMEDIATE", deadline)
                 try:
                     yield conn
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                self._locked(conn, "COMMIT", deadline)
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite store {self.path}: {exc}", url=self.url) from exc
         finally:
             self._lock.release()
+
+    @staticmethod
+    def _locked(conn: sqlite3.Connection, sql: str, deadline: float) -> None:
+        """Run ``sql`` (``BEGIN IMMEDIATE``, ``COMMIT``), trying again while the file is
+        locked by another connection, until ``deadline`` (then SQLite's error stands)."""
+        delay = LOCK_RETRY_S[0]
+        while True:
+            try:
+                conn.execute(sql)
+                return
+            except sqlite3.OperationalError as exc:
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                left = deadline - time.monotonic()
+                if not busy or left <= 0:
+                    raise
+            time.sleep(min(delay * (0.5 + random.random()), left))
+            delay = min(delay * 2, LOCK_RETRY_S[1])
 
     @staticmethod
     def _used(

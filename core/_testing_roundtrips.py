@@ -5,9 +5,10 @@ real store underneath, with its client instrumented for the length of a ``with``
 
 * Redis: every request the client writes to the server is one round trip (a pipeline is one
   request; a NOSCRIPT answer followed by ``SCRIPT LOAD`` and the ``EVALSHA`` again is three);
-* SQLite: every transaction (``BEGIN``) is one round trip -- the write lock taken, the WAL
-  appended -- and :attr:`RoundTrips.statements` lists each statement SQLite executed (an
-  ``executemany`` runs its statement once per row).
+* SQLite: every transaction (ended by ``COMMIT`` or ``ROLLBACK``) is one round trip -- the
+  write lock taken, the WAL appended -- and :attr:`RoundTrips.statements` lists each
+  statement SQLite executed (an ``executemany`` runs its statement once per row; a
+  ``BEGIN IMMEDIATE`` tried again while another connection holds the lock, once per try).
 
 Only the calling thread's requests are counted, so a concurrent caller of the same store
 cannot inflate a count.
@@ -49,8 +50,8 @@ def count_round_trips(store: Any) -> Iterator[RoundTrips]:
         def trace(sql: str) -> None:
             if threading.get_ident() == me:
                 counts.statements.append(sql)
-                if sql.lstrip().upper().startswith("BEGIN"):
-                    counts.round_trips += 1
+                if sql.lstrip().upper().startswith(("COMMIT", "ROLLBACK")):
+                    counts.round_trips += 1  # a transaction ended (a BEGIN may be retried)
 
         conn = store._conn
         conn.set_trace_callback(trace)

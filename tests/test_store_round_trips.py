@@ -7,8 +7,8 @@ written to the server, on SQLite each transaction and each statement in it
 
 from __future__ import annotations
 
+import sqlite3
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from support.stores import make_store, split_url
 
 from loopwarden._testing_roundtrips import RoundTrips, count_round_trips
 from loopwarden.exceptions import StoreError
-from loopwarden.store import Counter, RedisStore, SQLiteStore, open_store
+from loopwarden.store import Counter, RedisStore, Reserved, SQLiteStore, open_store
 
 
 def _counters(n: int) -> list[Counter]:
@@ -102,54 +102,47 @@ def test_an_expired_sqlite_counter_not_pruned_yet_counts_nothing(tmp_path: Path)
     store.close()
 
 
-class _SlowLock:
-    """A thread lock that another call of the process holds for ``wait_s`` before each
-    acquire: real time passes, so what is left of ``timeout_s`` shrinks."""
-
-    def __init__(self, wait_s: float) -> None:
-        self.wait_s = wait_s
-        self._lock = threading.Lock()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        time.sleep(self.wait_s)
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _busy_timeouts(counts: RoundTrips) -> list[int]:
-    return [int(s.rsplit("=", 1)[1]) for s in counts.statements if "busy_timeout" in s]
-
-
-def test_the_sqlite_busy_timeout_is_set_only_after_a_wait_for_the_lock(tmp_path: Path) -> None:
-    """What is left of ``timeout_s`` after waiting for this process's lock bounds SQLite's
-    busy wait: set when a call waited, set back when calls no longer wait."""
-    store = SQLiteStore(tmp_path / "store.sqlite3", timeout_s=5.0)
+def test_a_sqlite_writer_retries_the_write_lock_itself_with_short_pauses(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the file's write lock: the store tries ``BEGIN IMMEDIATE``
+    again and again (short pauses, within ``timeout_s``) rather than sleeping in SQLite's busy
+    handler, whose pauses grow to 100 ms; once the lock is free, the call goes through."""
+    path = tmp_path / "store.sqlite3"
+    store = SQLiteStore(path, timeout_s=30.0)
     (c,) = _counters(1)
-    real = store._lock
+    store.reserve([c], (0, 1, 0, 0, 0), token="warm", ttl_s=60)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a real write lock, held by a second connection
+    tries = threading.Semaphore(0)
+    outcome: list[object] = []
     with count_round_trips(store) as counts:
-        store.reserve([c], (0, 1, 0, 0, 0), token="a", ttl_s=60)
-        assert _busy_timeouts(counts) == []
-        store._lock = _SlowLock(0.1)  # type: ignore[assignment]
-        counts.reset()
-        store.reserve([c], (0, 1, 0, 0, 0), token="b", ttl_s=60)
-        (lowered,) = _busy_timeouts(counts)
-        assert lowered <= 4900
-        store._lock = real
-        counts.reset()
-        store.reserve([c], (0, 1, 0, 0, 0), token="c", ttl_s=60)
-        (raised,) = _busy_timeouts(counts)
-        assert raised > 4950
-        counts.reset()
-        store.reserve([c], (0, 1, 0, 0, 0), token="d", ttl_s=60)
-        assert _busy_timeouts(counts) == []
+
+        def trace(sql: str) -> None:  # every thread's statements: the call runs in another
+            counts.statements.append(sql)
+            if sql.startswith("BEGIN"):
+                tries.release()
+
+        store._conn.set_trace_callback(trace)
+
+        def call() -> None:
+            try:
+                outcome.append(store.reserve([c], (0, 1, 0, 0, 0), token="t", ttl_s=60))
+            except StoreError as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        try:
+            for _ in range(5):  # five tries while the lock is held: retried by the store
+                assert tries.acquire(timeout=20), "the store did not try the lock again"
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        worker.join(timeout=30)
+    (res,) = outcome
+    assert isinstance(res, Reserved) and res.ok
+    assert _sqlite_shape(counts).count("COMMIT") == 1
     store.close()
 
 
