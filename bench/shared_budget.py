@@ -18,7 +18,16 @@ Reported per store:
 * ``store_us_per_model_call``: p50 / p99 of the time spent in ``spend_limits`` per model call
   (its ``before_model`` reserve + ``after_response`` settle, each one store round trip),
   beside ``other_guards_us_per_model_call``: the rest of the guard stack's hooks for the same
-  call; ``single_worker`` has the same figures for one worker alone (no CPU contention).
+  call; ``single_worker`` has the same figures for one worker alone (no CPU contention);
+  ``store_cpu_us_per_model_call``: the CPU the calling thread spent in them (what a store call
+  can hold an event loop's thread for, waits excluded);
+* ``round_trips``: per reserve and per settle, the round trips to the store (Redis: requests;
+  SQLite: transactions) and SQLite's statements, counted in each worker's second run (which
+  is not timed) by :mod:`loopwarden._testing_roundtrips`;
+* ``bare_round_trip_us`` (Redis): a ``PING`` on the store's connection after each settle
+  (outside the timings above): the floor of one round trip at that moment, on that machine;
+* ``load_before`` / ``load_after``: the machine's load averages (1, 5, 15 min) around the
+  bench -- these figures are only comparable at a similar load.
 
 Then two worst cases for the overspend bound, per store, each with ``--capped-workers``
 (default 4) processes x ``--capped-runs`` (default 25) one-call runs against a ``tenant/day``
@@ -40,6 +49,7 @@ is compared with the bound (budget + one largest reservation per worker):
 
     python bench/shared_budget.py --json
     python bench/shared_budget.py --quick --json     # a smoke test of the bench itself
+    python bench/shared_budget.py --timing-only       # the timed race only (no worst cases)
 
 Redis: ``--redis-url``, else ``LOOPWARDEN_TEST_REDIS_URL``, else a ``redis-server`` on PATH
 started on a free port for the bench; without any, the Redis half is reported as skipped.
@@ -61,34 +71,53 @@ import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from loopwarden import ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
 from loopwarden._testing_faults import CappedModel, FlakyStore, install_store
+from loopwarden._testing_roundtrips import count_round_trips
 from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.demo import config_tools
 from loopwarden.deployment import Deployment
 from loopwarden.plugins.spend_limits import SpendLimits
-from loopwarden.store import COST_UNIT, QUANTITIES, open_store
+from loopwarden.store import COST_UNIT, QUANTITIES, RedisStore, open_store
 
 OBSERVERS = ("logging", "metrics", "alerting", "run_record")
 
 
 class TimedSpendLimits(SpendLimits):
-    """spend_limits, timing its own hooks per model call."""
+    """spend_limits, timing its own hooks per model call (wall and this thread's CPU) -- or,
+    while ``counting``, counting their round trips to the store instead (untimed: the
+    counting itself costs a little)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.samples: list[float] = []
-        self.pending: dict[str, float] = {}
+        self.cpu: list[float] = []
+        self.pings: list[float] = []  # Redis: a bare PING after each settle (untimed above)
+        self.pending: dict[str, tuple[float, float]] = {}
         self.max_reserved = 0  # the largest cost reservation, in store units
         self.max_reserved_tokens = 0  # the largest token reservation
+        self.counting = False
+        #: per counted call: ("reserve" | "settle", round trips, statements)
+        self.counted: list[tuple[str, int, int]] = []
+
+    def _counted(self, what: str, run: Run, hook: Any, arg: Any) -> Verdict | None:
+        st = self.state(run)
+        if st.shared is None:
+            return cast("Verdict | None", hook(run, arg))
+        with count_round_trips(st.shared.store) as counts:
+            verdict = hook(run, arg)
+        self.counted.append((what, counts.round_trips, len(counts.statements)))
+        return cast("Verdict | None", verdict)
 
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
-        t = time.perf_counter()
+        if self.counting:
+            return self._counted("reserve", run, super().before_model, request)
+        c, t = time.thread_time(), time.perf_counter()
         verdict = super().before_model(run, request)
-        self.pending[run.run_id] = time.perf_counter() - t
+        self.pending[run.run_id] = (time.perf_counter() - t, time.thread_time() - c)
         st = self.state(run)
         if st.pending is not None:
             self.max_reserved = max(self.max_reserved, st.pending[1][QUANTITIES.index("cost")])
@@ -99,9 +128,19 @@ class TimedSpendLimits(SpendLimits):
 
     @hookimpl
     def after_response(self, run: Run, response: ModelResponse) -> Verdict | None:
-        t = time.perf_counter()
+        if self.counting:
+            return self._counted("settle", run, super().after_response, response)
+        c, t = time.thread_time(), time.perf_counter()
         verdict = super().after_response(run, response)
-        self.samples.append(self.pending.pop(run.run_id, 0.0) + time.perf_counter() - t)
+        wall, cpu = self.pending.pop(run.run_id, (0.0, 0.0))
+        self.samples.append(wall + time.perf_counter() - t)
+        self.cpu.append(cpu + time.thread_time() - c)
+        st = self.state(run)
+        store = st.shared.store if st.shared is not None else None
+        if isinstance(store, RedisStore):  # the floor: a bare round trip, same moment
+            t = time.perf_counter()
+            store._r.ping()
+            self.pings.append(time.perf_counter() - t)
         return verdict
 
 
@@ -153,8 +192,13 @@ def worker(
     while time.time() < start:
         time.sleep(0.001)
     ends: dict[str, int] = {}
-    for _ in range(runs):
+    for i in range(runs):
+        # the second run (connections open, scripts loaded) is counted instead of timed
+        plugin.counting = i == 1
+        n = len(guard_time)
         run = dep.run(scenario="refund", meta={"tenant": "acme"})
+        if plugin.counting:
+            del guard_time[n:]  # untimed by spend_limits: no "other guards" figure either
         term = run.outcome.termination if run.outcome else "?"
         if term != "final_answer":  # cut short (soft stop) or refused before the first call
             term += " (refused)" if run.step == 0 else " (cut short)"
@@ -165,8 +209,11 @@ def worker(
         "ends": ends,
         "executions": executions[0],
         "store_s": plugin.samples,
+        "store_cpu_s": plugin.cpu,
+        "ping_s": plugin.pings,
         "others_s": others,
         "max_reserved": plugin.max_reserved,
+        "counted": plugin.counted,
     }
 
 
@@ -309,7 +356,10 @@ def measure(
             for k, v in r["ends"].items():
                 ends[k] = ends.get(k, 0) + v
         store_us = [s * 1e6 for r in results for s in r["store_s"]]
+        cpu_us = [s * 1e6 for r in results for s in r["store_cpu_s"]]
+        ping_us = [s * 1e6 for r in results for s in r["ping_s"]]
         other_us = [s * 1e6 for r in results for s in r["others_s"]]
+        counted = [c for r in results for c in r["counted"]]
         return {
             "workers": workers,
             "runs_per_worker": runs,
@@ -329,6 +379,17 @@ def measure(
                 "p50": round(_pct(store_us, 0.5), 1),
                 "p99": round(_pct(store_us, 0.99), 1),
             },
+            "store_cpu_us_per_model_call": {
+                "p50": round(_pct(cpu_us, 0.5), 1),
+                "p99": round(_pct(cpu_us, 0.99), 1),
+            },
+            "round_trips": _round_trips(counted),
+            "bare_round_trip_us": {  # Redis: a PING, the floor of any round trip
+                "p50": round(_pct(ping_us, 0.5), 1),
+                "p99": round(_pct(ping_us, 0.99), 1),
+            }
+            if ping_us
+            else None,
             "other_guards_us_per_model_call": {
                 "p50": round(_pct(other_us, 0.5), 1),
                 "p99": round(_pct(other_us, 0.99), 1),
@@ -336,6 +397,21 @@ def measure(
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _round_trips(counted: list[tuple[str, int, int]]) -> dict[str, Any]:
+    """Per reserve and per settle: the most round trips and statements (SQLite) any took,
+    and the median of statements (a prune every 8th write adds two)."""
+    out: dict[str, Any] = {}
+    for what in ("reserve", "settle"):
+        calls = [c for c in counted if c[0] == what]
+        out[what] = {
+            "calls": len(calls),
+            "round_trips": max((c[1] for c in calls), default=0),
+            "statements": max((c[2] for c in calls), default=0),
+            "statements_p50": int(_pct([c[2] for c in calls], 0.5)),
+        }
+    return out
 
 
 def _free_port() -> int:
@@ -389,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--quick", action="store_true", help="2 workers x 3 runs (smoke test)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="only the timed race and the one worker alone (no worst cases for the bound)",
+    )
     parser.add_argument("--capped-workers", type=int, default=4)
     parser.add_argument("--capped-runs", type=int, default=25, help="one-call runs per worker")
     parser.add_argument("--capped-budget", type=int, default=50_000, help="tenant/day tokens")
@@ -402,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
         "stores": {},
     }
     proc = None
@@ -430,13 +512,20 @@ def main(argv: list[str] | None = None) -> int:
                 for k in (
                     "model_calls",
                     "store_us_per_model_call",
+                    "store_cpu_us_per_model_call",
                     "other_guards_us_per_model_call",
+                    "round_trips",
+                    "bare_round_trip_us",
                 )
             }
             for variant, key in (
-                ("capped", "capped_output"),
-                ("hidden", "uncapped_reservation"),
-                ("flaky", "flaky_store"),
+                ()
+                if args.timing_only
+                else (
+                    ("capped", "capped_output"),
+                    ("hidden", "uncapped_reservation"),
+                    ("flaky", "flaky_store"),
+                )
             ):
                 fresh = {
                     **store,
@@ -459,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(10)
+    out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -476,7 +566,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['single_worker']['store_us_per_model_call']} us, other guards "
             f"{r['single_worker']['other_guards_us_per_model_call']} us"
         )
+        for what in ("reserve", "settle"):
+            rt = r["round_trips"][what]
+            print(
+                f"  per {what}: {rt['round_trips']} round trip(s)"
+                + (
+                    f", SQLite statements {rt['statements_p50']} (at most {rt['statements']})"
+                    if rt["statements"]
+                    else ""
+                )
+            )
         for key in ("capped_output", "uncapped_reservation", "flaky_store"):
+            if key not in r:
+                continue
             c = r[key]
             print(
                 f"  {key}: {c['workers']} workers x {c['runs_per_worker']} runs, budget "

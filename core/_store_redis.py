@@ -37,6 +37,9 @@ __all__ = ["RedisStore"]
 
 #: expired members of the counter index a write removes on its way (bounded, opportunistic)
 PRUNE_BATCH = 64
+#: connections one store keeps to the server at most (a URL's ``?max_connections=N`` sets
+#: it): a call that finds them all busy waits for one, up to ``timeout_s``
+MAX_CONNECTIONS = 64
 
 # The counter index is a sorted set scored by each counter's expiry (+inf: never), so a write
 # prunes the expired members in O(log n) -- the hashes themselves expire by EXPIREAT.
@@ -171,7 +174,13 @@ def _url_secrets(url: str) -> list[str]:
 
 
 class RedisStore(_Backend):
-    """The store on a Redis server (Lua scripts for every check-and-change)."""
+    """The store on a Redis server (Lua scripts for every check-and-change).
+
+    Each budget or ledger call is one ``EVALSHA`` of a script the client has cached (one
+    round trip; a server that lost its scripts answers NOSCRIPT, and the script is loaded and
+    run again).  Connections come from a blocking pool of :data:`MAX_CONNECTIONS` (the URL's
+    ``?max_connections=N`` overrides it): a call waits for a free one up to ``timeout_s``.
+    """
 
     def __init__(self, url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0) -> None:
         super().__init__()
@@ -190,9 +199,17 @@ class RedisStore(_Backend):
         self._index = self._prefix + "cidx"  # sorted by expiry
         self._legacy_index = self._prefix + "counters"  # 0.3's plain set: read, then moved
         try:
-            self._r = redis.Redis.from_url(
-                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            # a blocking pool: more concurrent calls than connections wait for one (up to
+            # timeout_s) -- redis-py's plain pool refuses them, and runs stopped
+            # store_unavailable under load that the server would have answered in time
+            pool = redis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=MAX_CONNECTIONS,
+                timeout=timeout_s,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
             )
+            self._r = redis.Redis(connection_pool=pool)
             self._lua_reserve = self._r.register_script(
                 _LUA_RESERVE.replace("PRUNE", str(PRUNE_BATCH))
             )

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +72,61 @@ CREATE TABLE IF NOT EXISTS ledger (
 CREATE INDEX IF NOT EXISTS ledger_expiry ON ledger (expires_at);
 """
 
-#: expired rows a write deletes on its way (counters, ledger entries): pruning stays
-#: opportunistic and bounded -- a store never grows with the runs it has seen, and no write
-#: pays for a large backlog at once
+#: expired rows a write deletes on its way (counters, reservations, ledger entries), on
+#: average: pruning stays opportunistic and bounded -- a store never grows with the runs it
+#: has seen, and no write pays for a large backlog at once
 PRUNE_BATCH = 64
+#: budget writes (reserve, settle) prune every this many, each up to this many batches: the
+#: statements of a prune are not paid on every call of the hot path, the pace stays the same
+PRUNE_EVERY = 8
+
+#: the first and the longest pause between tries for the file's write lock (seconds, jittered):
+#: SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms in turn, so one of 8 writers could
+#: sleep tens of milliseconds past a lock that each holds for a fraction of one
+LOCK_RETRY_S = (0.0002, 0.002)
 
 _COLS = ", ".join(QUANTITIES)
+_SUMS = ", ".join(f"SUM({q})" for q in QUANTITIES)
 _WHERE = "scope = ? AND key = ? AND window = ? AND bucket = ?"
+#: counters one ``SELECT`` reads (each is two arms of a ``UNION ALL``; SQLite allows 500)
+_USED_CHUNK = 100
+#: count an amount into a counter (created if absent)
+_SQL_ADD = (
+    f"INSERT INTO counters (scope, key, window, bucket, {_COLS}, expires_at) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (scope, key, window, bucket) DO UPDATE SET "
+    + ", ".join(f"{q} = {q} + excluded.{q}" for q in QUANTITIES)
+    + ", expires_at = excluded.expires_at"
+)
+#: create a counter, or move its expiry (a reservation's counter is listed by ``rows``)
+_SQL_TOUCH = (
+    "INSERT INTO counters (scope, key, window, bucket, expires_at) VALUES (?,?,?,?,?) "
+    "ON CONFLICT (scope, key, window, bucket) DO UPDATE SET expires_at = excluded.expires_at"
+)
+_SQL_HOLD = (
+    f"INSERT OR REPLACE INTO reservations (token, scope, key, window, bucket, {_COLS}, "
+    "expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+_SQL_DROP = f"DELETE FROM reservations WHERE {_WHERE} AND token = ?"
+
+
+@lru_cache(maxsize=32)
+def _used_sql(n: int) -> str:
+    """One ``SELECT`` of ``n`` counters' rows and live reservations, tagged by counter index
+    and kind (0: the counter, with its expiry; 1: the sum of its live reservations)."""
+    return " UNION ALL ".join(
+        f"SELECT {i}, 0, {_COLS}, expires_at FROM counters WHERE {_WHERE} UNION ALL "
+        f"SELECT {i}, 1, {_SUMS}, NULL FROM reservations WHERE {_WHERE} AND expires_at > ?"
+        for i in range(n)
+    )
 
 
 class SQLiteStore(_Backend):
     """The store in one SQLite file (WAL mode; ``BEGIN IMMEDIATE`` for every change).
 
     ``timeout_s`` bounds one store call: waiting for this process's other threads, for
-    another process's write lock (SQLite's busy timeout) and the retries of opening a new
-    file, all together.  A new file is created owner-only (0600), in owner-only directories
-    where it creates them (0700).
+    another process's write lock (tried again in short pauses, :meth:`_locked`) and the
+    retries of opening a new file, all together.  A new file is created owner-only (0600),
+    in owner-only directories where it creates them (0700).
     """
 
     def __init__(self, path: Path, *, timeout_s: float = 5.0) -> None:
@@ -98,6 +138,7 @@ class SQLiteStore(_Backend):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        self._writes = 0  # budget writes by this process: every PRUNE_EVERY-th prunes
         self._conn = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -119,6 +160,9 @@ class SQLiteStore(_Backend):
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SQL_SCHEMA)
+                # from now on the store waits for the write lock itself (_locked): within
+                # timeout_s, with short pauses instead of SQLite's growing ones
+                conn.execute("PRAGMA busy_timeout = 0")
                 return conn
             except sqlite3.OperationalError as exc:
                 if conn is not None:
@@ -155,46 +199,79 @@ class SQLiteStore(_Backend):
                 self._pid, self._conn = os.getpid(), self._connect()
             conn = self._conn
             try:
-                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                conn.execute(f"PRAGMA busy_timeout = {left_ms}")  # what is left of timeout_s
-                conn.execute("BEGIN IMMEDIATE")
+                self._locked(conn, "BEGIN IMMEDIATE", deadline)
                 try:
                     yield conn
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                self._locked(conn, "COMMIT", deadline)
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite store {self.path}: {exc}", url=self.url) from exc
         finally:
             self._lock.release()
 
-    def _used(self, conn: sqlite3.Connection, c: Counter) -> Amounts:
-        ident = _ident(c)
-        row = conn.execute(f"SELECT {_COLS} FROM counters WHERE {_WHERE}", ident).fetchone()
-        res = conn.execute(
-            f"SELECT {', '.join(f'SUM({q})' for q in QUANTITIES)} FROM reservations WHERE {_WHERE}",
-            ident,
-        ).fetchone()
-        return _amounts([(row[i] if row else 0) + (res[i] or 0) for i in range(len(QUANTITIES))])
+    @staticmethod
+    def _locked(conn: sqlite3.Connection, sql: str, deadline: float) -> None:
+        """Run ``sql`` (``BEGIN IMMEDIATE``, ``COMMIT``), trying again while the file is
+        locked by another connection, until ``deadline`` (then SQLite's error stands)."""
+        delay = LOCK_RETRY_S[0]
+        while True:
+            try:
+                conn.execute(sql)
+                return
+            except sqlite3.OperationalError as exc:
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                left = deadline - time.monotonic()
+                if not busy or left <= 0:
+                    raise
+            time.sleep(min(delay * (0.5 + random.random()), left))
+            delay = min(delay * 2, LOCK_RETRY_S[1])
 
     @staticmethod
-    def _add(conn: sqlite3.Connection, c: Counter, amount: Sequence[int]) -> None:
-        conn.execute(
-            f"INSERT INTO counters (scope, key, window, bucket, {_COLS}, expires_at) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (scope, key, window, bucket) DO UPDATE SET "
-            + ", ".join(f"{q} = {q} + excluded.{q}" for q in QUANTITIES)
-            + ", expires_at = excluded.expires_at",
-            (*_ident(c), *amount, c.expires_at),
-        )
+    def _used(
+        conn: sqlite3.Connection, counters: Sequence[Counter], now: float
+    ) -> tuple[tuple[Amounts, ...], list[bool], list[int]]:
+        """Per counter: committed plus live reserved amounts, and whether its row must be
+        written to be listed (absent, or with another expiry) -- one ``SELECT`` (per
+        :data:`_USED_CHUNK` counters); and which counters have an expired row not pruned
+        yet (it counts nothing: the caller deletes it before writing)."""
+        sums = [[0] * len(QUANTITIES) for _ in counters]
+        touch = [True] * len(counters)
+        stale: list[int] = []
+        for start in range(0, len(counters), _USED_CHUNK):
+            chunk = counters[start : start + _USED_CHUNK]
+            args: list[Any] = []
+            for c in chunk:
+                ident = _ident(c)
+                args += [*ident, *ident, now]
+            for row in conn.execute(_used_sql(len(chunk)), args):
+                i = start + row[0]
+                if row[1] == 0:
+                    if row[7] is not None and row[7] <= now:
+                        stale.append(i)
+                        continue
+                    touch[i] = row[7] != counters[i].expires_at
+                acc = sums[i]
+                for q in range(len(QUANTITIES)):
+                    acc[q] += row[2 + q] or 0
+        return tuple(_amounts(a) for a in sums), touch, stale
+
+    def _prune_due(self, conn: sqlite3.Connection, now: float) -> None:
+        """Every :data:`PRUNE_EVERY`-th budget write: delete expired reservations and
+        counters, up to ``PRUNE_EVERY`` x :data:`PRUNE_BATCH` rows each."""
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 1:  # the first write of a process prunes, too
+            self._prune(conn, "reservations", now, PRUNE_BATCH * PRUNE_EVERY)
+            self._prune(conn, "counters", now, PRUNE_BATCH * PRUNE_EVERY)
 
     @staticmethod
-    def _prune(conn: sqlite3.Connection, table: str, now: float) -> None:
-        """Delete up to :data:`PRUNE_BATCH` expired rows of ``table`` (by its expiry index)."""
+    def _prune(conn: sqlite3.Connection, table: str, now: float, limit: int = PRUNE_BATCH) -> None:
+        """Delete up to ``limit`` expired rows of ``table`` (by its expiry index)."""
         conn.execute(
             f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
             "WHERE expires_at <= ? LIMIT ?)",
-            (now, PRUNE_BATCH),
+            (now, limit),
         )
 
     def _reserve(
@@ -205,37 +282,41 @@ class SQLiteStore(_Backend):
         ttl_s: float,
         commit: bool,
     ) -> Reserved:
+        # one transaction: a SELECT of what every counter holds, then the writes (one
+        # statement per counter and kind); expired reservations are not counted (the SELECT
+        # skips them) and are pruned with expired counters every PRUNE_EVERY writes
         now = self.now()
         with self._tx() as conn:
-            conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,))
-            self._prune(conn, "counters", now)
-            used = tuple(self._used(conn, c) for c in counters)
+            self._prune_due(conn, now)
+            used, touch, stale = self._used(conn, counters, now)
             for i, c in enumerate(counters):
                 q = _first_refused(used[i], amount, c.limits)
                 if q is not None:
                     return Reserved(used, (i, q))
-            for c in counters:
-                if commit:
-                    self._add(conn, c, amount)
-                else:
-                    self._add(conn, c, (0,) * len(QUANTITIES))  # the counter exists: listed
-                    conn.execute(
-                        "INSERT OR REPLACE INTO reservations (token, scope, key, window, bucket, "
-                        f"{_COLS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (token, *_ident(c), *amount, now + ttl_s),
-                    )
+            if stale:  # an expired window's row, not pruned yet: it starts from nothing
+                conn.executemany(
+                    f"DELETE FROM counters WHERE {_WHERE}", [_ident(counters[i]) for i in stale]
+                )
+            if commit:
+                conn.executemany(_SQL_ADD, [(*_ident(c), *amount, c.expires_at) for c in counters])
+            else:
+                touched = [
+                    (*_ident(c), c.expires_at) for c, t in zip(counters, touch, strict=True) if t
+                ]
+                if touched:  # the counter exists (with its expiry): listed by rows()
+                    conn.executemany(_SQL_TOUCH, touched)
+                conn.executemany(
+                    _SQL_HOLD, [(token, *_ident(c), *amount, now + ttl_s) for c in counters]
+                )
             return Reserved(used)
 
     def _settle(
         self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
     ) -> None:
         with self._tx() as conn:
-            for c in counters:
-                conn.execute(
-                    f"DELETE FROM reservations WHERE {_WHERE} AND token = ?", (*_ident(c), token)
-                )
-                if actual is not None:
-                    self._add(conn, c, actual)
+            conn.executemany(_SQL_DROP, [(*_ident(c), token) for c in counters])
+            if actual is not None:
+                conn.executemany(_SQL_ADD, [(*_ident(c), *actual, c.expires_at) for c in counters])
 
     def _rows(self) -> list[CounterRow]:
         now = self.now()

@@ -27,7 +27,12 @@ workers racing on one key exactly one executes.
 applied the write): a failed claim is released by its owner and a failed reservation dropped
 by its token -- at once, or at the next call the store answers (``_Backend``).  A ledger
 entry the store cannot read is ``unknown`` (``LedgerEntry.corrupt`` says why).  Writes prune
-a bounded batch of expired counters on their way.  ``timeout_s`` bounds one call.
+a bounded batch of expired counters on their way.  ``timeout_s`` bounds one call (waits for
+a lock or a free connection included).
+
+**Cost.** A reserve is one round trip, a settle one: on Redis one ``EVALSHA`` of a cached
+script, on SQLite one transaction of a few statements (``tests/test_store_round_trips.py``
+counts them with :mod:`loopwarden._testing_roundtrips`).
 
 :class:`Shared` is a deployment's link to its store: opened on first use, with the
 ``on_store_error`` policy, and the ledger glue the loop calls.  Store calls are synchronous --

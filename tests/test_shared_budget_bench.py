@@ -37,6 +37,11 @@ def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
             for figures in (result[key], result["single_worker"][key]):
                 assert set(figures) == {"p50", "p99"}
                 assert 0 < figures["p50"] <= figures["p99"]
+        # one round trip per reserve and per settle, counted in each worker's second run
+        for trips in (result["round_trips"], result["single_worker"]["round_trips"]):
+            for what in ("reserve", "settle"):
+                assert trips[what]["calls"] > 0 and trips[what]["round_trips"] == 1
+        assert result["store_cpu_us_per_model_call"]["p50"] > 0
         # the overspend bound with [model] max_output_tokens set (a model that answers with
         # its whole cap), and with a store that times out half of its calls
         for key in ("capped_output", "flaky_store"):
