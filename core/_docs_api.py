@@ -29,6 +29,20 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Plugins", "loopwarden.plugin", ("Plugin", "PluginSettings")),
     ("Notes", "loopwarden.notes", ("render_note", "runtime", "tool_name")),
     (
+        "Streaming",
+        "loopwarden.streaming",
+        (
+            "TextDelta",
+            "ToolCallProposed",
+            "ToolCallExecuted",
+            "ToolCallSkipped",
+            "VerdictIssued",
+            "ResponseCut",
+            "RunEnd",
+            "ModelDelta",
+        ),
+    ),
+    (
         "The testing kit",
         "loopwarden.testing",
         (

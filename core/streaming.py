@@ -85,7 +85,9 @@ __all__ = [
 class TextDelta:
     """A piece of the model's answer for model turn ``step``, as it arrived."""
 
+    #: the model turn (0-based, as ``run.step`` during it)
     step: int
+    #: the piece of text
     text: str
 
 
@@ -93,7 +95,9 @@ class TextDelta:
 class ToolCallProposed:
     """The model proposed ``call`` (parsed; ``before_tool`` has not run yet)."""
 
+    #: the model turn that proposed it
     step: int
+    #: the parsed call
     call: ToolCall
 
 
@@ -101,8 +105,11 @@ class ToolCallProposed:
 class ToolCallExecuted:
     """``call`` ran; ``result`` is what the model sees (``result.ok`` False on a failure)."""
 
+    #: the model turn that proposed it
     step: int
+    #: the call
     call: ToolCall
+    #: its result
     result: ToolResult
 
 
@@ -112,10 +119,15 @@ class ToolCallSkipped:
     the side-effect ledger answered it (``"ledger"``: its key was already executed), or it
     was invalid (``"invalid"``: unknown tool, bad arguments)."""
 
+    #: the model turn that proposed it
     step: int
+    #: the call
     call: ToolCall
+    #: the observation the model sees instead of the tool's output
     result: ToolResult
+    #: why it did not run
     why: Literal["verdict", "ledger", "invalid"]
+    #: who decided: the plugin, or ``loopwarden`` (the ledger, validation)
     by: str
 
 
@@ -123,9 +135,13 @@ class ToolCallSkipped:
 class VerdictIssued:
     """A plugin returned ``verdict`` from ``hook`` (``shadow``: recorded, not honoured)."""
 
+    #: the model turn it came in
     step: int
+    #: the hook that returned it
     hook: str
+    #: the verdict
     verdict: Verdict
+    #: computed in shadow mode: recorded, not honoured
     shadow: bool = False
 
 
@@ -135,9 +151,13 @@ class ResponseCut:
     tokens: ``reason`` is ``max_output_tokens``, ``timeout``, ``cancelled`` or ``verdict``
     (an ``on_model_delta`` stop by ``by``)."""
 
+    #: the model turn whose answer was cut
     step: int
+    #: ``max_output_tokens``, ``timeout``, ``cancelled`` or ``verdict``
     reason: str
+    #: estimated output tokens when it was cut
     tokens: int
+    #: the plugin whose ``on_model_delta`` stop cut it (``verdict`` only)
     by: str | None = None
 
 
@@ -145,8 +165,11 @@ class ResponseCut:
 class RunEnd:
     """The run ended (always the last event): its outcome and its record."""
 
+    #: the finished run
     run: Run
+    #: how it ended
     outcome: RunOutcome
+    #: its run record (docs/contracts.md)
     record: dict[str, Any]
 
 
