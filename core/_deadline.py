@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import heapq
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,10 @@ CANCEL_GRACE_S = 0.5
 
 #: a model call that ended this close to its deadline overran it
 DEADLINE_SLACK_S = 0.05
+
+#: tasks can start eagerly (``asyncio.Task(..., eager_start=True)``, Python 3.12+)
+_EAGER = sys.version_info >= (3, 12)
+_EAGER_START: dict[str, Any] = {"eager_start": True}  # a keyword older stubs do not know
 
 
 def call_within(
@@ -89,15 +94,22 @@ async def await_within(
     future given as ``aw`` -- a worker thread's -- *is* that future), and the deadline's timer
     or the cancel token cancels it.  The caller thus wakes one event-loop pass after the work
     ends, with no ``asyncio.wait`` machinery per call (this runs once per model and tool call
-    of every async run).
+    of every async run).  On Python 3.12+ the work's task starts eagerly: work that ends
+    without suspending (an instant model, a trivial async tool) costs no loop pass at all.
     """
     loop = asyncio.get_running_loop()
+    when = None if timeout is None else loop.time() + timeout
     if asyncio.isfuture(aw):
         race: asyncio.Future[Any] = aw
         task = race
     else:
         race = loop.create_future()
-        task = loop.create_task(_feed(aw, race))
+        if _EAGER and loop.get_task_factory() is None:
+            # Python 3.12+: the task's first step runs now, in the task (its own context,
+            # current_task() is the task): work that does not suspend ends here, no loop pass
+            task = asyncio.Task(_feed(aw, race), loop=loop, **_EAGER_START)
+        else:
+            task = loop.create_task(_feed(aw, race))
     ended: list[Ending] = []  # why the race ended before the work: the timer or the token
 
     def end(why: Ending) -> None:
@@ -105,9 +117,9 @@ async def await_within(
             ended.append(why)
             race.cancel()
 
-    timer = None if timeout is None else loop.call_later(timeout, end, "timeout")
+    timer = None if when is None or race.done() else loop.call_at(when, end, "timeout")
     remove: Callable[[], None] | None = None
-    if cancel is not None:
+    if cancel is not None and not race.done():
 
         def wake() -> None:
             # a closed loop: nobody waits any more
