@@ -366,37 +366,33 @@ def startup_ms(repeat: int) -> dict[str, float]:
     }
 
 
-def calls_per_step(fns: dict[str, Callable[[int], str]], n: int, runs: int = 3) -> dict[str, float]:
-    """Python function calls per step of each variant, as cProfile counts them (after a
-    warm-up run): a deterministic measure of the work, unmoved by the machine's load."""
+def _profiled(fn: Callable[[int], str], n: int, runs: int, warmup: int) -> Any:
+    """``pstats.Stats`` of ``runs`` runs of N steps under cProfile, after ``warmup`` runs."""
     import cProfile
     import pstats
 
-    out: dict[str, float] = {}
-    for name, fn in fns.items():
-        fn(n)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(runs):
-            fn(n)
-        prof.disable()
-        out[name] = round(pstats.Stats(prof).total_calls / runs / n, 1)
-    return out
-
-
-def profile(fn: Callable[[int], str], n: int, runs: int) -> int:
-    """Where the time goes: cProfile over ``runs`` runs of N steps, by own time."""
-    import cProfile
-    import pstats
-
-    for _ in range(3):
+    for _ in range(warmup):
         fn(n)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(runs):
         fn(n)
     prof.disable()
-    pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(40)
+    return pstats.Stats(prof)
+
+
+def calls_per_step(fns: dict[str, Callable[[int], str]], n: int, runs: int = 3) -> dict[str, float]:
+    """Python function calls per step of each variant, as cProfile counts them (after a
+    warm-up run): a deterministic measure of the work, unmoved by the machine's load."""
+    return {
+        name: round(_profiled(fn, n, runs, warmup=1).total_calls / runs / n, 1)
+        for name, fn in fns.items()
+    }
+
+
+def profile(fn: Callable[[int], str], n: int, runs: int) -> int:
+    """Where the time goes: cProfile over ``runs`` runs of N steps, by own time."""
+    _profiled(fn, n, runs, warmup=3).strip_dirs().sort_stats("tottime").print_stats(40)
     return 0
 
 
