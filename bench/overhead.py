@@ -16,6 +16,10 @@ in-process model -- runs these ways in one process, interleaved:
                   runs inline, while a plain blocking one (``default``) runs in a worker thread
                   so that the timeout plugin's deadline can abandon it -- the difference is the
                   cost of that thread hand-off
+``default_async``, ``default_ctx_async``  (with ``--async``) ``default`` and ``default_ctx``
+                  through ``await Deployment.arun()`` on one reused event loop, with an async
+                  model that answers at once: ``async_to_sync`` is the ratio of each to its
+                  sync twin, in microseconds per step and in function calls per step
 ``otel_api``      ``default_ctx`` plus the ``otel`` plugin on the OpenTelemetry API's no-op
                   providers: what the plugin costs when the application set no SDK
 ``otel_sdk``      ``default_ctx`` plus the ``otel`` plugin on real SDK providers: a
@@ -35,11 +39,17 @@ and of ``loopwarden --help`` in fresh subprocesses.
     python bench/overhead.py --json     # one JSON object
     python bench/overhead.py --quick    # 3 runs per size (a smoke test of the bench itself)
     python bench/overhead.py --profile default --sizes 500 --runs 10   # where the time goes
+    python bench/overhead.py --async --calls --sizes 50   # async vs sync: us and calls per step
+
+``--calls`` adds ``calls_per_step``: the Python function calls cProfile counts per step of each
+variant (N = the last size) -- deterministic, so unlike the timings it does not move with the
+load of a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import logging
@@ -58,6 +68,8 @@ import _common as W
 import pluggy
 
 VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx", "otel_api", "otel_sdk")
+#: with ``--async``: the async driver (``Deployment.arun``) on the workloads of its sync twin
+ASYNC_VARIANTS = {"default_async": "default", "default_ctx_async": "default_ctx"}
 OTEL_VARIANTS = ("otel_api", "otel_sdk")
 
 # -- 1. the bare loop -------------------------------------------------------------------------
@@ -231,7 +243,7 @@ def otel_plugins() -> dict[str, Any]:
 
 
 def make_loopwarden(
-    shipped: bool, cooperative: bool = False, otel: Any = None
+    shipped: bool, cooperative: bool = False, otel: Any = None, is_async: bool = False
 ) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
@@ -252,8 +264,13 @@ def make_loopwarden(
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(fn)])
     dep = Deployment(config, tools=tools, plugins={"otel": otel} if otel is not None else None)
 
+    loop = asyncio.new_event_loop() if is_async else None
+
     def lw_loop(n: int) -> str:
-        run = dep.run(W.USER, model=InstantModel(n))
+        if loop is not None:
+            run = loop.run_until_complete(dep.arun(W.USER, model=InstantModel(n)))
+        else:
+            run = dep.run(W.USER, model=InstantModel(n))
         o = run.outcome
         if o is None or o.termination != "final_answer" or run.step != n + 1:
             raise SystemExit(
@@ -349,19 +366,33 @@ def startup_ms(repeat: int) -> dict[str, float]:
     }
 
 
-def profile(fn: Callable[[int], str], n: int, runs: int) -> int:
-    """Where the time goes: cProfile over ``runs`` runs of N steps, by own time."""
+def _profiled(fn: Callable[[int], str], n: int, runs: int, warmup: int) -> Any:
+    """``pstats.Stats`` of ``runs`` runs of N steps under cProfile, after ``warmup`` runs."""
     import cProfile
     import pstats
 
-    for _ in range(3):
+    for _ in range(warmup):
         fn(n)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(runs):
         fn(n)
     prof.disable()
-    pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(40)
+    return pstats.Stats(prof)
+
+
+def calls_per_step(fns: dict[str, Callable[[int], str]], n: int, runs: int = 3) -> dict[str, float]:
+    """Python function calls per step of each variant, as cProfile counts them (after a
+    warm-up run): a deterministic measure of the work, unmoved by the machine's load."""
+    return {
+        name: round(_profiled(fn, n, runs, warmup=1).total_calls / runs / n, 1)
+        for name, fn in fns.items()
+    }
+
+
+def profile(fn: Callable[[int], str], n: int, runs: int) -> int:
+    """Where the time goes: cProfile over ``runs`` runs of N steps, by own time."""
+    _profiled(fn, n, runs, warmup=3).strip_dirs().sort_stats("tottime").print_stats(40)
     return 0
 
 
@@ -376,8 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None, help="runs per size and variant (>= 30)")
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of N")
     ap.add_argument(
+        "--async",
+        dest="with_async",
+        action="store_true",
+        help="also time default and default_ctx through Deployment.arun (async_to_sync)",
+    )
+    ap.add_argument(
+        "--calls",
+        action="store_true",
+        help="also count Python function calls per step of each variant (cProfile)",
+    )
+    ap.add_argument(
         "--profile",
-        choices=VARIANTS,
+        choices=(*VARIANTS, *ASYNC_VARIANTS),
         default=None,
         help="instead of timing: run this variant under cProfile (N = the last "
         "size) and print the 40 most expensive functions",
@@ -401,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     otel = otel_plugins()
     for name, plugin in otel.items():
         fns[name], _ = make_loopwarden(shipped=True, cooperative=True, otel=plugin)
-    variants = [v for v in VARIANTS if v in fns]
+    if args.with_async or args.profile in ASYNC_VARIANTS:
+        fns["default_async"], _ = make_loopwarden(shipped=True, is_async=True)
+        fns["default_ctx_async"], _ = make_loopwarden(shipped=True, cooperative=True, is_async=True)
+    variants = [v for v in (*VARIANTS, *ASYNC_VARIANTS) if v in fns]
     if args.profile and args.profile not in fns:
         ap.error(f"{args.profile}: opentelemetry-sdk is not installed (loopwarden[otel])")
     if args.profile:
@@ -424,6 +469,18 @@ def main(argv: list[str] | None = None) -> int:
         "plugins": {"empty": empty_plugins, "default": default_plugins},
         "note": '"empty" = the essential max_steps only (it cannot be disabled)',
     }
+    if args.with_async:
+        result["async_to_sync"] = {
+            n: {a: round(row[a] / row[s], 2) for a, s in ASYNC_VARIANTS.items()}
+            for n, row in per_step.items()
+        }
+    if args.calls:
+        calls = calls_per_step({k: fns[k] for k in variants}, sizes[-1])
+        result["calls_per_step"] = {str(sizes[-1]): calls}
+        if args.with_async:
+            result["async_to_sync_calls"] = {
+                a: round(calls[a] / calls[s], 2) for a, s in ASYNC_VARIANTS.items()
+            }
     if len(sizes) >= 2:
         a, b = str(sizes[-2]), str(sizes[-1])
         result["growth"] = {
@@ -443,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     print("empty   = " + ", ".join(empty_plugins) + "  (max_steps is essential: always loaded)")
     print("default = " + ", ".join(default_plugins) + "  (the shipped config.toml)")
     print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
+    for n, row in result.get("async_to_sync", {}).items():
+        print(f"async/sync N={n}: " + ", ".join(f"{k} {v:.2f}x" for k, v in row.items()))
+    for n, row in result.get("calls_per_step", {}).items():
+        print(f"calls per step N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()))
+    if "async_to_sync_calls" in result:
+        ratios_c = result["async_to_sync_calls"]
+        print("async/sync calls: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios_c.items()))
     if not otel:
         print("otel_api, otel_sdk: left out (opentelemetry-sdk is not installed: loopwarden[otel])")
     for v, label in (("otel_api", "API no-op providers"), ("otel_sdk", "SDK, no-op exporter")):

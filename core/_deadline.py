@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import heapq
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,10 @@ CANCEL_GRACE_S = 0.5
 
 #: a model call that ended this close to its deadline overran it
 DEADLINE_SLACK_S = 0.05
+
+#: tasks can start eagerly (``asyncio.Task(..., eager_start=True)``, Python 3.12+)
+_EAGER = sys.version_info >= (3, 12)
+_EAGER_START: dict[str, Any] = {"eager_start": True}  # a keyword older stubs do not know
 
 
 def call_within(
@@ -84,40 +89,91 @@ async def await_within(
     ``("ok", value)``, or ``("timeout" | "cancelled", None)`` after the task was cancelled
     (and given :data:`CANCEL_GRACE_S` to wind down; one that ignores the cancellation is
     abandoned).  An exception from ``aw`` is raised here; cancelling the caller cancels it.
+
+    One future decides the race: the work's end settles it from inside its own task (a
+    future given as ``aw`` -- a worker thread's -- *is* that future), and the deadline's timer
+    or the cancel token cancels it.  The caller thus wakes one event-loop pass after the work
+    ends, with no ``asyncio.wait`` machinery per call (this runs once per model and tool call
+    of every async run).  On Python 3.12+ the work's task starts eagerly: work that ends
+    without suspending (an instant model, a trivial async tool) costs no loop pass at all.
     """
-    task = asyncio.ensure_future(aw)
-    waiting: set[asyncio.Future[Any]] = {task}
+    loop = asyncio.get_running_loop()
+    when = None if timeout is None else loop.time() + timeout
+    if asyncio.isfuture(aw):
+        race: asyncio.Future[Any] = aw
+        task = race
+    else:
+        race = loop.create_future()
+        if _EAGER and loop.get_task_factory() is None:
+            # Python 3.12+: the task's first step runs now, in the task (its own context,
+            # current_task() is the task): work that does not suspend ends here, no loop pass
+            task = asyncio.Task(_feed(aw, race), loop=loop, **_EAGER_START)
+        else:
+            task = loop.create_task(_feed(aw, race))
+    ended: list[Ending] = []  # why the race ended before the work: the timer or the token
+
+    def end(why: Ending) -> None:
+        if not race.done():
+            ended.append(why)
+            race.cancel()
+
+    timer = None if when is None or race.done() else loop.call_at(when, end, "timeout")
     remove: Callable[[], None] | None = None
-    if cancel is not None:
-        loop = asyncio.get_running_loop()
-        woken = loop.create_future()
+    if cancel is not None and not race.done():
 
         def wake() -> None:
             # a closed loop: nobody waits any more
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, woken)
+                loop.call_soon_threadsafe(end, "cancelled")
 
         remove = cancel.on_cancel(wake)
-        waiting.add(woken)
     try:
-        await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            return "ok", await race
+        except asyncio.CancelledError:
+            if not ended or _cancelling():
+                raise  # the caller was cancelled (or the work cancelled itself)
     except BaseException:  # the caller was cancelled: so is the work
         task.cancel()
+        if race.done() and not race.cancelled():
+            race.exception()  # retrieved: nobody else will
         raise
     finally:
+        if timer is not None:
+            timer.cancel()
         if remove is not None:
             remove()
-    if task.done():
-        return "ok", task.result()
-    task.cancel()
-    task.add_done_callback(_consume)
-    await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    if task is not race:
+        task.cancel()
+        task.add_done_callback(_consume)
+        await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
     return ("cancelled" if cancel is not None and cancel.is_set() else "timeout"), None
 
 
-def _settle(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_result(None)
+async def _feed(aw: Awaitable[Any], race: asyncio.Future[Any]) -> None:
+    """Await ``aw`` and settle ``race`` with its outcome (unless the race already ended)."""
+    try:
+        value = await aw
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+        if not race.done():
+            if isinstance(exc, asyncio.CancelledError):
+                race.cancel()
+            else:
+                race.set_exception(exc)
+        raise
+    except BaseException as exc:  # handed to the waiter through the race
+        if not race.done():
+            race.set_exception(exc)
+        return
+    if not race.done():
+        race.set_result(value)
+
+
+def _cancelling() -> bool:
+    """Whether the current task has a cancellation request pending (Python 3.11+)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -61,6 +61,17 @@ def test_overhead_bench_prints_the_promised_json() -> None:
     assert "max_steps" in data["plugins"]["default"]
 
 
+def test_overhead_bench_sets_async_beside_sync_in_us_and_in_calls() -> None:
+    data = _bench("overhead.py", "--async", "--calls", "--sizes", "5")
+    pairs = {"default_async": "default", "default_ctx_async": "default_ctx"}
+    assert set(data["async_to_sync"]["5"]) == set(pairs)
+    calls = data["calls_per_step"]["5"]
+    for a, s in pairs.items():
+        assert _number(data["us_per_step"]["5"][a]) and data["us_per_step"]["5"][a] > 0
+        assert calls[a] > calls["bare"] and calls[s] > calls["bare"]
+        assert data["async_to_sync_calls"][a] == pytest.approx(calls[a] / calls[s], abs=0.01)
+
+
 def test_concurrency_bench_prints_the_promised_json() -> None:
     data = _bench("concurrency.py")
     assert {"runs", "wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run"} <= set(data)
