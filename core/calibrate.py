@@ -195,31 +195,22 @@ def conversation_tokens_peak(turns: Sequence[Sequence[tuple[int, int]]], reserve
     return peak
 
 
-def _turn_peaks(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
-    reserve = reserve_of(base, plugin)
-    return [
-        float(max(token_budget_peak(t, reserve) for t in c.turn_calls))
-        for c in stats.conversations
-        if c.turn_calls
-    ]
+_Peak = Callable[[Stats, Mapping[str, Any], str], list[float]]
 
 
-def _context_peaks(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
-    reserve = reserve_of(base, plugin)
-    return [
-        float(max(context_peak(t, reserve) for t in c.turn_calls))
-        for c in stats.conversations
-        if c.turn_calls
-    ]
+def _peaks(of: Callable[[list[list[tuple[int, int]]], int], int]) -> _Peak:
+    """Per conversation with recorded usage: ``of(its turns' calls, the reserve)``."""
+
+    def values(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
+        reserve = reserve_of(base, plugin)
+        return [float(of(c.turn_calls, reserve)) for c in stats.conversations if c.turn_calls]
+
+    return values
 
 
-def _conversation_peaks(stats: Stats, base: Mapping[str, Any], plugin: str) -> list[float]:
-    reserve = reserve_of(base, plugin)
-    return [
-        float(conversation_tokens_peak(c.turn_calls, reserve))
-        for c in stats.conversations
-        if c.turn_calls
-    ]
+_turn_peaks = _peaks(lambda turns, r: max(token_budget_peak(t, r) for t in turns))
+_context_peaks = _peaks(lambda turns, r: max(context_peak(t, r) for t in turns))
+_conversation_peaks = _peaks(conversation_tokens_peak)
 
 
 def _turns(f: Callable[[Turn], float | None]) -> Callable[[Stats], list[float]]:
