@@ -10,16 +10,21 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from support.event_loop import LoopPasses
+from support.event_loop import LoopPasses, stubborn
+from support.openai_stream import push_stream
 from support.openai_stub import Stub, completion
 
-from loopwarden import ModelRequest
+from loopwarden import Deployment, ModelRequest, ModelResponse
 from loopwarden.clock import CancelToken
+from loopwarden.config import parse_config
+from loopwarden.demo import shop_tools
 from loopwarden.models._in_task import await_in_task
 from loopwarden.models.openai_chat import OpenAIChatModel
+from loopwarden.streaming import RunEnd
 
 needs_uncancel = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="Python 3.10 falls back to the task-based deadline"
@@ -156,3 +161,74 @@ def test_work_that_swallows_the_cancellation_still_answers_the_deadline() -> Non
         return out, task.cancelling()
 
     assert asyncio.run(main()) == (("timeout", None), 0)
+
+
+class _StreamProbe(OpenAIChatModel):
+    """Records the task that reads each piece of its stream."""
+
+    tasks: list[asyncio.Task[Any] | None]
+
+    async def astream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        async for item in super().astream(request):
+            self.tasks.append(asyncio.current_task())
+            yield item
+
+
+@needs_uncancel
+def test_a_streamed_run_with_a_time_limit_reads_every_delta_in_its_own_task(
+    stub: tuple[Stub, str],
+) -> None:
+    """With ``[plugins.timeout]`` each delta is awaited within the call's time: for the
+    built-in client (``ends_when_cancelled``) in the run's task, not in a task per delta."""
+    state, url = stub
+    push_stream(state, "Order 88231 was signed for on 2026-06-22.", None, None)
+    m = _StreamProbe(model="stub-model", api_key="sk-test", base_url=url, max_retries=0)
+    m.tasks = []
+    cfg = parse_config({"plugins": {"enabled": ["max_steps", "timeout"]}})
+    dep = Deployment(cfg, model=m, tools=shop_tools())
+
+    async def main() -> tuple[list[bool], str]:
+        me = asyncio.current_task()
+        events = [e async for e in dep.astream("where is 88231?")]
+        end = events[-1]
+        assert isinstance(end, RunEnd)
+        return [t is me for t in m.tasks], end.record["termination"]
+
+    same, termination = asyncio.run(main())
+    assert termination == "final_answer" and len(same) > 3 and all(same)
+
+
+class _StubbornStream:
+    """An async stream that gives one piece, then swallows every cancellation for ~2 s (a
+    model without ``ends_when_cancelled``: the driver must not wait for it)."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        raise AssertionError("streamed runs call astream")
+
+    async def astream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        yield "one piece "
+        await stubborn(self.seen, passes=1000)
+        yield ModelResponse(content="too late")
+
+
+def test_a_stream_that_swallows_its_cancellation_is_still_abandoned_at_the_deadline() -> None:
+    model = _StubbornStream()
+    cfg = parse_config(
+        {"plugins": {"enabled": ["timeout"], "timeout": {"max_seconds": 0.2, "grace_s": 0}}}
+    )
+    dep = Deployment(cfg, model=model, tools=shop_tools())
+
+    async def main() -> tuple[str, list[str]]:
+        events = [e async for e in dep.astream("hi")]
+        end = events[-1]
+        assert isinstance(end, RunEnd)
+        return end.record["termination"], list(model.seen)  # as the run ended
+
+    termination, seen_then = asyncio.run(main())
+    assert termination == "timeout"
+    assert "cancelled" in seen_then and "finished" not in seen_then  # abandoned, not awaited

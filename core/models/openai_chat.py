@@ -52,7 +52,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.exceptions import ConfigError, ModelError
@@ -84,6 +84,10 @@ def missing_key_message(env: str) -> str:
 
 class OpenAIChatModel:
     """Calls ``chat.completions.create``; one instance may serve many runs."""
+
+    #: its async calls and streams end when their task is cancelled (the connection is
+    #: closed): a streamed run bounds each delta in its own task instead of a task per delta
+    ends_when_cancelled: ClassVar[bool] = True
 
     def __init__(
         self,
