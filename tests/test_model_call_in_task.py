@@ -232,3 +232,23 @@ def test_a_stream_that_swallows_its_cancellation_is_still_abandoned_at_the_deadl
     termination, seen_then = asyncio.run(main())
     assert termination == "timeout"
     assert "cancelled" in seen_then and "finished" not in seen_then  # abandoned, not awaited
+
+
+@needs_uncancel
+def test_a_run_with_a_time_limit_calls_the_built_in_client_in_the_run_s_task(
+    stub: tuple[Stub, str],
+) -> None:
+    """With ``[plugins.timeout]`` the driver bounds each model call too: for the built-in
+    client (``ends_when_cancelled``) in the run's task, not in a task of its own."""
+    state, url = stub
+    state.push(completion("Order 88231 was signed for."))
+    m = _probe(url)
+    cfg = parse_config({"plugins": {"enabled": ["max_steps", "timeout"]}})
+    dep = Deployment(cfg, model=m, tools=shop_tools())
+
+    async def main() -> tuple[list[bool], str]:
+        me = asyncio.current_task()
+        run = await dep.arun("where is 88231?")
+        return [t is me for t in m.tasks], run.record()["termination"]
+
+    assert asyncio.run(main()) == ([True], "final_answer")
