@@ -33,6 +33,7 @@ from loopwarden._effects import CallModel, Effect, Failed, Machine
 from loopwarden._outcomes import best_effort
 from loopwarden.events import ModelRequest
 from loopwarden.exceptions import ModelError
+from loopwarden.models._in_task import await_in_task
 from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
@@ -159,6 +160,7 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     inline = stepper.context is None  # no I/O in its hooks: steps run here, as before
     run_tool_async = engine.run_tool_async  # an Engine subclass may wrap tool execution
     acomplete = getattr(model, "acomplete", None)
+    in_task = acomplete is not None and getattr(model, "ends_when_cancelled", False) is True
     unwatch = _nothing
     try:
         eff = _step(gen, None) if inline else await stepper.step(None)
@@ -175,7 +177,7 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
                         # a sync model in an async run: a daemon worker, so that a hung call
                         # never keeps asyncio.run() from exiting
                         aw = execution.daemon_thread(model.complete, eff.request, name="model")
-                    value = await _model_within(aw, eff.request, run)
+                    value = await _model_within(aw, eff.request, run, in_task)
                 except Exception as exc:
                     value = Failed(exc)
             else:
@@ -198,13 +200,18 @@ def internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
     return RunOutcome(termination=kind, evidence={"error": text}, error=text)
 
 
-async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> Any:
+async def _model_within(
+    aw: Awaitable[Any], request: ModelRequest, run: Run, in_task: bool = False
+) -> Any:
     """Await a model call, abandoning it when ``request.timeout`` passes or the run is
     cancelled (a watchdog for any async model, the built-in client bounds itself too).
-    The value is whatever the model returned: the machine checks it."""
+    ``in_task``: the model ends when cancelled (``ends_when_cancelled``), so the call is
+    bounded in this task, without a task of its own.  The value is whatever the model
+    returned: the machine checks it."""
     if request.timeout is None:
         return await aw
-    ending, value = await await_within(aw, request.timeout + DEADLINE_SLACK_S, run.cancel)
+    within = await_in_task if in_task else await_within
+    ending, value = await within(aw, request.timeout + DEADLINE_SLACK_S, run.cancel)
     if ending == "ok":
         return value
     if ending == "cancelled":
