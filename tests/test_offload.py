@@ -1,20 +1,16 @@
 """Async runs that use the shared store advance their step machine off the event loop
-(:mod:`loopwarden._drivers`): how many threads that takes, how often a deployment is asked
-whether its hooks block, and that a hung store call holds only its own run -- on a real
-SQLite file and a real redis-server (``store_url``).
+(:mod:`loopwarden._drivers`): how often a deployment is asked whether its hooks block, and
+that a hung store call holds only its own run -- on a real SQLite file and a real
+redis-server (``store_url``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
-import pytest
-from support.event_loop import Rendezvous
 from support.stores import deployment_for, store_table
 
-import loopwarden._drivers as drivers
 from loopwarden import Deployment
 from loopwarden._testing_faults import GatedStore, install_store
 from loopwarden.config import parse_config
@@ -63,35 +59,9 @@ def test_a_deployment_is_asked_once_whether_its_hooks_block(store_url: str) -> N
     assert plugin.asked == 1  # before: once per run, plugins scanned again each time
 
 
-def test_concurrent_store_runs_share_one_machine_thread(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # 8 runs start together and their model answers all come back in one loop pass, so each
-    # burst hands 8 steps to the worker threads at once.  While the store answers promptly
-    # one thread takes them in turn (before: a pooled thread per waiting step).  The grace
-    # before more threads start is made long, so a slow machine cannot start one either.
-    monkeypatch.setattr(drivers, "OFFLOAD_STALE_S", 60.0, raising=False)
-    monkeypatch.setattr(drivers, "OFFLOAD_BACKLOG_S", 60.0, raising=False)
-    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
-    gated = install_store(dep, GatedStore)  # records the thread of every store call
-    gated.gate.set()
-    model = Rendezvous(8)
-
-    async def main() -> list[Any]:
-        return await asyncio.gather(
-            *(dep.arun("Hello", model=model, meta={"tenant": f"t{i}"}) for i in range(8))
-        )
-
-    runs = asyncio.run(main())
-    dep.close()
-    assert [r.outcome.termination for r in runs] == ["final_answer"] * 8
-    assert gated.entered and threading.get_ident() not in gated.threads  # off the loop
-    assert len(gated.threads) == 1
-
-
 def test_a_hung_store_call_holds_its_own_run_only(store_url: str) -> None:
     # One run's reserve hangs in the store; another run on the same event loop still goes
-    # through its steps (a thread more starts when the first is held), and only then does
+    # through its steps (in a thread of its own), and only then does
     # the test open the gate.  Were both waiting for one thread, the gate's guard (10 s)
     # would fail the held call and count a timeout.
     held_dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})

@@ -1,15 +1,13 @@
 """Event-loop probes for the hostile-world tests of async waiting: a counter of event-loop
 passes (a deterministic measure of how soon a waiter wakes -- no clock involved) and work
-that will not end or will not be cancelled, and a model whose calls all wake at once.
+that will not end or will not be cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from loopwarden import ModelRequest, ModelResponse, Usage
-
-__all__ = ["LoopPasses", "Rendezvous", "stubborn"]
+__all__ = ["LoopPasses", "stubborn"]
 
 
 class LoopPasses:
@@ -45,26 +43,3 @@ async def stubborn(seen: list[str], passes: int = 50) -> None:
         except asyncio.CancelledError:
             seen.append("cancelled")
     seen.append("finished")
-
-
-class Rendezvous:
-    """An async model whose calls wait until ``n`` of them are waiting, then all answer
-    "Done." in the same event-loop pass: ``n`` concurrent runs then resume together, each
-    with a step to take -- the burst a pool of worker threads must absorb."""
-
-    name = "scripted"
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.waiting = 0
-        self._all = asyncio.Event()
-
-    async def acomplete(self, request: ModelRequest) -> ModelResponse:
-        self.waiting += 1
-        if self.waiting >= self.n:
-            self._all.set()
-        await self._all.wait()
-        return ModelResponse(content="Done.", usage=Usage(prompt=100, completion=10))
-
-    def complete(self, request: ModelRequest) -> ModelResponse:  # pragma: no cover
-        raise AssertionError("an async run awaits acomplete")
