@@ -40,6 +40,17 @@ and of ``loopwarden --help`` in fresh subprocesses.
     python bench/overhead.py --quick    # 3 runs per size (a smoke test of the bench itself)
     python bench/overhead.py --profile default --sizes 500 --runs 10   # where the time goes
     python bench/overhead.py --async --calls --sizes 50   # async vs sync: us and calls per step
+    python bench/overhead.py --turns 100 --calls --sizes 10   # a 100-turn conversation
+
+``--turns N`` (e.g. 100) also plays one ``loopwarden.Conversation`` of N turns -- each a call
+to the trivial tool with that turn's arguments, then the answer -- through the shipped config
+(limits raised, ``conversation_limits``' too; every turn is checked to end with its answer,
+with no warning or verdict), and the same conversation through the bare loop (the history
+carries on, the whole of it resent to the model every turn), interleaved, alternated, median of
+9 conversations (3 with ``--quick``) per turn: ``turns.us_per_turn`` gives the mean of the
+first and of the last 10 turns and ``last_to_first`` (target: at most 1.2x: conversation state
+bounded); with ``--calls`` also ``turns.calls_per_turn``, cProfile's count over the same turns.
+The instant model does not read the history, so what grows is loopwarden's own work.
 
 ``--calls`` adds ``calls_per_step``: the Python function calls cProfile counts per step of each
 variant (N = the last size) -- deterministic, so unlike the timings it does not move with the
@@ -282,6 +293,156 @@ def make_loopwarden(
     return lw_loop, dep.plugins.names
 
 
+# -- 5. a conversation of many turns ----------------------------------------------------------
+
+#: turns averaged at each end of a conversation (``--turns``): its first and its last ten
+TURN_WINDOW = 10
+
+
+def turn_user(t: int) -> str:
+    """The user's message of turn ``t``: distinct, so no guard sees a repeated turn."""
+    return f"{W.USER} (turn {t})"
+
+
+def turn_model(t: int) -> W.WorkloadModel:
+    """The model of turn ``t``: one call to the trivial tool with turn ``t``'s arguments (so
+    they differ from every earlier turn's), then the answer."""
+    model = W.WorkloadModel(t + 1)
+    model.i = t
+    return model
+
+
+def bare_conversation(turns: int, clock: Callable[[], int] = time.perf_counter_ns) -> list[int]:
+    """Nanoseconds of each turn of a conversation through the bare loop: the history carries on,
+    each turn appends the user's message and resends the whole history to the model."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": W.SYSTEM}]
+    out = []
+    for t in range(turns):
+        t0 = clock()
+        model = BareModel(t + 1)
+        model.i = t
+        messages.append({"role": "user", "content": turn_user(t)})
+        while True:
+            reply = model(messages)
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": reply["content"],
+                    "tool_calls": reply["tool_calls"],
+                }
+            )
+            if not reply["tool_calls"]:
+                break
+            for tc in reply["tool_calls"]:
+                fn = TOOLS[tc["function"]["name"]]
+                result = str(fn(**json.loads(tc["function"]["arguments"])))
+                messages.append({"role": "tool", "tool_call_id": tc["id"], "content": result})
+        out.append(clock() - t0)
+    return out
+
+
+def make_conversation() -> tuple[Callable[[int], list[int]], list[str]]:
+    """A function playing one ``loopwarden.Conversation`` of N turns through a Deployment with
+    the shipped config (limits raised, ``conversation_limits``' too), returning the
+    nanoseconds of each turn; every turn is checked to end with its answer after two steps,
+    with no warning and no verdict (nothing grew into a limit)."""
+    from loopwarden import Conversation, Deployment
+    from loopwarden.config import default_config_path, load_toml, parse_config
+    from loopwarden.tools import ToolRegistry, tool
+
+    path = default_config_path()
+    config = parse_config(W.bench_config_data(load_toml(path)), path=str(path))
+    tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(W.lookup)])
+    dep = Deployment(config, tools=tools)
+
+    def conversation(turns: int, clock: Callable[[], int] = time.perf_counter_ns) -> list[int]:
+        conv = Conversation()
+        out = []
+        for t in range(turns):
+            t0 = clock()
+            run = dep.run(turn_user(t), model=turn_model(t), conversation=conv)
+            out.append(clock() - t0)
+            o = run.outcome
+            if (
+                o is None
+                or o.termination != "final_answer"
+                or run.step != 2
+                or run.warnings
+                or run.verdicts
+            ):
+                raise SystemExit(
+                    f"bench: turn {t} of a conversation did not end with final_answer after "
+                    f"2 steps, without a warning or verdict: {run.record()}"
+                )
+        return out
+
+    return conversation, dep.plugins.names
+
+
+def _ends(per_turn: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last :data:`TURN_WINDOW` turns."""
+    k = min(TURN_WINDOW, max(1, len(per_turn) // 2))
+    return statistics.fmean(per_turn[:k]), statistics.fmean(per_turn[-k:])
+
+
+def measure_turns(
+    fns: dict[str, Callable[[int], list[int]]], turns: int, runs: int, warmup: int = 1
+) -> dict[str, dict[str, float]]:
+    """Microseconds per turn of the first and the last turns of a conversation of ``turns``
+    turns, and ``last_to_first``: each turn's median over ``runs`` conversations (variants
+    interleaved, order alternated), then the mean of the first and last ten turns."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(turns)
+    times: dict[str, list[list[int]]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(runs):
+        for name in names if r % 2 == 0 else names[::-1]:
+            gc.collect()
+            times[name].append(fns[name](turns))
+    out: dict[str, dict[str, float]] = {}
+    for name, convs in times.items():
+        per_turn = [statistics.median(c[t] for c in convs) / 1000 for t in range(turns)]
+        first, last = _ends(per_turn)
+        out[name] = {
+            "first_us": round(first, 1),
+            "last_us": round(last, 1),
+            "last_to_first": round(last / first, 2),
+        }
+    return out
+
+
+def calls_per_turn(fn: Callable[..., list[int]], turns: int) -> dict[str, float]:
+    """Python function calls per turn, as cProfile counts them, in the first and in the last
+    :data:`TURN_WINDOW` turns of one conversation: what grows with the number of turns,
+    independent of the machine's load.  The profiler is switched on only around those turns
+    (the clock's calls switch it)."""
+    import cProfile
+    import pstats
+
+    k = min(TURN_WINDOW, max(1, turns // 2))
+    profs = {"first": cProfile.Profile(), "last": cProfile.Profile()}
+    counter = iter(range(2 * turns))
+
+    def clock() -> int:
+        i = next(counter)  # even: a turn starts; odd: it ended
+        t, end = divmod(i, 2)
+        prof = profs["first"] if t < k else profs["last"] if t >= turns - k else None
+        if prof is not None and end:
+            prof.disable()
+        elif prof is not None:
+            prof.enable()
+        return 0
+
+    fn(turns, clock)
+    calls = {name: pstats.Stats(p).total_calls / k for name, p in profs.items()}
+    return {
+        "first": round(calls["first"], 1),
+        "last": round(calls["last"], 1),
+        "last_to_first": round(calls["last"] / calls["first"], 2),
+    }
+
+
 # -- measuring ----------------------------------------------------------------------------------
 
 
@@ -424,7 +585,19 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of timing: run this variant under cProfile (N = the last "
         "size) and print the 40 most expensive functions",
     )
+    ap.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also play one Conversation of N turns (e.g. 100; each a tool call then an "
+        "answer) through the shipped stack and the bare loop: us per turn of the first and "
+        "last 10 turns and their ratio (last_to_first); with --calls, also cProfile's calls "
+        "per turn",
+    )
     args = ap.parse_args(argv)
+    if args.turns is not None and args.turns < 2:
+        ap.error("--turns: at least 2")
     sizes = args.sizes or [10, 50, 500]
     runs = args.runs or (3 if args.quick else 31)
     repeat = 2 if args.quick else 9
@@ -481,6 +654,18 @@ def main(argv: list[str] | None = None) -> int:
             result["async_to_sync_calls"] = {
                 a: round(calls[a] / calls[s], 2) for a, s in ASYNC_VARIANTS.items()
             }
+    if args.turns:
+        conversation_fn, _ = make_conversation()
+        turn_fns = {"bare": bare_conversation, "default": conversation_fn}
+        result["turns"] = {
+            "turns": args.turns,
+            "runs": 3 if args.quick else 9,
+            "us_per_turn": measure_turns(turn_fns, args.turns, 3 if args.quick else 9),
+        }
+        if args.calls:
+            result["turns"]["calls_per_turn"] = {
+                k: calls_per_turn(fn, args.turns) for k, fn in turn_fns.items()
+            }
     if len(sizes) >= 2:
         a, b = str(sizes[-2]), str(sizes[-1])
         result["growth"] = {
@@ -507,6 +692,25 @@ def main(argv: list[str] | None = None) -> int:
     if "async_to_sync_calls" in result:
         ratios_c = result["async_to_sync_calls"]
         print("async/sync calls: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios_c.items()))
+    if "turns" in result:
+        tr = result["turns"]
+        print(
+            f"a conversation of {tr['turns']} turns (each: a tool call, then the answer; "
+            f"median of {tr['runs']} conversations): us per turn, first {TURN_WINDOW} -> "
+            f"last {TURN_WINDOW}"
+        )
+        for k, row in tr["us_per_turn"].items():
+            calls = tr.get("calls_per_turn", {}).get(k)
+            extra = (
+                f"; calls per turn {calls['first']:.0f} -> {calls['last']:.0f} "
+                f"({calls['last_to_first']:.2f}x)"
+                if calls
+                else ""
+            )
+            print(
+                f"  {k:>8}: {row['first_us']:.1f} -> {row['last_us']:.1f} "
+                f"(last_to_first {row['last_to_first']:.2f}x){extra}"
+            )
     if not otel:
         print("otel_api, otel_sdk: left out (opentelemetry-sdk is not installed: loopwarden[otel])")
     for v, label in (("otel_api", "API no-op providers"), ("otel_sdk", "SDK, no-op exporter")):

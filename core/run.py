@@ -12,6 +12,7 @@ import threading
 import uuid
 import warnings
 from dataclasses import dataclass, field
+from operator import is_
 from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import CancelToken, Clock, SystemClock
@@ -104,8 +105,10 @@ class Conversation:
     def __init__(self, conversation_id: str | None = None) -> None:
         #: the conversation's id (made up when not given)
         self.id = conversation_id or uuid.uuid4().hex
-        #: the messages so far (the last run's, including its system prompt)
-        self.messages: list[dict[str, Any]] = []
+        self._messages: list[dict[str, Any]] = []
+        #: what the loop settled in ``messages`` (see :meth:`_settle`): a snapshot of the
+        #: message objects, their estimated tokens, and the estimator that counted them
+        self._known: tuple[tuple[dict[str, Any], ...], int, TextEstimator] | None = None
         #: conversation-scoped plugin state, keyed by plugin name
         self.state: dict[str, Any] = {}
         #: side effects that took place (or may have: a timeout) in this conversation, by
@@ -113,6 +116,52 @@ class Conversation:
         self.side_effects: dict[str, ToolResult] = {}
         #: runs finished in this conversation
         self.runs = 0
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The messages so far (the last run's, including its system prompt): the next run
+        opens with them.  Edit the history by assigning a list, or by adding, replacing or
+        removing messages in it; a message dict changed in place keeps the token estimate it
+        had when the loop settled it (as ``Run.messages`` does)."""
+        return self._messages
+
+    @messages.setter
+    def messages(self, value: list[dict[str, Any]]) -> None:
+        self._messages = value
+        self._known = None
+
+    def _settle(self, messages: list[dict[str, Any]], run: Run) -> None:
+        """Take ``messages`` -- ``run``'s own, then what settling its end added -- as the
+        history, and keep their token estimate, so that the next run opens without counting
+        the whole history again (a long conversation's turns stay as cheap as its first).
+
+        The estimate is the run's ``context_tokens`` when every message the run holds is one it
+        added and counted (:meth:`Run.add_message`); otherwise (a message replaced, as a
+        withheld answer is) nothing is kept and the next run counts them all."""
+        self._messages = messages
+        self._known = None
+        own, added = run.messages, run._added
+        n = len(own)
+        if len(added) != n or len(messages) < n:
+            return
+        if not all(map(is_, added, own)) or not all(map(is_, messages, own)):  # C-level scans
+            return
+        est = run.estimator
+        tokens = run.context_tokens + sum(estimate_message(m, est) for m in messages[n:])
+        self._known = (tuple(messages), tokens, est)
+
+    def _known_tokens(self, estimator: TextEstimator) -> int | None:
+        """The estimated tokens of :attr:`messages` by ``estimator`` when they are still the
+        messages :meth:`_settle` counted (the same objects, none added, replaced or removed),
+        else None."""
+        known = self._known
+        if known is None:
+            return None
+        snapshot, tokens, counted_by = known
+        msgs = self._messages
+        if counted_by is not estimator or len(msgs) != len(snapshot):
+            return None
+        return tokens if all(map(is_, msgs, snapshot)) else None
 
     def __repr__(self) -> str:
         return f"<Conversation {self.id[:8]} runs={self.runs} messages={len(self.messages)}>"
@@ -177,6 +226,9 @@ class Run:
         self.messages: list[dict[str, Any]] = []
         #: estimated tokens of ``messages`` (maintained incrementally)
         self.context_tokens = 0
+        #: the messages :meth:`add_message` appended, in order (``context_tokens`` counts them):
+        #: the conversation keeps the estimate only while ``messages`` still matches
+        self._added: list[dict[str, Any]] = []
         #: model calls made so far
         self.step = 0
         #: tool calls the model proposed / that actually executed
@@ -236,7 +288,25 @@ class Run:
     def add_message(self, message: dict[str, Any]) -> None:
         """Append a message and keep the token estimate current (O(message), not O(history))."""
         self.messages.append(message)
+        self._added.append(message)
         self.context_tokens += estimate_message(message, self.estimator)
+
+    def _add_history(self, messages: list[dict[str, Any]]) -> None:
+        """Open the run with a conversation's ``messages``: as :meth:`add_message` each, but
+        with the estimate the conversation kept when they are its settled history unchanged
+        (no Python work per message: a turn costs the same however long the history)."""
+        tokens = (
+            self.conversation._known_tokens(self.estimator)
+            if messages is self.conversation.messages
+            else None
+        )
+        if tokens is None:
+            for m in messages:
+                self.add_message(m)
+            return
+        self.messages.extend(messages)
+        self._added.extend(messages)
+        self.context_tokens += tokens
 
     @property
     def elapsed(self) -> float:

@@ -23,6 +23,7 @@ for a streamed answer one sentence being read and at most 256 distinct sentences
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,14 +119,15 @@ class _Content:
     new_results: int = 0  # new tool results that arrived after this content
 
 
-_SENTENCE_ENDS = frozenset("。！？!?.;；\n")
+_SENTENCE_END = re.compile("[。！？!?.;；\n]")
 _MAX_SENTENCE_CHARS = 400  # a longer "sentence" is counted in pieces of this size
 _MAX_SENTENCES = 256  # distinct sentences counted per answer (later new ones are not)
 
 
 @dataclass(slots=True)
 class _Echo:
-    """The sentences of the streamed answer being read (reset for each answer)."""
+    """The sentences of the streamed answer being read (reset for each answer): the pieces
+    of the sentence not yet ended (``size`` characters), and the counts of those that did."""
 
     step: int
     buf: list[str] = field(default_factory=list)
@@ -193,7 +195,8 @@ class NoProgress(Plugin[NoProgressSettings]):
     @hookimpl
     def on_model_delta(self, run: Run, request: ModelRequest, delta: ModelDelta) -> Verdict | None:
         """Count the sentences of a streamed answer; stop at the ``stream_repeats``-th
-        saying of one (work bounded by the delta's length)."""
+        saying of one (work bounded by the delta's length: the delta is searched for sentence
+        ends and kept in pieces, not character by character)."""
         s = self.settings
         limit = s.stream_repeats
         if limit is None:
@@ -202,13 +205,26 @@ class NoProgress(Plugin[NoProgressSettings]):
         echo = st.echo
         if echo is None or echo.step != request.step or delta.index == 0:
             echo = st.echo = _Echo(request.step)
-        for ch in delta.text:
-            echo.buf.append(ch)
-            echo.size += 1
-            if ch not in _SENTENCE_ENDS and echo.size < _MAX_SENTENCE_CHARS:
-                continue
-            sentence = "".join(echo.buf).strip().casefold()
-            echo.buf.clear()
+        text = delta.text
+        end = len(text)
+        pos = 0
+        buf = echo.buf
+        while pos < end:
+            # the sentence ends at its first end mark, or when it reaches the size cap
+            room = _MAX_SENTENCE_CHARS - echo.size
+            mark = _SENTENCE_END.search(text, pos, min(end, pos + room))
+            if mark is not None:
+                cut = mark.end()
+            elif pos + room <= end:
+                cut = pos + room
+            else:  # the sentence goes on in the next delta
+                buf.append(text[pos:])
+                echo.size += end - pos
+                break
+            buf.append(text[pos:cut])
+            pos = cut
+            sentence = "".join(buf).strip().casefold()
+            buf.clear()
             echo.size = 0
             if len(sentence) < s.min_sentence_chars:
                 continue

@@ -72,6 +72,22 @@ def test_overhead_bench_sets_async_beside_sync_in_us_and_in_calls() -> None:
         assert data["async_to_sync_calls"][a] == pytest.approx(calls[a] / calls[s], abs=0.01)
 
 
+def test_overhead_bench_plays_a_conversation_whose_turns_cost_no_more_calls_at_its_end() -> None:
+    """``--turns``: the first and last turns of one conversation, in us and in cProfile's
+    calls per turn -- deterministic, so the flat count is asserted (a turn that recounted the
+    whole history made 1.9x the calls in the last ten turns of 40)."""
+    data = _bench("overhead.py", "--turns", "40", "--calls", "--sizes", "5")
+    turns = data["turns"]
+    assert turns["turns"] == 40 and set(turns["us_per_turn"]) == {"bare", "default"}
+    for row in turns["us_per_turn"].values():
+        assert {"first_us", "last_us", "last_to_first"} == set(row)
+        assert all(_number(v) and v > 0 for v in row.values())
+    calls = turns["calls_per_turn"]
+    assert calls["bare"]["first"] == calls["bare"]["last"]  # the bare loop's turn: constant
+    assert calls["default"]["first"] > calls["bare"]["first"]
+    assert calls["default"]["last_to_first"] == pytest.approx(1.0, abs=0.02)
+
+
 def test_concurrency_bench_prints_the_promised_json() -> None:
     data = _bench("concurrency.py")
     assert {"runs", "wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run"} <= set(data)
@@ -95,7 +111,10 @@ def test_serving_bench_prints_the_promised_json() -> None:
         assert row["step_ms"]["p50"] >= data["latency_ms"]
         assert row["step_ms"]["p99"] >= row["step_ms"]["p50"]
     assert data["loopwarden"]["ended"] == {"final_answer": 20}  # no guard fired
-    assert _number(data["guard_cpu_us_per_step"])
+    # a difference of two measurements: at this size the load may make it negative
+    assert data["guard_cpu_us_per_step"] == pytest.approx(
+        data["loopwarden"]["cpu_us_per_step"] - data["bare"]["cpu_us_per_step"], abs=0.2
+    )
     assert set(data["added_step_ms"]) == {"p50", "p99"}
 
 

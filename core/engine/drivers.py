@@ -9,13 +9,16 @@ deadline, and finishes the run whatever happens.  Public through :mod:`loopwarde
 **Store I/O never blocks the event loop.**  Between two effects the machine runs hooks, and
 some of them wait on the network or the disk: the shared store's budget reservations
 (``spend_limits``) and the side-effect ledger's claims.  When a run may do such I/O
-(:func:`blocking_io`), :func:`adrive` advances the machine -- the synchronous code between two
-effects, ``on_start`` and ``on_stop`` included -- in a reused daemon worker thread, one step at
-a time and in one ``contextvars.Context`` per run (at most :data:`OFFLOAD_LIMIT` steps at once
-per event loop), while the event loop serves other runs; the model and the tools are still
-awaited on the loop.  A plugin whose hooks do blocking I/O says
-so with a true ``blocking_io`` attribute; its hooks stay plain synchronous functions.  Runs
-without such I/O, and every sync run, advance the machine inline as before (no thread hop).
+(:func:`blocking_io`; a deployment's plugins are asked once), :func:`adrive` advances the
+machine -- the synchronous code between two effects, ``on_start`` and ``on_stop`` included --
+in a reused daemon worker thread, one step at a time and in one ``contextvars.Context`` per
+run (at most :data:`OFFLOAD_LIMIT` steps at once per event loop), while the event loop serves
+other runs; the model and the tools are still awaited on the loop.  A plugin whose hooks do
+blocking I/O says so with a true ``blocking_io`` attribute; its hooks stay plain synchronous
+functions.  Runs without such I/O, and every sync run, advance the machine inline as before
+(no thread hop).  A thread per step costs CPU (hand-offs, GIL traffic with the loop): one
+queue-fed thread per loop cost less but raised the loop's p99 lag, so it was not adopted
+(bench/README.md, "Store I/O off the event loop").
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from loopwarden.engine.effects import CallModel, Effect, Failed, Machine
 from loopwarden.engine.outcomes import best_effort
 from loopwarden.events import ModelRequest
 from loopwarden.exceptions import ModelError
+from loopwarden.models._in_task import await_in_task
 from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
     from loopwarden.engine.loop import Engine
     from loopwarden.models import Model
 
@@ -85,17 +90,27 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
 def blocking_io(run: Run) -> bool:
     """Whether ``run``'s hooks may block on I/O: it has a shared store, and a plugin of its
     deployment declares ``blocking_io`` (spend_limits with budgets) or one of its tools is a
-    side effect that the store's ledger claims."""
+    side effect that the store's ledger claims.  The plugins' answer is asked once per
+    deployment (its plugins are fixed when it is built); the tools, which a registry may
+    gain, are looked at per run, and only with the ledger on."""
     shared = run.shared
     if shared is None:
         return False
     deployment = run.deployment
-    if deployment is not None and any(
-        getattr(p.obj, "blocking_io", False) is True for p in deployment.plugins
-    ):
-        return True
+    if deployment is not None:
+        declared = _DECLARED.get(deployment)
+        if declared is None:
+            declared = _DECLARED[deployment] = any(
+                getattr(p.obj, "blocking_io", False) is True for p in deployment.plugins
+            )
+        if declared:
+            return True
     tools = run.tools
     return bool(shared.config.ledger and tools is not None and any(t.side_effect for t in tools))
+
+
+#: per deployment: whether one of its plugins declares ``blocking_io``
+_DECLARED: weakref.WeakKeyDictionary[Deployment, bool] = weakref.WeakKeyDictionary()
 
 
 class _Done:
@@ -159,6 +174,7 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     inline = stepper.context is None  # no I/O in its hooks: steps run here, as before
     run_tool_async = engine.run_tool_async  # an Engine subclass may wrap tool execution
     acomplete = getattr(model, "acomplete", None)
+    in_task = acomplete is not None and getattr(model, "ends_when_cancelled", False) is True
     unwatch = _nothing
     try:
         eff = _step(gen, None) if inline else await stepper.step(None)
@@ -175,7 +191,7 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
                         # a sync model in an async run: a daemon worker, so that a hung call
                         # never keeps asyncio.run() from exiting
                         aw = execution.daemon_thread(model.complete, eff.request, name="model")
-                    value = await _model_within(aw, eff.request, run)
+                    value = await _model_within(aw, eff.request, run, in_task)
                 except Exception as exc:
                     value = Failed(exc)
             else:
@@ -198,13 +214,18 @@ def internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
     return RunOutcome(termination=kind, evidence={"error": text}, error=text)
 
 
-async def _model_within(aw: Awaitable[Any], request: ModelRequest, run: Run) -> Any:
+async def _model_within(
+    aw: Awaitable[Any], request: ModelRequest, run: Run, in_task: bool = False
+) -> Any:
     """Await a model call, abandoning it when ``request.timeout`` passes or the run is
     cancelled (a watchdog for any async model, the built-in client bounds itself too).
-    The value is whatever the model returned: the machine checks it."""
+    ``in_task``: the model ends when cancelled (``ends_when_cancelled``), so the call is
+    bounded in this task, without a task of its own.  The value is whatever the model
+    returned: the machine checks it."""
     if request.timeout is None:
         return await aw
-    ending, value = await await_within(aw, request.timeout + DEADLINE_SLACK_S, run.cancel)
+    within = await_in_task if in_task else await_within
+    ending, value = await within(aw, request.timeout + DEADLINE_SLACK_S, run.cancel)
     if ending == "ok":
         return value
     if ending == "cancelled":

@@ -121,8 +121,7 @@ class Engine:
         """Seed the run: the conversation so far (or the system prompt), then the user."""
         history = run.conversation.messages
         if history:
-            for m in history:
-                run.add_message(m)
+            run._add_history(history)
         elif self.settings.system_prompt:
             run.add_message({"role": "system", "content": self.settings.system_prompt})
         run.user = clean_text(run.user)
@@ -268,7 +267,7 @@ class Engine:
             run.ended_at = run.clock.now()
             run.outcome = outcome
         conversation = run.conversation
-        conversation.messages = settled_history(self.settings, run, outcome)
+        conversation._settle(settled_history(self.settings, run, outcome), run)
         conversation.runs += 1
         failures = self.hooks.on_stop(run, outcome)
         run.errors.extend(failures)

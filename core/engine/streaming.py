@@ -57,6 +57,7 @@ from loopwarden.engine.effects import CallModel, Effect, Failed
 from loopwarden.engine.outcomes import best_effort
 from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult, Usage
 from loopwarden.exceptions import ModelError
+from loopwarden.models._in_task import await_in_task
 from loopwarden.run import Run, RunOutcome
 from loopwarden.verdicts import Stop, Verdict
 
@@ -481,12 +482,14 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
     yield _end(run)
 
 
-async def _anext_within(it: AsyncIterator[Any], run: Run, deadline: float | None) -> Any:
-    """The stream's next item, within the call's time (a watchdog for any async model)."""
-    if deadline is None:
-        return await it.__anext__()
-    left = deadline - run.clock.now() + DEADLINE_SLACK_S
-    ending, value = await await_within(it.__anext__(), max(0.0, left), run.cancel)
+async def _anext_within(it: AsyncIterator[Any], run: Run, deadline: float, in_task: bool) -> Any:
+    """The stream's next item, within the call's time (a watchdog for any async model; in
+    the caller's task when the model's stream ends when cancelled, see :func:`_aopen`)."""
+    left = max(0.0, deadline - run.clock.now() + DEADLINE_SLACK_S)
+    if in_task:
+        ending, value = await await_in_task(it.__anext__(), left, run.cancel)
+    else:
+        ending, value = await await_within(it.__anext__(), left, run.cancel)
     if ending == "ok":
         return value
     if ending == "cancelled":
@@ -494,14 +497,26 @@ async def _anext_within(it: AsyncIterator[Any], run: Run, deadline: float | None
     raise ModelError("the model did not answer within the time it was given", kind="timeout")
 
 
-async def _aopen(model: Any, request: ModelRequest) -> AsyncGenerator[Any, None]:
-    """The model's async stream, or its whole answer as one delta."""
+def _aopen(model: Any, request: ModelRequest) -> AsyncGenerator[Any, None]:
+    """The model's async stream (itself: no generator in between when it can be closed), or
+    its whole answer as one delta."""
     astream = getattr(model, "astream", None)
     if astream is not None:
-        async with contextlib.aclosing(astream(request)) as items:
-            async for item in items:
-                yield item
-        return
+        items = astream(request)
+        if hasattr(items, "aclose") and hasattr(items, "__anext__"):
+            return items  # type: ignore[no-any-return]
+        return _aclosing(items)
+    return _acomplete(model, request)
+
+
+async def _aclosing(items: Any) -> AsyncGenerator[Any, None]:
+    async with contextlib.aclosing(items):
+        async for item in items:
+            yield item
+
+
+async def _acomplete(model: Any, request: ModelRequest) -> AsyncGenerator[Any, None]:
+    """An async model that does not stream: its whole answer as one delta."""
     acomplete = getattr(model, "acomplete", None)
     if acomplete is not None:
         response = await acomplete(request)
@@ -516,11 +531,20 @@ async def _acall_model(
 ) -> AsyncGenerator[tuple[StreamEvent | None, Any], None]:
     """One model call, streamed: ``(event, None)`` pairs, then ``(None, answer)``."""
     guard = _Guard(engine, run, model, request)
-    it = _aopen(model, request)
+    try:
+        it = _aopen(model, request)
+    except Exception as exc:  # an ``astream`` that fails before its first item
+        yield None, Failed(exc)
+        return
+    deadline = guard.deadline
+    in_task = getattr(model, "ends_when_cancelled", False) is True
     try:
         while True:
             try:
-                item = await _anext_within(it, run, guard.deadline)
+                if deadline is None:
+                    item = await it.__anext__()
+                else:
+                    item = await _anext_within(it, run, deadline, in_task)
             except StopAsyncIteration:
                 yield None, _no_end()
                 return

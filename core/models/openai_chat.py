@@ -16,8 +16,11 @@ Every call is bounded (see :mod:`loopwarden.models._bounded_http`):
 * by the run's cancel token (``request.cancel``): cancelling the run ends the call in flight.
 
 A sync call runs in a daemon thread that is abandoned at the deadline or on cancel (it ends by
-itself soon after: its reads are bounded by the same deadline).  An async client is kept per
-event loop, so one model serves ``asyncio.run(dep.arun(...))`` job after job.  Error texts are
+itself soon after: its reads are bounded by the same deadline).  An async call runs in the
+caller's own task, which a timer (or the cancel token) cancels -- the client honours
+cancellation by closing its connection -- so it costs no task and no event-loop pass per call
+(:mod:`loopwarden.models._in_task`).  An async client is kept per event loop, so one model
+serves ``asyncio.run(dep.arun(...))`` job after job.  Error texts are
 redacted (the API key, bearer credentials) before they leave the client: a server that echoes
 the ``Authorization`` header in an error body does not put the key into records or logs.
 
@@ -49,7 +52,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.exceptions import ConfigError, ModelError
@@ -82,6 +85,10 @@ def missing_key_message(env: str) -> str:
 class OpenAIChatModel:
     """Calls ``chat.completions.create``; one instance may serve many runs."""
 
+    #: its async calls and streams end when their task is cancelled (the connection is
+    #: closed): a streamed run bounds each delta in its own task instead of a task per delta
+    ends_when_cancelled: ClassVar[bool] = True
+
     def __init__(
         self,
         *,
@@ -97,10 +104,11 @@ class OpenAIChatModel:
     ) -> None:
         import openai  # lazy: keeps `import loopwarden` fast
 
-        from loopwarden.models import _bounded_http
+        from loopwarden.models import _bounded_http, _in_task
 
         self._openai = openai
         self._http = _bounded_http
+        self._in_task = _in_task
         self.name = model
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
@@ -301,11 +309,9 @@ class OpenAIChatModel:
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """One bounded call (see the module doc) on the running event loop."""
-        from loopwarden.clock import await_within
-
         bounds = self._bounds(request)
         client = self._async_client()
-        ending, value = await await_within(
+        ending, value = await self._in_task.await_in_task(
             self._acall(client, request, bounds), bounds.left(), request.cancel
         )
         return self._convert(self._ended(ending, value, bounds), request)
@@ -370,11 +376,9 @@ class OpenAIChatModel:
 
     async def astream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
         """:meth:`stream` on the running event loop."""
-        from loopwarden.clock import await_within
-
         bounds = self._bounds(request)
         client = self._async_client()
-        ending, value = await await_within(
+        ending, value = await self._in_task.await_in_task(
             self._acall(client, request, bounds, True), bounds.left(), request.cancel
         )
         stream = self._ended(ending, value, bounds)
