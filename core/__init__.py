@@ -183,6 +183,14 @@ class _MovedModule:
     def exec_module(self, module: types.ModuleType) -> None:
         """Nothing to run: the module was executed under its new name."""
 
+    def get_code(self, fullname: str) -> types.CodeType | None:
+        """The new module's code, for ``python -m <old path>`` (``runpy`` asks for it)."""
+        import importlib.util
+
+        spec = importlib.util.find_spec(MOVED[fullname])
+        get_code = getattr(spec.loader, "get_code", None) if spec is not None else None
+        return get_code(spec.name) if get_code is not None and spec is not None else None
+
 
 if not any(isinstance(f, _MovedModule) for f in sys.meta_path):
     sys.meta_path.append(_MovedModule())

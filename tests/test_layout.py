@@ -199,6 +199,17 @@ def test_every_moved_module_path_of_0_2_still_imports(old: str) -> None:
     assert sys.modules[old] is module
 
 
+def test_python_dash_m_runs_an_old_path() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "loopwarden.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert loopwarden.__version__ in out.stdout
+
+
 def test_an_old_path_gives_the_same_objects_and_patching_reaches_both() -> None:
     from loopwarden.engine import loop as new
     from loopwarden.loop import Engine
