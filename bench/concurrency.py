@@ -174,10 +174,10 @@ def store_lag(
     url: str, namespace: str, runs: int, steps: int, latency: float, *, hung: bool = False
 ) -> dict[str, Any]:
     """Loop lag of ``runs`` concurrent store-using runs, offloaded and forced inline."""
-    import loopwarden._drivers as drivers
+    import loopwarden.engine.drivers as drivers
     from loopwarden import Deployment
-    from loopwarden._testing_faults import GatedStore, install_store
     from loopwarden.config import default_config_path, load_toml, parse_config
+    from loopwarden.testing.faults import GatedStore, install_store
 
     data = W.bench_config_data(load_toml(default_config_path()))
     plugins = data["plugins"]

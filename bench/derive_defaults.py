@@ -6,12 +6,13 @@ Usage::
 
 Reads one or several trajectory or run-record JSONL files (plain or ``.jsonl.gz``) as one
 corpus and prints (Markdown) the distribution -- n, p50, p90, p99, max -- of every statistic
-of :data:`loopwarden.calibrate.METRICS` over the *successful* runs, per group and for all runs,
-then every limit of :data:`loopwarden.calibrate.LIMITS` proposed (p99 x margin, rounded up)
+of :data:`loopwarden.traffic.calibrate.METRICS` over the *successful* runs, per group and for
+all runs,
+then every limit of :data:`loopwarden.traffic.calibrate.LIMITS` proposed (p99 x margin, rounded up)
 from all runs together and from each group alone.  Groups: ``file`` -- the file a run came
 from, one kind of agent per file (customer service, coding); the default with several files
 -- ``domain`` (``meta.domain``, else the last part of ``source``; the default with one file)
-or ``source``.  A p99 needs 100 values (:data:`loopwarden.calibrate.MIN_RUNS`): with fewer
+or ``source``.  A p99 needs 100 values (:data:`loopwarden.traffic.calibrate.MIN_RUNS`): with fewer
 nothing is proposed, as ``loopwarden calibrate`` refuses.  The numbers in
 ``docs/defaults.md`` are this script's output on the project's recorded runs; the same code
 serves ``loopwarden calibrate``.
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loopwarden.calibrate import (
+from loopwarden.traffic.calibrate import (
     GROUPINGS,
     LIMITS,
     MARGIN,

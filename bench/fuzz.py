@@ -64,9 +64,9 @@ from typing import Any
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
 from loopwarden.models.openai_chat import OpenAIChatModel
+from loopwarden.models.scenario import ScriptConfig
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.report import read_records
-from loopwarden.scenario import ScriptConfig
 from loopwarden.tools import ToolRegistry, tool
 
 # -- the tools: side effects count their executions ------------------------------------------

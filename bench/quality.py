@@ -214,7 +214,7 @@ def replay_metrics(
 ) -> dict[str, Any]:
     """``loopwarden replay``'s summary for the trajectories in ``path``."""
     from loopwarden.deployment import Deployment
-    from loopwarden.replay import load_tool_flags, replay_config, replay_file, summarize
+    from loopwarden.traffic.replay import load_tool_flags, replay_config, replay_file, summarize
 
     config = replay_config(config)
     if profile:

@@ -23,7 +23,7 @@ Reported per store:
   can hold an event loop's thread for, waits excluded);
 * ``round_trips``: per reserve and per settle, the round trips to the store (Redis: requests;
   SQLite: transactions) and SQLite's statements, counted in each worker's second run (which
-  is not timed) by :mod:`loopwarden._testing_roundtrips`;
+  is not timed) by :mod:`loopwarden.testing.roundtrips`;
 * ``bare_round_trip_us`` (Redis): a ``PING`` on the store's connection after each settle
   (outside the timings above): the floor of one round trip at that moment, on that machine;
 * ``load_before`` / ``load_after``: the machine's load averages (1, 5, 15 min) around the
@@ -32,7 +32,7 @@ Reported per store:
 Then two worst cases for the overspend bound, per store, each with ``--capped-workers``
 (default 4) processes x ``--capped-runs`` (default 25) one-call runs against a ``tenant/day``
 budget of ``--capped-budget`` (default 50,000) tokens, by a model that answers every call with
-all the output it may (:class:`loopwarden._testing_faults.CappedModel`:
+all the output it may (:class:`loopwarden.testing.faults.CappedModel`:
 ``--max-output-tokens``, default 4,000, the ``[model] max_output_tokens`` cap its client
 sends).  What the runs *really* spent -- the usage the model reported, what a provider bills --
 is compared with the bound (budget + one largest reservation per worker):
@@ -41,7 +41,7 @@ is compared with the bound (budget + one largest reservation per worker):
   model whose cap loopwarden cannot see (requests without ``max_output_tokens``, as before
   0.3: ``reserve_output_tokens`` = 1,000 reserved per call) -- how far past the bound that goes;
 * ``flaky_store``: the same runs on a store that times out half of its calls
-  (:class:`loopwarden._testing_faults.FlakyStore`: each reserve / settle fails with probability
+  (:class:`loopwarden.testing.faults.FlakyStore`: each reserve / settle fails with probability
   1/2, in turn before reaching the store and after it -- a lost answer), ``on_store_error =
   "fail_closed"``; ``store_calls`` / ``store_timeouts`` count them, ``recorded_tokens`` /
   ``held_tokens`` are what the store counts as spent / still reserved (a reservation whose
@@ -74,13 +74,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from loopwarden import ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
-from loopwarden._testing_faults import CappedModel, FlakyStore, install_store
-from loopwarden._testing_roundtrips import count_round_trips
 from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.demo import config_tools
 from loopwarden.deployment import Deployment
 from loopwarden.plugins.spend_limits import SpendLimits
 from loopwarden.store import COST_UNIT, QUANTITIES, RedisStore, open_store
+from loopwarden.testing.faults import CappedModel, FlakyStore, install_store
+from loopwarden.testing.roundtrips import count_round_trips
 
 OBSERVERS = ("logging", "metrics", "alerting", "run_record")
 

@@ -21,8 +21,11 @@ A plugin in ten lines::
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import logging
-from typing import TYPE_CHECKING, Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any, cast
 
 from loopwarden._version import __version__
 
@@ -31,6 +34,8 @@ from loopwarden._version import __version__
 logging.getLogger("loopwarden").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
+    from importlib.abc import Loader
+
     from loopwarden.clock import CancelToken, Clock, FakeClock, SystemClock
     from loopwarden.config import Config, load_config
     from loopwarden.deployment import Deployment
@@ -137,6 +142,58 @@ __all__ = [
     "stop",
     "warn",
 ]
+
+
+# The modules 0.2 had at the top of the package, and where they live now (docs/upgrading.md).
+# Importing an old path gives the new module itself -- one module object under two names, so
+# patching through either name patches both.  Nothing is imported until an old path is.
+MOVED: dict[str, str] = {
+    "loopwarden.loop": "loopwarden.engine.loop",
+    "loopwarden.dispatch": "loopwarden.engine.dispatch",
+    "loopwarden.execution": "loopwarden.engine.execution",
+    "loopwarden.streaming": "loopwarden.engine.streaming",
+    "loopwarden.registry": "loopwarden.engine.registry",
+    "loopwarden.pluginmanager": "loopwarden.engine.pluginmanager",
+    "loopwarden.replay": "loopwarden.traffic.replay",
+    "loopwarden.calibrate": "loopwarden.traffic.calibrate",
+    "loopwarden.offline": "loopwarden.traffic.offline",
+    "loopwarden.scenario": "loopwarden.models.scenario",
+    "loopwarden.tokens": "loopwarden.models.tokens",
+    "loopwarden.schema": "loopwarden.commands.schema",
+    "loopwarden.cli": "loopwarden.commands.cli",
+    "loopwarden.tools.shop": "loopwarden.demo.shop",
+}
+
+
+class _MovedModule:
+    """Answers an old module path with the module at its new one (a meta path finder and its
+    loader; not derived from ``importlib.abc``, whose import costs ``import loopwarden``
+    ~15 ms)."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, cast("Loader", self))
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the module was executed under its new name."""
+
+    def get_code(self, fullname: str) -> types.CodeType | None:
+        """The new module's code, for ``python -m <old path>`` (``runpy`` asks for it)."""
+        import importlib.util
+
+        spec = importlib.util.find_spec(MOVED[fullname])
+        get_code = getattr(spec.loader, "get_code", None) if spec is not None else None
+        return get_code(spec.name) if get_code is not None and spec is not None else None
+
+
+if not any(isinstance(f, _MovedModule) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModule())
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,6 @@
 
 import sys
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 
 sys.exit(main())

@@ -1,18 +1,47 @@
-"""Clocks and cancel tokens.
+"""Clocks, cancel tokens, and waiting for work within a deadline.
 
 Every run carries a clock, so limits measured in time (timeouts, backoffs, alert windows) are
 tested by moving a :class:`FakeClock` instead of sleeping.
+
+**Waiting for work that may never end** (:func:`await_within`, :func:`call_within`, the
+:data:`WATCHDOG`).  Python cannot kill a thread, and a coroutine may swallow its cancellation.
+These helpers therefore never wait for the work itself past its deadline: they run it apart
+(a daemon thread, a separate task), wait for whichever comes first -- its end, the deadline,
+the run's cancel token -- and *abandon* it otherwise.  Abandoned work keeps running until it ends by
+itself; its result is discarded.  Limits: an abandoned thread holds whatever it holds (a
+socket, a lock) until it returns; an abandoned task that swallows every cancellation keeps
+running on its event loop, and ``asyncio.run()`` waits for it when the loop closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import heapq
+import logging
+import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["CancelToken", "Clock", "FakeClock", "SystemClock"]
+__all__ = [
+    "DEADLINE_SLACK_S",
+    "WATCHDOG",
+    "CancelToken",
+    "Clock",
+    "Ending",
+    "FakeClock",
+    "SystemClock",
+    "Watchdog",
+    "await_within",
+    "call_within",
+]
+
+#: a call that ended this close to its deadline overran it (the loop, the timeout plugin and
+#: the deadline waits all use this one figure)
+DEADLINE_SLACK_S = 0.05
 
 
 @runtime_checkable
@@ -136,3 +165,233 @@ class CancelToken:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until cancelled or ``timeout`` seconds passed; True when cancelled."""
         return self._event.wait(timeout)
+
+
+# -- waiting within a deadline ------------------------------------------------------------------
+
+log = logging.getLogger("loopwarden.watchdog")
+
+#: how the wait ended: the work finished ("ok"), the deadline passed, or the run was cancelled
+Ending = Literal["ok", "timeout", "cancelled"]
+
+#: seconds a cancelled task gets to wind down (close its sockets) before it is abandoned
+CANCEL_GRACE_S = 0.5
+
+
+#: tasks can start eagerly (``asyncio.Task(..., eager_start=True)``, Python 3.12+)
+_EAGER = sys.version_info >= (3, 12)
+_EAGER_START: dict[str, Any] = {"eager_start": True}  # a keyword older stubs do not know
+
+
+def call_within(
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float | None,
+    cancel: CancelToken | None = None,
+    name: str = "call",
+) -> tuple[Ending, Any]:
+    """Run ``fn(*args)`` in a daemon thread; wait at most ``timeout`` seconds, or until
+    ``cancel`` is set.  ``("ok", value)``, or ``("timeout" | "cancelled", None)``; an exception
+    from ``fn`` is raised here."""
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box.append((True, context.run(fn, *args)))
+        except BaseException as exc:  # handed to the waiter below
+            box.append((False, exc))
+        done.set()
+
+    remove = cancel.on_cancel(done.set) if cancel is not None else None
+    try:
+        threading.Thread(target=target, name=f"loopwarden-{name}", daemon=True).start()
+        done.wait(timeout)
+    finally:
+        if remove is not None:
+            remove()
+    if box:
+        ok, payload = box[0]
+        if not ok:
+            raise payload
+        return "ok", payload
+    if cancel is not None and cancel.is_set():
+        return "cancelled", None
+    return "timeout", None
+
+
+async def await_within(
+    aw: Awaitable[Any], timeout: float | None, cancel: CancelToken | None = None
+) -> tuple[Ending, Any]:
+    """Await ``aw`` as a task of its own, at most ``timeout`` seconds or until ``cancel``.
+
+    ``("ok", value)``, or ``("timeout" | "cancelled", None)`` after the task was cancelled
+    (and given :data:`CANCEL_GRACE_S` to wind down; one that ignores the cancellation is
+    abandoned).  An exception from ``aw`` is raised here; cancelling the caller cancels it.
+
+    One future decides the race: the work's end settles it from inside its own task (a
+    future given as ``aw`` -- a worker thread's -- *is* that future), and the deadline's timer
+    or the cancel token cancels it.  The caller thus wakes one event-loop pass after the work
+    ends, with no ``asyncio.wait`` machinery per call (this runs once per model and tool call
+    of every async run).  On Python 3.12+ the work's task starts eagerly: work that ends
+    without suspending (an instant model, a trivial async tool) costs no loop pass at all.
+    """
+    loop = asyncio.get_running_loop()
+    when = None if timeout is None else loop.time() + timeout
+    if asyncio.isfuture(aw):
+        race: asyncio.Future[Any] = aw
+        task = race
+    else:
+        race = loop.create_future()
+        if _EAGER and loop.get_task_factory() is None:
+            # Python 3.12+: the task's first step runs now, in the task (its own context,
+            # current_task() is the task): work that does not suspend ends here, no loop pass
+            task = asyncio.Task(_feed(aw, race), loop=loop, **_EAGER_START)
+        else:
+            task = loop.create_task(_feed(aw, race))
+    ended: list[Ending] = []  # why the race ended before the work: the timer or the token
+
+    def end(why: Ending) -> None:
+        if not race.done():
+            ended.append(why)
+            race.cancel()
+
+    timer = None if when is None or race.done() else loop.call_at(when, end, "timeout")
+    remove: Callable[[], None] | None = None
+    if cancel is not None and not race.done():
+
+        def wake() -> None:
+            # a closed loop: nobody waits any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(end, "cancelled")
+
+        remove = cancel.on_cancel(wake)
+    try:
+        try:
+            return "ok", await race
+        except asyncio.CancelledError:
+            if not ended or _cancelling():
+                raise  # the caller was cancelled (or the work cancelled itself)
+    except BaseException:  # the caller was cancelled: so is the work
+        task.cancel()
+        if race.done() and not race.cancelled():
+            race.exception()  # retrieved: nobody else will
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if remove is not None:
+            remove()
+    if task is not race:
+        task.cancel()
+        task.add_done_callback(_consume)
+        await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    return ("cancelled" if cancel is not None and cancel.is_set() else "timeout"), None
+
+
+async def _feed(aw: Awaitable[Any], race: asyncio.Future[Any]) -> None:
+    """Await ``aw`` and settle ``race`` with its outcome (unless the race already ended)."""
+    try:
+        value = await aw
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+        if not race.done():
+            if isinstance(exc, asyncio.CancelledError):
+                race.cancel()
+            else:
+                race.set_exception(exc)
+        raise
+    except BaseException as exc:  # handed to the waiter through the race
+        if not race.done():
+            race.set_exception(exc)
+        return
+    if not race.done():
+        race.set_result(value)
+
+
+def _cancelling() -> bool:
+    """Whether the current task has a cancellation request pending (Python 3.11+)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Watchdog:
+    """One daemon thread that calls ``fire()`` of every watch whose time has come.
+
+    Each ``fire`` runs in a daemon thread of its own, so one that blocks delays no other
+    watch.  :meth:`watch` returns a function that withdraws the watch (cheap; withdrawn
+    entries are dropped lazily, and compacted when they dominate).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []  # [due (monotonic), sequence, fire or None]
+        self._cond = threading.Condition()
+        self._live = 0
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, seconds: float, fire: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fire()`` in ``seconds`` unless the returned function is called first."""
+        with self._cond:
+            self._seq += 1
+            entry: list[Any] = [time.monotonic() + seconds, self._seq, fire]
+            heapq.heappush(self._heap, entry)
+            self._live += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="loopwarden-watchdog", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._cond.notify()
+
+        def withdraw() -> None:
+            with self._cond:
+                if entry[2] is None:
+                    return
+                entry[2] = None
+                self._live -= 1
+                if len(self._heap) > 64 and len(self._heap) > 4 * self._live:
+                    self._heap = [e for e in self._heap if e[2] is not None]
+                    heapq.heapify(self._heap)
+
+        return withdraw
+
+    def _loop(self) -> None:
+        heap_pop = heapq.heappop
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heap_pop(self._heap)
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    left = self._heap[0][0] - time.monotonic()
+                    if left <= 0:
+                        entry = heap_pop(self._heap)
+                        fire, entry[2] = entry[2], None
+                        self._live -= 1
+                        break
+                    self._cond.wait(left)
+            threading.Thread(
+                target=_fire, args=(fire,), name="loopwarden-watchdog-fire", daemon=True
+            ).start()
+
+
+def _fire(fire: Callable[[], None]) -> None:
+    try:
+        fire()
+    except Exception:
+        log.exception("a watchdog action failed")
+
+
+#: the process's watchdog (its thread starts with the first watch)
+WATCHDOG = Watchdog()

@@ -13,10 +13,8 @@ default shipped inside the package.
 
 from __future__ import annotations
 
-import difflib
 import sys
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -31,14 +29,14 @@ from pydantic import (
     model_validator,
 )
 
-from loopwarden.exceptions import ConfigError
+from loopwarden.exceptions import ConfigError, load_toml, validation_error
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
 from loopwarden.mcp import McpConfig
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    pass
 
 __all__ = [
     "Config",
@@ -51,7 +49,9 @@ __all__ = [
     "default_config_path",
     "find_config",
     "load_config",
+    "load_toml",
     "parse_config",
+    "validation_error",
 ]
 
 DEFAULT_WRAP_UP = (
@@ -213,7 +213,7 @@ class ToolNature(_Strict):
     loopwarden declaration; these tables give guards what :func:`loopwarden.tools.tool` flags
     would.  A flag left out is not asserted: only a declared nature skips a call or answers it
     from the side-effect ledger, and a tool with no table runs every time it is called (its
-    name may only weigh a loop detector's evidence, see :mod:`loopwarden._recorded_tools`).
+    name may only weigh a loop detector's evidence, see :mod:`loopwarden.tools.recorded`).
     """
 
     read_only: bool | None = None
@@ -380,73 +380,6 @@ def find_config(explicit: str | Path | None = None) -> Path:
     return default_config_path()
 
 
-def _describe(err: Mapping[str, Any]) -> tuple[str, str]:
-    loc = ".".join(str(p) for p in err.get("loc", ()))
-    msg = str(err.get("msg", "invalid value"))
-    if err.get("type") == "extra_forbidden":
-        msg = "unknown key"
-    elif "input" in err and err.get("type") != "missing":
-        msg += f", got {err['input']!r}"
-    return loc, msg
-
-
-def _known_keys(model: type[BaseModel] | None, loc: Sequence[Any]) -> list[str]:
-    """The keys the table at ``loc`` (the bad key's parents) accepts, when ``model`` says."""
-    current: Any = model
-    for part in loc:
-        if typing.get_origin(current) is dict:  # a table of named tables: ``part`` is a name
-            current = typing.get_args(current)[-1]
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return []
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return []
-        current = field.annotation
-        args = [a for a in typing.get_args(current) if isinstance(a, type)]
-        if typing.get_origin(current) is dict:
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)) and args:
-            models = [a for a in args if issubclass(a, BaseModel)]
-            current = models[0] if len(models) == 1 else None
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def validation_error(
-    exc: ValidationError,
-    *,
-    path: str | None,
-    prefix: str = "",
-    model: type[BaseModel] | None = None,
-) -> ConfigError:
-    """Turn pydantic's error into a ConfigError naming the first bad key, and listing every
-    other problem after it.  An unknown key gets a "did you mean" from the keys its table
-    accepts (``model``: the validated model, for its field names)."""
-    problems: list[tuple[str, str]] = []
-    for err in exc.errors():
-        loc, msg = _describe(err)
-        if err.get("type") == "extra_forbidden":
-            parts = err.get("loc", ())
-            close = difflib.get_close_matches(
-                str(parts[-1]) if parts else "", _known_keys(model, parts[:-1]), n=1
-            )
-            if close:
-                msg += f" (did you mean {close[0]!r}?)"
-        key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        problems.append((key, msg))
-    key, msg = problems[0]
-    if len(problems) > 1:
-        where = path or "the config"
-        msg += (
-            "; and "
-            + "; ".join(f"{k}: {m}" if k else m for k, m in problems[1:])
-            + f" ({len(problems)} problems in {where})"
-        )
-    return ConfigError(msg, path=path, key=key or None)
-
-
 def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
     """Validate a parsed TOML mapping into a :class:`Config`."""
     try:
@@ -479,42 +412,6 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
             expected="a name defined under [profiles]",
         )
     return cfg.model_copy(update={"path": path})
-
-
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a TOML file; a missing or malformed file raises ConfigError."""
-    try:
-        with path.open("rb") as fh:
-            data: dict[str, Any] = tomllib.load(fh)
-            return data
-    except FileNotFoundError:
-        raise ConfigError("file not found", path=path) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, not a file", path=path) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", path=path) from None
-    except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
-        raise ConfigError(
-            f"not UTF-8 text ({_encoding_hint(path)}byte {exc.start} cannot be decoded)",
-            path=path,
-            expected="a TOML file saved as UTF-8",
-        ) from None
-    except RecursionError:
-        raise ConfigError("values nested too deeply to read", path=path) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
-
-
-def _encoding_hint(path: Path) -> str:
-    """A guess at what the file is, when it is not UTF-8."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(4)
-    except OSError:
-        return ""
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return "it looks like UTF-16; "
-    return ""
 
 
 def load_config(path: str | Path | None = None) -> Config:

@@ -28,24 +28,24 @@ from pydantic import BaseModel, ConfigDict
 from loopwarden import signals
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
+from loopwarden.engine.loop import Engine, adrive, drive
+from loopwarden.engine.pluginmanager import PluginSet, load_plugins
 from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
-from loopwarden.loop import Engine, adrive, drive
 from loopwarden.mcp import secret_values as mcp_secrets
 from loopwarden.models import output_limit
-from loopwarden.pluginmanager import PluginSet, load_plugins
+from loopwarden.models.scenario import Scenario, ToolScript, load_scenario, scenario_path
+from loopwarden.models.tokens import get_estimator
 from loopwarden.redaction import Redactor, model_api_key
 from loopwarden.run import Conversation, Limits, Run
-from loopwarden.scenario import Scenario, ToolScript, load_scenario, scenario_path
 from loopwarden.store import Shared
-from loopwarden.tokens import get_estimator
 from loopwarden.tools import Tool, ToolContext, ToolRegistry
 
 if TYPE_CHECKING:
     from blinker import NamedSignal
 
-    from loopwarden._mcp_client import McpServers
+    from loopwarden.engine.streaming import StreamEvent
+    from loopwarden.mcp.client import McpServers
     from loopwarden.models import Model
-    from loopwarden.streaming import StreamEvent
 
 __all__ = ["Deployment", "scripted_tools"]
 
@@ -448,19 +448,19 @@ class Deployment:
     def stream(self, user: str | None = None, **kwargs: Any) -> Iterator[StreamEvent]:
         """Run one agent loop, yielding its events as they happen: text deltas, tool calls
         proposed / executed / skipped, verdicts, and last a
-        :class:`~loopwarden.streaming.RunEnd` with the outcome and the record
-        (:mod:`loopwarden.streaming`).  Takes the arguments of :meth:`run`; the run is built
+        :class:`~loopwarden.engine.streaming.RunEnd` with the outcome and the record
+        (:mod:`loopwarden.engine.streaming`).  Takes the arguments of :meth:`run`; the run is built
         at once (bad arguments raise here), and starts when the first event is asked for.
         Guards act mid-stream: an answer past its output cap, the run's time or an
         ``on_model_delta`` stop is cut there.  Stop iterating to cancel the run."""
-        from loopwarden.streaming import stream_drive
+        from loopwarden.engine.streaming import stream_drive
 
         run, model = self.prepare(user, **kwargs)
         return stream_drive(self.engine, run, model)
 
     def astream(self, user: str | None = None, **kwargs: Any) -> AsyncIterator[StreamEvent]:
         """:meth:`stream` on the event loop: ``async for event in dep.astream(...)``."""
-        from loopwarden.streaming import astream_drive
+        from loopwarden.engine.streaming import astream_drive
 
         run, model = self.prepare(user, **kwargs)
         return astream_drive(self.engine, run, model)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from loopwarden.tools import Tool
 
 __all__ = [
+    "ModelDelta",
     "ModelRequest",
     "ModelResponse",
     "ProposedCall",
@@ -307,3 +308,20 @@ class ToolResult:
                 self.content.encode("utf-8", "replace"), digest_size=8
             ).hexdigest()
         return self._digest
+
+
+@dataclass(slots=True)
+class ModelDelta:
+    """One piece of a streamed answer, as ``on_model_delta`` receives it."""
+
+    #: this piece of text
+    text: str
+    #: its position in the answer (0-based)
+    index: int
+    #: the answer's estimated output tokens so far, this piece included
+    tokens: int
+    _parts: list[str] = field(default_factory=list, repr=False)
+
+    def content(self) -> str:
+        """The answer so far (joins every piece: O(length) -- not for every delta)."""
+        return "".join(self._parts)

@@ -14,11 +14,21 @@ exceptions.  Exceptions are for the caller's mistakes and for broken set-ups::
 
 ``ToolError`` is separate: tools raise it to report a failure *to the model* (with a
 ``retryable`` flag); the loop turns it into an error observation.
+
+Also here, because every file loopwarden reads (config, scenarios, plugin tables) fails the same
+way: :func:`load_toml` and :func:`validation_error`, which turn an unreadable file or pydantic's
+error into a :class:`ConfigError` naming the file, the key and what was expected.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "ConfigError",
@@ -29,6 +39,8 @@ __all__ = [
     "StoreError",
     "ToolDefinitionError",
     "ToolError",
+    "load_toml",
+    "validation_error",
 ]
 
 
@@ -143,3 +155,120 @@ class ToolError(Exception):
         self.retryable = retryable
         self.retry_after = retry_after
         super().__init__(message)
+
+
+# -- how a bad file or table becomes a ConfigError ---------------------------------------------
+
+
+def _describe(err: Mapping[str, Any]) -> tuple[str, str]:
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid value"))
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in err and err.get("type") != "missing":
+        msg += f", got {err['input']!r}"
+    return loc, msg
+
+
+def _known_keys(model: type[BaseModel] | None, loc: Sequence[Any]) -> list[str]:
+    """The keys the table at ``loc`` (the bad key's parents) accepts, when ``model`` says."""
+    import typing
+
+    from pydantic import BaseModel
+
+    current: Any = model
+    for part in loc:
+        if typing.get_origin(current) is dict:  # a table of named tables: ``part`` is a name
+            current = typing.get_args(current)[-1]
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        current = field.annotation
+        args = [a for a in typing.get_args(current) if isinstance(a, type)]
+        if typing.get_origin(current) is dict:
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) and args:
+            models = [a for a in args if issubclass(a, BaseModel)]
+            current = models[0] if len(models) == 1 else None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def validation_error(
+    exc: ValidationError,
+    *,
+    path: str | None,
+    prefix: str = "",
+    model: type[BaseModel] | None = None,
+) -> ConfigError:
+    """Turn pydantic's error into a ConfigError naming the first bad key, and listing every
+    other problem after it.  An unknown key gets a "did you mean" from the keys its table
+    accepts (``model``: the validated model, for its field names)."""
+    import difflib
+
+    problems: list[tuple[str, str]] = []
+    for err in exc.errors():
+        loc, msg = _describe(err)
+        if err.get("type") == "extra_forbidden":
+            parts = err.get("loc", ())
+            close = difflib.get_close_matches(
+                str(parts[-1]) if parts else "", _known_keys(model, parts[:-1]), n=1
+            )
+            if close:
+                msg += f" (did you mean {close[0]!r}?)"
+        key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        problems.append((key, msg))
+    key, msg = problems[0]
+    if len(problems) > 1:
+        where = path or "the config"
+        msg += (
+            "; and "
+            + "; ".join(f"{k}: {m}" if k else m for k, m in problems[1:])
+            + f" ({len(problems)} problems in {where})"
+        )
+    return ConfigError(msg, path=path, key=key or None)
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file; a missing or malformed file raises ConfigError."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
+    try:
+        with path.open("rb") as fh:
+            data: dict[str, Any] = tomllib.load(fh)
+            return data
+    except FileNotFoundError:
+        raise ConfigError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a file", path=path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", path=path) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
+        raise ConfigError(
+            f"not UTF-8 text ({_encoding_hint(path)}byte {exc.start} cannot be decoded)",
+            path=path,
+            expected="a TOML file saved as UTF-8",
+        ) from None
+    except RecursionError:
+        raise ConfigError("values nested too deeply to read", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def _encoding_hint(path: Path) -> str:
+    """A guess at what the file is, when it is not UTF-8."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return ""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "it looks like UTF-16; "
+    return ""

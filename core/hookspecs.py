@@ -61,9 +61,8 @@ if TYPE_CHECKING:
 
     from loopwarden.config import Config
     from loopwarden.deployment import Deployment
-    from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
+    from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.run import Run, RunOutcome
-    from loopwarden.streaming import ModelDelta
     from loopwarden.verdicts import Verdict
 
 PROJECT = "loopwarden"

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.events import ToolResult, Usage
+from loopwarden.models.tokens import TextEstimator, estimate_message, estimate_text
 from loopwarden.sanitize import jsonable as _jsonable
 from loopwarden.stash import Stash
-from loopwarden.tokens import TextEstimator, estimate_message, estimate_text
 
 if TYPE_CHECKING:
     from decimal import Decimal
@@ -269,7 +269,8 @@ class Run:
         #: what shadowed plugins would have changed besides their verdicts (a call's timeout
         #: or delay, the run's deadline, a result's retryable flag), undone by the dispatcher:
         #: ``step``, ``hook``, ``plugin``, ``shadow``, ``effect``, ``value``, ``was`` (and
-        #: ``tool``, ``call_id``); at most ``loopwarden._shadow.MAX_EFFECTS``, the rest counted
+        #: ``tool``, ``call_id``); at most ``loopwarden.engine.shadow.MAX_EFFECTS``, the rest
+        #: counted
         self.shadow_effects: list[dict[str, Any]] = []
         #: shadow effects beyond the cap, counted
         self.shadow_effects_dropped = 0

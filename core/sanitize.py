@@ -40,6 +40,7 @@ __all__ = [
     "depth_exceeds",
     "escape_controls",
     "escape_tree",
+    "first_line",
     "json_line",
     "jsonable",
     "loads_arguments",
@@ -279,3 +280,9 @@ def jsonable(value: Any, limit: int = MAX_DEPTH, *, exact: bool = False) -> Any:
         return clean_text(str(value))
     except Exception:  # an object whose __str__ fails
         return f"(unprintable {type(value).__name__})"
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    """The first non-blank line of ``text``, clipped to ``limit`` characters."""
+    line = text.strip().split("\n", 1)[0].strip()
+    return line[:limit] + "..." if len(line) > limit else line

@@ -46,10 +46,10 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
-from loopwarden._util import first_line as _first_line
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_patterns, check_templates
 from loopwarden.plugins._rounds import Rounds
+from loopwarden.sanitize import first_line as _first_line
 
 __all__ = ["DEFAULT_PATTERNS", "FailureStreak", "FailureStreakSettings"]
 

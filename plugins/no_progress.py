@@ -41,9 +41,9 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
+from loopwarden.events import ModelDelta
 from loopwarden.plugin import check_templates
 from loopwarden.plugins._text import jaccard, token_set
-from loopwarden.streaming import ModelDelta
 
 __all__ = ["NoProgress", "NoProgressSettings"]
 

@@ -53,9 +53,9 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden._util import first_line as _first_line
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_templates
+from loopwarden.sanitize import first_line as _first_line
 from loopwarden.stash import StashKey
 
 __all__ = ["RepeatCall", "RepeatCallSettings"]

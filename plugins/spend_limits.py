@@ -101,7 +101,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
     @property
     def blocking_io(self) -> bool:
         """True with budgets: the hooks wait on the shared store, so async runs advance the
-        loop off the event loop (:func:`loopwarden._drivers.blocking_io`)."""
+        loop off the event loop (:func:`loopwarden.engine.drivers.blocking_io`)."""
         return bool(self.settings.budgets)
 
     def new_state(self) -> _State:

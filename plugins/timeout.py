@@ -49,7 +49,7 @@ from loopwarden import (
     Verdict,
     hookimpl,
 )
-from loopwarden._deadline import DEADLINE_SLACK_S
+from loopwarden.clock import DEADLINE_SLACK_S
 from loopwarden.notes import render_note, runtime, tool_name
 from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 

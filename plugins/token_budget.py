@@ -27,7 +27,7 @@ usage is counted with the estimates.  If the real usage already reached ``max_to
 the run stops at once (hard), before any proposed tool runs.
 
 Estimates come from the deployment's estimator (``[run] token_estimator``, see
-:mod:`loopwarden.tokens`): by default one token per CJK character and about four other
+:mod:`loopwarden.models.tokens`): by default one token per CJK character and about four other
 characters per token, plus a small overhead per message -- on the safe side for Chinese and
 English alike.
 """

@@ -49,7 +49,7 @@ _LOGGER_BASELINE = (
 
 @pytest.fixture(autouse=True)
 def _restore_loopwarden_logger() -> Iterator[None]:
-    """``loopwarden.cli.main`` configures the "loopwarden" logger, as a command line should
+    """``loopwarden.commands.cli.main`` configures the "loopwarden" logger, as a command line should
     (level, a stderr handler); undo it so that no test sees another test's CLI settings --
     including a module- or session-scoped fixture's, set up before this snapshot could be
     taken: each test starts from the logger as it was when the session began."""

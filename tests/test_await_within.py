@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from loopwarden import _deadline, execution
-from loopwarden._deadline import await_within
-from loopwarden.clock import CancelToken
+from loopwarden import clock as _deadline
+from loopwarden.clock import CancelToken, await_within
+from loopwarden.engine import execution
 from tests.support.event_loop import LoopPasses, stubborn
 
 

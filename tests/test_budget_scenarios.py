@@ -16,7 +16,7 @@ from loopwarden import Config, Deployment, FakeClock
 from loopwarden.config import default_config_path, parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.demo.shop import Shop, default_data_dir
-from loopwarden.scenario import builtin_scenarios, load_scenario, scenario_path
+from loopwarden.models.scenario import builtin_scenarios, load_scenario, scenario_path
 
 BUDGET_PLUGINS = [
     "timeout",
@@ -229,7 +229,7 @@ def test_shipped_config_sets_every_budget_setting_at_its_default(shipped_config:
 
 
 def test_every_setting_is_described() -> None:
-    from loopwarden.pluginmanager import BUILTIN_PLUGINS, _import_spec
+    from loopwarden.engine.pluginmanager import BUILTIN_PLUGINS, _import_spec
 
     for name in [*BUDGET_PLUGINS, "max_steps"]:
         cls = _import_spec(BUILTIN_PLUGINS[name], name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from loopwarden.pluginmanager import builtin_settings
+from loopwarden.engine.pluginmanager import builtin_settings
 from loopwarden.plugins._budgets import BudgetSettings
 
 BUDGET_PLUGINS = (

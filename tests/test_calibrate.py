@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from loopwarden.calibrate import (
+from loopwarden.commands.cli import main
+from loopwarden.config import default_config_path, load_config
+from loopwarden.exceptions import ConfigError
+from loopwarden.traffic.calibrate import (
     Limit,
     dump_toml,
     load_stats,
     percentile,
     propose,
 )
-from loopwarden.cli import main
-from loopwarden.config import default_config_path, load_config
-from loopwarden.exceptions import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -368,7 +368,7 @@ def test_keys_the_config_model_lacks_are_written_as_comments(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import loopwarden.calibrate as cal
+    import loopwarden.traffic.calibrate as cal
 
     monkeypatch.setattr(
         cal,
@@ -423,7 +423,7 @@ def test_calibrate_refuses_a_file_without_successful_runs(
 
 
 def test_profile_slugs_are_toml_bare_keys() -> None:
-    from loopwarden.calibrate import profile_names, profile_slug
+    from loopwarden.traffic.calibrate import profile_names, profile_slug
 
     assert profile_slug("tau2/gpt-4.1/telecom-solo") == "tau2-gpt-4-1-telecom-solo"
     assert profile_slug("Ünïcode / only") == "n-code-only"
@@ -514,7 +514,11 @@ def test_a_bad_line_is_counted_never_fatal(tmp_path: Path, bad: str) -> None:
 
 
 def test_token_budget_peak_counts_the_reserved_output_the_guard_projects() -> None:
-    from loopwarden.calibrate import context_peak, conversation_tokens_peak, token_budget_peak
+    from loopwarden.traffic.calibrate import (
+        context_peak,
+        conversation_tokens_peak,
+        token_budget_peak,
+    )
 
     # three calls: prompts 1,000 / 1,500 / 2,000, 100 output tokens each; reserve 1,000
     calls = [(1000, 100), (1500, 100), (2000, 100)]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.demo.shop import Shop
-from loopwarden.scenario import scenario_path
+from loopwarden.models.scenario import scenario_path
 
 REFUND = scenario_path("refund")
 
@@ -142,7 +142,7 @@ def test_guard_logs_reach_stderr_only_when_asked(capsys: pytest.CaptureFixture[s
 def test_scenarios_lists_every_built_in_scenario_with_its_expectation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from loopwarden.scenario import builtin_scenarios
+    from loopwarden.models.scenario import builtin_scenarios
 
     code, out, _ = run_cli(capsys, "scenarios")
     assert code == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loopwarden import reasons
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.commands.run import EXIT_NOT_CARRIED_OUT, EXIT_OK, exit_code
 
 CONTRACTS = Path(__file__).resolve().parents[1] / "docs" / "contracts.md"

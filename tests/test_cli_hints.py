@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main as cli_main
+from loopwarden.commands.cli import main as cli_main
 from loopwarden.config import ConfigError, parse_config
 
 

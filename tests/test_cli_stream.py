@@ -14,7 +14,7 @@ import pytest
 from support.openai_stub import serve
 from support.streams import LOOP_SENTENCE, push_held, runaway_scenario
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 
 IGNORE = ("run_id", "elapsed_s", "conversation_id")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 
 TOOLS = """
 from loopwarden.tools import ToolRegistry, tool

@@ -8,7 +8,7 @@ import pytest
 
 from loopwarden import ConfigError, Deployment
 from loopwarden.config import default_config_path, find_config, load_config, parse_config
-from loopwarden.pluginmanager import load_plugins
+from loopwarden.engine.pluginmanager import load_plugins
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -17,11 +17,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from loopwarden.cli import main as cli
+from loopwarden.commands.cli import main as cli
+from loopwarden.commands.schema import config_schema
 from loopwarden.config import default_config_path, load_toml, parse_config
+from loopwarden.engine.pluginmanager import check_tables, load_plugins
 from loopwarden.exceptions import ConfigError
-from loopwarden.pluginmanager import check_tables, load_plugins
-from loopwarden.schema import config_schema
 
 if sys.version_info >= (3, 11):
     import tomllib

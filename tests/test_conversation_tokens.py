@@ -10,8 +10,8 @@ import pytest
 
 from loopwarden import Conversation, Deployment, Plugin, Stop, hookimpl
 from loopwarden.config import default_config_path, load_config, parse_config
+from loopwarden.models.tokens import estimate_messages, estimate_text
 from loopwarden.testing import ScriptedModel, script, tool_call
-from loopwarden.tokens import estimate_messages, estimate_text
 from loopwarden.tools import ToolRegistry, tool
 
 

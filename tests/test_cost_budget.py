@@ -11,8 +11,8 @@ from support.budgets import config, request, response, scenario
 from loopwarden import ConfigError, Conversation, Deployment, ModelResponse, Stop, Warn, signals
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
+from loopwarden.engine.pluginmanager import load_plugins
 from loopwarden.models.scripted import ScriptedModel
-from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.cost_budget import (
     RUN_COST,
     CostBudget,
@@ -259,7 +259,7 @@ def test_an_unpriced_configured_model_is_a_config_error_before_any_run(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
     from loopwarden.exceptions import ConfigError
 
     cfg = tmp_path / "c.toml"

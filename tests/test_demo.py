@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import Config, parse_config
 from loopwarden.demo import (
     UNGUARDED_CAP,
@@ -25,7 +25,7 @@ from loopwarden.demo import (
     without_observers,
 )
 from loopwarden.demo.shop import Shop
-from loopwarden.scenario import builtin_scenarios, load_scenario
+from loopwarden.models.scenario import builtin_scenarios, load_scenario
 
 RUNAWAY = """
 name = "loop-lookup"
@@ -120,7 +120,7 @@ def test_the_unguarded_baseline_ignores_plugins_added_from_the_environment(
 
 
 def test_offline_runs_leave_pure_observers_out(shipped_config: Config) -> None:
-    from loopwarden.pluginmanager import load_plugins
+    from loopwarden.engine.pluginmanager import load_plugins
 
     config, names = without_observers(shipped_config)
     assert names and {"logging", "alerting"} <= set(names)

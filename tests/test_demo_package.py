@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from loopwarden import Deployment
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import parse_config
 from loopwarden.exceptions import ConfigError
-from loopwarden.scenario import Scenario, ToolScript, builtin_scenarios
+from loopwarden.models.scenario import Scenario, ToolScript, builtin_scenarios
 from loopwarden.testing import make_run, make_tool, script, tool_call, turn
 from loopwarden.tools import ToolRegistry
 
@@ -91,7 +91,7 @@ def test_no_core_module_imports_the_shop() -> None:
 
 def test_building_and_running_a_deployment_never_imports_the_demo() -> None:
     code = (
-        "import sys, loopwarden, loopwarden.testing, loopwarden.replay\n"
+        "import sys, loopwarden, loopwarden.testing, loopwarden.traffic.replay\n"
         "from loopwarden.config import parse_config\n"
         "with loopwarden.Deployment(parse_config({})) as dep:\n"
         "    dep.run('hi', model=loopwarden.testing.ScriptedModel("

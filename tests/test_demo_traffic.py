@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from loopwarden._trajectory import _segments, iter_trajectories
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import Config, parse_config
 from loopwarden.demo import UNGUARDED_CAP
 from loopwarden.demo.traffic import (
@@ -34,6 +33,7 @@ from loopwarden.demo.traffic import (
     plan_traffic,
     play_traffic,
 )
+from loopwarden.traffic.trajectory import _segments, iter_trajectories
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from loopwarden import Deployment
-from loopwarden.cli import main as cli_main
+from loopwarden.commands.cli import main as cli_main
 from loopwarden.config import Config, default_config_path
 from loopwarden.demo.shop import Shop
+from loopwarden.models.scenario import load_scenario, scenarios_dir
 from loopwarden.plugin import PluginSettings
-from loopwarden.scenario import load_scenario, scenarios_dir
 
 DETECTORS = ["repeat_call", "oscillation", "no_progress", "stall", "failure_streak"]
 SCENARIOS = [

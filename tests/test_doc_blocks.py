@@ -55,7 +55,7 @@ import pytest
 from support.docblocks import Block, blocks, doc_files
 from support.openai_stub import completion, serve
 
-from loopwarden import cli
+from loopwarden.commands import cli
 from loopwarden.config import default_config_path, load_config
 
 if sys.version_info >= (3, 11):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from loopwarden import docs, hookspecs
-from loopwarden.pluginmanager import builtin_settings
+from loopwarden.engine.pluginmanager import builtin_settings
 
 if sys.version_info >= (3, 11):
     import tomllib

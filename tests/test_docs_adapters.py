@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from loopwarden.config import parse_config
-from loopwarden.replay import load_tool_flags
+from loopwarden.traffic.replay import load_tool_flags
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden import _docs_api, docs
+from loopwarden import docs
+from loopwarden.docs import api as _docs_api
 
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "docs" / "api.md"

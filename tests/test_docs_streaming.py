@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from loopwarden import Deployment
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
-from loopwarden.streaming import ResponseCut, RunEnd
+from loopwarden.engine.streaming import ResponseCut, RunEnd
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

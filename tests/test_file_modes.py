@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.paths import records_path
 from loopwarden.plugins.run_record import JsonlAppender
 

@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.detectors import Feed
 
+from loopwarden.engine.execution import _ToolThreads
 from loopwarden.events import ModelResponse, ToolCall, ToolResult
-from loopwarden.execution import _ToolThreads
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, Fingerprinter, canonical_arguments
+from loopwarden.models.tokens import estimate_text
 from loopwarden.plugins._text import token_set
 from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
 from loopwarden.plugins.stall import Stall, StallSettings
-from loopwarden.tokens import estimate_text
 
 # -- references (the code before optimisation) -----------------------------------------------
 

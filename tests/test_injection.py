@@ -34,7 +34,7 @@ from support.crafted import (
 )
 
 from loopwarden import Deployment
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import Config
 from loopwarden.plugins.logging import format_kv
 

@@ -14,10 +14,10 @@ from support.observability import ALWAYS_NOT_FOUND, SECRET_TOOL, comparable, rep
 
 from loopwarden import ConfigError, Deployment, FakeClock, ModelRequest, ModelResponse, Run
 from loopwarden.config import Config
+from loopwarden.models.scenario import load_scenario, scenario_path
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.plugins.logging import LoggingPlugin, format_kv
 from loopwarden.redaction import Redactor
-from loopwarden.scenario import load_scenario, scenario_path
 from loopwarden.verdicts import stop, warn
 
 

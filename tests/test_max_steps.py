@@ -7,8 +7,8 @@ from support.budgets import FINAL, config, request, response, scenario
 
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
 from loopwarden.demo import shop_tools
+from loopwarden.engine.pluginmanager import ESSENTIAL_PLUGINS, load_plugins
 from loopwarden.models.scripted import ScriptedModel
-from loopwarden.pluginmanager import ESSENTIAL_PLUGINS, load_plugins
 from loopwarden.plugins.max_steps import MaxSteps, MaxStepsSettings
 from loopwarden.testing import make_run, tool_call, turn
 

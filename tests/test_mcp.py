@@ -242,7 +242,7 @@ def test_own_tools_and_mcp_tools_together(tmp_path: Path) -> None:
 def test_loopwarden_run_with_mcp_tools(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``loopwarden run --scenario`` with a config naming a server: the MCP tools beside the
     demo's, the second cancellation answered from the ledger in the printed record."""
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
 
     log = tmp_path / "log"
     server = stdio_table(log)
@@ -423,7 +423,7 @@ def test_a_chatty_servers_stderr_is_kept_small(
 ) -> None:
     """The stderr a stdio server writes is kept for error messages, cut to its end once it
     grows past a bound (lowered here), and still quoted when the server dies."""
-    from loopwarden import _mcp_client
+    from loopwarden.mcp import client as _mcp_client
 
     monkeypatch.setattr(_mcp_client, "STDERR_MAX", 4000)
     monkeypatch.setattr(_mcp_client, "STDERR_KEEP", 1000)
@@ -511,7 +511,7 @@ def test_unset_variable_names_the_key_not_the_value(monkeypatch: pytest.MonkeyPa
 def test_config_check_starts_the_servers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
 
     good = tmp_path / "good.toml"
     bad = tmp_path / "bad.toml"

@@ -22,9 +22,9 @@ from loopwarden import Deployment, ModelRequest, ModelResponse
 from loopwarden.clock import CancelToken
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
+from loopwarden.engine.streaming import RunEnd
 from loopwarden.models._in_task import await_in_task
 from loopwarden.models.openai_chat import OpenAIChatModel
-from loopwarden.streaming import RunEnd
 
 needs_uncancel = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="Python 3.10 falls back to the task-based deadline"

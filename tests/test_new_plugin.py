@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.commands.new_plugin import render
 from loopwarden.testing import ScriptedModel, make_deployment, make_tool, script, tool_call, turn
 

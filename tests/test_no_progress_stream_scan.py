@@ -11,8 +11,8 @@ import pytest
 from support.detectors import Feed
 
 from loopwarden import ModelRequest
+from loopwarden.engine.streaming import ModelDelta
 from loopwarden.plugins.no_progress import NoProgress, NoProgressSettings
-from loopwarden.streaming import ModelDelta
 from loopwarden.verdicts import Stop
 
 ENDS = "。！？!?.;；\n"

@@ -1,5 +1,5 @@
 """Async runs that use the shared store advance their step machine off the event loop
-(:mod:`loopwarden._drivers`): how often a deployment is asked whether its hooks block, and
+(:mod:`loopwarden.engine.drivers`): how often a deployment is asked whether its hooks block, and
 that a hung store call holds only its own run -- on a real SQLite file and a real
 redis-server (``store_url``).
 """
@@ -12,10 +12,10 @@ from typing import Any
 from support.stores import deployment_for, store_table
 
 from loopwarden import Deployment
-from loopwarden._testing_faults import GatedStore, install_store
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.plugins.spend_limits import SpendLimits
+from loopwarden.testing.faults import GatedStore, install_store
 
 TENANT_DAY = [{"scope": "tenant", "window": "day", "max_tokens": 10**6}]
 

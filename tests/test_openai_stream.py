@@ -22,8 +22,8 @@ from support.streams import (
 from loopwarden import Deployment, ModelError, ModelRequest, ModelResponse
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
+from loopwarden.engine.streaming import ResponseCut, RunEnd, TextDelta
 from loopwarden.models.openai_chat import OpenAIChatModel
-from loopwarden.streaming import ResponseCut, RunEnd, TextDelta
 
 USAGE = {"prompt_tokens": 50, "completion_tokens": 9, "total_tokens": 59}
 LOOKUP = {"name": "query_order", "arguments": '{"order_id": "88231"}'}

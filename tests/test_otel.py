@@ -31,9 +31,9 @@ from support.otel import (
 from loopwarden import Deployment, FakeClock, Run
 from loopwarden.config import Config
 from loopwarden.demo.shop import Shop
+from loopwarden.engine.pluginmanager import load_plugins
 from loopwarden.events import ModelRequest
 from loopwarden.exceptions import ModelError
-from loopwarden.pluginmanager import load_plugins
 from loopwarden.plugins.metrics import Metrics, MetricsSettings
 from loopwarden.plugins.otel import CAPTURE_ENV, OTel, OTelSettings, counter_names
 

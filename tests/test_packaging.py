@@ -52,4 +52,4 @@ def test_every_source_package_and_data_file_is_in_the_wheel(wheel: zipfile.ZipFi
 def test_console_script_is_declared(wheel: zipfile.ZipFile) -> None:
     ep = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
     text = wheel.read(ep).decode()
-    assert "loopwarden = loopwarden.cli:main" in text
+    assert "loopwarden = loopwarden.commands.cli:main" in text

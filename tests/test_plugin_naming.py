@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from loopwarden import Plugin, hookimpl
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import Config, parse_config
-from loopwarden.exceptions import ConfigError, PluginLoadError
-from loopwarden.pluginmanager import (
+from loopwarden.engine.pluginmanager import (
     BUILTIN_PLUGINS,
     ENTRY_POINT_GROUP,
     load_plugins,
     plugin_name,
     resolve_plugin_name,
 )
+from loopwarden.exceptions import ConfigError, PluginLoadError
 from loopwarden.testing import run_plugin, tool_call, turn
 
 # A guard that stops on any refund and reports a setting in the evidence.

@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 
 from loopwarden import Plugin, PluginLoadError, hookimpl
-from loopwarden.cli import main as cli
+from loopwarden.commands.cli import main as cli
 from loopwarden.config import Config, parse_config
 from loopwarden.demo import shop_tools
-from loopwarden.exceptions import ConfigError
-from loopwarden.pluginmanager import (
+from loopwarden.engine.pluginmanager import (
     BUILTIN_PLUGINS,
     ENTRY_POINT_GROUP,
     check_tables,
@@ -32,6 +31,7 @@ from loopwarden.pluginmanager import (
     load_plugins,
     resolve_names,
 )
+from loopwarden.exceptions import ConfigError
 from loopwarden.testing import (
     make_deployment,
     make_run,
@@ -552,7 +552,7 @@ def test_blocking_a_module_name_also_blocks_its_module_attr_entries(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from loopwarden.pluginmanager import is_blocked, resolve_names
+    from loopwarden.engine.pluginmanager import is_blocked, resolve_names
 
     assert is_blocked("sidefx:P", ["sidefx"]) and is_blocked("pkg.sub:P", ["pkg"])
     assert not is_blocked("sidefxx:P", ["sidefx"]) and not is_blocked("other", ["sidefx"])

@@ -187,7 +187,7 @@ def test_unknown_model_error_is_a_config_error_at_start_up() -> None:
 def test_the_cli_notes_an_unpriced_model(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(
@@ -263,7 +263,7 @@ def test_cli_run_of_an_unpriced_model_notes_it_and_runs(
 
     from support.openai_stub import completion, serve
 
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     with serve() as (stub, url):

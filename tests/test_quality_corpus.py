@@ -18,7 +18,7 @@ import pytest
 
 from loopwarden.config import parse_config
 from loopwarden.demo import Pair
-from loopwarden.scenario import Scenario, load_scenario
+from loopwarden.models.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "bench" / "scenarios"

@@ -276,7 +276,7 @@ def test_run_exit_codes_per_outcome(
     code: int,
     termination: str,
 ) -> None:
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
 
     cfg = cli_config(tmp_path, "http://127.0.0.1:9/v1", enabled)
     assert main(["run", "--scenario", "refund", "--json", "--config", str(cfg)]) == code
@@ -284,7 +284,7 @@ def test_run_exit_codes_per_outcome(
 
 
 def test_a_guard_s_stop_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    from loopwarden.cli import main
+    from loopwarden.commands.cli import main
 
     assert main(["run", "--scenario", "always-not-found", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["termination"] == "repeat_call"

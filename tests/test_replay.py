@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from loopwarden import Deployment, ModelRequest, Plugin, Run, ToolCall, Verdict, hookimpl
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import Config, parse_config
-from loopwarden.replay import (
+from loopwarden.traffic.replay import (
     infer_flags,
     load_tool_flags,
     recorded_tool,
@@ -472,7 +472,7 @@ def test_carried_state_sees_a_loop_that_spans_the_runs_of_a_conversation(
 
 
 def test_lines_of_the_wrong_shape_are_unreadable_not_fatal(tmp_path: Path) -> None:
-    from loopwarden.replay import iter_trajectories
+    from loopwarden.traffic.replay import iter_trajectories
 
     good = {"id": "ok", "steps": [{"content": "hi", "tool_calls": [], "observations": []}]}
     bad_shapes = [
@@ -708,7 +708,7 @@ def test_warned_runs_are_counted_by_plugin(
 
 
 def test_repeat_streak_counts_one_call_in_a_row() -> None:
-    from loopwarden.replay import repeat_streak
+    from loopwarden.traffic.replay import repeat_streak
 
     same = ("get_record", {"key": "7"})
     # text turns between the calls do not break a streak; a different call does
@@ -808,7 +808,7 @@ def test_cli_replay_summary_json_and_system_prompt_tokens(
 def test_identical_repeats_need_the_same_call_and_the_same_result() -> None:
     """``repeat_runs`` counts one call made 5+ times in a row whatever it returned;
     ``identical_repeat_runs`` only when each time it also returned the same observation."""
-    from loopwarden.replay import identical_repeat_streak, repeat_streak
+    from loopwarden.traffic.replay import identical_repeat_streak, repeat_streak
 
     polling = [lookup("7", f"status: {i}0% done") for i in range(6)]
     stuck = [lookup("7", "status: pending") for _ in range(6)]
@@ -846,7 +846,7 @@ def _multi_source_corpus() -> list[dict[str, Any]]:
 
 
 def test_summary_per_source(probe_deployment: Callable[..., Deployment]) -> None:
-    from loopwarden.replay import summarize_by_source
+    from loopwarden.traffic.replay import summarize_by_source
 
     dep = probe_deployment(stop_before_call=4)
     results = [replay_trajectory(dep, t) for t in _multi_source_corpus()]

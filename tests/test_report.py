@@ -13,10 +13,10 @@ import pytest
 from support.observability import ALWAYS_NOT_FOUND, WANDERING, repeat_guard
 
 from loopwarden import Deployment, FakeClock
-from loopwarden.cli import main as cli
+from loopwarden.commands.cli import main as cli
 from loopwarden.config import default_config_path, load_toml, parse_config
+from loopwarden.models.scenario import builtin_scenarios
 from loopwarden.report import analyse, format_text, load_records, percentile, read_records
-from loopwarden.scenario import builtin_scenarios
 
 
 def rec(

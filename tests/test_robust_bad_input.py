@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.config import default_config_path
-from loopwarden.scenario import scenario_path
+from loopwarden.models.scenario import scenario_path
 
 SHIPPED = default_config_path().read_text(encoding="utf-8")
 NON_ASCII = SHIPPED.replace("[run]\n", '[run]\nfallback_answer = "抱歉，暂时无法完成"\n', 1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 
 GOOD_RECORD = json.dumps(
     {

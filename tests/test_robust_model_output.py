@@ -24,10 +24,10 @@ import pytest
 from loopwarden import Deployment
 from loopwarden.config import Config, default_config_path, load_toml, parse_config
 from loopwarden.demo import shop_tools
-from loopwarden.replay import replay_trajectory
+from loopwarden.models.scenario import Scenario
 from loopwarden.report import load_records
-from loopwarden.scenario import Scenario
 from loopwarden.testing import script, tool_call, turn
+from loopwarden.traffic.replay import replay_trajectory
 
 DEEP_500 = '{"order_id": ' + "[" * 500 + "]" * 500 + "}"
 DEEP_100K = '{"order_id": ' + "[" * 100_000 + "]" * 100_000 + "}"

@@ -18,8 +18,8 @@ import pytest
 from support.budgets import config
 
 from loopwarden import CancelToken, Deployment, FakeClock, ToolError
+from loopwarden.engine.execution import retry_after_of
 from loopwarden.events import RetryPlan
-from loopwarden.execution import retry_after_of
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.testing import script, tool_call, turn
 from loopwarden.tools import Tool, ToolRegistry, tool

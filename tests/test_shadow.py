@@ -26,18 +26,18 @@ from support.budgets import FINAL, config, scenario
 from support.slow import SlowModel
 
 from loopwarden import Deployment, FakeClock, hookimpl
-from loopwarden import _drivers as drivers
-from loopwarden._shadow import MAX_EFFECTS, Snapshot
 from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.demo.shop import Shop, with_shop_prompt
+from loopwarden.engine import drivers
+from loopwarden.engine.loop import adrive, drive
+from loopwarden.engine.pluginmanager import BUILTIN_PLUGINS
+from loopwarden.engine.shadow import MAX_EFFECTS, Snapshot
 from loopwarden.events import ToolCall
 from loopwarden.exceptions import ToolError
-from loopwarden.loop import adrive, drive
-from loopwarden.pluginmanager import BUILTIN_PLUGINS
+from loopwarden.models.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.report import analyse
 from loopwarden.run import Run
-from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.store import Shared
 from loopwarden.testing import (
     HookRecorder,

@@ -1,6 +1,6 @@
 """Shared budgets when the world is hostile: a server naming a cheaper model, answers as long
 as the output cap allows, a store that times out or stops answering -- on a real SQLite file
-and a real redis-server (``store_url``), through the kit in :mod:`loopwarden._testing_faults`.
+and a real redis-server (``store_url``), through the kit in :mod:`loopwarden.testing.faults`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from support.openai_stub import Stub, completion
 from support.stores import deployment_for, make_store, pay_tool, store_table, write_scenario
 
 from loopwarden import Deployment, ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
-from loopwarden._testing_faults import CappedModel, FlakyStore, GatedStore, install_store
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.plugins.cost_budget import run_cost
 from loopwarden.plugins.spend_limits import SpendLimits
 from loopwarden.store import COST_UNIT, QUANTITIES
+from loopwarden.testing.faults import CappedModel, FlakyStore, GatedStore, install_store
 
 TOKENS, COST = QUANTITIES.index("tokens"), QUANTITIES.index("cost")
 

@@ -30,7 +30,7 @@ from support.stores import (
 )
 
 from loopwarden import Conversation
-from loopwarden.cli import main as cli_main
+from loopwarden.commands.cli import main as cli_main
 from loopwarden.config import ConfigError, parse_config
 from loopwarden.exceptions import StoreError
 from loopwarden.plugins.spend_limits import _bucket
@@ -278,7 +278,7 @@ def test_bad_budgets_fail_when_the_config_loads(tmp_path: Path) -> None:
 
 
 def test_replays_never_charge_shared_budgets(store_url: str, tmp_path: Path) -> None:
-    from loopwarden.replay import replay_file
+    from loopwarden.traffic.replay import replay_file
 
     traj = tmp_path / "t.jsonl"
     traj.write_text(
@@ -609,7 +609,7 @@ def test_the_readme_example_is_a_valid_config() -> None:
     import re
 
     from loopwarden.config import tomllib
-    from loopwarden.pluginmanager import load_plugins
+    from loopwarden.engine.pluginmanager import load_plugins
 
     readme = (Path(__file__).resolve().parent.parent / "docs" / "shared-budgets.md").read_text(
         encoding="utf-8"

@@ -22,7 +22,7 @@ import pytest
 from support.faults import faulty_store
 from support.stores import deployment_for, make_store, pay_tool, split_url, write_scenario
 
-from loopwarden.cli import main as cli_main
+from loopwarden.commands.cli import main as cli_main
 from loopwarden.config import ConfigError, parse_config
 from loopwarden.exceptions import StoreError
 from loopwarden.store import Counter, SQLiteStore, open_store

@@ -2,7 +2,7 @@
 
 Counted, never timed (speed is measured in ``bench/shared_budget.py``): on Redis each request
 written to the server, on SQLite each transaction and each statement in it
-(:mod:`loopwarden._testing_roundtrips`).  A real SQLite file and the real Redis.
+(:mod:`loopwarden.testing.roundtrips`).  A real SQLite file and the real Redis.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from support.stores import make_store, split_url
 
-from loopwarden._testing_roundtrips import RoundTrips, count_round_trips
 from loopwarden.exceptions import StoreError
 from loopwarden.store import Counter, RedisStore, Reserved, SQLiteStore, open_store
+from loopwarden.testing.roundtrips import RoundTrips, count_round_trips
 
 
 def _counters(n: int) -> list[Counter]:

@@ -21,11 +21,10 @@ from support.streams import (
 )
 
 from loopwarden import Deployment, FakeClock, Plugin, hookimpl, signals, stop
-from loopwarden._drivers import blocking_io
 from loopwarden.config import Config, parse_config
 from loopwarden.demo import shop_tools
-from loopwarden.scenario import load_scenario, scenario_path
-from loopwarden.streaming import (
+from loopwarden.engine.drivers import blocking_io
+from loopwarden.engine.streaming import (
     ModelDelta,
     ResponseCut,
     RunEnd,
@@ -36,6 +35,7 @@ from loopwarden.streaming import (
     ToolCallSkipped,
     VerdictIssued,
 )
+from loopwarden.models.scenario import load_scenario, scenario_path
 
 #: record fields that differ between two runs of the same scenario: timing and identities
 TIMING = ("run_id", "elapsed_s", "conversation_id")

@@ -11,7 +11,7 @@ from support.budgets import config, scenario
 from loopwarden import ConfigError, Deployment, Stop
 from loopwarden.demo import shop_tools
 from loopwarden.demo.shop import Shop, default_data_dir
-from loopwarden.pluginmanager import load_plugins
+from loopwarden.engine.pluginmanager import load_plugins
 from loopwarden.plugins.terminal_tool import TerminalTool, TerminalToolSettings
 from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
 

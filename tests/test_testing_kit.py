@@ -431,7 +431,7 @@ def hook_recorder_checks(dep: Any) -> None:
 
 
 def _scenario() -> Any:
-    from loopwarden.scenario import Scenario
+    from loopwarden.models.scenario import Scenario
 
     return Scenario(
         name="ping",

@@ -14,10 +14,8 @@ import pytest
 from support.budgets import config, request, response, scenario
 
 from loopwarden import ConfigError, Deployment, Limits, Stop, Warn
-from loopwarden import tokens as tokens_mod
-from loopwarden.plugins.token_budget import TokenBudget, TokenBudgetSettings
-from loopwarden.testing import make_run, tool_call, turn
-from loopwarden.tokens import (
+from loopwarden.models import tokens as tokens_mod
+from loopwarden.models.tokens import (
     estimate_message,
     estimate_text,
     get_estimator,
@@ -25,6 +23,8 @@ from loopwarden.tokens import (
     tiktoken_cache_file,
     tiktoken_estimator,
 )
+from loopwarden.plugins.token_budget import TokenBudget, TokenBudgetSettings
+from loopwarden.testing import make_run, tool_call, turn
 
 C, R = 8000, 1000  # max_context and reserved output in the boundary tests
 
@@ -121,7 +121,7 @@ def test_total_warning_text_is_configurable() -> None:
 
 
 def test_bad_template_fails_at_load_time() -> None:
-    from loopwarden.pluginmanager import load_plugins
+    from loopwarden.engine.pluginmanager import load_plugins
 
     with pytest.raises(ConfigError, match=r"plugins\.token_budget.*context_warning"):
         load_plugins(config("token_budget", token_budget={"context_warning": "{tokens}"}))

@@ -9,7 +9,7 @@ from support.budgets import FINAL, config, scenario
 
 from loopwarden import ConfigError, Deployment, Skip, Stop, Warn
 from loopwarden.demo import shop_tools
-from loopwarden.pluginmanager import load_plugins
+from loopwarden.engine.pluginmanager import load_plugins
 from loopwarden.plugins.tool_calls import ToolCalls, ToolCallsSettings
 from loopwarden.testing import make_run, make_tool_call, make_tool_result, tool_call, turn
 
@@ -199,8 +199,8 @@ def test_a_run_cap_across_turns() -> None:
 
 
 def test_parse_calls_is_the_loops_own_parser() -> None:
+    from loopwarden.engine.loop import parse_calls
     from loopwarden.events import ModelResponse, ProposedCall
-    from loopwarden.loop import parse_calls
 
     run = make_run(tools=shop_tools())
     response = ModelResponse(

@@ -66,7 +66,7 @@ def test_run_cost_can_still_be_set_with_a_warning() -> None:
 def test_an_engine_subclass_that_wraps_tool_execution_still_takes_effect() -> None:
     from loopwarden import Deployment
     from loopwarden.config import parse_config
-    from loopwarden.loop import Engine, drive
+    from loopwarden.engine.loop import Engine, drive
     from loopwarden.testing import ScriptedModel, make_tool, script
 
     wrapped: list[str] = []
@@ -90,9 +90,10 @@ def test_an_engine_subclass_that_wraps_tool_execution_still_takes_effect() -> No
 def test_a_0_1_driver_still_runs_tools_through_the_engine() -> None:
     """A driver written against 0.1 called ``engine.run_tool_sync(eff, run)`` and
     ``execution.run_tool_sync(engine, eff, run)``: both still work."""
-    from loopwarden import Deployment, execution
+    from loopwarden import Deployment
     from loopwarden.config import parse_config
-    from loopwarden.loop import CallModel
+    from loopwarden.engine import execution
+    from loopwarden.engine.loop import CallModel
     from loopwarden.testing import ScriptedModel, make_tool, script
 
     ran: list[str] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loopwarden import PluginLoadError
-from loopwarden.cli import main
+from loopwarden.commands.cli import main
 from loopwarden.testing import make_deployment
 
 GUARDS = '''

@@ -11,6 +11,9 @@ Each framework is an optional extra (``pip install 'loopwarden[langchain]'``,
 ``[openai-agents]``, ``[pydantic-ai]``), imported only by its adapter module -- never by
 ``import loopwarden`` or by this package.  The natures of the framework's tools come from
 ``[tools.<name>]`` tables in ``config.toml``.  See docs/adapters.md.
+
+May import: the engine (an adapter drives the same step machine from a framework's loop),
+the recorded-traffic tools and the public vocabulary; the engine never imports an adapter.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The shared driver: loopwarden's own step machine, advanced by a framework's agent loop.
 
-An adapter does not re-implement the loop.  It runs :meth:`loopwarden.loop.Engine.machine`
+An adapter does not re-implement the loop.  It runs :meth:`loopwarden.engine.loop.Engine.machine`
 -- the generator that ``Deployment.run()`` and ``loopwarden replay`` drive -- in step with the
 framework: when the framework is about to call its model, the machine is advanced to its next
 model call (running ``on_start`` / ``before_model`` and their verdicts); the framework's answer
@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from loopwarden._drivers import internal_error as _internal_error
+from loopwarden.engine.drivers import internal_error as _internal_error
+from loopwarden.engine.loop import CallModel, Failed, RunTool
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
-from loopwarden.loop import CallModel, Failed, RunTool
-from loopwarden.replay import recorded_tool
+from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
-from loopwarden.tokens import estimate_message
 from loopwarden.tools import Tool, ToolRegistry
+from loopwarden.traffic.replay import recorded_tool
 
 if TYPE_CHECKING:
     from loopwarden.config import ToolNature

@@ -73,8 +73,6 @@ from langgraph.managed.is_last_step import RemainingStepsManager
 from typing_extensions import NotRequired
 
 from loopwarden import events
-from loopwarden._calls import parse_calls
-from loopwarden._deadline import WATCHDOG
 from loopwarden.adapters._driver import (
     Answer,
     GuardedRun,
@@ -84,6 +82,8 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.clock import WATCHDOG
+from loopwarden.engine.calls import parse_calls
 from loopwarden.exceptions import StoreError
 from loopwarden.run import Conversation, Run
 

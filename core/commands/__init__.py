@@ -1,4 +1,8 @@
-"""Subcommands of the ``loopwarden`` CLI: each module has ``add_arguments`` and ``main``."""
+"""Subcommands of the ``loopwarden`` CLI: each module has ``add_arguments`` and ``main``.
+
+May import: everything -- the command line sits on top of the package; nothing but
+``loopwarden``'s entry point (and the docs generator, for the config schema) imports it.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``loopwarden calibrate FILE... > calibrated.toml``: limits proposed from healthy real traffic.
 
-Reads trajectories or run records (see :mod:`loopwarden.calibrate`; several files, plain or
+Reads trajectories or run records (see :mod:`loopwarden.traffic.calibrate`; several files, plain or
 gzip-compressed), proposes the limits of the successful runs (p99 with a margin) and prints a
 complete config file: the base config (``--config``) with those limits set from all runs
 together, one ``[profiles.<slug>]`` per source (or domain, ``--by``) with enough runs, and, as
@@ -26,12 +26,12 @@ from loopwarden.commands import add_config_argument
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from loopwarden.calibrate import Stats
     from loopwarden.config import Config
+    from loopwarden.traffic.calibrate import Stats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from loopwarden.calibrate import MARGIN, MIN_RUNS
+    from loopwarden.traffic.calibrate import MARGIN, MIN_RUNS
 
     parser.add_argument(
         "file",
@@ -89,9 +89,14 @@ def _replay_figures(
     """What the calibrated config does to the files' trajectories: all of them with no
     profile, then each calibrated profile on its own group's trajectories (``names``: the
     profile name of each group)."""
-    from loopwarden._calibrate_corpus import group_of
     from loopwarden.deployment import Deployment
-    from loopwarden.replay import iter_trajectories, replay_config, replay_trajectory, summarize
+    from loopwarden.traffic.corpus import group_of
+    from loopwarden.traffic.replay import (
+        iter_trajectories,
+        replay_config,
+        replay_trajectory,
+        summarize,
+    )
 
     trajs = [t for p in paths for _, t in iter_trajectories(p) if t is not None]
     lines = []
@@ -128,7 +133,7 @@ def _replay_figures(
 
 def _record_figures(config: Config, stats: Stats) -> list[str]:
     """For run records: the successful runs at least one proposed limit would have cut."""
-    from loopwarden.pluginmanager import load_plugins
+    from loopwarden.engine.pluginmanager import load_plugins
 
     settings = {lp.name: getattr(lp.obj, "settings", None) for lp in load_plugins(config)}
 
@@ -156,10 +161,10 @@ def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loopwarden import __version__
-    from loopwarden.calibrate import MIN_RUNS, calibrated_config, load_stats, profile_names
     from loopwarden.config import find_config, load_toml, parse_config
+    from loopwarden.engine.pluginmanager import check_tables, load_plugins
     from loopwarden.exceptions import ConfigError
-    from loopwarden.pluginmanager import check_tables, load_plugins
+    from loopwarden.traffic.calibrate import MIN_RUNS, calibrated_config, load_stats, profile_names
 
     if sys.version_info >= (3, 11):
         import tomllib

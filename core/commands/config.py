@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import find_config, load_config
     from loopwarden.deployment import Deployment
-    from loopwarden.pluginmanager import check_tables
+    from loopwarden.engine.pluginmanager import check_tables
 
     if args.action == "check":
         from loopwarden import demo
@@ -86,7 +86,7 @@ def schema_text(config_path: str | Path | None) -> str:
     """The JSON Schema of a config file as text: the core tables, the built-in plugins' and
     those ``config_path`` enables (None: the built-ins only, as docs/config.schema.json)."""
     from loopwarden import demo
-    from loopwarden.schema import config_schema
+    from loopwarden.commands.schema import config_schema
 
     # the demo's [shop] table, which the core keeps as written: described as the demo checks it
     schema = config_schema(config_path, tables={"shop": demo.ShopConfig})

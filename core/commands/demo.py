@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from loopwarden.config import Config
     from loopwarden.demo import Pair, Progress, Totals
-    from loopwarden.scenario import Scenario
+    from loopwarden.models.scenario import Scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

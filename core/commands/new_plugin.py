@@ -331,7 +331,7 @@ def _class_name(name: str) -> str:
 
 def check_name(name: str) -> None:
     """Raise :class:`LoopwardenError` unless ``name`` can be a new plugin's name."""
-    from loopwarden.pluginmanager import BUILTIN_PLUGINS
+    from loopwarden.engine.pluginmanager import BUILTIN_PLUGINS
 
     if not NAME_RE.fullmatch(name) or keyword.iskeyword(name):
         raise LoopwardenError(

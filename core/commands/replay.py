@@ -277,7 +277,7 @@ def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
     from loopwarden.deployment import Deployment
     from loopwarden.exceptions import ConfigError
-    from loopwarden.replay import (
+    from loopwarden.traffic.replay import (
         iter_trajectories,
         load_tool_flags,
         replay_config,
@@ -344,7 +344,7 @@ def main(args: argparse.Namespace) -> int:
             print_by_source(by_source)
     if bad:
         print(f"loopwarden replay: skipped {bad} unreadable line(s)", file=sys.stderr)
-        from loopwarden._trajectory import run_records_without_trajectory
+        from loopwarden.traffic.trajectory import run_records_without_trajectory
 
         for f in args.file:
             if run_records_without_trajectory(f):

@@ -35,8 +35,8 @@ from loopwarden.sanitize import escape_controls
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
     from loopwarden.deployment import Deployment
+    from loopwarden.engine.streaming import StreamEvent
     from loopwarden.run import Run
-    from loopwarden.streaming import StreamEvent
     from loopwarden.tools import ToolRegistry
 
 #: the run was carried out (an answer, or a guard's stop)
@@ -209,7 +209,7 @@ class EventPrinter:
         self._write(("" if self.fresh_line else "\n") + text + "\n")
 
     def show(self, event: StreamEvent) -> None:
-        from loopwarden import streaming as st
+        from loopwarden.engine import streaming as st
 
         if isinstance(event, st.TextDelta):
             self._write(event.text)
@@ -233,7 +233,7 @@ def _execute(deployment: Deployment, stream: TextIO | None, *args: Any, **kwargs
     """Run to the end; with ``stream``, streamed, each event printed there as it happens."""
     if stream is None:
         return deployment.run(*args, **kwargs)
-    from loopwarden.streaming import RunEnd
+    from loopwarden.engine.streaming import RunEnd
 
     printer = EventPrinter(stream)
     for event in deployment.stream(*args, **kwargs):

@@ -10,7 +10,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loopwarden.scenario import builtin_scenarios, load_scenario
+    from loopwarden.models.scenario import builtin_scenarios, load_scenario
 
     for path in builtin_scenarios():
         if args.paths:

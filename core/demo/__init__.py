@@ -11,10 +11,15 @@ and ``loopwarden demo`` play the built-in scenarios against the shop.
 * :mod:`loopwarden.demo.traffic` -- synthetic conversations over the shop, played unguarded
   (``loopwarden demo --trajectories FILE``), and :mod:`loopwarden.demo.trajectories`, which
   records runs as trajectories and writes the file;
-* ``scenarios/`` -- the built-in scenario files (:func:`loopwarden.scenario.builtin_scenarios`).
+* ``scenarios/`` -- the built-in scenario files
+  (:func:`loopwarden.models.scenario.builtin_scenarios`).
 
 The runner's names are importable from here, loaded on first use (the runner brings the
 whole deployment machinery with it).
+
+May import: the public vocabulary, deployments, the engine, the models, the store and the
+recorded-traffic tools; only the commands (and :mod:`loopwarden.tools`' old ``shop`` path)
+import it -- the engine never does.
 """
 
 from __future__ import annotations

@@ -35,13 +35,13 @@ from loopwarden.config import Config, ProfileConfig
 from loopwarden.demo.shop import Shop, with_shop_prompt
 from loopwarden.demo.trajectories import run_steps, usage_tape
 from loopwarden.deployment import Deployment
+from loopwarden.engine.loop import drive
 from loopwarden.events import Usage
 from loopwarden.exceptions import ConfigError, ScenarioError
-from loopwarden.loop import drive
-from loopwarden.offline import observer_names, without_observers
+from loopwarden.models.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.run import Run
-from loopwarden.scenario import Scenario, builtin_scenarios, load_scenario
 from loopwarden.store import Shared
+from loopwarden.traffic.offline import observer_names, without_observers
 
 __all__ = [
     "DEMO_NOW",
@@ -279,7 +279,7 @@ Progress = Callable[[str, Scenario, bool, "dict[str, Any] | None"], None]
 @contextmanager
 def _without_env_plugins() -> Iterator[None]:
     """Keep ``LOOPWARDEN_PLUGINS`` from adding plugins to the unguarded baseline."""
-    from loopwarden.pluginmanager import ENV_EXTRA
+    from loopwarden.engine.pluginmanager import ENV_EXTRA
 
     saved = os.environ.pop(ENV_EXTRA, None)
     try:

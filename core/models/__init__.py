@@ -3,6 +3,10 @@
 Built in: :class:`~loopwarden.models.openai_chat.OpenAIChatModel` (any OpenAI-compatible
 chat-completions endpoint, on the ``openai`` package, imported lazily) and
 :class:`~loopwarden.models.scripted.ScriptedModel` (plays a scenario file, offline).
+
+May import: the lowest layer only (events, exceptions, redaction, clock) -- never the
+config at run time (type-only), the engine or a plugin; the config, the engine, the
+deployment and the budget plugins import it.
 """
 
 from __future__ import annotations

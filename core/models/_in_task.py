@@ -1,7 +1,7 @@
 """A deadline and a cancel token for an awaitable that honours cancellation, in the caller's
 own task.
 
-:func:`loopwarden._deadline.await_within` runs its work as a task of its own so that work
+:func:`loopwarden.clock.await_within` runs its work as a task of its own so that work
 that swallows its cancellation can be abandoned.  That costs a task and (before Python 3.12)
 two event-loop passes per call -- on every model call and, streamed, on every delta.  Work
 that is known to end when cancelled (the ``openai`` client over ``httpx``: its cancellation
@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from loopwarden._deadline import Ending, await_within
+from loopwarden.clock import Ending, await_within
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken

@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.exceptions import ConfigError, ModelError
+from loopwarden.models.tokens import estimate_text
 from loopwarden.redaction import Redactor
-from loopwarden.tokens import estimate_text
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
@@ -257,7 +257,7 @@ class OpenAIChatModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """One bounded call (see the module doc), in a daemon thread."""
-        from loopwarden._deadline import call_within
+        from loopwarden.clock import call_within
 
         bounds = self._bounds(request)
         ending, value = call_within(
@@ -342,7 +342,7 @@ class OpenAIChatModel:
         """One bounded call, streamed (see the module doc): text deltas, then the whole
         response.  The request (with its retries) is made in a daemon thread, bounded like
         :meth:`complete`; the chunks are read here, each within the call's deadline."""
-        from loopwarden._deadline import call_within
+        from loopwarden.clock import call_within
 
         bounds = self._bounds(request)
         ending, value = call_within(

@@ -16,8 +16,8 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
-from loopwarden.scenario import ScriptConfig
-from loopwarden.tokens import TextEstimator, estimate_messages, estimate_text, estimate_tools
+from loopwarden.models.scenario import ScriptConfig
+from loopwarden.models.tokens import TextEstimator, estimate_messages, estimate_text, estimate_tools
 
 __all__ = ["PIECE_CHARS", "ScriptedModel"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from loopwarden import Config, ModelRequest, ModelResponse, Run, Usage
 from loopwarden.config import parse_config
-from loopwarden.scenario import Scenario
+from loopwarden.models.scenario import Scenario
 from loopwarden.testing import make_request, make_response, tool_call
 
 FINAL = "FINAL ANSWER"

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden import Deployment, FakeClock, ModelRequest, ModelResponse
+from loopwarden.engine.streaming import StreamEvent
+from loopwarden.models.scenario import Scenario, load_scenario
 from loopwarden.models.scripted import ScriptedModel
-from loopwarden.scenario import Scenario, load_scenario
-from loopwarden.streaming import StreamEvent
 from support.openai_stream import stream_chunks
 from support.openai_stub import Stub
 

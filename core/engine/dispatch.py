@@ -1,0 +1,587 @@
+"""The typed facade the loop calls hooks through (:class:`Hooks`): call plans read off pluggy,
+verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed plugins'
+effects undone (:mod:`loopwarden.engine.shadow`).
+
+Split from :mod:`loopwarden.engine.pluginmanager` (which re-exports :class:`Hooks`): finding and
+loading plugins is there, registering and checking them in :mod:`loopwarden.engine.registry`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import traceback
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from loopwarden import hookspecs
+from loopwarden.engine.shadow import MAX_EFFECTS, Change, Snapshot, describe
+from loopwarden.verdicts import (
+    EMPTY,
+    UNKNOWN_PLUGIN,
+    Resolution,
+    Skip,
+    Stop,
+    Warn,
+    resolve,
+)
+
+if TYPE_CHECKING:
+    from loopwarden.config import Config
+    from loopwarden.deployment import Deployment
+    from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult
+    from loopwarden.run import Run, RunOutcome
+    from loopwarden.verdicts import Verdict
+
+__all__ = ["Hooks"]
+
+log = logging.getLogger("loopwarden.plugins")
+
+
+# -- calling -------------------------------------------------------------------------------
+
+
+def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]]:
+    """Map each hook implementation's code object to the (name, plugin) pairs that use it."""
+    owners: dict[Any, list[tuple[str, Any]]] = {}
+    for hname in hookspecs.HOOK_NAMES:
+        for impl in getattr(pm.hook, hname).get_hookimpls():
+            fn = getattr(impl.function, "__func__", impl.function)
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                pairs = owners.setdefault(code, [])
+                if all(n != impl.plugin_name for n, _ in pairs):
+                    pairs.append((impl.plugin_name, impl.plugin))
+    return owners
+
+
+#: the arguments each decision hook passes, in order
+_HOOK_ARGS: dict[str, tuple[str, ...]] = {
+    "on_start": ("run",),
+    "before_model": ("run", "request"),
+    "on_model_delta": ("run", "request", "delta"),
+    "after_response": ("run", "response"),
+    "before_tool": ("run", "call"),
+    "after_tool": ("run", "call", "result"),
+}
+
+#: one implementation in a call plan: plugin name, function, argument positions (None: all),
+#: whether the plugin is shadowed (its changes to the arguments are undone)
+_Step = tuple[str, Callable[..., Any], "tuple[int, ...] | None", bool]
+
+
+_REDACTOR: list[Any] = []  # the default redactor, built on first use
+
+
+def _ill_typed(v: Warn | Skip | Stop) -> str | None:
+    """What is wrong with a verdict's fields (a plugin built it by hand), or None.
+
+    The loop puts these texts into requests, records and logs: they must be text."""
+    texts: dict[str, Any] = {"message": v.message}
+    if isinstance(v, Skip):
+        texts["observation"] = v.observation
+    if isinstance(v, Stop):
+        texts["answer"] = v.answer
+        reason: Any = v.reason  # typed str, but a plugin may have passed anything
+        soft: Any = v.soft
+        if not isinstance(reason, str) or not reason:
+            return "a reason that is not a non-empty str"
+        if not isinstance(soft, bool):
+            return "soft that is not a bool"
+    for field_name, value in texts.items():
+        required = field_name in ("observation",) or isinstance(v, Warn)
+        if not isinstance(value, str) and (required or value is not None):
+            return f"a {field_name} of type {type(value).__name__}, not str"
+    evidence: Any = v.evidence
+    plugin: Any = v.plugin
+    if not isinstance(evidence, dict):
+        return f"evidence of type {type(evidence).__name__}, not dict"
+    if not isinstance(plugin, str):
+        return "a plugin name that is not a str"
+    return None
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+
+
+def _default_redact(text: str) -> str:
+    if not _REDACTOR:
+        from loopwarden.redaction import Redactor
+
+        _REDACTOR.append(Redactor())
+    out: str = _REDACTOR[0].text(text)
+    return out
+
+
+class Hooks:
+    """The typed facade the loop calls hooks through.
+
+    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`.  A plugin that
+    raises is blamed by name and turned into a hard ``plugin_error`` stop (fail closed).
+    ``on_stop`` runs every implementation even when one raises.
+
+    Dispatch: pluggy decides *what* is called and in which order (registration, validation,
+    ``tryfirst``/``trylast``); the facade then calls the implementations in exactly that order
+    from a call plan read off ``get_hookimpls()``, with positional arguments -- no keyword
+    dictionary and no generic multicall per event -- and it attributes a verdict built
+    without ``plugin=`` (``loopwarden.warn(...)`` from a plain object) to the plugin that
+    returned it.  It uses pluggy's own dispatch instead
+    whenever a hook has wrappers or while anything monitors hook calls (tracing,
+    ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
+    plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
+    that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
+
+    Shadowed plugins (a facade made by :meth:`shadowing`) are called on both paths with a
+    snapshot of the hook's arguments restored after each call, so nothing they change besides
+    their verdicts reaches the run; what they changed is recorded (``run.shadow_effects``).
+    """
+
+    def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
+        self._pm = pm
+        self._order = list(order)
+        #: masks secrets in the error texts of failing plugins (records, logs); a deployment
+        #: sets its own (which also knows the model's API key)
+        self.redact: Callable[[str], str] = _default_redact
+        self._on_stop = pm.hook.on_stop
+        self._owners = _impl_owner_map(pm)
+        #: plugins in shadow mode: what their hooks change in the arguments is undone (and
+        #: recorded); see :meth:`shadowing`
+        self.shadow: frozenset[str] = frozenset()
+        self._plans: dict[str, tuple[_Step, ...] | None] = {}
+        #: pluggy's path with shadowed plugins: a caller without them, and their own steps
+        self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
+        self._generation = -1
+        self._build_plans()
+
+    def shadowing(self, plugins: Iterable[str]) -> Hooks:
+        """A facade over the same plugins in which ``plugins`` are shadowed: each is called
+        with a snapshot of the hook's arguments taken before and restored after (its
+        deadlines, delays, cleared flags, request fields never reach the run), and what it
+        changed is recorded in ``run.shadow_effects`` (:mod:`loopwarden.engine.shadow`).
+
+        The engine of a deployment in shadow mode calls its hooks through one; this facade
+        stays as it is (a replay honours every plugin)."""
+        other = copy.copy(self)
+        other.shadow = frozenset(plugins)
+        other._plans, other._subsets, other._generation = {}, {}, -1
+        other._build_plans()
+        return other
+
+    def ends_runs_normally(self, plugin: str) -> bool:
+        """Whether ``plugin``'s stops are normal endings (``Plugin.ends_runs_normally``, e.g.
+        ``terminal_tool``'s hand-off): only such a stop's ``answer=`` counts as a final answer
+        present (docs/contracts.md, ``final_answer_present``)."""
+        obj = self._pm.get_plugin(plugin)
+        return bool(getattr(obj, "ends_runs_normally", False))
+
+    # -- direct dispatch -------------------------------------------------------------------
+
+    def _build_plans(self) -> None:
+        pm = self._pm
+        plans: dict[str, tuple[_Step, ...] | None] = {}
+        for hook in _HOOK_ARGS:
+            impls = getattr(pm.hook, hook).get_hookimpls()
+            if any(i.hookwrapper or i.wrapper for i in impls):
+                plans[hook] = None  # wrappers need pluggy's multicall
+                continue
+            plans[hook] = self._steps(hook, impls)
+        self._plans = plans
+        self._subsets = {}
+        self._generation = getattr(pm, "generation", 0)
+        self._owners = _impl_owner_map(pm)
+
+    def _steps(self, hook: str, impls: Sequence[Any]) -> tuple[_Step, ...]:
+        """Call steps for ``impls`` (as pluggy lists them), in call order."""
+        full, shadow = _HOOK_ARGS[hook], self.shadow
+        plan: list[_Step] = []
+        for impl in reversed(impls):  # pluggy calls the last registered first
+            idx = tuple(full.index(a) for a in impl.argnames)
+            plan.append(
+                (
+                    impl.plugin_name,
+                    impl.function,
+                    None if idx == tuple(range(len(full))) else idx,
+                    impl.plugin_name in shadow,
+                )
+            )
+        return tuple(plan)
+
+    def _plan(self, hook: str) -> tuple[_Step, ...] | None:
+        """The direct call plan for ``hook``, or None when pluggy must dispatch."""
+        pm = self._pm
+        if getattr(pm, "monitors", 1):  # a plain pluggy manager: always pluggy
+            return None
+        if pm.generation != self._generation:  # type: ignore[attr-defined]
+            self._build_plans()
+        return self._plans.get(hook)
+
+    def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
+        results: list[Any] = []
+        overlay: list[Callable[[], None]] = []
+        for name, fn, idx, shadowed in plan:
+            if shadowed:
+                v = self._shadowed(hook, name, fn, idx, args, overlay)
+                if v is not None:
+                    results.append(v)
+                continue
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name)
+            if r is not None:
+                if (
+                    not isinstance(r, (Warn, Skip, Stop))
+                    or _ill_typed(r)
+                    or (type(r) is Skip and hook != "before_tool")
+                ):
+                    return self._not_a_verdict(hook, r, plugin=name)
+                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
+                    r = dataclasses.replace(r, plugin=name)
+                results.append(r)
+        return resolve(results) if results else EMPTY
+
+    def _shadowed(
+        self,
+        hook: str,
+        name: str,
+        fn: Callable[..., Any],
+        idx: tuple[int, ...] | None,
+        args: tuple[Any, ...],
+        overlay: list[Callable[[], None]],
+    ) -> Verdict | None:
+        """Call a shadowed plugin's implementation on a snapshot of ``args`` that is restored
+        afterwards; record what it changed.  Its verdict -- or the ``plugin_error`` stop it
+        earned by raising or returning a non-verdict -- is returned for the record (the loop
+        does not honour it), and never keeps the later plugins from being called.
+
+        ``overlay`` holds what the shadowed plugins called before it for this event changed:
+        it sees those changes (retry_policy's spent budget reaches a shadowed repeat_call, as
+        it would when both are enforced), which are undone again after it."""
+        names = _HOOK_ARGS[hook]
+        real = mine = Snapshot(names, args)
+        try:
+            if overlay:
+                for apply in overlay:
+                    apply()
+                mine = Snapshot(names, args)
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name).stop
+            finally:
+                changes = mine.restore()
+                if changes:
+                    overlay.extend(c[3] for c in changes)
+                    self._note_effects(hook, name, args, changes)
+        finally:
+            if mine is not real:
+                real.restore()
+        if r is None:
+            return None
+        if (
+            not isinstance(r, (Warn, Skip, Stop))
+            or _ill_typed(r)
+            or (type(r) is Skip and hook != "before_tool")
+        ):
+            return self._not_a_verdict(hook, r, plugin=name).stop
+        if r.plugin == UNKNOWN_PLUGIN:
+            r = dataclasses.replace(r, plugin=name)
+        return r
+
+    def _note_effects(
+        self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]
+    ) -> None:
+        """Add what a shadowed plugin would have changed to the run's ``shadow_effects``."""
+        run = args[0]
+        effects = getattr(run, "shadow_effects", None)
+        if effects is None:  # a hand-built run object without the records
+            return
+        call = args[1] if hook in ("before_tool", "after_tool") else None
+        for label, before, after, _ in changes:
+            log.debug("shadowed plugin %r would have changed %s in %s", plugin, label, hook)
+            if label == "run.deadline":  # a time on the run's clock: say when, from its start
+                before, after = (
+                    round(t - run.started_at, 6) if isinstance(t, (int, float)) else t
+                    for t in (before, after)
+                )
+            if len(effects) >= MAX_EFFECTS:
+                run.shadow_effects_dropped += 1
+                continue
+            entry: dict[str, Any] = {
+                "step": run.step,
+                "hook": hook,
+                "plugin": plugin,
+                "shadow": True,
+                "effect": label,
+                "value": describe(after),
+                "was": describe(before),
+            }
+            if call is not None:
+                entry["tool"], entry["call_id"] = call.name, call.id
+            effects.append(entry)
+
+    def blame(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation raised ``exc`` (``<unknown>`` if none)."""
+        return self._blame(exc)
+
+    def _blame(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""
+        tb: TracebackType | None = exc.__traceback__
+        while tb is not None:
+            pairs = self._owners.get(tb.tb_frame.f_code)
+            if pairs:
+                if len(pairs) == 1:
+                    return str(pairs[0][0])
+                this = tb.tb_frame.f_locals.get("self")
+                for name, plugin in pairs:
+                    if plugin is this:
+                        return str(name)
+                return str(pairs[0][0])
+            tb = tb.tb_next
+        return "<unknown>"
+
+    def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
+        plugin = plugin or self._blame(exc)
+        error = self._log_failure(plugin, hook, exc)
+        verdict = Stop(
+            reason="plugin_error",
+            plugin=plugin,
+            soft=False,
+            message=f"plugin {plugin!r} raised in {hook}: {error}",
+            evidence={"hook": hook, "error": error},
+        )
+        return Resolution(verdict, (), (verdict,))
+
+    def _log_failure(self, plugin: str, hook: str, exc: BaseException) -> str:
+        """Log a plugin's failure with its traceback, both redacted; return the error text."""
+        redact = self.redact
+        try:
+            text = f"{type(exc).__name__}: {exc}"
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        except Exception:  # an exception whose __str__ raises is third-party code too
+            text = trace = f"{type(exc).__name__}: <unprintable>"
+        log.error("plugin %r failed in %s: %s", plugin, hook, redact(trace.rstrip()))
+        return redact(text)
+
+    def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
+        who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
+        why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
+        if why is None and isinstance(returned, Skip):
+            shown = self.redact(_safe_repr(returned)[:500])
+            verdict = Stop(
+                reason="plugin_error",
+                plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
+                soft=False,
+                message=f"{who} returned a skip from {hook}, which cannot honour it (only "
+                "before_tool can skip a call): warn or stop instead",
+                evidence={"hook": hook, "returned": shown},
+            )
+            return Resolution(verdict, (), (verdict,))
+        shown = self.redact(_safe_repr(returned)[:500])
+        what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
+        verdict = Stop(
+            reason="plugin_error",
+            plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
+            soft=False,
+            message=f"{who} returned {what} from {hook}",
+            evidence={"hook": hook, "returned": shown},
+        )
+        return Resolution(verdict, (), (verdict,))
+
+    def _resolve(self, hook: str, results: list[Any]) -> Resolution:
+        if not results:
+            return EMPTY
+        for r in results:
+            if (
+                not isinstance(r, (Warn, Skip, Stop))
+                or _ill_typed(r)
+                or (type(r) is Skip and hook != "before_tool")
+            ):
+                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
+        return resolve(results)
+
+    def _call(self, hook: str, args: tuple[Any, ...]) -> Resolution:
+        plan = self._plan(hook)
+        if plan is not None:
+            return self._direct(hook, plan, args)
+        caller, shadowed = self._pluggy(hook)
+        try:
+            results = caller(**dict(zip(_HOOK_ARGS[hook], args, strict=True)))
+        except Exception as exc:
+            return self._failed(hook, exc)
+        overlay: list[Callable[[], None]] = []
+        for name, fn, idx, _ in shadowed:
+            v = self._shadowed(hook, name, fn, idx, args, overlay)
+            if v is not None:
+                results = [*results, v]
+        return self._resolve(hook, results)
+
+    def _pluggy(self, hook: str) -> tuple[Any, tuple[_Step, ...]]:
+        """pluggy's caller for ``hook`` and the steps of the shadowed plugins it leaves out.
+
+        Shadowed plugins are taken out of pluggy's call (a subset caller: wrappers and
+        monitors still see the hook called, with the others) and called after it, each on a
+        restored snapshot; their wrappers, if any, are not called."""
+        full = getattr(self._pm.hook, hook)
+        if not self.shadow:
+            return full, ()
+        generation = getattr(self._pm, "generation", None)
+        if generation != self._generation or generation is None:
+            self._subsets = {}
+            if generation is not None:
+                self._build_plans()
+        cached = self._subsets.get(hook)
+        if cached is not None:
+            return cached
+        impls = full.get_hookimpls()
+        out = [i for i in impls if i.plugin_name in self.shadow]
+        if not out:
+            cached = (full, ())
+        else:
+            caller = self._pm.subset_hook_caller(hook, remove_plugins=[i.plugin for i in out])
+            steps = self._steps(hook, [i for i in out if not (i.hookwrapper or i.wrapper)])
+            cached = (caller, steps)
+        self._subsets[hook] = cached
+        return cached
+
+    def on_start(self, run: Run) -> Resolution:
+        return self._call("on_start", (run,))
+
+    def before_model(self, run: Run, request: ModelRequest) -> Resolution:
+        return self._call("before_model", (run, request))
+
+    def on_model_delta(self, run: Run, request: ModelRequest, delta: ModelDelta) -> Resolution:
+        return self._call("on_model_delta", (run, request, delta))
+
+    def implements(self, hook: str) -> bool:
+        """Whether any plugin implements ``hook`` (streamed runs skip a per-delta hook that
+        no plugin implements)."""
+        return bool(getattr(self._pm.hook, hook).get_hookimpls())
+
+    def after_response(self, run: Run, response: ModelResponse) -> Resolution:
+        return self._call("after_response", (run, response))
+
+    def before_tool(self, run: Run, call: ToolCall) -> Resolution:
+        return self._call("before_tool", (run, call))
+
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Resolution:
+        return self._call("after_tool", (run, call, result))
+
+    def on_stop(self, run: Run, outcome: RunOutcome) -> list[dict[str, str]]:
+        """Call every ``on_stop``; return the failures (plugin, error) instead of raising."""
+        failures: list[dict[str, str]] = []
+        done: set[str] = set()
+        caller = self._on_stop
+        while True:
+            try:
+                caller(run=run, outcome=outcome)
+                return failures
+            except Exception as exc:
+                plugin = self._blame(exc)
+                failures.append(
+                    {
+                        "plugin": plugin,
+                        "hook": "on_stop",
+                        "error": self._log_failure(plugin, "on_stop", exc),
+                    }
+                )
+                # Call the implementations that the exception skipped: the ones after the
+                # failing plugin in call order.
+                impls = [
+                    i.plugin_name
+                    for i in reversed(self._on_stop.get_hookimpls())
+                    if not (i.hookwrapper or i.wrapper)
+                ]
+                if plugin not in impls:
+                    return failures
+                done.update(impls[: impls.index(plugin) + 1])
+                remove = [self._pm.get_plugin(n) for n in done]
+                caller = self._pm.subset_hook_caller("on_stop", remove_plugins=remove)
+
+    # -- lifecycle hooks (not on the hot path: pluggy dispatches them) ---------------------
+
+    def configure(self, deployment: Deployment) -> None:
+        """``on_configure``: once, when ``deployment`` has loaded its plugins."""
+        self._pm.hook.on_configure(deployment=deployment)
+
+    def unconfigure(self, deployment: Deployment) -> None:
+        """``on_unconfigure``: once, when ``deployment`` closes."""
+        self._pm.hook.on_unconfigure(deployment=deployment)
+
+    def validate_model(self, model: str, path: str | None) -> None:
+        """``validate_model``: a plugin refuses ``model`` by raising ConfigError."""
+        self._checks("validate_model", {"model": model, "path": path}, path)
+
+    def validate_config(self, config: Config) -> None:
+        """``validate_config``: a plugin refuses what it finds about its surroundings by
+        raising ConfigError (``loopwarden config check``)."""
+        self._checks("validate_config", {"config": config}, config.path)
+
+    def _checks(self, hook: str, kwargs: dict[str, Any], path: str | None) -> None:
+        """Call a refusing hook plugin by plugin: a ConfigError is the plugin's answer; any
+        other exception is a broken check, reported as a ConfigError naming the plugin (bad
+        input exits 2 with a message, never a traceback)."""
+        from loopwarden.exceptions import ConfigError
+
+        for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
+            try:
+                impl.function(*(kwargs[name] for name in impl.argnames))
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(
+                    f"{hook} failed: {type(exc).__name__}: {exc}",
+                    path=path,
+                    key=f"plugins.{impl.plugin_name}",
+                ) from exc
+
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """``budget_limits``: the limits the plugins enforce for ``run``, by budget (the
+        earlier plugin in config order wins a tie)."""
+        out: dict[str, float] = {}
+        for limits in self._pm.hook.budget_limits(run=run):
+            if isinstance(limits, Mapping):
+                for budget, value in limits.items():
+                    out.setdefault(str(budget), value)
+        return out
+
+    def record_fields(
+        self, run: Run, reserved: Container[str] = ()
+    ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+        """``record_fields``: the plugins' fields for ``run``'s record, and the failures
+        (plugin, hook, error) of implementations that raised or named a ``reserved`` field
+        -- each called on its own, so one failing plugin never costs the others' fields."""
+        fields: dict[str, Any] = {}
+        failures: list[dict[str, str]] = []
+        for impl in reversed(self._pm.hook.record_fields.get_hookimpls()):
+            try:
+                got = impl.function(run) if impl.argnames else impl.function()
+                if got is not None and not isinstance(got, Mapping):
+                    raise TypeError(f"returned {_safe_repr(got)[:200]}, not a mapping")
+                taken = sorted(str(k) for k in (got or {}) if k in reserved)
+                if taken:
+                    raise ValueError(f"the record's own fields cannot be replaced: {taken}")
+            except Exception as exc:
+                failures.append(
+                    {
+                        "plugin": impl.plugin_name,
+                        "hook": "record_fields",
+                        "error": self._log_failure(impl.plugin_name, "record_fields", exc),
+                    }
+                )
+                continue
+            for key, value in (got or {}).items():
+                fields.setdefault(str(key), value)
+        return fields, failures
+
+    @property
+    def order(self) -> list[str]:
+        return list(self._order)

@@ -1,0 +1,269 @@
+"""The drivers: run the step machine to its end, executing its effects.
+
+:func:`drive` (sync) and :func:`adrive` (async) call the model for a ``CallModel`` effect and
+execute a ``RunTool`` through :mod:`loopwarden.engine.execution`; the replay driver
+(:mod:`loopwarden.traffic.replay`) and the framework adapters answer the same effects from a
+recording or a framework's own loop.  Each arms the watchdog that ends a run still going past its
+deadline, and finishes the run whatever happens.  Public through :mod:`loopwarden.engine.loop`.
+
+**Store I/O never blocks the event loop.**  Between two effects the machine runs hooks, and
+some of them wait on the network or the disk: the shared store's budget reservations
+(``spend_limits``) and the side-effect ledger's claims.  When a run may do such I/O
+(:func:`blocking_io`; a deployment's plugins are asked once), :func:`adrive` advances the
+machine -- the synchronous code between two effects, ``on_start`` and ``on_stop`` included --
+in a reused daemon worker thread, one step at a time and in one ``contextvars.Context`` per
+run (at most :data:`OFFLOAD_LIMIT` steps at once per event loop), while the event loop serves
+other runs; the model and the tools are still awaited on the loop.  A plugin whose hooks do
+blocking I/O says so with a true ``blocking_io`` attribute; its hooks stay plain synchronous
+functions.  Runs without such I/O, and every sync run, advance the machine inline as before
+(no thread hop).  A thread per step costs CPU (hand-offs, GIL traffic with the loop): one
+queue-fed thread per loop cost less but raised the loop's p99 lag, so it was not adopted
+(bench/README.md, "Store I/O off the event loop").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from loopwarden.clock import DEADLINE_SLACK_S, WATCHDOG, await_within
+from loopwarden.engine import execution
+from loopwarden.engine.effects import CallModel, Effect, Failed, Machine
+from loopwarden.engine.outcomes import best_effort
+from loopwarden.events import ModelRequest
+from loopwarden.exceptions import ModelError
+from loopwarden.models._in_task import await_in_task
+from loopwarden.run import Run, RunOutcome
+
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+    from loopwarden.engine.loop import Engine
+    from loopwarden.models import Model
+
+__all__ = ["adrive", "blocking_io", "drive"]
+
+log = logging.getLogger("loopwarden.loop")
+
+WATCHDOG_SLACK_S = 1.0  # how long past its deadline a run may go before the watchdog ends it
+#: machine steps one event loop runs in worker threads at once (more wait for a turn): bounds
+#: the threads, and the store connections they hold (redis-py's pool refuses a 101st)
+OFFLOAD_LIMIT = 32
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
+    """Run the machine synchronously: call the model and the tools, finish the run."""
+    gen = engine.machine(run)
+    run_tool = engine.run_tool_sync  # an Engine subclass may wrap tool execution
+    unwatch = _nothing
+    try:
+        eff: Effect = next(gen)
+        unwatch = _watch(engine, run)
+        while True:
+            if run.outcome is not None:  # the watchdog ended the run meanwhile
+                gen.close()
+                return run.outcome
+            if isinstance(eff, CallModel):
+                try:
+                    value: Any = model.complete(eff.request)
+                except Exception as exc:
+                    value = Failed(exc)
+            else:
+                value = run_tool(eff, run)
+            eff = gen.send(value)
+    except StopIteration as done:
+        return engine.finish(run, done.value)
+    except BaseException as exc:
+        if run.outcome is None:
+            engine.finish(run, internal_error(engine, run, exc))
+        raise
+    finally:
+        unwatch()
+
+
+def blocking_io(run: Run) -> bool:
+    """Whether ``run``'s hooks may block on I/O: it has a shared store, and a plugin of its
+    deployment declares ``blocking_io`` (spend_limits with budgets) or one of its tools is a
+    side effect that the store's ledger claims.  The plugins' answer is asked once per
+    deployment (its plugins are fixed when it is built); the tools, which a registry may
+    gain, are looked at per run, and only with the ledger on."""
+    shared = run.shared
+    if shared is None:
+        return False
+    deployment = run.deployment
+    if deployment is not None:
+        declared = _DECLARED.get(deployment)
+        if declared is None:
+            declared = _DECLARED[deployment] = any(
+                getattr(p.obj, "blocking_io", False) is True for p in deployment.plugins
+            )
+        if declared:
+            return True
+    tools = run.tools
+    return bool(shared.config.ledger and tools is not None and any(t.side_effect for t in tools))
+
+
+#: per deployment: whether one of its plugins declares ``blocking_io``
+_DECLARED: weakref.WeakKeyDictionary[Deployment, bool] = weakref.WeakKeyDictionary()
+
+
+class _Done:
+    """The machine returned: its (not yet finished) outcome."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        self.outcome = outcome
+
+
+def _step(gen: Machine, value: Any) -> Effect | _Done:
+    """Advance the machine to its next effect (StopIteration cannot cross a Future)."""
+    try:
+        return gen.send(value)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
+class _Stepper:
+    """Advances one async run's machine: inline, or -- when the run may block on I/O (see
+    :func:`blocking_io`) -- in a worker thread, so the event loop never waits for a store."""
+
+    def __init__(self, engine: Engine, run: Run, gen: Machine) -> None:
+        self.engine, self.run, self.gen = engine, run, gen
+        self.context = contextvars.copy_context() if blocking_io(run) else None
+        self.busy: asyncio.Future[Any] | None = None  # a step running in a worker thread
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        context = self.context
+        if context is None:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        slots = _SLOTS.get(loop)
+        if slots is None:
+            slots = _SLOTS[loop] = asyncio.Semaphore(OFFLOAD_LIMIT)
+        async with slots:
+            busy = self.busy = execution.daemon_thread(context.run, fn, *args, name="machine")
+            # shielded: a cancelled run still lets the step reach its next effect (the store's
+            # timeout bounds it) before the run is finished -- never two threads in one machine
+            return await asyncio.shield(busy)
+
+    async def step(self, value: Any) -> Effect | _Done:
+        return await self.call(_step, self.gen, value)  # type: ignore[no-any-return]
+
+    async def finish(self, outcome: RunOutcome) -> RunOutcome:
+        return await self.call(self.engine.finish, self.run, outcome)  # type: ignore[no-any-return]
+
+    async def settle(self) -> None:
+        """Wait for a step still running in its thread (after a cancellation)."""
+        busy = self.busy
+        if busy is not None and not busy.done():
+            await asyncio.wait({busy})
+
+
+async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
+    """Run the machine asynchronously (models with ``acomplete`` are awaited; a run whose
+    hooks may block on I/O advances its machine off the event loop, see the module doc)."""
+    gen = engine.machine(run)
+    stepper = _Stepper(engine, run, gen)
+    inline = stepper.context is None  # no I/O in its hooks: steps run here, as before
+    run_tool_async = engine.run_tool_async  # an Engine subclass may wrap tool execution
+    acomplete = getattr(model, "acomplete", None)
+    in_task = acomplete is not None and getattr(model, "ends_when_cancelled", False) is True
+    unwatch = _nothing
+    try:
+        eff = _step(gen, None) if inline else await stepper.step(None)
+        unwatch = _watch(engine, run)
+        while not isinstance(eff, _Done):
+            if run.outcome is not None:  # the watchdog ended the run meanwhile
+                gen.close()
+                return run.outcome
+            if isinstance(eff, CallModel):
+                try:
+                    if acomplete is not None:
+                        aw: Awaitable[Any] = acomplete(eff.request)
+                    else:
+                        # a sync model in an async run: a daemon worker, so that a hung call
+                        # never keeps asyncio.run() from exiting
+                        aw = execution.daemon_thread(model.complete, eff.request, name="model")
+                    value = await _model_within(aw, eff.request, run, in_task)
+                except Exception as exc:
+                    value = Failed(exc)
+            else:
+                value = await run_tool_async(eff, run)
+            eff = _step(gen, value) if inline else await stepper.step(value)
+        return engine.finish(run, eff.outcome) if inline else await stepper.finish(eff.outcome)
+    except BaseException as exc:
+        await stepper.settle()
+        if run.outcome is None:
+            await stepper.finish(internal_error(engine, run, exc))
+        raise
+    finally:
+        unwatch()
+
+
+def internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
+    """The outcome of a run the machine itself failed in (or that was interrupted)."""
+    kind = "cancelled" if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)) else "error"
+    text = engine.redact(run, f"{type(exc).__name__}: {execution.safe_str(exc)}")
+    return RunOutcome(termination=kind, evidence={"error": text}, error=text)
+
+
+async def _model_within(
+    aw: Awaitable[Any], request: ModelRequest, run: Run, in_task: bool = False
+) -> Any:
+    """Await a model call, abandoning it when ``request.timeout`` passes or the run is
+    cancelled (a watchdog for any async model, the built-in client bounds itself too).
+    ``in_task``: the model ends when cancelled (``ends_when_cancelled``), so the call is
+    bounded in this task, without a task of its own.  The value is whatever the model
+    returned: the machine checks it."""
+    if request.timeout is None:
+        return await aw
+    within = await_in_task if in_task else await_within
+    ending, value = await within(aw, request.timeout + DEADLINE_SLACK_S, run.cancel)
+    if ending == "ok":
+        return value
+    if ending == "cancelled":
+        raise ModelError("the run was cancelled during the model call", kind="cancelled")
+    raise ModelError(f"the model did not answer within {request.timeout:.3f}s", kind="timeout")
+
+
+def _watch(engine: Engine, run: Run) -> Callable[[], None]:
+    """Have the watchdog end ``run`` shortly after ``run.deadline`` unless it ended itself."""
+    if run.deadline is None:
+        return _nothing
+    seconds = max(0.0, run.deadline - run.clock.now()) + WATCHDOG_SLACK_S
+
+    def fire() -> None:
+        if run.outcome is None:
+            log.error(
+                "run %s passed its deadline by %.1fs without reaching a check (a hook, "
+                "tool or model call blocks): the watchdog ends it",
+                run.run_id,
+                WATCHDOG_SLACK_S,
+            )
+            engine.finish(
+                run,
+                RunOutcome(
+                    termination="timeout",
+                    evidence={
+                        "watchdog": True,
+                        "elapsed_s": round(run.elapsed, 3),
+                        "deadline_s": round(run.deadline - run.started_at, 3)
+                        if run.deadline is not None
+                        else None,
+                    },
+                    final_answer=best_effort(engine.settings, run),
+                ),
+            )
+
+    return WATCHDOG.watch(seconds, fire)
+
+
+def _nothing() -> None:
+    pass

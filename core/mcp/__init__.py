@@ -1,0 +1,256 @@
+"""Tools from MCP servers: the ``[mcp.servers.<name>]`` tables and their settings.
+
+Each table names one Model Context Protocol server -- a ``command`` started as a subprocess
+that speaks MCP over its stdin/stdout, or the ``url`` of a streamable-HTTP endpoint.  A
+:class:`~loopwarden.Deployment` starts its servers once, lists their tools and adds them to its
+tool registry, where they run through the same guards, side-effect ledger, records and
+metrics as Python tools (see docs/mcp.md).  The servers are closed with the deployment.
+
+This module holds the settings (validated with the rest of ``config.toml``) and imports
+nothing of the ``mcp`` SDK; the client side lives in :mod:`loopwarden.mcp.client`, imported
+only when a deployment has servers (extra ``loopwarden[mcp]``).
+
+Secrets come from the environment, never from the file: a value of ``env`` or ``headers`` may
+hold ``${NAME}`` references, replaced by the variable's value when the server starts (``$$``
+is a literal ``$``).  A variable that is not set is a start-up error naming the key and the
+variable, never a value; the values are added to the deployment's redactor, so an error that
+echoes them is masked in records, logs and alerts.
+
+May import: the public vocabulary (config, exceptions) and :mod:`loopwarden.tools`; the
+config (its ``[mcp]`` tables) and deployments import it.  The ``mcp`` SDK is imported only by
+:mod:`loopwarden.mcp.client`, and only when a server is configured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+
+from loopwarden.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from loopwarden.config import Config
+    from loopwarden.tools import Tool
+
+__all__ = [
+    "McpConfig",
+    "McpServerConfig",
+    "annotation_nature",
+    "expand_variables",
+    "secret_values",
+]
+
+#: ``${NAME}`` (a variable), ``$$`` (a literal ``$``), or a ``$`` that starts neither
+_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{[^}]*\}?")
+#: what a tool name may hold in a chat-completions request (OpenAI's function-name rule)
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class McpServerConfig(_Strict):
+    """``[mcp.servers.<name>]``: one MCP server -- a stdio ``command`` or a streamable-HTTP
+    ``url`` -- and how far its tools are trusted."""
+
+    command: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the program that starts a stdio server (looked up on PATH)",
+    )
+    args: list[str] = Field(default_factory=list, description="the command's arguments")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="variables the command gets, besides a minimal safe set (PATH, HOME, ...): "
+        'values may hold ${NAME} references to this process\'s environment, "$$" for "$"',
+    )
+    cwd: str | None = Field(default=None, description="the command's working directory")
+    url: str | None = Field(
+        default=None, description="the streamable-HTTP endpoint (http:// or https://)"
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="HTTP headers sent with every request; values may hold ${NAME} references "
+        '(e.g. Authorization = "Bearer ${ORDERS_TOKEN}")',
+    )
+    startup_timeout_s: PositiveFloat = Field(
+        default=30.0,
+        description="the longest the server may take to start, answer the handshake and list "
+        "its tools; longer is a start-up error",
+    )
+    timeout_s: PositiveFloat = Field(
+        default=60.0,
+        description="the longest one tool call may take (a hung server is a tool timeout); "
+        "the run's time left lowers it",
+    )
+    prefix: str = Field(
+        default="",
+        description="put before each tool's name in the deployment (two servers with the same "
+        'tool names: "orders_", "crm_")',
+    )
+    tools: list[str] | None = Field(
+        default=None,
+        description="the only tools to take from the server, by the names it lists (default: all)",
+    )
+    trust_annotations: bool = Field(
+        default=True,
+        description="take tool natures from the server's MCP annotations (readOnlyHint, "
+        "destructiveHint, idempotentHint, openWorldHint); false: only [tools.<name>] "
+        "tables declare them",
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(
+                "give either command (a stdio server) or url (a streamable-HTTP server)"
+            )
+        if self.url is not None:
+            if self.args or self.env or self.cwd is not None:
+                raise ValueError("args, env and cwd start a stdio command: not with url")
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        elif self.headers:
+            raise ValueError("headers are sent to a url: not with command")
+        if self.prefix and not re.fullmatch(r"[A-Za-z0-9_-]+", self.prefix):
+            raise ValueError(
+                f"prefix may hold letters, digits, '_' and '-' only, got {self.prefix!r}"
+            )
+        for table, values in (("env", self.env), ("headers", self.headers)):
+            for key, value in values.items():
+                bad = next(_bad_references(value), None)
+                if bad is not None:
+                    raise ValueError(
+                        f"{table}.{key}: {bad!r} is not a variable reference: write ${{NAME}} "
+                        "(letters, digits, '_'), or $$ for a '$'"
+                    )
+        return self
+
+
+class McpConfig(_Strict):
+    """``[mcp]``: the MCP servers whose tools the deployment takes (``[mcp.servers.<name>]``)."""
+
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+
+def _bad_references(value: str) -> Iterator[str]:
+    for m in _REFERENCE.finditer(value):
+        text = m.group(0)
+        if text != "$$" and m.group(1) is None:
+            yield text
+
+
+def expand_variables(
+    value: str, *, key: str, path: str | None, environ: Mapping[str, str] | None = None
+) -> str:
+    """``value`` with its ``${NAME}`` references replaced from ``environ`` (the process's
+    environment); an unset variable is a :class:`ConfigError` naming ``key`` and the
+    variable -- never the value."""
+    env = os.environ if environ is None else environ
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        if name is None:  # refused by validation; kept as written if it gets here
+            return m.group(0)
+        if name not in env:
+            raise ConfigError(
+                f"the environment variable {name} is not set",
+                path=path,
+                key=key,
+                expected=f"{name} set in the environment of the process that starts the server",
+            )
+        return env[name]
+
+    return _REFERENCE.sub(sub, value)
+
+
+def secret_values(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values the ``${NAME}`` references of every server's ``env`` and ``headers`` stand
+    for (the header values whole, as they carry credentials): the deployment's redactor masks
+    them.  Raises :class:`ConfigError` for a variable that is not set."""
+    out: list[str] = []
+    for name, server in config.mcp.servers.items():
+        for table, values in (("env", server.env), ("headers", server.headers)):
+            for k, v in values.items():
+                key = f"mcp.servers.{name}.{table}.{k}"
+                expanded = expand_variables(v, key=key, path=config.path, environ=environ)
+                if table == "headers":
+                    out.append(expanded)
+                for m in _REFERENCE.finditer(v):
+                    if m.group(1) is not None:
+                        out.append((os.environ if environ is None else environ)[m.group(1)])
+    return [s for s in out if s]
+
+
+def annotation_nature(
+    annotations: Mapping[str, Any] | None, arguments: list[str]
+) -> dict[str, Any]:
+    """The loopwarden nature an MCP server declares for a tool with its annotations, in the
+    shape of a ``[tools.<name>]`` table (flags not declared are left out).
+
+    ``annotations`` holds the hints the server sent (``readOnlyHint``, ``destructiveHint``,
+    ``idempotentHint``, ``openWorldHint``; a hint it did not send is absent or None: the MCP
+    defaults are not declarations).  ``readOnlyHint = true`` is read-only, and deterministic
+    when ``openWorldHint = false`` as well (a closed world); ``readOnlyHint = false``, or a
+    ``destructiveHint`` / ``idempotentHint`` without it, is a side effect -- keyed on all of
+    ``arguments`` when ``idempotentHint = true`` (the server says a repeat has no further
+    effect, so the runtime may retry a transient failure), else on all arguments with no
+    retries; ``openWorldHint = true`` is not deterministic.
+    """
+    if not annotations:
+        return {}
+    read_only = annotations.get("readOnlyHint")
+    destructive = annotations.get("destructiveHint")
+    idempotent = annotations.get("idempotentHint")
+    open_world = annotations.get("openWorldHint")
+    flags: dict[str, Any] = {}
+    if read_only is True:
+        flags.update(read_only=True, side_effect=False)
+        if open_world is False:
+            flags["deterministic"] = True
+    elif read_only is False or destructive is not None or idempotent is not None:
+        flags.update(read_only=False, side_effect=True)
+        if idempotent is True:
+            flags["idempotency_keys"] = list(arguments)
+    if open_world is True:
+        flags["deterministic"] = False
+    return flags
+
+
+def merge_nature(declared: Mapping[str, Any], table: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A server's declared nature with a ``[tools.<name>]`` table over it, flag by flag; a
+    table that says read-only (or not a side effect) drops the annotations' side effect."""
+    flags = dict(declared)
+    if not table:
+        return flags
+    flags.update(table)
+    if table.get("read_only") is True and "side_effect" not in table:
+        flags["side_effect"] = False
+    if table.get("side_effect") is True and "read_only" not in table:
+        flags["read_only"] = False
+    if flags.get("side_effect") is not True:
+        flags.pop("idempotency_keys", None)
+    return flags
+
+
+def start_servers(config: Config, redact: Any = None) -> tuple[Any, list[Tool]]:
+    """Start ``config``'s MCP servers and list their tools (see
+    :func:`loopwarden.mcp.client.start`); a missing ``mcp`` package is a :class:`ConfigError`
+    saying which extra to install."""
+    try:
+        from loopwarden.mcp import client as _mcp_client
+    except ImportError as exc:  # the SDK is missing (or broken)
+        first = next(iter(config.mcp.servers))
+        raise ConfigError(
+            f"MCP servers need the mcp package ({exc}): pip install 'loopwarden[mcp]'",
+            path=config.path,
+            key=f"mcp.servers.{first}",
+        ) from None
+    return _mcp_client.start(config, redact)
