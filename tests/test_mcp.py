@@ -573,7 +573,10 @@ def test_the_docs_toml_examples_are_valid_configs() -> None:
 
     import jsonschema
 
-    from loopwarden.config import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - 3.10
+        import tomli as tomllib
 
     root = Path(__file__).parent.parent
     readme = (root / "README.md").read_text(encoding="utf-8")

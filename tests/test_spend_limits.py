@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -608,7 +609,10 @@ def test_a_killed_worker_leaves_the_budget_consistent_after_the_ttl(
 def test_the_readme_example_is_a_valid_config() -> None:
     import re
 
-    from loopwarden.config import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - 3.10
+        import tomli as tomllib
     from loopwarden.engine.pluginmanager import load_plugins
 
     readme = (Path(__file__).resolve().parent.parent / "docs" / "shared-budgets.md").read_text(
