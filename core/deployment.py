@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -149,10 +150,69 @@ def _warn_unknown_tools(scenario: Scenario, tools: ToolRegistry) -> None:
         )
 
 
-def _disconnect_all(receivers: list[tuple[NamedSignal, Callable[..., Any]]]) -> None:
-    for signal, receiver in receivers:
-        signal.disconnect(receiver)
-    receivers.clear()
+class _Router:
+    """The one blinker receiver of a signal for every deployment in the process: it looks up
+    the run's deployment and calls that deployment's receivers, each isolated (a failing one
+    is logged once and never stops the others).
+
+    One receiver per deployment made every send call each live deployment's receiver, only for
+    all but one to find the run was not theirs: O(deployments) per signal, per step, for a
+    process serving many.  The router is connected while some deployment has receivers for its
+    signal, so ``signal.receivers`` stays empty -- and the loop skips building what nobody
+    reads -- when none does.
+    """
+
+    __slots__ = ("routes", "signal")
+
+    def __init__(self, signal: NamedSignal) -> None:
+        self.signal = signal
+        #: id(deployment) -> (a weak reference to it, its receivers of this signal)
+        self.routes: dict[int, tuple[weakref.ref[Deployment], list[Callable[..., Any]]]] = {}
+
+    def __call__(self, sender: Any, **kwargs: Any) -> None:
+        dep = getattr(sender, "deployment", None)
+        route = self.routes.get(id(dep))
+        if route is None or route[0]() is not dep:
+            return
+        for rec in route[1]:
+            try:
+                rec(sender, **kwargs)
+            except Exception:
+                signals.receiver_failed(self.signal, rec)
+
+    def add(self, dep: Deployment, receiver: Callable[..., Any]) -> None:
+        if not self.routes:
+            self.signal.connect(self, weak=False)
+        route = self.routes.get(id(dep))
+        if route is None or route[0]() is not dep:
+            route = self.routes[id(dep)] = (weakref.ref(dep), [])
+        route[1].append(receiver)
+
+    def drop(self, key: int) -> None:
+        """Forget the deployment whose id was ``key`` (closed or collected)."""
+        if self.routes.pop(key, None) is not None and not self.routes:
+            self.signal.disconnect(self)
+
+
+#: one router per signal, shared by every deployment of the process
+_ROUTERS: dict[NamedSignal, _Router] = {}
+# re-entrant: a deployment collected while another connects drops its routes in that thread
+_ROUTERS_LOCK = threading.RLock()
+
+
+def _router(signal: NamedSignal) -> _Router:
+    router = _ROUTERS.get(signal)
+    if router is None:
+        router = _ROUTERS[signal] = _Router(signal)
+    return router
+
+
+def _disconnect_all(key: int, routed: list[NamedSignal]) -> None:
+    """Take the deployment whose id was ``key`` off the routers of ``routed``."""
+    with _ROUTERS_LOCK:
+        for signal in routed:
+            _ROUTERS[signal].drop(key)
+    routed.clear()
 
 
 class Deployment:
@@ -192,11 +252,11 @@ class Deployment:
             self._tools = ToolRegistry(tools)
         #: the shared store (budgets, side-effect ledger), opened on first use
         self.shared = Shared(self.config.store)
-        self._receivers: list[tuple[NamedSignal, Callable[..., Any]]] = []
-        self._local_receivers: dict[NamedSignal, list[Callable[..., Any]]] = {}
+        #: the signals this deployment has receivers for (see :meth:`connect`)
+        self._routed: list[NamedSignal] = []
         # an unclosed deployment's receivers go when it does (a signal that is rarely sent
         # would otherwise keep one dead receiver per deployment connected for ever)
-        weakref.finalize(self, _disconnect_all, self._receivers)
+        weakref.finalize(self, _disconnect_all, id(self), self._routed)
         try:
             self.hooks.configure(self)
         except Exception as exc:  # a plugin that cannot start: a clear start-up error
@@ -318,39 +378,20 @@ class Deployment:
     def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
         """Subscribe ``receiver`` to ``signal`` for this deployment's runs only.
 
-        The deployment connects one blinker receiver per signal, which checks the run's
-        deployment once and fans out to its receivers (each isolated: a failing one is logged
-        once and never stops the others).  It holds the deployment weakly and disconnects
-        itself once the deployment is gone (at its next send, or when the deployment is
-        collected), so an unclosed deployment leaks nothing.
+        Every deployment of the process shares one blinker receiver per signal, which looks up
+        the run's deployment and calls its receivers (each isolated: a failing one is logged
+        once and never stops the others), so a send costs the same however many deployments
+        are alive.  The deployment is held weakly: its receivers go when it is closed or
+        collected, so an unclosed deployment leaks nothing.
         """
-        local = self._local_receivers.get(signal)
-        if local is None:
-            local = self._local_receivers[signal] = []
-            me = weakref.ref(self)
-
-            def fanout(sender: Any, **kwargs: Any) -> None:
-                dep = me()
-                if dep is None:
-                    signal.disconnect(fanout)
-                    return
-                receivers = dep._local_receivers.get(signal, ())
-                if getattr(sender, "deployment", None) is not dep:
-                    return
-                for rec in receivers:
-                    try:
-                        rec(sender, **kwargs)
-                    except Exception:
-                        signals.receiver_failed(signal, rec)
-
-            signal.connect(fanout, weak=False)
-            self._receivers.append((signal, fanout))
-        local.append(receiver)
+        with _ROUTERS_LOCK:
+            _router(signal).add(self, receiver)
+            if signal not in self._routed:
+                self._routed.append(signal)
 
     def close(self) -> None:
         """Disconnect signal receivers and close plugins (files, threads)."""
-        _disconnect_all(self._receivers)
-        self._local_receivers.clear()
+        _disconnect_all(id(self), self._routed)
         self.hooks.unconfigure(self)
         self.shared.close()
         if self.mcp is not None:

@@ -134,3 +134,39 @@ def test_an_unclosed_deployment_is_collected_and_its_receivers_go_with_it() -> N
     # the orphaned receiver removes itself
     other.run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert len(signals.run_stopped.receivers) == before
+
+
+def test_a_send_calls_one_router_however_many_deployments_listen() -> None:
+    """Each deployment used to connect a receiver of its own to every signal it observed: a
+    send called all of them, and all but one found the run was not theirs."""
+    before = len(signals.run_stopped.receivers)
+    deps = [Deployment(parse_config({}), tools=shop_tools()) for _ in range(30)]
+    got: dict[int, list[str]] = {i: [] for i in range(30)}
+    for i, dep in enumerate(deps):
+        dep.connect(signals.run_stopped, lambda sender, i=i, **kw: got[i].append(sender.run_id))
+    assert len(signals.run_stopped.receivers) == before + (before == 0)
+    run = deps[7].run("q", model=ScriptedModel(script([{"content": "x"}])))
+    assert got[7] == [run.run_id]
+    assert all(not seen for i, seen in got.items() if i != 7)
+    for dep in deps[:-1]:
+        dep.close()
+    deps[-1].run("q", model=ScriptedModel(script([{"content": "x"}])))
+    assert len(got[29]) == 1  # the others closed, the last one still hears its runs
+    deps[-1].close()
+    assert len(signals.run_stopped.receivers) == before
+
+
+def test_a_deployment_collected_meanwhile_takes_only_its_own_receivers() -> None:
+    import gc
+
+    keep = Deployment(parse_config({}), tools=shop_tools())
+    heard: list[str] = []
+    keep.connect(signals.run_stopped, lambda sender, **kw: heard.append(sender.run_id))
+    for _ in range(5):
+        gone = Deployment(parse_config({}), tools=shop_tools())
+        gone.connect(signals.run_stopped, lambda sender, **kw: heard.append("wrong"))
+        del gone
+        gc.collect()
+    run = keep.run("q", model=ScriptedModel(script([{"content": "x"}])))
+    assert heard == [run.run_id]
+    keep.close()
