@@ -19,11 +19,10 @@ from support.openai_stream import push_stream
 from support.openai_stub import Stub, completion
 
 from loopwarden import Deployment, ModelRequest, ModelResponse
-from loopwarden.clock import CancelToken
+from loopwarden.clock import CancelToken, await_in_task
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.engine.streaming import RunEnd
-from loopwarden.models._in_task import await_in_task
 from loopwarden.models.openai_chat import OpenAIChatModel
 
 needs_uncancel = pytest.mark.skipif(

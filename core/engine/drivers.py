@@ -30,13 +30,12 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.clock import DEADLINE_SLACK_S, WATCHDOG, await_within
+from loopwarden.clock import DEADLINE_SLACK_S, WATCHDOG, await_in_task, await_within
 from loopwarden.engine import execution
 from loopwarden.engine.effects import CallModel, Effect, Failed, Machine
 from loopwarden.engine.outcomes import best_effort
 from loopwarden.events import ModelRequest
 from loopwarden.exceptions import ModelError
-from loopwarden.models._in_task import await_in_task
 from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from loopwarden import signals
-from loopwarden.clock import DEADLINE_SLACK_S, await_within
+from loopwarden.clock import DEADLINE_SLACK_S, await_in_task, await_within
 from loopwarden.engine import execution
 from loopwarden.engine.calls import CORE
 from loopwarden.engine.drivers import _Done, _nothing, _step, _Stepper, _watch, internal_error
@@ -57,7 +57,6 @@ from loopwarden.engine.effects import CallModel, Effect, Failed
 from loopwarden.engine.outcomes import best_effort
 from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult, Usage
 from loopwarden.exceptions import ModelError
-from loopwarden.models._in_task import await_in_task
 from loopwarden.run import Run, RunOutcome
 from loopwarden.verdicts import Stop, Verdict
 

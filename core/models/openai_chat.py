@@ -19,7 +19,7 @@ A sync call runs in a daemon thread that is abandoned at the deadline or on canc
 itself soon after: its reads are bounded by the same deadline).  An async call runs in the
 caller's own task, which a timer (or the cancel token) cancels -- the client honours
 cancellation by closing its connection -- so it costs no task and no event-loop pass per call
-(:mod:`loopwarden.models._in_task`).  An async client is kept per event loop, so one model
+(:func:`loopwarden.clock.await_in_task`).  An async client is kept per event loop, so one model
 serves ``asyncio.run(dep.arun(...))`` job after job.  Error texts are
 redacted (the API key, bearer credentials) before they leave the client: a server that echoes
 the ``Authorization`` header in an error body does not put the key into records or logs.
@@ -54,6 +54,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from loopwarden.clock import await_in_task
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.exceptions import ConfigError, ModelError
 from loopwarden.models.tokens import estimate_text
@@ -104,11 +105,10 @@ class OpenAIChatModel:
     ) -> None:
         import openai  # lazy: keeps `import loopwarden` fast
 
-        from loopwarden.models import _bounded_http, _in_task
+        from loopwarden.models import _bounded_http
 
         self._openai = openai
         self._http = _bounded_http
-        self._in_task = _in_task
         self.name = model
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
@@ -311,7 +311,7 @@ class OpenAIChatModel:
         """One bounded call (see the module doc) on the running event loop."""
         bounds = self._bounds(request)
         client = self._async_client()
-        ending, value = await self._in_task.await_in_task(
+        ending, value = await await_in_task(
             self._acall(client, request, bounds), bounds.left(), request.cancel
         )
         return self._convert(self._ended(ending, value, bounds), request)
@@ -378,7 +378,7 @@ class OpenAIChatModel:
         """:meth:`stream` on the running event loop."""
         bounds = self._bounds(request)
         client = self._async_client()
-        ending, value = await self._in_task.await_in_task(
+        ending, value = await await_in_task(
             self._acall(client, request, bounds, True), bounds.left(), request.cancel
         )
         stream = self._ended(ending, value, bounds)
