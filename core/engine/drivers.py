@@ -39,7 +39,6 @@ from loopwarden.exceptions import ModelError
 from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
     from loopwarden.engine.loop import Engine
     from loopwarden.models import Model
 
@@ -96,20 +95,10 @@ def blocking_io(run: Run) -> bool:
     if shared is None:
         return False
     deployment = run.deployment
-    if deployment is not None:
-        declared = _DECLARED.get(deployment)
-        if declared is None:
-            declared = _DECLARED[deployment] = any(
-                getattr(p.obj, "blocking_io", False) is True for p in deployment.plugins
-            )
-        if declared:
-            return True
+    if deployment is not None and deployment.plugins.blocking_io:
+        return True
     tools = run.tools
     return bool(shared.config.ledger and tools is not None and any(t.side_effect for t in tools))
-
-
-#: per deployment: whether one of its plugins declares ``blocking_io``
-_DECLARED: weakref.WeakKeyDictionary[Deployment, bool] = weakref.WeakKeyDictionary()
 
 
 class _Done:

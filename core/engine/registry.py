@@ -8,6 +8,7 @@ Split from :mod:`loopwarden.engine.pluginmanager` (which re-exports the public n
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import os
 import sys
@@ -318,6 +319,12 @@ class PluginSet:
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.plugins]
+
+    @functools.cached_property
+    def blocking_io(self) -> bool:
+        """Whether one of these plugins declares ``blocking_io`` (its hooks may wait on a
+        store): asked once, as a set's plugins are fixed once it is loaded."""
+        return any(getattr(p.obj, "blocking_io", False) is True for p in self.plugins)
 
     def call_order(self, hook: str) -> list[str]:
         """The effective call order of ``hook`` (read from pluggy), wrappers excluded."""
