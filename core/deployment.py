@@ -162,12 +162,13 @@ class _Router:
     reads -- when none does.
     """
 
-    __slots__ = ("routes", "signal")
+    __slots__ = ("connected", "routes", "signal")
 
     def __init__(self, signal: NamedSignal) -> None:
         self.signal = signal
         #: id(deployment) -> (a weak reference to it, its receivers of this signal)
         self.routes: dict[int, tuple[weakref.ref[Deployment], list[Callable[..., Any]]]] = {}
+        self.connected = False
 
     def __call__(self, sender: Any, **kwargs: Any) -> None:
         dep = getattr(sender, "deployment", None)
@@ -181,17 +182,21 @@ class _Router:
                 signals.receiver_failed(self.signal, rec)
 
     def add(self, dep: Deployment, receiver: Callable[..., Any]) -> None:
-        if not self.routes:
-            self.signal.connect(self, weak=False)
         route = self.routes.get(id(dep))
         if route is None or route[0]() is not dep:
             route = self.routes[id(dep)] = (weakref.ref(dep), [])
         route[1].append(receiver)
+        # connected after the route is in: a collection meanwhile may drop the last other
+        # route and disconnect, and this connects again
+        if not self.connected:
+            self.signal.connect(self, weak=False)
+            self.connected = True
 
     def drop(self, key: int) -> None:
         """Forget the deployment whose id was ``key`` (closed or collected)."""
-        if self.routes.pop(key, None) is not None and not self.routes:
+        if self.routes.pop(key, None) is not None and not self.routes and self.connected:
             self.signal.disconnect(self)
+            self.connected = False
 
 
 #: one router per signal, shared by every deployment of the process
