@@ -26,6 +26,10 @@ Reported per store:
   is not timed) by :mod:`loopwarden.testing.roundtrips`;
 * ``bare_round_trip_us`` (Redis): a ``PING`` on the store's connection after each settle
   (outside the timings above): the floor of one round trip at that moment, on that machine;
+* ``in_flight``: one process, the store alone (no guards): p50 / p99 µs of one reserve +
+  settle on a tenant's counter while 0, 100 and 1,000 other reservations of that counter are
+  in flight (``--in-flight``) -- what a reserve costs when many runs of one tenant call their
+  models at once (a server of async runs, a fleet of workers);
 * ``load_before`` / ``load_after``: the machine's load averages (1, 5, 15 min) around the
   bench -- these figures are only comparable at a similar load.
 
@@ -78,7 +82,7 @@ from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.demo import config_tools
 from loopwarden.deployment import Deployment
 from loopwarden.plugins.spend_limits import SpendLimits
-from loopwarden.store import COST_UNIT, QUANTITIES, RedisStore, open_store
+from loopwarden.store import COST_UNIT, QUANTITIES, Counter, RedisStore, open_store
 from loopwarden.testing.faults import CappedModel, FlakyStore, install_store
 from loopwarden.testing.roundtrips import count_round_trips
 
@@ -324,6 +328,37 @@ def measure_capped(
     return out
 
 
+def measure_in_flight(
+    url: str, namespace: str, counts: list[int], pairs: int = 400
+) -> dict[str, dict[str, float]]:
+    """p50 / p99 µs of one reserve + settle on a counter while ``n`` other reservations of it
+    are in flight, for each ``n`` in ``counts`` (rising: the held ones accumulate)."""
+    store = open_store(url, namespace=namespace)
+    c = Counter("tenant", "acme", "day", "bench", (None, None, None, None, 10**15), None)
+    amount, usage = (0, 1, 0, 1000, 5000), (0, 1, 0, 900, 4000)
+    out: dict[str, dict[str, float]] = {}
+    held = 0
+    try:
+        for n in sorted(counts):
+            while held < n:
+                store.reserve([c], amount, token=f"held-{held}", ttl_s=3600)
+                held += 1
+            for i in range(pairs // 10):  # warm-up
+                store.reserve([c], amount, token=f"w{i}", ttl_s=60)
+                store.settle([c], f"w{i}", usage)
+            times = []
+            for i in range(pairs):
+                t = time.perf_counter()
+                store.reserve([c], amount, token=f"p{i}", ttl_s=60)
+                store.settle([c], f"p{i}", usage)
+                times.append((time.perf_counter() - t) * 1e6)
+            out[str(n)] = {"p50": round(_pct(times, 0.5), 1), "p99": round(_pct(times, 0.99), 1)}
+        store.reset("tenant", "acme")
+    finally:
+        store.close()
+    return out
+
+
 def _pct(values: list[float], p: float) -> float:
     if not values:
         return 0.0
@@ -474,10 +509,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capped-runs", type=int, default=25, help="one-call runs per worker")
     parser.add_argument("--capped-budget", type=int, default=50_000, help="tenant/day tokens")
     parser.add_argument("--max-output-tokens", type=int, default=4000)
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        nargs="*",
+        default=[0, 100, 1000],
+        help="reservations held on the counter while one reserve + settle is timed",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.runs, args.max_cost = 2, 3, 0.01
         args.capped_workers, args.capped_runs, args.capped_budget = 2, 4, 10_000
+        args.in_flight = [0, 10]
     out: dict[str, Any] = {
         "bench": "shared_budget",
         "python": platform.python_version(),
@@ -518,6 +561,13 @@ def main(argv: list[str] | None = None) -> int:
                     "bare_round_trip_us",
                 )
             }
+            if args.in_flight:
+                result["in_flight"] = measure_in_flight(
+                    alone["url"].replace("alone.sqlite3", "in-flight.sqlite3"),
+                    store.get("namespace", "loopwarden") + "-in-flight",
+                    args.in_flight,
+                    pairs=40 if args.quick else 400,
+                )
             for variant, key in (
                 ()
                 if args.timing_only
@@ -575,6 +625,11 @@ def main(argv: list[str] | None = None) -> int:
                     if rt["statements"]
                     else ""
                 )
+            )
+        if "in_flight" in r:
+            print(
+                "  one reserve + settle with N others in flight (us p50 / p99): "
+                + "; ".join(f"N={n}: {v['p50']} / {v['p99']}" for n, v in r["in_flight"].items())
             )
         for key in ("capped_output", "uncapped_reservation", "flaky_store"):
             if key not in r:

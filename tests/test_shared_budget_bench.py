@@ -42,6 +42,10 @@ def test_the_shared_budget_bench_smoke(redis_server: str) -> None:
             for what in ("reserve", "settle"):
                 assert trips[what]["calls"] > 0 and trips[what]["round_trips"] == 1
         assert result["store_cpu_us_per_model_call"]["p50"] > 0
+        # a reserve + settle timed with others of the same counter in flight
+        assert set(result["in_flight"]) == {"0", "10"}
+        for figures in result["in_flight"].values():
+            assert 0 < figures["p50"] <= figures["p99"]
         # the overspend bound with [model] max_output_tokens set (a model that answers with
         # its whole cap), and with a store that times out half of its calls
         for key in ("capped_output", "flaky_store"):

@@ -225,6 +225,16 @@ def test_an_unreachable_redis_is_a_store_error(redis_server: str) -> None:
     assert make_store(base) is not None
 
 
+def test_the_redis_extra_packs_and_parses_in_c(redis_server: str) -> None:
+    """``loopwarden[redis]`` brings hiredis: redis-py then packs each command and parses each
+    reply in C (about a third less client CPU per store call than its pure-Python parser)."""
+    import redis.connection
+    import redis.utils
+
+    assert redis.utils.HIREDIS_AVAILABLE
+    assert "Hiredis" in redis.connection.DefaultParser.__name__
+
+
 def test_large_amounts_stay_exact(store_url: str) -> None:
     store = make_store(store_url)
     big = 10**15 + 7  # past Lua's 14-digit number formatting

@@ -43,36 +43,100 @@ MAX_CONNECTIONS = 64
 
 # The counter index is a sorted set scored by each counter's expiry (+inf: never), so a write
 # prunes the expired members in O(log n) -- the hashes themselves expire by EXPIREAT.
-# KEYS: per counter, its hash and its reservations hash; then the index.
-# ARGV: now, ttl, commit, token, the 5 amounts, then per counter: expires_at (-1: never),
-# scope, key, window, bucket, the 5 limits (-1: none).
-_LUA_RESERVE = """
+#
+# A counter's live reservations are one hash ("held"): each token's amounts and expiry
+# ("a,b,c,d,e,expires_at"), and beside them their sums and the earliest expiry (the fields
+# "~runs" ... "~cost" and "~next", written in the same script as the entries, so they always
+# agree).  A reserve reads the sums, not the entries: its work does not grow with the calls in
+# flight.  The entries are scanned only once "~next" has passed (a reservation expired
+# unsettled: its process died, or its call outlived the TTL), and the scan sets "~next" again.
+# The hash expires a second after its latest reservation would, entries and sums together.
+# Reservations of older versions (one hash per counter, "r:", entries only) are still summed
+# and pruned entry by entry; this version writes none.
+_LUA_HELD = """
 local Q = {'runs', 'model_calls', 'tool_calls', 'tokens', 'cost'}
+local S = {'~runs', '~model_calls', '~tool_calls', '~tokens', '~cost'}
+local function parse(v)  -- 'a,b,c,d,e,expires_at' -> its numbers
+  local p = {}
+  for x in string.gmatch(v, '[^,]+') do p[#p + 1] = tonumber(x) end
+  return p
+end
+local function int(x) return string.format('%.0f', x) end
+-- rewrite a held hash's sums (and drop the expired entries) from its entries: the rare path
+local function recount(hk, now)
+  local all = redis.call('HGETALL', hk)
+  local sums = {0, 0, 0, 0, 0}
+  local nxt = nil
+  local live = 0
+  for j = 1, #all, 2 do
+    local f = all[j]
+    if string.sub(f, 1, 1) ~= '~' then
+      local p = parse(all[j + 1])
+      if p[6] <= now then
+        redis.call('HDEL', hk, f)
+      else
+        live = live + 1
+        for q = 1, 5 do sums[q] = sums[q] + p[q] end
+        if nxt == nil or p[6] < nxt then nxt = p[6] end
+      end
+    end
+  end
+  if live == 0 then
+    redis.call('DEL', hk)
+  else
+    redis.call('HSET', hk, S[1], int(sums[1]), S[2], int(sums[2]), S[3], int(sums[3]),
+               S[4], int(sums[4]), S[5], int(sums[5]), '~next', tostring(nxt))
+  end
+  return sums, nxt
+end
+"""
+
+# KEYS: per counter, its hash, its old-format reservations hash and its held hash; then the
+# index.  ARGV: now, ttl, commit, token, the 5 amounts, then per counter: expires_at (-1:
+# never), scope, key, window, bucket, the 5 limits (-1: none).
+_LUA_RESERVE = (
+    _LUA_HELD
+    + """
 local now = tonumber(ARGV[1]); local ttl = tonumber(ARGV[2])
 local commit = ARGV[3] == '1'; local token = ARGV[4]
 local amount = {}
 for q = 1, 5 do amount[q] = tonumber(ARGV[4 + q]) end
-local n = (#KEYS - 1) / 2
+local n = (#KEYS - 1) / 3
 local index = KEYS[#KEYS]
 local out = {0, 0}
 local refused = false
+local held = {}  -- per counter: {sums, next expiry, this token's earlier amounts or nil}
 for i = 1, n do
-  local ck, rk = KEYS[2 * i - 1], KEYS[2 * i]
+  local ck, rk, hk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local o = 9 + (i - 1) * 10
   local vals = redis.call('HMGET', ck, 'runs', 'model_calls', 'tool_calls', 'tokens', 'cost')
   local used = {}
   for q = 1, 5 do used[q] = tonumber(vals[q] or '0') or 0 end
-  local res = redis.call('HGETALL', rk)
+  local res = redis.call('HGETALL', rk)  -- an older version's reservations (none: no key)
   for j = 1, #res, 2 do
-    local p = {}
-    for x in string.gmatch(res[j + 1], '[^,]+') do p[#p + 1] = tonumber(x) end
+    local p = parse(res[j + 1])
     if p[6] <= now then
       redis.call('HDEL', rk, res[j])
     else
       for q = 1, 5 do used[q] = used[q] + p[q] end
     end
   end
-  for q = 1, 5 do out[#out + 1] = used[q] end  -- integer replies: exact to 2^53
+  local h = redis.call('HMGET', hk, S[1], S[2], S[3], S[4], S[5], '~next', token)
+  local sums = {}
+  for q = 1, 5 do sums[q] = tonumber(h[q] or '0') or 0 end
+  local nxt = tonumber(h[6] or '')
+  local mine = h[7]
+  if nxt ~= nil and nxt <= now then
+    sums, nxt = recount(hk, now)
+    mine = redis.call('HGET', hk, token)
+  end
+  -- a retried reserve: its earlier reservation counts in the check (as a recount would),
+  -- and the new one replaces it
+  held[i] = {sums, nxt, mine and parse(mine) or {0, 0, 0, 0, 0}}
+  for q = 1, 5 do
+    used[q] = used[q] + sums[q]
+    out[#out + 1] = used[q]  -- integer replies: exact to 2^53
+  end
   if not refused then
     for q = 1, 5 do
       local lim = tonumber(ARGV[o + 5 + q])
@@ -83,8 +147,9 @@ for i = 1, n do
   end
 end
 if refused then return out end
+local expires = now + ttl
 for i = 1, n do
-  local ck, rk = KEYS[2 * i - 1], KEYS[2 * i]
+  local ck, hk = KEYS[3 * i - 2], KEYS[3 * i]
   local o = 9 + (i - 1) * 10
   redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
              'bucket', ARGV[o + 5])
@@ -93,9 +158,20 @@ for i = 1, n do
       if amount[q] ~= 0 then redis.call('HINCRBY', ck, Q[q], ARGV[4 + q]) end
     end
   else
-    redis.call('HSET', rk, token, table.concat({ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]},
-               ',') .. ',' .. tostring(now + ttl))
-    redis.call('EXPIRE', rk, math.ceil(ttl) + 1)
+    local nxt, mine = held[i][2], held[i][3]
+    redis.call('HSET', hk, token,
+               table.concat({ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}, ',') .. ','
+               .. tostring(expires))
+    for q = 1, 5 do  -- integer increments: exact, and no number formatting on the way
+      if mine[q] ~= 0 then
+        redis.call('HINCRBY', hk, S[q], int(amount[q] - mine[q]))
+      elseif amount[q] ~= 0 then
+        redis.call('HINCRBY', hk, S[q], ARGV[4 + q])
+      end
+    end
+    if nxt == nil or expires < nxt then redis.call('HSET', hk, '~next', tostring(expires)) end
+    local life = math.ceil(ttl) + 1  -- only ever extended: an earlier, longer one stays
+    if redis.call('TTL', hk) < life then redis.call('EXPIRE', hk, life) end
   end
   local exp = tonumber(ARGV[o + 1])
   if exp > 0 then
@@ -109,17 +185,32 @@ local old = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, PRUNE)
 if #old > 0 then redis.call('ZREM', index, unpack(old)) end
 return out
 """
+)
 
-# KEYS: per counter, its hash and its reservations hash; then the index.
-# ARGV: token, count (1/0), the 5 amounts, then per counter: expires_at, scope, key, window,
-# bucket.
-_LUA_SETTLE = """
-local Q = {'runs', 'model_calls', 'tool_calls', 'tokens', 'cost'}
-local n = (#KEYS - 1) / 2
+# KEYS: per counter, its hash, its old-format reservations hash and its held hash; then the
+# index.  ARGV: token, count (1/0), the 5 amounts, then per counter: expires_at, scope, key,
+# window, bucket.
+_LUA_SETTLE = (
+    _LUA_HELD
+    + """
+local token = ARGV[1]
+local n = (#KEYS - 1) / 3
 for i = 1, n do
-  local ck, rk = KEYS[2 * i - 1], KEYS[2 * i]
+  local ck, hk = KEYS[3 * i - 2], KEYS[3 * i]
   local o = 7 + (i - 1) * 5
-  redis.call('HDEL', rk, ARGV[1])
+  local entry = redis.call('HGET', hk, token)
+  if entry then  -- released: its amounts leave the sums (an expired one was dropped already)
+    redis.call('HDEL', hk, token)
+    local q = 0
+    for x in string.gmatch(entry, '[^,]+') do
+      q = q + 1
+      if q > 5 then break end
+      if x ~= '0' then  -- its negation, as text
+        local neg = string.sub(x, 1, 1) == '-' and string.sub(x, 2) or '-' .. x
+        redis.call('HINCRBY', hk, S[q], neg)
+      end
+    end
+  end
   if ARGV[2] == '1' then
     redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
                'bucket', ARGV[o + 5])
@@ -137,6 +228,7 @@ for i = 1, n do
 end
 return 1
 """
+)
 
 # KEYS: the entry.  ARGV: owner, now, ttl_ms.  Returns {} when claimed, else the entry.
 _LUA_CLAIM = """
@@ -238,9 +330,14 @@ class RedisStore(_Backend):
                 url=redact_url(self.url),
             ) from exc
 
-    def _keys(self, c: Counter) -> tuple[str, str]:
+    def _keys(self, c: Counter) -> tuple[str, str, str]:
+        """A counter's hash, its reservations of older versions, and its held hash."""
         ident = "\x1f".join(_ident(c))
-        return self._prefix + "c:" + ident, self._prefix + "r:" + ident
+        return (
+            self._prefix + "c:" + ident,
+            self._prefix + "r:" + ident,
+            self._prefix + "h:" + ident,
+        )
 
     def _reserve(
         self,
@@ -324,16 +421,18 @@ class RedisStore(_Backend):
             for name in names:
                 pipe.hgetall(name)
                 pipe.hgetall(name.replace(b"}:c:", b"}:r:", 1))
+                pipe.hgetall(name.replace(b"}:c:", b"}:h:", 1))
                 pipe.ttl(name)
             got = pipe.execute()
             gone = []
             for n, name in enumerate(names):
-                h, res, exp = got[3 * n], got[3 * n + 1], got[3 * n + 2]
+                h, old, held, exp = got[4 * n : 4 * n + 4]
                 if not h:
                     gone.append(name)
                     continue
                 reserved = [0] * len(QUANTITIES)
-                for value in res.values():
+                entries = [v for f, v in held.items() if not f.startswith(b"~")]
+                for value in [*old.values(), *entries]:  # the live ones: the sums may lag
                     parts = value.decode().split(",")
                     if float(parts[5]) > now:
                         for q in range(len(QUANTITIES)):
@@ -361,9 +460,9 @@ class RedisStore(_Backend):
         for row in self._rows():
             if row.scope == scope and row.key == key:
                 c = Counter(row.scope, row.key, row.window, row.bucket)
-                ck, rk = self._keys(c)
+                ck, rk, hk = self._keys(c)
                 with self._errors_as_store_error():
-                    self._r.delete(ck, rk)
+                    self._r.delete(ck, rk, hk)
                     self._r.zrem(self._index, ck)
                 n += 1
         return n
