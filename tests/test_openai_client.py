@@ -68,6 +68,48 @@ def test_tool_calls_and_usage_are_read_and_tools_are_sent(stub: tuple[Stub, str]
     assert state.headers[0]["authorization"] == "Bearer sk-test"
 
 
+def _transform_calls(model: OpenAIChatModel, req: ModelRequest) -> int:
+    """Python calls into the SDK's param transform (``openai/_utils/_transform.py``) while
+    ``model`` makes one call (the async client: it runs in this thread)."""
+    import sys
+    import threading
+
+    calls = [0]
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.endswith("_transform.py"):
+            calls[0] += 1
+
+    threading.setprofile(count)
+    sys.setprofile(count)
+    try:
+        asyncio.run(model.acomplete(req))
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return calls[0]
+
+
+def test_the_history_is_sent_as_it_is_not_walked_by_the_sdk(stub: tuple[Stub, str]) -> None:
+    """``create()`` walks its typed params recursively (an identity for chat params) at a CPU
+    cost that grows with the history -- as much as the rest of the call.  The history and the
+    tools go in ``extra_body``, sent as they are; a configured ``extra_body`` still wins."""
+    state, url = stub
+    model = make_model(url, extra_body={"seed": 7})
+    short = request()
+    long = request()
+    long.messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(40)
+    ]
+    for _ in range(3):
+        state.push(completion("ok", usage={"prompt_tokens": 1, "completion_tokens": 1}))
+    _transform_calls(model, short)  # warm: the SDK caches type lookups on first use
+    assert _transform_calls(model, long) == _transform_calls(model, short)
+    sent = state.requests[1]
+    assert sent["messages"] == long.messages and sent["tools"] == long.tools
+    assert sent["seed"] == 7 and sent["model"] == "stub-model"
+
+
 def test_tool_choice_none_is_passed_through(stub: tuple[Stub, str]) -> None:
     state, url = stub
     state.push(completion("final", usage={"prompt_tokens": 1, "completion_tokens": 1}))

@@ -149,17 +149,25 @@ class OpenAIChatModel:
         )
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {"model": self.name, "messages": request.messages}
+        """The arguments of ``chat.completions.create``.
+
+        The history and the tool specs go in ``extra_body``, which the SDK sends as it is:
+        ``create`` walks its typed params recursively to transform them -- an identity for
+        chat params (no aliases, no formats), but it cost about as much CPU as the rest of the
+        call for a history of a few turns, and it grows with the history.  ``messages`` itself
+        stays an (empty) argument, as ``create`` requires; the body's ``messages`` replaces it.
+        The configured ``extra_body`` is merged last, so its keys win as before."""
+        body: dict[str, Any] = {"messages": request.messages}
+        params: dict[str, Any] = {"model": self.name, "messages": ()}
         if request.tools:
-            params["tools"] = request.tools
+            body["tools"] = request.tools
             params["tool_choice"] = request.tool_choice
         if self.temperature is not None:
             params["temperature"] = self.temperature
         max_out = request.max_output_tokens or self.max_output_tokens
         if max_out is not None:
             params["max_tokens"] = max_out
-        if self.extra_body:
-            params["extra_body"] = self.extra_body
+        params["extra_body"] = {**body, **self.extra_body} if self.extra_body else body
         return params
 
     def _error(self, exc: Exception, note: str = "") -> ModelError:
