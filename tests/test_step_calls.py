@@ -1,0 +1,73 @@
+"""What one step of the shipped stack no longer calls (issue 23: a cheaper step).
+
+Each test pins one mechanism of the per-step path by cProfile's call counts (deterministic;
+speed itself is measured in bench/overhead.py only): calls per step are the difference between
+a long and a short run of the bench's workload (support/calls.py), so what a run does once
+cancels out.  The behaviour each cut keeps is covered by the plugins' own tests and by
+test_hot_path.py; here are the calls that must stay gone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from support.calls import calls_per_step, count_calls, play, shipped_deployment
+
+from loopwarden import SystemClock
+
+
+@pytest.fixture(scope="module")
+def per_step() -> dict[str, float]:
+    """Calls per step of the shipped stack, cooperative tool, sync driver."""
+    dep = shipped_deployment()
+    try:
+        return calls_per_step(dep)
+    finally:
+        dep.close()
+
+
+def test_the_system_clock_is_read_in_one_call() -> None:
+    # SystemClock.now is time.monotonic itself, not a method wrapping it
+    clock = SystemClock()
+    _, counts = count_calls(clock.now)
+    assert sum(counts.values()) == 1
+    assert counts["~:<built-in method time.monotonic>"] == 1
+    assert isinstance(clock.now(), float)
+
+
+def test_a_quiet_step_reads_no_resolution_property(per_step: dict[str, float]) -> None:
+    # a hook whose plugins all carried on returns EMPTY: the loop checks its verdicts only
+    assert per_step.get("verdicts.py:stop", 0) == 0
+    assert per_step.get("verdicts.py:skip", 0) == 0
+
+
+def test_hook_dispatch_reads_its_plan_inline(per_step: dict[str, float]) -> None:
+    assert per_step.get("dispatch.py:_plan", 0) == 0
+    assert per_step["dispatch.py:_direct"] == 4  # before_model, after_response, *_tool
+
+
+def test_the_per_step_metrics_build_no_label_key(per_step: dict[str, float]) -> None:
+    assert per_step.get("_metrics.py:_key", 0) == 0
+    assert per_step.get("_metrics.py:inc", 0) == 0
+    assert per_step["_metrics.py:add"] == 2  # one per signal: model_responded, tool_finished
+
+
+def test_the_metrics_counted_every_step() -> None:
+    dep = shipped_deployment()
+    try:
+        play(dep, 7)
+        metrics: Any = dep.plugins.get("metrics")
+        assert metrics.value("model_calls_total") == 8
+        assert metrics.value("tool_calls_total", tool="lookup", outcome="ok") == 7
+        prompt = metrics.value("tokens_total", kind="prompt")
+        assert prompt > 0 and isinstance(prompt, float)
+        assert metrics.value("tokens_total", kind="completion") == 7 * 16 + 8
+    finally:
+        dep.close()
+
+
+def test_time_monotonic_is_what_the_clock_reads() -> None:
+    before = time.monotonic()
+    assert before <= SystemClock().now() <= time.monotonic()
