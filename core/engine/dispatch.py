@@ -159,6 +159,9 @@ class Hooks:
         #: pluggy's path with shadowed plugins: a caller without them, and their own steps
         self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
         self._generation = -1
+        #: a loopwarden plugin manager, which says when direct dispatch must yield to pluggy's
+        #: (monitors) and when plans are stale (generation); a plain pluggy one always yields
+        self._ours = hasattr(pm, "monitors") and hasattr(pm, "generation")
         self._build_plans()
 
     def shadowing(self, plugins: Iterable[str]) -> Hooks:
@@ -409,7 +412,12 @@ class Hooks:
         return resolve(results)
 
     def _call(self, hook: str, args: tuple[Any, ...]) -> Resolution:
-        plan = self._plan(hook)
+        pm: Any = self._pm
+        # the common case read inline (no call): our manager, unmonitored, plans current
+        if self._ours and not pm.monitors and pm.generation == self._generation:
+            plan = self._plans[hook]
+        else:
+            plan = self._plan(hook)
         if plan is not None:
             return self._direct(hook, plan, args)
         caller, shadowed = self._pluggy(hook)
