@@ -71,3 +71,33 @@ def test_the_metrics_counted_every_step() -> None:
 def test_time_monotonic_is_what_the_clock_reads() -> None:
     before = time.monotonic()
     assert before <= SystemClock().now() <= time.monotonic()
+
+
+def test_quiet_budget_checks_build_no_verdict_material(per_step: dict[str, float]) -> None:
+    # token_budget: no evidence, no checks sorted by severity when both rungs are None; the
+    # spend it reads is computed with the state it already holds
+    assert per_step.get("token_budget.py:<lambda>", 0) == 0
+    assert per_step.get("token_budget.py:spent", 0) == 0
+    # conversation_limits: the warning's threshold is checked inline; the totals are read
+    # once per hook
+    assert per_step.get("conversation_limits.py:_maybe_warn", 0) == 0
+    assert per_step.get("conversation_limits.py:_totals", 0) == 0
+    # cost_budget reads the run's spend in place
+    assert per_step.get("cost_budget.py:run_cost", 0) == 0
+
+
+def test_timeout_reads_the_clock_once_before_the_model(per_step: dict[str, float]) -> None:
+    # before_model: one read for the time spent and the moment the model was asked
+    assert per_step.get("run.py:elapsed", 0) == 2  # before_tool, after_tool
+    assert per_step.get("timeout.py:<listcomp>", 0) == 0  # the tool's bound: no list
+
+
+def test_a_routed_signal_skips_blinkers_receiver_lookup(per_step: dict[str, float]) -> None:
+    # model_responded and tool_finished have one receiver each, the deployments' router
+    assert per_step.get("base.py:receivers_for", 0) == 0
+    assert per_step["deployment.py:__call__"] == 2
+
+
+def test_a_silent_logger_is_asked_once_per_event(per_step: dict[str, float]) -> None:
+    assert per_step.get("logging.py:wants", 0) == 0
+    assert per_step["__init__.py:isEnabledFor"] == 2
