@@ -101,3 +101,56 @@ def test_a_routed_signal_skips_blinkers_receiver_lookup(per_step: dict[str, floa
 def test_a_silent_logger_is_asked_once_per_event(per_step: dict[str, float]) -> None:
     assert per_step.get("logging.py:wants", 0) == 0
     assert per_step["__init__.py:isEnabledFor"] == 2
+
+
+def test_ascii_text_is_not_passed_through_clean_text(per_step: dict[str, float]) -> None:
+    # clean_text leaves ASCII text unchanged: the loop asks str.isascii() inline first
+    assert per_step.get("sanitize.py:clean_text", 0) == 0
+    # the response check is written out, without all() over generators
+    assert per_step.get("calls.py:<genexpr>", 0) == 0
+
+
+def test_text_with_lone_surrogates_is_still_cleaned() -> None:
+    from loopwarden.engine.calls import clean_response, parse_calls, well_formed
+    from loopwarden.events import ModelResponse, ProposedCall, Usage
+    from loopwarden.testing import make_run
+
+    bad = ModelResponse(
+        content="a \ud800",
+        tool_calls=[ProposedCall("look\udfff", '{"q": "x\ud83d"}', "id\ud800")],
+        usage=Usage(3, 4),
+    )
+    assert well_formed(bad)
+    clean_response(bad)
+    assert bad.content == "a \ufffd"
+    pc = bad.tool_calls[0]
+    assert (pc.name, pc.id, pc.arguments) == ("look\ufffd", "id\ufffd", '{"q": "x\ufffd"}')
+    # arguments that did not pass through clean_response are cleaned when parsed
+    raw = ModelResponse(content=None, tool_calls=[ProposedCall("q", '{"a": "\udc00"}', "c")])
+    (call,) = parse_calls(make_run(), raw)
+    assert call.raw_arguments == '{"a": "\ufffd"}'
+    # ASCII text is left as the very same object
+    text = "plain"
+    ok = ModelResponse(content=text, tool_calls=[])
+    clean_response(ok)
+    assert ok.content is text
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [Any, "u", (1, 2)],
+    ids=["type", "str", "tuple"],
+)
+def test_a_malformed_usage_is_still_refused(usage: Any) -> None:
+    from loopwarden.engine.calls import well_formed
+    from loopwarden.events import ModelResponse, ProposedCall, Usage
+
+    assert not well_formed(ModelResponse(content="x", usage=usage))
+    for fields in ((-1, 0, 0), (0, -1, 0), (0, 0, -1), (1.0, 0, 0), (0, True, 0)):
+        assert not well_formed(ModelResponse(content="x", usage=Usage(*fields)))
+    assert well_formed(ModelResponse(content="x", usage=Usage(1, 2, 0)))
+    assert not well_formed(ModelResponse(content=3, tool_calls=[]))  # type: ignore[arg-type]
+    assert not well_formed(ModelResponse(content="x", tool_calls=({},)))  # type: ignore[arg-type]
+    assert not well_formed(
+        ModelResponse(content="x", tool_calls=[ProposedCall("n", "{}", 7)])  # type: ignore[arg-type]
+    )

@@ -239,7 +239,8 @@ class Engine:
             run.add_message({"role": "tool", "tool_call_id": call.id, "content": text})
 
     def _clip(self, text: str) -> str:
-        text = clean_text(text)
+        if not text.isascii():  # clean_text leaves ASCII text as it is
+            text = clean_text(text)
         limit = self.settings.max_observation_chars
         if limit is not None and len(text) > limit:
             return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
