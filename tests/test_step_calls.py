@@ -154,3 +154,9 @@ def test_a_malformed_usage_is_still_refused(usage: Any) -> None:
     assert not well_formed(
         ModelResponse(content="x", tool_calls=[ProposedCall("n", "{}", 7)])  # type: ignore[arg-type]
     )
+
+
+def test_oscillation_renders_a_label_only_for_a_verdict(per_step: dict[str, float]) -> None:
+    # a call's label (its arguments as JSON) is rendered from the remembered call when a
+    # cycle is reported -- most symbols never are (test_oscillation checks the text)
+    assert per_step.get("oscillation.py:_label", 0) == 0
