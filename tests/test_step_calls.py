@@ -160,3 +160,17 @@ def test_oscillation_renders_a_label_only_for_a_verdict(per_step: dict[str, floa
     # a call's label (its arguments as JSON) is rendered from the remembered call when a
     # cycle is reported -- most symbols never are (test_oscillation checks the text)
     assert per_step.get("oscillation.py:_label", 0) == 0
+
+
+def test_retry_policy_builds_a_retry_plan_once_per_failure_count() -> None:
+    from loopwarden.plugins.retry_policy import RetryPolicy, RetryPolicySettings
+    from loopwarden.testing import make_run, make_tool, make_tool_call
+
+    plugin = RetryPolicy(RetryPolicySettings(runtime=True, max_retries=2))
+    run = make_run("u", tools=[make_tool("lookup", lambda q: q, read_only=True)])
+    first = make_tool_call("lookup", {"q": "a"}, run=run)
+    second = make_tool_call("lookup", {"q": "b"}, run=run)
+    plugin.before_tool(run=run, call=first)
+    plugin.before_tool(run=run, call=second)
+    assert first.retry is not None and first.retry is second.retry  # frozen: shared
+    assert first.retry.attempts == 3 and first.retry.backoff_s == plugin.backoff(1)
