@@ -174,3 +174,40 @@ def test_retry_policy_builds_a_retry_plan_once_per_failure_count() -> None:
     plugin.before_tool(run=run, call=second)
     assert first.retry is not None and first.retry is second.retry  # frozen: shared
     assert first.retry.attempts == 3 and first.retry.backoff_s == plugin.backoff(1)
+
+
+def test_the_model_turn_checks_exact_types_without_isinstance(
+    per_step: dict[str, float],
+) -> None:
+    # type(x) is T first: a str, a dict, a list, a Usage, a ProposedCall need no call
+    isinstance_ = "~:<built-in method builtins.isinstance> <- "
+    for caller in (
+        "calls.py:well_formed",
+        "calls.py:parse_proposals",
+        "tokens.py:estimate_message",
+    ):
+        assert per_step.get(isinstance_ + caller, 0) == 0, caller
+
+
+def test_arguments_of_every_shape_are_still_parsed_as_before() -> None:
+    from loopwarden.engine.calls import parse_calls
+    from loopwarden.events import ModelResponse, ProposedCall
+    from loopwarden.testing import make_run, make_tool
+
+    run = make_run("u", tools=[make_tool("q", lambda a=None: a)])
+
+    def parsed(arguments: Any) -> tuple[Any, Any, Any]:
+        pc = ProposedCall("q", arguments, "c1")
+        (call,) = parse_calls(run, ModelResponse(content=None, tool_calls=[pc]))
+        return call.arguments, call.raw_arguments, call.error
+
+    class Text(str):
+        pass
+
+    assert parsed('{"a": 1}') == ({"a": 1}, '{"a": 1}', None)
+    assert parsed(Text('{"a": 2}')) == ({"a": 2}, '{"a": 2}', None)
+    assert parsed({"a": 3}) == ({"a": 3}, '{"a": 3}', None)  # an adapter's parsed arguments
+    assert parsed(None) == ({}, "", None)
+    assert parsed("") == ({}, "", None)
+    assert parsed("[1]")[2] == "malformed_arguments"
+    assert parsed(7)[1:] == ("7", "malformed_arguments")

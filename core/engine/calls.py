@@ -56,14 +56,15 @@ def parse_proposals(
         detail: str | None = None
         parsed: Any = None
         raw: Any = pc.arguments
-        if isinstance(raw, dict):  # adapters that hand over parsed arguments: re-read
+        text = type(raw) is str  # the common case, told without an isinstance() call
+        if not text and isinstance(raw, dict):  # adapters handing over parsed arguments: re-read
             try:  # as text, so that they are checked (depth, surrogates) like text
                 raw = json.dumps(raw, ensure_ascii=False, default=str)
             except (ValueError, TypeError, RecursionError) as exc:
                 raw, err, detail = "{}", "malformed_arguments", f"not encodable: {exc}"
         if raw is None:  # some providers send null for a call without arguments
             parsed, raw = {}, ""
-        elif not isinstance(raw, str):
+        elif not text and not isinstance(raw, str):
             raw = clean_text(repr(raw))
             err, detail = "malformed_arguments", "arguments are not JSON text"
         elif err is None:
@@ -74,10 +75,11 @@ def parse_proposals(
             except ValueError as exc:  # also too deep, or a number Python refuses
                 err, detail = "malformed_arguments", str(exc)
         pc.arguments = raw  # plugins always see JSON text, as ProposedCall promises
-        if err is None and not isinstance(parsed, dict):
+        is_object = type(parsed) is dict or isinstance(parsed, dict)
+        if err is None and not is_object:
             err, detail = "malformed_arguments", "arguments must be a JSON object"
         tool = run.tools.get(pc.name) if run.tools is not None else None
-        args: dict[str, Any] | None = parsed if isinstance(parsed, dict) else None
+        args: dict[str, Any] | None = parsed if is_object else None
         if err is None and tool is None:
             err = "unknown_tool"
         if err is None and tool is not None and args is not None:
@@ -133,7 +135,7 @@ def well_formed(response: Any) -> bool:
         return False
     usage = response.usage
     if usage is not None:
-        if not isinstance(usage, Usage):
+        if type(usage) is not Usage and not isinstance(usage, Usage):
             return False
         prompt, completion, cached = usage.prompt, usage.completion, usage.cached
         if not (
@@ -146,10 +148,14 @@ def well_formed(response: Any) -> bool:
         ):
             return False
     calls = response.tool_calls
-    if not isinstance(calls, list):
+    if type(calls) is not list and not isinstance(calls, list):
         return False
-    for c in calls:
-        if not (isinstance(c, ProposedCall) and isinstance(c.name, str) and isinstance(c.id, str)):
+    for c in calls:  # type(x) is T first: the exact type needs no isinstance() call
+        if not (
+            (type(c) is ProposedCall or isinstance(c, ProposedCall))
+            and (type(c.name) is str or isinstance(c.name, str))
+            and (type(c.id) is str or isinstance(c.id, str))
+        ):
             return False
     return True
 

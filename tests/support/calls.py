@@ -7,7 +7,8 @@ the shipped config.toml with its limits raised above the run (every guard runs e
 none fires), a trivial read-only tool, an instant model.
 
 Keys are ``"<file name>:<function>"`` (``"plugin.py:state"``, ``"clock.py:now"``); C
-functions keep cProfile's own spelling (``"~:<built-in method time.monotonic>"``).
+functions keep cProfile's own spelling (``"~:<built-in method time.monotonic>"``).  The calls
+from one caller have a key of their own: ``"<callee> <- <file name>:<caller>"``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def count_calls(fn: Callable[[], Any]) -> tuple[Any, Counter[str]]:
     result = prof.runcall(fn)
     counts: Counter[str] = Counter()
     for (file, _line, name), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
-        if "_lsprof.Profiler" not in name:  # the profiler switching itself off
-            counts[f"{Path(file).name}:{name}"] += row[1]
+        if "_lsprof.Profiler" in name:  # the profiler switching itself off
+            continue
+        key = f"{Path(file).name}:{name}"
+        counts[key] += row[1]
+        for (cfile, _cline, cname), crow in row[4].items():  # by caller
+            counts[f"{key} <- {Path(cfile).name}:{cname}"] += crow[1]
     return result, counts
 
 
