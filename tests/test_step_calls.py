@@ -45,7 +45,8 @@ def test_a_quiet_step_reads_no_resolution_property(per_step: dict[str, float]) -
 
 def test_hook_dispatch_reads_its_plan_inline(per_step: dict[str, float]) -> None:
     assert per_step.get("dispatch.py:_plan", 0) == 0
-    assert per_step["dispatch.py:_direct"] == 4  # before_model, after_response, *_tool
+    assert per_step["dispatch.py:_call"] == 4  # before_model, after_response, *_tool
+    assert per_step.get("dispatch.py:_direct", 0) == 0  # dispatched in _call's own frame
 
 
 def test_the_per_step_metrics_build_no_label_key(per_step: dict[str, float]) -> None:

@@ -226,31 +226,6 @@ class Hooks:
             self._build_plans()
         return self._plans.get(hook)
 
-    def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
-        results: list[Any] = []
-        overlay: list[Callable[[], None]] = []
-        for name, fn, idx, shadowed in plan:
-            if shadowed:
-                v = self._shadowed(hook, name, fn, idx, args, overlay)
-                if v is not None:
-                    results.append(v)
-                continue
-            try:
-                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
-            except Exception as exc:
-                return self._failed(hook, exc, plugin=name)
-            if r is not None:
-                if (
-                    not isinstance(r, (Warn, Skip, Stop))
-                    or _ill_typed(r)
-                    or (type(r) is Skip and hook != "before_tool")
-                ):
-                    return self._not_a_verdict(hook, r, plugin=name)
-                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
-                    r = dataclasses.replace(r, plugin=name)
-                results.append(r)
-        return resolve(results) if results else EMPTY
-
     def _shadowed(
         self,
         hook: str,
@@ -418,8 +393,35 @@ class Hooks:
             plan = self._plans[hook]
         else:
             plan = self._plan(hook)
-        if plan is not None:
-            return self._direct(hook, plan, args)
+        if plan is None:
+            return self._via_pluggy(hook, args)
+        # direct dispatch, in this frame (four hooks a step)
+        results: list[Any] = []
+        overlay: list[Callable[[], None]] = []
+        for name, fn, idx, shadowed in plan:
+            if shadowed:
+                v = self._shadowed(hook, name, fn, idx, args, overlay)
+                if v is not None:
+                    results.append(v)
+                continue
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name)
+            if r is not None:
+                if (
+                    not isinstance(r, (Warn, Skip, Stop))
+                    or _ill_typed(r)
+                    or (type(r) is Skip and hook != "before_tool")
+                ):
+                    return self._not_a_verdict(hook, r, plugin=name)
+                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
+                    r = dataclasses.replace(r, plugin=name)
+                results.append(r)
+        return resolve(results) if results else EMPTY
+
+    def _via_pluggy(self, hook: str, args: tuple[Any, ...]) -> Resolution:
+        """pluggy's dispatch: wrappers, monitors, or a plain pluggy manager."""
         caller, shadowed = self._pluggy(hook)
         try:
             results = caller(**dict(zip(_HOOK_ARGS[hook], args, strict=True)))
