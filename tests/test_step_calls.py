@@ -212,3 +212,17 @@ def test_arguments_of_every_shape_are_still_parsed_as_before() -> None:
     assert parsed("") == ({}, "", None)
     assert parsed("[1]")[2] == "malformed_arguments"
     assert parsed(7)[1:] == ("7", "malformed_arguments")
+
+
+def test_fingerprints_of_subclassed_values_are_unchanged() -> None:
+    from collections import OrderedDict
+
+    from loopwarden.fingerprint import Fingerprinter
+
+    class Text(str):
+        pass
+
+    fp = Fingerprinter()
+    plain = fp("t", {"q": " Hello  World ", "n": 2.0, "l": ["A", {"b": "C"}]})
+    sub = fp("t", OrderedDict(q=Text(" Hello  World "), n=2.0, l=("A", OrderedDict(b=Text("C")))))
+    assert plain == sub
