@@ -186,6 +186,7 @@ def test_the_model_turn_checks_exact_types_without_isinstance(
         "calls.py:well_formed",
         "calls.py:parse_proposals",
         "tokens.py:estimate_message",
+        "fingerprint.py:_canon",  # the arguments: a JSON object of strings
     ):
         assert per_step.get(isinstance_ + caller, 0) == 0, caller
 
