@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import heapq
 import logging
 import sys
@@ -147,7 +148,7 @@ class CancelToken:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)
-                return lambda: self._remove(fn)
+                return functools.partial(self._remove, fn)  # no lambda frame per removal
         fn()
         return lambda: None
 

@@ -227,3 +227,20 @@ def test_fingerprints_of_subclassed_values_are_unchanged() -> None:
     plain = fp("t", {"q": " Hello  World ", "n": 2.0, "l": ["A", {"b": "C"}]})
     sub = fp("t", OrderedDict(q=Text(" Hello  World "), n=2.0, l=("A", OrderedDict(b=Text("C")))))
     assert plain == sub
+
+
+def test_taking_back_a_cancel_callback_costs_no_lambda_frame() -> None:
+    # await_within registers and takes back a callback per model and tool call of an
+    # async run
+    from loopwarden.clock import CancelToken
+
+    token = CancelToken()
+    fired: list[str] = []
+    remove = token.on_cancel(lambda: fired.append("removed"))
+    token.on_cancel(lambda: fired.append("kept"))
+    _, counts = count_calls(remove)
+    assert counts["clock.py:_remove"] == 1
+    assert not any("<lambda>" in k for k in counts)
+    token.cancel()
+    assert fired == ["kept"]
+    assert token.on_cancel(lambda: fired.append("late")) is not None and fired[-1] == "late"
