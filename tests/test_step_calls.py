@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from support.calls import calls_per_step, count_calls, play, shipped_deployment
+from support.calls import bench_common, calls_per_step, count_calls, play, shipped_deployment
 
 from loopwarden import SystemClock
 
@@ -244,3 +244,44 @@ def test_taking_back_a_cancel_callback_costs_no_lambda_frame() -> None:
     token.cancel()
     assert fired == ["kept"]
     assert token.on_cancel(lambda: fired.append("late")) is not None and fired[-1] == "late"
+
+
+def test_a_blocking_tool_is_waited_for_without_a_threading_event() -> None:
+    # the plain blocking tool runs in a worker under its deadline; the waiter blocks on a
+    # bare lock that the result (or the cancel token) releases
+    dep = shipped_deployment(cooperative=False)
+    try:
+        per_step = calls_per_step(dep)
+    finally:
+        dep.close()
+    assert per_step.get("threading.py:wait", 0) == 0
+    assert per_step.get("threading.py:__init__", 0) == 0
+    assert per_step["execution.py:submit"] == 1  # still handed to a worker
+
+
+def test_a_blocking_tool_cancelled_mid_call_is_abandoned_at_once() -> None:
+    import threading
+
+    from loopwarden.clock import CancelToken
+
+    release = threading.Event()
+    token = CancelToken()
+    seen: list[str] = []
+
+    def lookup(key: str) -> str:
+        token.cancel("user left")  # the run is cancelled while the tool blocks
+        release.wait(60)  # the waiter must not wait for this
+        seen.append(key)
+        return "late"
+
+    dep = shipped_deployment(lookup=lookup)
+    try:
+        w = bench_common()
+        run = dep.run(w.USER, model=w.WorkloadModel(3), cancel=token)
+        assert run.outcome is not None and run.outcome.termination == "cancelled"
+        assert seen == []  # it returned while the tool still blocked
+        tool_messages = [m["content"] for m in run.messages if m["role"] == "tool"]
+        assert tool_messages and "late" not in tool_messages[0]
+    finally:
+        release.set()
+        dep.close()

@@ -31,14 +31,14 @@ from loopwarden.tools import ToolRegistry, tool
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
 
 
-def _bench_common() -> Any:
+def bench_common() -> Any:
     """bench/_common.py (the benches' workload), imported by path."""
-    mod = sys.modules.get("_lw_bench_common")
+    mod = sys.modules.get("_lwbench_common")
     if mod is None:
-        spec = importlib.util.spec_from_file_location("_lw_bench_common", BENCH / "_common.py")
+        spec = importlib.util.spec_from_file_location("_lwbench_common", BENCH / "_common.py")
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
-        sys.modules["_lw_bench_common"] = mod
+        sys.modules["_lwbench_common"] = mod
         spec.loader.exec_module(mod)
     return mod
 
@@ -58,21 +58,27 @@ def count_calls(fn: Callable[[], Any]) -> tuple[Any, Counter[str]]:
     return result, counts
 
 
-def shipped_deployment(*, cooperative: bool = True, overrides: dict[str, Any] | None = None) -> Any:
+def shipped_deployment(
+    *,
+    cooperative: bool = True,
+    overrides: dict[str, Any] | None = None,
+    lookup: Callable[..., Any] | None = None,
+) -> Any:
     """The shipped config.toml with the bench's raised limits, and the trivial tool (taking a
-    ``ToolContext`` when ``cooperative``); ``overrides`` replace top-level config tables."""
-    w = _bench_common()
+    ``ToolContext`` when ``cooperative``; ``lookup``: a function of ``key`` of your own as the
+    tool); ``overrides`` replace top-level config tables."""
+    w = bench_common()
     path = default_config_path()
     data = w.bench_config_data(load_toml(path))
     data.update(overrides or {})
-    fn = w.lookup_ctx if cooperative else w.lookup
+    fn = lookup or (w.lookup_ctx if cooperative else w.lookup)
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(fn)])
     return Deployment(parse_config(data, path=str(path)), tools=tools)
 
 
 def play(dep: Deployment, steps: int, *, is_async: bool = False) -> Run:
     """One run of ``steps`` tool-call steps and the answer; checked to end with it."""
-    w = _bench_common()
+    w = bench_common()
     model = w.WorkloadModel(steps)
     run = asyncio.run(dep.arun(w.USER, model=model)) if is_async else dep.run(w.USER, model=model)
     assert run.outcome is not None and run.outcome.termination == "final_answer", run.record()
