@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support.calls import bench_common, calls_per_step, count_calls, play, shipped_deployment
 
-from loopwarden import SystemClock
+from loopwarden import SystemClock, signals
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +94,33 @@ def test_timeout_reads_the_clock_once_before_the_model(per_step: dict[str, float
 
 
 def test_a_routed_signal_skips_blinkers_receiver_lookup(per_step: dict[str, float]) -> None:
-    # model_responded and tool_finished have one receiver each, the deployments' router
-    assert per_step.get("base.py:receivers_for", 0) == 0
+    # model_responded and tool_finished reach the deployments' router once each
     assert per_step["deployment.py:__call__"] == 2
+    # while the dispatcher is a signal's only receiver, send() calls it directly; with
+    # another receiver beside it, blinker finds them both (a signal of its own here: the
+    # process's signals may have receivers that other tests left connected)
+    from blinker import Namespace
+
+    sig = Namespace().signal("routed")
+    got: list[Any] = []
+
+    class Dispatcher:
+        def __call__(self, sender: Any, **kw: Any) -> None:
+            got.append(("dispatcher", sender, kw))
+
+    def beside(sender: Any, **kw: Any) -> None:
+        got.append(("beside", sender, kw))
+
+    dispatcher = Dispatcher()
+    sig.connect(dispatcher, weak=False)
+    signals.set_dispatcher(sig, dispatcher)
+    _, counts = count_calls(lambda: signals.send(sig, "run", step=1))
+    assert counts.get("base.py:receivers_for", 0) == 0
+    assert got == [("dispatcher", "run", {"step": 1})]
+    with sig.connected_to(beside):
+        _, counts = count_calls(lambda: signals.send(sig, "run", step=2))
+    assert counts["base.py:receivers_for"] > 0  # a generator: counted per receiver
+    assert sorted(g[0] for g in got[1:]) == ["beside", "dispatcher"]
 
 
 def test_a_silent_logger_is_asked_once_per_event(per_step: dict[str, float]) -> None:
