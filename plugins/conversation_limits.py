@@ -214,7 +214,11 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         checked inline there first: no call on a quiet step)."""
         s = self.settings
         totals: _Totals = self.conversation_state(run)
-        if s.warn_at is None or reason in totals.warned or used < limit * s.warn_at:
+        if s.warn_at is None or reason in totals.warned:
+            return None
+        # a cost limit is a Decimal, which refuses to multiply a float: the fraction as one
+        level = limit * (Decimal(str(s.warn_at)) if isinstance(limit, Decimal) else s.warn_at)
+        if used < level:
             return None
         totals.warned.add(reason)
         return self.warn(
