@@ -309,3 +309,10 @@ def test_a_blocking_tool_cancelled_mid_call_is_abandoned_at_once() -> None:
     finally:
         release.set()
         dep.close()
+
+
+def test_arguments_are_parsed_by_the_json_scanner_directly(per_step: dict[str, float]) -> None:
+    # sanitize.json_loads: json.loads's scanner and errors, without loads/decode/raw_decode
+    # frames (test_hot_path compares it with json.loads on arbitrary text)
+    assert per_step.get("decoder.py:decode", 0) == 0
+    assert per_step.get("decoder.py:raw_decode", 0) == 0
