@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import heapq
 import logging
 import sys
@@ -62,8 +63,9 @@ class Clock(Protocol):
 class SystemClock:
     """The real monotonic clock."""
 
-    def now(self) -> float:
-        return time.monotonic()
+    #: monotonic seconds: ``time.monotonic`` itself, not a method wrapping it -- the loop and
+    #: the guards read the clock several times a step, and each read is then one C call
+    now = staticmethod(time.monotonic)
 
     def sleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
         if seconds <= 0:
@@ -146,7 +148,7 @@ class CancelToken:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)
-                return lambda: self._remove(fn)
+                return functools.partial(self._remove, fn)  # no lambda frame per removal
         fn()
         return lambda: None
 

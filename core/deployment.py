@@ -169,6 +169,7 @@ class _Router:
         #: id(deployment) -> (a weak reference to it, its receivers of this signal)
         self.routes: dict[int, tuple[weakref.ref[Deployment], list[Callable[..., Any]]]] = {}
         self.connected = False
+        signals.set_dispatcher(signal, self)  # connected for every sender, strongly (add)
 
     def __call__(self, sender: Any, **kwargs: Any) -> None:
         dep = getattr(sender, "deployment", None)

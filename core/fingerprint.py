@@ -58,11 +58,19 @@ _encode: Callable[[Any], str] = _c_encoder() or _ENCODER.encode
 
 
 def _canon(value: Any, volatile: frozenset[str], fold: bool = True) -> Any:
-    if isinstance(value, str):
+    # the exact types first (no isinstance() call for a JSON string or object), subclasses
+    # after them, in the same order
+    t = type(value)
+    if t is not str and t is not dict:
+        if isinstance(value, str):
+            t = str
+        elif isinstance(value, dict):
+            t = dict
+    if t is str:
         # whitespace runs collapsed to one space, ends stripped (str.split's whitespace is
         # exactly the regex \s), then case-folded -- unless the tool asks for exact values
         return " ".join(value.split()).casefold() if fold else value
-    if isinstance(value, dict):
+    if t is dict:
         # Key order is left to the encoder's sort_keys.  (Keys that are equal as strings,
         # 1 and "1", keep their dict order: the later one wins, as it would after a stable
         # sort by str(k).)

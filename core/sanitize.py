@@ -26,7 +26,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import IO, Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "escape_tree",
     "first_line",
     "json_line",
+    "json_loads",
     "jsonable",
     "loads_arguments",
     "loads_strict",
@@ -163,12 +164,34 @@ def _too_deep(text: str, value: Any, limit: int) -> bool:
     return text.count("[") + text.count("{") > limit and depth_exceeds(value, limit)
 
 
+#: the scanner json.loads uses (C when available), and the whitespace it skips around a value
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+#: json.decoder.WHITESPACE's match (a pattern that always matches)
+_SPACE: Callable[[str, int], re.Match[str]] = re.compile(r"[ \t\n\r]*").match  # type: ignore[assignment]
+
+
+def json_loads(text: str) -> Any:
+    """``json.loads(text)`` for a ``str``: the same scanner, value and errors, without its three
+    Python frames (``loads``, ``decode``, ``raw_decode``) -- every tool call's arguments pass
+    through here."""
+    if text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    try:
+        value, end = _SCAN(text, _SPACE(text, 0).end())
+    except StopIteration as err:
+        raise json.JSONDecodeError("Expecting value", text, err.value) from None
+    end = _SPACE(text, end).end()
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value
+
+
 def loads_arguments(text: str, limit: int = MAX_DEPTH) -> Any:
     """Parse a tool call's JSON arguments; ``ValueError`` for anything that is not usable JSON
     (including nesting deeper than ``limit`` and numbers Python refuses to convert).  Lone
     surrogates from ``\\ud800`` escapes are replaced (:func:`clean_text`)."""
     try:
-        value = json.loads(text)
+        value = json_loads(text)
     except RecursionError:  # json's own limit (~1000 levels, less when the stack is deep)
         raise ValueError(f"the arguments nest deeper than {limit} levels") from None
     if _too_deep(text, value, limit):

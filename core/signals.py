@@ -21,6 +21,7 @@ record_failed      ``path``, ``error`` (a run record could not be written)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from blinker import NamedSignal, Namespace
@@ -69,11 +70,33 @@ ALL = (
 log = logging.getLogger("loopwarden.signals")
 _reported: set[tuple[str, int]] = set()
 
+#: signal -> (its key in ``signal.receivers``, its dispatcher): see :func:`set_dispatcher`
+_dispatchers: dict[NamedSignal, tuple[int, Callable[..., Any]]] = {}
+
+
+def set_dispatcher(signal: NamedSignal, receiver: Callable[..., Any]) -> None:
+    """Name ``receiver`` -- an object (not a bound method) that its owner connects to
+    ``signal`` strongly (``weak=False``) for every sender -- as the signal's dispatcher: while
+    it is the signal's only receiver, :func:`send` calls it directly, without asking blinker
+    which receivers take this sender (the deployments' router, sent to twice a step)."""
+    _dispatchers[signal] = (id(receiver), receiver)
+
 
 def send(signal: NamedSignal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a failing receiver is logged (once per receiver) and never raises."""
-    if not signal.receivers:
+    receivers = signal.receivers
+    if not receivers:
         return
+    if len(receivers) == 1:
+        known = _dispatchers.get(signal)
+        # blinker keys a receiver object by its id: the one receiver is the dispatcher, and
+        # a dispatcher takes every sender -- exactly what receivers_for would yield
+        if known is not None and receivers.get(known[0]) is known[1]:
+            try:
+                known[1](sender, **kwargs)
+            except Exception:
+                receiver_failed(signal, known[1])
+            return
     for receiver in signal.receivers_for(sender):
         try:
             receiver(sender, **kwargs)

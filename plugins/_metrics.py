@@ -79,6 +79,16 @@ class MetricsRegistry:
             series = self._counters[name]
             series[key] = series.get(key, 0.0) + amount
 
+    def add(self, counts: Iterable[tuple[str, tuple[str, ...], float]]) -> None:
+        """Increment several counters under one lock, each by a ready-made key: its label
+        values as strings, in the definition's order (the per-step receivers' fast path --
+        no key built from keyword labels, one lock round for all of a signal's counts)."""
+        counters = self._counters
+        with self._lock:
+            for name, key, amount in counts:
+                series = counters[name]
+                series[key] = series.get(key, 0.0) + amount
+
     def observe(self, name: str, value: float, **labels: Any) -> None:
         key = self._key(name, labels)
         bounds = self.defs[name].buckets

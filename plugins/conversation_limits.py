@@ -58,12 +58,13 @@ from loopwarden import (
 )
 from loopwarden.notes import render_note, runtime
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
-from loopwarden.plugins.cost_budget import run_cost
+from loopwarden.plugins.cost_budget import RUN_COST, run_cost
 from loopwarden.reasons import FAILURE_REASONS, LOOP_REASONS
 
 __all__ = ["ConversationLimits", "ConversationLimitsSettings"]
 
 _LOOPS = frozenset((*LOOP_REASONS, *FAILURE_REASONS))
+_NO_COST = Decimal(0)  # run_cost's answer for a run that cost_budget has not priced
 _TEMPLATE_FIELDS = {"what": "model calls", "used": 60, "limit": 80, "percent": 75}
 
 
@@ -184,12 +185,8 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
             limit=limit,
             spent=used,
             count=used,
-            turn=self._totals(run).turns + 1,
+            turn=self.conversation_state(run).turns + 1,
         )
-
-    def _totals(self, run: Run) -> _Totals:
-        totals: _Totals = self.conversation_state(run)
-        return totals
 
     def _text(self, template: str, rule: str, used: Any, limit: Any) -> str:
         return render_note(
@@ -212,9 +209,16 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         )
 
     def _maybe_warn(self, run: Run, reason: str, used: Any, limit: Any) -> Verdict | None:
+        """The once-per-conversation warning for ``reason`` when ``used`` reached ``warn_at``
+        of ``limit``.  The per-step hooks call it only past the threshold (the condition is
+        checked inline there first: no call on a quiet step)."""
         s = self.settings
-        totals = self._totals(run)
-        if s.warn_at is None or reason in totals.warned or used < limit * s.warn_at:
+        totals: _Totals = self.conversation_state(run)
+        if s.warn_at is None or reason in totals.warned:
+            return None
+        # a cost limit is a Decimal, which refuses to multiply a float: the fraction as one
+        level = limit * (Decimal(str(s.warn_at)) if isinstance(limit, Decimal) else s.warn_at)
+        if used < level:
             return None
         totals.warned.add(reason)
         return self.warn(
@@ -228,7 +232,7 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
     @hookimpl
     def on_start(self, run: Run) -> Verdict | None:
         s = self.settings
-        totals = self._totals(run)
+        totals: _Totals = self.conversation_state(run)
         idle = s.max_idle_turns
         if idle is not None and totals.idle_turns >= idle:
             return self._stop(
@@ -250,8 +254,9 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
         s = self.settings
-        totals = self._totals(run)
+        totals: _Totals = self.conversation_state(run)
         final = request.final
+        warn_at = s.warn_at
         warning: Verdict | None = None
         if s.max_model_calls is not None:
             limit = s.max_model_calls
@@ -260,7 +265,8 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
                 return self._stop(run, "max_steps", call_no, limit, soft=False)
             if call_no == limit and not final:
                 return self._stop(run, "max_steps", call_no, limit, soft=True)
-            warning = self._maybe_warn(run, "max_steps", call_no, limit)
+            if warn_at is not None and not call_no < limit * warn_at:
+                warning = self._maybe_warn(run, "max_steps", call_no, limit)
         if s.max_tokens is not None:
             limit = s.max_tokens
             spent = totals.tokens + run.usage.total
@@ -272,10 +278,11 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
             )
             if rung in ("hard", "soft"):
                 return self._stop(run, "max_tokens", spent + this_call, limit, soft=rung == "soft")
-            warning = warning or self._maybe_warn(run, "max_tokens", spent, limit)
+            if warning is None and warn_at is not None and not spent < limit * warn_at:
+                warning = self._maybe_warn(run, "max_tokens", spent, limit)
         if s.max_cost is not None:
             limit_cost = s.max_cost
-            cost = totals.cost + run_cost(run)
+            cost = totals.cost + run.stash.get(RUN_COST, _NO_COST)  # run_cost(run)
             if cost >= limit_cost:
                 return self._stop(run, "max_cost", cost, limit_cost, soft=not final)
             warning = warning or self._maybe_warn(run, "max_cost", cost, limit_cost)
@@ -287,15 +294,19 @@ class ConversationLimits(Plugin[ConversationLimitsSettings]):
         if limit is None:
             return None
         st: _State = self.state(run)
-        count = self._totals(run).tool_calls + st.tool_calls + 1
+        totals: _Totals = self.conversation_state(run)
+        count = totals.tool_calls + st.tool_calls + 1
         if count > limit:
             return self._stop(run, "max_tool_calls", count, limit, soft=True)
         st.tool_calls += 1
-        return self._maybe_warn(run, "max_tool_calls", count, limit)
+        warn_at = self.settings.warn_at
+        if warn_at is not None and not count < limit * warn_at:
+            return self._maybe_warn(run, "max_tool_calls", count, limit)
+        return None
 
     @hookimpl
     def on_stop(self, run: Run, outcome: RunOutcome) -> None:
-        totals = self._totals(run)
+        totals: _Totals = self.conversation_state(run)
         st: _State = self.state(run)
         totals.turns += 1
         totals.idle_turns = totals.idle_turns + 1 if run.tool_calls == 0 else 0

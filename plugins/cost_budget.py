@@ -128,7 +128,11 @@ class ModelPrice(BaseModel):
 
     def cost(self, prompt: int, completion: int, cached: int = 0) -> Decimal:
         """The price of one call's usage."""
-        cached = max(0, min(cached, prompt))
+        # max(0, min(cached, prompt)) as conditions: priced up to three times a step
+        if cached > prompt:
+            cached = prompt
+        if cached < 0:
+            cached = 0
         cached_price = self.input if self.cached_input is None else self.cached_input
         return (
             Decimal(prompt - cached) * self.input
@@ -380,14 +384,15 @@ class CostBudget(Plugin[CostBudgetSettings]):
         s = self.settings
         st: _State = self.state(run)
         prompt = request.estimated_tokens
-        growth = 0 if st.last_prompt is None else max(0, prompt - st.last_prompt)
+        last = st.last_prompt
+        growth = 0 if last is None or prompt <= last else prompt - last
         st.last_prompt = st.in_flight = prompt
         if st.price is None:
             return None  # unpriced: max_cost cannot be enforced (unknown_model warn / free)
         reserve = request.max_output_tokens or s.reserve_output_tokens
         this_call = st.price.cost(prompt, reserve)
-        next_call = st.price.cost(prompt + max(growth, reserve), reserve)
-        spent = run_cost(run)
+        next_call = st.price.cost(prompt + (growth if growth > reserve else reserve), reserve)
+        spent = run.stash.get(RUN_COST, _ZERO)  # run_cost(run)
         now, after = spent + this_call, spent + this_call + next_call
         warn_level = (
             None if s.warn_at is None or st.warned else s.max_cost * Decimal(str(s.warn_at))
@@ -426,7 +431,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
         st.in_flight = 0
         if price is None:
             return None
-        spent = run.stash[RUN_COST] = run_cost(run) + price.cost(
+        spent = run.stash[RUN_COST] = run.stash.get(RUN_COST, _ZERO) + price.cost(
             usage.prompt, usage.completion, usage.cached
         )
         if spent >= s.max_cost and response.tool_calls:

@@ -229,7 +229,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         duration_s: float,
         **_: Any,
     ) -> None:
-        if not self.wants("model_responded", self._level):
+        # self.wants(...), inline: the receivers run every step, mostly to find it silent
+        if not self._loggers[_TOPIC["model_responded"]].isEnabledFor(self._level):
             return
         usage = response.usage
         self.emit(
@@ -250,7 +251,7 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         )
 
     def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any) -> None:
-        if not self.wants("tool_finished", self._level):
+        if not self._loggers[_TOPIC["tool_finished"]].isEnabledFor(self._level):
             return
         arguments: Any = call.arguments
         if arguments is None:  # unparseable: mask what can be found in the raw text

@@ -230,6 +230,9 @@ def _definitions(s: MetricsSettings) -> list[_Def]:
     ]
 
 
+#: the counters the per-step receivers increment (their keys are built in place)
+_MODEL_CALLS, _TOKENS, _TOOL_CALLS = "model_calls_total", "tokens_total", "tool_calls_total"
+
 #: budget -> the run's profile limit for it
 _PROFILE_FIELDS: dict[str, str] = {
     "steps": "max_steps",
@@ -346,18 +349,36 @@ class Metrics(Plugin[MetricsSettings]):
 
     # -- receivers ------------------------------------------------------------------------
 
+    # The two per-step receivers count through MetricsRegistry.add: keys ready-made, one lock.
+
     def on_model_responded(self, run: Run, *, response: ModelResponse, **_: Any) -> None:
-        self._inc("model_calls_total")
         usage = response.usage
-        if usage is not None:
-            self._inc("tokens_total", usage.prompt, kind="prompt")
-            self._inc("tokens_total", usage.completion, kind="completion")
+        if usage is None:
+            self.registry.add(((_MODEL_CALLS, (), 1.0),))
+        else:
+            self.registry.add(
+                (
+                    (_MODEL_CALLS, (), 1.0),
+                    (_TOKENS, ("prompt",), usage.prompt),
+                    (_TOKENS, ("completion",), usage.completion),
+                )
+            )
+        prom = self.prometheus
+        if prom is not None:
+            prom.inc(_MODEL_CALLS, 1.0, {})
+            if usage is not None:
+                prom.inc(_TOKENS, usage.prompt, {"kind": "prompt"})
+                prom.inc(_TOKENS, usage.completion, {"kind": "completion"})
 
     def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any) -> None:
         outcome = "skipped" if result.skipped else ("ok" if result.ok else "error")
         # A name the model invented is not a label: label values must stay a bounded set.
         tool = call.name if call.tool is not None else UNKNOWN_TOOL
-        self._inc("tool_calls_total", tool=tool, outcome=outcome)
+        if type(tool) is not str:
+            tool = str(tool)
+        self.registry.add(((_TOOL_CALLS, (tool, outcome), 1.0),))
+        if self.prometheus is not None:
+            self.prometheus.inc(_TOOL_CALLS, 1.0, {"tool": tool, "outcome": outcome})
 
     def on_guard_triggered(self, run: Run, *, verdict: Verdict, **_: Any) -> None:
         reason = str(getattr(verdict, "reason", None) or verdict.kind)

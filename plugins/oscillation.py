@@ -142,7 +142,9 @@ class CycleDetector:
 @dataclass(slots=True)
 class _State:
     detector: CycleDetector
-    labels: dict[str, str] = field(default_factory=dict)
+    #: symbol -> the call that first showed it, whose label is rendered only for a verdict
+    #: (most symbols never are); plugins may not change a call's arguments (hookspecs)
+    labels: dict[str, ToolCall] = field(default_factory=dict)
     last_digest: OrderedDict[str, str] = field(default_factory=OrderedDict)
     hits: int = 0
 
@@ -197,7 +199,7 @@ class Oscillation(Plugin[OscillationSettings]):
             sym = self._symbol(st, call)
             det.push(sym)
             if sym not in st.labels:
-                st.labels[sym] = _label(call, s.max_label_chars)
+                st.labels[sym] = call
             if found is None:
                 found = det.period()
         # labels of symbols that left the window are dropped (bounded state)
@@ -213,7 +215,11 @@ class Oscillation(Plugin[OscillationSettings]):
     def _verdict(self, run: Run, st: _State, period: int) -> Verdict:
         s = self.settings
         cycle_syms = st.detector.last(period)
-        labels = [st.labels.get(sym, sym) for sym in cycle_syms]
+        limit = s.max_label_chars
+        labels = [
+            _label(call, limit) if (call := st.labels.get(sym)) is not None else sym
+            for sym in cycle_syms
+        ]
         cycle = " -> ".join(labels)
         evidence: dict[str, Any] = dict(
             count=st.hits,

@@ -108,6 +108,12 @@ class RetryPolicy(Plugin[RetryPolicySettings]):
     name = "retry_policy"
     Settings = RetryPolicySettings
 
+    def __init__(self, settings: RetryPolicySettings | None = None) -> None:
+        super().__init__(settings)
+        #: the runtime's plan for a call with n failures so far, built once per n (plans are
+        #: frozen, and depend only on n and the settings): at most max_retries of them
+        self._plans: dict[int, RetryPlan] = {}
+
     def new_state(self) -> _State:
         return _State()
 
@@ -134,14 +140,17 @@ class RetryPolicy(Plugin[RetryPolicySettings]):
                 call.delay_s = max(call.delay_s, wait)
         left = s.max_retries - failures
         if s.runtime and left > 0 and _runtime_may_retry(call):
-            call.retry = RetryPlan(
-                attempts=left + 1,
-                backoff_s=self.backoff(failures + 1),
-                factor=s.backoff_factor,
-                max_backoff_s=s.max_backoff_s,
-                jitter=s.jitter,
-                timeouts=s.retry_timeouts,
-            )
+            plan = self._plans.get(failures)
+            if plan is None:
+                plan = self._plans[failures] = RetryPlan(
+                    attempts=left + 1,
+                    backoff_s=self.backoff(failures + 1),
+                    factor=s.backoff_factor,
+                    max_backoff_s=s.max_backoff_s,
+                    jitter=s.jitter,
+                    timeouts=s.retry_timeouts,
+                )
+            call.retry = plan
         return None
 
     @hookimpl

@@ -205,14 +205,19 @@ class Timeout(Plugin[TimeoutSettings]):
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
         s = self.settings
-        limit, elapsed = self.limit(run), run.elapsed
+        # one clock read for the time spent and the time the model was asked (run.elapsed
+        # and clock.now() read it twice, microseconds apart)
+        now = run.clock.now()
+        ended = run.ended_at
+        limit, elapsed = self.limit(run), (now if ended is None else ended) - run.started_at
         # the call itself may take no more than the time left (a final turn: the grace too)
         left = limit + (s.grace_s if request.final else 0.0) - elapsed
         st: _State = self.state(run)
         st.model_asked, st.model_timeout, st.model_final = None, None, request.final
         if left > 0:
-            request.timeout = left if request.timeout is None else min(request.timeout, left)
-            st.model_asked, st.model_timeout = run.clock.now(), request.timeout
+            timeout = request.timeout
+            request.timeout = left if timeout is None or left < timeout else timeout
+            st.model_asked, st.model_timeout = now, request.timeout
         if elapsed >= limit:
             return self._stop(run, final=request.final)
         if s.warn_at is not None and not st.warned and elapsed >= limit * s.warn_at:
@@ -247,12 +252,16 @@ class Timeout(Plugin[TimeoutSettings]):
         if left <= 0:
             return self._stop(run, call=call)
         st: _State = self.state(run)
-        bounds = [t for t in (call.timeout, self.settings.tool_timeout_s) if t is not None]
-        if not bounds or left < min(bounds):
+        # the tighter of the tool's own bound and tool_timeout_s (either may be None), as
+        # conditions: no list, no min() on every call
+        bound, ours = call.timeout, self.settings.tool_timeout_s
+        if bound is None or (ours is not None and ours < bound):
+            bound = ours
+        if bound is None or left < bound:
             call.timeout = left
             st.run_bound = call
         else:
-            call.timeout = min(bounds)
+            call.timeout = bound
             st.run_bound = None
         st.call, st.call_timeout = call, call.timeout
         return None

@@ -211,35 +211,31 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         st.last_prompt = st.in_flight = prompt
         conv: _ConversationState = self.conversation_state(run)
         max_context = run.limits.max_context or self.max_context
-        spent = self.spent(run)
+        spent = run.usage.total + st.unbilled  # self.spent(run), with the state at hand
         total = self.total_limit(run)
         final = request.final
         warn_at = s.warn_at
+        context_rung = ladder(
+            this_call,
+            next_call,
+            max_context,
+            final=final,
+            warn_level=None if warn_at is None or conv.warned_context else max_context * warn_at,
+        )
+        total_rung = ladder(
+            spent + this_call,
+            spent + this_call + next_call,
+            total,
+            final=final,
+            warn_level=None if warn_at is None or st.warned_total else total * warn_at,
+        )
+        if context_rung is None and total_rung is None:
+            return None  # the common case: no verdict, so no evidence to build
         checks = [
-            _Check(
-                "max_context",
-                ladder(
-                    this_call,
-                    next_call,
-                    max_context,
-                    final=final,
-                    warn_level=None
-                    if warn_at is None or conv.warned_context
-                    else max_context * warn_at,
-                ),
-                this_call,
-                next_call,
-                max_context,
-            ),
+            _Check("max_context", context_rung, this_call, next_call, max_context),
             _Check(
                 "max_tokens",
-                ladder(
-                    spent + this_call,
-                    spent + this_call + next_call,
-                    total,
-                    final=final,
-                    warn_level=None if warn_at is None or st.warned_total else total * warn_at,
-                ),
+                total_rung,
                 spent + this_call,
                 spent + this_call + next_call,
                 total,
@@ -302,7 +298,7 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
             )
             st.unbilled += st.in_flight + completion
         st.in_flight = 0
-        spent = self.spent(run)
+        spent = run.usage.total + st.unbilled  # self.spent(run), with the state at hand
         total = self.total_limit(run)
         if spent >= total and response.tool_calls:
             # The real usage passed what was reserved: no further call can fit, so the

@@ -318,3 +318,29 @@ def test_conversation_limits_add_up_the_runs_cost_budget_spend() -> None:
     assert second["stopped_by"] == "conversation_limits"
     assert second["evidence"]["scope"] == "conversation"
     assert second["evidence"]["spent"] == float(limit)
+
+
+def test_conversation_limits_warn_of_a_cost_limit_and_stop_at_it() -> None:
+    # max_cost is a Decimal and warn_at a float: the warning's threshold used to multiply them
+    # (a TypeError: every run of such a conversation ended as plugin_error at its first call)
+    sc = scenario([turn(None, tool_call("query_order", order_id="88231"))], then="final")
+    one_run = run_cost(Deployment(config("cost_budget"), tools=shop_tools()).run(scenario=sc))
+    cfg = config(
+        "cost_budget",
+        "conversation_limits",
+        conversation_limits={"max_turns": None, "max_cost": str(one_run * 3), "warn_at": 0.5},
+    )
+    dep = Deployment(cfg, tools=shop_tools())
+    conv = Conversation()
+    records = [dep.run(scenario=sc, conversation=conv).record() for _ in range(4)]
+    assert [r["termination"] for r in records] == [
+        "final_answer",
+        "final_answer",
+        "final_answer",
+        "max_cost",
+    ]
+    warnings = [w for r in records for w in r["warnings"]]
+    assert [w["plugin"] for w in warnings] == ["conversation_limits"]  # once per conversation
+    assert "of its" in warnings[0]["message"]
+    assert records[3]["stopped_by"] == "conversation_limits"
+    assert records[3]["evidence"]["scope"] == "conversation"

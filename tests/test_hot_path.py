@@ -433,3 +433,43 @@ def test_no_progress_decides_as_the_reference(
                 ref.new_result()
             seen.append(result.digest)
             del seen[: -s.result_memory]
+
+
+# -- json_loads: json.loads without its Python frames ------------------------------------------
+
+
+def _outcome(fn: Any, text: str) -> Any:
+    try:
+        return ("ok", fn(text))
+    except json.JSONDecodeError as exc:
+        return ("error", str(exc), exc.pos)
+    except RecursionError:
+        return ("recursion",)
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400)
+@given(
+    _json_values,
+    st.sampled_from(["", " ", "\n\t ", "\ufeff"]),
+    st.sampled_from(["", " ", "\r\n", " x", "}", ",1", "\u3000"]),
+)
+def test_json_loads_matches_json_loads(value: Any, head: str, tail: str) -> None:
+    from loopwarden.sanitize import json_loads
+
+    text = head + json.dumps(value, ensure_ascii=False) + tail
+    assert _outcome(json_loads, text) == _outcome(json.loads, text)
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet='{}[]",:0123456789.eE+- \ntrufalsn\\u\ud800', max_size=40))
+def test_json_loads_matches_json_loads_on_any_text(text: str) -> None:
+    from loopwarden.sanitize import json_loads
+
+    assert _outcome(json_loads, text) == _outcome(json.loads, text)

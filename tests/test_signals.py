@@ -170,3 +170,46 @@ def test_a_deployment_collected_meanwhile_takes_only_its_own_receivers() -> None
     run = keep.run("q", model=ScriptedModel(script([{"content": "x"}])))
     assert heard == [run.run_id]
     keep.close()
+
+
+def test_a_receiver_beside_the_router_is_called_and_the_router_still_routes() -> None:
+    """send() calls the deployments' router directly while it is a signal's only receiver;
+    a receiver connected beside it (any sender, or this run only) is called too."""
+    from support.calls import play, shipped_deployment
+
+    dep = shipped_deployment()
+    try:
+        seen: list[str] = []
+
+        def anyone(sender: Any, **kw: Any) -> None:
+            seen.append("any")
+
+        play(dep, 2)
+        metrics: Any = dep.plugins.get("metrics")
+        assert metrics.value("model_calls_total") == 3  # the router alone
+        with signals.tool_finished.connected_to(anyone):
+            play(dep, 2)
+        assert seen == ["any", "any"]
+        assert metrics.value("model_calls_total") == 6
+        assert metrics.value("tool_calls_total", tool="lookup", outcome="ok") == 4
+        play(dep, 1)  # disconnected again: the router alone
+        assert seen == ["any", "any"]
+        assert metrics.value("tool_calls_total", tool="lookup", outcome="ok") == 5
+    finally:
+        dep.close()
+
+
+def test_a_failing_dispatcher_is_reported_and_never_raises(caplog: Any) -> None:
+    from blinker import Namespace
+
+    sig = Namespace().signal("lone")
+
+    class Boom:
+        def __call__(self, sender: Any, **kw: Any) -> None:
+            raise RuntimeError("boom")
+
+    boom = Boom()
+    sig.connect(boom, weak=False)
+    signals.set_dispatcher(sig, boom)
+    signals.send(sig, object())  # logged once, not raised
+    assert "receiver" in caplog.text and "boom" in caplog.text

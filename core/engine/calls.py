@@ -56,27 +56,30 @@ def parse_proposals(
         detail: str | None = None
         parsed: Any = None
         raw: Any = pc.arguments
-        if isinstance(raw, dict):  # adapters that hand over parsed arguments: re-read
+        text = type(raw) is str  # the common case, told without an isinstance() call
+        if not text and isinstance(raw, dict):  # adapters handing over parsed arguments: re-read
             try:  # as text, so that they are checked (depth, surrogates) like text
                 raw = json.dumps(raw, ensure_ascii=False, default=str)
             except (ValueError, TypeError, RecursionError) as exc:
                 raw, err, detail = "{}", "malformed_arguments", f"not encodable: {exc}"
         if raw is None:  # some providers send null for a call without arguments
             parsed, raw = {}, ""
-        elif not isinstance(raw, str):
+        elif not text and not isinstance(raw, str):
             raw = clean_text(repr(raw))
             err, detail = "malformed_arguments", "arguments are not JSON text"
         elif err is None:
-            raw = clean_text(raw)
+            if not raw.isascii():  # clean_text leaves ASCII text as it is
+                raw = clean_text(raw)
             try:
                 parsed = loads_arguments(raw) if raw.strip() else {}
             except ValueError as exc:  # also too deep, or a number Python refuses
                 err, detail = "malformed_arguments", str(exc)
         pc.arguments = raw  # plugins always see JSON text, as ProposedCall promises
-        if err is None and not isinstance(parsed, dict):
+        is_object = type(parsed) is dict or isinstance(parsed, dict)
+        if err is None and not is_object:
             err, detail = "malformed_arguments", "arguments must be a JSON object"
         tool = run.tools.get(pc.name) if run.tools is not None else None
-        args: dict[str, Any] | None = parsed if isinstance(parsed, dict) else None
+        args: dict[str, Any] | None = parsed if is_object else None
         if err is None and tool is None:
             err = "unknown_tool"
         if err is None and tool is not None and args is not None:
@@ -126,33 +129,52 @@ def ignore_proposals(response: ModelResponse) -> list[ToolCall]:
 def well_formed(response: Any) -> bool:
     """Content is text or None, and every proposed call is a ProposedCall with a str name
     (a model adapter is third-party code: its response is checked, not trusted)."""
-    if response.content is not None and not isinstance(response.content, str):
+    # written out, without all() over generators: this runs on every model turn
+    content = response.content
+    if content is not None and type(content) is not str and not isinstance(content, str):
         return False
     usage = response.usage
-    if usage is not None and not (
-        isinstance(usage, Usage)
-        and all(type(n) is int and n >= 0 for n in (usage.prompt, usage.completion, usage.cached))
-    ):
-        return False
+    if usage is not None:
+        if type(usage) is not Usage and not isinstance(usage, Usage):
+            return False
+        prompt, completion, cached = usage.prompt, usage.completion, usage.cached
+        if not (
+            type(prompt) is int
+            and prompt >= 0
+            and type(completion) is int
+            and completion >= 0
+            and type(cached) is int
+            and cached >= 0
+        ):
+            return False
     calls = response.tool_calls
-    if not isinstance(calls, list):
+    if type(calls) is not list and not isinstance(calls, list):
         return False
-    return all(
-        isinstance(c, ProposedCall) and isinstance(c.name, str) and isinstance(c.id, str)
-        for c in calls
-    )
+    for c in calls:  # type(x) is T first: the exact type needs no isinstance() call
+        if not (
+            (type(c) is ProposedCall or isinstance(c, ProposedCall))
+            and (type(c.name) is str or isinstance(c.name, str))
+            and (type(c.id) is str or isinstance(c.id, str))
+        ):
+            return False
+    return True
 
 
 def clean_response(response: ModelResponse) -> None:
     """Replace lone surrogates in the model's text, call names and ids (see
     :func:`loopwarden.sanitize.clean_text`): they could not be stored, printed or sent back."""
-    if response.content:
-        response.content = clean_text(response.content)
+    # clean_text returns ASCII text unchanged: asked inline first, no call for the common case
+    content = response.content
+    if content and not content.isascii():
+        response.content = clean_text(content)
     for pc in response.tool_calls:
-        pc.name = clean_text(pc.name)
-        pc.id = clean_text(pc.id)
-        if isinstance(pc.arguments, str):
-            pc.arguments = clean_text(pc.arguments)
+        if not pc.name.isascii():
+            pc.name = clean_text(pc.name)
+        if not pc.id.isascii():
+            pc.id = clean_text(pc.id)
+        args = pc.arguments
+        if isinstance(args, str) and not args.isascii():
+            pc.arguments = clean_text(args)
 
 
 # -- observations for calls that do not run ---------------------------------------------------

@@ -159,6 +159,9 @@ class Hooks:
         #: pluggy's path with shadowed plugins: a caller without them, and their own steps
         self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
         self._generation = -1
+        #: a loopwarden plugin manager, which says when direct dispatch must yield to pluggy's
+        #: (monitors) and when plans are stale (generation); a plain pluggy one always yields
+        self._ours = hasattr(pm, "monitors") and hasattr(pm, "generation")
         self._build_plans()
 
     def shadowing(self, plugins: Iterable[str]) -> Hooks:
@@ -222,31 +225,6 @@ class Hooks:
         if pm.generation != self._generation:  # type: ignore[attr-defined]
             self._build_plans()
         return self._plans.get(hook)
-
-    def _direct(self, hook: str, plan: tuple[_Step, ...], args: tuple[Any, ...]) -> Resolution:
-        results: list[Any] = []
-        overlay: list[Callable[[], None]] = []
-        for name, fn, idx, shadowed in plan:
-            if shadowed:
-                v = self._shadowed(hook, name, fn, idx, args, overlay)
-                if v is not None:
-                    results.append(v)
-                continue
-            try:
-                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
-            except Exception as exc:
-                return self._failed(hook, exc, plugin=name)
-            if r is not None:
-                if (
-                    not isinstance(r, (Warn, Skip, Stop))
-                    or _ill_typed(r)
-                    or (type(r) is Skip and hook != "before_tool")
-                ):
-                    return self._not_a_verdict(hook, r, plugin=name)
-                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
-                    r = dataclasses.replace(r, plugin=name)
-                results.append(r)
-        return resolve(results) if results else EMPTY
 
     def _shadowed(
         self,
@@ -409,9 +387,41 @@ class Hooks:
         return resolve(results)
 
     def _call(self, hook: str, args: tuple[Any, ...]) -> Resolution:
-        plan = self._plan(hook)
-        if plan is not None:
-            return self._direct(hook, plan, args)
+        pm: Any = self._pm
+        # the common case read inline (no call): our manager, unmonitored, plans current
+        if self._ours and not pm.monitors and pm.generation == self._generation:
+            plan = self._plans[hook]
+        else:
+            plan = self._plan(hook)
+        if plan is None:
+            return self._via_pluggy(hook, args)
+        # direct dispatch, in this frame (four hooks a step)
+        results: list[Any] = []
+        overlay: list[Callable[[], None]] = []
+        for name, fn, idx, shadowed in plan:
+            if shadowed:
+                v = self._shadowed(hook, name, fn, idx, args, overlay)
+                if v is not None:
+                    results.append(v)
+                continue
+            try:
+                r = fn(*args) if idx is None else fn(*[args[i] for i in idx])
+            except Exception as exc:
+                return self._failed(hook, exc, plugin=name)
+            if r is not None:
+                if (
+                    not isinstance(r, (Warn, Skip, Stop))
+                    or _ill_typed(r)
+                    or (type(r) is Skip and hook != "before_tool")
+                ):
+                    return self._not_a_verdict(hook, r, plugin=name)
+                if r.plugin == UNKNOWN_PLUGIN:  # built with loopwarden.warn() & co.
+                    r = dataclasses.replace(r, plugin=name)
+                results.append(r)
+        return resolve(results) if results else EMPTY
+
+    def _via_pluggy(self, hook: str, args: tuple[Any, ...]) -> Resolution:
+        """pluggy's dispatch: wrappers, monitors, or a plain pluggy manager."""
         caller, shadowed = self._pluggy(hook)
         try:
             results = caller(**dict(zip(_HOOK_ARGS[hook], args, strict=True)))

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import datetime
 import email.utils
+import functools
 import json
 import logging
 import math
@@ -98,12 +99,16 @@ def _attempt_sync(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolRe
     # A blocking tool with a deadline: run it in a worker thread and stop waiting at the
     # deadline, or when the run is cancelled.  Python cannot kill the thread; its late
     # result is discarded.
-    done = threading.Event()
+    # a bare lock as the one-shot signal (held here, released by the result or the cancel
+    # token): a threading.Event is a Condition, a dozen Python calls per call on both sides
+    done = threading.Lock()
+    done.acquire()
+    wake = functools.partial(_wake, done)
     box: list[Any] = []
 
     def finished(ok: bool, payload: Any) -> None:
         box.append((ok, payload))
-        done.set()
+        wake()
 
     # a fresh context per call, as a new thread would have
     _WORKERS.submit(
@@ -114,9 +119,9 @@ def _attempt_sync(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolRe
         finished,
         lambda: bool(box),
     )  # abandoned: the marker appended below
-    remove = run.cancel.on_cancel(done.set)
+    remove = run.cancel.on_cancel(wake)
     try:
-        done.wait(timeout)
+        done.acquire(timeout=timeout)
     finally:
         remove()
     if not box or box[0] is None:
@@ -179,6 +184,17 @@ async def _attempt_async(t: Texts, eff: RunTool, run: Run, end: float | None) ->
 # -- retries the runtime owns ------------------------------------------------------------------
 
 _JITTER = random.Random()  # jitter only spreads retries out: no need for a seeded source
+
+
+def _wake(done: threading.Lock) -> None:
+    """Release ``done`` to wake its waiter; the second of two wakers (the result and the
+    cancel token) finds it released already."""
+    # not contextlib.suppress: this runs in the worker for every call, and suppress is three
+    # Python calls
+    try:  # noqa: SIM105
+        done.release()
+    except RuntimeError:  # release unlocked lock
+        pass
 
 
 def _may_retry(call: ToolCall, result: ToolResult) -> bool:

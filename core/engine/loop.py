@@ -239,7 +239,8 @@ class Engine:
             run.add_message({"role": "tool", "tool_call_id": call.id, "content": text})
 
     def _clip(self, text: str) -> str:
-        text = clean_text(text)
+        if not text.isascii():  # clean_text leaves ASCII text as it is
+            text = clean_text(text)
         limit = self.settings.max_observation_chars
         if limit is not None and len(text) > limit:
             return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
@@ -288,10 +289,11 @@ class Engine:
         res = hooks.on_start(run)
         if res.verdicts:
             res = self._note(run, "on_start", res)
-        if res.stop is not None:
-            if not res.stop.soft:
-                return self._hard(run, res.stop)
-            run.stopping = res.stop
+            stop = res.stop
+            if stop is not None:
+                if not stop.soft:
+                    return self._hard(run, stop)
+                run.stopping = stop
         # Side effects that happened (or may have: a timeout) are remembered for the whole
         # conversation; failures only for this run -- the user's next message may have fixed
         # what made them fail.
@@ -322,9 +324,10 @@ class Engine:
         final = run.stopping is not None
         request = self._request(run, final)
         res = hooks.before_model(run, request)
-        if res.verdicts:
+        stop = None
+        if res.verdicts:  # the common case has none: no property reads, no checks
             res = self._note(run, "before_model", res)
-        stop = res.stop
+            stop = res.stop
         if stop is not None:
             if not stop.soft:
                 if run.stopping is not None:
@@ -344,17 +347,16 @@ class Engine:
                 final = True
         t0 = run.clock.now()
         response = yield CallModel(request)
-        if not isinstance(response, (ModelResponse, Failed)) or (
-            isinstance(response, ModelResponse) and not well_formed(response)
-        ):
-            response = Failed(
-                ModelError(
-                    f"the model returned {type(response).__name__} {response!r:.200}, "
-                    "not a well-formed ModelResponse",
-                    kind="malformed",
+        usable = isinstance(response, ModelResponse) and well_formed(response)
+        if not usable:
+            if not isinstance(response, Failed):
+                response = Failed(
+                    ModelError(
+                        f"the model returned {type(response).__name__} {response!r:.200}, "
+                        "not a well-formed ModelResponse",
+                        kind="malformed",
+                    )
                 )
-            )
-        if isinstance(response, Failed):
             err, took = response.error, run.clock.now() - t0
             text = self.redact(run, f"{type(err).__name__}: {err}")
             return model_failed(self.settings, run, request, err, took, text)
@@ -406,11 +408,12 @@ class Engine:
                     return vetoed(self.settings, run, cut)
                 run.stopping = cut  # the tool-less wrap-up turn answers instead
                 return []
-        if (final or not calls) and res.stop is not None and not res.stop.soft:
+        stop = res.stop if res.verdicts else None
+        if (final or not calls) and stop is not None and not stop.soft:
             # A hard stop on an answer is a veto (an output guard, or a guard that failed
             # and fails closed): the model's text is withheld.
             return vetoed(
-                self.settings, run, res.stop, normal=self.hooks.ends_runs_normally(res.stop.plugin)
+                self.settings, run, stop, normal=self.hooks.ends_runs_normally(stop.plugin)
             )
         if final and run.stopping is not None:  # the soft stop's wrap-up turn
             return soft_end(self.settings, run, run.stopping, response)
@@ -422,7 +425,6 @@ class Engine:
                 final_answer_present=bool(text),
             )
         run.tool_calls += len(calls)
-        stop = res.stop
         if stop is not None:
             self._close_calls(run, calls, stop.reason)
             if not stop.soft:
@@ -448,16 +450,17 @@ class Engine:
                 self._close_calls(run, calls[i:], "cancelled")
                 return None
             res = hooks.before_tool(run, call)
-            if res.verdicts:
+            skip = None
+            if res.verdicts:  # the common case has none: no property reads, no checks
                 res = self._note(run, "before_tool", res)
-            stop = res.stop
-            if stop is not None:
-                self._close_calls(run, calls[i:], stop.reason)
-                if not stop.soft:
-                    return self._hard(run, stop)
-                run.stopping = stop
-                return None
-            skip = res.skip
+                stop = res.stop
+                if stop is not None:
+                    self._close_calls(run, calls[i:], stop.reason)
+                    if not stop.soft:
+                        return self._hard(run, stop)
+                    run.stopping = stop
+                    return None
+                skip = res.skip
             if skip is not None:
                 result = ToolResult(content=skip.observation, skipped=True, skipped_by=skip.plugin)
             elif call.error is not None or call.tool is None or call.arguments is None:
@@ -504,8 +507,9 @@ class Engine:
             if signals.tool_finished.receivers:
                 signals.send(signals.tool_finished, run, call=call, result=result)
             res = hooks.after_tool(run, call, result)
-            if res.verdicts:
-                res = self._note(run, "after_tool", res)
+            if not res.verdicts:
+                continue
+            res = self._note(run, "after_tool", res)
             stop = res.stop
             if stop is not None:
                 self._close_calls(run, calls[i + 1 :], stop.reason)

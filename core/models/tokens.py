@@ -163,7 +163,7 @@ def estimate_message(message: Mapping[str, Any], text: TextEstimator = estimate_
     """Estimated tokens of one chat message (content, tool calls and a fixed overhead)."""
     n = MESSAGE_OVERHEAD
     content = message.get("content")
-    if isinstance(content, str):
+    if type(content) is str or isinstance(content, str):  # the exact type: no call
         n += text(content)
     elif content is not None:
         n += text(json.dumps(content, ensure_ascii=False))
