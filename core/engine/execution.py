@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import CANCEL_GRACE_S, Ending, await_within, call_within
 from loopwarden.config import Texts
-from loopwarden.events import ToolCall, ToolResult
+from loopwarden.events import IN_DOUBT, ToolCall, ToolResult
 from loopwarden.exceptions import ToolError
 
 if TYPE_CHECKING:
@@ -203,17 +203,19 @@ def _may_retry(call: ToolCall, result: ToolResult) -> bool:
     Only a failure flagged retryable (a 429, a 5xx, a reset connection, a read-only call's
     timeout) -- never a semantic one; only a tool whose nature is declared; a side effect only
     under its declared idempotency keys (the service can then deduplicate), and never after
-    a timeout or a cancellation (its outcome is unknown).
+    a timeout, a cancellation or a death mid-call (its outcome is unknown: ``IN_DOUBT``).
     """
     plan = call.retry
     if plan is None or plan.attempts < 2 or result.ok or not result.retryable:
         return False
-    if result.error == "cancelled" or (result.error == "timeout" and not plan.timeouts):
+    if result.error == "cancelled" or (result.error in IN_DOUBT and not plan.timeouts):
         return False
     tool = call.tool
     if tool is None or not tool.declared:
         return False
-    return not call.side_effect or (tool.idempotency_keys is not None and result.error != "timeout")
+    return not call.side_effect or (
+        tool.idempotency_keys is not None and result.error not in IN_DOUBT
+    )
 
 
 class _Retries:
@@ -238,7 +240,7 @@ class _Retries:
         plan = self.plan
         if not result.retryable or result.error == "cancelled":
             return None
-        if result.error == "timeout" and (self.call.side_effect or not plan.timeouts):
+        if result.error in IN_DOUBT and (self.call.side_effect or not plan.timeouts):
             return None  # a side effect that may have happened is never tried again
         if self.attempts >= plan.attempts:
             return None
@@ -306,6 +308,15 @@ def timeout_result(t: Texts, call: ToolCall, elapsed: float) -> ToolResult:
 def error_result(t: Texts, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
     """The result of a tool that raised: its ``ToolError``, a cancellation, or an exception."""
     if isinstance(exc, ToolError):
+        if getattr(exc, "in_doubt", False):
+            # the request went out, no answer came: it may have taken effect (as a timeout)
+            return ToolResult(
+                content=to_text(exc.message),
+                ok=False,
+                error="unknown_outcome",
+                retryable=exc.retryable and not eff.call.side_effect,
+                duration_s=elapsed,
+            )
         return ToolResult(
             content=to_text(exc.message),
             ok=False,

@@ -43,7 +43,7 @@ from loopwarden.engine.outcomes import (
     soft_end,
     vetoed,
 )
-from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
+from loopwarden.events import IN_DOUBT, ModelRequest, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import ModelError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.models.tokens import estimate_tools
@@ -496,7 +496,7 @@ class Engine:
                     # Every executed side effect is remembered, whatever its outcome; only a
                     # failure that stays retryable (after_tool plugins may spend a retry
                     # budget and clear the flag on this very object) runs again.
-                    done = result.ok or result.error in ("timeout", "cancelled")
+                    done = result.ok or result.error in IN_DOUBT
                     (ledger if done else failed_here)[call.idempotency_key] = result
                     if run.shared is not None:
                         run.shared.finish(run, call, result)

@@ -37,6 +37,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from loopwarden._version import __version__
@@ -77,6 +78,8 @@ class _Session:
         self.task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.closing = asyncio.Event()
+        #: the connection closed under a call: later calls are refused before being sent
+        self.lost = False
         #: the server's stderr (closed with the session): quoted in errors, never printed
         self.errlog = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
         self._transport = self._make_transport(config)
@@ -197,12 +200,18 @@ class _Session:
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
         client = self.client
-        if client is None or self.task is None or self.task.done():
+        if client is None or self.task is None or self.task.done() or self.lost:
+            # nothing is sent: a definite failure, not a call in doubt
             raise ToolError(
                 f"ERROR: the MCP server {self.name!r} is not running" + self._stderr_note()
             )
         self.trim_stderr()
-        return await client.call_tool(tool, arguments)
+        try:
+            return await client.call_tool(tool, arguments)
+        except MCPError as exc:
+            if exc.code == mcp_types.CONNECTION_CLOSED:
+                self.lost = True
+            raise
 
     async def close(self) -> None:
         self.closing.set()
@@ -385,7 +394,9 @@ def _caller(servers: McpServers, server: str, remote: str, retryable: bool) -> C
             raise
         except Exception as exc:  # the connection, the protocol: the server's failure
             text = f"ERROR: MCP server {server!r}: {_describe(exc)}" + servers.stderr_note(server)
-            raise ToolError(servers.redact(text), retryable=retryable) from exc
+            raise ToolError(
+                servers.redact(text), retryable=retryable, in_doubt=_in_doubt(exc)
+            ) from exc
         text = observation(result)
         if result.is_error:
             raise ToolError(servers.redact(text or f"ERROR: {remote} failed"), retryable=retryable)
@@ -393,6 +404,21 @@ def _caller(servers: McpServers, server: str, remote: str, retryable: bool) -> C
 
     call_mcp_tool.__name__ = remote
     return call_mcp_tool
+
+
+def _in_doubt(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` may have taken effect: the request was sent and no
+    answer came -- the connection closed (the server died mid-call), the request timed out,
+    the transport failed.  Only an error the server itself answered (a JSON-RPC error other
+    than those two) is a definite failure."""
+    while True:  # anyio wraps the SDK's errors in exception groups
+        inner: Any = getattr(exc, "exceptions", None)
+        if not (isinstance(inner, tuple) and inner):
+            break
+        exc = inner[0]
+    if isinstance(exc, MCPError):
+        return exc.code in (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT)
+    return True
 
 
 def _hints(tool: mcp_types.Tool) -> dict[str, Any] | None:
