@@ -190,7 +190,7 @@ def secret_values(config: Config, environ: Mapping[str, str] | None = None) -> l
 
 
 def annotation_nature(
-    annotations: Mapping[str, Any] | None, arguments: list[str]
+    annotations: Mapping[str, Any] | None, arguments: list[str] | None
 ) -> dict[str, Any]:
     """The loopwarden nature an MCP server declares for a tool with its annotations, in the
     shape of a ``[tools.<name>]`` table (flags not declared are left out).
@@ -202,7 +202,10 @@ def annotation_nature(
     ``destructiveHint`` / ``idempotentHint`` without it, is a side effect -- keyed on all of
     ``arguments`` when ``idempotentHint = true`` (the server says a repeat has no further
     effect, so the runtime may retry a transient failure), else on all arguments with no
-    retries; ``openWorldHint = true`` is not deterministic.
+    retries; ``openWorldHint = true`` is not deterministic.  ``arguments`` None: the schema
+    does not say which arguments there are (free-form, unresolvable): no keys are declared,
+    and the side effect is keyed on each call's actual arguments (never on a shared empty
+    set), with no retries.
     """
     if not annotations:
         return {}
@@ -217,7 +220,7 @@ def annotation_nature(
             flags["deterministic"] = True
     elif read_only is False or destructive is not None or idempotent is not None:
         flags.update(read_only=False, side_effect=True)
-        if idempotent is True:
+        if idempotent is True and arguments is not None:
             flags["idempotency_keys"] = list(arguments)
     if open_world is True:
         flags["deterministic"] = False

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from loopwarden._version import __version__
 from loopwarden.exceptions import ConfigError, ToolError
 from loopwarden.mcp import TOOL_NAME, annotation_nature, expand_variables, merge_nature
+from loopwarden.mcp.schema import argument_names, checker
 from loopwarden.tools.recorded import recorded_tool
 
 if TYPE_CHECKING:
@@ -327,19 +328,11 @@ class McpServers:
 
 def _args_model(name: str, schema: dict[str, Any]) -> type[BaseModel]:
     """A model that checks arguments against the tool's JSON Schema (``inputSchema``) and
-    keeps them as given: the model's arguments are validated before anything is sent."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-        validator: Any = cls(schema)
-    except jsonschema.SchemaError as exc:
-        log.warning(
-            "MCP tool %r has an invalid inputSchema (%s): arguments are only checked "
-            "to be an object",
-            name,
-            exc.message,
-        )
-        validator = jsonschema.Draft202012Validator({"type": "object"})
+    keeps them as given: the model's arguments are validated before anything is sent --
+    references resolved within the schema only, patterns matched under a time bound (see
+    :mod:`loopwarden.mcp.schema`).  Raises ``jsonschema.SchemaError`` for a schema that is
+    not a JSON Schema."""
+    check = checker(schema)
 
     class Arguments(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -347,14 +340,9 @@ def _args_model(name: str, schema: dict[str, Any]) -> type[BaseModel]:
         @model_validator(mode="before")
         @classmethod
         def _check(cls, data: Any) -> Any:
-            errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
+            errors = check(data)
             if errors:
-                raise ValueError(
-                    "; ".join(
-                        (".".join(map(str, e.path)) + ": " if e.path else "") + e.message
-                        for e in errors[:5]
-                    )
-                )
+                raise ValueError("; ".join(errors))
             return data
 
     Arguments.__name__ = f"{name}_arguments"
@@ -451,7 +439,7 @@ def make_tool(
     gives it, its nature from the annotations (when trusted) under its ``[tools.<name>]``
     table, a deadline of ``timeout_s``."""
     schema = dict(spec.input_schema or {"type": "object"})
-    arguments = sorted((schema.get("properties") or {}).keys())
+    arguments = argument_names(schema)  # None: keyed on each call's actual arguments
     declared = annotation_nature(_hints(spec), arguments) if cfg.trust_annotations else {}
     flags = merge_nature(declared, table)
     base = recorded_tool(name, flags)
@@ -527,7 +515,19 @@ def start(
                 seen[local] = f"[{key}]"
                 table = config.tools.get(local)
                 flags = table.model_dump(exclude_none=True) if table is not None else None
-                tools.append(make_tool(servers, name, cfg, spec, local, flags))
+                try:
+                    tools.append(make_tool(servers, name, cfg, spec, local, flags))
+                except jsonschema.SchemaError as exc:
+                    raise ConfigError(
+                        mask(
+                            f"tool {remote!r} has an invalid inputSchema: {exc.message} "
+                            f"(at {'/'.join(map(str, exc.path)) or 'the top'})"
+                        ),
+                        path=config.path,
+                        key=f"{key}.tools",
+                        expected="a JSON Schema object; list the server's other tools in "
+                        "tools = [...] to leave this one out",
+                    ) from None
             log.info("MCP server %r: %d tools", name, len(wanted))
     except BaseException:
         servers.close()
