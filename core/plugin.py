@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from loopwarden.fields import TypedTable
 from loopwarden.hookspecs import hookimpl
 from loopwarden.verdicts import Skip, Stop, Warn, skip, stop, warn
 
@@ -72,8 +73,9 @@ def check_patterns(patterns: list[str]) -> list[str]:
     return patterns
 
 
-class PluginSettings(BaseModel):
-    """Base for plugin settings models: unknown keys are errors, values are validated."""
+class PluginSettings(TypedTable):
+    """Base for plugin settings models: unknown keys are errors, values are validated (a
+    number field takes a number, a boolean field a boolean: as the JSON Schema says)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -11,7 +11,6 @@ counts any request), an unresolvable one and a catastrophic ``pattern`` make the
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from support.cli import loopwarden
 from support.mcp_servers import count, http_server, stdio_table
 from support.stores import store_table
 from test_mcp import config, deployments, play, results, scenario
@@ -121,17 +121,6 @@ def config_file(tmp_path: Path, server: dict[str, Any]) -> Path:
         encoding="utf-8",
     )
     return cfg
-
-
-def loopwarden(*argv: str) -> subprocess.CompletedProcess[str]:
-    """``python -m loopwarden ARGV`` (the timeout only guards the test against a hang)."""
-    return subprocess.run(
-        [sys.executable, "-m", "loopwarden", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def executed(tmp_path: Path, name: str) -> list[dict[str, Any]]:

@@ -22,7 +22,14 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.clock import CANCEL_GRACE_S, Ending, await_within, call_within
+from loopwarden.clock import (
+    CANCEL_GRACE_S,
+    MAX_DURATION_S,
+    Ending,
+    await_within,
+    bounded_seconds,
+    call_within,
+)
 from loopwarden.config import Texts
 from loopwarden.events import IN_DOUBT, ToolCall, ToolResult
 from loopwarden.exceptions import ToolError
@@ -121,7 +128,7 @@ def _attempt_sync(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolRe
     )  # abandoned: the marker appended below
     remove = run.cancel.on_cancel(wake)
     try:
-        done.acquire(timeout=timeout)
+        done.acquire(timeout=bounded_seconds(timeout))
     finally:
         remove()
     if not box or box[0] is None:
@@ -349,7 +356,11 @@ def retry_after_of(exc: BaseException) -> float | None:
     as httpx's, requests' and openai's errors carry it on ``exc.response``)."""
     given = getattr(exc, "retry_after", None)
     if isinstance(given, (int, float)) and not isinstance(given, bool):
-        return max(float(given), 0.0) if math.isfinite(given) else None
+        try:
+            seconds = float(given)  # an int too large for a float overflows
+        except OverflowError:
+            return MAX_DURATION_S if given > 0 else 0.0
+        return bounded_seconds(seconds) if math.isfinite(seconds) else None
     headers = getattr(getattr(exc, "response", None), "headers", None)
     try:
         value = None if headers is None else headers.get("retry-after", headers.get("Retry-After"))
@@ -367,7 +378,7 @@ def retry_after_of(exc: BaseException) -> float | None:
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.timezone.utc)
         seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
-    return max(seconds, 0.0) if math.isfinite(seconds) else None
+    return bounded_seconds(seconds) if math.isfinite(seconds) else None
 
 
 def cancelled_result(t: Texts, eff: RunTool) -> ToolResult:

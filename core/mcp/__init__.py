@@ -28,9 +28,10 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from loopwarden.exceptions import ConfigError
+from loopwarden.fields import PositiveSeconds, TypedTable
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
@@ -50,7 +51,7 @@ _REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{[^}]*\}?")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class _Strict(BaseModel):
+class _Strict(TypedTable):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -78,12 +79,12 @@ class McpServerConfig(_Strict):
         description="HTTP headers sent with every request; values may hold ${NAME} references "
         '(e.g. Authorization = "Bearer ${ORDERS_TOKEN}")',
     )
-    startup_timeout_s: PositiveFloat = Field(
+    startup_timeout_s: PositiveSeconds = Field(
         default=30.0,
         description="the longest the server may take to start, answer the handshake and list "
         "its tools; longer is a start-up error",
     )
-    timeout_s: PositiveFloat = Field(
+    timeout_s: PositiveSeconds = Field(
         default=60.0,
         description="the longest one tool call may take (a hung server is a tool timeout); "
         "the run's time left lowers it",
