@@ -10,12 +10,14 @@ proto-http`` (the extra ``loopwarden[otel]`` brings all three).
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Instruments", "Providers", "evidence_attributes", "scalar"]
+__all__ = ["Digest", "Instruments", "Providers", "evidence_attributes", "scalar"]
 
 log = logging.getLogger("loopwarden.plugins.otel")
 
@@ -83,13 +85,46 @@ def scalar(value: Any, limit: int = _MAX_ATTR_CHARS) -> str | bool | int | float
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def evidence_attributes(evidence: Mapping[str, Any], redact: Any) -> dict[str, Any]:
+#: the standard evidence keys that hold content (a call's arguments, a sentence the model
+#: wrote): without capture_content only their hash and length leave the process
+CONTENT_EVIDENCE_KEYS = frozenset({"signature"})
+
+
+class Digest:
+    """A keyed hash of content for telemetry without ``capture_content``: equal texts get
+    equal hashes within one deployment (a repeat is told apart in a trace), and a value with
+    few possibilities (a 9-digit number) cannot be found by hashing every candidate -- the
+    key is random per deployment and never leaves the process."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self) -> None:
+        self._key = os.urandom(16)
+
+    def __call__(self, text: str) -> str:
+        data = text.encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(data, digest_size=8, key=self._key).hexdigest()
+
+    def content(self, name: str, text: str) -> dict[str, Any]:
+        """``<name>.hash`` and ``<name>.chars`` attributes standing in for ``text``."""
+        return {f"{name}.hash": self(text), f"{name}.chars": len(text)}
+
+
+def evidence_attributes(
+    evidence: Mapping[str, Any], redact: Any, digest: Digest | None = None
+) -> dict[str, Any]:
     """The standard evidence keys present in ``evidence``, redacted, as ``loopwarden.evidence.*``
-    attributes (other keys stay in the run record: a span event is not an archive)."""
+    attributes (other keys stay in the run record: a span event is not an archive).  With a
+    ``digest`` (content is not captured), a key that holds content gives only its hash and
+    length: ``loopwarden.evidence.signature.hash`` / ``.chars``."""
     out: dict[str, Any] = {}
     for key in EVIDENCE_KEYS:
         value = evidence.get(key)
-        if value is not None:
+        if value is None:
+            continue
+        if digest is not None and key in CONTENT_EVIDENCE_KEYS:
+            out.update(digest.content(f"loopwarden.evidence.{key}", str(value)))
+        else:
             out[f"loopwarden.evidence.{key}"] = scalar(redact(value))
     return out
 

@@ -19,7 +19,10 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   (a call a stop verdict holds back has no span: the verdict's event says why);
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
-  and the standard evidence keys as ``loopwarden.evidence.<key>``.
+  ``.message``, and the standard evidence keys as ``loopwarden.evidence.<key>``.  Without
+  ``capture_content`` the message and the content-holding evidence (``signature``: a call's
+  arguments) leave only as a keyed hash and a length (``loopwarden.verdict.message.hash`` /
+  ``.chars``, ``loopwarden.evidence.signature.hash`` / ``.chars``): names, counts and hashes.
 
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.tool.call.arguments`` / ``.result``) is recorded only when the operator opts in --
@@ -247,6 +250,7 @@ class OTel(Plugin[OTelSettings]):
             log.warning("otel: %s", INSTALL_HINT)
             return
         self._otel = _otel
+        self._digest = _otel.Digest()
         self._kind_client = SpanKind.CLIENT
         self._kind_internal = SpanKind.INTERNAL
         self._error = Status(StatusCode.ERROR)
@@ -509,11 +513,17 @@ class OTel(Plugin[OTelSettings]):
         soft = getattr(verdict, "soft", None)
         if soft is not None:
             attrs["loopwarden.verdict.soft"] = soft
+        # a message quotes what the guard saw (a call's arguments): content, so without
+        # capture_content only its hash and length leave the process (as the evidence's)
+        digest = None if self.capture else self._digest
         if verdict.message:
-            attrs["loopwarden.verdict.message"] = self._otel.scalar(
-                self.redactor.text(verdict.message)
-            )
-        attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor))
+            if digest is None:
+                attrs["loopwarden.verdict.message"] = self._otel.scalar(
+                    self.redactor.text(verdict.message)
+                )
+            else:
+                attrs.update(digest.content("loopwarden.verdict.message", verdict.message))
+        attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor, digest))
         st.span.add_event("loopwarden.verdict", attrs)
 
     def on_record_failed(self, run: Run, **_: Any) -> None:

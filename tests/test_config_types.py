@@ -143,7 +143,7 @@ def test_numbers_of_either_kind_still_load() -> None:
 def test_every_duration_is_bounded_when_the_config_loads(
     tmp_path: Path, doc: dict[str, Any], key: str
 ) -> None:
-    """A duration past MAX_DURATION_S (ten years) or infinite is an error naming its key,
+    """A duration past MAX_DURATION_S (1e9 s) or infinite is an error naming its key,
     from ``config check`` (exit 2) -- never a timer that overflows later."""
     enabled = sorted({"max_steps", *doc.get("plugins", {})})
     doc = {**doc, "plugins": {"enabled": enabled, **doc.get("plugins", {})}}

@@ -184,7 +184,10 @@ def test_runaway_run_span_tree_attributes_and_verdict_events(
     assert last["loopwarden.verdict.hook"] == "before_tool"
     assert last["loopwarden.evidence.count"] == record["evidence"]["count"]
     assert last["loopwarden.evidence.threshold"] == record["evidence"]["threshold"]
-    assert last["loopwarden.evidence.signature"] == record["evidence"]["signature"]
+    # no capture_content: the call's signature and the message leave only hashed
+    assert "loopwarden.evidence.signature" not in last
+    assert last["loopwarden.evidence.signature.chars"] == len(record["evidence"]["signature"])
+    assert "loopwarden.verdict.message" not in last and last["loopwarden.verdict.message.hash"]
     assert "loopwarden.evidence.fingerprint" not in last  # not a standard key
     assert "loopwarden.verdict.soft" not in events[0].attributes  # a skip has no softness
     # no content without the opt-in
@@ -654,3 +657,66 @@ def test_a_trace_the_sampler_drops_makes_no_child_spans(
     # the metrics do not depend on sampling
     (duration,) = telemetry.points("gen_ai.client.operation.duration")
     assert duration.count == run.step
+
+
+PRIVATE = {"query": "refund for jane.doe@example.com, SSN 123-45-6789"}
+
+
+def _private_loop(tmp_path: Path) -> str:
+    """A runaway run whose repeated call holds an e-mail address and an SSN."""
+    path = tmp_path / "private.toml"
+    path.write_text(
+        'name = "private"\nuser = "help"\n[model]\nturns = [\n'
+        '  { tool_calls = [{ name = "search_knowledge", arguments = '
+        + "{ "
+        + ", ".join(f"{k} = {json.dumps(v)}" for k, v in PRIVATE.items())
+        + ' } }] },\n]\nthen = "repeat_last"\nfinal_text = "done"\n'
+        '[tools.search_knowledge]\nresults = ["nothing found"]\n',
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def _exported_text(t: Telemetry) -> str:
+    """Every attribute of every span and span event, as text."""
+    parts = []
+    for span in t.spans():
+        parts.extend(f"{k}={v}" for k, v in span.attributes.items())
+        for event in span.events:
+            parts.extend(f"{k}={v}" for k, v in event.attributes.items())
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_repeat_stop_exports_no_arguments_without_capture_content(
+    make_config: Callable[..., Config],
+    deployment_factory: Factory,
+    telemetry: Telemetry,
+    tmp_path: Path,
+    capture: bool,
+) -> None:
+    """A repeat_call stop on a call holding an e-mail and an SSN: without capture_content no
+    span, attribute or event carries them -- the verdict's message and its evidence's
+    signature leave as a hash and a length (equal calls, equal hashes); with the opt-in
+    they are exported (redacted)."""
+    dep = _deployment(make_config, deployment_factory, _otel(telemetry, capture_content=capture))
+    run = dep.run(scenario=_private_loop(tmp_path))
+    record = run.record()
+    assert record["termination"] == "repeat_call"
+    assert "123-45-6789" in record["evidence"]["signature"]  # the record keeps it, locally
+    exported = _exported_text(telemetry)
+    for secret in ("123-45-6789", "jane.doe@example.com"):
+        assert (secret in exported) is capture
+    events = [e.attributes for e in telemetry.one("invoke_agent").events]
+    stop = [e for e in events if e["loopwarden.verdict.action"] == "stop"][-1]
+    if capture:
+        assert "123-45-6789" in stop["loopwarden.evidence.signature"]
+    else:
+        hashes = {
+            e["loopwarden.evidence.signature.hash"]
+            for e in events
+            if "loopwarden.evidence.signature.hash" in e
+        }
+        assert len(hashes) == 1  # the same call each time: one hash, nothing else
+        assert stop["loopwarden.evidence.count"] == record["evidence"]["count"]
+        assert stop["loopwarden.verdict.message.chars"] > 0
