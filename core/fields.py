@@ -1,8 +1,8 @@
 """The value types config tables share, so the loader means what the JSON Schema says.
 
 - **Durations** (:data:`Seconds`, :data:`PositiveSeconds`): finite, at most
-  :data:`~loopwarden.clock.MAX_DURATION_S` (1e9 s, about 31 years) -- a timeout of ``1e10`` s is an error
-  naming its key, never an overflowing timer.
+  :data:`~loopwarden.clock.MAX_DURATION_S` (1e9 s, about 31 years) -- a timeout of ``1e10`` s
+  is an error naming its key, never an overflowing timer.
 - **Scalar types as the schema says** (:class:`TypedTable`): pydantic converts ``"12"`` to 12
   and ``true`` to 1 where a number is expected, and ``1`` to ``true`` where a boolean is; the
   JSON Schema (``loopwarden config schema``) refuses all three.  A table model deriving from
