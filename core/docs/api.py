@@ -27,7 +27,7 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("The run", "loopwarden.run", ("Run", "RunOutcome", "Conversation", "Limits")),
     ("Verdicts", "loopwarden.verdicts", ("warn", "skip", "stop", "Warn", "Skip", "Stop")),
     ("Plugins", "loopwarden.plugin", ("Plugin", "PluginSettings")),
-    ("Notes", "loopwarden.notes", ("render_note", "runtime", "tool_name")),
+    ("Notes", "loopwarden.notes", ("render_note", "instruction_text", "runtime", "tool_name")),
     (
         "Streaming",
         "loopwarden.engine.streaming",

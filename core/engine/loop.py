@@ -47,6 +47,7 @@ from loopwarden.events import IN_DOUBT, ModelRequest, ModelResponse, ToolCall, T
 from loopwarden.exceptions import ModelError
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.models.tokens import estimate_tools
+from loopwarden.notes import instruction_text
 from loopwarden.run import Run, RunOutcome
 from loopwarden.sanitize import clean_text
 from loopwarden.tools import ToolContext
@@ -194,7 +195,10 @@ class Engine:
             run.pending_notes.append(message)
 
     def _request(self, run: Run, final: bool) -> ModelRequest:
-        notes, run.pending_notes = run.pending_notes, []
+        # a note's instruction form: data that is not a short identifier withheld, so tool
+        # and model text never rise to the note's role (loopwarden.notes); records keep all
+        notes = [instruction_text(n) for n in run.pending_notes]
+        run.pending_notes = []
         role, prefix = self.settings.warning_role, self.settings.warning_prefix
         for n in notes:
             run.add_message({"role": role, "content": prefix + n})
@@ -217,7 +221,7 @@ class Engine:
         stop = run.stopping
         text = self.settings.wrap_up_instruction
         if stop is not None and stop.message:
-            text = f"{stop.message} {text}"
+            text = f"{instruction_text(stop.message)} {text}"
         run.add_message(
             {"role": self.settings.warning_role, "content": self.settings.warning_prefix + text}
         )
