@@ -60,6 +60,7 @@ from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, hookimpl, signals
 from loopwarden._version import __version__
+from loopwarden.fields import PositiveSeconds
 from loopwarden.plugins.metrics import UNKNOWN_TOOL, MetricsSettings, _definitions
 from loopwarden.reasons import LOOP_REASONS
 from loopwarden.redaction import (
@@ -118,6 +119,12 @@ class OTelSettings(PluginSettings):
         default="loopwarden",
         description='service.name of the plugin\'s own providers (exporter = "otlp")',
     )
+    export_timeout_s: PositiveSeconds = Field(
+        default=2.0,
+        description="the longest one export to the collector may take, its retries included "
+        '(exporter = "otlp"); after a failure, batches are dropped at once for 30 s, and the '
+        "failure is logged once -- a collector that is down never holds a run or a close",
+    )
     traces: bool = Field(default=True, description="record spans")
     metrics: bool = Field(default=True, description="record metrics")
     agent_name: str = Field(
@@ -158,7 +165,7 @@ class OTelSettings(PluginSettings):
     @model_validator(mode="after")
     def _otlp_only(self) -> OTelSettings:
         if self.exporter != "otlp":
-            defaults = {"endpoint": None, "service_name": "loopwarden"}
+            defaults = {"endpoint": None, "service_name": "loopwarden", "export_timeout_s": 2.0}
             stray = [k for k, v in defaults.items() if getattr(self, k) != v]
             if stray:
                 raise ValueError(
@@ -241,6 +248,7 @@ class OTel(Plugin[OTelSettings]):
                 __version__,
                 tracer_provider,
                 meter_provider,
+                s.export_timeout_s,
             )
             if s.metrics:
                 self.instruments = _otel.Instruments(

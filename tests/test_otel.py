@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import loopwarden
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -720,3 +721,67 @@ def test_a_repeat_stop_exports_no_arguments_without_capture_content(
         assert len(hashes) == 1  # the same call each time: one hash, nothing else
         assert stop["loopwarden.evidence.count"] == record["evidence"]["count"]
         assert stop["loopwarden.verdict.message.chars"] > 0
+
+
+class _DeadCollector:
+    """A collector that is down: it accepts each connection, reads the request line and
+    closes the connection without an answer (the client sees a dropped connection, as from a
+    crashed or restarting collector); ``requests`` holds each request line."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.requests: list[str] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            conn.settimeout(5)
+            try:
+                line = conn.recv(200).split(b"\r\n", 1)[0].decode("ascii", "replace")
+            except OSError:
+                line = ""
+            self.requests.append(line)
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_collector_that_is_down_keeps_a_short_run_short_with_one_log_line(
+    tmp_path: Path,
+) -> None:
+    """``loopwarden run`` with the OTLP exporter pointed at a collector that is down: the
+    run's record as usual, exactly one line on stderr (not the SDK's eight retry lines), and
+    one export tried -- its retries within ``export_timeout_s`` (2 s) -- after which the
+    collector is skipped: the metrics are never sent, and the close does not wait on their
+    retries (~15 s before).  Attempts are counted, not timed."""
+    collector = _DeadCollector()
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        '[plugins]\nenabled = ["max_steps", "otel"]\n[plugins.otel]\nexporter = "otlp"\n'
+        f'endpoint = "http://127.0.0.1:{collector.port}"\n',
+        encoding="utf-8",
+    )
+    try:
+        proc = loopwarden("run", "--config", str(cfg), "--scenario", "refund", "--json")
+    finally:
+        collector.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["termination"] == "final_answer"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "otel: exporting" in lines[0] and f"127.0.0.1:{collector.port}" in lines[0]
+    assert collector.requests, "nothing was exported: the test proves nothing"
+    assert all(r.startswith("POST /v1/traces") for r in collector.requests), collector.requests
+    assert len(collector.requests) <= 4  # 2 attempts in 2 s (the client reconnects once each)
