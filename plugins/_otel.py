@@ -249,11 +249,11 @@ def _guarded_exporters(endpoint: str | None, timeout_s: float) -> tuple[Any, Any
                 preferred_aggregation=metrics._preferred_aggregation,
             )
 
-        def export(self, data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
             ok = health.export(
                 "metrics",
                 lambda: (
-                    metrics.export(data, timeout_millis=timeout_millis, **kwargs)
+                    metrics.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
                     is MetricExportResult.SUCCESS
                 ),
             )
