@@ -328,3 +328,28 @@ def test_properties_as_a_list_is_a_config_error_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2, (argv, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr
         assert "mcp.servers.s.tools" in proc.stderr and "invalid inputSchema" in proc.stderr
+
+
+def test_an_argument_outside_the_schema_still_tells_two_calls_apart(
+    tmp_path: Path, deployments: Callable[..., Deployment]
+) -> None:
+    """``idempotentHint`` on a schema open to extra properties (no ``additionalProperties:
+    false``): the keys it names, and any other argument a call carries, make the key -- a
+    second SMS by another channel is sent, not answered with the first one's record."""
+    schema = {
+        "type": "object",
+        "properties": {"phone": {"type": "string"}, "text": {"type": "string"}},
+    }
+    specs = [{"name": "send_sms", "inputSchema": schema, "annotations": SIDE_EFFECT_IDEMPOTENT}]
+    dep = deployments(config(schema_server(tmp_path, specs)))
+    assert dep.tools.get("send_sms").idempotency_keys == ("phone", "text")  # type: ignore[union-attr]
+    a = {"phone": "+100", "text": "code 111", "channel": "sms"}
+    b = {**a, "channel": "whatsapp"}
+    run, seen = results(
+        lambda: dep.run(
+            scenario=scenario(tmp_path, ("send_sms", a), ("send_sms", b), ("send_sms", a))
+        )
+    )
+    assert executed(tmp_path, "send_sms") == [a, b]  # the repeat of a: from the ledger
+    assert [r.skipped for _, r in seen] == [False, False, True]
+    assert [a["state"] for a in run.record()["ledger_answers"]] == ["done"]

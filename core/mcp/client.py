@@ -28,7 +28,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jsonschema  # type: ignore[import-untyped, unused-ignore]  # no stubs for a plugin's mypy
@@ -42,14 +42,15 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from loopwarden._version import __version__
 from loopwarden.exceptions import ConfigError, ToolError
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, idempotency_key
 from loopwarden.mcp import TOOL_NAME, annotation_nature, expand_variables, merge_nature
 from loopwarden.mcp.schema import argument_names, checker
+from loopwarden.tools import Tool
 from loopwarden.tools.recorded import recorded_tool
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
     from loopwarden.mcp import McpServerConfig
-    from loopwarden.tools import Tool
 
 __all__ = ["McpServers", "start"]
 
@@ -427,6 +428,29 @@ def _local_name(prefix: str, remote: str) -> str:
     )
 
 
+class _AllArgumentsKeyed(Tool):
+    """An MCP tool whose idempotency keys come from its schema: a call's key covers those
+    arguments *and* any other it carries (a schema open to extra properties), so two calls
+    that differ in any argument never share a key -- one is never answered with the other's
+    recorded result."""
+
+    @classmethod
+    def of(cls, tool: Tool) -> _AllArgumentsKeyed:
+        return cls(**{f.name: getattr(tool, f.name) for f in dataclasses.fields(tool)})
+
+    def idempotency_key(
+        self, arguments: Mapping[str, Any], volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS
+    ) -> str:
+        keys = sorted(set(self.idempotency_keys or ()) | set(arguments))
+        return idempotency_key(
+            self.name,
+            arguments,
+            keys,
+            normalize=self.normalize_arguments,
+            volatile_keys=volatile_keys,
+        )
+
+
 def make_tool(
     servers: McpServers,
     server: str,
@@ -447,8 +471,13 @@ def make_tool(
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
     description = spec.description or spec.title or f"{spec.name} (MCP server {server})"
+    # keys the annotations declared (every argument the schema names) also take any other
+    # argument a call carries; keys a [tools.<name>] table names are the operator's choice
+    keyed_on_all = base.idempotency_keys is not None and not (
+        table and table.get("idempotency_keys") is not None
+    )
     return dataclasses.replace(
-        base,
+        _AllArgumentsKeyed.of(base) if keyed_on_all else base,
         func=_caller(servers, server, spec.name, bool(flags.get("retryable"))),
         description=description,
         args_model=_args_model(name, schema),
