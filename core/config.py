@@ -29,9 +29,9 @@ from pydantic import (
 )
 
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
-from loopwarden.fields import PositiveSeconds, TypedTable
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
 from loopwarden.mcp import McpConfig
+from loopwarden.plugin import PositiveSeconds, TypedTable
 
 if sys.version_info >= (3, 11):
     pass

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from loopwarden import PluginSettings
-from loopwarden.fields import PositiveSeconds
+from loopwarden.plugin import PositiveSeconds
 from loopwarden.redaction import MASK, Redactor
 from loopwarden.sanitize import escape_controls
 

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from loopwarden.fields import PositiveSeconds, TypedTable
+from loopwarden.plugin import PositiveSeconds, TypedTable
 from loopwarden.plugins._budgets import BudgetSettings, check_templates, warn_at_field
 from loopwarden.store import QUANTITIES, Counter, cost_units
 

@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, PositiveInt, model_validator
 
 from loopwarden import Plugin, PluginSettings, signals
-from loopwarden.fields import PositiveSeconds, Seconds
-from loopwarden.plugin import check_templates
+from loopwarden.plugin import PositiveSeconds, Seconds, check_templates
 from loopwarden.plugins._alert_sinks import (
     SEVERITIES,
     CallableSink,

@@ -60,7 +60,7 @@ from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, hookimpl, signals
 from loopwarden._version import __version__
-from loopwarden.fields import PositiveSeconds
+from loopwarden.plugin import PositiveSeconds
 from loopwarden.plugins.metrics import UNKNOWN_TOOL, MetricsSettings, _definitions
 from loopwarden.reasons import LOOP_REASONS
 from loopwarden.redaction import (

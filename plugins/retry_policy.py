@@ -39,7 +39,7 @@ from pydantic import Field
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.events import RetryPlan
-from loopwarden.fields import Seconds
+from loopwarden.plugin import Seconds
 
 __all__ = ["RetryPolicy", "RetryPolicySettings"]
 

@@ -50,8 +50,8 @@ from loopwarden import (
     hookimpl,
 )
 from loopwarden.clock import DEADLINE_SLACK_S
-from loopwarden.fields import PositiveSeconds, Seconds
 from loopwarden.notes import render_note, runtime, tool_name
+from loopwarden.plugin import PositiveSeconds, Seconds
 from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
 __all__ = ["Timeout", "TimeoutSettings"]

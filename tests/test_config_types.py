@@ -19,7 +19,7 @@ from loopwarden.commands.schema import config_schema
 from loopwarden.config import parse_config
 from loopwarden.engine.pluginmanager import builtin_settings
 from loopwarden.exceptions import ConfigError
-from loopwarden.fields import _kinds
+from loopwarden.plugin import _kinds
 
 
 @pytest.fixture(scope="module")

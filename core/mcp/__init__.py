@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ConfigDict, Field, model_validator
 
 from loopwarden.exceptions import ConfigError
-from loopwarden.fields import PositiveSeconds, TypedTable
+from loopwarden.plugin import PositiveSeconds, TypedTable
 
 if TYPE_CHECKING:
     from loopwarden.config import Config

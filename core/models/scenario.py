@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loopwarden.exceptions import ConfigError, ScenarioError, load_toml, validation_error
-from loopwarden.fields import Seconds
+from loopwarden.plugin import Seconds
 
 __all__ = ["Scenario", "builtin_scenarios", "load_scenario", "scenario_path"]
 
