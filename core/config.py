@@ -13,6 +13,7 @@ default shipped inside the package.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from importlib import resources
@@ -29,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from loopwarden.answers import AnswerMasks
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
 from loopwarden.mcp import McpConfig
@@ -191,8 +193,21 @@ class RunConfig(_Strict):
     warning_prefix: str = "[loopwarden] "
     max_observation_chars: PositiveInt | None = 16000
     volatile_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLATILE_KEYS))
+    #: compare tool answers with their volatile parts masked (line numbers, clocks,
+    #: durations, ids, temp paths: loopwarden.answers); false: byte for byte
+    mask_volatile: bool = True
+    #: further regular expressions whose matches are masked in tool answers
+    volatile_patterns: list[str] = Field(default_factory=list)
     token_estimator: Literal["cjk", "tiktoken", "auto"] = "cjk"
     texts: Texts = Field(default_factory=lambda: Texts())
+
+    @model_validator(mode="after")
+    def _check_patterns(self) -> RunConfig:
+        try:
+            AnswerMasks(self.volatile_patterns)
+        except re.error as exc:
+            raise ValueError(f"volatile_patterns: not a regular expression: {exc}") from None
+        return self
 
 
 class ProfileConfig(_Strict):

@@ -21,6 +21,7 @@ from collections.abc import Collection, Generator
 from typing import TYPE_CHECKING, Any
 
 from loopwarden import signals
+from loopwarden.answers import AnswerMasks
 from loopwarden.engine import execution
 from loopwarden.engine.calls import (
     clean_response,
@@ -86,6 +87,8 @@ class Engine:
         self.hooks = hooks.shadowing(self.shadow) if self.shadow else hooks
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
+        #: what tool answers say, volatile parts masked: every detector's result digest
+        self.answers = AnswerMasks(settings.volatile_patterns, enabled=settings.mask_volatile)
         #: masks secrets in error texts (the deployment sets one that knows the model's key)
         self.redactor: Redactor | None = None
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
@@ -506,6 +509,8 @@ class Engine:
                 run.last_observation = result.content
             if signals.tool_finished.receivers:
                 signals.send(signals.tool_finished, run, call=call, result=result)
+            if result._digest is None:
+                result._masks = self.answers
             res = hooks.after_tool(run, call, result)
             if not res.verdicts:
                 continue
