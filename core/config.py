@@ -30,9 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from loopwarden.answers import AnswerMasks
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
-from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, AnswerMasks
 from loopwarden.mcp import McpConfig
 
 if sys.version_info >= (3, 11):
@@ -194,7 +193,7 @@ class RunConfig(_Strict):
     max_observation_chars: PositiveInt | None = 16000
     volatile_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLATILE_KEYS))
     #: compare tool answers with their volatile parts masked (line numbers, clocks,
-    #: durations, ids, temp paths: loopwarden.answers); false: byte for byte
+    #: durations, ids, temp paths: loopwarden.fingerprint); false: byte for byte
     mask_volatile: bool = True
     #: further regular expressions whose matches are masked in tool answers
     volatile_patterns: list[str] = Field(default_factory=list)

@@ -119,19 +119,27 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
                     path=scenario.path,
                     key=f"tools.{name}",
                 )
-            # a scripted tool that declares no flag is undeclared, as a framework's or an
-            # MCP server's tool nobody described: its name only weighs detectors' evidence
-            given = {
-                k: v
-                for k in ("read_only", "deterministic", "side_effect", "terminal")
-                if (v := getattr(script, k)) is not None
-            }
-            tool = dataclasses.replace(
-                recorded_tool(name, given),
-                func=_scripted_func(script, name),
-                description=script.description or f"Scripted tool {name}.",
-                context_param="_ctx",
-            )
+            if script.declared is False:
+                # as a framework's or an MCP server's tool nobody described: it runs every
+                # time it is called, and its name only weighs detectors' evidence
+                tool = dataclasses.replace(
+                    recorded_tool(name),
+                    func=_scripted_func(script, name),
+                    description=script.description or f"Scripted tool {name}.",
+                    context_param="_ctx",
+                )
+            else:
+                tool = Tool(
+                    name=name,
+                    func=_scripted_func(script, name),
+                    description=script.description or f"Scripted tool {name}.",
+                    args_model=_AnyArgs,
+                    read_only=bool(script.read_only),
+                    deterministic=bool(script.deterministic),
+                    side_effect=bool(script.side_effect),
+                    terminal=bool(script.terminal),
+                    context_param="_ctx",
+                )
         reg.add(tool, replace=True)
     return reg
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import TYPE_CHECKING, Any, Literal
 
-from loopwarden.answers import AnswerMasks, default_masks
+from loopwarden.fingerprint import AnswerMasks, default_masks
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
@@ -310,7 +310,7 @@ class ToolResult:
     @property
     def said(self) -> str:
         """What the tool answered, its volatile parts masked: the text detectors compare
-        (:mod:`loopwarden.answers`).  Computed once."""
+        (:mod:`loopwarden.fingerprint`).  Computed once."""
         if self._said is None:
             masks = self._masks if self._masks is not None else default_masks()
             self._said = masks.mask(self._answer if self._answer is not None else self.content)
@@ -320,7 +320,7 @@ class ToolResult:
     def digest(self) -> str:
         """A short hash of what the tool answered, its volatile parts (line numbers, clocks,
         durations, ids, temp paths) masked: two answers with the same digest say the same
-        thing (:mod:`loopwarden.answers`).  Computed once."""
+        thing (:mod:`loopwarden.fingerprint`).  Computed once."""
         if self._digest is None:
             self._digest = blake2b(self.said.encode("utf-8", "replace"), digest_size=8).hexdigest()
         return self._digest

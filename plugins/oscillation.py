@@ -204,7 +204,6 @@ class Oscillation(Plugin[OscillationSettings]):
         if not response.calls:
             return None
         st: _State = self.state(run)
-        s = self.settings
         det = st.detector
         found: int | None = None
         for call in response.calls:
@@ -216,15 +215,19 @@ class Oscillation(Plugin[OscillationSettings]):
                 st.labels[sym] = call
             if found is None:
                 found = det.period()
-        # labels of symbols that left the window are dropped (bounded state)
-        if len(st.labels) > 4 * s.window:
-            live = set(det.last(s.window))
-            if st.answered is not None:
-                live.update(st.answered.last(s.window))
-            st.labels = {k: v for k, v in st.labels.items() if k in live}
+        self._prune(st)
         if found is None:
             return None
         return self._hit(run, st, st.detector, found)
+
+    def _prune(self, st: _State) -> None:
+        """Drop the labels of symbols that left both windows (bounded state)."""
+        window = self.settings.window
+        if len(st.labels) > 4 * window:
+            live = set(st.detector.last(window))
+            if st.answered is not None:
+                live.update(st.answered.last(window))
+            st.labels = {k: v for k, v in st.labels.items() if k in live}
 
     def _hit(self, run: Run, st: _State, det: CycleDetector, period: int) -> Verdict | None:
         if st.hit_step == run.step:
@@ -282,6 +285,7 @@ class Oscillation(Plugin[OscillationSettings]):
             det.push(sym)
             if sym not in st.labels:
                 st.labels[sym] = call
+                self._prune(st)
             found = det.period()
         if not (call.deterministic or call.side_effect):
             st.last_digest[call.fingerprint] = result.digest

@@ -53,7 +53,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.answers import default_masks
+from loopwarden.fingerprint import default_masks
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_templates
 from loopwarden.sanitize import first_line as _first_line
@@ -334,6 +334,8 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         e: _Entry,
         st: _State,
         in_a_row: bool,
+        *,
+        expected: bool = False,
     ) -> Verdict | None:
         """The same call of an undeclared tool in a row, its answer the same apart from its
         numbers: a status that never settles.  Warned at ``shape_streak - 2`` calls, stopped at
@@ -350,7 +352,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         n = e.streak + 1  # this call included
         if n >= limit:
             return self._stop(call, e, 0, by_repeats=False, rule="same_shape", streak=n)
-        if n == limit - 2:
+        if n == limit - 2 and not expected:
             return self.warn(
                 render_note(s.unchanged_hint, **self._fields(call, e)),
                 **self._evidence(call, e, 0, rule="same_shape", streak=n),
@@ -487,13 +489,20 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         e = pending.entry if pending.entry is not None else self._entry(st, fp)
         verdict: Verdict | None = None
         if pending.expected:
-            if not result.skipped:
-                st.last_fp = fp
-                if result.ok:
-                    st.successes += 1
-                    if call.may_change_state:
-                        st.epoch += 1
-            return None
+            # a hand-off or a wait: only a long streak in a row is a loop (a hand-off called
+            # a hundred times); a few repeats are the run ending, or time passing
+            if result.skipped:
+                return None
+            verdict = self._shape_streak(run, call, result, e, st, st.last_fp == fp, expected=True)
+            shape = self.answers_shape(result) if s.shape_streak is not None else ""
+            e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
+            e.shape = shape
+            st.last_fp = fp
+            if result.ok:
+                st.successes += 1
+                if call.may_change_state:
+                    st.epoch += 1
+            return verdict
         if pending.deferred:
             if result.skipped:
                 st.window.append((fp, False))

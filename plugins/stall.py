@@ -317,9 +317,7 @@ class Stall(Plugin[StallSettings]):
             rule="repeat" if st.round_strong else "sweep",
         )
         fields = dict(count=st.streak, tool=tool_name(call))  # a made-up name: quoted
-        if st.strong >= s.stop_after or (
-            s.sweep_stop_after and st.streak >= s.sweep_stop_after
-        ):
+        if st.strong >= s.stop_after or (s.sweep_stop_after and st.streak >= s.sweep_stop_after):
             return self.stop(
                 "stall", soft=s.soft, message=render_note(s.stop_message, **fields), **evidence
             )

@@ -12,10 +12,10 @@ import pytest
 from support.detectors import Feed, kinds
 
 from loopwarden import Deployment
-from loopwarden.answers import AnswerMasks
 from loopwarden.config import default_config_path, load_config
 from loopwarden.demo import shop_tools
 from loopwarden.exceptions import ConfigError
+from loopwarden.fingerprint import AnswerMasks
 from loopwarden.plugins.repeat_call import RepeatCall, RepeatCallSettings
 from loopwarden.plugins.tool_calls import ToolCalls, ToolCallsSettings
 from loopwarden.testing import make_tool_result
@@ -218,6 +218,10 @@ def test_a_repeated_undeclared_hand_off_is_not_a_loop() -> None:
     t = recorded_tool("transfer_to_human_agents")
     assert t.likely_repeatable and not t.declared
     f = _undeclared_feed("transfer_to_human_agents")
-    for _ in range(5):
+    for _ in range(4):
         c = f.call("transfer_to_human_agents", {"summary": "wants a person"})
         assert f.tool(c, make_tool_result("Transfer successful")) == (None, None)
+    # ... but a hand-off called again and again (real runs have done it a hundred times) is
+    # a loop: the 5th in a row with the same answer stops, as any call's would
+    c = f.call("transfer_to_human_agents", {"summary": "wants a person"})
+    assert kinds([f.tool(c, make_tool_result("Transfer successful"))[1]]) == ["stop:repeat_call"]

@@ -17,7 +17,20 @@ from loopwarden.verdicts import Stop, Warn
 
 
 def feed(**settings: Any) -> Feed:
+    """no_progress with the similar-wording warning on (off by default since issue 31: the
+    tests below check the warning itself; see the next test for the default)."""
+    settings.setdefault("warn_on_similar", True)
     return Feed(NoProgress(NoProgressSettings(**settings)))
+
+
+def test_similar_wording_with_new_results_is_not_warned_about_by_default() -> None:
+    f = Feed(NoProgress(NoProgressSettings()))
+    verdicts = []
+    for i in range(5):
+        c = f.call("lookup", {"key": str(i)})
+        verdicts.append(f.respond("Let me check the next record.", [c]))
+        f.after(c, make_tool_result(f"record {i}"))
+    assert verdicts == [None] * 5
 
 
 def turn(

@@ -21,7 +21,6 @@ from collections.abc import Collection, Generator
 from typing import TYPE_CHECKING, Any
 
 from loopwarden import signals
-from loopwarden.answers import AnswerMasks
 from loopwarden.engine import execution
 from loopwarden.engine.calls import (
     clean_response,
@@ -46,7 +45,7 @@ from loopwarden.engine.outcomes import (
 )
 from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import ModelError
-from loopwarden.fingerprint import Fingerprinter
+from loopwarden.fingerprint import AnswerMasks, Fingerprinter
 from loopwarden.models.tokens import estimate_tools
 from loopwarden.run import Run, RunOutcome
 from loopwarden.sanitize import clean_text
