@@ -64,6 +64,7 @@ __all__ = [
     "canonical_arguments",
     "default_masks",
     "idempotency_key",
+    "shape_of",
 ]
 
 DEFAULT_VOLATILE_KEYS: tuple[str, ...] = (
@@ -314,8 +315,13 @@ class AnswerMasks:
     def shape(self, text: str) -> str:
         """A short hash of ``text`` with every digit run masked as well: equal for two
         answers that differ only in their numbers."""
-        masked = _DIGITS.sub("#", self.mask(text[: self.max_chars])) + text[self.max_chars :]
-        return blake2b(masked.encode("utf-8", "replace"), digest_size=8).hexdigest()
+        return shape_of(self.mask(text))
+
+
+def shape_of(said: str) -> str:
+    """The shape of an answer already masked (``ToolResult.said``): a short hash of it with
+    every digit run masked too."""
+    return blake2b(_DIGITS.sub("#", said).encode("utf-8", "replace"), digest_size=8).hexdigest()
 
 
 _DEFAULT: AnswerMasks | None = None

@@ -53,7 +53,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
-from loopwarden.fingerprint import default_masks
+from loopwarden.fingerprint import shape_of
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_templates
 from loopwarden.sanitize import first_line as _first_line
@@ -298,11 +298,12 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         s = self.settings
         return e.repeats >= s.stop_at_repeat or window_hits >= s.window_count
 
-    @staticmethod
-    def answers_shape(result: ToolResult) -> str:
-        """The shape of ``result``'s answer: its volatile parts and every number masked."""
-        masks = result._masks if result._masks is not None else default_masks()
-        return masks.shape(result._answer if result._answer is not None else result.content)
+    def _shape(self, call: ToolCall, result: ToolResult) -> str:
+        """The shape of an undeclared call's answer (volatile parts and every number
+        masked), for the shape-streak rule; "" when the rule does not apply."""
+        if self.settings.shape_streak is None or call.declared:
+            return ""
+        return shape_of(result.said)
 
     def _weak_failure(
         self, run: Run, call: ToolCall, result: ToolResult, e: _Entry, st: _State
@@ -334,6 +335,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         e: _Entry,
         st: _State,
         in_a_row: bool,
+        shape: str,
         *,
         expected: bool = False,
     ) -> Verdict | None:
@@ -345,8 +347,8 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if (
             limit is None
             or not in_a_row
-            or call.declared  # a declared nature vouches that its answers change
-            or self.answers_shape(result) != e.shape
+            or not shape  # a declared nature vouches that its answers change
+            or shape != e.shape
         ):
             return None
         n = e.streak + 1  # this call included
@@ -493,8 +495,10 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             # a hundred times); a few repeats are the run ending, or time passing
             if result.skipped:
                 return None
-            verdict = self._shape_streak(run, call, result, e, st, st.last_fp == fp, expected=True)
-            shape = self.answers_shape(result) if s.shape_streak is not None else ""
+            shape = self._shape(call, result)
+            verdict = self._shape_streak(
+                run, call, result, e, st, st.last_fp == fp, shape, expected=True
+            )
             e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
             e.shape = shape
             st.last_fp = fp
@@ -503,6 +507,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 if call.may_change_state:
                     st.epoch += 1
             return verdict
+        shape = "" if result.skipped else self._shape(call, result)
         if pending.deferred:
             if result.skipped:
                 st.window.append((fp, False))
@@ -545,7 +550,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                         )
                 else:
                     e.repeats = 0  # the result changed: not a repeat
-                    verdict = self._shape_streak(run, call, result, e, st, in_a_row)
+                    verdict = self._shape_streak(run, call, result, e, st, in_a_row, shape)
         if not result.skipped and e.carried is not None and not e.has_result:
             verdict = self._failed_again(run, call, result, e, st) or verdict
         if not result.skipped:
@@ -555,7 +560,6 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 st.epoch += 1  # this call may have changed the world
             if result.ok:
                 st.successes += 1
-            shape = self.answers_shape(result) if s.shape_streak is not None else ""
             e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
             e.shape = shape
             st.last_fp = fp
