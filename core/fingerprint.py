@@ -212,7 +212,7 @@ DEFAULT_ANSWER_MASKS: tuple[tuple[str, str, str], ...] = (
     ("epoch", r"1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?(?![\d.])", "<epoch>"),
     (
         "line",
-        r"(?:[Ll]ine|LINE|lineno|ln)\s*[:=#]?\s*\d+(?:\s*[:,]\s*(?:col(?:umn)?\s*)?\d+)?",
+        r"(?:[Ll]ine|LINE|lineno|ln)(?:\s*[:=#])?\s*\d+(?:\s*[:,]\s*(?:col(?:umn)?\s*)?\d+)?",
         "line <n>",
     ),
     # after a file name's extension only (checked on the match): a.py:12:5
@@ -228,7 +228,7 @@ DEFAULT_ANSWER_MASKS: tuple[tuple[str, str, str], ...] = (
     # with a digit and a letter in it (checked on the match): a sha, an object id
     ("hex_id", r"[0-9a-f]{8,}\b", "<hex>"),
     ("temp_path", r"tmp\w{6,}", "<tmp>"),
-    ("counter", r"(?:pid|PID|process)\s*[:=#]?\s*\d+|(?:In|Out)\s?\[\d+\]", "pid <n>"),
+    ("counter", r"(?:pid|PID|process)(?:\s*[:=#])?\s*\d+|(?:In|Out)\s?\[\d+\]", "pid <n>"),
 )
 
 #: temp directories, matched anywhere (a path starts after a quote or a space)
