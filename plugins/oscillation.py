@@ -187,12 +187,6 @@ class Oscillation(Plugin[OscillationSettings]):
             answered=CycleDetector(s.min_period, s.max_period, s.cycles, s.window),
         )
 
-    @staticmethod
-    def _expected(call: ToolCall) -> bool:
-        """A hand-off or a wait nobody declared: polling between waits is no cycle."""
-        tool = call.tool
-        return tool is not None and tool.likely_repeatable
-
     def _symbol(self, st: _State, call: ToolCall) -> str:
         if call.deterministic or call.side_effect:
             return call.fingerprint
@@ -207,15 +201,17 @@ class Oscillation(Plugin[OscillationSettings]):
         det = st.detector
         found: int | None = None
         for call in response.calls:
-            if self._expected(call):
-                continue
+            tool = call.tool
+            if tool is not None and tool.likely_repeatable:
+                continue  # a wait or a hand-off nobody declared: polling is no cycle
             sym = self._symbol(st, call)
             det.push(sym)
             if sym not in st.labels:
                 st.labels[sym] = call
             if found is None:
                 found = det.period()
-        self._prune(st)
+        if len(st.labels) > 4 * self.settings.window:
+            self._prune(st)
         if found is None:
             return None
         return self._hit(run, st, st.detector, found)
@@ -275,7 +271,8 @@ class Oscillation(Plugin[OscillationSettings]):
         """Remember a non-deterministic call's result digest (its next symbol), and look for
         a cycle of calls *as answered*: an edit made, reverted and made again with the same
         answers is a cycle even though each edit changes the world."""
-        if result.skipped or self._expected(call):
+        tool = call.tool
+        if result.skipped or (tool is not None and tool.likely_repeatable):
             return None
         st: _State = self.state(run)
         det = st.answered
@@ -285,7 +282,8 @@ class Oscillation(Plugin[OscillationSettings]):
             det.push(sym)
             if sym not in st.labels:
                 st.labels[sym] = call
-                self._prune(st)
+                if len(st.labels) > 4 * self.settings.window:
+                    self._prune(st)
             found = det.period()
         if not (call.deterministic or call.side_effect):
             st.last_digest[call.fingerprint] = result.digest

@@ -507,7 +507,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 if call.may_change_state:
                     st.epoch += 1
             return verdict
-        shape = "" if result.skipped else self._shape(call, result)
+        shape = "" if result.skipped or call.declared else self._shape(call, result)
         if pending.deferred:
             if result.skipped:
                 st.window.append((fp, False))
