@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,9 +41,10 @@ __all__ = ["RedisStore"]
 
 #: expired members of the counter index a write removes on its way (bounded, opportunistic)
 PRUNE_BATCH = 64
-#: tries of a breaker's optimistic transaction (WATCH / MULTI) before it gives up: another
-#: client changing the same breaker between a read and a write makes it try again
-BREAKER_TRIES = 50
+#: the first and the longest pause (seconds, jittered) before a breaker's optimistic
+#: transaction (WATCH / MULTI) tries again after another client changed the same breaker in
+#: between -- many workers failing at once all write it; it tries until ``timeout_s``
+BREAKER_RETRY_S = (0.0005, 0.02)
 
 #: connections one store keeps to the server at most (a URL's ``?max_connections=N`` sets
 #: it): a call that finds them all busy waits for one, up to ``timeout_s``
@@ -292,6 +294,7 @@ class RedisStore(_Backend):
             ) from None
         self.url = url
         self.now = time.time  #: the wall clock (tests may replace it)
+        self._timeout = timeout_s
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._secrets = _url_secrets(url)
         self._prefix = "{" + namespace + "}:"
@@ -533,8 +536,11 @@ class RedisStore(_Backend):
         # written, in MULTI / EXEC -- which fails (and is tried again) when another client
         # wrote the document in between.  A closed breaker's admit is one read.
         name = self._breaker_key(key)
+        deadline = time.monotonic() + self._timeout
+        delay, tries = BREAKER_RETRY_S[0], 0
         with self._errors_as_store_error(), self._r.pipeline() as pipe:
-            for _ in range(BREAKER_TRIES):
+            while True:
+                tries += 1
                 try:
                     pipe.watch(name)  # type: ignore[no-untyped-call]
                     now = self.now()
@@ -550,10 +556,14 @@ class RedisStore(_Backend):
                     pipe.execute()
                     return out
                 except self._watch_error:
-                    continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    time.sleep(min(delay * (0.5 + random.random()), left))
+                    delay = min(delay * 2, BREAKER_RETRY_S[1])
         raise StoreError(
-            f"Redis store {redact_url(self.url)}: breaker {key!r} changed by others "
-            f"{BREAKER_TRIES} times in a row",
+            f"Redis store {redact_url(self.url)}: breaker {key!r} was changed by others "
+            f"{tries} times in a row ({self._timeout:g} s)",
             url=redact_url(self.url),
         )
 
