@@ -21,8 +21,7 @@ import pytest
 from support.stores import deployment_for, make_store, split_url, store_table, write_scenario
 
 from loopwarden import Deployment, ToolError, signals
-from loopwarden.config import ConfigError, parse_config
-from loopwarden.demo import shop_tools
+from loopwarden.config import ConfigError
 from loopwarden.plugins.circuit_breaker import CircuitBreakerSettings, transient
 from loopwarden.store import BreakerRule, BreakerView
 from loopwarden.tools import tool
