@@ -8,10 +8,11 @@ per tool -- and per MCP server, for all of its tools -- in the deployment's shar
 * **closed** -- calls run; their outcomes are counted in a sliding window of ``window_s``.
   Only **transient** failures count: a timeout, a failure the tool flagged ``retryable`` (a
   ``ToolError(retryable=True)``, a 429 or 5xx, a reset connection -- what ``retry_policy``
-  retries; place this plugin before it, which clears the flag once its budget is spent), each
-  execution of a runtime retry.  A semantic error (bad arguments, not found, an unknown tool,
-  a cancelled call) is the caller's, not the dependency's: it counts as a call that was
-  answered, never as a failure.  The breaker **opens** at ``failures`` transient failures in
+  retries), each execution of a runtime retry.  retry_policy clears a failure's flag once its
+  budget is spent: placed before it, this plugin sees every flag; placed after it, still
+  every timeout and every failure the runtime retried.  A semantic error (bad arguments, not
+  found, an unknown tool, a cancelled call) is the caller's, not the dependency's: it counts
+  as a call that was answered, never as a failure.  The breaker **opens** at ``failures`` transient failures in
   the window, or at a failure ratio of ``failure_ratio`` over at least ``min_calls`` calls.
 * **open** -- every call of the tool is **skipped** with ``observation`` (the tool, since
   when, how many failures in what window: "do not retry it -- answer from what you have or hand
@@ -88,11 +89,13 @@ _SAMPLE = {
 
 
 def transient(result: ToolResult) -> bool:
-    """A failure of the dependency, not of the call: a timeout, or a failure flagged
-    retryable (a ``ToolError(retryable=True)``, a 429 / 5xx, a reset connection)."""
+    """A failure of the dependency, not of the call: a timeout, a failure flagged retryable
+    (a ``ToolError(retryable=True)``, a 429 / 5xx, a reset connection), or one the runtime
+    retried (``attempts > 1``: it was retryable, even if retry_policy -- earlier in the
+    config order -- has cleared the flag since, its retry budget spent)."""
     if result.ok or result.skipped or result.error == "cancelled":
         return False
-    return result.error == "timeout" or result.retryable
+    return result.error == "timeout" or result.retryable or result.attempts > 1
 
 
 class CircuitBreakerSettings(PluginSettings):

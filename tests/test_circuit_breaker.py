@@ -283,6 +283,8 @@ def test_what_counts_as_transient() -> None:
     assert transient(ToolResult("t", ok=False, error="timeout"))
     assert transient(ToolResult("503", ok=False, error="tool_error", retryable=True))
     assert transient(ToolResult("reset", ok=False, error="exception", retryable=True))
+    # retried by the runtime, its flag cleared since by retry_policy (a spent budget)
+    assert transient(ToolResult("503", ok=False, error="tool_error", attempts=3))
     assert not transient(ToolResult("NOT_FOUND", ok=False, error="tool_error"))
     assert not transient(ToolResult("bad", ok=False, error="invalid_arguments"))
     assert not transient(ToolResult("c", ok=False, error="cancelled", retryable=True))
@@ -338,6 +340,27 @@ def test_shadow_mode_records_what_it_would_have_skipped_and_runs_the_calls(
     assert rec["shadow_stop"]["reason"] == "circuit_open"
     assert rec["circuit_breaker"]["skipped"][0]["state"] == "open"
     assert not any("unavailable" in m for m in tool_messages(dep.run(scenario="outage")))
+
+
+def test_a_store_that_times_out_mid_run_never_pauses_a_tool(
+    store_url: str, clocked: Callable[..., tuple[Deployment, Clock]]
+) -> None:
+    """The store fails once the breaker is open (the answer of an admit lost): the run's
+    calls go on running, the failure is noted, and the next runs are skipped again once the
+    store answers."""
+    from loopwarden.testing.faults import FlakyStore, install_store
+
+    dep, _ = clocked(store_url, steps=5)
+    dep.run(scenario="outage")  # opens it
+    flaky = install_store(
+        dep, lambda s: FlakyStore(s, every=1, first=1, mode="after", methods=("breaker_admit",))
+    )
+    rec = dep.run(scenario="outage").record()
+    assert rec["tools_executed"] == 4 and rec["termination"] == "max_steps"
+    assert [e["hook"] for e in rec["errors"]] == ["asking a circuit breaker"]
+    assert flaky.failed == [("breaker_admit", "after")]  # one try; the run stopped asking
+    flaky.methods = ()
+    assert dep.run(scenario="outage").record()["tools_executed"] == 0
 
 
 @pytest.fixture(params=["sqlite", "redis"])

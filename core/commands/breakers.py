@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -76,7 +77,10 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"store": redact_url(shared.url), "breakers": rows}, ensure_ascii=False))
         return 0
     print(f"store: {redact_url(shared.url)}")
-    if "circuit_breaker" not in config.plugins.enabled:
+    from loopwarden.engine.pluginmanager import ENV_EXTRA
+
+    extra = [p.strip() for p in os.environ.get(ENV_EXTRA, "").split(",")]
+    if "circuit_breaker" not in [*config.plugins.enabled, *extra]:
         where = config.path or "the config"
         print(
             f"circuit_breaker is not enabled in {where}: no run asks a breaker. Add it to "
