@@ -12,8 +12,9 @@ per tool -- and per MCP server, for all of its tools -- in the deployment's shar
   budget is spent: placed before it, this plugin sees every flag; placed after it, still
   every timeout and every failure the runtime retried.  A semantic error (bad arguments, not
   found, an unknown tool, a cancelled call) is the caller's, not the dependency's: it counts
-  as a call that was answered, never as a failure.  The breaker **opens** at ``failures`` transient failures in
-  the window, or at a failure ratio of ``failure_ratio`` over at least ``min_calls`` calls.
+  as a call that was answered, never as a failure.  The breaker **opens** at ``failures``
+  transient failures in the window, or at a failure ratio of ``failure_ratio`` over at least
+  ``min_calls`` calls.
 * **open** -- every call of the tool is **skipped** with ``observation`` (the tool, since
   when, how many failures in what window: "do not retry it -- answer from what you have or hand
   off") and a skip verdict whose evidence says the same; the ``max_skips``-th skipped call of
