@@ -637,3 +637,42 @@ def test_a_langchain_agents_call_is_skipped_by_an_open_breaker(store_url: str) -
     (observation,) = [str(m.content) for m in out["messages"] if isinstance(m, ToolMessage)]
     assert observation.startswith("search_flights is unavailable since ")
     assert "(1 timeouts in 60 s)" in observation
+
+
+def test_the_otel_plugin_adds_an_event_when_a_breaker_opens(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from support.otel import Telemetry
+
+    from loopwarden.config import parse_config
+    from loopwarden.demo import shop_tools
+    from loopwarden.plugins.otel import OTel, OTelSettings
+
+    telemetry = Telemetry()
+    otel = OTel(
+        OTelSettings(),
+        tracer_provider=telemetry.tracer_provider,
+        meter_provider=telemetry.meter_provider,
+    )
+    config = parse_config(
+        {
+            "store": {"url": f"sqlite:///{tmp_path / 'store.sqlite3'}"},
+            "plugins": {
+                "enabled": ["max_steps", "circuit_breaker", "otel"],
+                "circuit_breaker": {"failures": 3, "scope": ["tenant"]},
+            },
+        },
+        path="<test>",
+    )
+    with Deployment(config, plugins={"otel": otel}, tools=shop_tools()) as dep:
+        dep.run(scenario="outage", meta={"tenant": "acme"})
+    try:
+        span = telemetry.one("invoke_agent")
+        (event,) = [e for e in span.events if e.name == "loopwarden.circuit_breaker"]
+        attrs = dict(event.attributes or {})
+        assert attrs["loopwarden.breaker.change"] == "opened"
+        assert attrs["loopwarden.breaker.name"] == "query_logistics"
+        assert attrs["loopwarden.breaker.failures"] == 3
+        assert attrs["loopwarden.breaker.scope"] == "tenant"
+        assert "acme" not in json.dumps(attrs)  # names and counts leave the process, no tenant
+    finally:
+        telemetry.shutdown()
