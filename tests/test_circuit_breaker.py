@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -550,6 +552,10 @@ def _cli(config: Path, *args: str) -> dict[str, Any]:
     return record
 
 
+#: the breaker's open_s in the two-process test, in real seconds
+OPEN_S = 6.0
+
+
 def test_two_processes_share_the_breaker(store_url: str, tmp_path: Path) -> None:
     base, ns = split_url(store_url)
     cfg = tmp_path / "cfg.toml"
@@ -561,7 +567,7 @@ def test_two_processes_share_the_breaker(store_url: str, tmp_path: Path) -> None
         'enabled = ["max_steps", "circuit_breaker", "retry_policy", "repeat_call",'
         ' "failure_streak"]\n'
         "[plugins.retry_policy]\nbackoff_s = 0.0\n"
-        "[plugins.circuit_breaker]\nopen_s = 1.0\n",
+        f"[plugins.circuit_breaker]\nopen_s = {OPEN_S}\n",
         encoding="utf-8",
     )
     first = _cli(cfg, "--scenario", "outage")
@@ -571,9 +577,9 @@ def test_two_processes_share_the_breaker(store_url: str, tmp_path: Path) -> None
     assert second["tools_executed"] == 0 and second["termination"] == "circuit_open"
     assert second["circuit_breaker"]["skipped"][0]["step"] == 1
     assert second["evidence"]["tool"] == "query_logistics"
-    import time
-
-    time.sleep(1.1)  # open_s, on the real clock of both processes
+    # open_s on the real clock (long enough for the second process to start within it)
+    since = datetime.fromisoformat(first["circuit_breaker"]["changes"][0]["since"])
+    time.sleep(max(0.0, since.timestamp() + 1 + OPEN_S - time.time()))
     third = _cli(cfg, "--scenario", str(write_scenario(tmp_path, RECOVERED, "recovered")))
     assert third["termination"] == "final_answer" and third["tools_executed"] == 1
     assert [c["change"] for c in third["circuit_breaker"]["changes"]] == ["half_open", "closed"]
