@@ -229,6 +229,39 @@ def test_concurrent_writers_count_every_failure_and_open_it_once(store_url: str)
             s.close()
 
 
+def test_of_many_callers_at_once_exactly_one_gets_the_probe(store_url: str) -> None:
+    rule = BreakerRule(failures=1, failure_ratio=None, open_s=30.0)
+    stores = [make_store(store_url) for _ in range(8)]
+    clock = Clock()
+    for s in stores:
+        s.now = clock  # type: ignore[attr-defined]
+    stores[0].breaker_record(TOOL, rule, "a/c", failed=True, source="*", error="timeout")
+    clock.t += 30.0
+    views: list[BreakerView] = []
+    lock = threading.Lock()
+    start = threading.Barrier(len(stores))
+
+    def admit(i: int) -> None:
+        start.wait()
+        for j in range(5):
+            v = stores[i].breaker_admit(TOOL, rule, f"c{i}/{j}")
+            with lock:
+                views.append(v)
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(views) == 40
+        assert sum(v.probe for v in views) == 1
+        assert [v.changed for v in views].count("half_open") == 1
+    finally:
+        for s in stores:
+            s.close()
+
+
 # -- the plugin, through a deployment -------------------------------------------------------
 
 

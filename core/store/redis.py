@@ -553,6 +553,8 @@ class RedisStore(_Backend):
                     # relative: the server's clock may differ from this host's
                     pipe.set(name, json.dumps(new), px=max(1, math.ceil((expires - now) * 1000)))
                     pipe.zadd(self._breaker_index, {name: expires})
+                    # breakers nobody touched for keep_s: their documents expired already
+                    pipe.zremrangebyscore(self._breaker_index, "-inf", now)
                     pipe.execute()
                     return out
                 except self._watch_error:

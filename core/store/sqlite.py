@@ -75,6 +75,7 @@ CREATE INDEX IF NOT EXISTS ledger_expiry ON ledger (expires_at);
 CREATE TABLE IF NOT EXISTS breakers (
     key TEXT PRIMARY KEY, doc TEXT NOT NULL, expires_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS breakers_expiry ON breakers (expires_at);
 """
 
 #: expired rows a write deletes on its way (counters, reservations, ledger entries), on
@@ -436,6 +437,7 @@ class SQLiteStore(_Backend):
             now = self.now()
             new, out = fn(self._doc(conn, key, now), now)
             if new is not None:
+                self._prune(conn, "breakers", now)  # breakers nobody touched for keep_s
                 conn.execute(
                     "INSERT OR REPLACE INTO breakers (key, doc, expires_at) VALUES (?, ?, ?)",
                     (key, json.dumps(new), float(new.get("expires_at") or now)),
