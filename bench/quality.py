@@ -514,7 +514,8 @@ def outage_breaker_saving(config: Config, runs: int = 20) -> str:
     for label, t in totals.items():
         lines.append(
             f"  {label:<16} tokens {t['tokens']:>7,}  tool calls {t['tool_calls']:>4}  "
-            f"upstream executions {t['executed']:>4}  runs without one {t['skipped_runs']:>3}"
+            f"upstream executions {t['executed']:>4}  "
+            f"runs that never reached it {t['skipped_runs']:>3}"
         )
     lines.append(
         f"  saved            tokens {off['tokens'] - on['tokens']:>7,}  tool calls "
