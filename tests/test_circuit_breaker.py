@@ -715,3 +715,48 @@ def test_the_otel_plugin_adds_an_event_when_a_breaker_opens(tmp_path: Path) -> N
         assert "acme" not in json.dumps(attrs)  # names and counts leave the process, no tenant
     finally:
         telemetry.shutdown()
+
+
+def test_a_real_mcp_server_that_hangs_pauses_all_of_its_tools(tmp_path: Path) -> None:
+    """A stdio MCP server: its ``hang`` tool times out, which opens the server's breaker, so
+    its ``lookup_order`` -- another tool of the same server -- is skipped, never called."""
+    pytest.importorskip("mcp")
+    from support.mcp_servers import count, stdio_table
+
+    from loopwarden.config import parse_config
+
+    log = tmp_path / "log"
+    config = parse_config(
+        {
+            "mcp": {"servers": {"orders": stdio_table(log, timeout_s=1.0)}},
+            "store": {"url": f"sqlite:///{tmp_path / 'store.sqlite3'}"},
+            "plugins": {
+                "enabled": ["max_steps", "circuit_breaker"],
+                "circuit_breaker": {"failures": 1, "max_skips": None},
+            },
+        },
+        path="<test>",
+    )
+    sc = tmp_path / "mcp.toml"
+    sc.write_text(
+        'name = "mcp"\nuser = "order 7"\n[model]\nturns = [\n'
+        '  { tool_calls = [{ name = "hang", arguments = {} }] },\n'
+        '  { tool_calls = [{ name = "lookup_order", arguments = { order_id = "7" } }] },\n'
+        ']\nthen = "final"\nfinal_text = "done"\n',
+        encoding="utf-8",
+    )
+    with Deployment(config) as dep:
+        tool = dep.tools.get("lookup_order")
+        assert tool is not None and tool.server == "orders"
+        rec = dep.run(scenario=sc).record()
+    assert count(log, "hang") == 1 and count(log, "lookup_order 7") == 0
+    changes = {
+        (c["breaker"], c["breaker_name"], c["change"]) for c in rec["circuit_breaker"]["changes"]
+    }
+    assert changes == {("tool", "hang", "opened"), ("server", "orders", "opened")}
+    (skip,) = rec["circuit_breaker"]["skipped"]
+    assert (skip["tool"], skip["breaker"], skip["breaker_name"]) == (
+        "lookup_order",
+        "server",
+        "orders",
+    )
