@@ -77,9 +77,6 @@ log = logging.getLogger("loopwarden.plugins.circuit_breaker")
 #: the skipped calls and transitions a run record lists at most (later ones are counted)
 MAX_RECORDED = 20
 
-#: the failure kinds of a side effect the shared ledger answered: the call never ran
-_LEDGER = frozenset({"in_progress", "unknown_outcome", "store_unavailable"})
-
 _SAMPLE = {
     "tool": "search_flights",
     "target": "tool",
@@ -423,8 +420,8 @@ class CircuitBreaker(Plugin[CircuitBreakerSettings]):
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
         st: _State = self.state(run)
         admitted = st.admitted.pop(call.id, None)
-        if st.shared is None or not admitted or result.skipped or result.error in _LEDGER:
-            return  # not executed: a skip, or the shared ledger's answer for a side effect
+        if st.shared is None or not admitted or result.skipped:
+            return  # not executed: a skip, or a ledger's answer for a side effect
         failed = transient(result)
         owner = f"{run.run_id}/{call.id}"
         for ident in admitted:

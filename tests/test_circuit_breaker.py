@@ -477,6 +477,46 @@ def test_an_mcp_server_breaker_pauses_all_of_its_tools(
         dep.close()
 
 
+def test_a_side_effect_the_ledger_answers_is_no_probe_outcome(
+    store_url: str, clocked: Callable[..., tuple[Deployment, Clock]], tmp_path: Path
+) -> None:
+    """A refund timed out (may have taken effect): the ledger answers its next call without
+    running it, so that call's "outcome" says nothing about the upstream -- a probe it was
+    given stays open instead of closing the breaker."""
+    import time as _time
+
+    runs: list[str] = []
+
+    @tool(side_effect=True, idempotency_keys=("invoice",), timeout_s=0.2)
+    def pay_invoice(invoice: str) -> str:
+        """Pay an invoice (a side effect)."""
+        runs.append(invoice)
+        _time.sleep(1.0)
+        return f"PAID {invoice}"
+
+    dep = deployment_for(
+        store_url,
+        plugins={**breaker(store_url, failures=1, open_s=30.0)},
+        enabled=("circuit_breaker",),
+        tools=[pay_invoice],
+    )
+    clock = Clock()
+    dep.shared.store.now = clock  # type: ignore[attr-defined]
+    pay = write_scenario(tmp_path)
+    try:
+        first = dep.run(scenario=str(pay)).record()
+        assert [c["change"] for c in first["circuit_breaker"]["changes"]] == ["opened"]
+        clock.t += 30.0
+        second = dep.run(scenario=str(pay))
+        assert runs == ["7"]  # answered by the ledger ("may have taken effect"), not run
+        assert second.record()["ledger_answers"][0]["state"] == "unknown"
+        assert [c["change"] for c in second.record()["circuit_breaker"]["changes"]] == ["half_open"]
+        (b,) = dep.shared.store.breakers()
+        assert b.state == "half_open"  # not closed by a call that never ran
+    finally:
+        dep.close()
+
+
 # -- observability ----------------------------------------------------------------------
 
 
