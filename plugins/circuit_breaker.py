@@ -10,9 +10,11 @@ per tool -- and per MCP server, for all of its tools -- in the deployment's shar
   ``ToolError(retryable=True)``, a 429 or 5xx, a reset connection -- what ``retry_policy``
   retries), each execution of a runtime retry.  retry_policy clears a failure's flag once its
   budget is spent: placed before it, this plugin sees every flag; placed after it, still
-  every timeout and every failure the runtime retried.  A semantic error (bad arguments, not
-  found, an unknown tool, a cancelled call) is the caller's, not the dependency's: it counts
-  as a call that was answered, never as a failure.  The breaker **opens** at ``failures``
+  every timeout and every failure the runtime retried.  A semantic error (not found, an
+  argument the service rejects: a failure not flagged retryable) is the caller's, not the
+  dependency's: it counts as a call that was answered, never as a failure.  Calls that never
+  reach the dependency (invalid arguments, an unknown tool, a skip, a ledger's answer) and
+  calls the run cancelled count neither way.  The breaker **opens** at ``failures``
   transient failures in the window, or at a failure ratio of ``failure_ratio`` over at least
   ``min_calls`` calls.
 * **open** -- every call of the tool is **skipped** with ``observation`` (the tool, since
@@ -420,8 +422,8 @@ class CircuitBreaker(Plugin[CircuitBreakerSettings]):
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
         st: _State = self.state(run)
         admitted = st.admitted.pop(call.id, None)
-        if st.shared is None or not admitted or result.skipped:
-            return  # not executed: a skip, or a ledger's answer for a side effect
+        if st.shared is None or not admitted or result.skipped or result.error == "cancelled":
+            return  # not executed (a skip, a ledger's answer), or cut off: no evidence
         failed = transient(result)
         owner = f"{run.run_id}/{call.id}"
         for ident in admitted:

@@ -26,7 +26,7 @@ from loopwarden import Deployment, ToolError, signals
 from loopwarden.config import ConfigError
 from loopwarden.plugins.circuit_breaker import CircuitBreakerSettings, transient
 from loopwarden.store import BreakerRule, BreakerView
-from loopwarden.tools import tool
+from loopwarden.tools import ToolContext, tool
 
 TOOL = ("deployment", "*", "tool", "query_logistics")
 
@@ -513,6 +513,37 @@ def test_a_side_effect_the_ledger_answers_is_no_probe_outcome(
         assert [c["change"] for c in second.record()["circuit_breaker"]["changes"]] == ["half_open"]
         (b,) = dep.shared.store.breakers()
         assert b.state == "half_open"  # not closed by a call that never ran
+    finally:
+        dep.close()
+
+
+def test_a_probe_the_run_cancels_neither_closes_nor_reopens_the_breaker(
+    store_url: str, clocked: Callable[..., tuple[Deployment, Clock]], tmp_path: Path
+) -> None:
+    @tool(read_only=True)
+    def query_logistics(tracking_no: str, ctx: ToolContext) -> str:
+        """Where a parcel is (the user cancels the run while it runs)."""
+        ctx.cancel.cancel("user left")
+        raise ConnectionError("aborted")
+
+    dep = deployment_for(
+        store_url,
+        plugins=breaker(store_url, failures=1, open_s=30.0),
+        enabled=("circuit_breaker",),
+        tools=[query_logistics],
+    )
+    clock = Clock()
+    dep.shared.store.now = clock  # type: ignore[attr-defined]
+    store = dep.shared.store
+    try:
+        rule = dep.plugins.get("circuit_breaker").rule  # type: ignore[union-attr]
+        store.breaker_record(TOOL, rule, "elsewhere/c", failed=True, source="*", error="timeout")
+        clock.t += 30.0
+        rec = dep.run(scenario=str(write_scenario(tmp_path, RECOVERED, "recovered"))).record()
+        assert rec["termination"] == "cancelled"
+        assert [c["change"] for c in rec["circuit_breaker"]["changes"]] == ["half_open"]
+        (b,) = store.breakers()
+        assert b.state == "half_open" and b.opens == 1  # the probe's lease runs out instead
     finally:
         dep.close()
 
