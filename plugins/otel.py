@@ -19,7 +19,11 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   (a call a stop verdict holds back has no span: the verdict's event says why);
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
-  and the standard evidence keys as ``loopwarden.evidence.<key>``.
+  and the standard evidence keys as ``loopwarden.evidence.<key>``;
+* a fleet-wide circuit breaker that a run's call opened, made half-open or closed a
+  ``loopwarden.circuit_breaker`` event on that run's span: ``loopwarden.breaker.change``,
+  ``.state``, ``.target`` (tool, server), ``.name``, ``.scope``, ``.key_hash``, ``.failures``,
+  ``.rule``.
 
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.tool.call.arguments`` / ``.result``) is recorded only when the operator opts in --
@@ -46,6 +50,7 @@ to an OTLP/HTTP ``endpoint`` (default: the ``OTEL_EXPORTER_OTLP_*`` variables, e
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -72,6 +77,7 @@ if TYPE_CHECKING:
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.plugins._otel import Instruments, Providers
     from loopwarden.run import Run, RunOutcome
+    from loopwarden.store import BreakerView
     from loopwarden.verdicts import Verdict
 
 __all__ = ["CAPTURE_ENV", "OTel", "OTelSettings", "counter_names"]
@@ -271,6 +277,7 @@ class OTel(Plugin[OTelSettings]):
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)
         deployment.connect(signals.run_stopped, self.on_run_stopped)
         deployment.connect(signals.record_failed, self.on_record_failed)
+        deployment.connect(signals.breaker_changed, self.on_breaker_changed)
 
     def close(self) -> None:
         if self.providers is not None:
@@ -488,7 +495,11 @@ class OTel(Plugin[OTelSettings]):
             if verdict.plugin in self._loop or reason in self._loop:
                 inst.add("agent.loop_detected", plugin=verdict.plugin, reason=reason)
             evidence = verdict.evidence
-            if verdict.kind == "stop" and isinstance(evidence.get("scope"), str):
+            if (
+                verdict.kind == "stop"
+                and isinstance(evidence.get("scope"), str)
+                and verdict.plugin != "circuit_breaker"  # a paused tool, not a budget refusing
+            ):
                 inst.add(
                     "scope_refusals_total",
                     scope=evidence["scope"],
@@ -515,6 +526,28 @@ class OTel(Plugin[OTelSettings]):
             )
         attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor))
         st.span.add_event("loopwarden.verdict", attrs)
+
+    def on_breaker_changed(self, run: Run, *, breaker: BreakerView, **_: Any) -> None:
+        """A ``loopwarden.circuit_breaker`` event on the run span whose call changed a
+        fleet-wide breaker: names and counts (the scope's key -- a tenant -- is hashed)."""
+        st: _RunSpans | None = run.state.get(self.name)
+        if st is None or st.span is None:
+            return
+        tripped = breaker.tripped or {}
+        attrs: dict[str, Any] = {
+            "loopwarden.breaker.change": str(breaker.changed),
+            "loopwarden.breaker.state": breaker.state,
+            "loopwarden.breaker.target": breaker.target,
+            "loopwarden.breaker.name": breaker.name,
+            "loopwarden.breaker.scope": breaker.scope,
+            "loopwarden.breaker.key_hash": hashlib.blake2b(
+                breaker.scope_key.encode("utf-8", "replace"), digest_size=8
+            ).hexdigest(),
+            "loopwarden.breaker.failures": int(tripped.get("failures", breaker.failures)),
+        }
+        if tripped.get("rule"):
+            attrs["loopwarden.breaker.rule"] = str(tripped["rule"])
+        st.span.add_event("loopwarden.circuit_breaker", attrs)
 
     def on_record_failed(self, run: Run, **_: Any) -> None:
         if self.instruments is not None:

@@ -115,6 +115,9 @@ class Tool:
     #: take them as a loop -- never a reason to skip, end or answer a call (declare
     #: ``terminal`` to end a run at a hand-off's first success)
     likely_repeatable: bool = False
+    #: the MCP server that serves the tool (``[mcp.servers.<name>]``), else None: the
+    #: circuit_breaker plugin pauses all of a server's tools when the server is down
+    server: str | None = None
     _schema: dict[str, Any] | None = field(default=None, repr=False)
 
     def schema(self) -> dict[str, Any]:

@@ -101,6 +101,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "token_budget": "loopwarden.plugins.token_budget:TokenBudget",
     "cost_budget": "loopwarden.plugins.cost_budget:CostBudget",
     "spend_limits": "loopwarden.plugins.spend_limits:SpendLimits",
+    "circuit_breaker": "loopwarden.plugins.circuit_breaker:CircuitBreaker",
     "tool_calls": "loopwarden.plugins.tool_calls:ToolCalls",
     "retry_policy": "loopwarden.plugins.retry_policy:RetryPolicy",
     "repeat_call": "loopwarden.plugins.repeat_call:RepeatCall",
