@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -41,6 +41,7 @@ from support.adapters import (
 )
 from support.openai_stream import push_stream
 from support.openai_stub import Stub, completion, serve
+from support.stores import store_table
 
 from loopwarden import Deployment, signals
 from loopwarden.adapters.pydantic_ai import METADATA_KEY, Loopwarden
@@ -434,3 +435,71 @@ def test_conversation_limits_hold_across_a_message_history(
         fresh.output == "A new conversation."
         and fresh.conversation_id != refused["evidence"]["key"]
     )
+
+
+# -- human approval: requires_approval=True, then deferred_tool_results (issue 32) ------------
+
+REFUND_CALLS = [
+    {"name": "apply_refund", "arguments": '{"order_id": "1", "reason": "late"}'},
+    {"name": "apply_refund", "arguments": '{"order_id": "2", "reason": "late"}'},
+]
+
+
+def approval_agent(url: str, dep: Any, effects: Effects) -> Agent[None, Any]:
+    """An agent whose refund tool needs a human's approval (``DeferredToolRequests`` out)."""
+    agent: Agent[None, Any] = Agent(
+        http_model(url), capabilities=[Loopwarden(dep)], output_type=[str, DeferredToolRequests]
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    return agent
+
+
+def test_approved_calls_run_once_in_the_resumed_run(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Issue 32: two refunds wait for approval; the next run, given ``deferred_tool_results``
+    approving both, runs each once (through the guards and the shared ledger) and is
+    recorded with them; the paused run is recorded as paused, its calls not run.  A third run
+    re-approving the same history is answered from the ledger: the refunds do not run again."""
+    server, url = stub
+    server.push(completion(None, REFUND_CALLS, usage=USAGE))
+    server.push(completion("Both refunded.", usage=USAGE))
+    server.push(completion("Both refunded.", usage=USAGE))
+    dep = deployment(tmp_path, store=store_table(store_url))
+    effects = Effects()
+    agent = approval_agent(url, dep, effects)
+    try:
+        first = agent.run_sync("Refund orders 1 and 2")
+        assert isinstance(first.output, DeferredToolRequests) and effects.counts == {}
+        approvals = DeferredToolResults(
+            approvals={c.tool_call_id: True for c in first.output.approvals}
+        )
+        history = first.all_messages()
+        second = agent.run_sync(message_history=history, deferred_tool_results=approvals)
+        again = agent.run_sync(message_history=history, deferred_tool_results=approvals)
+    finally:
+        dep.close()
+    assert effects.counts == {"apply_refund 1": 1, "apply_refund 2": 1}
+    assert second.output == "Both refunded." and tool_returns(second.new_messages()) == [
+        "refund created for order 1",
+        "refund created for order 2",
+    ]
+    paused, approved, replayed = records(tmp_path)
+    assert paused["termination"] == "ended_by_framework" and paused["tools_executed"] == 0
+    assert paused["evidence"]["deferred"] == ["call_0", "call_1"]
+    assert paused["final_answer"] is None
+    assert approved["termination"] == "final_answer" and approved["tools_executed"] == 2
+    assert approved["final_answer"] == "Both refunded."
+    # its first step is the paused answer, paid for by the run that received it
+    assert approved["steps"] == 2 and approved["tokens"]["total"] == USAGE["total_tokens"]
+    assert approved["meta"]["resumed_from"] == paused["run_id"] == first.run_id
+    assert "adapter" not in approved["evidence"]
+    assert replayed["tools_executed"] == 0 and len(replayed["ledger_answers"]) == 2
+    assert loopwarden_meta(second)["termination"] == "final_answer"
+    assert again.output == "Both refunded."

@@ -494,6 +494,10 @@ class GuardedRun:
                 return
             if self.outcome is not None:
                 return
+            if error is None:
+                self._unrun(detail or "the framework ended the run")
+                if self.finished:  # a verdict on the unrun call ended it
+                    return
             self._gen.close()
             self._eff = None
             if error is not None:
@@ -517,10 +521,7 @@ class GuardedRun:
         with self._cond:
             if self._refused or self.outcome is not None:
                 return
-            while isinstance(self._eff, RunTool) and self._eff.call.id not in self._claimed:
-                self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
-                self._claimed.add(self._eff.call.id)
-                self._send_not_run(self._not_run("the framework ended the run"))
+            self._unrun(detail)
             if self.finished:  # a verdict on the unrun call ended it
                 return
             self._gen.close()
@@ -534,6 +535,14 @@ class GuardedRun:
                 )
             )
             self._wake()
+
+    def _unrun(self, detail: str) -> None:
+        """The calls of the last answer that the framework never started, answered as not
+        run (a side effect's claim is released: the call may come again in another run)."""
+        while isinstance(self._eff, RunTool) and self._eff.call.id not in self._claimed:
+            self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
+            self._claimed.add(self._eff.call.id)
+            self._send_not_run(self._not_run("the framework ended the run"))
 
     @property
     def expects_tool(self) -> bool:

@@ -50,9 +50,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, UsageLimitExceeded
 from pydantic_ai.models import Model, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.tools import DeferredToolRequests
 from pydantic_graph import End
 
 from loopwarden import events
@@ -157,6 +158,34 @@ def _response(
     )
 
 
+def _open_calls(
+    history: list[pm.ModelMessage],
+) -> tuple[list[pm.ModelMessage], pm.ModelResponse | None]:
+    """Split a run's starting history where it ends in an answer whose tool calls are still
+    open (a run resuming deferred calls -- ``deferred_tool_results`` -- or pending ones): the
+    messages before that answer, and the answer with only its open calls (None when there is
+    none).  Calls answered in a later request are settled already."""
+    answered: set[str] = set()
+    for i in range(len(history) - 1, -1, -1):
+        msg = history[i]
+        if isinstance(msg, pm.ModelRequest):
+            answered |= {
+                p.tool_call_id
+                for p in msg.parts
+                if isinstance(p, (pm.ToolReturnPart, pm.RetryPromptPart))
+            }
+            continue
+        parts = [
+            p
+            for p in msg.parts
+            if not (isinstance(p, pm.ToolCallPart) and p.tool_call_id in answered)
+        ]
+        if not any(isinstance(p, pm.ToolCallPart) for p in parts):
+            break
+        return history[:i], dataclasses.replace(msg, parts=parts)
+    return history, None
+
+
 def _output_calls(msg: pm.ModelResponse, output_tools: frozenset[str]) -> list[pm.ToolCallPart]:
     return [p for p in msg.parts if isinstance(p, pm.ToolCallPart) and p.tool_name in output_tools]
 
@@ -232,6 +261,7 @@ class Loopwarden(AbstractCapability[Any]):
         self._streaming = False  # the current model request is streamed
         self._streamed: StreamedResponse | None = None  # its response, once opened
         self._output_tools: frozenset[str] = frozenset()
+        self._adopted = False  # the run began with an earlier answer's open calls
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -246,19 +276,38 @@ class Loopwarden(AbstractCapability[Any]):
         if self.guarded is None:
             model_name = self.model_name or getattr(ctx.model, "model_name", None)
             key = ctx.conversation_id  # inherited from message_history= when one is given
+            history, pending = _open_calls(list(ctx.messages))
+            meta = dict(self.meta)
+            if pending is not None and pending.run_id:
+                meta["resumed_from"] = pending.run_id
             self.guarded = GuardedRun(
                 self.deployment,
                 user=_text(ctx.prompt),
-                history=_openai(list(ctx.messages)),
+                history=_openai(history),
                 natures=self.natures,
                 model_name=model_name,
-                meta=self.meta,
+                meta=meta,
                 profile=self.profile,
                 run_id=ctx.run_id,  # the result's run_id is the run record's
                 conversation=conversation_for(self.deployment, key) if key else None,
                 adapter="pydantic_ai",
             )
+            if pending is not None:
+                self._adopt(self.guarded, pending)
+                self._adopted = True
         return self.guarded
+
+    @staticmethod
+    def _adopt(guarded: GuardedRun, pending: pm.ModelResponse) -> None:
+        """The run starts with an earlier run's answer whose calls are still open (approved,
+        or given results, in ``deferred_tool_results``): that answer is the run's first model
+        answer -- no tokens, the run that received it paid them -- so its calls go through
+        the guards and the side-effect ledger like any other."""
+        calls, event = _response(pending)
+        for c in calls:
+            guarded.declare(c.tool_name)
+        if guarded.model_turn() is not None:
+            guarded.model_done(dataclasses.replace(event, usage=None))
 
     # -- the run -------------------------------------------------------------------------
 
@@ -275,10 +324,24 @@ class Loopwarden(AbstractCapability[Any]):
             if self.guarded is not None:
                 self.guarded.finish(exc)
             raise
-        if self.guarded is not None:
-            self.guarded.finish(detail="the agent ended before loopwarden's run did")
-            _attach(result, self.guarded)
+        guarded = self.guarded
+        if guarded is not None:
+            self._ended(guarded, result.output)
+            _attach(result, guarded)
         return result
+
+    @staticmethod
+    def _ended(guarded: GuardedRun, output: Any) -> None:
+        """The agent's run ended with ``output``: finish loopwarden's run if it has not.  A
+        run paused for approvals or external results (``DeferredToolRequests``) is recorded
+        ``ended_by_framework`` with the paused calls' ids in ``evidence.deferred``; the calls
+        are not run (their side-effect keys stay free for the run that resumes them)."""
+        if isinstance(output, DeferredToolRequests):
+            ids = [c.tool_call_id for c in [*output.calls, *output.approvals]]
+            guarded.end_by_framework(
+                "paused: the calls wait for deferred_tool_results", None, deferred=ids
+            )
+        guarded.finish(detail="the agent ended before loopwarden's run did")
 
     async def after_node_run(
         self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
@@ -293,7 +356,7 @@ class Loopwarden(AbstractCapability[Any]):
             if self._streamed is not None:  # read to its end: the whole response, usage too
                 _, event = _response(self._streamed.get(), self._output_tools)
                 guarded.model_done(event)
-            guarded.finish(detail="the agent ended before loopwarden's run did")
+            self._ended(guarded, getattr(result.data, "output", None))
         return result
 
     def get_wrapper_model(self, model: Model) -> Model | None:
@@ -307,6 +370,9 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         for t in tool_defs:
             guarded.declare(t.name, t.description or "", t.parameters_json_schema)
+        if self._adopted and guarded.expects_tool:
+            return tool_defs  # the tools to run the adopted calls with: no model call yet
+        self._adopted = False
         turn = guarded.model_turn()
         if turn is None or turn.final:
             return []  # the wrap-up turn (or the run is over): no tool can be called
@@ -390,6 +456,10 @@ class Loopwarden(AbstractCapability[Any]):
             return decision.text
         try:
             value = await handler(args)
+        except (ApprovalRequired, CallDeferred):  # deferred: not run; it may come again
+            guarded.release(call.tool_call_id)
+            guarded.not_run(call.tool_call_id, "deferred")
+            raise
         except Exception as exc:
             guarded.tool_done(call.tool_call_id, tool_result(None, error=exc))
             raise
