@@ -760,3 +760,85 @@ def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
     assert paused["tools_executed"] == 0
     assert thanks["termination"] == "final_answer"
     assert [w.runs() for w in workers] == [[], []]
+
+
+def refund_of(order_id: str, call_id: str) -> dict[str, Any]:
+    """The model's answer asking for one refund, its call id ``call_id``."""
+    body = completion(
+        None,
+        [
+            {
+                "name": "apply_refund",
+                "arguments": json.dumps({"order_id": order_id, "reason": "late"}),
+            }
+        ],
+        usage={"prompt_tokens": 40, "completion_tokens": 10},
+    )
+    body["choices"][0]["message"]["tool_calls"][0]["id"] = call_id
+    return body
+
+
+def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Issue 32: one thread with HumanInTheLoopMiddleware behind one checkpointer and one
+    store, its turns served by worker A, B, then A (two deployments, two middleware
+    instances).  A's run of the first turn is stale at the third: A sees that the thread went
+    on elsewhere, records its old run and resumes in a new run that takes over B's claim --
+    each approved refund runs exactly once, and every run's record says what it ran."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    for body in (
+        refund_of("1", "call_r1"),
+        refund_of("2", "call_r2"),
+        answer("Both refunded."),
+        answer("You are welcome."),
+    ):
+        server.push(body)
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    saver = InMemorySaver()
+    deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
+    workers = [LoopwardenMiddleware(d) for d in deps]
+    a, b = (
+        create_agent(
+            chat(url),
+            [apply_refund],
+            checkpointer=saver,
+            middleware=[w, HumanInTheLoopMiddleware(interrupt_on={"apply_refund": True})],
+        )
+        for w in workers
+    )
+    config: Any = {"configurable": {"thread_id": "t-aba"}}
+    approve = Command(resume={"decisions": [{"type": "approve"}]})
+    try:
+        assert "__interrupt__" in a.invoke({"messages": [HumanMessage("Refund 1, then 2")]}, config)
+        assert "__interrupt__" in b.invoke(approve, config)
+        assert effects.counts == {"apply_refund 1": 1}
+        third = a.invoke(approve, config)
+        b.invoke({"messages": [HumanMessage("Thanks")]}, config)
+    finally:
+        for d in deps:
+            d.close()
+    assert effects.counts == {"apply_refund 1": 1, "apply_refund 2": 1}
+    assert third["messages"][-1].content == "Both refunded."
+    refunds = [m.content for m in third["messages"] if isinstance(m, ToolMessage)]
+    assert refunds == ["refund created for order 1", "refund created for order 2"]
+    first, on_a, on_b, thanks = records(tmp_path)
+    assert first["termination"] == "ended_by_framework" and first["tools_executed"] == 0
+    assert on_b["termination"] == "ended_by_framework" and on_b["tools_executed"] == 1
+    assert on_b["meta"]["resumed_from"] == first["run_id"]
+    assert on_a["termination"] == "final_answer" and on_a["tools_executed"] == 1
+    assert on_a["meta"]["resumed_from"] == on_b["run_id"]
+    assert on_a["run_id"] == third[RESULT_KEY]["run_id"] and on_a["ledger_answers"] == []
+    assert thanks["termination"] == "final_answer"
+    assert [w.runs() for w in workers] == [[], []]

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from langchain.agents.middleware.types import (
     AgentMiddleware,
     AgentState,
+    ExtendedModelResponse,
     ModelRequest,
     ModelResponse,
     OmitFromInput,
@@ -70,6 +71,7 @@ from langchain_core.messages import (
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.managed.is_last_step import RemainingStepsManager
+from langgraph.types import Command
 from typing_extensions import NotRequired
 
 from loopwarden import events
@@ -90,13 +92,15 @@ from loopwarden.run import Conversation, Run
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
-    from langgraph.types import Command
 
     from loopwarden.deployment import Deployment
 
 __all__ = ["RESULT_KEY", "LoopwardenMiddleware", "LoopwardenState"]
 
 _KEY = "loopwarden_run_id"
+#: the state key naming the run that holds the thread: the one that began the invocation or
+#: took the model's last answer (its side-effect claims are the thread's)
+_TIP = "loopwarden_tip"
 #: the state key of the agent's result that says how loopwarden's run of the invocation ended
 RESULT_KEY = "loopwarden"
 #: seconds an open run waits for its framework when the run has no deadline (``timeout`` off)
@@ -122,6 +126,7 @@ class LoopwardenState(AgentState[Any]):
     stop in the result (:data:`RESULT_KEY`), and LangGraph's remaining steps (private)."""
 
     loopwarden_run_id: NotRequired[Annotated[str, PrivateStateAttr]]
+    loopwarden_tip: NotRequired[Annotated[str, PrivateStateAttr]]
     loopwarden: NotRequired[Annotated[dict[str, Any] | None, OmitFromInput]]
     remaining_steps: NotRequired[Annotated[int, PrivateStateAttr, RemainingStepsManager]]
 
@@ -349,42 +354,69 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             self._abandon(
                 earlier, "the thread's next invocation began before this run was seen to end"
             )
-        key, _ = self._new(list(state.get("messages") or []), _config())
-        return {_KEY: key, RESULT_KEY: None}
+        key, guarded = self._new(list(state.get("messages") or []), _config())
+        return {_KEY: key, _TIP: guarded.run.run_id, RESULT_KEY: None}
 
-    def _resume(self, key: str, state: Mapping[str, Any], config: Mapping[str, Any]) -> GuardedRun:
-        """A run re-established for an invocation that resumes the run ``key`` (an interrupt
-        ended it here, or it began in another process): a new run of the same conversation,
-        whose first model answer is the one whose tool calls are still to run, if any --
-        those calls go through the guards (and the side-effect ledger) as any other."""
+    def _resume(
+        self, key: str, resumed: str, state: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> GuardedRun:
+        """A run re-established for an invocation that resumes the run ``resumed`` (the
+        thread's tip: an interrupt ended it here, or it ran in another process): a new run of
+        the same conversation, whose first model answer is the one whose tool calls are still
+        to run, if any -- those calls go through the guards (and the side-effect ledger) as
+        any other, the claims ``resumed`` took for them taken over."""
         messages: list[BaseMessage] = list(state.get("messages") or [])
         pending = _pending(messages)
         _, guarded = self._new(
-            messages[:-1] if pending else messages, config, key=key, resumed_from=key
+            messages[:-1] if pending else messages, config, key=key, resumed_from=resumed
         )
         if pending is not None:
             for tc in pending.tool_calls:
                 guarded.declare(tc["name"])
             self._turn(key, guarded)
             _, response = _response(pending, with_usage=False)  # counted by the run it ended
-            _take_over_claims(guarded.run, key, response)
+            _take_over_claims(guarded.run, resumed, response)
             guarded.model_done(response)
         return guarded
+
+    @staticmethod
+    def _holds(guarded: GuardedRun, tip: str | None) -> bool:
+        """``guarded`` still holds the thread: the state's tip is this run, or the run it
+        resumed (until this run's first answer moves the tip), or unknown."""
+        run = guarded.run
+        return tip is None or tip == run.run_id or tip == run.meta.get("resumed_from")
 
     def _guarded(
         self, state: Any, config: Mapping[str, Any] | None = None
     ) -> tuple[str, GuardedRun] | None:
-        run_id = state.get(_KEY) if isinstance(state, Mapping) else getattr(state, _KEY, None)
+        """The open run of the invocation: this process's, or a new one resuming the
+        thread's tip.  A run of this process whose thread went on in another run since (a
+        worker behind the same checkpointer served the turns in between) is stale: it is
+        recorded (``ended_by_framework``, ``evidence.superseded_by``) and a new run resumes
+        from the tip."""
+        get = state.get if isinstance(state, Mapping) else lambda k: getattr(state, k, None)
+        run_id, tip = get(_KEY), get(_TIP)
         if not run_id:
             return None
         with self._lock:
             guarded = self._runs.get(run_id) or self._last.get(run_id)
-        if guarded is None:
+        if guarded is None or not self._holds(guarded, tip):
             with self._resuming:  # parallel tool calls of one resumed answer: one new run
                 with self._lock:
                     guarded = self._runs.get(run_id)
+                if guarded is not None and not self._holds(guarded, tip):
+                    self._close(
+                        run_id,
+                        guarded,
+                        "the thread went on in another run (another worker served it)",
+                        abandoned=True,
+                        superseded_by=tip,
+                    )
+                    guarded = None
                 if guarded is None:
-                    guarded = self._resume(run_id, state, _config() if config is None else config)
+                    guarded = self._resume(
+                        run_id, tip or run_id, state, _config() if config is None else config
+                    )
         return run_id, guarded
 
     def _drop(self, key: str, guarded: GuardedRun) -> None:
@@ -561,7 +593,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
 
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
-    ) -> ModelResponse[Any] | AIMessage:
+    ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
         found = self._guarded(request.state)
         if found is None:
             return handler(request)
@@ -574,14 +606,13 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         except BaseException as exc:
             self._failed(key, guarded, exc, model=True)
             raise
-        answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result, notes)
-        return answer
+        return self._tipped(request.state, guarded, self._answer(guarded, result, notes))
 
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
-    ) -> ModelResponse[Any] | AIMessage:
+    ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
         found = self._guarded(request.state)
         if found is None:
             return await handler(request)
@@ -594,8 +625,22 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         except BaseException as exc:
             self._failed(key, guarded, exc, model=True)
             raise
-        answer: ModelResponse[Any] | AIMessage = self._answer(guarded, result, notes)
-        return answer
+        return self._tipped(request.state, guarded, self._answer(guarded, result, notes))
+
+    @staticmethod
+    def _tipped(
+        state: Any, guarded: GuardedRun, answer: ModelResponse[Any] | AIMessage
+    ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
+        """The answer, with the thread's tip moved to this run when it names another (a
+        resumed run's first answer): the claims of this answer's calls are this run's."""
+        run_id = guarded.run.run_id
+        tip = state.get(_TIP) if isinstance(state, Mapping) else getattr(state, _TIP, None)
+        if tip == run_id or guarded.finished:
+            return answer
+        response = answer if isinstance(answer, ModelResponse) else ModelResponse(result=[answer])
+        return ExtendedModelResponse(
+            model_response=response, command=Command(update={_TIP: run_id})
+        )
 
     @staticmethod
     def _skipped(request: ToolCallRequest, answer: Answer) -> ToolMessage:
