@@ -565,28 +565,59 @@ def test_a_hard_stop_ends_a_streamed_run_without_a_model_call(tmp_path: Path) ->
     assert guard is not None and guard.stopped_by == "token_budget"
 
 
-def test_resuming_a_run_state_is_refused_clearly(tmp_path: Path) -> None:
-    """An interrupted run's ``RunState`` cannot be resumed through the runner yet: a clear
-    TypeError before any model call, not a crash inside the SDK."""
+def test_a_run_state_resumes_with_the_approved_call_run_once(
+    tmp_path: Path, store_url: str
+) -> None:
+    """Issue 32: an interrupted run (a tool with ``needs_approval``) is recorded as paused,
+    its call not run; resuming its ``RunState`` with the call approved (over real HTTP) runs
+    the refund once, through the guards, in a new run that says which run it resumed.  The
+    same state serialised and resumed again by a second runner on another deployment sharing
+    the store (another worker) is answered from the ledger: the refund does not run twice."""
+    from agents import RunState
+
+    effects = Effects()
 
     @function_tool(needs_approval=True)
     def apply_refund(order_id: str, reason: str) -> str:
         """Refund an order."""
-        return "refunded"
+        effects.hit("apply_refund")
+        return f"refund created for order {order_id}"
 
-    dep = deployment(tmp_path)
-    model = ScriptedModel([[function_call("apply_refund", REFUND_A[1], call_id="c1")]])
-    agent = Agent(name="shop", model=model, tools=[apply_refund])
-    runner = LoopwardenRunner(dep)
-    try:
-        first = runner.run_sync(agent, "Refund 88231", run_config=NO_TRACE)
-        assert first.interruptions
-        state = first.to_state()
-        with pytest.raises(TypeError, match="cannot resume an interrupted run"):
-            runner.run_sync(agent, state, run_config=NO_TRACE)
-    finally:
-        dep.close()
-    assert len(model.calls) == 1
+    deps = [deployment(tmp_path, store=store_table(store_url)) for _ in range(2)]
+    with serve() as (stub, url):
+        stub.push(answer(None, REFUND_A))
+        stub.push(answer("Refunded."))
+        stub.push(answer("Refunded."))
+        agent = Agent(name="shop", model=http_model(url), tools=[apply_refund])
+        runner, other = LoopwardenRunner(deps[0]), LoopwardenRunner(deps[1])
+
+        async def three_runs() -> tuple[RunResult, RunResult, RunResult]:
+            first = await runner.run(agent, "Refund 88231", run_config=NO_TRACE)
+            assert first.interruptions and effects.counts == {}
+            state = first.to_state()
+            state.approve(first.interruptions[0])
+            saved = state.to_string()
+            resumed = await runner.run(agent, state, run_config=NO_TRACE)
+            restored = await RunState.from_string(other.resumable(agent), saved)
+            return first, resumed, await other.run(agent, restored, run_config=NO_TRACE)
+
+        try:
+            first, resumed, again = asyncio.run(three_runs())
+        finally:
+            for d in deps:
+                d.close()
+    assert effects.counts == {"apply_refund": 1}
+    assert resumed.final_output == "Refunded." == again.final_output
+    paused, approved, replayed = records(tmp_path)
+    assert paused["termination"] == "ended_by_framework" and paused["tools_executed"] == 0
+    assert paused["evidence"]["interrupted"] == [first.interruptions[0].raw_item.call_id]
+    assert approved["termination"] == "final_answer" and approved["tools_executed"] == 1
+    assert approved["meta"]["resumed_from"] == paused["run_id"]
+    assert approved["tokens"]["total"] == USAGE["total_tokens"]  # the paused answer: run 1's
+    assert "adapter" not in approved["evidence"]
+    guard = openai_agents.guard_of(resumed)
+    assert guard is not None and guard.run_id == approved["run_id"]
+    assert replayed["tools_executed"] == 0 and replayed["ledger_answers"][0]["source"] == "shared"
 
 
 def test_last_run_is_each_threads_own(tmp_path: Path) -> None:

@@ -360,15 +360,18 @@ def _watch(server: Any) -> None:
     vars(server).update(call_tool=call_tool, _loopwarden_watched=True)
 
 
-def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:
+def _wrap_tool(tool: FunctionTool, state: _RunState) -> FunctionTool:
     """``tool`` (a function tool or an MCP server's) going through ``before_tool`` /
     ``after_tool``.  Where the SDK's own failure handling wraps the tool (``function_tool``,
     MCP tools: an exception becomes "An error occurred while running the tool..." or your
     ``failure_error_function``'s text), loopwarden guards the implementation inside it, so
-    it sees the exception -- a failed call -- and the SDK still formats what the model reads."""
+    it sees the exception -- a failed call -- and the SDK still formats what the model reads.
+    The call goes to the run ``state`` holds when it is made (a resumed run's, see
+    :meth:`_RunState.retarget`)."""
     inner = tool.on_invoke_tool
 
     async def guard(ctx: ToolContext[Any], input_json: str, run: Invoke) -> Any:
+        guarded = state.guarded
         call_id = ctx.tool_call_id
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):
@@ -469,6 +472,8 @@ class RunGuard:
 
 
 _ATTR = "loopwarden"
+#: the attribute of a guarded agent copy naming its :class:`_RunState`
+_STATE = "_loopwarden_state"
 
 
 def guard_of(result_or_error: object) -> RunGuard | None:
@@ -503,16 +508,16 @@ class _RunState:
         done = self._copies.get(id(agent))
         if done is not None:
             return done
-        guarded = self.guarded
         copy_ = agent.clone(
             model=_GuardedModel(self.runner._model(agent, self.run_config), self),
-            tools=[
-                _wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in agent.tools
-            ],
+            tools=[_wrap_tool(t, self) if isinstance(t, FunctionTool) else t for t in agent.tools],
             handoffs=[],
         )
         self._copies[id(agent)] = copy_
         self._own.add(id(copy_))
+        # a RunState keeps the copy it stopped on (the SDK binds approvals to that very
+        # object): resuming it retargets this state to the resuming run
+        vars(copy_)[_STATE] = self
         copy_.handoffs = [self._handoff(copy_, h) for h in agent.handoffs]
         if agent.mcp_servers:
             for server in agent.mcp_servers:
@@ -521,7 +526,7 @@ class _RunState:
 
             async def get_mcp_tools(run_context: RunContextWrapper[Any]) -> list[Any]:
                 tools = await fetch(run_context)
-                return [_wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in tools]
+                return [_wrap_tool(t, self) if isinstance(t, FunctionTool) else t for t in tools]
 
             object.__setattr__(copy_, "get_mcp_tools", get_mcp_tools)
         return copy_
@@ -533,9 +538,9 @@ class _RunState:
             return item
         h: Handoff[Any, Any] = handoff(item) if isinstance(item, Agent) else item
         inner = h.on_invoke_handoff
-        guarded = self.guarded
 
         async def invoke(ctx: RunContextWrapper[Any], input_json: str) -> Agent[Any]:
+            guarded = self.guarded
             call_id = self.transfers.pop(0) if self.transfers else None
             if call_id is not None:
                 decision = await guarded.atool(call_id)
@@ -556,6 +561,28 @@ class _RunState:
             return self.agent(target) if isinstance(target, Agent) else target
 
         return dataclasses.replace(h, on_invoke_handoff=invoke)
+
+    def retarget(self, guarded: GuardedRun, run_config: RunConfig) -> None:
+        """Guard a new run with this state's agent copies: the run that resumes an
+        interrupted ``RunState`` whose agents are these copies (the SDK resumes with the very
+        agent objects it stopped on, and binds approvals to them)."""
+        self.guarded = guarded
+        self.guard = RunGuard(guarded)
+        self.run_config = run_config
+        self.transfers = []
+
+    def paused(self, result: RunResult | RunResultStreaming) -> None:
+        """The SDK's run ended on interruptions (tool calls waiting for approval): recorded
+        ``ended_by_framework`` with the waiting calls' ids in ``evidence.interrupted``, the
+        calls not run (their side-effect keys stay free for the run that resumes it)."""
+        interruptions = getattr(result, "interruptions", None)
+        if interruptions:
+            ids = [getattr(i.raw_item, "call_id", None) for i in interruptions]
+            self.guarded.end_by_framework(
+                "paused: the calls wait for approval (resume the RunState)",
+                None,
+                interrupted=[i for i in ids if i is not None],
+            )
 
     def end(self, error: BaseException | None) -> None:
         """The SDK's run is over (``error``: what it raised): record loopwarden's run."""
@@ -630,36 +657,54 @@ class LoopwardenRunner:
     ) -> tuple[_RunState, Agent[Any], dict[str, Any]]:
         """A guarded run of ``agent``: its state, the guarded starting agent, and the SDK
         runner's keyword arguments."""
-        if isinstance(input, RunState):
-            raise TypeError(
-                "LoopwardenRunner cannot resume an interrupted run (a RunState) yet: "
-                "resume it with the SDK's Runner, or start a new guarded run"
-            )
+        resuming = input if isinstance(input, RunState) else None
+        holder: _RunState | None = None
+        resumed_from: str | None = None
+        if resuming is not None:
+            holder = vars(resuming._current_agent or agent).get(_STATE)
+            if not isinstance(holder, _RunState):
+                raise TypeError(
+                    "LoopwardenRunner resumes a RunState whose agents are its own guarded "
+                    "copies: result.to_state() of a guarded run, or RunState.from_string("
+                    "runner.resumable(agent), text) for a state saved elsewhere"
+                )
+            if holder.guarded.run.outcome is not None:  # not a resumable() placeholder
+                resumed_from = holder.guarded.run.run_id
         run_config = kwargs.pop("run_config", None) or RunConfig()
         if isinstance(run_config, dict):
             run_config = RunConfig(**run_config)
         inner = self._model(agent, run_config)
-        items = _openai(_items(input))
+        items = _openai(_items(input if resuming is None else resuming._original_input))
         user = next((m["content"] for m in reversed(items) if m["role"] == "user"), "")
         name = self.model_name or getattr(inner, "model", None)
         key = getattr(kwargs.get("session"), "session_id", None)
         conversation = conversation_for(self.deployment, key) if isinstance(key, str) else None
         history = [*conversation.messages, *items] if conversation is not None else items
+        meta = dict(self.meta)
+        if isinstance(resumed_from, str):
+            meta["resumed_from"] = resumed_from
         guarded = GuardedRun(
             self.deployment,
             user=user,
             history=history,
             natures=self.natures,
             model_name=name if isinstance(name, str) else None,
-            meta=self.meta,
+            meta=meta,
             profile=self.profile,
             conversation=conversation,
             adapter="openai_agents",
         )
         guarded.hold_end = True  # output guardrails may still reject the final answer
-        guarded.run.meta["agents"] = [agent.name]  # the record's meta: who ran, in order
-        state = _RunState(self, guarded, run_config)
+        current = agent if resuming is None else resuming._current_agent or agent
+        guarded.run.meta["agents"] = [current.name]  # the record's meta: who ran, in order
+        if holder is None:
+            state = _RunState(self, guarded, run_config)
+        else:
+            state = holder
+            state.retarget(guarded, run_config)
         self._last.set(guarded.run)
+        if resuming is not None:
+            self._adopt(guarded, resuming)
         handlers = dict(kwargs.pop("error_handlers", None) or {})
 
         def max_turns(data: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
@@ -671,14 +716,42 @@ class LoopwardenRunner:
         kwargs["run_config"] = dataclasses.replace(run_config, model=None)
         return state, state.agent(agent), kwargs
 
+    def resumable(self, agent: Agent[Any]) -> Agent[Any]:
+        """A guarded copy of ``agent`` to restore a saved ``RunState`` against
+        (``RunState.from_string(runner.resumable(agent), text)``), so that the SDK's
+        approvals bind to it and :meth:`run` can guard the resumed run -- in another process
+        than the one that saved it.  It is not a run: only the resumed run is recorded."""
+        placeholder = GuardedRun(self.deployment, user="", adapter="openai_agents")
+        return _RunState(self, placeholder, RunConfig()).agent(agent)
+
+    @staticmethod
+    def _adopt(guarded: GuardedRun, resuming: RunState[Any, Any]) -> None:
+        """A run resuming an interrupted ``RunState``: the answer whose calls wait for
+        approval is the run's first model answer (no tokens: the interrupted run paid for
+        it), so the approved calls go through the guards and the side-effect ledger like any
+        other (a rejected one is recorded as not run by the framework)."""
+        calls = [
+            proposed(raw.name, raw.arguments, raw.call_id)
+            for item in resuming.get_interruptions()
+            if isinstance(raw := item.raw_item, ResponseFunctionToolCall)
+        ]
+        if not calls:
+            return
+        for c in calls:
+            guarded.declare(c.name)
+        if guarded.model_turn() is not None:
+            guarded.model_done(events.ModelResponse(content=None, tool_calls=calls))
+
     async def run(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
-        """Run ``agent`` on ``input`` with the SDK's ``Runner.run``, guarded."""
+        """Run ``agent`` on ``input`` (or resume an interrupted run's ``RunState``) with the
+        SDK's ``Runner.run``, guarded."""
         state, wrapped, kwargs = self._start(agent, input, kwargs)
         try:
             result = await Runner.run(wrapped, input, **kwargs)
         except BaseException as exc:
             state.end(exc)
             raise
+        state.paused(result)
         state.end(None)
         _attach(result, state.guard)
         return result
@@ -719,6 +792,8 @@ class LoopwardenRunner:
             error: BaseException | None = getattr(result, "_stored_exception", None)
             if error is None:
                 error = asyncio.CancelledError() if t.cancelled() else t.exception()
+            if error is None:
+                state.paused(result)
             state.end(error)
 
         task.add_done_callback(ended)
