@@ -654,3 +654,74 @@ def test_last_run_is_each_threads_own(tmp_path: Path) -> None:
         guard = openai_agents.guard_of(result)
         assert guard is not None and last is guard.run
     assert seen["a"][1] is not seen["b"][1]
+
+
+# -- every ending recorded (issue 32) ---------------------------------------------------------
+
+
+def test_a_tool_exception_that_ends_the_run_is_recorded_as_error(tmp_path: Path) -> None:
+    """``failure_error_function=None``: the tool's exception ends the SDK's run.  The run is
+    recorded ``error`` (``run_stopped`` sent once), and the exception says so:
+    ``guard_of(exc).termination == "error"``."""
+    from loopwarden import signals
+
+    @function_tool(failure_error_function=None)
+    def legacy_lookup(order_id: str) -> str:
+        """Look up an order in the old system."""
+        raise ConnectionError("the old order system is down")
+
+    dep = deployment(tmp_path)
+    stopped: list[str] = []
+    dep.connect(signals.run_stopped, lambda run, record, **_: stopped.append(record["run_id"]))
+    with serve() as (stub, url):
+        stub.push(answer(None, ("legacy_lookup", {"order_id": "7"})))
+        agent = Agent(name="shop", model=http_model(url), tools=[legacy_lookup])
+        try:
+            with pytest.raises(Exception) as raised:
+                LoopwardenRunner(dep).run_sync(agent, "Where is 7?", run_config=NO_TRACE)
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "error"
+    assert "the old order system is down" in rec["evidence"]["error"]
+    assert stopped == [rec["run_id"]]
+    guard = openai_agents.guard_of(raised.value)
+    assert guard is not None and guard.termination == "error" and guard.run_id == rec["run_id"]
+
+
+@pytest.mark.parametrize("where", ["model", "tool"])
+def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path, where: str) -> None:
+    """The caller cancels the run while the model call is under way (the server holds it) or
+    while a tool runs: recorded ``cancelled``, as the core loop and LangChain record it."""
+    started = threading.Event()
+
+    @function_tool
+    async def slow_lookup(order_id: str) -> str:
+        """Look up an order (slowly)."""
+        started.set()
+        await asyncio.sleep(30)
+        return "found"
+
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        if where == "model":
+            stub.push_hang(30.0)
+        else:
+            stub.push(answer(None, ("slow_lookup", {"order_id": "7"})))
+        agent = Agent(name="shop", model=http_model(url), tools=[slow_lookup])
+        runner = LoopwardenRunner(dep)
+
+        async def call() -> None:
+            task = asyncio.ensure_future(runner.run(agent, "Where is 7?", run_config=NO_TRACE))
+            while not (started.is_set() if where == "tool" else stub.requests):
+                await asyncio.sleep(0.01)
+            task.cancel()
+            await task
+
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                asyncio.run(call())
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled"

@@ -67,6 +67,9 @@ __all__ = [
 #: step limit, a usage limit, an exception that it handled by ending the run)
 ENDED_BY_FRAMEWORK = "ended_by_framework"
 
+#: exceptions that mean the caller ended the run (recorded ``cancelled``, not as an error)
+_CANCELLED = (asyncio.CancelledError, KeyboardInterrupt)
+
 #: seconds a tool call waits for an earlier call that no framework wrapper has started; then
 #: the earlier one is taken as never coming (see :meth:`GuardedRun.tool`)
 GRACE_S = 2.0
@@ -482,6 +485,7 @@ class GuardedRun:
             if (
                 error is not None
                 and error is self._model_error
+                and not isinstance(error, _CANCELLED)  # a cancellation is the caller's
                 and isinstance(self._eff, CallModel)
             ):
                 self._send(Failed(error))  # the machine's own model_error outcome
@@ -509,7 +513,7 @@ class GuardedRun:
                     final_answer=self.run.best_answer or self.engine.settings.fallback_answer,
                     final_answer_present=self.run.best_answer is not None,
                 )
-            self._end(outcome)
+            self._finish_run(outcome)  # the framework's run is over: nothing left to hold
             self._wake()
 
     def end_by_framework(self, detail: str, answer: str | None, **evidence: Any) -> None:
