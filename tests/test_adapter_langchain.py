@@ -448,42 +448,52 @@ def test_http_graph_recursion_error_is_recorded(
     assert middleware.runs() == []
 
 
-def test_http_model_call_limit_error_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
-    """ModelCallLimitMiddleware(exit_behavior="error") raises in its own node, where the
-    middleware sees no end of the run: the run is recorded at its deadline, not left open."""
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_http_model_call_limit_error_is_recorded_at_once(
+    tmp_path: Path, stub: tuple[Stub, str], mode: str
+) -> None:
+    """Issue 32: ModelCallLimitMiddleware(exit_behavior="error") raises in its own node,
+    where the middleware sees no end of the run: the agent graph's ``on_chain_error`` (a
+    callback handler loopwarden registers) records the run at once -- when ``invoke``
+    raises, the record is there (``ainvoke``: moments later, off the event loop) -- not at
+    the run's deadline."""
     from langchain.agents.middleware import ModelCallLimitMiddleware
     from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
 
+    from loopwarden import signals
+
     server, url = stub
     server.route = lambda payload: lookup(str(len(server.requests)))
-    dep = http_deployment(tmp_path, timeout={"max_seconds": 4.0, "grace_s": 0.5})
+    dep = http_deployment(tmp_path)  # the shipped timeout: a deadline minutes away
+    stopped: list[str] = []
+    dep.connect(signals.run_stopped, lambda run, record, **_: stopped.append(record["run_id"]))
     middleware = LoopwardenMiddleware(dep)
     agent = create_agent(
         chat(url),
         [query_order],
         middleware=[middleware, ModelCallLimitMiddleware(run_limit=1, exit_behavior="error")],
     )
+    state = {"messages": [HumanMessage("Orders?")]}
     try:
         with pytest.raises(ModelCallLimitExceededError):
-            agent.invoke({"messages": [HumanMessage("Orders?")]})
-        # the file may exist before its line is written: wait for the record itself
-        recorded = wait_for(
-            lambda: (tmp_path / "runs.jsonl").exists() and bool(records(tmp_path)), seconds=30
-        )
+            agent.invoke(state) if mode == "sync" else asyncio.run(agent.ainvoke(state))
+        if mode == "async":
+            assert wait_for(lambda: bool(stopped), seconds=10)
+        assert len(stopped) == 1  # no waiting for a deadline
     finally:
         dep.close()
-    assert recorded
     rec = only_record(tmp_path)
-    assert rec["termination"] == "ended_by_framework" and rec["evidence"]["abandoned"] is True
-    assert rec["steps"] == 1 and rec["final_answer"] is None
+    assert rec["termination"] == "ended_by_framework" and "abandoned" not in rec["evidence"]
+    assert rec["evidence"]["raised"] == "ModelCallLimitExceededError"
+    assert rec["steps"] == 1 and rec["final_answer"] is None and stopped == [rec["run_id"]]
     assert middleware.runs() == []
 
 
-def test_http_model_call_limit_error_closes_at_the_threads_next_invocation(
+def test_http_model_call_limit_error_is_recorded_in_a_thread(
     tmp_path: Path, stub: tuple[Stub, str]
 ) -> None:
-    """Behind a checkpointer, the thread's next invocation records the run that ended in
-    ModelCallLimitExceededError at once."""
+    """Behind a checkpointer, each invocation that ends in ModelCallLimitExceededError is
+    recorded when it raises, in the thread's conversation."""
     from langchain.agents.middleware import ModelCallLimitMiddleware
     from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
     from langgraph.checkpoint.memory import InMemorySaver
@@ -505,10 +515,11 @@ def test_http_model_call_limit_error_closes_at_the_threads_next_invocation(
                 agent.invoke({"messages": [HumanMessage("Orders?")]}, config)
     finally:
         dep.close()
-    first = records(tmp_path)[0]
-    assert first["termination"] == "ended_by_framework" and first["evidence"]["abandoned"]
+    first, second = records(tmp_path)
+    assert first["termination"] == "ended_by_framework" and first["evidence"]["raised"]
     assert first["steps"] == 1 and first["conversation_id"] == "t-limit"
-    assert len(middleware.runs()) == 1  # the second invocation's, until the thread goes on
+    assert second["steps"] == 0 and second["conversation_id"] == "t-limit"
+    assert middleware.runs() == []
 
 
 def test_http_framework_limit_records_what_the_caller_received(

@@ -36,8 +36,9 @@ Where the invocation ends without returning to the middleware, the run is still 
 (``ended_by_framework``): an interrupt ends it (the resumed invocation -- in any process behind
 the same checkpointer -- is a new run of the thread, its pending tool calls guarded); in
 LangGraph's last step (``recursion_limit``) it ends before ``GraphRecursionError``; an
-exception raised in another middleware's node (``ModelCallLimitExceededError``) is found at
-the thread's next invocation, or at the run's deadline.  A cancellation is ``cancelled``.
+exception raised outside the middleware (another middleware's ``ModelCallLimitExceededError``,
+LangGraph's ``GraphRecursionError``) is recorded when the agent graph's run fails (its
+``on_chain_error`` callback).  A cancellation is ``cancelled``.
 
 Needs ``pip install 'loopwarden[langchain]'`` (with ``langchain-openai`` for ``ChatOpenAI``).
 """
@@ -49,7 +50,9 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any
+from uuid import UUID
 
 from langchain.agents.middleware.types import (
     AgentMiddleware,
@@ -60,6 +63,7 @@ from langchain.agents.middleware.types import (
     OmitFromInput,
     PrivateStateAttr,
 )
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -68,8 +72,9 @@ from langchain_core.messages import (
     ToolMessage,
     convert_to_openai_messages,
 )
+from langchain_core.tracers.context import register_configure_hook
 from langgraph.config import get_config
-from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.errors import GraphBubbleUp, GraphInterrupt, GraphRecursionError
 from langgraph.managed.is_last_step import RemainingStepsManager
 from langgraph.types import Command
 from typing_extensions import NotRequired
@@ -111,6 +116,103 @@ MAX_CONVERSATIONS = 10_000
 MAX_LAST = 256
 #: the part of LangGraph's ``GraphRecursionError`` message the record quotes
 RECURSION = "LangGraph's recursion_limit: the graph raises GraphRecursionError next"
+
+
+class _GraphErrors(BaseCallbackHandler):
+    """The one hook that sees an agent invocation end on an exception raised outside the
+    middleware (another middleware's node -- ``ModelCallLimitExceededError`` --, LangGraph's
+    own ``GraphRecursionError``, a cancellation between steps): the agent graph's run ends
+    with ``on_chain_error``.  Added to every callback manager of the process through
+    LangChain's configure hook (registered by the first middleware made; it ignores every
+    event but chains'), it learns the graph run of each loopwarden run from the start of the
+    middleware's ``before_agent`` node and calls the run's closer when that graph run fails."""
+
+    run_inline = True  # a dict look-up: never worth an executor hop
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()  # the middlewares' before_agent node names
+        self._graphs: OrderedDict[UUID, UUID] = OrderedDict()  # node run -> its graph run
+        self._open: dict[UUID, Callable[[BaseException], None]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def ignore_llm(self) -> bool:
+        return True
+
+    @property
+    def ignore_chat_model(self) -> bool:
+        return True
+
+    @property
+    def ignore_retriever(self) -> bool:
+        return True
+
+    @property
+    def ignore_agent(self) -> bool:
+        return True
+
+    @property
+    def ignore_retry(self) -> bool:
+        return True
+
+    @property
+    def ignore_custom_event(self) -> bool:
+        return True
+
+    def on_chain_start(
+        self,
+        serialized: Any,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if parent_run_id is not None and kwargs.get("name") in self.names:
+            with self._lock:
+                self._graphs[run_id] = parent_run_id
+                while len(self._graphs) > MAX_LAST:
+                    self._graphs.popitem(last=False)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        if not self._open:
+            return
+        with self._lock:
+            closer = self._open.pop(run_id, None)
+        if closer is not None:
+            closer(error)
+
+    def watch(self, node_run: UUID | None, closer: Callable[[BaseException], None]) -> UUID | None:
+        """Call ``closer`` if the graph run of the node run ``node_run`` fails; its id."""
+        with self._lock:
+            graph = self._graphs.pop(node_run, None) if node_run is not None else None
+            if graph is not None:
+                self._open[graph] = closer
+        return graph
+
+    def unwatch(self, graph: UUID) -> None:
+        with self._lock:
+            self._open.pop(graph, None)
+
+
+_GRAPH_ERRORS = _GraphErrors()
+_GRAPH_ERRORS_VAR: ContextVar[_GraphErrors | None] = ContextVar(
+    "loopwarden_langchain_graph_errors", default=_GRAPH_ERRORS
+)
+_registered = False
+_registering = threading.Lock()
+
+
+def _watch_graph_errors(node_name: str) -> None:
+    """Register :data:`_GRAPH_ERRORS` with LangChain's callback configuration (once per
+    process) and have it learn the graph runs of the node ``node_name``."""
+    global _registered
+    with _registering:
+        _GRAPH_ERRORS.names.add(node_name)
+        if not _registered:
+            register_configure_hook(_GRAPH_ERRORS_VAR, True)
+            _registered = True
 
 
 def _last_steps(state: Mapping[str, Any]) -> bool:
@@ -301,7 +403,9 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         self._resuming = threading.Lock()
         # runs ended in LangGraph's last steps: the step left answers from them (no new run)
         self._last: OrderedDict[str, GuardedRun] = OrderedDict()
+        self._graphs: dict[str, UUID] = {}  # run key -> the agent graph's run (callbacks)
         self.tools = []
+        _watch_graph_errors(f"{self.name}.before_agent")
 
     # -- runs ----------------------------------------------------------------------------
 
@@ -354,8 +458,39 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             self._abandon(
                 earlier, "the thread's next invocation began before this run was seen to end"
             )
-        key, guarded = self._new(list(state.get("messages") or []), _config())
+        config = _config()
+        key, guarded = self._new(list(state.get("messages") or []), config)
+        node_run = getattr(config.get("callbacks"), "parent_run_id", None)
+        graph = _GRAPH_ERRORS.watch(node_run, lambda exc: self._graph_failed(key, exc))
+        if graph is not None:
+            with self._lock:
+                self._graphs[key] = graph
         return {_KEY: key, _TIP: guarded.run.run_id, RESULT_KEY: None}
+
+    def _graph_failed(self, key: str, exc: BaseException) -> None:
+        """The agent graph's run ended on ``exc`` while the run was open: record it now --
+        ``ended_by_framework`` for LangChain's and LangGraph's own limits, ``cancelled`` for
+        a cancellation, ``error`` otherwise.  Off the event loop when one runs (the record
+        may reach the shared store)."""
+        with self._lock:
+            guarded = self._runs.get(key)
+        if guarded is None or guarded.finished:
+            return
+
+        def close() -> None:
+            name = type(exc).__name__
+            if isinstance(exc, GraphRecursionError) or name == "ModelCallLimitExceededError":
+                guarded.end_by_framework(f"{name}: {exc}", None, raised=name)
+            else:
+                guarded.finish(exc)
+            self._drop(key, guarded)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            close()
+        else:
+            threading.Thread(target=close, name="loopwarden-graph-error", daemon=True).start()
 
     def _resume(
         self, key: str, resumed: str, state: Mapping[str, Any], config: Mapping[str, Any]
@@ -424,8 +559,11 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             if self._runs.get(key) is guarded:
                 del self._runs[key]
             unwatch = self._unwatch.pop(key, None)
+            graph = self._graphs.pop(key, None)
         if unwatch is not None:
             unwatch()
+        if graph is not None:
+            _GRAPH_ERRORS.unwatch(graph)
 
     def _close(self, key: str, guarded: GuardedRun, detail: str, **evidence: Any) -> None:
         """The framework ended the run where the middleware sees no end of it: record it."""
