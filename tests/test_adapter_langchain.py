@@ -853,3 +853,40 @@ def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     assert on_a["run_id"] == third[RESULT_KEY]["run_id"] and on_a["ledger_answers"] == []
     assert thanks["termination"] == "final_answer"
     assert [w.runs() for w in workers] == [[], []]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_http_structured_stop_without_structured_output_raises_a_typed_stop(
+    tmp_path: Path, stub: tuple[Stub, str], mode: str
+) -> None:
+    """Issue 32: with a ToolStrategy ``response_format``, a soft stop's wrap-up answered with
+    text (no ``OrderInfo`` call) leaves no structured response: the invocation raises
+    ``GuardStopped`` (the stop, its run id, the best-effort text) instead of returning a
+    result whose ``structured_response`` is silently None."""
+    from langchain.agents.structured_output import ToolStrategy
+
+    from loopwarden.exceptions import GuardStopped
+
+    server, url = stub
+    server.route = lambda payload: (
+        lookup("1")
+        if "query_order" in [t["function"]["name"] for t in payload.get("tools") or ()]
+        else answer("Order 1 is lost.")  # the wrap-up: text, although OrderInfo was asked for
+    )
+    dep = http_deployment(tmp_path)
+    agent = create_agent(
+        chat(url),
+        [query_order],
+        middleware=[LoopwardenMiddleware(dep)],
+        response_format=ToolStrategy(OrderInfo),
+    )
+    state = {"messages": [HumanMessage("Where is order 1?")]}
+    try:
+        with pytest.raises(GuardStopped) as raised:
+            agent.invoke(state) if mode == "sync" else asyncio.run(agent.ainvoke(state))
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    stop = raised.value
+    assert rec["termination"] == "repeat_call" == stop.termination and stop.soft is True
+    assert stop.run_id == rec["run_id"] and stop.final_answer == "Order 1 is lost."

@@ -503,3 +503,29 @@ def test_approved_calls_run_once_in_the_resumed_run(
     assert replayed["tools_executed"] == 0 and len(replayed["ledger_answers"]) == 2
     assert loopwarden_meta(second)["termination"] == "final_answer"
     assert again.output == "Both refunded."
+
+
+def test_output_type_stop_without_structured_output_raises_a_typed_stop(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 32: with an ``output_type`` that is not text, a soft stop's wrap-up answered
+    with text (no ``final_result`` call) cannot be the output: the run raises
+    ``GuardStopped`` at once -- the stop, its run id and the best-effort text on it --
+    instead of pydantic-ai retrying loopwarden's text until ``UnexpectedModelBehavior``."""
+    from loopwarden.exceptions import GuardStopped, LoopwardenError
+
+    server, url = stub
+    push_lookups(server, 3, final="I could not find order 99999.")  # text, not final_result
+    dep = deployment(tmp_path)
+    try:
+        with pytest.raises(GuardStopped) as raised:
+            http_agent(url, dep, Effects(), output_type=Order).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    stop = raised.value
+    assert isinstance(stop, LoopwardenError)
+    assert stop.run_id == rec["run_id"] and stop.termination == "repeat_call" == rec["termination"]
+    assert stop.stopped_by == "repeat_call" and stop.soft is True
+    assert stop.final_answer == "I could not find order 99999." == rec["final_answer"]
+    assert len(server.requests) == 4  # no request after the wrap-up

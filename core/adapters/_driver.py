@@ -41,6 +41,7 @@ from pydantic import BaseModel
 from loopwarden.engine.drivers import internal_error as _internal_error
 from loopwarden.engine.loop import CallModel, Failed, RunTool
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
+from loopwarden.exceptions import GuardStopped
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
@@ -547,6 +548,18 @@ class GuardedRun:
             self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
             self._claimed.add(self._eff.call.id)
             self._send_not_run(self._not_run("the framework ended the run"))
+
+    def stopped_error(self) -> GuardStopped:
+        """The run's stop as the :class:`~loopwarden.exceptions.GuardStopped` to raise where
+        the framework needs a structured output that the stop did not give."""
+        o = self.outcome
+        return GuardStopped(
+            run_id=self.run.run_id,
+            termination=o.termination if o is not None else ENDED_BY_FRAMEWORK,
+            stopped_by=o.stopped_by if o is not None else None,
+            soft=bool(o and o.soft),
+            final_answer=self.final_answer,
+        )
 
     @property
     def expects_tool(self) -> bool:

@@ -22,7 +22,8 @@ signals, metrics and alerts as ``loopwarden run``).  Verdicts become:
   with the best-effort answer as an ``AIMessage`` without tool calls, so the agent ends on
   it (the effect of ``jump_to="end"``, without a ``before_model`` node on every step); a
   stop that came with the model's answer replaces that answer the same way.  A soft stop's
-  wrap-up turn keeps the agent's ``response_format``: its structured response stands.
+  wrap-up turn keeps the agent's ``response_format``: its structured response stands; a stop
+  that gives none raises :class:`~loopwarden.exceptions.GuardStopped` (text cannot be it).
 
 The result says how the run ended: ``result["loopwarden"]`` (:data:`RESULT_KEY`) holds the run
 record's ``run_id``, its ``termination``, ``stopped`` (a guard stopped it), ``stopped_by`` and
@@ -710,16 +711,35 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             request = request.override(tools=[], tool_choice=None)
         return request, notes
 
-    @staticmethod
-    def _answer(guarded: GuardedRun, result: Any, notes: list[HumanMessage | SystemMessage]) -> Any:
+    def _stopped(self, key: str, guarded: GuardedRun, request: ModelRequest[Any]) -> AIMessage:
+        """The answer in the model's place once the run has ended: loopwarden's text -- or,
+        when the agent must give a structured response (``response_format``), which text
+        cannot be, :class:`~loopwarden.exceptions.GuardStopped` (the run is recorded)."""
+        if request.response_format is not None and guarded.finished:
+            self._drop(key, guarded)
+            raise guarded.stopped_error()
+        return AIMessage(content=guarded.final_answer)
+
+    def _answer(
+        self,
+        key: str,
+        guarded: GuardedRun,
+        result: Any,
+        notes: list[HumanMessage | SystemMessage],
+        must_structure: bool,
+    ) -> Any:
         """The model's answer as the agent keeps it: the notes that preceded it first (so they
         stay in the conversation, in order), and loopwarden's answer in its place when the
         run ended on it -- unless the answer is the agent's structured output (a soft stop's
-        wrap-up turn may produce it: it stands, as the model's answer)."""
+        wrap-up turn may produce it: it stands, as the model's answer).  ``must_structure``:
+        the agent has a ``response_format``, so a stop without one raises GuardStopped."""
         _, response = _response(result)
         guarded.model_done(response)
         structured = isinstance(result, ModelResponse) and result.structured_response is not None
         if guarded.replaced and not structured:
+            if must_structure:  # text cannot be the agent's structured response
+                self._drop(key, guarded)
+                raise guarded.stopped_error()
             result = AIMessage(content=guarded.final_answer)
         if not notes:
             return result
@@ -738,13 +758,14 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         key, guarded = found
         prepared, notes = self._prepare(key, guarded, request)
         if prepared is None:
-            return AIMessage(content=guarded.final_answer)
+            return self._stopped(key, guarded, request)
         try:
             result = handler(prepared)
         except BaseException as exc:
             self._failed(key, guarded, exc, model=True)
             raise
-        return self._tipped(request.state, guarded, self._answer(guarded, result, notes))
+        answer = self._answer(key, guarded, result, notes, prepared.response_format is not None)
+        return self._tipped(request.state, guarded, answer)
 
     async def awrap_model_call(
         self,
@@ -757,13 +778,14 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         key, guarded = found
         prepared, notes = self._prepare(key, guarded, request)
         if prepared is None:
-            return AIMessage(content=guarded.final_answer)
+            return self._stopped(key, guarded, request)
         try:
             result = await handler(prepared)
         except BaseException as exc:
             self._failed(key, guarded, exc, model=True)
             raise
-        return self._tipped(request.state, guarded, self._answer(guarded, result, notes))
+        answer = self._answer(key, guarded, result, notes, prepared.response_format is not None)
+        return self._tipped(request.state, guarded, answer)
 
     @staticmethod
     def _tipped(

@@ -32,8 +32,9 @@ A call of an output tool (``final_result``) is the model's answer, never a tool 
 the stream is closed: the streamed response is read from the model's stream
 (:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
 
-Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
-fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
+A stop that gives no structured output where the ``output_type`` does not accept text (a hard
+stop, a wrap-up answered with text) raises :class:`~loopwarden.exceptions.GuardStopped`, the
+run recorded first.  Limits: a tool call whose arguments
 pydantic-ai refuses before execution (a retry prompt) is recorded as not run by the framework
 (``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same.
 
@@ -194,6 +195,13 @@ def _args_text(args: Any) -> str:
     if args is None:
         return "{}"
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str)
+
+
+def _text_output(request_context: ModelRequestContext) -> bool:
+    """Plain text is a valid output of the run (``output_type`` accepts ``str``): in the
+    ``auto``, ``native`` and ``prompted`` modes text must be the output object's JSON."""
+    params = request_context.model_request_parameters
+    return params.allow_text_output and params.output_mode not in ("auto", "native", "prompted")
 
 
 def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
@@ -403,7 +411,10 @@ class Loopwarden(AbstractCapability[Any]):
         handler: WrapModelRequestHandler,
     ) -> pm.ModelResponse:
         guarded = self._guard(ctx)
+        text_ok = _text_output(request_context)
         if guarded.model_turn() is None:
+            if not text_ok:  # the answer would be text the output type refuses
+                raise guarded.stopped_error()
             return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
         output_tools = self._output_tools = _output_tools(request_context)
         self._streaming, self._streamed = request_context.streaming, None
@@ -421,6 +432,8 @@ class Loopwarden(AbstractCapability[Any]):
             o = guarded.outcome
             if outputs and o is not None and o.soft and o.final_answer_present:
                 return dataclasses.replace(response, parts=[*outputs])
+            if not text_ok:  # no structured output came: text would fail validation
+                raise guarded.stopped_error()
             return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
         return response
 
