@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from loopwarden.engine import execution
+from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io
 from loopwarden.engine.drivers import internal_error as _internal_error
 from loopwarden.engine.loop import CallModel, Failed, RunTool
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
@@ -59,6 +62,7 @@ __all__ = [
     "NatureSpec",
     "conversation_for",
     "framework_tool",
+    "off_loop",
     "proposed",
     "stop_info",
     "tool_result",
@@ -67,6 +71,38 @@ __all__ = [
 #: the stop reason of a run that the framework ended while loopwarden expected more (its own
 #: step limit, a usage limit, an exception that it handled by ending the run)
 ENDED_BY_FRAMEWORK = "ended_by_framework"
+
+T = TypeVar("T")
+
+#: machine steps of adapter runs in worker threads at once, per event loop (more wait)
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def off_loop(
+    run: Run | None, deployment: Deployment, fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    """Call ``fn`` -- a step of an adapter run, which may wait on the shared store (ledger
+    claims, budget reservations, the record) -- from a framework's async hook without
+    blocking the event loop: in a daemon worker thread when the run may block on I/O
+    (:func:`~loopwarden.engine.drivers.blocking_io`; before a run exists, when the
+    deployment has a shared store), inline otherwise.  As ``Deployment.arun`` does: at most
+    :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` such steps at once per event loop, and
+    a cancelled caller lets the step finish (shielded) -- never two steps of a run at once."""
+    blocking = blocking_io(run) if run is not None else deployment.shared is not None
+    if not blocking:
+        return fn(*args, **kwargs)
+    if kwargs:
+        fn, args = functools.partial(fn, *args, **kwargs), ()
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(OFFLOAD_LIMIT)
+    async with slots:
+        value: T = await asyncio.shield(execution.daemon_thread(fn, *args, name="adapter-step"))
+        return value
+
 
 #: exceptions that mean the caller ended the run (recorded ``cancelled``, not as an error)
 _CANCELLED = (asyncio.CancelledError, KeyboardInterrupt)
@@ -211,6 +247,10 @@ class GuardedRun:
         #: after its last model call (the Agents SDK's output guardrails); see :meth:`overrule`
         self.hold_end = False
         self._held: RunOutcome | None = None
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """:func:`off_loop` for a step of this run (``guarded.model_turn`` ...)."""
+        return await off_loop(self.run, self.deployment, fn, *args, **kwargs)
 
     # -- tools ---------------------------------------------------------------------------
 

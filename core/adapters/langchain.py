@@ -86,6 +86,7 @@ from loopwarden.adapters._driver import (
     GuardedRun,
     NatureSpec,
     nature_tables,
+    off_loop,
     proposed,
     tool_result,
     usage,
@@ -678,7 +679,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     async def abefore_agent(
         self, state: LoopwardenState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        return self._begin(state)
+        return await off_loop(None, self.deployment, self._begin, state)
 
     def _prepare(
         self, key: str, guarded: GuardedRun, request: ModelRequest[Any]
@@ -772,20 +773,36 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
-        found = self._guarded(request.state)
+        found = await self._aguarded(request.state)
         if found is None:
             return await handler(request)
         key, guarded = found
-        prepared, notes = self._prepare(key, guarded, request)
+        prepared, notes = await guarded.off_loop(self._prepare, key, guarded, request)
         if prepared is None:
             return self._stopped(key, guarded, request)
         try:
             result = await handler(prepared)
         except BaseException as exc:
-            self._failed(key, guarded, exc, model=True)
+            await guarded.off_loop(self._failed, key, guarded, exc, model=True)
             raise
-        answer = self._answer(key, guarded, result, notes, prepared.response_format is not None)
+        must = prepared.response_format is not None
+        answer = await guarded.off_loop(self._answer, key, guarded, result, notes, must)
         return self._tipped(request.state, guarded, answer)
+
+    async def _aguarded(
+        self, state: Any, config: Mapping[str, Any] | None = None
+    ) -> tuple[str, GuardedRun] | None:
+        """:meth:`_guarded` from an async hook: the open run at once when this process holds
+        it, else found or resumed off the event loop (a resume may wait on the store)."""
+        get = state.get if isinstance(state, Mapping) else lambda k: getattr(state, k, None)
+        run_id = get(_KEY)
+        if not run_id:
+            return None
+        with self._lock:
+            guarded = self._runs.get(run_id) or self._last.get(run_id)
+        if guarded is not None and self._holds(guarded, get(_TIP)):
+            return run_id, guarded
+        return await off_loop(None, self.deployment, self._guarded, state, config)
 
     @staticmethod
     def _tipped(
@@ -855,23 +872,30 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
-        found = self._tool_guard(request)
+        found = await self._aguarded(request.state, request.runtime.config)
         if found is None:
             return await handler(request)
         key, guarded = found
+        if request.tool is not None:
+            guarded.declare(*_schema(request.tool))
         call_id = request.tool_call["id"] or ""
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):
-            self._settled(key, guarded, request)
+            await guarded.off_loop(self._settled, key, guarded, request)
             return self._skipped(request, decision)
         try:
             out = await handler(request)
         except BaseException as exc:
-            self._failed(key, guarded, exc, call_id=call_id)
+            await guarded.off_loop(self._failed, key, guarded, exc, call_id=call_id)
             raise
+        await guarded.off_loop(self._done, key, guarded, request, call_id, out)
+        return out
+
+    def _done(
+        self, key: str, guarded: GuardedRun, request: ToolCallRequest, call_id: str, out: Any
+    ) -> None:
         guarded.tool_done(call_id, self._result(out))
         self._settled(key, guarded, request)
-        return out
 
     def after_agent(self, state: LoopwardenState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return self._end(state)
@@ -879,4 +903,4 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     async def aafter_agent(
         self, state: LoopwardenState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        return self._end(state)
+        return await off_loop(None, self.deployment, self._end, state)

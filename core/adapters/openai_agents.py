@@ -253,7 +253,7 @@ class _GuardedModel(Model):
         **kwargs: Any,
     ) -> ModelResponse:
         guarded = self.state.guarded
-        prepared = self._before(system_instructions, input, tools, handoffs)
+        prepared = await guarded.off_loop(self._before, system_instructions, input, tools, handoffs)
         if prepared is None:
             return self._answer(guarded.final_answer)
         input, tools, handoffs = prepared
@@ -271,7 +271,7 @@ class _GuardedModel(Model):
         except BaseException as exc:
             guarded.model_failed(exc)  # the SDK may retry; recorded if the run ends on it
             raise
-        return self._after(resp, handoffs)
+        return await guarded.off_loop(self._after, resp, handoffs)
 
     async def stream_response(
         self,
@@ -288,7 +288,7 @@ class _GuardedModel(Model):
         the machine, and carries loopwarden's answer where a stop replaces the model's (the
         deltas of a replaced answer have already been streamed)."""
         guarded = self.state.guarded
-        prepared = self._before(system_instructions, input, tools, handoffs)
+        prepared = await guarded.off_loop(self._before, system_instructions, input, tools, handoffs)
         if prepared is None:
             yield _completed(self._answer(guarded.final_answer))
             return
@@ -317,7 +317,7 @@ class _GuardedModel(Model):
                         ),
                         response_id=r.id,
                     )
-                    answer = self._after(resp, handoffs)
+                    answer = await guarded.off_loop(self._after, resp, handoffs)
                     if answer is not resp:
                         output = {"output": list(answer.output)}
                         event = event.model_copy(update={"response": r.model_copy(update=output)})
@@ -381,11 +381,12 @@ def _wrap_tool(tool: FunctionTool, state: _RunState) -> FunctionTool:
         try:
             value = await run(ctx, input_json)
         except BaseException as exc:
-            guarded.tool_done(call_id, tool_result(None, error=exc))
+            await guarded.off_loop(guarded.tool_done, call_id, tool_result(None, error=exc))
             raise
         finally:
             _MCP_ERRORS.reset(token)
-        guarded.tool_done(call_id, tool_result(value, ok=not errors))  # MCP isError: failed
+        result = tool_result(value, ok=not errors)  # MCP isError: failed
+        await guarded.off_loop(guarded.tool_done, call_id, result)
         return value
 
     impl = getattr(inner, "_invoke_tool_impl", None)
@@ -500,6 +501,8 @@ class _RunState:
         self._own: set[int] = set()  # ids of the copies
         #: the handoff call of the model's last answer that the SDK will carry out
         self.transfers: list[str] = []
+        #: the interrupted run this run resumes, until its open calls are adopted
+        self.resuming: RunState[Any, Any] | None = None
 
     def agent(self, agent: Agent[Any]) -> Agent[Any]:
         """The per-run guarded copy of ``agent`` (made once per run: handoffs may go back)."""
@@ -553,10 +556,11 @@ class _RunState:
                 target = await inner(ctx, input_json)
             except BaseException as exc:
                 if call_id is not None:
-                    guarded.tool_done(call_id, tool_result(None, error=exc))
+                    await guarded.off_loop(guarded.tool_done, call_id, tool_result(None, error=exc))
                 raise
             if call_id is not None:
-                guarded.tool_done(call_id, tool_result(h.get_transfer_message(target)))
+                result = tool_result(h.get_transfer_message(target))
+                await guarded.off_loop(guarded.tool_done, call_id, result)
             guarded.run.meta["agents"].append(getattr(target, "name", "?"))
             return self.agent(target) if isinstance(target, Agent) else target
 
@@ -570,6 +574,11 @@ class _RunState:
         self.guard = RunGuard(guarded)
         self.run_config = run_config
         self.transfers = []
+
+    def ended(self, result: RunResult | RunResultStreaming) -> None:
+        """The SDK's run returned ``result``: record loopwarden's run (paused or over)."""
+        self.paused(result)
+        self.end(None)
 
     def paused(self, result: RunResult | RunResultStreaming) -> None:
         """The SDK's run ended on interruptions (tool calls waiting for approval): recorded
@@ -703,8 +712,7 @@ class LoopwardenRunner:
             state = holder
             state.retarget(guarded, run_config)
         self._last.set(guarded.run)
-        if resuming is not None:
-            self._adopt(guarded, resuming)
+        state.resuming = resuming  # adopted by run() (off the event loop) / run_streamed()
         handlers = dict(kwargs.pop("error_handlers", None) or {})
 
         def max_turns(data: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
@@ -746,13 +754,14 @@ class LoopwardenRunner:
         """Run ``agent`` on ``input`` (or resume an interrupted run's ``RunState``) with the
         SDK's ``Runner.run``, guarded."""
         state, wrapped, kwargs = self._start(agent, input, kwargs)
+        if state.resuming is not None:
+            await state.guarded.off_loop(self._adopt, state.guarded, state.resuming)
         try:
             result = await Runner.run(wrapped, input, **kwargs)
         except BaseException as exc:
-            state.end(exc)
+            await state.guarded.off_loop(state.end, exc)
             raise
-        state.paused(result)
-        state.end(None)
+        await state.guarded.off_loop(state.ended, result)
         _attach(result, state.guard)
         return result
 
@@ -776,6 +785,8 @@ class LoopwardenRunner:
         """``Runner.run_streamed``, guarded: consume ``result.stream_events()`` as usual;
         the run is recorded when the SDK's run ends."""
         state, wrapped, kwargs = self._start(agent, input, kwargs)
+        if state.resuming is not None:
+            self._adopt(state.guarded, state.resuming)
         try:
             result = Runner.run_streamed(wrapped, input, **kwargs)
         except BaseException as exc:

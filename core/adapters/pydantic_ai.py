@@ -270,6 +270,7 @@ class Loopwarden(AbstractCapability[Any]):
         self._streamed: StreamedResponse | None = None  # its response, once opened
         self._output_tools: frozenset[str] = frozenset()
         self._adopted = False  # the run began with an earlier answer's open calls
+        self._pending: pm.ModelResponse | None = None  # those calls, until adopted
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -300,10 +301,18 @@ class Loopwarden(AbstractCapability[Any]):
                 conversation=conversation_for(self.deployment, key) if key else None,
                 adapter="pydantic_ai",
             )
-            if pending is not None:
-                self._adopt(self.guarded, pending)
-                self._adopted = True
+            self._pending = pending
         return self.guarded
+
+    async def _started(self, ctx: RunContext[Any]) -> GuardedRun:
+        """The run's :class:`GuardedRun`, the open calls it starts from adopted (off the
+        event loop: its steps may wait on the store)."""
+        guarded = self._guard(ctx)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await guarded.off_loop(self._adopt, guarded, pending)
+            self._adopted = True
+        return guarded
 
     @staticmethod
     def _adopt(guarded: GuardedRun, pending: pm.ModelResponse) -> None:
@@ -326,15 +335,17 @@ class Loopwarden(AbstractCapability[Any]):
             result = await handler()
         except UsageLimitExceeded as exc:  # pydantic-ai's own limits ended the run
             if self.guarded is not None:
-                self.guarded.finish(detail=f"{type(exc).__name__}: {exc}")
+                await self.guarded.off_loop(
+                    self.guarded.finish, None, detail=f"{type(exc).__name__}: {exc}"
+                )
             raise
         except BaseException as exc:
             if self.guarded is not None:
-                self.guarded.finish(exc)
+                await self.guarded.off_loop(self.guarded.finish, exc)
             raise
         guarded = self.guarded
         if guarded is not None:
-            self._ended(guarded, result.output)
+            await guarded.off_loop(self._ended, guarded, result.output)
             _attach(result, guarded)
         return result
 
@@ -363,8 +374,8 @@ class Loopwarden(AbstractCapability[Any]):
         if isinstance(result, End) and guarded is not None and not guarded.finished:
             if self._streamed is not None:  # read to its end: the whole response, usage too
                 _, event = _response(self._streamed.get(), self._output_tools)
-                guarded.model_done(event)
-            self._ended(guarded, getattr(result.data, "output", None))
+                await guarded.off_loop(guarded.model_done, event)
+            await guarded.off_loop(self._ended, guarded, getattr(result.data, "output", None))
         return result
 
     def get_wrapper_model(self, model: Model) -> Model | None:
@@ -378,10 +389,11 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         for t in tool_defs:
             guarded.declare(t.name, t.description or "", t.parameters_json_schema)
+        await self._started(ctx)
         if self._adopted and guarded.expects_tool:
             return tool_defs  # the tools to run the adopted calls with: no model call yet
         self._adopted = False
-        turn = guarded.model_turn()
+        turn = await guarded.off_loop(guarded.model_turn)
         if turn is None or turn.final:
             return []  # the wrap-up turn (or the run is over): no tool can be called
         return tool_defs
@@ -389,10 +401,10 @@ class Loopwarden(AbstractCapability[Any]):
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
-        guarded = self._guard(ctx)
+        guarded = await self._started(ctx)
         parts = request_context.model_request_parameters.instruction_parts or []
         guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
-        turn = guarded.model_turn()
+        turn = await guarded.off_loop(guarded.model_turn)
         if turn is not None and turn.notes:
             settings = self.deployment.engine.settings
             for note in turn.notes:
@@ -410,9 +422,9 @@ class Loopwarden(AbstractCapability[Any]):
         request_context: ModelRequestContext,
         handler: WrapModelRequestHandler,
     ) -> pm.ModelResponse:
-        guarded = self._guard(ctx)
+        guarded = await self._started(ctx)
         text_ok = _text_output(request_context)
-        if guarded.model_turn() is None:
+        if await guarded.off_loop(guarded.model_turn) is None:
             if not text_ok:  # the answer would be text the output type refuses
                 raise guarded.stopped_error()
             return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
@@ -424,7 +436,7 @@ class Loopwarden(AbstractCapability[Any]):
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
         _, event = _response(response, output_tools)
-        guarded.model_done(event)
+        await guarded.off_loop(guarded.model_done, event)
         if guarded.replaced:
             # the wrap-up's structured output stands (its function tool calls are dropped);
             # otherwise the answer is loopwarden's text
@@ -451,7 +463,9 @@ class Loopwarden(AbstractCapability[Any]):
         try:
             return await handler(args)
         except Exception as exc:  # refused before execution: a retry prompt, not a run
-            self._guard(ctx).not_run(call.tool_call_id, f"arguments refused ({type(exc).__name__})")
+            guarded = await self._started(ctx)
+            reason = f"arguments refused ({type(exc).__name__})"
+            await guarded.off_loop(guarded.not_run, call.tool_call_id, reason)
             raise
 
     async def wrap_tool_execute(
@@ -463,7 +477,7 @@ class Loopwarden(AbstractCapability[Any]):
         args: ValidatedToolArgs,
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        guarded = self._guard(ctx)
+        guarded = await self._started(ctx)
         decision = await guarded.atool(call.tool_call_id)
         if isinstance(decision, Answer):
             return decision.text
@@ -471,10 +485,12 @@ class Loopwarden(AbstractCapability[Any]):
             value = await handler(args)
         except (ApprovalRequired, CallDeferred):  # deferred: not run; it may come again
             guarded.release(call.tool_call_id)
-            guarded.not_run(call.tool_call_id, "deferred")
+            await guarded.off_loop(guarded.not_run, call.tool_call_id, "deferred")
             raise
         except Exception as exc:
-            guarded.tool_done(call.tool_call_id, tool_result(None, error=exc))
+            await guarded.off_loop(
+                guarded.tool_done, call.tool_call_id, tool_result(None, error=exc)
+            )
             raise
-        guarded.tool_done(call.tool_call_id, tool_result(value))
+        await guarded.off_loop(guarded.tool_done, call.tool_call_id, tool_result(value))
         return value
