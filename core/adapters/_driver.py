@@ -92,8 +92,7 @@ async def off_loop(
     :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` such steps at once per event loop, and
     a cancelled caller lets the step finish (shielded) -- never two steps of a run at once."""
     # before a run, or up to its first model call (the framework's tools not yet known)
-    starting = run is None or run.step == 0
-    if not (deployment.shared is not None if starting else blocking_io(run)):  # type: ignore[arg-type]
+    if not (deployment.shared is not None if run is None or run.step == 0 else blocking_io(run)):
         return fn(*args, **kwargs)
     if kwargs:
         fn, args = functools.partial(fn, *args, **kwargs), ()

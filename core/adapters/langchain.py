@@ -248,6 +248,11 @@ def _stop(guarded: GuardedRun) -> dict[str, Any]:
     }
 
 
+def _get(state: Any, key: str) -> Any:
+    """A key of the graph state (a mapping, or an object with attributes)."""
+    return state.get(key) if isinstance(state, Mapping) else getattr(state, key, None)
+
+
 def _thread(config: Mapping[str, Any] | None) -> str | None:
     """The LangGraph thread of the invocation (``configurable.thread_id``), if any."""
     configurable = (config or {}).get("configurable") or {}
@@ -531,8 +536,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         worker behind the same checkpointer served the turns in between) is stale: it is
         recorded (``ended_by_framework``, ``evidence.superseded_by``) and a new run resumes
         from the tip."""
-        get = state.get if isinstance(state, Mapping) else lambda k: getattr(state, k, None)
-        run_id, tip = get(_KEY), get(_TIP)
+        run_id, tip = _get(state, _KEY), _get(state, _TIP)
         if not run_id:
             return None
         with self._lock:
@@ -794,13 +798,12 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     ) -> tuple[str, GuardedRun] | None:
         """:meth:`_guarded` from an async hook: the open run at once when this process holds
         it, else found or resumed off the event loop (a resume may wait on the store)."""
-        get = state.get if isinstance(state, Mapping) else lambda k: getattr(state, k, None)
-        run_id = get(_KEY)
+        run_id = _get(state, _KEY)
         if not run_id:
             return None
         with self._lock:
             guarded = self._runs.get(run_id) or self._last.get(run_id)
-        if guarded is not None and self._holds(guarded, get(_TIP)):
+        if guarded is not None and self._holds(guarded, _get(state, _TIP)):
             return run_id, guarded
         return await off_loop(None, self.deployment, self._guarded, state, config)
 
@@ -811,7 +814,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         """The answer, with the thread's tip moved to this run when it names another (a
         resumed run's first answer): the claims of this answer's calls are this run's."""
         run_id = guarded.run.run_id
-        tip = state.get(_TIP) if isinstance(state, Mapping) else getattr(state, _TIP, None)
+        tip = _get(state, _TIP)
         if tip == run_id or guarded.finished:
             return answer
         response = answer if isinstance(answer, ModelResponse) else ModelResponse(result=[answer])
