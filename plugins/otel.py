@@ -14,9 +14,14 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   ``gen_ai.response.finish_reasons``; a failed call carries ``error.type``;
 * an ``execute_tool`` span per tool call that gets a result -- executed, skipped by a guard,
   invalid, or answered by the side-effect ledger: ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
-  ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok, error, skipped); a call answered
+  ``gen_ai.tool.description``, ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok,
+  error, skipped); a call answered
   by the ledger has ``loopwarden.ledger.answered = true`` and ``loopwarden.ledger.source``
   (a call a stop verdict holds back has no span: the verdict's event says why);
+* under a framework that writes GenAI spans of its own for the run (an adapter sets
+  :data:`FRAMEWORK_SPANS` in the run's meta: pydantic-ai's instrumentation), no ``chat`` /
+  ``execute_tool`` spans nor ``gen_ai.client.*`` metrics -- the framework's are the only ones
+  -- and the run span's token totals as ``loopwarden.usage.*``;
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
   and the standard evidence keys as ``loopwarden.evidence.<key>``.
@@ -74,12 +79,18 @@ if TYPE_CHECKING:
     from loopwarden.run import Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
-__all__ = ["CAPTURE_ENV", "OTel", "OTelSettings", "counter_names"]
+__all__ = ["CAPTURE_ENV", "FRAMEWORK_SPANS", "OTel", "OTelSettings", "counter_names"]
 
 log = logging.getLogger("loopwarden.plugins.otel")
 
 #: the GenAI conventions' opt-in switch for message content
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+#: the run ``meta`` key an adapter sets when the framework writes GenAI spans of its own for
+#: the run's model and tool calls (pydantic-ai's instrumentation): then loopwarden writes no
+#: ``chat`` / ``execute_tool`` spans nor ``gen_ai.client.*`` metrics for them (they would be
+#: counted twice) -- its ``invoke_agent`` span, a child of the framework's agent span, keeps
+#: the verdicts and the stop, its token totals as ``loopwarden.usage.*``
+FRAMEWORK_SPANS = "framework_spans"
 
 INSTALL_HINT = (
     "OpenTelemetry is not installed: pip install 'loopwarden[otel]'. The otel plugin records "
@@ -388,6 +399,8 @@ class OTel(Plugin[OTelSettings]):
             return
         end = time.time_ns()
         start, st.model_t0 = st.model_t0 or end - int(duration_s * 1e9), 0
+        if run.meta.get(FRAMEWORK_SPANS):  # the framework's own chat span and metrics say it
+            return
         attrs = self._base("chat", run)
         if response.model:
             attrs["gen_ai.response.model"] = response.model
@@ -440,7 +453,7 @@ class OTel(Plugin[OTelSettings]):
             if answered:
                 inst.add("ledger_answers_total", tool=tool, source=ledger[-1].get("source"))
         tracer = self._tracer
-        if tracer is None or st.ctx is None:
+        if tracer is None or st.ctx is None or run.meta.get(FRAMEWORK_SPANS):
             return
         end = time.time_ns()
         start, st.tool_t0 = st.tool_t0 or end - int(result.duration_s * 1e9), 0
@@ -453,6 +466,9 @@ class OTel(Plugin[OTelSettings]):
             "loopwarden.step": call.step,
             "loopwarden.tool.outcome": outcome,
         }
+        description = call.tool.description if call.tool is not None else None
+        if description and description != call.name:
+            attrs["gen_ai.tool.description"] = self._otel.scalar(description, 1000)
         if result.skipped_by:
             attrs["loopwarden.tool.skipped_by"] = result.skipped_by
         if result.attempts != 1:
@@ -535,14 +551,16 @@ class OTel(Plugin[OTelSettings]):
             return
         span, st.span = st.span, None
         tokens = record.get("tokens") or {}
+        # under a framework's own spans, its spans carry the usage: ours would count it twice
+        usage = "loopwarden.usage" if run.meta.get(FRAMEWORK_SPANS) else "gen_ai.usage"
         attrs: dict[str, Any] = {
             "loopwarden.termination": outcome.termination,
             "loopwarden.soft": outcome.soft,
             "loopwarden.steps": run.step,
             "loopwarden.tool_calls": run.tool_calls,
             "loopwarden.final_answer_present": outcome.final_answer_present,
-            "gen_ai.usage.input_tokens": int(tokens.get("prompt") or 0),
-            "gen_ai.usage.output_tokens": int(tokens.get("completion") or 0),
+            f"{usage}.input_tokens": int(tokens.get("prompt") or 0),
+            f"{usage}.output_tokens": int(tokens.get("completion") or 0),
             "loopwarden.cost": float(record.get("cost") or 0.0),
         }
         if outcome.stopped_by is not None:
@@ -581,6 +599,8 @@ class OTel(Plugin[OTelSettings]):
         """The chat span of the model call that failed and ended the run."""
         kind = outcome.evidence.get("kind")
         error = str(kind) if isinstance(kind, str) and kind else outcome.termination
+        if run.meta.get(FRAMEWORK_SPANS):
+            return
         attrs = self._base("chat", run)
         attrs["error.type"] = error
         if self.instruments is not None:

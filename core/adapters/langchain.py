@@ -337,6 +337,7 @@ def _response(
         ],
         usage=usage(meta["input_tokens"], meta["output_tokens"]) if meta else None,
         model=(ai.response_metadata or {}).get("model_name"),
+        finish_reason=(ai.response_metadata or {}).get("finish_reason"),
     )
 
 

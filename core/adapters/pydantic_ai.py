@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import NoOpTracer
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, UsageLimitExceeded
@@ -69,6 +70,7 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.plugins.otel import FRAMEWORK_SPANS
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (
@@ -156,6 +158,7 @@ def _response(
         ],
         usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
         model=msg.model_name,
+        finish_reason=msg.finish_reason,
     )
 
 
@@ -287,6 +290,8 @@ class Loopwarden(AbstractCapability[Any]):
             key = ctx.conversation_id  # inherited from message_history= when one is given
             history, pending = _open_calls(list(ctx.messages))
             meta = dict(self.meta)
+            if not isinstance(ctx.tracer, NoOpTracer):  # pydantic-ai's instrumentation is on
+                meta[FRAMEWORK_SPANS] = True
             if pending is not None and pending.run_id:
                 meta["resumed_from"] = pending.run_id
             self.guarded = GuardedRun(
