@@ -846,6 +846,7 @@ def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     assert refunds == ["refund created for order 1", "refund created for order 2"]
     first, on_a, on_b, thanks = records(tmp_path)
     assert first["termination"] == "ended_by_framework" and first["tools_executed"] == 0
+    assert first["evidence"]["superseded_by"] == on_b["run_id"]
     assert on_b["termination"] == "ended_by_framework" and on_b["tools_executed"] == 1
     assert on_b["meta"]["resumed_from"] == first["run_id"]
     assert on_a["termination"] == "final_answer" and on_a["tools_executed"] == 1

@@ -572,7 +572,8 @@ def test_a_run_state_resumes_with_the_approved_call_run_once(
     its call not run; resuming its ``RunState`` with the call approved (over real HTTP) runs
     the refund once, through the guards, in a new run that says which run it resumed.  The
     same state serialised and resumed again by a second runner on another deployment sharing
-    the store (another worker) is answered from the ledger: the refund does not run twice."""
+    the store (another worker) is answered from the ledger: the refund does not run twice.
+    Restored against the unguarded agent instead, it is refused (a TypeError says how)."""
     from agents import RunState
 
     effects = Effects()
@@ -598,6 +599,9 @@ def test_a_run_state_resumes_with_the_approved_call_run_once(
             state.approve(first.interruptions[0])
             saved = state.to_string()
             resumed = await runner.run(agent, state, run_config=NO_TRACE)
+            foreign = await RunState.from_string(agent, saved)  # bound to the unguarded agent
+            with pytest.raises(TypeError, match=r"runner\.resumable"):
+                await other.run(agent, foreign, run_config=NO_TRACE)
             restored = await RunState.from_string(other.resumable(agent), saved)
             return first, resumed, await other.run(agent, restored, run_config=NO_TRACE)
 
