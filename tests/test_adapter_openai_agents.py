@@ -729,3 +729,39 @@ def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path, where: str) -> No
             dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "cancelled"
+
+
+def test_the_next_run_may_start_from_the_agent_a_handoff_left(tmp_path: Path) -> None:
+    """Issue 32: after a handoff, the SDK's pattern for the next turn is
+    ``runner.run(result.last_agent, result.to_input_list() + [...])``.  ``last_agent`` is the
+    finished run's guarded copy: the next run guards the agent it copies, calls the model and
+    its tools, and is recorded with what it ran -- not answered with the last run's answer."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    support = Agent(name="support", tools=[lookups(effects)])
+    with serve() as (stub, url):
+        model = http_model(url)
+        support.model = model
+        triage = Agent(name="triage", model=model, handoffs=[support])
+        stub.push(answer(None, ("transfer_to_support", {})))
+        stub.push(answer("Support here."))
+        stub.push(answer(None, LOOKUP))
+        stub.push(answer(FINAL))
+        runner = LoopwardenRunner(dep)
+
+        async def two_turns() -> RunResult:
+            first = await runner.run(triage, "Hi", run_config=NO_TRACE)
+            follow_up = [*first.to_input_list(), {"role": "user", "content": "Where is 99999?"}]
+            return await runner.run(first.last_agent, follow_up, run_config=NO_TRACE)
+
+        try:
+            second = asyncio.run(two_turns())
+        finally:
+            dep.close()
+        requests = len(stub.requests)
+    assert second.final_output == FINAL and requests == 4
+    assert effects.counts == {"query_order": 1}
+    first_rec, second_rec = records(tmp_path)
+    assert first_rec["termination"] == second_rec["termination"] == "final_answer"
+    assert second_rec["meta"]["agents"] == ["support"] and second_rec["tools_executed"] == 1
+    assert second_rec["steps"] == 2

@@ -475,6 +475,8 @@ class RunGuard:
 _ATTR = "loopwarden"
 #: the attribute of a guarded agent copy naming its :class:`_RunState`
 _STATE = "_loopwarden_state"
+#: the attribute of a guarded agent copy naming the agent it copies
+_ORIGINAL = "_loopwarden_original"
 
 
 def guard_of(result_or_error: object) -> RunGuard | None:
@@ -508,6 +510,9 @@ class _RunState:
         """The per-run guarded copy of ``agent`` (made once per run: handoffs may go back)."""
         if id(agent) in self._own:
             return agent
+        # another run's copy (``result.last_agent`` carried into the next run): guard the
+        # agent it copies -- its wrappers answer for that run, which is over
+        agent = vars(agent).get(_ORIGINAL, agent)
         done = self._copies.get(id(agent))
         if done is not None:
             return done
@@ -520,7 +525,7 @@ class _RunState:
         self._own.add(id(copy_))
         # a RunState keeps the copy it stopped on (the SDK binds approvals to that very
         # object): resuming it retargets this state to the resuming run
-        vars(copy_)[_STATE] = self
+        vars(copy_).update({_STATE: self, _ORIGINAL: agent})
         copy_.handoffs = [self._handoff(copy_, h) for h in agent.handoffs]
         if agent.mcp_servers:
             for server in agent.mcp_servers:
@@ -666,6 +671,7 @@ class LoopwardenRunner:
     ) -> tuple[_RunState, Agent[Any], dict[str, Any]]:
         """A guarded run of ``agent``: its state, the guarded starting agent, and the SDK
         runner's keyword arguments."""
+        agent = vars(agent).get(_ORIGINAL, agent)  # another run's copy: the agent it copies
         resuming = input if isinstance(input, RunState) else None
         holder: _RunState | None = None
         resumed_from: str | None = None
