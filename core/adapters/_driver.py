@@ -86,13 +86,12 @@ async def off_loop(
     """Call ``fn`` -- a step of an adapter run, which may wait on the shared store (ledger
     claims, budget reservations, the record) -- from a framework's async hook without
     blocking the event loop: in a daemon worker thread when the run may block on I/O
-    (:func:`~loopwarden.engine.drivers.blocking_io`; before a run exists and up to its
-    first model call, when the deployment has a shared store: the framework may not have
-    named its tools yet), inline otherwise.  As ``Deployment.arun`` does: at most
+    (:func:`~loopwarden.engine.drivers.blocking_io`, so the adapter declares the
+    framework's tools first; before a run exists, when the deployment has a shared store),
+    inline otherwise.  As ``Deployment.arun`` does: at most
     :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` such steps at once per event loop, and
     a cancelled caller lets the step finish (shielded) -- never two steps of a run at once."""
-    # before a run, or up to its first model call (the framework's tools not yet known)
-    if not (deployment.shared is not None if run is None or run.step == 0 else blocking_io(run)):
+    if not (deployment.shared is not None if run is None else blocking_io(run)):
         return fn(*args, **kwargs)
     if kwargs:
         fn, args = functools.partial(fn, *args, **kwargs), ()

@@ -684,6 +684,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     async def abefore_agent(
         self, state: LoopwardenState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
+        if not state.get(_KEY):  # no earlier run of the thread to record: nothing to wait on
+            return self._begin(state)
         return await off_loop(None, self.deployment, self._begin, state)
 
     def _prepare(
@@ -696,11 +698,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             # receives
             self._out_of_steps(key, guarded)
             return None, []
-        known = guarded.run.tools
-        for t in request.tools:
-            name = t.get("name") if isinstance(t, dict) else getattr(t, "name", None)
-            if known is None or name not in known:
-                guarded.declare(*_schema(t))
+        self._declare(guarded, request)
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
         guarded.system(request.system_prompt)
@@ -716,6 +714,16 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if turn.final:
             request = request.override(tools=[], tool_choice=None)
         return request, notes
+
+    @staticmethod
+    def _declare(guarded: GuardedRun, request: ModelRequest[Any]) -> None:
+        """Make the request's tools known to the run (before a step decides whether it may
+        wait on the store: a declared side effect says so)."""
+        known = guarded.run.tools
+        for t in request.tools:
+            name = t.get("name") if isinstance(t, dict) else getattr(t, "name", None)
+            if known is None or name not in known:
+                guarded.declare(*_schema(t))
 
     def _stopped(self, key: str, guarded: GuardedRun, request: ModelRequest[Any]) -> AIMessage:
         """The answer in the model's place once the run has ended: loopwarden's text -- or,
@@ -782,6 +790,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         if found is None:
             return await handler(request)
         key, guarded = found
+        self._declare(guarded, request)
         prepared, notes = await guarded.off_loop(self._prepare, key, guarded, request)
         if prepared is None:
             return self._stopped(key, guarded, request)
@@ -907,4 +916,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     async def aafter_agent(
         self, state: LoopwardenState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        return await off_loop(None, self.deployment, self._end, state)
+        with self._lock:
+            guarded = self._runs.get(state.get(_KEY) or "")
+        if guarded is None:
+            return self._end(state)
+        return await guarded.off_loop(self._end, state)

@@ -200,6 +200,16 @@ class _GuardedModel(Model):
             response_id=base.response_id if base is not None else None,
         )
 
+    def _declare(self, tools: list[Any], handoffs: list[Any]) -> None:
+        """Make the call's tools and handoffs known to the run (before a step decides
+        whether it may wait on the store: a declared side effect says so)."""
+        guarded = self.state.guarded
+        for t in tools:
+            if isinstance(t, FunctionTool):
+                guarded.declare(t.name, t.description, t.params_json_schema)
+        for h in handoffs:
+            guarded.declare(h.tool_name, h.tool_description, h.input_json_schema)
+
     def _before(
         self, system_instructions: str | None, input: Any, tools: list[Any], handoffs: list[Any]
     ) -> tuple[Any, list[Any], list[Any]] | None:
@@ -207,11 +217,6 @@ class _GuardedModel(Model):
         handoffs (none for the wrap-up turn); None when the run has ended (answer with its
         answer)."""
         guarded = self.state.guarded
-        for t in tools:
-            if isinstance(t, FunctionTool):
-                guarded.declare(t.name, t.description, t.params_json_schema)
-        for h in handoffs:
-            guarded.declare(h.tool_name, h.tool_description, h.input_json_schema)
         guarded.system(system_instructions)
         turn = guarded.model_turn()
         if turn is None:
@@ -253,6 +258,7 @@ class _GuardedModel(Model):
         **kwargs: Any,
     ) -> ModelResponse:
         guarded = self.state.guarded
+        self._declare(tools, handoffs)
         prepared = await guarded.off_loop(self._before, system_instructions, input, tools, handoffs)
         if prepared is None:
             return self._answer(guarded.final_answer)
@@ -288,6 +294,7 @@ class _GuardedModel(Model):
         the machine, and carries loopwarden's answer where a stop replaces the model's (the
         deltas of a replaced answer have already been streamed)."""
         guarded = self.state.guarded
+        self._declare(tools, handoffs)
         prepared = await guarded.off_loop(self._before, system_instructions, input, tools, handoffs)
         if prepared is None:
             yield _completed(self._answer(guarded.final_answer))
