@@ -917,7 +917,8 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         self, state: LoopwardenState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         with self._lock:
-            guarded = self._runs.get(state.get(_KEY) or "")
+            guarded = self._runs.get(str(state.get(_KEY) or ""))
         if guarded is None:
             return self._end(state)
-        return await guarded.off_loop(self._end, state)
+        ended: dict[str, Any] | None = await guarded.off_loop(self._end, state)
+        return ended
