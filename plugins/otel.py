@@ -3,7 +3,8 @@
 An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  Per run:
 
 * one ``invoke_agent`` span (kind INTERNAL), the child of the span current where the run
-  started -- a web request's, a framework's own agent span -- with ``gen_ai.agent.name``,
+  started -- a web request's, a framework's own agent span -- with ``gen_ai.agent.name``
+  (the framework agent's name under an adapter, :data:`AGENT_NAME`; else ``agent_name``),
   ``gen_ai.conversation.id``, ``gen_ai.request.model``, and at the end the stop reason
   (``loopwarden.termination``), ``loopwarden.stopped_by``, ``loopwarden.cost``, the tokens
   (``gen_ai.usage.input_tokens`` / ``output_tokens``), steps and tool calls; a run that did not
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
     from loopwarden.run import Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
-__all__ = ["CAPTURE_ENV", "FRAMEWORK_SPANS", "OTel", "OTelSettings", "counter_names"]
+__all__ = ["AGENT_NAME", "CAPTURE_ENV", "FRAMEWORK_SPANS", "OTel", "OTelSettings", "counter_names"]
 
 log = logging.getLogger("loopwarden.plugins.otel")
 
@@ -91,6 +92,9 @@ CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 #: counted twice) -- its ``invoke_agent`` span, a child of the framework's agent span, keeps
 #: the verdicts and the stop, its token totals as ``loopwarden.usage.*``
 FRAMEWORK_SPANS = "framework_spans"
+#: the run ``meta`` key naming the framework's agent (an adapter sets it): the run span's
+#: ``gen_ai.agent.name`` and name, instead of ``agent_name``
+AGENT_NAME = "agent_name"
 
 INSTALL_HINT = (
     "OpenTelemetry is not installed: pip install 'loopwarden[otel]'. The otel plugin records "
@@ -368,7 +372,9 @@ class OTel(Plugin[OTelSettings]):
             run.state[self.name] = _RunSpans(None, None)
             return
         attrs = self._base("invoke_agent", run)
-        attrs["gen_ai.agent.name"] = self.settings.agent_name
+        agent = run.meta.get(AGENT_NAME)
+        agent = agent if isinstance(agent, str) and agent else self.settings.agent_name
+        attrs["gen_ai.agent.name"] = agent
         attrs["gen_ai.conversation.id"] = run.conversation.id
         attrs["loopwarden.run_id"] = run.run_id
         attrs["loopwarden.mode"] = run.mode
@@ -378,7 +384,7 @@ class OTel(Plugin[OTelSettings]):
             attrs["loopwarden.scenario"] = self._otel.scalar(run.scenario)
         # the parent is the span current here (the caller's): the default context
         span = tracer.start_span(
-            f"invoke_agent {self.settings.agent_name}", kind=self._kind_internal, attributes=attrs
+            f"invoke_agent {agent}", kind=self._kind_internal, attributes=attrs
         )
         # children of a span that records nothing (sampled out) are not even created
         run.state[self.name] = _RunSpans(

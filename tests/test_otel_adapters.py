@@ -42,7 +42,7 @@ def _check_tree(t: Telemetry, parent_id: int, children: bool = True) -> None:
     """loopwarden's run span under ``parent_id``, its verdicts and stop; with ``children``
     its chat and execute_tool spans under it (without: the framework writes those, and
     loopwarden none)."""
-    root = t.one("invoke_agent loopwarden")
+    (root,) = [s for s in t.spans("invoke_agent") if s.instrumentation_scope.name == "loopwarden"]
     assert root.parent is not None and root.parent.span_id == parent_id
     assert root.attributes["loopwarden.termination"] == "repeat_call"
     events = [e.attributes["loopwarden.verdict.action"] for e in root.events]
@@ -189,7 +189,9 @@ def test_pydantic_ai_instrumented_run_has_one_span_per_call(
         if s.instrumentation_scope.name == "loopwarden"
         and s.name.startswith(("chat", "execute_tool"))
     ]
-    ours = telemetry.one("invoke_agent loopwarden")
+    ours = next(s for s in spans if s.instrumentation_scope.name == "loopwarden")
+    assert ours.name == "invoke_agent agent" == f"invoke_agent {agent.name}"
+    assert ours.attributes["gen_ai.agent.name"] == "agent"
     assert ours.attributes["loopwarden.termination"] == "final_answer"
     assert "gen_ai.usage.input_tokens" not in ours.attributes
     assert ours.attributes["loopwarden.usage.input_tokens"] == 80
@@ -250,5 +252,9 @@ def test_openai_agents_run_has_one_span_per_call(telemetry: Telemetry, stub: Any
     finally:
         dep.close()
     assert _genai_counts(telemetry.spans()) == (2, 1, 80, 20)
+    run_span = telemetry.one("invoke_agent")
+    assert (
+        run_span.name == "invoke_agent shop" and run_span.attributes["gen_ai.agent.name"] == "shop"
+    )
     (tool_span,) = telemetry.spans("execute_tool")
     assert tool_span.attributes["gen_ai.tool.description"] == "Look up an order by its id."

@@ -94,6 +94,7 @@ from loopwarden.adapters._driver import (
 from loopwarden.clock import WATCHDOG
 from loopwarden.engine.calls import parse_calls
 from loopwarden.exceptions import StoreError
+from loopwarden.plugins.otel import AGENT_NAME
 from loopwarden.run import Conversation, Run
 
 if TYPE_CHECKING:
@@ -442,6 +443,9 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
     ) -> tuple[str, GuardedRun]:
         user = next((_text(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
         meta = dict(self.meta)
+        agent = (config.get("metadata") or {}).get("lc_agent_name")
+        if isinstance(agent, str) and agent:  # create_agent(name=...)
+            meta.setdefault(AGENT_NAME, agent)
         if resumed_from is not None:
             meta["resumed_from"] = resumed_from
         guarded = GuardedRun(

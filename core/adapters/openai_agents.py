@@ -89,6 +89,7 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.plugins.otel import AGENT_NAME
 from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
@@ -703,6 +704,7 @@ class LoopwardenRunner:
         conversation = conversation_for(self.deployment, key) if isinstance(key, str) else None
         history = [*conversation.messages, *items] if conversation is not None else items
         meta = dict(self.meta)
+        meta.setdefault(AGENT_NAME, agent.name)
         if isinstance(resumed_from, str):
             meta["resumed_from"] = resumed_from
         guarded = GuardedRun(

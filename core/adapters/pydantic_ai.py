@@ -70,7 +70,7 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
-from loopwarden.plugins.otel import FRAMEWORK_SPANS
+from loopwarden.plugins.otel import AGENT_NAME, FRAMEWORK_SPANS
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (
@@ -292,6 +292,8 @@ class Loopwarden(AbstractCapability[Any]):
             meta = dict(self.meta)
             if not isinstance(ctx.tracer, NoOpTracer):  # pydantic-ai's instrumentation is on
                 meta[FRAMEWORK_SPANS] = True
+            if ctx.agent is not None and ctx.agent.name:
+                meta.setdefault(AGENT_NAME, ctx.agent.name)
             if pending is not None and pending.run_id:
                 meta["resumed_from"] = pending.run_id
             self.guarded = GuardedRun(
