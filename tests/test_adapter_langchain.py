@@ -723,9 +723,9 @@ def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
     tmp_path: Path, stub: tuple[Stub, str], store_url: str
 ) -> None:
     """LangChain's HumanInTheLoopMiddleware pauses the proposed refund in its own node (the
-    run's side-effect claim already taken on worker A); the approval is resumed on worker B:
-    the refund executes there once -- B's run takes over the claim of the run it resumes --
-    and worker A's run is recorded at the thread's next invocation."""
+    run's side-effect claim already taken on worker A); A's run is recorded when the
+    invocation pauses (the agent graph's end), its claim released; the approval is resumed on
+    worker B: the refund executes there once."""
     from langchain.agents.middleware import HumanInTheLoopMiddleware
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
@@ -764,10 +764,10 @@ def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
             d.close()
     assert effects.counts == {"apply_refund": 1}
     assert resumed["messages"][-1].content == "Refunded."
-    on_b, paused, thanks = records(tmp_path)  # A's run is recorded when the thread goes on
+    paused, on_b, thanks = records(tmp_path)  # A's run is recorded when its invocation pauses
     assert on_b["termination"] == "final_answer" and on_b["tools_executed"] == 1
     assert on_b["meta"]["resumed_from"] == paused["run_id"]
-    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["abandoned"]
+    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["interrupted"]
     assert paused["tools_executed"] == 0
     assert thanks["termination"] == "final_answer"
     assert [w.runs() for w in workers] == [[], []]
@@ -794,9 +794,10 @@ def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
 ) -> None:
     """Issue 32: one thread with HumanInTheLoopMiddleware behind one checkpointer and one
     store, its turns served by worker A, B, then A (two deployments, two middleware
-    instances).  A's run of the first turn is stale at the third: A sees that the thread went
-    on elsewhere, records its old run and resumes in a new run that takes over B's claim --
-    each approved refund runs exactly once, and every run's record says what it ran."""
+    instances).  Each paused invocation's run is recorded when it pauses; the third turn, on
+    A, resumes from the thread's tip (B's run, named in the graph state), not from A's own
+    earlier run -- each approved refund runs exactly once, and every run's record says what it
+    ran."""
     from langchain.agents.middleware import HumanInTheLoopMiddleware
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
@@ -844,9 +845,9 @@ def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     assert third["messages"][-1].content == "Both refunded."
     refunds = [m.content for m in third["messages"] if isinstance(m, ToolMessage)]
     assert refunds == ["refund created for order 1", "refund created for order 2"]
-    first, on_a, on_b, thanks = records(tmp_path)
+    first, on_b, on_a, thanks = records(tmp_path)  # each pause recorded when it happens
     assert first["termination"] == "ended_by_framework" and first["tools_executed"] == 0
-    assert first["evidence"]["superseded_by"] == on_b["run_id"]
+    assert first["evidence"]["interrupted"] and on_b["evidence"]["interrupted"]
     assert on_b["termination"] == "ended_by_framework" and on_b["tools_executed"] == 1
     assert on_b["meta"]["resumed_from"] == first["run_id"]
     assert on_a["termination"] == "final_answer" and on_a["tools_executed"] == 1

@@ -34,8 +34,10 @@ A LangGraph thread (``config["configurable"]["thread_id"]``) is the run's conver
 (as ``ModelCallLimitMiddleware(thread_limit=...)`` does).
 
 Where the invocation ends without returning to the middleware, the run is still recorded
-(``ended_by_framework``): an interrupt ends it (the resumed invocation -- in any process behind
-the same checkpointer -- is a new run of the thread, its pending tool calls guarded); in
+(``ended_by_framework``): an interrupt ends it -- in a tool, or in another node
+(``HumanInTheLoopMiddleware``: when the agent graph's run ends) -- and the resumed invocation,
+in any process behind the same checkpointer, is a new run of the thread, its pending tool
+calls guarded; in
 LangGraph's last step (``recursion_limit``) it ends before ``GraphRecursionError``; an
 exception raised outside the middleware (another middleware's ``ModelCallLimitExceededError``,
 LangGraph's ``GraphRecursionError``) is recorded when the agent graph's run fails (its
@@ -136,7 +138,7 @@ class _GraphErrors(BaseCallbackHandler):
         super().__init__()
         self.names: set[str] = set()  # the middlewares' before_agent node names
         self._graphs: OrderedDict[UUID, UUID] = OrderedDict()  # node run -> its graph run
-        self._open: dict[UUID, Callable[[BaseException], None]] = {}
+        self._open: dict[UUID, Callable[[BaseException | None], None]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -179,15 +181,25 @@ class _GraphErrors(BaseCallbackHandler):
                     self._graphs.popitem(last=False)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        if not self._open:
+        self._ended(run_id, error)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id, None)
+
+    def _ended(self, run_id: UUID, error: BaseException | None) -> None:
+        if not self._open:  # the common case: no loopwarden run waits on a graph run
             return
         with self._lock:
             closer = self._open.pop(run_id, None)
         if closer is not None:
             closer(error)
 
-    def watch(self, node_run: UUID | None, closer: Callable[[BaseException], None]) -> UUID | None:
-        """Call ``closer`` if the graph run of the node run ``node_run`` fails; its id."""
+    def watch(
+        self, node_run: UUID | None, closer: Callable[[BaseException | None], None]
+    ) -> UUID | None:
+        """Call ``closer`` (with the exception, or None) when the graph run of the node run
+        ``node_run`` ends while the watch is on (the middleware unwatches a run it ends); its
+        id."""
         with self._lock:
             graph = self._graphs.pop(node_run, None) if node_run is not None else None
             if graph is not None:
@@ -414,7 +426,9 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         self._last: OrderedDict[str, GuardedRun] = OrderedDict()
         self._graphs: dict[str, UUID] = {}  # run key -> the agent graph's run (callbacks)
         self.tools = []
-        _watch_graph_errors(f"{self.name}.before_agent")
+        # the nodes whose start tells a run its graph run: where a run begins, or resumes
+        for node in (f"{self.name}.before_agent", "model", "tools"):
+            _watch_graph_errors(node)
 
     # -- runs ----------------------------------------------------------------------------
 
@@ -472,18 +486,27 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
             )
         config = _config()
         key, guarded = self._new(list(state.get("messages") or []), config)
+        self._watch_graph(key, config)
+        return {_KEY: key, _TIP: guarded.run.run_id, RESULT_KEY: None}
+
+    def _watch_graph(self, key: str, config: Mapping[str, Any]) -> None:
+        """Have the run ``key`` recorded when its invocation's graph run ends without the
+        middleware seeing it (see :class:`_GraphErrors`); ``config``: the current node's."""
         node_run = getattr(config.get("callbacks"), "parent_run_id", None)
         graph = _GRAPH_ERRORS.watch(node_run, lambda exc: self._graph_failed(key, exc))
         if graph is not None:
             with self._lock:
                 self._graphs[key] = graph
-        return {_KEY: key, _TIP: guarded.run.run_id, RESULT_KEY: None}
 
-    def _graph_failed(self, key: str, exc: BaseException) -> None:
-        """The agent graph's run ended on ``exc`` while the run was open: record it now --
+    def _graph_failed(self, key: str, exc: BaseException | None) -> None:
+        """The agent graph's run ended while the run was open: record it now.  On ``exc``:
         ``ended_by_framework`` for LangChain's and LangGraph's own limits, ``cancelled`` for
-        a cancellation, ``error`` otherwise.  Off the event loop when one runs (the record
-        may reach the shared store)."""
+        a cancellation, ``error`` otherwise.  Without one the invocation returned without
+        passing ``after_agent``: an interrupt raised in another node
+        (``HumanInTheLoopMiddleware``) paused it -- ``ended_by_framework``
+        (``evidence.interrupted``), its unrun calls' claims released; the invocation that
+        resumes it is a new run.  Off the event loop when one runs (the record may reach the
+        shared store)."""
         with self._lock:
             guarded = self._runs.get(key)
         if guarded is None or guarded.finished:
@@ -491,7 +514,10 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
 
         def close() -> None:
             name = type(exc).__name__
-            if isinstance(exc, GraphRecursionError) or name == "ModelCallLimitExceededError":
+            if exc is None:
+                detail = "interrupted in another node: the resumed invocation is a new run"
+                guarded.end_by_framework(detail, None, interrupted=True)
+            elif isinstance(exc, GraphRecursionError) or name == "ModelCallLimitExceededError":
                 guarded.end_by_framework(f"{name}: {exc}", None, raised=name)
             else:
                 guarded.finish(exc)
@@ -517,6 +543,7 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         _, guarded = self._new(
             messages[:-1] if pending else messages, config, key=key, resumed_from=resumed
         )
+        self._watch_graph(key, _config())
         if pending is not None:
             for tc in pending.tool_calls:
                 guarded.declare(tc["name"])
