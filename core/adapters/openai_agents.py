@@ -34,6 +34,11 @@ SDK's ``max_turns`` is kept: when it is hit, a ``max_turns`` error handler (unle
 your own) ends the run with loopwarden's best answer, and the loopwarden run is recorded as
 ``ended_by_framework``; so is a run a guardrail tripped (no final answer recorded).
 
+A run that stops on interruptions (``needs_approval``) is recorded as paused
+(``evidence.interrupted``); ``runner.run(agent, state)`` resumes its ``RunState`` in a new run
+that adopts the interrupted answer (the state's agents must be the runner's copies:
+``result.to_state()``, or ``RunState.from_string(runner.resumable(agent), text)``).
+
 Limits: a hard stop's answer is text, so an agent with a structured ``output_type`` fails
 its output validation on it; an agent used as a tool (``Agent.as_tool``) runs an SDK run of
 its own, unguarded; a session's conversation lives in this process's memory.

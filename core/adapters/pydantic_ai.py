@@ -27,7 +27,11 @@ become:
 * **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
   answer as text, which ends the run.
 
-A call of an output tool (``final_result``) is the model's answer, never a tool call.  Under
+A call of an output tool (``final_result``) is the model's answer, never a tool call.  A run
+ending in ``DeferredToolRequests`` (approvals, external calls) is recorded as paused
+(``evidence.deferred``); the run given ``deferred_tool_results`` adopts the paused answer as
+its first (token-free) model answer, so the approved calls go through the guards and the
+ledger.  Under
 ``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
 the stream is closed: the streamed response is read from the model's stream
 (:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
