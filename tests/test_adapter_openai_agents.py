@@ -765,3 +765,69 @@ def test_the_next_run_may_start_from_the_agent_a_handoff_left(tmp_path: Path) ->
     assert first_rec["termination"] == second_rec["termination"] == "final_answer"
     assert second_rec["meta"]["agents"] == ["support"] and second_rec["tools_executed"] == 1
     assert second_rec["steps"] == 2
+
+
+def _responses_body(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Responses API answer (what ``OpenAIResponsesModel`` reads) with ``output`` items."""
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "gpt-4o-mini",
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "usage": {
+            "input_tokens": 40,
+            "output_tokens": 10,
+            "total_tokens": 50,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
+def test_a_hosted_tool_call_is_recorded(tmp_path: Path) -> None:
+    """Issue 32: a hosted tool (``WebSearchTool``) runs on the provider's side during the
+    model call -- over real HTTP, the Responses API answer carries the finished
+    ``web_search_call``: no hook could refuse it, and the record says it ran
+    (``evidence.hosted_tools``)."""
+    from agents import OpenAIResponsesModel, WebSearchTool
+
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        stub.push(
+            _responses_body(
+                [
+                    {
+                        "type": "web_search_call",
+                        "id": "ws_1",
+                        "status": "completed",
+                        "action": {"type": "search", "query": "order 7"},
+                    },
+                    {
+                        "type": "message",
+                        "id": "msg_1",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [
+                            {"type": "output_text", "text": "Found it.", "annotations": []}
+                        ],
+                    },
+                ]
+            )
+        )
+        client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+        model = OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client)
+        agent = Agent(name="shop", model=model, tools=[WebSearchTool()])
+        try:
+            result = LoopwardenRunner(dep).run_sync(agent, "Where is 7?", run_config=NO_TRACE)
+        finally:
+            dep.close()
+    assert result.final_output == "Found it."
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer"
+    assert rec["evidence"]["hosted_tools"] == [{"type": "web_search_call", "id": "ws_1"}]

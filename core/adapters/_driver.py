@@ -241,6 +241,9 @@ class GuardedRun:
         #: what the adapter did where the framework could not follow a verdict exactly;
         #: written into the outcome's evidence under "adapter"
         self.adaptations: list[str] = []
+        #: calls the framework (or its provider) ran outside the guards -- hosted tools run on
+        #: the provider's side during the model call: written under "hosted_tools"
+        self.unguarded: list[dict[str, Any]] = []
         self._refused = False  # the deployment refused the model: the run never started
         #: finish the run (on_stop, the record, ``run_stopped``) only at :meth:`finish`, not
         #: when the machine ends: for frameworks that may still overturn the machine's ending
@@ -312,6 +315,8 @@ class GuardedRun:
     def _finish_run(self, outcome: RunOutcome) -> None:
         if self.adaptations:
             outcome.evidence = {**outcome.evidence, "adapter": list(self.adaptations)}
+        if self.unguarded:
+            outcome.evidence = {**outcome.evidence, "hosted_tools": list(self.unguarded)}
         self.outcome = self.engine.finish(self.run, outcome)
 
     def _scan(self) -> None:

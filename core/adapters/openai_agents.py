@@ -170,6 +170,19 @@ def _response(resp: ModelResponse, handoffs: set[str]) -> tuple[events.ModelResp
     return response, [c.id for c in transfers]
 
 
+def _hosted(resp: ModelResponse) -> list[dict[str, Any]]:
+    """The calls in the answer that no loopwarden hook saw: hosted tools the provider ran
+    during the model call (``web_search_call``, ``file_search_call``, ``code_interpreter_call``
+    ...) and the SDK's built-in local actions (``computer_call``, ``local_shell_call`` ...) --
+    every ``*_call`` item but a function call."""
+    out: list[dict[str, Any]] = []
+    for item in resp.output:
+        kind = getattr(item, "type", None)
+        if isinstance(kind, str) and kind.endswith("_call") and kind != "function_call":
+            out.append({"type": kind, "id": getattr(item, "id", None)})
+    return out
+
+
 def _completed(resp: ModelResponse) -> ResponseCompletedEvent:
     """A stream's end event carrying ``resp`` (the stream of an answer loopwarden gives)."""
     from openai.types.responses import Response
@@ -243,6 +256,7 @@ class _GuardedModel(Model):
         state = self.state
         guarded = state.guarded
         response, transfers = _response(resp, {h.tool_name for h in handoffs})
+        guarded.unguarded.extend(_hosted(resp))
         guarded.model_done(response)
         if guarded.replaced:
             state.transfers = []
