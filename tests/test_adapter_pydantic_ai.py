@@ -529,3 +529,44 @@ def test_output_type_stop_without_structured_output_raises_a_typed_stop(
     assert stop.stopped_by == "repeat_call" and stop.soft is True
     assert stop.final_answer == "I could not find order 99999." == rec["final_answer"]
     assert len(server.requests) == 4  # no request after the wrap-up
+
+
+def test_a_native_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
+    """Issue 32: a native (built-in) tool -- web search through ``OpenAIResponsesModel`` --
+    runs on the provider's side during the model call, over real HTTP: no hook could refuse
+    it, and the record says it ran (``evidence.hosted_tools``)."""
+    from pydantic_ai.capabilities.native_tool import NativeTool
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.native_tools import WebSearchTool
+    from test_adapter_openai_agents import _responses_body
+
+    server, url = stub
+    search = {"type": "search", "query": "order 7"}
+    server.push(
+        _responses_body(
+            [
+                {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": search},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Found it.", "annotations": []}],
+                },
+            ]
+        )
+    )
+    client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    model = OpenAIResponsesModel("gpt-4o-mini", provider=OpenAIProvider(openai_client=client))
+    dep = deployment(tmp_path)
+    agent: Agent[None, str] = Agent(
+        model, capabilities=[Loopwarden(dep), NativeTool(WebSearchTool())]
+    )
+    try:
+        result = agent.run_sync("Where is order 7?")
+    finally:
+        dep.close()
+    assert result.output == "Found it."
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer"
+    assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]

@@ -194,6 +194,16 @@ def _open_calls(
     return history, None
 
 
+def _native(msg: pm.ModelResponse) -> list[dict[str, Any]]:
+    """The native (built-in) tool calls the provider ran during the model call -- web
+    search, code execution ...: no hook saw them, the record says they ran."""
+    return [
+        {"type": p.tool_name, "id": p.tool_call_id}
+        for p in msg.parts
+        if isinstance(p, pm.NativeToolCallPart)
+    ]
+
+
 def _output_calls(msg: pm.ModelResponse, output_tools: frozenset[str]) -> list[pm.ToolCallPart]:
     return [p for p in msg.parts if isinstance(p, pm.ToolCallPart) and p.tool_name in output_tools]
 
@@ -384,7 +394,9 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self.guarded
         if isinstance(result, End) and guarded is not None and not guarded.finished:
             if self._streamed is not None:  # read to its end: the whole response, usage too
-                _, event = _response(self._streamed.get(), self._output_tools)
+                streamed = self._streamed.get()
+                _, event = _response(streamed, self._output_tools)
+                guarded.unguarded.extend(_native(streamed))
                 await guarded.off_loop(guarded.model_done, event)
             await guarded.off_loop(self._ended, guarded, getattr(result.data, "output", None))
         return result
@@ -447,6 +459,7 @@ class Loopwarden(AbstractCapability[Any]):
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
         _, event = _response(response, output_tools)
+        guarded.unguarded.extend(_native(response))
         await guarded.off_loop(guarded.model_done, event)
         if guarded.replaced:
             # the wrap-up's structured output stands (its function tool calls are dropped);
