@@ -892,3 +892,42 @@ def test_http_structured_stop_without_structured_output_raises_a_typed_stop(
     stop = raised.value
     assert rec["termination"] == "repeat_call" == stop.termination and stop.soft is True
     assert stop.run_id == rec["run_id"] and stop.final_answer == "Order 1 is lost."
+
+
+def test_http_a_server_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
+    """Issue 32: a provider-side tool (web search through ChatOpenAI's Responses API) runs
+    during the model call, over real HTTP: no hook could refuse it, and the record says it
+    ran (``evidence.hosted_tools``, from LangChain's ``server_tool_call`` content blocks)."""
+    from langchain_openai import ChatOpenAI
+    from test_adapter_openai_agents import _responses_body
+
+    server, url = stub
+    search = {"type": "search", "query": "order 7"}
+    server.push(
+        _responses_body(
+            [
+                {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": search},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Found it.", "annotations": []}],
+                },
+            ]
+        )
+    )
+    model = ChatOpenAI(
+        model="gpt-4o-mini", base_url=url, api_key="sk-test", max_retries=0, use_responses_api=True
+    )
+    dep = http_deployment(tmp_path)
+    agent = create_agent(
+        model, [{"type": "web_search_preview"}], middleware=[LoopwardenMiddleware(dep)]
+    )
+    try:
+        out = agent.invoke({"messages": [HumanMessage("Where is order 7?")]})
+    finally:
+        dep.close()
+    assert out[RESULT_KEY]["termination"] == "final_answer"
+    rec = only_record(tmp_path)
+    assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]

@@ -354,6 +354,19 @@ def _response(
     )
 
 
+def _server_calls(ai: AIMessage) -> list[dict[str, Any]]:
+    """The provider-side tool calls in the answer (LangChain's ``server_tool_call`` content
+    blocks: web search ... run during the model call): no hook saw them, the record says
+    they ran."""
+    if isinstance(ai.content, str):  # no content blocks: no server tool call
+        return []
+    return [
+        {"type": b.get("name"), "id": b.get("id")}
+        for b in ai.content_blocks
+        if b.get("type") == "server_tool_call"
+    ]
+
+
 def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
     if isinstance(tool, dict):
         fn = tool.get("function", tool)
@@ -778,7 +791,9 @@ class LoopwardenMiddleware(AgentMiddleware[LoopwardenState, Any]):
         run ended on it -- unless the answer is the agent's structured output (a soft stop's
         wrap-up turn may produce it: it stands, as the model's answer).  ``must_structure``:
         the agent has a ``response_format``, so a stop without one raises GuardStopped."""
-        _, response = _response(result)
+        ai, response = _response(result)
+        if ai is not None:
+            guarded.unguarded.extend(_server_calls(ai))
         guarded.model_done(response)
         structured = isinstance(result, ModelResponse) and result.structured_response is not None
         if guarded.replaced and not structured:
