@@ -10,7 +10,9 @@ exceptions.  Exceptions are for the caller's mistakes and for broken set-ups::
     ├── PluginLoadError        a plugin cannot be found, imported, configured or ordered
     ├── ToolDefinitionError    a tool cannot be declared (bad signature, duplicate name)
     ├── StoreError             the shared store (budgets, ledger) cannot be reached or used
-    └── ModelError             the model call failed for good (after the client's retries)
+    ├── ModelError             the model call failed for good (after the client's retries)
+    └── GuardStopped           a guard stopped a framework run whose output must be
+                               structured, and no structured output came (adapters only)
 
 ``ToolError`` is separate: tools raise it to report a failure *to the model* (with a
 ``retryable`` flag); the loop turns it into an error observation.
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError",
+    "GuardStopped",
     "LoopwardenError",
     "ModelError",
     "PluginLoadError",
@@ -137,6 +140,38 @@ class ModelError(LoopwardenError):
         self.status = status
         self.kind = kind
         super().__init__(message)
+
+
+class GuardStopped(LoopwardenError):
+    """A guard stopped a framework run whose output must be structured (pydantic-ai's
+    ``output_type``, LangChain's ``response_format``), and the stop gave no structured
+    output: a hard stop (its answer is text), or a soft stop whose wrap-up turn answered
+    with text.  Raised by the adapter instead of an answer the framework cannot validate.
+
+    Carries the stop as the run record has it: ``run_id``, ``termination`` (the stop
+    reason), ``stopped_by`` (the plugin), ``soft``, and ``final_answer`` (the best-effort
+    text, for the caller to show or log).  The run is recorded before it is raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        termination: str,
+        stopped_by: str | None,
+        soft: bool,
+        final_answer: str | None,
+    ) -> None:
+        self.run_id = run_id
+        self.termination = termination
+        self.stopped_by = stopped_by
+        self.soft = soft
+        self.final_answer = final_answer
+        by = f" by {stopped_by}" if stopped_by else ""
+        super().__init__(
+            f"run {run_id} was stopped{by} ({termination}) without the structured output "
+            "its agent must return"
+        )
 
 
 class ToolError(Exception):

@@ -3,7 +3,8 @@
 An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  Per run:
 
 * one ``invoke_agent`` span (kind INTERNAL), the child of the span current where the run
-  started -- a web request's, a framework's own agent span -- with ``gen_ai.agent.name``,
+  started -- a web request's, a framework's own agent span -- with ``gen_ai.agent.name``
+  (the framework agent's name under an adapter, :data:`AGENT_NAME`; else ``agent_name``),
   ``gen_ai.conversation.id``, ``gen_ai.request.model``, and at the end the stop reason
   (``loopwarden.termination``), ``loopwarden.stopped_by``, ``loopwarden.cost``, the tokens
   (``gen_ai.usage.input_tokens`` / ``output_tokens``), steps and tool calls; a run that did not
@@ -14,9 +15,14 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   ``gen_ai.response.finish_reasons``; a failed call carries ``error.type``;
 * an ``execute_tool`` span per tool call that gets a result -- executed, skipped by a guard,
   invalid, or answered by the side-effect ledger: ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
-  ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok, error, skipped); a call answered
+  ``gen_ai.tool.description``, ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok,
+  error, skipped); a call answered
   by the ledger has ``loopwarden.ledger.answered = true`` and ``loopwarden.ledger.source``
   (a call a stop verdict holds back has no span: the verdict's event says why);
+* under a framework that writes GenAI spans of its own for the run (an adapter sets
+  :data:`FRAMEWORK_SPANS` in the run's meta: pydantic-ai's instrumentation), no ``chat`` /
+  ``execute_tool`` spans nor ``gen_ai.client.*`` metrics -- the framework's are the only ones
+  -- and the run span's token totals as ``loopwarden.usage.*``;
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
   and the standard evidence keys as ``loopwarden.evidence.<key>``;
@@ -80,12 +86,21 @@ if TYPE_CHECKING:
     from loopwarden.store import BreakerView
     from loopwarden.verdicts import Verdict
 
-__all__ = ["CAPTURE_ENV", "OTel", "OTelSettings", "counter_names"]
+__all__ = ["AGENT_NAME", "CAPTURE_ENV", "FRAMEWORK_SPANS", "OTel", "OTelSettings", "counter_names"]
 
 log = logging.getLogger("loopwarden.plugins.otel")
 
 #: the GenAI conventions' opt-in switch for message content
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+#: the run ``meta`` key an adapter sets when the framework writes GenAI spans of its own for
+#: the run's model and tool calls (pydantic-ai's instrumentation): then loopwarden writes no
+#: ``chat`` / ``execute_tool`` spans nor ``gen_ai.client.*`` metrics for them (they would be
+#: counted twice) -- its ``invoke_agent`` span, a child of the framework's agent span, keeps
+#: the verdicts and the stop, its token totals as ``loopwarden.usage.*``
+FRAMEWORK_SPANS = "framework_spans"
+#: the run ``meta`` key naming the framework's agent (an adapter sets it): the run span's
+#: ``gen_ai.agent.name`` and name, instead of ``agent_name``
+AGENT_NAME = "agent_name"
 
 INSTALL_HINT = (
     "OpenTelemetry is not installed: pip install 'loopwarden[otel]'. The otel plugin records "
@@ -364,7 +379,9 @@ class OTel(Plugin[OTelSettings]):
             run.state[self.name] = _RunSpans(None, None)
             return
         attrs = self._base("invoke_agent", run)
-        attrs["gen_ai.agent.name"] = self.settings.agent_name
+        agent = run.meta.get(AGENT_NAME)
+        agent = agent if isinstance(agent, str) and agent else self.settings.agent_name
+        attrs["gen_ai.agent.name"] = agent
         attrs["gen_ai.conversation.id"] = run.conversation.id
         attrs["loopwarden.run_id"] = run.run_id
         attrs["loopwarden.mode"] = run.mode
@@ -374,7 +391,7 @@ class OTel(Plugin[OTelSettings]):
             attrs["loopwarden.scenario"] = self._otel.scalar(run.scenario)
         # the parent is the span current here (the caller's): the default context
         span = tracer.start_span(
-            f"invoke_agent {self.settings.agent_name}", kind=self._kind_internal, attributes=attrs
+            f"invoke_agent {agent}", kind=self._kind_internal, attributes=attrs
         )
         # children of a span that records nothing (sampled out) are not even created
         run.state[self.name] = _RunSpans(
@@ -395,6 +412,8 @@ class OTel(Plugin[OTelSettings]):
             return
         end = time.time_ns()
         start, st.model_t0 = st.model_t0 or end - int(duration_s * 1e9), 0
+        if run.meta.get(FRAMEWORK_SPANS):  # the framework's own chat span and metrics say it
+            return
         attrs = self._base("chat", run)
         if response.model:
             attrs["gen_ai.response.model"] = response.model
@@ -447,7 +466,7 @@ class OTel(Plugin[OTelSettings]):
             if answered:
                 inst.add("ledger_answers_total", tool=tool, source=ledger[-1].get("source"))
         tracer = self._tracer
-        if tracer is None or st.ctx is None:
+        if tracer is None or st.ctx is None or run.meta.get(FRAMEWORK_SPANS):
             return
         end = time.time_ns()
         start, st.tool_t0 = st.tool_t0 or end - int(result.duration_s * 1e9), 0
@@ -460,6 +479,9 @@ class OTel(Plugin[OTelSettings]):
             "loopwarden.step": call.step,
             "loopwarden.tool.outcome": outcome,
         }
+        description = call.tool.description if call.tool is not None else None
+        if description and description != call.name:
+            attrs["gen_ai.tool.description"] = self._otel.scalar(description, 1000)
         if result.skipped_by:
             attrs["loopwarden.tool.skipped_by"] = result.skipped_by
         if result.attempts != 1:
@@ -568,14 +590,16 @@ class OTel(Plugin[OTelSettings]):
             return
         span, st.span = st.span, None
         tokens = record.get("tokens") or {}
+        # under a framework's own spans, its spans carry the usage: ours would count it twice
+        usage = "loopwarden.usage" if run.meta.get(FRAMEWORK_SPANS) else "gen_ai.usage"
         attrs: dict[str, Any] = {
             "loopwarden.termination": outcome.termination,
             "loopwarden.soft": outcome.soft,
             "loopwarden.steps": run.step,
             "loopwarden.tool_calls": run.tool_calls,
             "loopwarden.final_answer_present": outcome.final_answer_present,
-            "gen_ai.usage.input_tokens": int(tokens.get("prompt") or 0),
-            "gen_ai.usage.output_tokens": int(tokens.get("completion") or 0),
+            f"{usage}.input_tokens": int(tokens.get("prompt") or 0),
+            f"{usage}.output_tokens": int(tokens.get("completion") or 0),
             "loopwarden.cost": float(record.get("cost") or 0.0),
         }
         if outcome.stopped_by is not None:
@@ -614,6 +638,8 @@ class OTel(Plugin[OTelSettings]):
         """The chat span of the model call that failed and ended the run."""
         kind = outcome.evidence.get("kind")
         error = str(kind) if isinstance(kind, str) and kind else outcome.termination
+        if run.meta.get(FRAMEWORK_SPANS):
+            return
         attrs = self._base("chat", run)
         attrs["error.type"] = error
         if self.instruments is not None:
