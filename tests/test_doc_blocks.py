@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import gzip
+import importlib.util
 import inspect
 import io
 import json
@@ -654,6 +655,8 @@ class Shell:
         for arg in it:
             if arg == "-p":
                 __import__(next(it))  # a plugin module that imports
+            elif arg == "-n":  # pytest-xdist's worker count
+                assert next(it) == "auto" and importlib.util.find_spec("xdist"), self.where
             elif not arg.startswith("-"):
                 self._path(arg.split("::")[0])
 
