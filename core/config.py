@@ -383,7 +383,8 @@ class Config(_Strict):
             known = ", ".join(sorted(self.profiles)) or "none defined"
             where = dict(key="profile") if asked else dict(path=self.path, key="run.profile")
             raise ConfigError(
-                f"unknown profile {name!r} (profiles come from {self.path or 'the config'})",
+                f"unknown profile {name!r} (the built-in profiles and those of "
+                f"{self.path or 'the config'})",
                 expected=f"one of: {known}",
                 **where,
             ) from None

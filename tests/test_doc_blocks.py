@@ -194,7 +194,7 @@ PRINTS: dict[str, list[str]] = {
 
 
 #: how many ``test_*`` examples a page's blocks define (each is called, and must pass)
-TESTS = {"docs/plugin-guide.md": 4, "docs/writing-a-plugin.md": 2}
+TESTS = {"docs/plugin-guide.md": 4}
 
 #: code run before a page's blocks: what a page assumes the reader has already written
 PRELUDE: dict[str, str] = {
