@@ -131,23 +131,27 @@ def no_records_hint(config: Config, given: str | None) -> str:
     """Commands that write the missing records file and report it, runnable as printed:
     with ``run_record`` already enabled a run writes it; else the run enables it through
     ``LOOPWARDEN_PLUGINS`` (naming it twice would be an error)."""
+    from loopwarden.config import default_config_path
     from loopwarden.engine.pluginmanager import resolve_names
 
     flag = f" --config {shlex.quote(given)}" if given else ""
     names, blocked = resolve_names(config)
+    shipped = config.path == str(default_config_path())
+    where = "the shipped config" if shipped else str(config.path)
     if "run_record" in blocked:
         return (
-            f"  The run_record plugin writes run records, and {config.path} blocks it: remove "
+            f"  The run_record plugin writes run records, and {where} blocks it: remove "
             '"run_record" from [plugins] blocked (or LOOPWARDEN_BLOCK_PLUGINS), run, then '
             "report; or pass a records file: loopwarden report FILE."
         )
     if "run_record" in names:
-        why = f"The run_record plugin is enabled in {config.path}; no run has written yet."
+        why = f"The run_record plugin is enabled in {where}; no run has written yet."
         run = f"loopwarden run{flag} --scenario refund"
     else:
         why = (
-            f"Runs write records only with the run_record plugin, which {config.path} does not "
-            'enable (add "run_record" to its [plugins] enabled to keep every run\'s record).'
+            f"Runs write records only with the run_record plugin, which {where} does not "
+            'enable (to keep every run\'s record, add "run_record" to [plugins] enabled in '
+            "your config.toml)."
         )
         run = f"LOOPWARDEN_PLUGINS=run_record loopwarden run{flag} --scenario refund"
     return (

@@ -262,7 +262,7 @@ def _import_spec(spec: str, plugin: str, search: Path | None = None) -> Any:
             raise PluginLoadError(
                 f"{spec!r} is the entry point of {_dist_label(ep)}, and {ENV_NO_AUTOLOAD} is "
                 f"set: entry points are not loaded -- unset it, or enable the plugin as "
-                f"{ep.value if ':' in ep.value else ep.value + ':<attr>'!r}",
+                f"{ep.value if ':' in ep.value else ep.value + ':'!r}",
                 plugin=plugin,
             )
         hint = ""
