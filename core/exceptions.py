@@ -65,9 +65,13 @@ class ConfigError(LoopwardenError):
         key: str | None = None,
         expected: str | None = None,
     ) -> None:
+        #: the config file, when the error is about one
         self.path = str(path) if path is not None else None
+        #: the dotted key in it (``plugins.repeat_call.max_repeats``), or None
         self.key = key
+        #: what would have been accepted, when known
         self.expected = expected
+        #: what is wrong, without the file and key
         self.message = message
         super().__init__(self._format())
 
@@ -94,9 +98,13 @@ class PluginLoadError(LoopwardenError):
         path: str | Path | None = None,
         key: str | None = None,
     ) -> None:
+        #: the plugin's name (or the reference that enabled it)
         self.plugin = plugin
+        #: what went wrong, without the plugin, file and key
         self.reason = message
+        #: the config file that asked for the plugin, when known
         self.path = str(path) if path is not None else None
+        #: the config key that named it (``plugins.enabled[2]``), when known
         self.key = key
         text = f"plugin {plugin!r}: {message}" if plugin else message
         where = ": ".join(p for p in (self.path, key) if p)
@@ -137,7 +145,9 @@ class ModelError(LoopwardenError):
     """
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "error") -> None:
+        #: the HTTP status, when there was one
         self.status = status
+        #: how the call failed: ``timeout``, ``rate_limited``, ``server_error``, ... (above)
         self.kind = kind
         super().__init__(message)
 
@@ -186,8 +196,11 @@ class ToolError(Exception):
     def __init__(
         self, message: str, *, retryable: bool = False, retry_after: float | None = None
     ) -> None:
+        #: the observation the model sees
         self.message = message
+        #: whether trying the same call again may succeed
         self.retryable = retryable
+        #: seconds the service asked to wait before trying again, if it said
         self.retry_after = retry_after
         super().__init__(message)
 

@@ -88,7 +88,9 @@ S = TypeVar("S", bound=BaseModel)
 class Plugin(Generic[S]):
     """Convenience base class for loopwarden plugins (see the module docstring)."""
 
-    #: the plugin's name (the loader sets it to the name the config uses)
+    #: the plugin's one name (verdicts, state, record fields, its ``[plugins.<name>]``
+    #: table): what the class declares here, else the entry point's name when enabled by one,
+    #: else the class name -- the loader and the testing kit set it on the instance
     name: str = ""
     #: the settings model for this plugin's ``[plugins.<name>]`` table
     Settings: ClassVar[type[BaseModel]] = NoSettings
