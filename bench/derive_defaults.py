@@ -109,6 +109,11 @@ NOT_DERIVED = {
     "5 of 30 healthy telecom conversations, whose user turns run to 25",
     "plugins.token_budget.max_context": "follows the model's window (context_fraction 0.8): "
     "healthy requests stay far below any current window",
+    "plugins.tool_calls.max_tool_calls": "unset: a per-run cap on calls cannot serve agents "
+    "that make one call a turn and agents that fan out 17 a turn; max_steps x "
+    "tool_calls.max_per_turn (22: the widest healthy turn, 17, x 1.25) bounds a run",
+    "plugins.conversation_limits.max_tool_calls": "unset: max_model_calls x "
+    "tool_calls.max_per_turn bounds a conversation's calls (see tool_calls.max_tool_calls)",
 }
 
 

@@ -462,7 +462,67 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report(sc, replay, targets))
     except BrokenPipeError:
         pass
+    if not args.json:  # issue 36: the outage scenario with and without circuit_breaker
+        print(outage_breaker_saving(config))
     return 0
+
+
+def outage_breaker_saving(config: Config, runs: int = 20) -> str:
+    """The built-in ``outage`` scenario played ``runs`` times in a row on one shared store,
+    with the config's guards and with ``circuit_breaker`` added (issue 36): the tokens, tool
+    calls and upstream executions the breaker saves once the first run has opened it.
+
+    Runs are sequential on a fresh SQLite store of their own, each on a FakeClock (retry
+    backoffs cost no time), so all of them fall within the breaker's window and ``open_s``:
+    the picture of a fleet during an outage.  Observer plugins are left out.
+    """
+    import tempfile
+
+    from loopwarden import Deployment, FakeClock
+    from loopwarden.demo import shop_tools, without_observers
+
+    base, _ = without_observers(config)
+    enabled = [n for n in base.plugins.enabled if n != "circuit_breaker"]
+    at = enabled.index("retry_policy") if "retry_policy" in enabled else len(enabled)
+    tables = base.plugins.tables()
+    with_breaker = base.plugins.model_validate(
+        {
+            **(base.plugins.model_extra or {}),
+            "enabled": [*enabled[:at], "circuit_breaker", *enabled[at:]],
+            "blocked": base.plugins.blocked,
+            "circuit_breaker": tables.get("circuit_breaker", {}),
+        }
+    )
+    without = base.plugins.model_validate(
+        {**(base.plugins.model_extra or {}), "enabled": enabled, "blocked": base.plugins.blocked}
+    )
+    totals: dict[str, dict[str, int]] = {}
+    with tempfile.TemporaryDirectory(prefix="lw-outage-") as tmp:
+        for label, plugins in (("without breaker", without), ("with breaker", with_breaker)):
+            store = base.store.model_copy(update={"url": f"sqlite:///{tmp}/{label[:4]}.db"})
+            cfg = base.model_copy(update={"plugins": plugins, "store": store})
+            t = totals[label] = {"tokens": 0, "tool_calls": 0, "executed": 0, "skipped_runs": 0}
+            with Deployment(cfg, tools=shop_tools()) as dep:
+                for _ in range(runs):
+                    rec = dep.run(scenario="outage", clock=FakeClock()).record()
+                    t["tokens"] += rec["tokens"]["total"]
+                    t["tool_calls"] += rec["tool_calls"]
+                    t["executed"] += rec["tools_executed"]
+                    t["skipped_runs"] += rec["tools_executed"] == 0
+    off, on = totals["without breaker"], totals["with breaker"]
+    lines = [f"outage scenario, {runs} runs on one shared store (issue 36):"]
+    for label, t in totals.items():
+        lines.append(
+            f"  {label:<16} tokens {t['tokens']:>7,}  tool calls {t['tool_calls']:>4}  "
+            f"upstream executions {t['executed']:>4}  "
+            f"runs that never reached it {t['skipped_runs']:>3}"
+        )
+    lines.append(
+        f"  saved            tokens {off['tokens'] - on['tokens']:>7,}  tool calls "
+        f"{off['tool_calls'] - on['tool_calls']:>4}  upstream executions "
+        f"{off['executed'] - on['executed']:>4}"
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,7 @@ class SystemClock:
     now = staticmethod(time.monotonic)
 
     def sleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
+        """Sleep, returning early when ``cancel`` is set."""
         seconds = bounded_seconds(seconds)
         if seconds <= 0:
             return
@@ -93,6 +94,7 @@ class SystemClock:
             cancel.wait(seconds)
 
     async def asleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
+        """Async sleep, returning early when ``cancel`` is set."""
         seconds = bounded_seconds(seconds)
         if seconds <= 0:
             return
@@ -116,6 +118,7 @@ class FakeClock:
         self._lock = threading.Lock()
 
     def now(self) -> float:
+        """The fake time: where :meth:`advance` and the sleeps have moved it."""
         return self._now
 
     def advance(self, seconds: float) -> None:
@@ -124,10 +127,12 @@ class FakeClock:
             self._now += seconds
 
     def sleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
+        """Advance the time by ``seconds`` at once (nothing waits)."""
         if seconds > 0:
             self.advance(seconds)
 
     async def asleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
+        """Advance the time by ``seconds`` and yield to the event loop once."""
         if seconds > 0:
             self.advance(seconds)
         await asyncio.sleep(0)
@@ -147,6 +152,7 @@ class CancelToken:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
+        #: why it was cancelled (the first :meth:`cancel`'s reason), None while it is not
         self.reason: str | None = None
 
     def cancel(self, reason: str = "cancelled") -> None:
@@ -177,6 +183,7 @@ class CancelToken:
 
     @property
     def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called."""
         return self._event.is_set()
 
     def is_set(self) -> bool:

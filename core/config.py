@@ -8,11 +8,15 @@ written and validated by :mod:`loopwarden.demo`).  A bad file raises :class:`Con
 file, the key and what was expected, before any run starts.
 
 Where the file comes from: ``--config FILE``; else ``./config.toml`` if present; else the
-default shipped inside the package.
+default shipped inside the package.  A file replaces the shipped one -- what it leaves out has
+the models' defaults -- except for ``[profiles]``: the shipped profiles are built in, and a
+file adds its own or replaces one of the same name (:func:`parse_config`).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
 from collections.abc import Mapping
 from importlib import resources
@@ -29,7 +33,7 @@ from pydantic import (
 )
 
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
-from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, AnswerMasks
 from loopwarden.mcp import McpConfig
 from loopwarden.plugin import PositiveSeconds, TypedTable
 
@@ -51,6 +55,7 @@ __all__ = [
     "load_config",
     "load_toml",
     "parse_config",
+    "shipped_profiles",
     "validation_error",
 ]
 
@@ -191,8 +196,21 @@ class RunConfig(_Strict):
     warning_prefix: str = "[loopwarden] "
     max_observation_chars: PositiveInt | None = 16000
     volatile_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLATILE_KEYS))
+    #: compare tool answers with their volatile parts masked (line numbers, clocks,
+    #: durations, ids, temp paths: loopwarden.fingerprint); false: byte for byte
+    mask_volatile: bool = True
+    #: further regular expressions whose matches are masked in tool answers
+    volatile_patterns: list[str] = Field(default_factory=list)
     token_estimator: Literal["cjk", "tiktoken", "auto"] = "cjk"
     texts: Texts = Field(default_factory=lambda: Texts())
+
+    @model_validator(mode="after")
+    def _check_patterns(self) -> RunConfig:
+        try:
+            AnswerMasks(self.volatile_patterns)
+        except re.error as exc:
+            raise ValueError(f"volatile_patterns: not a regular expression: {exc}") from None
+        return self
 
 
 class ProfileConfig(_Strict):
@@ -332,17 +350,23 @@ class PluginsConfig(BaseModel):
 class Config(_Strict):
     """A whole deployment file."""
 
+    #: ``[model]``: the endpoint, the model's name, its window, timeouts and retries
     model: ModelConfig = Field(default_factory=ModelConfig)
+    #: ``[run]``: texts injected into requests, the default profile, ``mode``
     run: RunConfig = Field(default_factory=RunConfig)
+    #: ``[profiles.<name>]``: the shipped profiles, and the file's own added or replacing them
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     #: ``[shop]``, the demo's table: kept as written and validated by :mod:`loopwarden.demo`
     #: (the core knows nothing of the shop; deployment files that set it stay valid)
     shop: dict[str, Any] = Field(default_factory=dict)
+    #: ``[tools.<name>]``: natures of tools the deployment does not define itself
     tools: dict[str, ToolNature] = Field(default_factory=dict)
     #: ``[mcp.servers.<name>]``: MCP servers whose tools the deployment takes (loopwarden.mcp)
     mcp: McpConfig = Field(default_factory=McpConfig)
 
+    #: ``[store]``: the shared store (SQLite file or Redis) for budgets and the ledger
     store: StoreConfig = Field(default_factory=StoreConfig)
+    #: ``[plugins]``: ``enabled`` (the call order), ``blocked``, one table per plugin
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     #: the file it came from (not a TOML key)
     path: str | None = Field(default=None, exclude=True)
@@ -359,7 +383,8 @@ class Config(_Strict):
             known = ", ".join(sorted(self.profiles)) or "none defined"
             where = dict(key="profile") if asked else dict(path=self.path, key="run.profile")
             raise ConfigError(
-                f"unknown profile {name!r} (profiles come from {self.path or 'the config'})",
+                f"unknown profile {name!r} (the built-in profiles and those of "
+                f"{self.path or 'the config'})",
                 expected=f"one of: {known}",
                 **where,
             ) from None
@@ -380,10 +405,24 @@ def find_config(explicit: str | Path | None = None) -> Path:
     return default_config_path()
 
 
+@functools.cache
+def shipped_profiles() -> dict[str, Any]:
+    """The ``[profiles]`` tables of the shipped default config, as written (read once)."""
+    profiles = load_toml(default_config_path()).get("profiles") or {}
+    return dict(profiles) if isinstance(profiles, Mapping) else {}
+
+
 def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
-    """Validate a parsed TOML mapping into a :class:`Config`."""
+    """Validate a parsed TOML mapping into a :class:`Config`.
+
+    The shipped profiles are built in: every config has them, and its own ``[profiles.<name>]``
+    tables add profiles or replace a shipped one of the same name whole."""
+    data = dict(data)
+    profiles = data.get("profiles")
+    if profiles is None or isinstance(profiles, Mapping):
+        data["profiles"] = {**shipped_profiles(), **(profiles or {})}
     try:
-        cfg = Config.model_validate(dict(data))
+        cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, path=path, model=Config) from None
     for name, table in cfg.plugins.tables().items():

@@ -40,6 +40,7 @@ from loopwarden.redaction import Redactor, model_api_key
 from loopwarden.run import Conversation, Limits, Run
 from loopwarden.store import Shared
 from loopwarden.tools import Tool, ToolContext, ToolRegistry
+from loopwarden.tools.recorded import recorded_tool
 
 if TYPE_CHECKING:
     from blinker import NamedSignal
@@ -118,17 +119,27 @@ def scripted_tools(base: ToolRegistry | None, scenario: Scenario) -> ToolRegistr
                     path=scenario.path,
                     key=f"tools.{name}",
                 )
-            tool = Tool(
-                name=name,
-                func=_scripted_func(script, name),
-                description=script.description or f"Scripted tool {name}.",
-                args_model=_AnyArgs,
-                read_only=bool(script.read_only),
-                deterministic=bool(script.deterministic),
-                side_effect=bool(script.side_effect),
-                terminal=bool(script.terminal),
-                context_param="_ctx",
-            )
+            if script.declared is False:
+                # as a framework's or an MCP server's tool nobody described: it runs every
+                # time it is called, and its name only weighs detectors' evidence
+                tool = dataclasses.replace(
+                    recorded_tool(name),
+                    func=_scripted_func(script, name),
+                    description=script.description or f"Scripted tool {name}.",
+                    context_param="_ctx",
+                )
+            else:
+                tool = Tool(
+                    name=name,
+                    func=_scripted_func(script, name),
+                    description=script.description or f"Scripted tool {name}.",
+                    args_model=_AnyArgs,
+                    read_only=bool(script.read_only),
+                    deterministic=bool(script.deterministic),
+                    side_effect=bool(script.side_effect),
+                    terminal=bool(script.terminal),
+                    context_param="_ctx",
+                )
         reg.add(tool, replace=True)
     return reg
 
@@ -234,8 +245,11 @@ class Deployment:
         extra_plugins: Iterable[str] = (),
         clock: Clock | None = None,
     ) -> None:
+        #: the validated config.toml the deployment was built from
         self.config = config if config is not None else load_config()
+        #: the loaded plugins, in call order (``names``, ``get(name)``)
         self.plugins: PluginSet = load_plugins(self.config, extra=extra_plugins, objects=plugins)
+        #: the typed facade the loop calls hooks through
         self.hooks = self.plugins.hooks
         key = model_api_key(self)
         #: the MCP servers' tools are taken when the plugins are configured (see _start_mcp)
@@ -246,9 +260,12 @@ class Deployment:
         #: records, logs and alerts
         self.redactor = Redactor(literals=[key, *secrets] if key else secrets)
         self.hooks.redact = self.redactor.text
+        #: the step machine that runs every run, sync, async, streamed or replayed
         self.engine = Engine(self.hooks, self.config.run, shadow=self._shadowed())
         self.engine.redactor = self.redactor
+        #: the text-to-tokens estimator of ``[run] token_estimator``
         self.estimator = get_estimator(self.config.run.token_estimator)
+        #: the clock runs measure time on (a FakeClock in tests)
         self.clock = clock or SystemClock()
         self._model = model
         self._checked_models: set[str] = set()  # names validate_model accepted
@@ -370,6 +387,7 @@ class Deployment:
         self._checked_models.add(name)
 
     def limits(self, profile: str | None = None) -> Limits:
+        """The limits of ``profile`` (else ``[run] profile``; none: the plugins' own)."""
         p = self.config.profile(profile)
         if p is None:
             return Limits()

@@ -6,10 +6,12 @@ Argument names are identical across hooks (``run``, ``request``, ``response``, `
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import TYPE_CHECKING, Any, Literal
+
+from loopwarden.fingerprint import AnswerMasks, default_masks
 
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
@@ -305,14 +307,28 @@ class ToolResult:
     #: one
     retry_after: float | None = None
     _digest: str | None = field(default=None, repr=False)
+    #: the tool's own output when ``content`` carries a runtime note (a retry's summary)
+    _answer: str | None = field(default=None, repr=False)
+    #: the deployment's answer masks (set by the engine; None: the defaults)
+    _masks: AnswerMasks | None = field(default=None, repr=False)
+    _said: str | None = field(default=None, repr=False)
+
+    @property
+    def said(self) -> str:
+        """What the tool answered, its volatile parts masked: the text detectors compare
+        (:mod:`loopwarden.fingerprint`).  Computed once."""
+        if self._said is None:
+            masks = self._masks if self._masks is not None else default_masks()
+            self._said = masks.mask(self._answer if self._answer is not None else self.content)
+        return self._said
 
     @property
     def digest(self) -> str:
-        """A short hash of ``content`` (computed once)."""
+        """A short hash of what the tool answered, its volatile parts (line numbers, clocks,
+        durations, ids, temp paths) masked: two answers with the same digest say the same
+        thing (:mod:`loopwarden.fingerprint`).  Computed once."""
         if self._digest is None:
-            self._digest = hashlib.blake2b(
-                self.content.encode("utf-8", "replace"), digest_size=8
-            ).hexdigest()
+            self._digest = blake2b(self.said.encode("utf-8", "replace"), digest_size=8).hexdigest()
         return self._digest
 
 

@@ -10,7 +10,9 @@ exceptions.  Exceptions are for the caller's mistakes and for broken set-ups::
     ├── PluginLoadError        a plugin cannot be found, imported, configured or ordered
     ├── ToolDefinitionError    a tool cannot be declared (bad signature, duplicate name)
     ├── StoreError             the shared store (budgets, ledger) cannot be reached or used
-    └── ModelError             the model call failed for good (after the client's retries)
+    ├── ModelError             the model call failed for good (after the client's retries)
+    └── GuardStopped           a guard stopped a framework run whose output must be
+                               structured, and no structured output came (adapters only)
 
 ``ToolError`` is separate: tools raise it to report a failure *to the model* (with a
 ``retryable`` flag); the loop turns it into an error observation.
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError",
+    "GuardStopped",
     "LoopwardenError",
     "ModelError",
     "PluginLoadError",
@@ -62,9 +65,13 @@ class ConfigError(LoopwardenError):
         key: str | None = None,
         expected: str | None = None,
     ) -> None:
+        #: the config file, when the error is about one
         self.path = str(path) if path is not None else None
+        #: the dotted key in it (``plugins.repeat_call.max_repeats``), or None
         self.key = key
+        #: what would have been accepted, when known
         self.expected = expected
+        #: what is wrong, without the file and key
         self.message = message
         super().__init__(self._format())
 
@@ -91,9 +98,13 @@ class PluginLoadError(LoopwardenError):
         path: str | Path | None = None,
         key: str | None = None,
     ) -> None:
+        #: the plugin's name (or the reference that enabled it)
         self.plugin = plugin
+        #: what went wrong, without the plugin, file and key
         self.reason = message
+        #: the config file that asked for the plugin, when known
         self.path = str(path) if path is not None else None
+        #: the config key that named it (``plugins.enabled[2]``), when known
         self.key = key
         text = f"plugin {plugin!r}: {message}" if plugin else message
         where = ": ".join(p for p in (self.path, key) if p)
@@ -134,9 +145,43 @@ class ModelError(LoopwardenError):
     """
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "error") -> None:
+        #: the HTTP status, when there was one
         self.status = status
+        #: how the call failed: ``timeout``, ``rate_limited``, ``server_error``, ... (above)
         self.kind = kind
         super().__init__(message)
+
+
+class GuardStopped(LoopwardenError):
+    """A guard stopped a framework run whose output must be structured (pydantic-ai's
+    ``output_type``, LangChain's ``response_format``), and the stop gave no structured
+    output: a hard stop (its answer is text), or a soft stop whose wrap-up turn answered
+    with text.  Raised by the adapter instead of an answer the framework cannot validate.
+
+    Carries the stop as the run record has it: ``run_id``, ``termination`` (the stop
+    reason), ``stopped_by`` (the plugin), ``soft``, and ``final_answer`` (the best-effort
+    text, for the caller to show or log).  The run is recorded before it is raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        termination: str,
+        stopped_by: str | None,
+        soft: bool,
+        final_answer: str | None,
+    ) -> None:
+        self.run_id = run_id
+        self.termination = termination
+        self.stopped_by = stopped_by
+        self.soft = soft
+        self.final_answer = final_answer
+        by = f" by {stopped_by}" if stopped_by else ""
+        super().__init__(
+            f"run {run_id} was stopped{by} ({termination}) without the structured output "
+            "its agent must return"
+        )
 
 
 class ToolError(Exception):
@@ -160,9 +205,13 @@ class ToolError(Exception):
         retry_after: float | None = None,
         in_doubt: bool = False,
     ) -> None:
+        #: the observation the model sees
         self.message = message
+        #: whether trying the same call again may succeed
         self.retryable = retryable
+        #: seconds the service asked to wait before trying again, if it said
         self.retry_after = retry_after
+        #: the request went out unanswered: the call may have taken effect (``unknown_outcome``)
         self.in_doubt = in_doubt
         super().__init__(message)
 

@@ -49,8 +49,6 @@ __all__ = [
     "NoSettings",
     "Plugin",
     "PluginSettings",
-    "PositiveSeconds",
-    "Seconds",
     "TypedTable",
     "check_patterns",
     "check_templates",
@@ -112,8 +110,13 @@ def scalar_type_error(annotation: Any, value: Any) -> str | None:
 
 
 class TypedTable(BaseModel):
-    """A config table whose scalar fields take only values of their JSON Schema type (see
-    the module docstring); each wrong value is an error at its own key."""
+    """A config table whose scalar fields take only values of their JSON Schema type, as
+    ``loopwarden config schema`` says: a number field takes a number (an integer field a
+    whole one; an integer where a float is expected is fine), never a string or a boolean
+    (``max_steps = "12"``, ``stop_at_repeat = true``); a boolean field only ``true`` or
+    ``false`` (``soft = 1`` is an error).  Each wrong value is an error at its own key.
+    :class:`PluginSettings` derives from it; durations are typed ``Seconds`` /
+    ``PositiveSeconds`` (finite, at most ``loopwarden.clock.MAX_DURATION_S``)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -184,7 +187,9 @@ S = TypeVar("S", bound=BaseModel)
 class Plugin(Generic[S]):
     """Convenience base class for loopwarden plugins (see the module docstring)."""
 
-    #: the plugin's name (the loader sets it to the name the config uses)
+    #: the plugin's one name (verdicts, state, record fields, its ``[plugins.<name>]``
+    #: table): what the class declares here, else the entry point's name when enabled by one,
+    #: else the class name -- the loader and the testing kit set it on the instance
     name: str = ""
     #: the settings model for this plugin's ``[plugins.<name>]`` table
     Settings: ClassVar[type[BaseModel]] = NoSettings

@@ -39,6 +39,8 @@ STOP_REASONS: tuple[str, ...] = (
     # loopwarden.adapters: the framework ended the run before loopwarden's loop did (its own
     # step or usage limit, a guardrail)
     "ended_by_framework",
+    # circuit_breaker: a run kept calling a tool that a fleet-wide breaker paused
+    "circuit_open",
 )
 
 #: the run ended as it should: the model answered, or a terminal tool handed it off
@@ -50,7 +52,7 @@ NORMAL_ENDINGS: tuple[str, ...] = ("final_answer", "terminal_tool")
 LOOP_REASONS: tuple[str, ...] = ("repeat_call", "oscillation", "no_progress", "stall")
 
 #: tools kept failing (the usual fix: the tools' availability or the retry policy)
-FAILURE_REASONS: tuple[str, ...] = ("failure_streak",)
+FAILURE_REASONS: tuple[str, ...] = ("failure_streak", "circuit_open")
 
 #: a budget or cap ran out
 BUDGET_REASONS: tuple[str, ...] = (

@@ -29,7 +29,14 @@ if TYPE_CHECKING:
     from loopwarden.tools import ToolRegistry
     from loopwarden.verdicts import Stop
 
-__all__ = ["PLUGIN_FIELD_DEFAULTS", "Conversation", "Limits", "Run", "RunOutcome"]
+__all__ = [
+    "MEASURED_FIELDS",
+    "PLUGIN_FIELD_DEFAULTS",
+    "Conversation",
+    "Limits",
+    "Run",
+    "RunOutcome",
+]
 
 #: run-record fields that plugins fill in (``record_fields``), with their value when the
 #: plugin is not enabled -- the record always has them
@@ -40,6 +47,10 @@ PLUGIN_FIELD_DEFAULTS: dict[str, Any] = {
     "stall_rounds": 0,
     "cost_currency": None,
 }
+
+#: the measurements among them: a record lists those no enabled plugin made in
+#: ``unmeasured``, so that their default (0) is never read as a count
+MEASURED_FIELDS: tuple[str, ...] = ("cost", "duplicate_calls", "oscillation_hits", "stall_rounds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,28 +199,30 @@ class Run:
         max_output_tokens: int | None = None,
     ) -> None:
         #: the run's id (the run record's ``run_id``)
-        self.run_id = run_id or uuid.uuid4().hex
+        self.run_id: str = run_id or uuid.uuid4().hex
         #: the conversation this run belongs to (its messages, ledger and state carry on)
-        self.conversation = conversation if conversation is not None else Conversation()
+        self.conversation: Conversation = (
+            conversation if conversation is not None else Conversation()
+        )
         #: the user's message that started the run
-        self.user = user
+        self.user: str = user
         #: the scenario's name, or None
-        self.scenario = scenario
+        self.scenario: str | None = scenario
         #: the deployment running it (None for a hand-built run)
-        self.deployment = deployment
+        self.deployment: Deployment | None = deployment
         #: the tools the model may call (a ToolRegistry)
-        self.tools = tools
+        self.tools: ToolRegistry | None = tools
         #: the run's clock: measure time and wait on it (a FakeClock in tests)
         self.clock: Clock = clock or SystemClock()
         #: the run's cancel token (``run.cancel.set(reason)`` ends it as ``cancelled``)
-        self.cancel = cancel or CancelToken()
+        self.cancel: CancelToken = cancel or CancelToken()
         #: the profile's limits (None fields: the plugins' own settings apply)
-        self.limits = limits or Limits()
+        self.limits: Limits = limits or Limits()
         #: the model's name, when known
-        self.model_name = model_name
+        self.model_name: str | None = model_name
         #: the model's cap on output tokens per call (``[model] max_output_tokens``): every
         #: ModelRequest carries it, so the budgets reserve what an answer may really cost
-        self.max_output_tokens = max_output_tokens
+        self.max_output_tokens: int | None = max_output_tokens
         #: scope keys of this run (``{"tenant": "acme", "user": "u-17"}``): shared budgets
         #: are kept per scope key; the run record carries them
         self.meta: dict[str, Any] = meta or {}
@@ -217,26 +230,26 @@ class Run:
         #: ``Deployment.prepare``; None in replays and hand-built runs
         self.shared: Shared | None = None
         #: the text-to-tokens estimator the loop uses
-        self.estimator = estimator
+        self.estimator: TextEstimator = estimator
         #: the time on ``clock`` the run started
-        self.started_at = self.clock.now()
+        self.started_at: float = self.clock.now()
         #: the time on ``clock`` it ended, or None while it runs
         self.ended_at: float | None = None
         #: the conversation so far, in OpenAI chat format (the loop appends; do not mutate)
         self.messages: list[dict[str, Any]] = []
         #: estimated tokens of ``messages`` (maintained incrementally)
-        self.context_tokens = 0
+        self.context_tokens: int = 0
         #: the messages :meth:`add_message` appended, in order (``context_tokens`` counts them):
         #: the conversation keeps the estimate only while ``messages`` still matches
         self._added: list[dict[str, Any]] = []
         #: model calls made so far
-        self.step = 0
+        self.step: int = 0
         #: tool calls the model proposed / that actually executed
-        self.tool_calls = 0
+        self.tool_calls: int = 0
         #: tool executions that really ran (retries included)
-        self.tools_executed = 0
+        self.tools_executed: int = 0
         #: the run's billed tokens so far (a Usage)
-        self.usage = Usage()
+        self.usage: Usage = Usage()
         #: warnings injected so far: ``step``, ``plugin``, ``message`` (the record's ``warnings``)
         self.warnings: list[dict[str, Any]] = []
         #: warnings not yet injected: the loop adds them to the next model request
@@ -255,7 +268,7 @@ class Run:
         #: per-plugin state slots, keyed by plugin name
         self.state: dict[str, Any] = {}
         #: typed per-run plugin state (see :class:`~loopwarden.Stash`)
-        self.stash = Stash()
+        self.stash: Stash = Stash()
         #: the latest non-empty model content (the best-effort answer's first choice)
         self.best_answer: str | None = None
         #: the last successful tool observation (the best-effort answer's second choice)
@@ -273,7 +286,7 @@ class Run:
         #: counted
         self.shadow_effects: list[dict[str, Any]] = []
         #: shadow effects beyond the cap, counted
-        self.shadow_effects_dropped = 0
+        self.shadow_effects_dropped: int = 0
         #: the time on ``clock`` by which the run must have ended (set in ``on_start`` by the
         #: timeout plugin: its limit plus grace).  A watchdog ends a run still going shortly
         #: after it -- outcome ``timeout``, record written -- even while a hook, a tool or a
@@ -281,7 +294,7 @@ class Run:
         #: when it returns.
         self.deadline: float | None = None
         #: held while the run is finished: one outcome, whoever finishes first
-        self.finish_lock = threading.Lock()
+        self.finish_lock: threading.Lock = threading.Lock()
 
     # -- conversation ------------------------------------------------------------------
 
@@ -368,7 +381,8 @@ class Run:
 
         The plugins add their fields through the ``record_fields`` hook; the fields in
         :data:`PLUGIN_FIELD_DEFAULTS` (``cost``, ``cost_currency``, the detector counters) keep
-        their defaults when their plugin is not enabled.
+        their defaults when their plugin is not enabled, and ``unmeasured`` names the
+        measurements (:data:`MEASURED_FIELDS`) that no plugin made.
         """
         o = self.outcome or RunOutcome(termination="running")
         record = {
@@ -400,6 +414,7 @@ class Run:
             "shadow_effects_dropped": self.shadow_effects_dropped,
             "meta": _jsonable(self.meta),
             "conversation_id": self.conversation.id,
+            "unmeasured": list(MEASURED_FIELDS),
         }
         if self.deployment is not None:
             reserved = record.keys() - PLUGIN_FIELD_DEFAULTS.keys()
@@ -408,6 +423,7 @@ class Run:
                 record[key] = _jsonable(value)
             if failures:
                 record["errors"] = record["errors"] + failures
+            record["unmeasured"] = [f for f in MEASURED_FIELDS if f not in fields]
         return record
 
     def trajectory(self) -> list[dict[str, Any]]:

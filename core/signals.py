@@ -15,6 +15,9 @@ guard_triggered    ``verdict``, ``hook``, ``step``
 step_finished      ``step``
 run_stopped        ``outcome``, ``record``
 record_failed      ``path``, ``error`` (a run record could not be written)
+breaker_changed    ``breaker`` (a :class:`~loopwarden.store.BreakerView`),
+                   ``message``, ``tool`` (a fleet-wide circuit breaker opened,
+                   went half-open or closed; sent by circuit_breaker)
 =================  ===========================================================
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 from blinker import NamedSignal, Namespace
 
 __all__ = [
+    "breaker_changed",
     "guard_triggered",
     "model_responded",
     "record_failed",
@@ -56,6 +60,11 @@ run_stopped: NamedSignal = _signals.signal("run-stopped", doc="A run ended; its 
 record_failed: NamedSignal = _signals.signal(
     "record-failed", doc="A run record could not be written (sent by run_record)."
 )
+breaker_changed: NamedSignal = _signals.signal(
+    "breaker-changed",
+    doc="A fleet-wide circuit breaker opened, went half-open or closed (sent by "
+    "circuit_breaker, by the run whose call changed it).",
+)
 
 ALL = (
     run_started,
@@ -65,6 +74,7 @@ ALL = (
     step_finished,
     run_stopped,
     record_failed,
+    breaker_changed,
 )
 
 log = logging.getLogger("loopwarden.signals")

@@ -40,7 +40,7 @@ class HistogramValue:
 @dataclass(frozen=True, slots=True)
 class _Def:
     name: str
-    kind: Literal["counter", "histogram"]
+    kind: Literal["counter", "gauge", "histogram"]
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
@@ -57,7 +57,7 @@ class MetricsRegistry:
         self._hists: dict[str, dict[tuple[str, ...], list[Any]]] = {}
         self._lock = threading.Lock()
         for d in self.defs.values():
-            if d.kind == "counter":
+            if d.kind in ("counter", "gauge"):  # a gauge is a counter that is set
                 self._counters[d.name] = {}
             else:
                 self._hists[d.name] = {}
@@ -78,6 +78,12 @@ class MetricsRegistry:
         with self._lock:
             series = self._counters[name]
             series[key] = series.get(key, 0.0) + amount
+
+    def set(self, name: str, value: float, **labels: Any) -> None:
+        """Set a gauge."""
+        key = self._key(name, labels)
+        with self._lock:
+            self._counters[name][key] = value
 
     def add(self, counts: Iterable[tuple[str, tuple[str, ...], float]]) -> None:
         """Increment several counters under one lock, each by a ready-made key: its label
@@ -191,6 +197,10 @@ class _Prometheus:
                 self.metrics[d.name] = pc.Counter(
                     d.prom_name, d.help, list(d.labels), namespace=ns, registry=self.registry
                 )
+            elif d.kind == "gauge":
+                self.metrics[d.name] = pc.Gauge(
+                    d.prom_name, d.help, list(d.labels), namespace=ns, registry=self.registry
+                )
             else:
                 self.metrics[d.name] = pc.Histogram(
                     d.prom_name,
@@ -205,6 +215,10 @@ class _Prometheus:
     def inc(self, name: str, amount: float, labels: Mapping[str, Any]) -> None:
         m = self.metrics[name]
         (m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m).inc(amount)
+
+    def set(self, name: str, value: float, labels: Mapping[str, Any]) -> None:
+        m = self.metrics[name]
+        (m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m).set(value)
 
     def observe(self, name: str, value: float, labels: Mapping[str, Any]) -> None:
         m = self.metrics[name]

@@ -14,6 +14,9 @@ Rules, all measured on the run's clock:
 * **de-duplication** -- one alert per (reason, plugin) per ``dedup_window_s``; the next alert
   for that key says how many were suppressed;
 * **rate limit** -- at most ``rate_limit`` alerts per ``rate_window_s`` in all;
+* **circuit breakers** -- a fleet-wide breaker of the ``circuit_breaker`` plugin that opens
+  or closes raises an alert of its own (``kind = "breaker"``, reason ``breaker_opened`` /
+  ``breaker_closed``, severity ``warn``), from the run whose call changed it;
 * **threshold** -- "more than ``threshold_runs`` of the last ``threshold_window`` runs stopped
   on a loop guard" raises one alert of its own (reason ``loop_rate``).
 
@@ -69,6 +72,7 @@ from loopwarden.verdicts import Stop
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
     from loopwarden.run import Run, RunOutcome
+    from loopwarden.store import BreakerView
     from loopwarden.verdicts import Verdict
 
 __all__ = [
@@ -269,6 +273,7 @@ class Alerting(Plugin[AlertingSettings]):
         self.redactor.add_literal(model_api_key(deployment))
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)
         deployment.connect(signals.run_stopped, self.on_run_stopped)
+        deployment.connect(signals.breaker_changed, self.on_breaker_changed)
 
     def close(self) -> None:
         """Deliver queued alerts (at most ``close_timeout_s`` in all) and stop the workers."""
@@ -302,6 +307,35 @@ class Alerting(Plugin[AlertingSettings]):
         )
         alert["verdict"] = verdict.kind
         alert["soft"] = bool(getattr(verdict, "soft", False))
+        self.dispatch(run, alert)
+
+    def on_breaker_changed(self, run: Run, *, breaker: BreakerView, message: str, **_: Any) -> None:
+        """A fleet-wide circuit breaker opened or closed: an alert of severity ``warn``
+        (reason ``breaker_opened`` / ``breaker_closed``); going half-open is not alerted."""
+        if breaker.changed not in ("opened", "reopened", "closed"):
+            return
+        reason = "breaker_closed" if breaker.changed == "closed" else "breaker_opened"
+        if reason in self.settings.quiet_reasons:
+            return
+        alert = self._alert(
+            run,
+            kind="breaker",
+            reason=reason,
+            plugin="circuit_breaker",
+            severity="warn",
+            step=run.step,
+            hook=None,
+            message=message,
+            evidence={
+                "breaker": breaker.target,
+                "breaker_name": breaker.name,
+                "scope": breaker.scope,
+                "key": breaker.scope_key,
+                "state": breaker.state,
+                "change": breaker.changed,
+                "tripped": breaker.tripped,
+            },
+        )
         self.dispatch(run, alert)
 
     def on_run_stopped(self, run: Run, *, outcome: RunOutcome, **_: Any) -> None:

@@ -102,7 +102,13 @@ class ConversationLimitsSettings(BudgetSettings):
         ge=1,
         description="model calls per conversation, the final wrap-up turn included",
     )
-    max_tool_calls: int | None = Field(default=104, ge=1, description="tool calls per conversation")
+    max_tool_calls: int | None = Field(
+        default=None,
+        ge=1,
+        description="tool calls per conversation; unset (the default): max_model_calls x "
+        "tool_calls.max_per_turn bounds them (an agent that fans out makes many calls per "
+        "turn: docs/defaults.md, 'Fan-out')",
+    )
     max_tokens: int | None = Field(
         default=3_398_000, ge=1, description="billed tokens (prompt + completion) per conversation"
     )

@@ -25,6 +25,8 @@ in-process name            kind       labels                      Prometheus nam
                                       model_calls, tool_calls,
                                       tokens, cost)
 ``scope_refusals_total``   counter    scope, window, reason       loopwarden_scope_refusals_total
+``circuit_breakers_open``  gauge      target (tool, server),      loopwarden_circuit_breakers_open
+                                      breaker (its name)
 =========================  =========  ==========================  ================================
 
 ``record_write_failures_total`` (a counter without labels; Prometheus
@@ -40,12 +42,16 @@ profile's, else the ``max_steps`` / ``token_budget`` / ``timeout`` plugin's sett
 the whole budget.  ``scope_spend_total`` is what runs charged to the shared budgets of the
 ``spend_limits`` plugin (labelled by scope *name* -- ``tenant``, never the tenant itself -- so
 the label set stays bounded); ``scope_refusals_total`` counts the stops whose evidence names a
-scope (a shared or conversation budget refusing).
+scope (a shared or conversation budget refusing).  ``circuit_breakers_open`` is how many of
+the ``circuit_breaker`` plugin's breakers of a tool or MCP server this process last saw open
+(opened by one of its runs, or skipping one of its calls; no longer once one of its calls
+finds it closed), set when a breaker changes and at the end of every run.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +233,14 @@ def _definitions(s: MetricsSettings) -> list[_Def]:
             "Run records that could not be written (run_record).",
             prom_name="record_write_failures",
         ),
+        _Def(
+            "circuit_breakers_open",
+            "gauge",
+            "Fleet-wide circuit breakers open as this process last saw them, by target "
+            "(tool, server) and breaker (the tool's or server's name).",
+            ("target", "breaker"),
+            prom_name="circuit_breakers_open",
+        ),
     ]
 
 
@@ -277,6 +291,9 @@ class Metrics(Plugin[MetricsSettings]):
         defs = _definitions(s)
         self.registry = MetricsRegistry(defs)
         self._loop = frozenset(s.loop_detectors)
+        #: (target, name) of every circuit breaker the gauge has shown
+        self._breaker_pairs: set[tuple[str, str]] = set()
+        self._breakers_lock = threading.Lock()
         self.prometheus: _Prometheus | None = None
         if s.prometheus:
             try:
@@ -321,6 +338,7 @@ class Metrics(Plugin[MetricsSettings]):
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)
         deployment.connect(signals.run_stopped, self.on_run_stopped)
         deployment.connect(signals.record_failed, self.on_record_failed)
+        deployment.connect(signals.breaker_changed, self.on_breaker_changed)
         port = self.settings.prometheus_port
         if self.prometheus is not None and port is not None and self.prometheus.server is None:
             try:
@@ -386,13 +404,42 @@ class Metrics(Plugin[MetricsSettings]):
         if verdict.plugin in self._loop or reason in self._loop:
             self._inc("agent.loop_detected", plugin=verdict.plugin, reason=reason)
         evidence = verdict.evidence
-        if verdict.kind == "stop" and isinstance(evidence.get("scope"), str):
+        if (
+            verdict.kind == "stop"
+            and isinstance(evidence.get("scope"), str)
+            and verdict.plugin != "circuit_breaker"  # a paused tool, not a budget refusing
+        ):
             self._inc(
                 "scope_refusals_total",
                 scope=evidence["scope"],
                 window=str(evidence.get("window")),
                 reason=reason,
             )
+
+    def _breaker_gauge(self, run: Run) -> None:
+        """Set ``circuit_breakers_open`` from the circuit_breaker plugin's view: the breakers
+        this process last saw open, per target and name (0 for those seen before)."""
+        plugins = getattr(getattr(run, "deployment", None), "plugins", None)
+        seen = getattr(plugins.get("circuit_breaker"), "seen_open", None) if plugins else None
+        if not isinstance(seen, dict):
+            return
+        counts: dict[tuple[str, str], int] = {}
+        for view in list(seen.values()):
+            pair = (str(view.target), str(view.name))
+            counts[pair] = counts.get(pair, 0) + 1
+        with self._breakers_lock:
+            pairs = self._breaker_pairs | set(counts)
+            self._breaker_pairs = pairs
+        for target, name in sorted(pairs):
+            value = float(counts.get((target, name), 0))
+            self.registry.set("circuit_breakers_open", value, target=target, breaker=name)
+            if self.prometheus is not None:
+                self.prometheus.set(
+                    "circuit_breakers_open", value, {"target": target, "breaker": name}
+                )
+
+    def on_breaker_changed(self, run: Run, **_: Any) -> None:
+        self._breaker_gauge(run)
 
     def on_record_failed(self, run: Run, **_: Any) -> None:
         self._inc("record_write_failures_total")
@@ -408,6 +455,7 @@ class Metrics(Plugin[MetricsSettings]):
         self._observe("tokens_per_run", tokens)
         self._observe("run_seconds", seconds)
         used = {"steps": steps, "tokens": tokens, "seconds": seconds}
+        self._breaker_gauge(run)
         for budget, limit in _budget_limits(run).items():
             self._observe("budget_use_ratio", used[budget] / limit, budget=budget)
         plugins = getattr(getattr(run, "deployment", None), "plugins", None)

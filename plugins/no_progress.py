@@ -5,10 +5,12 @@ CJK characters one by one, words otherwise (see :mod:`loopwarden.plugins._text`)
 last ``window`` contents are each at least ``threshold`` Jaccard-similar to the one before,
 the wording has stalled.  Similar wording alone is weak evidence -- "checking order 88231's
 details / logistics / refund" is progress -- so it is corroborated with the tool results that
-arrived since the oldest of those contents: if none of them was new (every digest seen before,
-or only skipped calls), the run stops with ``no_progress``; if some were new, the model is
-warned once per streak.  Empty contents (usual in function calling) are skipped, neither
-similar nor dissimilar.  A turn without tool calls is the final answer and is not judged.
+arrived since the oldest of those contents: if none of them was new (each the answer its call
+gave before, volatile parts masked -- :mod:`loopwarden.fingerprint` -- or only skipped calls), the
+run stops with ``no_progress``; if some were new, the run goes on (``warn_on_similar = true``
+warns once per streak: weak evidence, off by default).  Empty contents (usual in function
+calling) are skipped, neither similar nor dissimilar.  A turn without tool calls is the final
+answer and is not judged.
 
 **Inside one streamed answer** (``on_model_delta``, streamed runs only): an answer that says
 the same sentence ``stream_repeats`` times is degenerate -- a model stuck in a loop within one
@@ -60,9 +62,10 @@ class NoProgressSettings(PluginSettings):
         "which two consecutive contents count as the same",
     )
     warn_on_similar: bool = Field(
-        default=True,
+        default=False,
         description="warn (once per streak) when the contents are similar but tool results "
-        "still bring something new",
+        "still bring something new -- weak evidence, off by default: an agent that words "
+        "its turns alike while its tools answer new things is working (docs/defaults.md)",
     )
     soft: bool = Field(
         default=True,
@@ -248,11 +251,20 @@ class NoProgress(Plugin[NoProgressSettings]):
 
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
-        """Count a result as new when its digest was not seen recently (skips are not results)."""
+        """Count a result as new when this call (its fingerprint) has not given this answer
+        (its digest, volatile parts masked) recently: the same answer to another call --
+        another table created, another day without flights -- is news.  Skips are not
+        results."""
         if result.skipped:
             return
         st: _State = self.state(run)
-        digest = result.digest
+        tool = call.tool
+        if tool is not None and tool.likely_repeatable:
+            # a hand-off or a wait: repeating it is the run ending, or time passing
+            if st.contents:
+                st.contents[-1].new_results += 1
+            return
+        digest = f"{call.fingerprint}#{result.digest}"
         if digest in st.seen:
             st.seen.move_to_end(digest)
             return

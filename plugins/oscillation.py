@@ -147,6 +147,9 @@ class _State:
     labels: dict[str, ToolCall] = field(default_factory=dict)
     last_digest: OrderedDict[str, str] = field(default_factory=OrderedDict)
     hits: int = 0
+    #: the calls as they were answered: fingerprint and answer (volatile parts masked)
+    answered: CycleDetector | None = None
+    hit_step: int = -1  # the model turn of the latest hit (one hit per turn)
 
 
 # json.dumps(v, ensure_ascii=False, default=str), with the encoder built once
@@ -179,7 +182,10 @@ class Oscillation(Plugin[OscillationSettings]):
 
     def new_state(self) -> _State:
         s = self.settings
-        return _State(CycleDetector(s.min_period, s.max_period, s.cycles, s.window))
+        return _State(
+            CycleDetector(s.min_period, s.max_period, s.cycles, s.window),
+            answered=CycleDetector(s.min_period, s.max_period, s.cycles, s.window),
+        )
 
     def _symbol(self, st: _State, call: ToolCall) -> str:
         if call.deterministic or call.side_effect:
@@ -192,29 +198,44 @@ class Oscillation(Plugin[OscillationSettings]):
         if not response.calls:
             return None
         st: _State = self.state(run)
-        s = self.settings
         det = st.detector
         found: int | None = None
         for call in response.calls:
+            tool = call.tool
+            if tool is not None and tool.likely_repeatable:
+                continue  # a wait or a hand-off nobody declared: polling is no cycle
             sym = self._symbol(st, call)
             det.push(sym)
             if sym not in st.labels:
                 st.labels[sym] = call
             if found is None:
                 found = det.period()
-        # labels of symbols that left the window are dropped (bounded state)
-        if len(st.labels) > 4 * s.window:
-            live = set(det.last(s.window))
-            st.labels = {k: v for k, v in st.labels.items() if k in live}
+        if len(st.labels) > 4 * self.settings.window:
+            self._prune(st)
         if found is None:
             return None
+        return self._hit(run, st, st.detector, found)
+
+    def _prune(self, st: _State) -> None:
+        """Drop the labels of symbols that left both windows (bounded state)."""
+        window = self.settings.window
+        if len(st.labels) > 4 * window:
+            live = set(st.detector.last(window))
+            if st.answered is not None:
+                live.update(st.answered.last(window))
+            st.labels = {k: v for k, v in st.labels.items() if k in live}
+
+    def _hit(self, run: Run, st: _State, det: CycleDetector, period: int) -> Verdict | None:
+        if st.hit_step == run.step:
+            return None  # this turn's cycle is counted already
+        st.hit_step = run.step
         st.hits += 1
         run.stash[self.hits] = run.stash.get(self.hits, 0) + 1
-        return self._verdict(run, st, found)
+        return self._verdict(run, st, det, period)
 
-    def _verdict(self, run: Run, st: _State, period: int) -> Verdict:
+    def _verdict(self, run: Run, st: _State, det: CycleDetector, period: int) -> Verdict:
         s = self.settings
-        cycle_syms = st.detector.last(period)
+        cycle_syms = det.last(period)
         limit = s.max_label_chars
         labels = [
             _label(call, limit) if (call := st.labels.get(sym)) is not None else sym
@@ -246,12 +267,29 @@ class Oscillation(Plugin[OscillationSettings]):
         return self.warn(render_note(s.message, **fields), **evidence)
 
     @hookimpl
-    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
-        """Remember a non-deterministic call's result digest (its next symbol)."""
-        if call.deterministic or call.side_effect or result.skipped:
-            return
+    def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
+        """Remember a non-deterministic call's result digest (its next symbol), and look for
+        a cycle of calls *as answered*: an edit made, reverted and made again with the same
+        answers is a cycle even though each edit changes the world."""
+        tool = call.tool
+        if result.skipped or (tool is not None and tool.likely_repeatable):
+            return None
         st: _State = self.state(run)
-        st.last_digest[call.fingerprint] = result.digest
-        st.last_digest.move_to_end(call.fingerprint)
-        if len(st.last_digest) > self.settings.window:
-            st.last_digest.popitem(last=False)
+        det = st.answered
+        found: int | None = None
+        if det is not None:
+            sym = f"{call.fingerprint}#{result.digest}"
+            det.push(sym)
+            if sym not in st.labels:
+                st.labels[sym] = call
+                if len(st.labels) > 4 * self.settings.window:
+                    self._prune(st)
+            found = det.period()
+        if not (call.deterministic or call.side_effect):
+            st.last_digest[call.fingerprint] = result.digest
+            st.last_digest.move_to_end(call.fingerprint)
+            if len(st.last_digest) > self.settings.window:
+                st.last_digest.popitem(last=False)
+        if found is None or det is None:
+            return None
+        return self._hit(run, st, det, found)

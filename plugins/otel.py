@@ -3,7 +3,8 @@
 An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  Per run:
 
 * one ``invoke_agent`` span (kind INTERNAL), the child of the span current where the run
-  started -- a web request's, a framework's own agent span -- with ``gen_ai.agent.name``,
+  started -- a web request's, a framework's own agent span -- with ``gen_ai.agent.name``
+  (the framework agent's name under an adapter, :data:`AGENT_NAME`; else ``agent_name``),
   ``gen_ai.conversation.id``, ``gen_ai.request.model``, and at the end the stop reason
   (``loopwarden.termination``), ``loopwarden.stopped_by``, ``loopwarden.cost``, the tokens
   (``gen_ai.usage.input_tokens`` / ``output_tokens``), steps and tool calls; a run that did not
@@ -14,15 +15,24 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   ``gen_ai.response.finish_reasons``; a failed call carries ``error.type``;
 * an ``execute_tool`` span per tool call that gets a result -- executed, skipped by a guard,
   invalid, or answered by the side-effect ledger: ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
-  ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok, error, skipped); a call answered
+  ``gen_ai.tool.description``, ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok,
+  error, skipped); a call answered
   by the ledger has ``loopwarden.ledger.answered = true`` and ``loopwarden.ledger.source``
   (a call a stop verdict holds back has no span: the verdict's event says why);
+* under a framework that writes GenAI spans of its own for the run (an adapter sets
+  :data:`FRAMEWORK_SPANS` in the run's meta: pydantic-ai's instrumentation), no ``chat`` /
+  ``execute_tool`` spans nor ``gen_ai.client.*`` metrics -- the framework's are the only ones
+  -- and the run span's token totals as ``loopwarden.usage.*``;
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
   ``.message``, and the standard evidence keys as ``loopwarden.evidence.<key>``.  Without
   ``capture_content`` the message and the content-holding evidence (``signature``: a call's
   arguments) leave only as a keyed hash and a length (``loopwarden.verdict.message.hash`` /
-  ``.chars``, ``loopwarden.evidence.signature.hash`` / ``.chars``): names, counts and hashes.
+  ``.chars``, ``loopwarden.evidence.signature.hash`` / ``.chars``): names, counts and hashes;
+* a fleet-wide circuit breaker that a run's call opened, made half-open or closed a
+  ``loopwarden.circuit_breaker`` event on that run's span: ``loopwarden.breaker.change``,
+  ``.state``, ``.target`` (tool, server), ``.name``, ``.scope``, ``.key_hash``, ``.failures``,
+  ``.rule``.
 
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.tool.call.arguments`` / ``.result``) is recorded only when the operator opts in --
@@ -49,6 +59,7 @@ to an OTLP/HTTP ``endpoint`` (default: the ``OTEL_EXPORTER_OTLP_*`` variables, e
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -76,14 +87,24 @@ if TYPE_CHECKING:
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.plugins._otel import Instruments, Providers
     from loopwarden.run import Run, RunOutcome
+    from loopwarden.store import BreakerView
     from loopwarden.verdicts import Verdict
 
-__all__ = ["CAPTURE_ENV", "OTel", "OTelSettings", "counter_names"]
+__all__ = ["AGENT_NAME", "CAPTURE_ENV", "FRAMEWORK_SPANS", "OTel", "OTelSettings", "counter_names"]
 
 log = logging.getLogger("loopwarden.plugins.otel")
 
 #: the GenAI conventions' opt-in switch for message content
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+#: the run ``meta`` key an adapter sets when the framework writes GenAI spans of its own for
+#: the run's model and tool calls (pydantic-ai's instrumentation): then loopwarden writes no
+#: ``chat`` / ``execute_tool`` spans nor ``gen_ai.client.*`` metrics for them (they would be
+#: counted twice) -- its ``invoke_agent`` span, a child of the framework's agent span, keeps
+#: the verdicts and the stop, its token totals as ``loopwarden.usage.*``
+FRAMEWORK_SPANS = "framework_spans"
+#: the run ``meta`` key naming the framework's agent (an adapter sets it): the run span's
+#: ``gen_ai.agent.name`` and name, instead of ``agent_name``
+AGENT_NAME = "agent_name"
 
 INSTALL_HINT = (
     "OpenTelemetry is not installed: pip install 'loopwarden[otel]'. The otel plugin records "
@@ -283,6 +304,7 @@ class OTel(Plugin[OTelSettings]):
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)
         deployment.connect(signals.run_stopped, self.on_run_stopped)
         deployment.connect(signals.record_failed, self.on_record_failed)
+        deployment.connect(signals.breaker_changed, self.on_breaker_changed)
 
     def close(self) -> None:
         if self.providers is not None:
@@ -369,7 +391,9 @@ class OTel(Plugin[OTelSettings]):
             run.state[self.name] = _RunSpans(None, None)
             return
         attrs = self._base("invoke_agent", run)
-        attrs["gen_ai.agent.name"] = self.settings.agent_name
+        agent = run.meta.get(AGENT_NAME)
+        agent = agent if isinstance(agent, str) and agent else self.settings.agent_name
+        attrs["gen_ai.agent.name"] = agent
         attrs["gen_ai.conversation.id"] = run.conversation.id
         attrs["loopwarden.run_id"] = run.run_id
         attrs["loopwarden.mode"] = run.mode
@@ -379,7 +403,7 @@ class OTel(Plugin[OTelSettings]):
             attrs["loopwarden.scenario"] = self._otel.scalar(run.scenario)
         # the parent is the span current here (the caller's): the default context
         span = tracer.start_span(
-            f"invoke_agent {self.settings.agent_name}", kind=self._kind_internal, attributes=attrs
+            f"invoke_agent {agent}", kind=self._kind_internal, attributes=attrs
         )
         # children of a span that records nothing (sampled out) are not even created
         run.state[self.name] = _RunSpans(
@@ -400,6 +424,8 @@ class OTel(Plugin[OTelSettings]):
             return
         end = time.time_ns()
         start, st.model_t0 = st.model_t0 or end - int(duration_s * 1e9), 0
+        if run.meta.get(FRAMEWORK_SPANS):  # the framework's own chat span and metrics say it
+            return
         attrs = self._base("chat", run)
         if response.model:
             attrs["gen_ai.response.model"] = response.model
@@ -452,7 +478,7 @@ class OTel(Plugin[OTelSettings]):
             if answered:
                 inst.add("ledger_answers_total", tool=tool, source=ledger[-1].get("source"))
         tracer = self._tracer
-        if tracer is None or st.ctx is None:
+        if tracer is None or st.ctx is None or run.meta.get(FRAMEWORK_SPANS):
             return
         end = time.time_ns()
         start, st.tool_t0 = st.tool_t0 or end - int(result.duration_s * 1e9), 0
@@ -465,6 +491,9 @@ class OTel(Plugin[OTelSettings]):
             "loopwarden.step": call.step,
             "loopwarden.tool.outcome": outcome,
         }
+        description = call.tool.description if call.tool is not None else None
+        if description and description != call.name:
+            attrs["gen_ai.tool.description"] = self._otel.scalar(description, 1000)
         if result.skipped_by:
             attrs["loopwarden.tool.skipped_by"] = result.skipped_by
         if result.attempts != 1:
@@ -500,7 +529,11 @@ class OTel(Plugin[OTelSettings]):
             if verdict.plugin in self._loop or reason in self._loop:
                 inst.add("agent.loop_detected", plugin=verdict.plugin, reason=reason)
             evidence = verdict.evidence
-            if verdict.kind == "stop" and isinstance(evidence.get("scope"), str):
+            if (
+                verdict.kind == "stop"
+                and isinstance(evidence.get("scope"), str)
+                and verdict.plugin != "circuit_breaker"  # a paused tool, not a budget refusing
+            ):
                 inst.add(
                     "scope_refusals_total",
                     scope=evidence["scope"],
@@ -534,6 +567,28 @@ class OTel(Plugin[OTelSettings]):
         attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor, digest))
         st.span.add_event("loopwarden.verdict", attrs)
 
+    def on_breaker_changed(self, run: Run, *, breaker: BreakerView, **_: Any) -> None:
+        """A ``loopwarden.circuit_breaker`` event on the run span whose call changed a
+        fleet-wide breaker: names and counts (the scope's key -- a tenant -- is hashed)."""
+        st: _RunSpans | None = run.state.get(self.name)
+        if st is None or st.span is None:
+            return
+        tripped = breaker.tripped or {}
+        attrs: dict[str, Any] = {
+            "loopwarden.breaker.change": str(breaker.changed),
+            "loopwarden.breaker.state": breaker.state,
+            "loopwarden.breaker.target": breaker.target,
+            "loopwarden.breaker.name": breaker.name,
+            "loopwarden.breaker.scope": breaker.scope,
+            "loopwarden.breaker.key_hash": hashlib.blake2b(
+                breaker.scope_key.encode("utf-8", "replace"), digest_size=8
+            ).hexdigest(),
+            "loopwarden.breaker.failures": int(tripped.get("failures", breaker.failures)),
+        }
+        if tripped.get("rule"):
+            attrs["loopwarden.breaker.rule"] = str(tripped["rule"])
+        st.span.add_event("loopwarden.circuit_breaker", attrs)
+
     def on_record_failed(self, run: Run, **_: Any) -> None:
         if self.instruments is not None:
             self.instruments.add("record_write_failures_total")
@@ -553,14 +608,16 @@ class OTel(Plugin[OTelSettings]):
             return
         span, st.span = st.span, None
         tokens = record.get("tokens") or {}
+        # under a framework's own spans, its spans carry the usage: ours would count it twice
+        usage = "loopwarden.usage" if run.meta.get(FRAMEWORK_SPANS) else "gen_ai.usage"
         attrs: dict[str, Any] = {
             "loopwarden.termination": outcome.termination,
             "loopwarden.soft": outcome.soft,
             "loopwarden.steps": run.step,
             "loopwarden.tool_calls": run.tool_calls,
             "loopwarden.final_answer_present": outcome.final_answer_present,
-            "gen_ai.usage.input_tokens": int(tokens.get("prompt") or 0),
-            "gen_ai.usage.output_tokens": int(tokens.get("completion") or 0),
+            f"{usage}.input_tokens": int(tokens.get("prompt") or 0),
+            f"{usage}.output_tokens": int(tokens.get("completion") or 0),
             "loopwarden.cost": float(record.get("cost") or 0.0),
         }
         if outcome.stopped_by is not None:
@@ -599,6 +656,8 @@ class OTel(Plugin[OTelSettings]):
         """The chat span of the model call that failed and ended the run."""
         kind = outcome.evidence.get("kind")
         error = str(kind) if isinstance(kind, str) and kind else outcome.termination
+        if run.meta.get(FRAMEWORK_SPANS):
+            return
         attrs = self._base("chat", run)
         attrs["error.type"] = error
         if self.instruments is not None:

@@ -53,6 +53,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden.fingerprint import shape_of
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_templates
 from loopwarden.sanitize import first_line as _first_line
@@ -78,6 +79,21 @@ class RepeatCallSettings(PluginSettings):
         ge=2,
         description="the same fingerprint this many times within the last `window` tool calls "
         "stops the run, even with other calls in between",
+    )
+    shape_streak: int | None = Field(
+        default=5,
+        ge=3,
+        description="the same call this many times in a row (no other call in between), "
+        "its answers the same apart from their numbers, stops the run -- a status that never "
+        "settles; shape_streak - 2 in a row warn (unset: off)",
+    )
+    ignored_failure_warnings: int = Field(
+        default=5,
+        ge=1,
+        description="an identical failure with successful calls in between is weak evidence: "
+        "it is warned about once, and stops the run only when the same failing call is made "
+        "this many more times after the warning (the identical failure in a row, nothing "
+        "succeeding in between, stops at stop_at_repeat)",
     )
     soft: bool = Field(
         default=True,
@@ -170,6 +186,10 @@ class _Entry:
     content: str = ""
     digest: str = ""
     carried: list[Any] | None = None  # its failure remembered from an earlier user turn
+    shape: str = ""  # its last answer with every number masked
+    streak: int = 0  # times in a row (no other call between) with answers of one shape
+    successes: int = 0  # the run's successful results when its last result came
+    weak: int = 0  # identical failures with successes in between, after the first
 
 
 @dataclass(slots=True)
@@ -180,6 +200,7 @@ class _Pending:
     retry: bool  # an allowed retry of a retryable failure
     deferred: bool  # a non-deterministic call: judged by its result, in after_tool
     entry: _Entry | None = None  # its fingerprint's entry (nothing can evict it meanwhile)
+    expected: bool = False  # a tool whose repeats are expected (a hand-off, a wait)
 
 
 @dataclass(slots=True)
@@ -188,6 +209,8 @@ class _State:
     window: deque[tuple[str, bool]] = field(default_factory=deque)
     pending: _Pending | None = None
     epoch: int = 0  # bumped by every executed call that may change the world
+    successes: int = 0  # real successful results so far
+    last_fp: str | None = None  # the fingerprint of the latest real result
 
 
 class RepeatCall(Plugin[RepeatCallSettings]):
@@ -260,7 +283,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     ) -> Verdict:
         """The stop verdict; ``rule`` in its evidence names the rule that fired."""
         s = self.settings
-        rule = "repeat" if by_repeats and e.repeats >= s.stop_at_repeat else "window"
+        rule = extra.pop("rule", None) or (
+            "repeat" if by_repeats and e.repeats >= s.stop_at_repeat else "window"
+        )
         sig = call.signature()
         return self.stop(
             "repeat_call",
@@ -272,6 +297,69 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     def _stops(self, e: _Entry, window_hits: int) -> bool:
         s = self.settings
         return e.repeats >= s.stop_at_repeat or window_hits >= s.window_count
+
+    def _shape(self, call: ToolCall, result: ToolResult) -> str:
+        """The shape of an undeclared call's answer (volatile parts and every number
+        masked), for the shape-streak rule; "" when the rule does not apply."""
+        if self.settings.shape_streak is None or call.declared:
+            return ""
+        return shape_of(result.said)
+
+    def _weak_failure(
+        self, run: Run, call: ToolCall, result: ToolResult, e: _Entry, st: _State
+    ) -> Verdict | None:
+        """The identical failure again, with successful calls in between: the agent is
+        working around it.  Warned once, saying what failed; stopped only when the same
+        failing call comes ``ignored_failure_warnings`` more times after the warning."""
+        s = self.settings
+        e.weak += 1
+        run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
+        hits = self._in_window(st, f"{call.fingerprint}@{st.epoch}#{result.digest}")
+        if e.weak > s.ignored_failure_warnings:
+            return self._stop(
+                call, e, hits, by_repeats=False, rule="ignored_warning", ignored=e.weak - 1
+            )
+        if e.weak > 1:
+            return None  # warned already: the model has the note
+        fields = self._fields(call, e)
+        return self.warn(
+            render_note(s.failed_hint, error=_first_line(result.content), **fields),
+            **self._evidence(call, e, hits, rule="failed_between_successes"),
+        )
+
+    def _shape_streak(
+        self,
+        run: Run,
+        call: ToolCall,
+        result: ToolResult,
+        e: _Entry,
+        st: _State,
+        in_a_row: bool,
+        shape: str,
+        *,
+        expected: bool = False,
+    ) -> Verdict | None:
+        """The same call of an undeclared tool in a row, its answer the same apart from its
+        numbers: a status that never settles.  Warned at ``shape_streak - 2`` calls, stopped at
+        ``shape_streak``."""
+        s = self.settings
+        limit = s.shape_streak
+        if (
+            limit is None
+            or not in_a_row
+            or not shape  # a declared nature vouches that its answers change
+            or shape != e.shape
+        ):
+            return None
+        n = e.streak + 1  # this call included
+        if n >= limit:
+            return self._stop(call, e, 0, by_repeats=False, rule="same_shape", streak=n)
+        if n == limit - 2 and not expected:
+            return self.warn(
+                render_note(s.unchanged_hint, **self._fields(call, e)),
+                **self._evidence(call, e, 0, rule="same_shape", streak=n),
+            )
+        return None
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -327,6 +415,11 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         fp = call.fingerprint
         e = self._entry(st, fp)
         e.seen += 1
+        tool = call.tool
+        if tool is not None and tool.likely_repeatable:
+            # a hand-off or a wait nobody declared: its repeats are expected, not a loop
+            st.pending = _Pending(call, retry=False, deferred=False, entry=e, expected=True)
+            return None
         if not e.has_result and e.carried is None and s.failures_across_turns:
             # failed for good in an earlier run of this conversation: it runs once more (the
             # user may have fixed something); after_tool judges the result
@@ -397,6 +490,24 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         # the entry before_tool used, still the most recent one (no call came in between)
         e = pending.entry if pending.entry is not None else self._entry(st, fp)
         verdict: Verdict | None = None
+        if pending.expected:
+            # a hand-off or a wait: only a long streak in a row is a loop (a hand-off called
+            # a hundred times); a few repeats are the run ending, or time passing
+            if result.skipped:
+                return None
+            shape = self._shape(call, result)
+            verdict = self._shape_streak(
+                run, call, result, e, st, st.last_fp == fp, shape, expected=True
+            )
+            e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
+            e.shape = shape
+            st.last_fp = fp
+            if result.ok:
+                st.successes += 1
+                if call.may_change_state:
+                    st.epoch += 1
+            return verdict
+        shape = "" if result.skipped or call.declared else self._shape(call, result)
         if pending.deferred:
             if result.skipped:
                 st.window.append((fp, False))
@@ -412,7 +523,11 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                     and result.digest == e.digest
                 )
                 st.window.append((key, not pending.retry))
-                if unchanged:
+                in_a_row = st.last_fp == fp
+                if unchanged and not result.ok and st.successes != e.successes:
+                    # the same failure, with successful calls in between: weak evidence
+                    verdict = self._weak_failure(run, call, result, e, st)
+                elif unchanged:
                     e.repeats += 1
                     run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
                     hits = self._in_window(st, key)
@@ -435,6 +550,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                         )
                 else:
                     e.repeats = 0  # the result changed: not a repeat
+                    verdict = self._shape_streak(run, call, result, e, st, in_a_row, shape)
         if not result.skipped and e.carried is not None and not e.has_result:
             verdict = self._failed_again(run, call, result, e, st) or verdict
         if not result.skipped:
@@ -442,6 +558,12 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 self._remember_failure(run, call, result)
             if result.ok and call.may_change_state:
                 st.epoch += 1  # this call may have changed the world
+            if result.ok:
+                st.successes += 1
+            e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
+            e.shape = shape
+            st.last_fp = fp
+            e.successes = st.successes
             e.has_result = True
             e.epoch = st.epoch
             e.ok = result.ok

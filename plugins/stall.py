@@ -89,10 +89,11 @@ class StallSettings(PluginSettings):
         description="stalled rounds in a row that warn (null: never warn); below stop_after",
     )
     sweep_stop_after: int = Field(
-        default=6,
-        ge=1,
+        default=0,
+        ge=0,
         description="stalled rounds in a row that stop the run when they are only empty "
-        "answers to different queries (another date, code or id: weak evidence)",
+        "answers to different queries (another date, code or id: weak evidence); 0 (the "
+        "default): a sweep is warned about, never stopped -- max_steps bounds it",
     )
     sweep_warn_after: int | None = Field(
         default=4,
@@ -150,7 +151,11 @@ class StallSettings(PluginSettings):
             raise ValueError(
                 f"warn_after ({self.warn_after}) must be below stop_after ({self.stop_after})"
             )
-        if self.sweep_warn_after is not None and self.sweep_warn_after >= self.sweep_stop_after:
+        if (
+            self.sweep_warn_after is not None
+            and self.sweep_stop_after
+            and self.sweep_warn_after >= self.sweep_stop_after
+        ):
             raise ValueError(
                 f"sweep_warn_after ({self.sweep_warn_after}) must be below sweep_stop_after "
                 f"({self.sweep_stop_after})"
@@ -254,7 +259,10 @@ class Stall(Plugin[StallSettings]):
         if new_round:
             st.round_stalled, st.round_strong, st.round_best = True, False, 0.0
             st.round_digest = None
-        if not result.skipped:  # skipped calls' synthetic observations never count
+        tool = call.tool
+        # skipped calls' synthetic observations never count, nor a hand-off's or a wait's
+        # answer (undeclared tools whose repeats are expected)
+        if not result.skipped and not (tool is not None and tool.likely_repeatable):
             self._observe(st, call, result)
         if not last or st.round_digest is None:
             return None  # judged once its last call is in, if anything real was in it
@@ -271,7 +279,7 @@ class Stall(Plugin[StallSettings]):
         """Compare ``result`` with the recent ones and fold it into the round."""
         s = self.settings
         digest = result.digest
-        tokens = token_set(result.content, s.max_chars)
+        tokens = token_set(result.said, s.max_chars)  # volatile parts masked
         fp = call.fingerprint
         # A call that may change state is progress -- unless it is the same call again with
         # the same result (``cd repo/`` once more): then it evidently changed nothing.
@@ -309,7 +317,7 @@ class Stall(Plugin[StallSettings]):
             rule="repeat" if st.round_strong else "sweep",
         )
         fields = dict(count=st.streak, tool=tool_name(call))  # a made-up name: quoted
-        if st.strong >= s.stop_after or st.streak >= s.sweep_stop_after:
+        if st.strong >= s.stop_after or (s.sweep_stop_after and st.streak >= s.sweep_stop_after):
             return self.stop(
                 "stall", soft=s.soft, message=render_note(s.stop_message, **fields), **evidence
             )

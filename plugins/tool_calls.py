@@ -1,4 +1,12 @@
-"""tool_calls: caps on tool calls per run and per tool name.
+"""tool_calls: caps on tool calls per model turn, per run and per tool name.
+
+An agent that fans out -- seventeen ``add_paragraph`` calls to build a document, five course
+creations per turn -- does its job in wide turns; an agent that runs away makes more turns,
+which ``max_steps`` and the loop detectors bound.  So the shipped default caps the width of
+one turn (``max_per_turn``: a call past it is refused with an observation that asks for it in
+the next turn, the run goes on) and sets no per-run cap: a run's calls are bounded by
+``max_steps x max_per_turn``.  ``max_tool_calls`` (per run) and ``per_tool`` /
+``max_per_tool`` are there for a deployment that wants them (docs/defaults.md, "Fan-out").
 
 A call counts when it ran -- executed, failed, or was rejected as invalid -- one by one, so
 the parallel calls of one turn are counted individually, in order.  Calls skipped by a guard
@@ -14,7 +22,9 @@ A call past a cap is handled by ``on_exceed``:
     the run stops with ``max_tool_calls`` (soft by default: one last tool-less turn to answer
     from what is known).
 
-``warn_at`` warns once when the run's count reaches that fraction of ``max_tool_calls``.
+``warn_at`` warns once when the run's count reaches that fraction of ``max_tool_calls`` (when
+it is set).  The per-turn cap never stops a run, whatever ``on_exceed`` says: the refused
+calls can be made in the next turn.
 """
 
 from __future__ import annotations
@@ -43,10 +53,27 @@ class ToolCallsSettings(BudgetSettings):
         "to never warn"
     )
 
-    templates = ("warning", "refused_observation", "refused_hint", "stop_message")
+    templates = (
+        "warning",
+        "refused_observation",
+        "refused_hint",
+        "turn_refused_observation",
+        "stop_message",
+    )
     template_sample = _TEMPLATE_FIELDS
 
-    max_tool_calls: int = Field(default=104, ge=1, description="tool calls allowed per run")
+    max_tool_calls: int | None = Field(
+        default=None,
+        ge=1,
+        description="tool calls allowed per run; unset (the default): no per-run cap -- "
+        "max_steps x max_per_turn bounds a run",
+    )
+    max_per_turn: int | None = Field(
+        default=22,
+        ge=1,
+        description="tool calls allowed in one model turn; the rest of a wider turn is "
+        "refused with turn_refused_observation and the run goes on (unset: no cap)",
+    )
     max_per_tool: int | None = Field(
         default=None,
         ge=1,
@@ -85,6 +112,12 @@ class ToolCallsSettings(BudgetSettings):
         description="the note injected at the first refused call ({name}, {limit}, {used}, "
         "{scope})",
     )
+    turn_refused_observation: str = Field(
+        default="ERROR: LIMIT_REACHED: {name} was not executed: at most {limit} tool calls "
+        "run per turn. Make this call again in your next turn if it is still needed.",
+        description="the observation of a call past max_per_turn ({name}, {limit}, {used}, "
+        "{scope})",
+    )
     stop_message: str = Field(
         default="The limit of {limit} tool calls per {scope} is reached.",
         description='why the run stops with on_exceed = "end", put before the final turn\'s '
@@ -104,6 +137,8 @@ class _State:
     used: int = 0  # calls that ran
     per_tool: Counter[str] = field(default_factory=Counter)  # only capped names
     refused: int = 0
+    turn: int = -1  # the model turn whose calls `turn_used` counts
+    turn_used: int = 0
     warned: bool = False
     hinted: bool = False
 
@@ -129,11 +164,28 @@ class ToolCalls(Plugin[ToolCallsSettings]):
         s = self.settings
         st: _State = self.state(run)
         cap = self.tool_cap(call)
-        if st.used >= s.max_tool_calls:
+        if call.step != st.turn:
+            st.turn, st.turn_used = call.step, 0
+        if s.max_tool_calls is not None and st.used >= s.max_tool_calls:
             scope, limit, used = "run", s.max_tool_calls, st.used
         elif cap is not None and st.per_tool[call.name] >= cap:
             scope, limit, used = "tool", cap, st.per_tool[call.name]
+        elif s.max_per_turn is not None and st.turn_used >= s.max_per_turn:
+            st.refused += 1
+            fields = dict(
+                name=tool_name(call), limit=s.max_per_turn, used=st.turn_used, scope=runtime("turn")
+            )
+            return self.skip(
+                s.turn_refused_observation.format(**fields),
+                tool=call.name,
+                scope="turn",
+                limit=s.max_per_turn,
+                used=st.turn_used,
+                refused=st.refused,
+                run_calls=st.used,
+            )
         else:
+            st.turn_used += 1  # counted when let through: a parallel batch may run at once
             return None
         st.refused += 1
         fields = dict(name=tool_name(call), limit=limit, used=used, scope=runtime(scope))
@@ -166,7 +218,7 @@ class ToolCalls(Plugin[ToolCallsSettings]):
         st.used += 1
         if self.tool_cap(call) is not None:
             st.per_tool[call.name] += 1
-        if s.warn_at is None or st.warned:
+        if s.warn_at is None or st.warned or s.max_tool_calls is None:
             return None
         if st.used >= math.ceil(s.max_tool_calls * s.warn_at):
             st.warned = True

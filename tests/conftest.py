@@ -101,3 +101,16 @@ def stub() -> Iterator[tuple[Stub, str]]:
     """A local OpenAI-compatible server: ``(stub, base_url)`` (see tests/support/openai_stub.py)."""
     with serve() as served:
         yield served
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Captured output and log lines may hold lone surrogates (the hostile-input tests log
+    what a model made up): escape them, so that pytest-xdist can send the report from its
+    worker (strict UTF-8) instead of crashing the worker."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]

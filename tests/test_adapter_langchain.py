@@ -448,42 +448,52 @@ def test_http_graph_recursion_error_is_recorded(
     assert middleware.runs() == []
 
 
-def test_http_model_call_limit_error_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
-    """ModelCallLimitMiddleware(exit_behavior="error") raises in its own node, where the
-    middleware sees no end of the run: the run is recorded at its deadline, not left open."""
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_http_model_call_limit_error_is_recorded_at_once(
+    tmp_path: Path, stub: tuple[Stub, str], mode: str
+) -> None:
+    """Issue 32: ModelCallLimitMiddleware(exit_behavior="error") raises in its own node,
+    where the middleware sees no end of the run: the agent graph's ``on_chain_error`` (a
+    callback handler loopwarden registers) records the run at once -- when ``invoke``
+    raises, the record is there (``ainvoke``: moments later, off the event loop) -- not at
+    the run's deadline."""
     from langchain.agents.middleware import ModelCallLimitMiddleware
     from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
 
+    from loopwarden import signals
+
     server, url = stub
     server.route = lambda payload: lookup(str(len(server.requests)))
-    dep = http_deployment(tmp_path, timeout={"max_seconds": 4.0, "grace_s": 0.5})
+    dep = http_deployment(tmp_path)  # the shipped timeout: a deadline minutes away
+    stopped: list[str] = []
+    dep.connect(signals.run_stopped, lambda run, record, **_: stopped.append(record["run_id"]))
     middleware = LoopwardenMiddleware(dep)
     agent = create_agent(
         chat(url),
         [query_order],
         middleware=[middleware, ModelCallLimitMiddleware(run_limit=1, exit_behavior="error")],
     )
+    state = {"messages": [HumanMessage("Orders?")]}
     try:
         with pytest.raises(ModelCallLimitExceededError):
-            agent.invoke({"messages": [HumanMessage("Orders?")]})
-        # the file may exist before its line is written: wait for the record itself
-        recorded = wait_for(
-            lambda: (tmp_path / "runs.jsonl").exists() and bool(records(tmp_path)), seconds=30
-        )
+            agent.invoke(state) if mode == "sync" else asyncio.run(agent.ainvoke(state))
+        if mode == "async":
+            assert wait_for(lambda: bool(stopped), seconds=10)
+        assert len(stopped) == 1  # no waiting for a deadline
     finally:
         dep.close()
-    assert recorded
     rec = only_record(tmp_path)
-    assert rec["termination"] == "ended_by_framework" and rec["evidence"]["abandoned"] is True
-    assert rec["steps"] == 1 and rec["final_answer"] is None
+    assert rec["termination"] == "ended_by_framework" and "abandoned" not in rec["evidence"]
+    assert rec["evidence"]["raised"] == "ModelCallLimitExceededError"
+    assert rec["steps"] == 1 and rec["final_answer"] is None and stopped == [rec["run_id"]]
     assert middleware.runs() == []
 
 
-def test_http_model_call_limit_error_closes_at_the_threads_next_invocation(
+def test_http_model_call_limit_error_is_recorded_in_a_thread(
     tmp_path: Path, stub: tuple[Stub, str]
 ) -> None:
-    """Behind a checkpointer, the thread's next invocation records the run that ended in
-    ModelCallLimitExceededError at once."""
+    """Behind a checkpointer, each invocation that ends in ModelCallLimitExceededError is
+    recorded when it raises, in the thread's conversation."""
     from langchain.agents.middleware import ModelCallLimitMiddleware
     from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
     from langgraph.checkpoint.memory import InMemorySaver
@@ -505,10 +515,11 @@ def test_http_model_call_limit_error_closes_at_the_threads_next_invocation(
                 agent.invoke({"messages": [HumanMessage("Orders?")]}, config)
     finally:
         dep.close()
-    first = records(tmp_path)[0]
-    assert first["termination"] == "ended_by_framework" and first["evidence"]["abandoned"]
+    first, second = records(tmp_path)
+    assert first["termination"] == "ended_by_framework" and first["evidence"]["raised"]
     assert first["steps"] == 1 and first["conversation_id"] == "t-limit"
-    assert len(middleware.runs()) == 1  # the second invocation's, until the thread goes on
+    assert second["steps"] == 0 and second["conversation_id"] == "t-limit"
+    assert middleware.runs() == []
 
 
 def test_http_framework_limit_records_what_the_caller_received(
@@ -712,9 +723,9 @@ def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
     tmp_path: Path, stub: tuple[Stub, str], store_url: str
 ) -> None:
     """LangChain's HumanInTheLoopMiddleware pauses the proposed refund in its own node (the
-    run's side-effect claim already taken on worker A); the approval is resumed on worker B:
-    the refund executes there once -- B's run takes over the claim of the run it resumes --
-    and worker A's run is recorded at the thread's next invocation."""
+    run's side-effect claim already taken on worker A); A's run is recorded when the
+    invocation pauses (the agent graph's end), its claim released; the approval is resumed on
+    worker B: the refund executes there once."""
     from langchain.agents.middleware import HumanInTheLoopMiddleware
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
@@ -753,10 +764,170 @@ def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
             d.close()
     assert effects.counts == {"apply_refund": 1}
     assert resumed["messages"][-1].content == "Refunded."
-    on_b, paused, thanks = records(tmp_path)  # A's run is recorded when the thread goes on
+    paused, on_b, thanks = records(tmp_path)  # A's run is recorded when its invocation pauses
     assert on_b["termination"] == "final_answer" and on_b["tools_executed"] == 1
     assert on_b["meta"]["resumed_from"] == paused["run_id"]
-    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["abandoned"]
+    assert paused["termination"] == "ended_by_framework" and paused["evidence"]["interrupted"]
     assert paused["tools_executed"] == 0
     assert thanks["termination"] == "final_answer"
     assert [w.runs() for w in workers] == [[], []]
+
+
+def refund_of(order_id: str, call_id: str) -> dict[str, Any]:
+    """The model's answer asking for one refund, its call id ``call_id``."""
+    body = completion(
+        None,
+        [
+            {
+                "name": "apply_refund",
+                "arguments": json.dumps({"order_id": order_id, "reason": "late"}),
+            }
+        ],
+        usage={"prompt_tokens": 40, "completion_tokens": 10},
+    )
+    body["choices"][0]["message"]["tool_calls"][0]["id"] = call_id
+    return body
+
+
+def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Issue 32: one thread with HumanInTheLoopMiddleware behind one checkpointer and one
+    store, its turns served by worker A, B, then A (two deployments, two middleware
+    instances).  Each paused invocation's run is recorded when it pauses; the third turn, on
+    A, resumes from the thread's tip (B's run, named in the graph state), not from A's own
+    earlier run -- each approved refund runs exactly once, and every run's record says what it
+    ran."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    for body in (
+        refund_of("1", "call_r1"),
+        refund_of("2", "call_r2"),
+        answer("Both refunded."),
+        answer("You are welcome."),
+    ):
+        server.push(body)
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    saver = InMemorySaver()
+    deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
+    workers = [LoopwardenMiddleware(d) for d in deps]
+    a, b = (
+        create_agent(
+            chat(url),
+            [apply_refund],
+            checkpointer=saver,
+            middleware=[w, HumanInTheLoopMiddleware(interrupt_on={"apply_refund": True})],
+        )
+        for w in workers
+    )
+    config: Any = {"configurable": {"thread_id": "t-aba"}}
+    approve = Command(resume={"decisions": [{"type": "approve"}]})
+    try:
+        assert "__interrupt__" in a.invoke({"messages": [HumanMessage("Refund 1, then 2")]}, config)
+        assert "__interrupt__" in b.invoke(approve, config)
+        assert effects.counts == {"apply_refund 1": 1}
+        third = a.invoke(approve, config)
+        b.invoke({"messages": [HumanMessage("Thanks")]}, config)
+    finally:
+        for d in deps:
+            d.close()
+    assert effects.counts == {"apply_refund 1": 1, "apply_refund 2": 1}
+    assert third["messages"][-1].content == "Both refunded."
+    refunds = [m.content for m in third["messages"] if isinstance(m, ToolMessage)]
+    assert refunds == ["refund created for order 1", "refund created for order 2"]
+    first, on_b, on_a, thanks = records(tmp_path)  # each pause recorded when it happens
+    assert first["termination"] == "ended_by_framework" and first["tools_executed"] == 0
+    assert first["evidence"]["interrupted"] and on_b["evidence"]["interrupted"]
+    assert on_b["termination"] == "ended_by_framework" and on_b["tools_executed"] == 1
+    assert on_b["meta"]["resumed_from"] == first["run_id"]
+    assert on_a["termination"] == "final_answer" and on_a["tools_executed"] == 1
+    assert on_a["meta"]["resumed_from"] == on_b["run_id"]
+    assert on_a["run_id"] == third[RESULT_KEY]["run_id"] and on_a["ledger_answers"] == []
+    assert thanks["termination"] == "final_answer"
+    assert [w.runs() for w in workers] == [[], []]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_http_structured_stop_without_structured_output_raises_a_typed_stop(
+    tmp_path: Path, stub: tuple[Stub, str], mode: str
+) -> None:
+    """Issue 32: with a ToolStrategy ``response_format``, a soft stop's wrap-up answered with
+    text (no ``OrderInfo`` call) leaves no structured response: the invocation raises
+    ``GuardStopped`` (the stop, its run id, the best-effort text) instead of returning a
+    result whose ``structured_response`` is silently None."""
+    from langchain.agents.structured_output import ToolStrategy
+
+    from loopwarden.exceptions import GuardStopped
+
+    server, url = stub
+    server.route = lambda payload: (
+        lookup("1")
+        if "query_order" in [t["function"]["name"] for t in payload.get("tools") or ()]
+        else answer("Order 1 is lost.")  # the wrap-up: text, although OrderInfo was asked for
+    )
+    dep = http_deployment(tmp_path)
+    agent = create_agent(
+        chat(url),
+        [query_order],
+        middleware=[LoopwardenMiddleware(dep)],
+        response_format=ToolStrategy(OrderInfo),
+    )
+    state = {"messages": [HumanMessage("Where is order 1?")]}
+    try:
+        with pytest.raises(GuardStopped) as raised:
+            agent.invoke(state) if mode == "sync" else asyncio.run(agent.ainvoke(state))
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    stop = raised.value
+    assert rec["termination"] == "repeat_call" == stop.termination and stop.soft is True
+    assert stop.run_id == rec["run_id"] and stop.final_answer == "Order 1 is lost."
+
+
+def test_http_a_server_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
+    """Issue 32: a provider-side tool (web search through ChatOpenAI's Responses API) runs
+    during the model call, over real HTTP: no hook could refuse it, and the record says it
+    ran (``evidence.hosted_tools``, from LangChain's ``server_tool_call`` content blocks)."""
+    from langchain_openai import ChatOpenAI
+    from test_adapter_openai_agents import _responses_body
+
+    server, url = stub
+    search = {"type": "search", "query": "order 7"}
+    server.push(
+        _responses_body(
+            [
+                {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": search},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Found it.", "annotations": []}],
+                },
+            ]
+        )
+    )
+    model = ChatOpenAI(
+        model="gpt-4o-mini", base_url=url, api_key="sk-test", max_retries=0, use_responses_api=True
+    )
+    dep = http_deployment(tmp_path)
+    agent = create_agent(
+        model, [{"type": "web_search_preview"}], middleware=[LoopwardenMiddleware(dep)]
+    )
+    try:
+        out = agent.invoke({"messages": [HumanMessage("Where is order 7?")]})
+    finally:
+        dep.close()
+    assert out[RESULT_KEY]["termination"] == "final_answer"
+    rec = only_record(tmp_path)
+    assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]

@@ -565,28 +565,63 @@ def test_a_hard_stop_ends_a_streamed_run_without_a_model_call(tmp_path: Path) ->
     assert guard is not None and guard.stopped_by == "token_budget"
 
 
-def test_resuming_a_run_state_is_refused_clearly(tmp_path: Path) -> None:
-    """An interrupted run's ``RunState`` cannot be resumed through the runner yet: a clear
-    TypeError before any model call, not a crash inside the SDK."""
+def test_a_run_state_resumes_with_the_approved_call_run_once(
+    tmp_path: Path, store_url: str
+) -> None:
+    """Issue 32: an interrupted run (a tool with ``needs_approval``) is recorded as paused,
+    its call not run; resuming its ``RunState`` with the call approved (over real HTTP) runs
+    the refund once, through the guards, in a new run that says which run it resumed.  The
+    same state serialised and resumed again by a second runner on another deployment sharing
+    the store (another worker) is answered from the ledger: the refund does not run twice.
+    Restored against the unguarded agent instead, it is refused (a TypeError says how)."""
+    from agents import RunState
+
+    effects = Effects()
 
     @function_tool(needs_approval=True)
     def apply_refund(order_id: str, reason: str) -> str:
         """Refund an order."""
-        return "refunded"
+        effects.hit("apply_refund")
+        return f"refund created for order {order_id}"
 
-    dep = deployment(tmp_path)
-    model = ScriptedModel([[function_call("apply_refund", REFUND_A[1], call_id="c1")]])
-    agent = Agent(name="shop", model=model, tools=[apply_refund])
-    runner = LoopwardenRunner(dep)
-    try:
-        first = runner.run_sync(agent, "Refund 88231", run_config=NO_TRACE)
-        assert first.interruptions
-        state = first.to_state()
-        with pytest.raises(TypeError, match="cannot resume an interrupted run"):
-            runner.run_sync(agent, state, run_config=NO_TRACE)
-    finally:
-        dep.close()
-    assert len(model.calls) == 1
+    deps = [deployment(tmp_path, store=store_table(store_url)) for _ in range(2)]
+    with serve() as (stub, url):
+        stub.push(answer(None, REFUND_A))
+        stub.push(answer("Refunded."))
+        stub.push(answer("Refunded."))
+        agent = Agent(name="shop", model=http_model(url), tools=[apply_refund])
+        runner, other = LoopwardenRunner(deps[0]), LoopwardenRunner(deps[1])
+
+        async def three_runs() -> tuple[RunResult, RunResult, RunResult]:
+            first = await runner.run(agent, "Refund 88231", run_config=NO_TRACE)
+            assert first.interruptions and effects.counts == {}
+            state = first.to_state()
+            state.approve(first.interruptions[0])
+            saved = state.to_string()
+            resumed = await runner.run(agent, state, run_config=NO_TRACE)
+            foreign = await RunState.from_string(agent, saved)  # bound to the unguarded agent
+            with pytest.raises(TypeError, match=r"runner\.resumable"):
+                await other.run(agent, foreign, run_config=NO_TRACE)
+            restored = await RunState.from_string(other.resumable(agent), saved)
+            return first, resumed, await other.run(agent, restored, run_config=NO_TRACE)
+
+        try:
+            first, resumed, again = asyncio.run(three_runs())
+        finally:
+            for d in deps:
+                d.close()
+    assert effects.counts == {"apply_refund": 1}
+    assert resumed.final_output == "Refunded." == again.final_output
+    paused, approved, replayed = records(tmp_path)
+    assert paused["termination"] == "ended_by_framework" and paused["tools_executed"] == 0
+    assert paused["evidence"]["interrupted"] == [first.interruptions[0].raw_item.call_id]
+    assert approved["termination"] == "final_answer" and approved["tools_executed"] == 1
+    assert approved["meta"]["resumed_from"] == paused["run_id"]
+    assert approved["tokens"]["total"] == USAGE["total_tokens"]  # the paused answer: run 1's
+    assert "adapter" not in approved["evidence"]
+    guard = openai_agents.guard_of(resumed)
+    assert guard is not None and guard.run_id == approved["run_id"]
+    assert replayed["tools_executed"] == 0 and replayed["ledger_answers"][0]["source"] == "shared"
 
 
 def test_last_run_is_each_threads_own(tmp_path: Path) -> None:
@@ -623,3 +658,176 @@ def test_last_run_is_each_threads_own(tmp_path: Path) -> None:
         guard = openai_agents.guard_of(result)
         assert guard is not None and last is guard.run
     assert seen["a"][1] is not seen["b"][1]
+
+
+# -- every ending recorded (issue 32) ---------------------------------------------------------
+
+
+def test_a_tool_exception_that_ends_the_run_is_recorded_as_error(tmp_path: Path) -> None:
+    """``failure_error_function=None``: the tool's exception ends the SDK's run.  The run is
+    recorded ``error`` (``run_stopped`` sent once), and the exception says so:
+    ``guard_of(exc).termination == "error"``."""
+    from loopwarden import signals
+
+    @function_tool(failure_error_function=None)
+    def legacy_lookup(order_id: str) -> str:
+        """Look up an order in the old system."""
+        raise ConnectionError("the old order system is down")
+
+    dep = deployment(tmp_path)
+    stopped: list[str] = []
+    dep.connect(signals.run_stopped, lambda run, record, **_: stopped.append(record["run_id"]))
+    with serve() as (stub, url):
+        stub.push(answer(None, ("legacy_lookup", {"order_id": "7"})))
+        agent = Agent(name="shop", model=http_model(url), tools=[legacy_lookup])
+        try:
+            with pytest.raises(Exception) as raised:
+                LoopwardenRunner(dep).run_sync(agent, "Where is 7?", run_config=NO_TRACE)
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "error"
+    assert "the old order system is down" in rec["evidence"]["error"]
+    assert stopped == [rec["run_id"]]
+    guard = openai_agents.guard_of(raised.value)
+    assert guard is not None and guard.termination == "error" and guard.run_id == rec["run_id"]
+
+
+@pytest.mark.parametrize("where", ["model", "tool"])
+def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path, where: str) -> None:
+    """The caller cancels the run while the model call is under way (the server holds it) or
+    while a tool runs: recorded ``cancelled``, as the core loop and LangChain record it."""
+    started = threading.Event()
+
+    @function_tool
+    async def slow_lookup(order_id: str) -> str:
+        """Look up an order (slowly)."""
+        started.set()
+        await asyncio.sleep(30)
+        return "found"
+
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        if where == "model":
+            stub.push_hang(30.0)
+        else:
+            stub.push(answer(None, ("slow_lookup", {"order_id": "7"})))
+        agent = Agent(name="shop", model=http_model(url), tools=[slow_lookup])
+        runner = LoopwardenRunner(dep)
+
+        async def call() -> None:
+            task = asyncio.ensure_future(runner.run(agent, "Where is 7?", run_config=NO_TRACE))
+            while not (started.is_set() if where == "tool" else stub.requests):
+                await asyncio.sleep(0.01)
+            task.cancel()
+            await task
+
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                asyncio.run(call())
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled"
+
+
+def test_the_next_run_may_start_from_the_agent_a_handoff_left(tmp_path: Path) -> None:
+    """Issue 32: after a handoff, the SDK's pattern for the next turn is
+    ``runner.run(result.last_agent, result.to_input_list() + [...])``.  ``last_agent`` is the
+    finished run's guarded copy: the next run guards the agent it copies, calls the model and
+    its tools, and is recorded with what it ran -- not answered with the last run's answer."""
+    effects = Effects()
+    dep = deployment(tmp_path)
+    support = Agent(name="support", tools=[lookups(effects)])
+    with serve() as (stub, url):
+        model = http_model(url)
+        support.model = model
+        triage = Agent(name="triage", model=model, handoffs=[support])
+        stub.push(answer(None, ("transfer_to_support", {})))
+        stub.push(answer("Support here."))
+        stub.push(answer(None, LOOKUP))
+        stub.push(answer(FINAL))
+        runner = LoopwardenRunner(dep)
+
+        async def two_turns() -> RunResult:
+            first = await runner.run(triage, "Hi", run_config=NO_TRACE)
+            follow_up = [*first.to_input_list(), {"role": "user", "content": "Where is 99999?"}]
+            return await runner.run(first.last_agent, follow_up, run_config=NO_TRACE)
+
+        try:
+            second = asyncio.run(two_turns())
+        finally:
+            dep.close()
+        requests = len(stub.requests)
+    assert second.final_output == FINAL and requests == 4
+    assert effects.counts == {"query_order": 1}
+    first_rec, second_rec = records(tmp_path)
+    assert first_rec["termination"] == second_rec["termination"] == "final_answer"
+    assert second_rec["meta"]["agents"] == ["support"] and second_rec["tools_executed"] == 1
+    assert second_rec["steps"] == 2
+
+
+def _responses_body(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Responses API answer (what ``OpenAIResponsesModel`` reads) with ``output`` items."""
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "gpt-4o-mini",
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "usage": {
+            "input_tokens": 40,
+            "output_tokens": 10,
+            "total_tokens": 50,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
+def test_a_hosted_tool_call_is_recorded(tmp_path: Path) -> None:
+    """Issue 32: a hosted tool (``WebSearchTool``) runs on the provider's side during the
+    model call -- over real HTTP, the Responses API answer carries the finished
+    ``web_search_call``: no hook could refuse it, and the record says it ran
+    (``evidence.hosted_tools``)."""
+    from agents import OpenAIResponsesModel, WebSearchTool
+
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        stub.push(
+            _responses_body(
+                [
+                    {
+                        "type": "web_search_call",
+                        "id": "ws_1",
+                        "status": "completed",
+                        "action": {"type": "search", "query": "order 7"},
+                    },
+                    {
+                        "type": "message",
+                        "id": "msg_1",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [
+                            {"type": "output_text", "text": "Found it.", "annotations": []}
+                        ],
+                    },
+                ]
+            )
+        )
+        client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+        model = OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client)
+        agent = Agent(name="shop", model=model, tools=[WebSearchTool()])
+        try:
+            result = LoopwardenRunner(dep).run_sync(agent, "Where is 7?", run_config=NO_TRACE)
+        finally:
+            dep.close()
+    assert result.final_output == "Found it."
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer"
+    assert rec["evidence"]["hosted_tools"] == [{"type": "web_search_call", "id": "ws_1"}]

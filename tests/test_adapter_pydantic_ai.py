@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -41,6 +41,7 @@ from support.adapters import (
 )
 from support.openai_stream import push_stream
 from support.openai_stub import Stub, completion, serve
+from support.stores import store_table
 
 from loopwarden import Deployment, signals
 from loopwarden.adapters.pydantic_ai import METADATA_KEY, Loopwarden
@@ -434,3 +435,138 @@ def test_conversation_limits_hold_across_a_message_history(
         fresh.output == "A new conversation."
         and fresh.conversation_id != refused["evidence"]["key"]
     )
+
+
+# -- human approval: requires_approval=True, then deferred_tool_results (issue 32) ------------
+
+REFUND_CALLS = [
+    {"name": "apply_refund", "arguments": '{"order_id": "1", "reason": "late"}'},
+    {"name": "apply_refund", "arguments": '{"order_id": "2", "reason": "late"}'},
+]
+
+
+def approval_agent(url: str, dep: Any, effects: Effects) -> Agent[None, Any]:
+    """An agent whose refund tool needs a human's approval (``DeferredToolRequests`` out)."""
+    agent: Agent[None, Any] = Agent(
+        http_model(url), capabilities=[Loopwarden(dep)], output_type=[str, DeferredToolRequests]
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    return agent
+
+
+def test_approved_calls_run_once_in_the_resumed_run(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Issue 32: two refunds wait for approval; the next run, given ``deferred_tool_results``
+    approving both, runs each once (through the guards and the shared ledger) and is
+    recorded with them; the paused run is recorded as paused, its calls not run.  A third run
+    re-approving the same history is answered from the ledger: the refunds do not run again."""
+    server, url = stub
+    server.push(completion(None, REFUND_CALLS, usage=USAGE))
+    server.push(completion("Both refunded.", usage=USAGE))
+    server.push(completion("Both refunded.", usage=USAGE))
+    dep = deployment(tmp_path, store=store_table(store_url))
+    effects = Effects()
+    agent = approval_agent(url, dep, effects)
+    try:
+        first = agent.run_sync("Refund orders 1 and 2")
+        assert isinstance(first.output, DeferredToolRequests) and effects.counts == {}
+        approvals = DeferredToolResults(
+            approvals={c.tool_call_id: True for c in first.output.approvals}
+        )
+        history = first.all_messages()
+        second = agent.run_sync(message_history=history, deferred_tool_results=approvals)
+        again = agent.run_sync(message_history=history, deferred_tool_results=approvals)
+    finally:
+        dep.close()
+    assert effects.counts == {"apply_refund 1": 1, "apply_refund 2": 1}
+    assert second.output == "Both refunded." and tool_returns(second.new_messages()) == [
+        "refund created for order 1",
+        "refund created for order 2",
+    ]
+    paused, approved, replayed = records(tmp_path)
+    assert paused["termination"] == "ended_by_framework" and paused["tools_executed"] == 0
+    assert paused["evidence"]["deferred"] == ["call_0", "call_1"]
+    assert paused["final_answer"] is None
+    assert approved["termination"] == "final_answer" and approved["tools_executed"] == 2
+    assert approved["final_answer"] == "Both refunded."
+    # its first step is the paused answer, paid for by the run that received it
+    assert approved["steps"] == 2 and approved["tokens"]["total"] == USAGE["total_tokens"]
+    assert approved["meta"]["resumed_from"] == paused["run_id"] == first.run_id
+    assert "adapter" not in approved["evidence"]
+    assert replayed["tools_executed"] == 0 and len(replayed["ledger_answers"]) == 2
+    assert loopwarden_meta(second)["termination"] == "final_answer"
+    assert again.output == "Both refunded."
+
+
+def test_output_type_stop_without_structured_output_raises_a_typed_stop(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 32: with an ``output_type`` that is not text, a soft stop's wrap-up answered
+    with text (no ``final_result`` call) cannot be the output: the run raises
+    ``GuardStopped`` at once -- the stop, its run id and the best-effort text on it --
+    instead of pydantic-ai retrying loopwarden's text until ``UnexpectedModelBehavior``."""
+    from loopwarden.exceptions import GuardStopped, LoopwardenError
+
+    server, url = stub
+    push_lookups(server, 3, final="I could not find order 99999.")  # text, not final_result
+    dep = deployment(tmp_path)
+    try:
+        with pytest.raises(GuardStopped) as raised:
+            http_agent(url, dep, Effects(), output_type=Order).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    stop = raised.value
+    assert isinstance(stop, LoopwardenError)
+    assert stop.run_id == rec["run_id"] and stop.termination == "repeat_call" == rec["termination"]
+    assert stop.stopped_by == "repeat_call" and stop.soft is True
+    assert stop.final_answer == "I could not find order 99999." == rec["final_answer"]
+    assert len(server.requests) == 4  # no request after the wrap-up
+
+
+def test_a_native_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) -> None:
+    """Issue 32: a native (built-in) tool -- web search through ``OpenAIResponsesModel`` --
+    runs on the provider's side during the model call, over real HTTP: no hook could refuse
+    it, and the record says it ran (``evidence.hosted_tools``)."""
+    from pydantic_ai.capabilities.native_tool import NativeTool
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.native_tools import WebSearchTool
+    from test_adapter_openai_agents import _responses_body
+
+    server, url = stub
+    search = {"type": "search", "query": "order 7"}
+    server.push(
+        _responses_body(
+            [
+                {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": search},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Found it.", "annotations": []}],
+                },
+            ]
+        )
+    )
+    client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    model = OpenAIResponsesModel("gpt-4o-mini", provider=OpenAIProvider(openai_client=client))
+    dep = deployment(tmp_path)
+    agent: Agent[None, str] = Agent(
+        model, capabilities=[Loopwarden(dep), NativeTool(WebSearchTool())]
+    )
+    try:
+        result = agent.run_sync("Where is order 7?")
+    finally:
+        dep.close()
+    assert result.output == "Found it."
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer"
+    assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]

@@ -47,6 +47,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
 def test_overhead_bench_prints_the_promised_json() -> None:
     data = _bench("overhead.py")
     assert set(data["us_per_step"]) == {"10", "50", "500"}
@@ -88,6 +89,7 @@ def test_overhead_bench_plays_a_conversation_whose_turns_cost_no_more_calls_at_i
     assert calls["default"]["last_to_first"] == pytest.approx(1.0, abs=0.02)
 
 
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
 def test_concurrency_bench_prints_the_promised_json() -> None:
     data = _bench("concurrency.py")
     assert {"runs", "wall_s", "ideal_s", "cpu_us_per_step", "peak_kb_per_run"} <= set(data)
@@ -98,6 +100,7 @@ def test_concurrency_bench_prints_the_promised_json() -> None:
     assert data["wall_s"] >= data["ideal_s"]  # every run waits steps x latency at least
 
 
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
 def test_serving_bench_prints_the_promised_json() -> None:
     data = _bench("serving.py")
     for side in ("bare", "loopwarden"):
@@ -236,6 +239,7 @@ def test_structure_size_sees_growth() -> None:
     assert structure_size(grown)[0] > structure_size(base)[0]
 
 
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
 def test_adapters_bench_prints_the_promised_json() -> None:
     data = _bench("adapters.py")
     assert set(data["frameworks"]) == {"langchain", "openai_agents", "pydantic_ai"}
@@ -255,6 +259,7 @@ def test_adapters_bench_prints_the_promised_json() -> None:
     assert ratio is None or isinstance(ratio, float)
 
 
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
 def test_fuzz_bench_prints_the_promised_json_and_finds_nothing() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH / "fuzz.py"), "16", "3", "--json"],

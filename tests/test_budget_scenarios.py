@@ -225,7 +225,11 @@ def test_shipped_config_sets_every_budget_setting_at_its_default(shipped_config:
         fields = set(type(lp.settings).model_fields)
         unset = fields - set(tables[lp.name])
         # None defaults stay commented out
-        assert unset <= {"max_per_tool", "max_context", "max_cost"}, (lp.name, unset)
+        # unset by design: max_tool_calls (issue 31: max_steps x max_per_turn bounds a run)
+        assert unset <= {"max_per_tool", "max_context", "max_cost", "max_tool_calls"}, (
+            lp.name,
+            unset,
+        )
 
 
 def test_every_setting_is_described() -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import gzip
+import importlib.util
 import inspect
 import io
 import json
@@ -193,7 +194,7 @@ PRINTS: dict[str, list[str]] = {
 
 
 #: how many ``test_*`` examples a page's blocks define (each is called, and must pass)
-TESTS = {"docs/plugin-guide.md": 4, "docs/writing-a-plugin.md": 2}
+TESTS = {"docs/plugin-guide.md": 4}
 
 #: code run before a page's blocks: what a page assumes the reader has already written
 PRELUDE: dict[str, str] = {
@@ -654,6 +655,8 @@ class Shell:
         for arg in it:
             if arg == "-p":
                 __import__(next(it))  # a plugin module that imports
+            elif arg == "-n":  # pytest-xdist's worker count
+                assert next(it) == "auto" and importlib.util.find_spec("xdist"), self.where
             elif not arg.startswith("-"):
                 self._path(arg.split("::")[0])
 

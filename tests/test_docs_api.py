@@ -89,3 +89,38 @@ def test_the_testing_kit_and_fixtures_are_in_the_reference() -> None:
 
 def test_hooks_md_links_the_api_reference() -> None:
     assert "(api.md)" in (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8")
+
+
+def _public_names() -> set[str]:
+    import loopwarden
+    import loopwarden.plugin
+    import loopwarden.testing
+
+    names = {*loopwarden.__all__, *loopwarden.plugin.__all__, *loopwarden.testing.__all__}
+    return names - {"__version__"}
+
+
+def test_every_public_name_has_a_section() -> None:
+    text = docs.render_api()
+    missing = sorted(n for n in _public_names() if f"\n### {n}\n" not in text)
+    assert missing == [], f"docs/api.md has no section for {missing}: add them to SECTIONS"
+
+
+def test_a_public_name_without_a_section_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import loopwarden
+
+    monkeypatch.setattr(loopwarden, "__all__", [*loopwarden.__all__, "Unlisted"])
+    with pytest.raises(AssertionError, match="Unlisted"):
+        test_every_public_name_has_a_section()
+
+
+def test_every_run_attribute_has_a_type() -> None:
+    from loopwarden.run import Run
+
+    untyped = [m.name for m in _docs_api.members(Run) if m.kind == "attribute" and not m.type]
+    assert untyped == [], "annotate them where __init__ sets them: self.x: T = ..."
+
+
+def test_plugin_name_is_described_as_the_loader_names_it() -> None:
+    (name,) = [m for m in _docs_api.members(_docs_api_cls("Plugin")) if m.name == "name"]
+    assert "entry point" in name.doc and "declares" in name.doc

@@ -14,6 +14,7 @@ from support.observability import ALWAYS_NOT_FOUND, SECRET_TOOL, comparable, rep
 
 from loopwarden import ConfigError, Deployment, FakeClock, ModelRequest, ModelResponse, Run
 from loopwarden.config import Config
+from loopwarden.fingerprint import default_masks
 from loopwarden.models.scenario import load_scenario, scenario_path
 from loopwarden.models.scripted import ScriptedModel
 from loopwarden.plugins.logging import LoggingPlugin, format_kv
@@ -85,7 +86,8 @@ def parse_kv(line: str) -> dict[str, Any]:
 
 
 def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    """A result's digest: the hash of its answer with the volatile parts masked."""
+    return hashlib.blake2b(default_masks().mask(text).encode(), digest_size=8).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ entry point, ``loopwarden plugins``) is checked by hand and in CI.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -123,3 +124,35 @@ def test_every_name_fills_every_placeholder() -> None:
     for text in render("a2_b").values():
         assert "__NAME__" not in text and "__CLASS__" not in text and "__PACKAGE__" not in text
     assert "class A2B(Plugin[A2BSettings])" in render("a2_b")["src/loopwarden_a2_b/__init__.py"]
+
+
+@pytest.mark.parametrize(
+    ("plugin_code", "clean"),
+    [("x: int = f()\n", True), ("x: str = f()\n", False)],
+    ids=["error-inside-loopwarden", "error-in-the-plugin"],
+)
+def test_its_mypy_config_reports_the_plugins_errors_not_loopwardens(
+    package: Path, tmp_path: Path, plugin_code: str, clean: bool
+) -> None:
+    """The generated [tool.mypy]: strict on the plugin, silent inside loopwarden (here a
+    stand-in whose own code has a type error, as an optional adapter without its framework)."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed")
+    fake = tmp_path / "stubs" / "loopwarden"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("def f() -> int:\n    return 'x'  # wrong\n", "utf-8")
+    (fake / "py.typed").write_text("", "utf-8")
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    shutil.copy(package / "pyproject.toml", project / "pyproject.toml")
+    (project / "src" / "guard.py").write_text("from loopwarden import f\n\n" + plugin_code)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "src/guard.py"],
+        cwd=project,
+        env={**os.environ, "MYPYPATH": str(tmp_path / "stubs")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (proc.returncode == 0) is clean, proc.stdout + proc.stderr
+    assert "loopwarden/__init__.py" not in proc.stdout

@@ -8,7 +8,7 @@ environment's packages -- loopwarden, pytest, mypy -- through a ``site.addsitedi
   && pytest pii-guard`` as written (bash; ``loopwarden`` and ``pytest`` are that venv's),
 * enables the plugin by its entry-point name in a config.toml and checks that ``loopwarden
   plugins`` lists it as an entry point of its distribution,
-* runs docs/writing-a-plugin.md's type-check recipe as written (a wheel-layout copy of
+* runs docs/plugin-guide.md's type-check recipe as written (a wheel-layout copy of
   loopwarden, then strict mypy over the package).
 
 ``pip install -e`` builds without isolation (``--no-build-isolation``, no network) when the
@@ -93,7 +93,7 @@ def bash(script: str, cwd: Path, venv: Path, **env: str) -> str:
 
 def test_the_line_in_the_docs_is_the_one_tested() -> None:
     issue_line = "`" + LINE + "`"
-    docs = (ROOT / "docs" / "writing-a-plugin.md").read_text(encoding="utf-8")
+    docs = (ROOT / "docs" / "plugin-guide.md").read_text(encoding="utf-8")
     assert issue_line in docs
 
 
@@ -113,12 +113,12 @@ def test_a_new_plugin_installs_passes_its_tests_and_loads_by_name(tmp_path: Path
     assert "entry point (loopwarden-pii-guard 0.1.0)" in row
     assert "OK (2 plugins: max_steps, pii_guard)" in listing
 
-    # docs/writing-a-plugin.md's type-check recipe, as written, where loopwarden is installed
+    # docs/plugin-guide.md's type-check recipe, as written, where loopwarden is installed
     # with -e (this environment: the throwaway venv's view of it would shadow the setuptools
     # pip isolates for building the copy)
     (recipe,) = [
         b.text
-        for b in blocks(ROOT / "docs" / "writing-a-plugin.md")
+        for b in blocks(ROOT / "docs" / "plugin-guide.md")
         if b.lang == "bash" and "mypy" in b.text
     ]
     out = bash(recipe, tmp_path, Path(sys.executable).parent.parent)

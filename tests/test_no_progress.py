@@ -17,7 +17,20 @@ from loopwarden.verdicts import Stop, Warn
 
 
 def feed(**settings: Any) -> Feed:
+    """no_progress with the similar-wording warning on (off by default since issue 31: the
+    tests below check the warning itself; see the next test for the default)."""
+    settings.setdefault("warn_on_similar", True)
     return Feed(NoProgress(NoProgressSettings(**settings)))
+
+
+def test_similar_wording_with_new_results_is_not_warned_about_by_default() -> None:
+    f = Feed(NoProgress(NoProgressSettings()))
+    verdicts = []
+    for i in range(5):
+        c = f.call("lookup", {"key": str(i)})
+        verdicts.append(f.respond("Let me check the next record.", [c]))
+        f.after(c, make_tool_result(f"record {i}"))
+    assert verdicts == [None] * 5
 
 
 def turn(
@@ -156,9 +169,9 @@ def test_skipped_results_are_not_new() -> None:
 def test_parallel_results_in_one_turn_count_as_new_once_each() -> None:
     f = feed()
     turn(f, SAME_EN, "a")
-    c1, c2 = f.call("lookup", {"key": "1"}, index=0), f.call("lookup", {"key": "2"}, index=1)
+    c1, c2 = f.call("lookup", {"key": "k"}, index=0), f.call("lookup", {"key": "2"}, index=1)
     assert f.respond(SAME_EN, [c1, c2]) is None
-    f.after(c1, make_tool_result("a"))  # seen before
+    f.after(c1, make_tool_result("a"))  # this call's answer before
     f.after(c2, make_tool_result("b"))  # new
     v = f.respond(SAME_EN, [f.call("lookup", {"key": "3"})])
     assert isinstance(v, Warn) and v.evidence["new_results"] == 2

@@ -164,7 +164,7 @@ def test_an_entry_point_is_named_by_the_plugin_it_loads(site: Site) -> None:
 
 def test_an_entry_point_named_otherwise_fails(site: Site) -> None:
     site.entry_points("lw-pii", {"pii": f"{site.module('pii_guard')}:Guard"})
-    with pytest.raises(PluginLoadError, match="loads a plugin named 'pii_guard'") as err:
+    with pytest.raises(PluginLoadError, match="declares the name 'pii_guard'") as err:
         load_plugins(config(["max_steps", "pii"]))
     assert err.value.plugin == "pii" and err.value.key == "plugins.enabled[1]"
 
@@ -173,7 +173,7 @@ def test_one_class_cannot_be_enabled_under_two_entry_point_names(site: Site) -> 
     spec = f"{site.module('pii_guard')}:Guard"
     site.entry_points("lw-pii", {"pii_guard": spec, "pii_guard_2": spec})
     assert load_plugins(config(["max_steps", "pii_guard"])).names == ["max_steps", "pii_guard"]
-    with pytest.raises(PluginLoadError, match="loads a plugin named 'pii_guard'"):
+    with pytest.raises(PluginLoadError, match="declares the name 'pii_guard'"):
         load_plugins(config(["max_steps", "pii_guard", "pii_guard_2"]))
 
 

@@ -119,7 +119,12 @@ def test_scripted_tools_the_shop_lacks_declare_their_nature(corpus: list[Scenari
             assert script.description, f"{sc.name}: tools.{name} needs a description"
             assert script.results is not None or script.error is not None
             flags = (script.read_only, script.deterministic, script.side_effect)
-            assert any(f is not None for f in flags), f"{sc.name}: tools.{name} nature"
+            assert any(f is not None for f in flags) or script.declared is False, (
+                f"{sc.name}: tools.{name} nature (or declared = false)"
+            )
+    # Both kinds of tools are played: declared natures (a deployment's own tools), and tools
+    # nobody declared (a framework's or an MCP server's, as the agents of other kinds use).
+    assert any(s.declared is False for sc in corpus for s in sc.tools.values())
 
 
 # -- the benchmark's arithmetic ------------------------------------------------------------

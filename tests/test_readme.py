@@ -20,6 +20,21 @@ def _first_python(path: Path, heading: str) -> str:
 
 def test_the_readme_shows_the_guides_plugin_in_ten_lines() -> None:
     readme = _first_python(ROOT / "README.md", "A plugin in ten lines")
-    guide = _first_python(ROOT / "docs" / "writing-a-plugin.md", "A plugin in ten lines")
+    guide = _first_python(ROOT / "docs" / "plugin-guide.md", "A plugin in ten lines")
     assert readme == guide
     assert len(readme.strip().splitlines()) <= 10
+
+
+def test_the_readmes_adapter_cost_figures_are_those_of_docs_adapters() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (para,) = [p for p in readme.split("\n\n") if p.startswith("Cost per step")]
+    adapters = (ROOT / "docs" / "adapters.md").read_text(encoding="utf-8")
+    section = adapters.split("## Cost per step", 1)[1].split("\n## ", 1)[0]
+    figures = re.findall(r"\d+\.\d+–\d+\.\d+", para)
+    assert len(figures) == 4, para
+    flat = section.replace(", ", "–").replace(" and ", "–")  # "0.68, 0.70 and 0.71"
+    for figure in figures:
+        low, high = figure.split("–")
+        assert figure in section or (low in flat and high in flat), (figure, "docs/adapters.md")

@@ -445,9 +445,14 @@ def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_deadline(
 class _Blocking(Plugin):
     name = "blocking"
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: set once the record is seen: until then the hook blocks (at most 5 s)
+        self.release = threading.Event()
+
     @hookimpl
     def before_tool(self, run: Run, call: Any) -> None:
-        time.sleep(5.0)  # a hook that blocks: no deadline can interrupt it
+        self.release.wait(5.0)  # a hook that blocks: no deadline can interrupt it
 
 
 @pytest.mark.parametrize("sync", [True, False])
@@ -468,14 +473,17 @@ def test_a_blocking_hook_cannot_keep_the_run_from_its_record(tmp_path: Path, syn
     )
     written: list[float] = []
     model = ScriptedModel(script([turn("x", tool_call("get_current_time", {}))]))
-    with Deployment(cfg, plugins={"blocking": _Blocking()}, tools=shop_tools()) as dep:
+    blocking = _Blocking()
+    with Deployment(cfg, plugins={"blocking": blocking}, tools=shop_tools()) as dep:
 
-        def watch() -> None:  # when does the record appear?
+        def watch() -> None:  # when does the record appear? (then the hook may return)
             end = time.monotonic() + 10
             while time.monotonic() < end and not written:
                 if records.exists() and records.read_text():
                     written.append(time.monotonic())
+                    blocking.release.set()
                 time.sleep(0.05)
+            blocking.release.set()
 
         t0 = time.monotonic()
         watcher = threading.Thread(target=watch)
@@ -485,6 +493,6 @@ def test_a_blocking_hook_cannot_keep_the_run_from_its_record(tmp_path: Path, syn
     rec = run.record()
     assert rec["termination"] == "timeout" and rec["evidence"]["watchdog"] is True
     assert written and written[0] - t0 < 1.0 + 1.0 + 2.0  # deadline + slack + a loaded machine
-    assert written[0] - t0 < 5.0  # before the hook returned
+    assert written[0] - t0 < 5.0  # before the hook returned (it blocks until then, or 5 s)
     assert json.loads(records.read_text())["termination"] == "timeout"
     assert len(records.read_text().splitlines()) == 1  # once, though the run ended twice

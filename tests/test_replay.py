@@ -810,9 +810,13 @@ def test_identical_repeats_need_the_same_call_and_the_same_result() -> None:
     ``identical_repeat_runs`` only when each time it also returned the same observation."""
     from loopwarden.traffic.replay import identical_repeat_streak, repeat_streak
 
-    polling = [lookup("7", f"status: {i}0% done") for i in range(6)]
+    states = ["queued", "started", "copying", "indexing", "verifying", "done"]
+    polling = [lookup("7", f"status: {s}") for s in states]
     stuck = [lookup("7", "status: pending") for _ in range(6)]
     assert (repeat_streak(polling), identical_repeat_streak(polling)) == (6, 1)
+    # digits are masked (issue 31): an answer that moves only in its numbers is the same
+    counting = [lookup("7", f"status: pending, line {i}0") for i in range(6)]
+    assert identical_repeat_streak(counting) == 6
     assert (repeat_streak(stuck), identical_repeat_streak(stuck)) == (6, 6)
     # a different call between breaks it; so does a user's message (unlike repeat_streak):
     # the user may have changed something before the agent looks again

@@ -17,11 +17,13 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the README's test command: the whole suite, on every core (pytest-xdist)
+TEST_COMMAND = "python -m pytest -n auto"
 
 
 def _readme_test_command() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    (line,) = [ln.strip() for ln in text.splitlines() if ln.strip().endswith("python -m pytest")]
+    (line,) = [ln.strip() for ln in text.splitlines() if ln.strip().endswith(TEST_COMMAND)]
     return [step.strip() for step in line.split("&&")]
 
 
@@ -39,7 +41,7 @@ def test_ci_installs_exactly_as_the_readme_says_without_upgrading_pip() -> None:
     # the README's installs, in order, then only the type checker's copy of the package
     assert [re.sub(r"\s-q\b", "", c) for c in ci_installs[: len(installs)]] == installs
     assert not any("--upgrade pip" in c or "-U pip" in c for c in commands)
-    assert steps[-1] == "python -m pytest" and "python -m pytest" in commands
+    assert steps[-1] == TEST_COMMAND and TEST_COMMAND in commands
 
 
 def test_no_build_warns_about_a_deprecated_license_table() -> None:

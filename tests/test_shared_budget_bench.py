@@ -13,6 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# the bench in a subprocess, on both stores: half a minute (CI runs it; -m "not slow" skips it)
+pytestmark = pytest.mark.slow
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "shared_budget.py"
 
 

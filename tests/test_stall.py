@@ -214,7 +214,17 @@ def test_the_same_answer_to_different_questions_is_not_a_stall() -> None:
 
 
 # the first result is new; then sweep_warn_after (4) and sweep_stop_after (6) stalled rounds
+# a sweep with the weak-evidence stop configured (off by default: see the next test)
 SWEEP = [None, None, None, None, "warn", None, "stop:stall"]
+
+
+def test_a_sweep_is_warned_about_never_stopped_by_default() -> None:
+    """Issue 31: a date sweep (the same search for day 1..9, each empty) is healthy: the
+    default warns once and lets max_steps bound it."""
+    f = feed()
+    got = observe_calls(f, *[({"date": f"2026-06-{d:02d}"}, "[]") for d in range(1, 13)])
+    assert "stop:stall" not in got
+    assert got.count("warn") == 1
 
 
 def test_empty_answers_to_a_sweep_of_ids_are_weak_evidence() -> None:
@@ -228,7 +238,7 @@ def test_empty_answers_to_a_sweep_of_ids_are_weak_evidence() -> None:
         "NOT_FOUND",
         '{"flights": [], "next_page": null}',
     ):
-        f = feed()
+        f = feed(sweep_stop_after=6)
         got = observe_calls(f, *[({"date": f"2024-05-0{d}"}, empty) for d in range(1, 8)])
         assert got == SWEEP, empty
 
@@ -256,7 +266,7 @@ def test_structured_empties_are_recognised() -> None:
 
 
 def test_failures_to_different_questions_are_weak_evidence() -> None:
-    f = feed()
+    f = feed(sweep_stop_after=6)
     bad = ToolResult(content="upstream said 503", ok=False, error="tool_error")
     got = observe_calls(f, *[({"q": q}, bad) for q in ("a", "b", "c", "d", "e", "f", "g")])
     assert got == SWEEP
@@ -275,7 +285,7 @@ def test_any_counts_every_repeat_the_strict_reading() -> None:
 
 
 def test_empty_patterns_are_validated_and_configurable() -> None:
-    f = feed(empty_patterns=[r"^sold out$"])
+    f = feed(empty_patterns=[r"^sold out$"], sweep_stop_after=6)
     got = observe_calls(f, *[({"sku": s}, "sold out") for s in ("A", "B", "C", "D", "E", "F", "G")])
     assert got == SWEEP
     f = feed(empty_patterns=[])

@@ -111,6 +111,14 @@ class Tool:
     #: an undeclared tool whose name reads as a lookup or a probe: detectors do not take its
     #: calls as changes of the world (never a reason to skip or answer a call)
     likely_read_only: bool = False
+    #: an undeclared tool whose name reads as a hand-off to a human or a wait: its repeats
+    #: are expected (the run is ending as the user asked; time passes), so detectors do not
+    #: take them as a loop -- never a reason to skip, end or answer a call (declare
+    #: ``terminal`` to end a run at a hand-off's first success)
+    likely_repeatable: bool = False
+    #: the MCP server that serves the tool (``[mcp.servers.<name>]``), else None: the
+    #: circuit_breaker plugin pauses all of a server's tools when the server is down
+    server: str | None = None
     _schema: dict[str, Any] | None = field(default=None, repr=False)
 
     def schema(self) -> dict[str, Any]:

@@ -47,7 +47,12 @@ PROBE = re.compile(
     re.IGNORECASE,
 )
 REPEATABLE_ACTION = re.compile(r"^(toggle_|reboot_|restart_|reseat_|reset_|retry_)", re.IGNORECASE)
-TERMINAL_NAMES = re.compile(r"(^|_)transfer_to_human", re.IGNORECASE)
+TERMINAL_NAMES = re.compile(
+    r"(^|_)(transfer_to_(human|agent|person|operator)|hand_?off_to_|escalate_to_(human|agent))",
+    re.IGNORECASE,
+)
+#: waits: calling one again is how an agent lets time pass (a guess for detectors only)
+WAIT_NAMES = re.compile(r"^(sleep|wait)(_|$)|(^|_)wait_(for|until)(_|$)", re.IGNORECASE)
 FLAG_NAMES = ("read_only", "deterministic", "side_effect", "terminal")
 
 
@@ -69,6 +74,12 @@ def infer_flags(name: str) -> dict[str, bool]:
     if REPEATABLE_ACTION.search(lname):
         return {"read_only": False, "deterministic": False, "side_effect": False, "terminal": False}
     return {"read_only": False, "deterministic": False, "side_effect": True, "terminal": False}
+
+
+def repeatable_by_name(name: str) -> bool:
+    """Whether ``name`` reads as a hand-off to a human or a wait: tools whose repeats are
+    expected, not loop evidence (a guess that only weighs detectors' evidence)."""
+    return bool(TERMINAL_NAMES.search(name) or WAIT_NAMES.search(name))
 
 
 def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
@@ -101,4 +112,5 @@ def recorded_tool(name: str, flags: Mapping[str, Any] | None = None) -> Tool:
         idempotency_keys=tuple(keys) if keys is not None else None,
         declared=bool(declared) or keys is not None,
         likely_read_only=guessed and infer_flags(name)["read_only"],
+        likely_repeatable=not declared and repeatable_by_name(name),
     )

@@ -28,19 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from loopwarden.engine import execution
+from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io
 from loopwarden.engine.drivers import internal_error as _internal_error
 from loopwarden.engine.loop import CallModel, Failed, RunTool
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
+from loopwarden.exceptions import GuardStopped
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
@@ -58,6 +62,7 @@ __all__ = [
     "NatureSpec",
     "conversation_for",
     "framework_tool",
+    "off_loop",
     "proposed",
     "stop_info",
     "tool_result",
@@ -66,6 +71,41 @@ __all__ = [
 #: the stop reason of a run that the framework ended while loopwarden expected more (its own
 #: step limit, a usage limit, an exception that it handled by ending the run)
 ENDED_BY_FRAMEWORK = "ended_by_framework"
+
+T = TypeVar("T")
+
+#: machine steps of adapter runs in worker threads at once, per event loop (more wait)
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def off_loop(
+    run: Run | None, deployment: Deployment, fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    """Call ``fn`` -- a step of an adapter run, which may wait on the shared store (ledger
+    claims, budget reservations, the record) -- from a framework's async hook without
+    blocking the event loop: in a daemon worker thread when the run may block on I/O
+    (:func:`~loopwarden.engine.drivers.blocking_io`, so the adapter declares the
+    framework's tools first; before a run exists, when the deployment has a shared store),
+    inline otherwise.  As ``Deployment.arun`` does: at most
+    :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` such steps at once per event loop, and
+    a cancelled caller lets the step finish (shielded) -- never two steps of a run at once."""
+    if not (deployment.shared is not None if run is None else blocking_io(run)):
+        return fn(*args, **kwargs)
+    if kwargs:
+        fn, args = functools.partial(fn, *args, **kwargs), ()
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(OFFLOAD_LIMIT)
+    async with slots:
+        value: T = await asyncio.shield(execution.daemon_thread(fn, *args, name="adapter-step"))
+        return value
+
+
+#: exceptions that mean the caller ended the run (recorded ``cancelled``, not as an error)
+_CANCELLED = (asyncio.CancelledError, KeyboardInterrupt)
 
 #: seconds a tool call waits for an earlier call that no framework wrapper has started; then
 #: the earlier one is taken as never coming (see :meth:`GuardedRun.tool`)
@@ -201,12 +241,19 @@ class GuardedRun:
         #: what the adapter did where the framework could not follow a verdict exactly;
         #: written into the outcome's evidence under "adapter"
         self.adaptations: list[str] = []
+        #: calls the framework (or its provider) ran outside the guards -- hosted tools run on
+        #: the provider's side during the model call: written under "hosted_tools"
+        self.unguarded: list[dict[str, Any]] = []
         self._refused = False  # the deployment refused the model: the run never started
         #: finish the run (on_stop, the record, ``run_stopped``) only at :meth:`finish`, not
         #: when the machine ends: for frameworks that may still overturn the machine's ending
         #: after its last model call (the Agents SDK's output guardrails); see :meth:`overrule`
         self.hold_end = False
         self._held: RunOutcome | None = None
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """:func:`off_loop` for a step of this run (``guarded.model_turn`` ...)."""
+        return await off_loop(self.run, self.deployment, fn, *args, **kwargs)
 
     # -- tools ---------------------------------------------------------------------------
 
@@ -268,6 +315,8 @@ class GuardedRun:
     def _finish_run(self, outcome: RunOutcome) -> None:
         if self.adaptations:
             outcome.evidence = {**outcome.evidence, "adapter": list(self.adaptations)}
+        if self.unguarded:
+            outcome.evidence = {**outcome.evidence, "hosted_tools": list(self.unguarded)}
         self.outcome = self.engine.finish(self.run, outcome)
 
     def _scan(self) -> None:
@@ -482,6 +531,7 @@ class GuardedRun:
             if (
                 error is not None
                 and error is self._model_error
+                and not isinstance(error, _CANCELLED)  # a cancellation is the caller's
                 and isinstance(self._eff, CallModel)
             ):
                 self._send(Failed(error))  # the machine's own model_error outcome
@@ -494,6 +544,10 @@ class GuardedRun:
                 return
             if self.outcome is not None:
                 return
+            if error is None:
+                self._unrun(detail or "the framework ended the run")
+                if self.finished:  # a verdict on the unrun call ended it
+                    return
             self._gen.close()
             self._eff = None
             if error is not None:
@@ -505,7 +559,7 @@ class GuardedRun:
                     final_answer=self.run.best_answer or self.engine.settings.fallback_answer,
                     final_answer_present=self.run.best_answer is not None,
                 )
-            self._end(outcome)
+            self._finish_run(outcome)  # the framework's run is over: nothing left to hold
             self._wake()
 
     def end_by_framework(self, detail: str, answer: str | None, **evidence: Any) -> None:
@@ -517,10 +571,7 @@ class GuardedRun:
         with self._cond:
             if self._refused or self.outcome is not None:
                 return
-            while isinstance(self._eff, RunTool) and self._eff.call.id not in self._claimed:
-                self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
-                self._claimed.add(self._eff.call.id)
-                self._send_not_run(self._not_run("the framework ended the run"))
+            self._unrun(detail)
             if self.finished:  # a verdict on the unrun call ended it
                 return
             self._gen.close()
@@ -534,6 +585,26 @@ class GuardedRun:
                 )
             )
             self._wake()
+
+    def _unrun(self, detail: str) -> None:
+        """The calls of the last answer that the framework never started, answered as not
+        run (a side effect's claim is released: the call may come again in another run)."""
+        while isinstance(self._eff, RunTool) and self._eff.call.id not in self._claimed:
+            self.adaptations.append(f"{self._eff.call.name} was not run: {detail}")
+            self._claimed.add(self._eff.call.id)
+            self._send_not_run(self._not_run("the framework ended the run"))
+
+    def stopped_error(self) -> GuardStopped:
+        """The run's stop as the :class:`~loopwarden.exceptions.GuardStopped` to raise where
+        the framework needs a structured output that the stop did not give."""
+        o = self.outcome
+        return GuardStopped(
+            run_id=self.run.run_id,
+            termination=o.termination if o is not None else ENDED_BY_FRAMEWORK,
+            stopped_by=o.stopped_by if o is not None else None,
+            soft=bool(o and o.soft),
+            final_answer=self.final_answer,
+        )
 
     @property
     def expects_tool(self) -> bool:

@@ -34,6 +34,11 @@ SDK's ``max_turns`` is kept: when it is hit, a ``max_turns`` error handler (unle
 your own) ends the run with loopwarden's best answer, and the loopwarden run is recorded as
 ``ended_by_framework``; so is a run a guardrail tripped (no final answer recorded).
 
+A run that stops on interruptions (``needs_approval``) is recorded as paused
+(``evidence.interrupted``); ``runner.run(agent, state)`` resumes its ``RunState`` in a new run
+that adopts the interrupted answer (the state's agents must be the runner's copies:
+``result.to_state()``, or ``RunState.from_string(runner.resumable(agent), text)``).
+
 Limits: a hard stop's answer is text, so an agent with a structured ``output_type`` fails
 its output validation on it; an agent used as a tool (``Agent.as_tool``) runs an SDK run of
 its own, unguarded; a session's conversation lives in this process's memory.
@@ -89,6 +94,7 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.plugins.otel import AGENT_NAME
 from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
@@ -164,6 +170,19 @@ def _response(resp: ModelResponse, handoffs: set[str]) -> tuple[events.ModelResp
     return response, [c.id for c in transfers]
 
 
+def _hosted(resp: ModelResponse) -> list[dict[str, Any]]:
+    """The calls in the answer that no loopwarden hook saw: hosted tools the provider ran
+    during the model call (``web_search_call``, ``file_search_call``, ``code_interpreter_call``
+    ...) and the SDK's built-in local actions (``computer_call``, ``local_shell_call`` ...) --
+    every ``*_call`` item but a function call."""
+    out: list[dict[str, Any]] = []
+    for item in resp.output:
+        kind = getattr(item, "type", None)
+        if isinstance(kind, str) and kind.endswith("_call") and kind != "function_call":
+            out.append({"type": kind, "id": getattr(item, "id", None)})
+    return out
+
+
 def _completed(resp: ModelResponse) -> ResponseCompletedEvent:
     """A stream's end event carrying ``resp`` (the stream of an answer loopwarden gives)."""
     from openai.types.responses import Response
@@ -200,6 +219,16 @@ class _GuardedModel(Model):
             response_id=base.response_id if base is not None else None,
         )
 
+    def _declare(self, tools: list[Any], handoffs: list[Any]) -> None:
+        """Make the call's tools and handoffs known to the run (before a step decides
+        whether it may wait on the store: a declared side effect says so)."""
+        guarded = self.state.guarded
+        for t in tools:
+            if isinstance(t, FunctionTool):
+                guarded.declare(t.name, t.description, t.params_json_schema)
+        for h in handoffs:
+            guarded.declare(h.tool_name, h.tool_description, h.input_json_schema)
+
     def _before(
         self, system_instructions: str | None, input: Any, tools: list[Any], handoffs: list[Any]
     ) -> tuple[Any, list[Any], list[Any]] | None:
@@ -207,11 +236,6 @@ class _GuardedModel(Model):
         handoffs (none for the wrap-up turn); None when the run has ended (answer with its
         answer)."""
         guarded = self.state.guarded
-        for t in tools:
-            if isinstance(t, FunctionTool):
-                guarded.declare(t.name, t.description, t.params_json_schema)
-        for h in handoffs:
-            guarded.declare(h.tool_name, h.tool_description, h.input_json_schema)
         guarded.system(system_instructions)
         turn = guarded.model_turn()
         if turn is None:
@@ -232,6 +256,7 @@ class _GuardedModel(Model):
         state = self.state
         guarded = state.guarded
         response, transfers = _response(resp, {h.tool_name for h in handoffs})
+        guarded.unguarded.extend(_hosted(resp))
         guarded.model_done(response)
         if guarded.replaced:
             state.transfers = []
@@ -253,7 +278,8 @@ class _GuardedModel(Model):
         **kwargs: Any,
     ) -> ModelResponse:
         guarded = self.state.guarded
-        prepared = self._before(system_instructions, input, tools, handoffs)
+        self._declare(tools, handoffs)
+        prepared = await guarded.off_loop(self._before, system_instructions, input, tools, handoffs)
         if prepared is None:
             return self._answer(guarded.final_answer)
         input, tools, handoffs = prepared
@@ -271,7 +297,7 @@ class _GuardedModel(Model):
         except BaseException as exc:
             guarded.model_failed(exc)  # the SDK may retry; recorded if the run ends on it
             raise
-        return self._after(resp, handoffs)
+        return await guarded.off_loop(self._after, resp, handoffs)
 
     async def stream_response(
         self,
@@ -288,7 +314,8 @@ class _GuardedModel(Model):
         the machine, and carries loopwarden's answer where a stop replaces the model's (the
         deltas of a replaced answer have already been streamed)."""
         guarded = self.state.guarded
-        prepared = self._before(system_instructions, input, tools, handoffs)
+        self._declare(tools, handoffs)
+        prepared = await guarded.off_loop(self._before, system_instructions, input, tools, handoffs)
         if prepared is None:
             yield _completed(self._answer(guarded.final_answer))
             return
@@ -317,7 +344,7 @@ class _GuardedModel(Model):
                         ),
                         response_id=r.id,
                     )
-                    answer = self._after(resp, handoffs)
+                    answer = await guarded.off_loop(self._after, resp, handoffs)
                     if answer is not resp:
                         output = {"output": list(answer.output)}
                         event = event.model_copy(update={"response": r.model_copy(update=output)})
@@ -360,15 +387,18 @@ def _watch(server: Any) -> None:
     vars(server).update(call_tool=call_tool, _loopwarden_watched=True)
 
 
-def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:
+def _wrap_tool(tool: FunctionTool, state: _RunState) -> FunctionTool:
     """``tool`` (a function tool or an MCP server's) going through ``before_tool`` /
     ``after_tool``.  Where the SDK's own failure handling wraps the tool (``function_tool``,
     MCP tools: an exception becomes "An error occurred while running the tool..." or your
     ``failure_error_function``'s text), loopwarden guards the implementation inside it, so
-    it sees the exception -- a failed call -- and the SDK still formats what the model reads."""
+    it sees the exception -- a failed call -- and the SDK still formats what the model reads.
+    The call goes to the run ``state`` holds when it is made (a resumed run's, see
+    :meth:`_RunState.retarget`)."""
     inner = tool.on_invoke_tool
 
     async def guard(ctx: ToolContext[Any], input_json: str, run: Invoke) -> Any:
+        guarded = state.guarded
         call_id = ctx.tool_call_id
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):
@@ -378,11 +408,12 @@ def _wrap_tool(tool: FunctionTool, guarded: GuardedRun) -> FunctionTool:
         try:
             value = await run(ctx, input_json)
         except BaseException as exc:
-            guarded.tool_done(call_id, tool_result(None, error=exc))
+            await guarded.off_loop(guarded.tool_done, call_id, tool_result(None, error=exc))
             raise
         finally:
             _MCP_ERRORS.reset(token)
-        guarded.tool_done(call_id, tool_result(value, ok=not errors))  # MCP isError: failed
+        result = tool_result(value, ok=not errors)  # MCP isError: failed
+        await guarded.off_loop(guarded.tool_done, call_id, result)
         return value
 
     impl = getattr(inner, "_invoke_tool_impl", None)
@@ -469,6 +500,10 @@ class RunGuard:
 
 
 _ATTR = "loopwarden"
+#: the attribute of a guarded agent copy naming its :class:`_RunState`
+_STATE = "_loopwarden_state"
+#: the attribute of a guarded agent copy naming the agent it copies
+_ORIGINAL = "_loopwarden_original"
 
 
 def guard_of(result_or_error: object) -> RunGuard | None:
@@ -495,24 +530,29 @@ class _RunState:
         self._own: set[int] = set()  # ids of the copies
         #: the handoff call of the model's last answer that the SDK will carry out
         self.transfers: list[str] = []
+        #: the interrupted run this run resumes, until its open calls are adopted
+        self.resuming: RunState[Any, Any] | None = None
 
     def agent(self, agent: Agent[Any]) -> Agent[Any]:
         """The per-run guarded copy of ``agent`` (made once per run: handoffs may go back)."""
         if id(agent) in self._own:
             return agent
+        # another run's copy (``result.last_agent`` carried into the next run): guard the
+        # agent it copies -- its wrappers answer for that run, which is over
+        agent = vars(agent).get(_ORIGINAL, agent)
         done = self._copies.get(id(agent))
         if done is not None:
             return done
-        guarded = self.guarded
         copy_ = agent.clone(
             model=_GuardedModel(self.runner._model(agent, self.run_config), self),
-            tools=[
-                _wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in agent.tools
-            ],
+            tools=[_wrap_tool(t, self) if isinstance(t, FunctionTool) else t for t in agent.tools],
             handoffs=[],
         )
         self._copies[id(agent)] = copy_
         self._own.add(id(copy_))
+        # a RunState keeps the copy it stopped on (the SDK binds approvals to that very
+        # object): resuming it retargets this state to the resuming run
+        vars(copy_).update({_STATE: self, _ORIGINAL: agent})
         copy_.handoffs = [self._handoff(copy_, h) for h in agent.handoffs]
         if agent.mcp_servers:
             for server in agent.mcp_servers:
@@ -521,7 +561,7 @@ class _RunState:
 
             async def get_mcp_tools(run_context: RunContextWrapper[Any]) -> list[Any]:
                 tools = await fetch(run_context)
-                return [_wrap_tool(t, guarded) if isinstance(t, FunctionTool) else t for t in tools]
+                return [_wrap_tool(t, self) if isinstance(t, FunctionTool) else t for t in tools]
 
             object.__setattr__(copy_, "get_mcp_tools", get_mcp_tools)
         return copy_
@@ -533,9 +573,9 @@ class _RunState:
             return item
         h: Handoff[Any, Any] = handoff(item) if isinstance(item, Agent) else item
         inner = h.on_invoke_handoff
-        guarded = self.guarded
 
         async def invoke(ctx: RunContextWrapper[Any], input_json: str) -> Agent[Any]:
+            guarded = self.guarded
             call_id = self.transfers.pop(0) if self.transfers else None
             if call_id is not None:
                 decision = await guarded.atool(call_id)
@@ -548,14 +588,42 @@ class _RunState:
                 target = await inner(ctx, input_json)
             except BaseException as exc:
                 if call_id is not None:
-                    guarded.tool_done(call_id, tool_result(None, error=exc))
+                    await guarded.off_loop(guarded.tool_done, call_id, tool_result(None, error=exc))
                 raise
             if call_id is not None:
-                guarded.tool_done(call_id, tool_result(h.get_transfer_message(target)))
+                result = tool_result(h.get_transfer_message(target))
+                await guarded.off_loop(guarded.tool_done, call_id, result)
             guarded.run.meta["agents"].append(getattr(target, "name", "?"))
             return self.agent(target) if isinstance(target, Agent) else target
 
         return dataclasses.replace(h, on_invoke_handoff=invoke)
+
+    def retarget(self, guarded: GuardedRun, run_config: RunConfig) -> None:
+        """Guard a new run with this state's agent copies: the run that resumes an
+        interrupted ``RunState`` whose agents are these copies (the SDK resumes with the very
+        agent objects it stopped on, and binds approvals to them)."""
+        self.guarded = guarded
+        self.guard = RunGuard(guarded)
+        self.run_config = run_config
+        self.transfers = []
+
+    def ended(self, result: RunResult | RunResultStreaming) -> None:
+        """The SDK's run returned ``result``: record loopwarden's run (paused or over)."""
+        self.paused(result)
+        self.end(None)
+
+    def paused(self, result: RunResult | RunResultStreaming) -> None:
+        """The SDK's run ended on interruptions (tool calls waiting for approval): recorded
+        ``ended_by_framework`` with the waiting calls' ids in ``evidence.interrupted``, the
+        calls not run (their side-effect keys stay free for the run that resumes it)."""
+        interruptions = getattr(result, "interruptions", None)
+        if interruptions:
+            ids = [getattr(i.raw_item, "call_id", None) for i in interruptions]
+            self.guarded.end_by_framework(
+                "paused: the calls wait for approval (resume the RunState)",
+                None,
+                interrupted=[i for i in ids if i is not None],
+            )
 
     def end(self, error: BaseException | None) -> None:
         """The SDK's run is over (``error``: what it raised): record loopwarden's run."""
@@ -630,36 +698,55 @@ class LoopwardenRunner:
     ) -> tuple[_RunState, Agent[Any], dict[str, Any]]:
         """A guarded run of ``agent``: its state, the guarded starting agent, and the SDK
         runner's keyword arguments."""
-        if isinstance(input, RunState):
-            raise TypeError(
-                "LoopwardenRunner cannot resume an interrupted run (a RunState) yet: "
-                "resume it with the SDK's Runner, or start a new guarded run"
-            )
+        agent = vars(agent).get(_ORIGINAL, agent)  # another run's copy: the agent it copies
+        resuming = input if isinstance(input, RunState) else None
+        holder: _RunState | None = None
+        resumed_from: str | None = None
+        if resuming is not None:
+            holder = vars(resuming._current_agent or agent).get(_STATE)
+            if not isinstance(holder, _RunState):
+                raise TypeError(
+                    "LoopwardenRunner resumes a RunState whose agents are its own guarded "
+                    "copies: result.to_state() of a guarded run, or RunState.from_string("
+                    "runner.resumable(agent), text) for a state saved elsewhere"
+                )
+            if holder.guarded.run.outcome is not None:  # not a resumable() placeholder
+                resumed_from = holder.guarded.run.run_id
         run_config = kwargs.pop("run_config", None) or RunConfig()
         if isinstance(run_config, dict):
             run_config = RunConfig(**run_config)
         inner = self._model(agent, run_config)
-        items = _openai(_items(input))
+        items = _openai(_items(input if resuming is None else resuming._original_input))
         user = next((m["content"] for m in reversed(items) if m["role"] == "user"), "")
         name = self.model_name or getattr(inner, "model", None)
         key = getattr(kwargs.get("session"), "session_id", None)
         conversation = conversation_for(self.deployment, key) if isinstance(key, str) else None
         history = [*conversation.messages, *items] if conversation is not None else items
+        meta = dict(self.meta)
+        meta.setdefault(AGENT_NAME, agent.name)
+        if isinstance(resumed_from, str):
+            meta["resumed_from"] = resumed_from
         guarded = GuardedRun(
             self.deployment,
             user=user,
             history=history,
             natures=self.natures,
             model_name=name if isinstance(name, str) else None,
-            meta=self.meta,
+            meta=meta,
             profile=self.profile,
             conversation=conversation,
             adapter="openai_agents",
         )
         guarded.hold_end = True  # output guardrails may still reject the final answer
-        guarded.run.meta["agents"] = [agent.name]  # the record's meta: who ran, in order
-        state = _RunState(self, guarded, run_config)
+        current = agent if resuming is None else resuming._current_agent or agent
+        guarded.run.meta["agents"] = [current.name]  # the record's meta: who ran, in order
+        if holder is None:
+            state = _RunState(self, guarded, run_config)
+        else:
+            state = holder
+            state.retarget(guarded, run_config)
         self._last.set(guarded.run)
+        state.resuming = resuming  # adopted by run() (off the event loop) / run_streamed()
         handlers = dict(kwargs.pop("error_handlers", None) or {})
 
         def max_turns(data: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
@@ -671,15 +758,44 @@ class LoopwardenRunner:
         kwargs["run_config"] = dataclasses.replace(run_config, model=None)
         return state, state.agent(agent), kwargs
 
+    def resumable(self, agent: Agent[Any]) -> Agent[Any]:
+        """A guarded copy of ``agent`` to restore a saved ``RunState`` against
+        (``RunState.from_string(runner.resumable(agent), text)``), so that the SDK's
+        approvals bind to it and :meth:`run` can guard the resumed run -- in another process
+        than the one that saved it.  It is not a run: only the resumed run is recorded."""
+        placeholder = GuardedRun(self.deployment, user="", adapter="openai_agents")
+        return _RunState(self, placeholder, RunConfig()).agent(agent)
+
+    @staticmethod
+    def _adopt(guarded: GuardedRun, resuming: RunState[Any, Any]) -> None:
+        """A run resuming an interrupted ``RunState``: the answer whose calls wait for
+        approval is the run's first model answer (no tokens: the interrupted run paid for
+        it), so the approved calls go through the guards and the side-effect ledger like any
+        other (a rejected one is recorded as not run by the framework)."""
+        calls = [
+            proposed(raw.name, raw.arguments, raw.call_id)
+            for item in resuming.get_interruptions()
+            if isinstance(raw := item.raw_item, ResponseFunctionToolCall)
+        ]
+        if not calls:
+            return
+        for c in calls:
+            guarded.declare(c.name)
+        if guarded.model_turn() is not None:
+            guarded.model_done(events.ModelResponse(content=None, tool_calls=calls))
+
     async def run(self, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
-        """Run ``agent`` on ``input`` with the SDK's ``Runner.run``, guarded."""
+        """Run ``agent`` on ``input`` (or resume an interrupted run's ``RunState``) with the
+        SDK's ``Runner.run``, guarded."""
         state, wrapped, kwargs = self._start(agent, input, kwargs)
+        if state.resuming is not None:
+            await state.guarded.off_loop(self._adopt, state.guarded, state.resuming)
         try:
             result = await Runner.run(wrapped, input, **kwargs)
         except BaseException as exc:
-            state.end(exc)
+            await state.guarded.off_loop(state.end, exc)
             raise
-        state.end(None)
+        await state.guarded.off_loop(state.ended, result)
         _attach(result, state.guard)
         return result
 
@@ -703,6 +819,8 @@ class LoopwardenRunner:
         """``Runner.run_streamed``, guarded: consume ``result.stream_events()`` as usual;
         the run is recorded when the SDK's run ends."""
         state, wrapped, kwargs = self._start(agent, input, kwargs)
+        if state.resuming is not None:
+            self._adopt(state.guarded, state.resuming)
         try:
             result = Runner.run_streamed(wrapped, input, **kwargs)
         except BaseException as exc:
@@ -719,6 +837,8 @@ class LoopwardenRunner:
             error: BaseException | None = getattr(result, "_stored_exception", None)
             if error is None:
                 error = asyncio.CancelledError() if t.cancelled() else t.exception()
+            if error is None:
+                state.paused(result)
             state.end(error)
 
         task.add_done_callback(ended)

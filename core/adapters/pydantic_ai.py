@@ -27,13 +27,18 @@ become:
 * **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
   answer as text, which ends the run.
 
-A call of an output tool (``final_result``) is the model's answer, never a tool call.  Under
+A call of an output tool (``final_result``) is the model's answer, never a tool call.  A run
+ending in ``DeferredToolRequests`` (approvals, external calls) is recorded as paused
+(``evidence.deferred``); the run given ``deferred_tool_results`` adopts the paused answer as
+its first (token-free) model answer, so the approved calls go through the guards and the
+ledger.  Under
 ``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
 the stream is closed: the streamed response is read from the model's stream
 (:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
 
-Limits: a hard stop's answer is text, so an agent whose ``output_type`` does not accept text
-fails output validation on it (pydantic-ai then retries or raises); a tool call whose arguments
+A stop that gives no structured output where the ``output_type`` does not accept text (a hard
+stop, a wrap-up answered with text) raises :class:`~loopwarden.exceptions.GuardStopped`, the
+run recorded first.  Limits: a tool call whose arguments
 pydantic-ai refuses before execution (a retry prompt) is recorded as not run by the framework
 (``evidence.adapter``) -- its ``before_tool`` verdicts, if any, were given all the same.
 
@@ -48,11 +53,13 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import NoOpTracer
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, UsageLimitExceeded
 from pydantic_ai.models import Model, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.tools import DeferredToolRequests
 from pydantic_graph import End
 
 from loopwarden import events
@@ -67,6 +74,7 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.plugins.otel import AGENT_NAME, FRAMEWORK_SPANS
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (
@@ -154,7 +162,46 @@ def _response(
         ],
         usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
         model=msg.model_name,
+        finish_reason=msg.finish_reason,
     )
+
+
+def _open_calls(
+    history: list[pm.ModelMessage],
+) -> tuple[list[pm.ModelMessage], pm.ModelResponse | None]:
+    """Split a run's starting history where it ends in an answer whose tool calls are still
+    open (a run resuming deferred calls -- ``deferred_tool_results`` -- or pending ones): the
+    messages before that answer, and the answer with only its open calls (None when there is
+    none).  Calls answered in a later request are settled already."""
+    answered: set[str] = set()
+    for i in range(len(history) - 1, -1, -1):
+        msg = history[i]
+        if isinstance(msg, pm.ModelRequest):
+            answered |= {
+                p.tool_call_id
+                for p in msg.parts
+                if isinstance(p, (pm.ToolReturnPart, pm.RetryPromptPart))
+            }
+            continue
+        parts = [
+            p
+            for p in msg.parts
+            if not (isinstance(p, pm.ToolCallPart) and p.tool_call_id in answered)
+        ]
+        if not any(isinstance(p, pm.ToolCallPart) for p in parts):
+            break
+        return history[:i], dataclasses.replace(msg, parts=parts)
+    return history, None
+
+
+def _native(msg: pm.ModelResponse) -> list[dict[str, Any]]:
+    """The native (built-in) tool calls the provider ran during the model call -- web
+    search, code execution ...: no hook saw them, the record says they ran."""
+    return [
+        {"type": p.tool_name, "id": p.tool_call_id}
+        for p in msg.parts
+        if isinstance(p, pm.NativeToolCallPart)
+    ]
 
 
 def _output_calls(msg: pm.ModelResponse, output_tools: frozenset[str]) -> list[pm.ToolCallPart]:
@@ -165,6 +212,13 @@ def _args_text(args: Any) -> str:
     if args is None:
         return "{}"
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str)
+
+
+def _text_output(request_context: ModelRequestContext) -> bool:
+    """Plain text is a valid output of the run (``output_type`` accepts ``str``): in the
+    ``auto``, ``native`` and ``prompted`` modes text must be the output object's JSON."""
+    params = request_context.model_request_parameters
+    return params.allow_text_output and params.output_mode not in ("auto", "native", "prompted")
 
 
 def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
@@ -232,6 +286,8 @@ class Loopwarden(AbstractCapability[Any]):
         self._streaming = False  # the current model request is streamed
         self._streamed: StreamedResponse | None = None  # its response, once opened
         self._output_tools: frozenset[str] = frozenset()
+        self._adopted = False  # the run began with an earlier answer's open calls
+        self._pending: pm.ModelResponse | None = None  # those calls, until adopted
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -246,19 +302,50 @@ class Loopwarden(AbstractCapability[Any]):
         if self.guarded is None:
             model_name = self.model_name or getattr(ctx.model, "model_name", None)
             key = ctx.conversation_id  # inherited from message_history= when one is given
+            history, pending = _open_calls(list(ctx.messages))
+            meta = dict(self.meta)
+            if not isinstance(ctx.tracer, NoOpTracer):  # pydantic-ai's instrumentation is on
+                meta[FRAMEWORK_SPANS] = True
+            if ctx.agent is not None and ctx.agent.name:
+                meta.setdefault(AGENT_NAME, ctx.agent.name)
+            if pending is not None and pending.run_id:
+                meta["resumed_from"] = pending.run_id
             self.guarded = GuardedRun(
                 self.deployment,
                 user=_text(ctx.prompt),
-                history=_openai(list(ctx.messages)),
+                history=_openai(history),
                 natures=self.natures,
                 model_name=model_name,
-                meta=self.meta,
+                meta=meta,
                 profile=self.profile,
                 run_id=ctx.run_id,  # the result's run_id is the run record's
                 conversation=conversation_for(self.deployment, key) if key else None,
                 adapter="pydantic_ai",
             )
+            self._pending = pending
         return self.guarded
+
+    async def _started(self, ctx: RunContext[Any]) -> GuardedRun:
+        """The run's :class:`GuardedRun`, the open calls it starts from adopted (off the
+        event loop: its steps may wait on the store)."""
+        guarded = self._guard(ctx)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await guarded.off_loop(self._adopt, guarded, pending)
+            self._adopted = True
+        return guarded
+
+    @staticmethod
+    def _adopt(guarded: GuardedRun, pending: pm.ModelResponse) -> None:
+        """The run starts with an earlier run's answer whose calls are still open (approved,
+        or given results, in ``deferred_tool_results``): that answer is the run's first model
+        answer -- no tokens, the run that received it paid them -- so its calls go through
+        the guards and the side-effect ledger like any other."""
+        calls, event = _response(pending)
+        for c in calls:
+            guarded.declare(c.tool_name)
+        if guarded.model_turn() is not None:
+            guarded.model_done(dataclasses.replace(event, usage=None))
 
     # -- the run -------------------------------------------------------------------------
 
@@ -269,16 +356,32 @@ class Loopwarden(AbstractCapability[Any]):
             result = await handler()
         except UsageLimitExceeded as exc:  # pydantic-ai's own limits ended the run
             if self.guarded is not None:
-                self.guarded.finish(detail=f"{type(exc).__name__}: {exc}")
+                await self.guarded.off_loop(
+                    self.guarded.finish, None, detail=f"{type(exc).__name__}: {exc}"
+                )
             raise
         except BaseException as exc:
             if self.guarded is not None:
-                self.guarded.finish(exc)
+                await self.guarded.off_loop(self.guarded.finish, exc)
             raise
-        if self.guarded is not None:
-            self.guarded.finish(detail="the agent ended before loopwarden's run did")
-            _attach(result, self.guarded)
+        guarded = self.guarded
+        if guarded is not None:
+            await guarded.off_loop(self._ended, guarded, result.output)
+            _attach(result, guarded)
         return result
+
+    @staticmethod
+    def _ended(guarded: GuardedRun, output: Any) -> None:
+        """The agent's run ended with ``output``: finish loopwarden's run if it has not.  A
+        run paused for approvals or external results (``DeferredToolRequests``) is recorded
+        ``ended_by_framework`` with the paused calls' ids in ``evidence.deferred``; the calls
+        are not run (their side-effect keys stay free for the run that resumes them)."""
+        if isinstance(output, DeferredToolRequests):
+            ids = [c.tool_call_id for c in [*output.calls, *output.approvals]]
+            guarded.end_by_framework(
+                "paused: the calls wait for deferred_tool_results", None, deferred=ids
+            )
+        guarded.finish(detail="the agent ended before loopwarden's run did")
 
     async def after_node_run(
         self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
@@ -291,9 +394,11 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self.guarded
         if isinstance(result, End) and guarded is not None and not guarded.finished:
             if self._streamed is not None:  # read to its end: the whole response, usage too
-                _, event = _response(self._streamed.get(), self._output_tools)
-                guarded.model_done(event)
-            guarded.finish(detail="the agent ended before loopwarden's run did")
+                streamed = self._streamed.get()
+                _, event = _response(streamed, self._output_tools)
+                guarded.unguarded.extend(_native(streamed))
+                await guarded.off_loop(guarded.model_done, event)
+            await guarded.off_loop(self._ended, guarded, getattr(result.data, "output", None))
         return result
 
     def get_wrapper_model(self, model: Model) -> Model | None:
@@ -307,7 +412,11 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         for t in tool_defs:
             guarded.declare(t.name, t.description or "", t.parameters_json_schema)
-        turn = guarded.model_turn()
+        await self._started(ctx)
+        if self._adopted and guarded.expects_tool:
+            return tool_defs  # the tools to run the adopted calls with: no model call yet
+        self._adopted = False
+        turn = await guarded.off_loop(guarded.model_turn)
         if turn is None or turn.final:
             return []  # the wrap-up turn (or the run is over): no tool can be called
         return tool_defs
@@ -315,10 +424,10 @@ class Loopwarden(AbstractCapability[Any]):
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
-        guarded = self._guard(ctx)
+        guarded = await self._started(ctx)
         parts = request_context.model_request_parameters.instruction_parts or []
         guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
-        turn = guarded.model_turn()
+        turn = await guarded.off_loop(guarded.model_turn)
         if turn is not None and turn.notes:
             settings = self.deployment.engine.settings
             for note in turn.notes:
@@ -336,8 +445,11 @@ class Loopwarden(AbstractCapability[Any]):
         request_context: ModelRequestContext,
         handler: WrapModelRequestHandler,
     ) -> pm.ModelResponse:
-        guarded = self._guard(ctx)
-        if guarded.model_turn() is None:
+        guarded = await self._started(ctx)
+        text_ok = _text_output(request_context)
+        if await guarded.off_loop(guarded.model_turn) is None:
+            if not text_ok:  # the answer would be text the output type refuses
+                raise guarded.stopped_error()
             return pm.ModelResponse(parts=[pm.TextPart(guarded.final_answer)])
         output_tools = self._output_tools = _output_tools(request_context)
         self._streaming, self._streamed = request_context.streaming, None
@@ -347,7 +459,8 @@ class Loopwarden(AbstractCapability[Any]):
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
         _, event = _response(response, output_tools)
-        guarded.model_done(event)
+        guarded.unguarded.extend(_native(response))
+        await guarded.off_loop(guarded.model_done, event)
         if guarded.replaced:
             # the wrap-up's structured output stands (its function tool calls are dropped);
             # otherwise the answer is loopwarden's text
@@ -355,6 +468,8 @@ class Loopwarden(AbstractCapability[Any]):
             o = guarded.outcome
             if outputs and o is not None and o.soft and o.final_answer_present:
                 return dataclasses.replace(response, parts=[*outputs])
+            if not text_ok:  # no structured output came: text would fail validation
+                raise guarded.stopped_error()
             return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
         return response
 
@@ -372,7 +487,9 @@ class Loopwarden(AbstractCapability[Any]):
         try:
             return await handler(args)
         except Exception as exc:  # refused before execution: a retry prompt, not a run
-            self._guard(ctx).not_run(call.tool_call_id, f"arguments refused ({type(exc).__name__})")
+            guarded = await self._started(ctx)
+            reason = f"arguments refused ({type(exc).__name__})"
+            await guarded.off_loop(guarded.not_run, call.tool_call_id, reason)
             raise
 
     async def wrap_tool_execute(
@@ -384,14 +501,20 @@ class Loopwarden(AbstractCapability[Any]):
         args: ValidatedToolArgs,
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        guarded = self._guard(ctx)
+        guarded = await self._started(ctx)
         decision = await guarded.atool(call.tool_call_id)
         if isinstance(decision, Answer):
             return decision.text
         try:
             value = await handler(args)
-        except Exception as exc:
-            guarded.tool_done(call.tool_call_id, tool_result(None, error=exc))
+        except (ApprovalRequired, CallDeferred):  # deferred: not run; it may come again
+            guarded.release(call.tool_call_id)
+            await guarded.off_loop(guarded.not_run, call.tool_call_id, "deferred")
             raise
-        guarded.tool_done(call.tool_call_id, tool_result(value))
+        except Exception as exc:
+            await guarded.off_loop(
+                guarded.tool_done, call.tool_call_id, tool_result(None, error=exc)
+            )
+            raise
+        await guarded.off_loop(guarded.tool_done, call.tool_call_id, tool_result(value))
         return value

@@ -1,7 +1,9 @@
 """``loopwarden config check [FILE]`` and ``loopwarden config schema [--config FILE]``.
 
 ``check`` validates the file, loads and orders its plugins (each plugin validates its own
-``[plugins.<name>]`` table) and validates the tables of built-ins that are switched off.
+``[plugins.<name>]`` table) and validates the tables of built-ins that are switched off; it
+warns about a plugin both enabled and blocked (blocking wins) and notes the tables of
+installed plugins that ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD`` keeps from loading.
 ``schema`` prints a JSON Schema of the whole file for editors: the core tables plus the
 settings of every built-in plugin and of the plugins the given config enables.
 """
@@ -43,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import find_config, load_config
     from loopwarden.deployment import Deployment
-    from loopwarden.engine.pluginmanager import check_tables
+    from loopwarden.engine.pluginmanager import (
+        ENV_NO_AUTOLOAD,
+        check_tables,
+        enabled_and_blocked,
+        unloaded_tables,
+    )
 
     if args.action == "check":
         from loopwarden import demo
@@ -64,6 +71,19 @@ def main(args: argparse.Namespace) -> int:
                 note = unpriced_note(dep, config.model.name)
         if note is not None:
             print(f"loopwarden config: note: {note}", file=sys.stderr)
+        for name, by in enabled_and_blocked(config):
+            print(
+                f"loopwarden config: warning: plugin {name!r} is enabled and blocked (by {by}): "
+                "it is not loaded -- remove it from one of the two",
+                file=sys.stderr,
+            )
+        for table, dist in unloaded_tables(config):
+            print(
+                f"loopwarden config: note: [plugins.{table}] configures the installed plugin "
+                f"{table!r} ({dist}), which is not loaded while {ENV_NO_AUTOLOAD} is set: its "
+                "table is not checked",
+                file=sys.stderr,
+            )
         print(f"{config.path}: OK ({len(plugins)} plugins: {', '.join(plugins.names)})")
         return 0
     text = schema_text(find_config(args.config))

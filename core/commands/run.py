@@ -169,8 +169,21 @@ def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
         f"termination: {one(str(record['termination']))}" + (" (soft)" if record["soft"] else ""),
         f"stopped by:  {one(str(record['stopped_by'] or '-'))}",
         f"steps: {record['steps']}   tool calls: {record['tool_calls']}   "
-        f"tokens: {record['tokens']['total']}   cost: {record['cost']}",
+        f"tokens: {record['tokens']['total']}   cost: {_cost_text(record)}",
     ]
+    shadow = record.get("shadow_stop")
+    if isinstance(shadow, dict):
+        # the run went on: say what enforcing the shadowed guards would have done
+        lines.append(
+            f"shadow: {one(str(shadow.get('plugin')))} would have stopped the run at step "
+            f"{shadow.get('step')} ({one(str(shadow.get('reason')))}, "
+            f"{'soft' if shadow.get('soft') else 'hard'}); not enforced"
+        )
+    effects = record.get("shadow_effects") or ()
+    if effects:
+        lines.append(
+            f"shadow: {len(effects)} other change(s) not enforced (see shadow_effects in --json)"
+        )
     for w in record["warnings"]:
         lines.append(f"warning at step {w['step']} from {one(w['plugin'])}: {one(w['message'])}")
     if record.get("evidence"):
@@ -190,6 +203,15 @@ def print_summary(record: dict[str, Any], out: TextIO | None = None) -> None:
     lines.append("")
     lines.append(str(record["final_answer"] or "(no answer)"))
     print("\n".join(lines), file=out or sys.stdout)
+
+
+def _cost_text(record: dict[str, Any]) -> str:
+    """The run's cost, or n/a with the reason when it was not measured."""
+    if "cost" in (record.get("unmeasured") or ()):
+        return "n/a (cost_budget is off)"
+    if record.get("cost_known") is False:
+        return f"n/a (no price for model {escape_controls(str(record.get('model')))})"
+    return str(record["cost"])
 
 
 class EventPrinter:

@@ -27,9 +27,10 @@ from loopwarden.config import Config, PluginsConfig, load_config
 from loopwarden.engine.pluginmanager import (
     BUILTIN_PLUGINS,
     _find,
+    _named,
     builtin_settings,
+    config_dir,
     installed_entry_points,
-    plugin_name,
     resolve_names,
     settings_model,
 )
@@ -50,9 +51,11 @@ def plugin_settings_models(
     out: dict[str, tuple[type[BaseModel] | None, str]] = {}
     blocked: list[str] = []
     names: list[str] = []
+    search: Path | None = None  # where module:attr plugins are looked for besides sys.path
     if config_path is not None:
         config = load_config(config_path)
         names, blocked = resolve_names(config)
+        search = config_dir(config)
     for name, model in builtin_settings().items():
         if name in blocked:
             continue
@@ -62,8 +65,8 @@ def plugin_settings_models(
     for ref in names:
         if ref in out or ref in BUILTIN_PLUGINS:
             continue
-        target, source, spec = _find(ref, eps)
-        name = plugin_name(target)  # its table is keyed by its one name, not by "mod:Cls"
+        target, source, spec = _find(ref, eps, search)
+        name = _named(ref, target, source)  # its table is keyed by its one name, not "mod:Cls"
         doc = _summary(inspect.getdoc(target))
         out[name] = (
             settings_model(target),

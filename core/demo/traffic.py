@@ -2,7 +2,7 @@
 
 ``loopwarden demo --trajectories FILE`` writes them (after the built-in scenarios' unguarded
 runs) so that ``loopwarden replay`` and ``loopwarden calibrate`` can be tried on a file a fresh
-clone produces.  Eleven scenarios are too few for a p99 (calibrate needs 100 successful
+clone produces.  Twelve scenarios are too few for a p99 (calibrate needs 100 successful
 conversations), and one scenario copied a hundred times would fake a statistic -- so this
 module *generates* conversations: a :class:`random.Random` seeded with ``seed`` picks, for
 each one, a customer intent and the shape of the agent's work, and builds a scripted model

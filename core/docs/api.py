@@ -17,16 +17,36 @@ from typing import Any
 
 __all__ = ["Member", "members", "render_api"]
 
-#: (section title, module, object names) in page order
+#: (section title, module, object names) in page order; every public name of ``loopwarden``,
+#: ``loopwarden.plugin`` and ``loopwarden.testing`` has a section (tests/test_docs_api.py)
 SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "Hook payloads",
         "loopwarden.events",
-        ("ToolCall", "ToolResult", "RetryPlan", "ModelRequest", "ModelResponse", "Usage"),
+        (
+            "ToolCall",
+            "ToolResult",
+            "RetryPlan",
+            "ModelRequest",
+            "ModelResponse",
+            "ProposedCall",
+            "Usage",
+        ),
     ),
     ("The run", "loopwarden.run", ("Run", "RunOutcome", "Conversation", "Limits")),
-    ("Verdicts", "loopwarden.verdicts", ("warn", "skip", "stop", "Warn", "Skip", "Stop")),
-    ("Plugins", "loopwarden.plugin", ("Plugin", "PluginSettings")),
+    (
+        "Verdicts",
+        "loopwarden.verdicts",
+        ("warn", "skip", "stop", "Warn", "Skip", "Stop", "Verdict"),
+    ),
+    (
+        "Plugins",
+        "loopwarden.plugin",
+        ("Plugin", "PluginSettings", "NoSettings", "check_templates", "check_patterns"),
+    ),
+    ("Settings value types", "loopwarden.plugin", ("TypedTable",)),
+    ("Hook markers", "loopwarden.hookspecs", ("hookimpl", "hookspec")),
+    ("Typed per-run state", "loopwarden.stash", ("StashKey", "Stash")),
     ("Notes", "loopwarden.notes", ("render_note", "instruction_text", "runtime", "tool_name")),
     (
         "Streaming",
@@ -40,6 +60,26 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "ResponseCut",
             "RunEnd",
             "ModelDelta",
+        ),
+    ),
+    ("The deployment", "loopwarden.deployment", ("Deployment",)),
+    ("Configuration", "loopwarden.config", ("load_config", "Config")),
+    (
+        "Clocks and cancelling",
+        "loopwarden.clock",
+        ("Clock", "SystemClock", "FakeClock", "CancelToken"),
+    ),
+    (
+        "Exceptions",
+        "loopwarden.exceptions",
+        (
+            "LoopwardenError",
+            "ConfigError",
+            "PluginLoadError",
+            "ModelError",
+            "ScenarioError",
+            "ToolError",
+            "ToolDefinitionError",
         ),
     ),
     (
@@ -57,9 +97,15 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "make_response",
             "make_outcome",
             "make_tool",
+            "make_deployment",
             "script",
             "tool_call",
             "turn",
+            "ScriptedModel",
+            "HookRecorder",
+            "HookCall",
+            "SignalRecorder",
+            "SignalRecord",
         ),
     ),
     (
@@ -68,6 +114,30 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("lw_clock", "lw_signals", "lw_hooks", "lw_deployment"),
     ),
 )
+
+#: what the markers and aliases are, which carry no docstring of their own
+NOTES: dict[str, tuple[str, str]] = {
+    "hookimpl": (
+        "def hookimpl(function=None, *, tryfirst=False, trylast=False, optionalhook=False, "
+        "hookwrapper=False, wrapper=False, specname=None): ...",
+        "Marks a plugin's method (or a module's function) as the implementation of the hook "
+        'of the same name -- pluggy\'s `HookimplMarker("loopwarden")`.  A hook-named method '
+        "without it, a misspelled hook, an `async def` hook, or a `tryfirst` / `trylast` "
+        "that would break the configured order fails at start-up, naming the plugin.",
+    ),
+    "hookspec": (
+        "def hookspec(function=None, *, firstresult=False, historic=False, "
+        "warn_on_impl=None, warn_on_impl_args=None): ...",
+        'Marks a hook specification -- pluggy\'s `HookspecMarker("loopwarden")`; the '
+        "specifications are in `loopwarden.hookspecs` ([hooks.md](hooks.md)).  Plugins do not "
+        "need it.",
+    ),
+    "Verdict": (
+        "from loopwarden import Verdict  # Warn | Skip | Stop",
+        "What a decision hook may return (or None: carry on); build one with `warn`, `skip`, "
+        "`stop` or a plugin's `self.warn` / `self.skip` / `self.stop`.",
+    ),
+}
 
 _HEADER = re.compile(r"^\s*(?:self\.)?(\w+)\s*(?::[^=]+)?(?:=.*)?$")
 
@@ -179,14 +249,26 @@ def members(cls: type) -> list[Member]:
     elif hasattr(cls, "model_fields"):  # a pydantic model
         for fname, info in cls.model_fields.items():
             out.append(
-                Member(fname, "field", _annotation(info.annotation), "", info.description or "")
+                Member(
+                    fname,
+                    "field",
+                    _annotation(info.annotation),
+                    "",
+                    info.description or notes.get(fname, ""),
+                )
             )
     else:
         init = cls.__dict__.get("__init__")
         if init is not None and inspect.isfunction(init):
             attrs = comments(init)
-            names = re.findall(r"^\s{8}self\.([a-z]\w*)\b", inspect.getsource(init), re.M)
-            out += [Member(n, "attribute", "", "", attrs.get(n, "")) for n in dict.fromkeys(names)]
+            source = inspect.getsource(init)
+            names = re.findall(r"^\s{8}self\.([a-z]\w*)\b", source, re.M)
+            # the type as annotated where the attribute is set: ``self.x: T = ...``
+            types = dict(re.findall(r"^\s{8}self\.([a-z]\w*)\s*:\s*([^=\n]+?)\s*=", source, re.M))
+            out += [
+                Member(n, "attribute", types.get(n, ""), "", attrs.get(n, ""))
+                for n in dict.fromkeys(names)
+            ]
     for name, value in vars(cls).items():
         if name.startswith("_"):
             continue
@@ -258,7 +340,7 @@ def render_api() -> str:
         "",
         "The objects hooks receive and plugin authors use, with every field, property and "
         "method; see [hooks.md](hooks.md) for the hooks themselves and "
-        "[writing-a-plugin.md](writing-a-plugin.md) for a walk-through.",
+        "[plugin-guide.md](plugin-guide.md) for a walk-through.",
         "",
     ]
     for title, module_name, names in SECTIONS:
@@ -268,7 +350,10 @@ def render_api() -> str:
             out += [rst_to_markdown(inspect.getdoc(module) or ""), ""]
         for name in names:
             obj = getattr(module, name)
-            if isinstance(obj, type):
+            if name in NOTES:
+                stub, text = NOTES[name]
+                out += [f"### {name}", "", "```python", stub, "```", "", text, ""]
+            elif isinstance(obj, type):
                 out += _render_class(obj, f"### {name}")
             else:
                 fn = getattr(obj, "__wrapped__", obj)

@@ -267,12 +267,12 @@ class _Retries:
         """The one observation the model sees: the last attempt's, saying what it took."""
         if self.attempts < 2:
             return result
-        digest = result.digest  # of the tool's own output, before the note
+        answer = result.content  # the tool's own output: what detectors compare
         template = t.tool_retried_ok if result.ok else t.tool_retried_failed
         result.content = template.format(
             content=result.content, name=self.call.name, attempts=self.attempts
         )
-        result._digest = digest
+        result._answer = answer
         result.attempts = self.attempts
         self.run.tool_retries.append(
             {

@@ -45,7 +45,7 @@ from loopwarden.engine.outcomes import (
 )
 from loopwarden.events import IN_DOUBT, ModelRequest, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import ModelError
-from loopwarden.fingerprint import Fingerprinter
+from loopwarden.fingerprint import AnswerMasks, Fingerprinter
 from loopwarden.models.tokens import estimate_tools
 from loopwarden.notes import instruction_text
 from loopwarden.run import Run, RunOutcome
@@ -87,6 +87,8 @@ class Engine:
         self.hooks = hooks.shadowing(self.shadow) if self.shadow else hooks
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
+        #: what tool answers say, volatile parts masked: every detector's result digest
+        self.answers = AnswerMasks(settings.volatile_patterns, enabled=settings.mask_volatile)
         #: masks secrets in error texts (the deployment sets one that knows the model's key)
         self.redactor: Redactor | None = None
         # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
@@ -510,6 +512,8 @@ class Engine:
                 run.last_observation = result.content
             if signals.tool_finished.receivers:
                 signals.send(signals.tool_finished, run, call=call, result=result)
+            if result._digest is None:
+                result._masks = self.answers
             res = hooks.after_tool(run, call, result)
             if not res.verdicts:
                 continue

@@ -9,16 +9,20 @@ Names in ``[plugins] enabled`` (whose order is the call order) resolve, in this 
 1. a built-in plugin (``max_steps``, ``repeat_call``, ... -- :data:`BUILTIN_PLUGINS`);
 2. an installed entry point in the group ``loopwarden.plugins`` -- loaded only when named;
    entry-point loading is turned off by ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD=1``;
-3. ``module:attr`` -- an importable object, for plugins that are not packaged.
+3. ``module:attr`` -- an importable object, for plugins that are not packaged: looked for on
+   ``sys.path``, then in the config file's directory (:func:`config_dir`), so a
+   ``my_guards.py`` next to ``config.toml`` loads without ``PYTHONPATH``.
 
-**One name per plugin.**  Whichever way it is enabled, a plugin is named by the ``name`` it
-declares (:func:`plugin_name`: its ``name`` attribute, else its ``__name__``) -- the same name
-the testing kit gives it.  That name attributes its verdicts, keys its state, its record fields
-and its settings table ``[plugins.<name>]``.  A built-in's and an entry point's name in
-``enabled`` must be that name (an entry point named otherwise fails at start-up); a
-``module:attr`` reference is only where to find the plugin.  Two plugins with one name fail at
-start-up, naming both; so does a settings table that configures nothing (``[plugins."mod:Cls"]``
-beside ``[plugins.<name>]``, or a table for no enabled, blocked, built-in or installed plugin).
+**One name per plugin.**  That name attributes its verdicts, keys its state, its record
+fields and its settings table ``[plugins.<name>]``.  An entry point's name *is* the plugin's
+name, as in pytest (``probe = "acme_probe"`` is the plugin ``probe``); a plugin that
+*declares* another ``name`` (:func:`declared_name`) fails at start-up, since it would be
+called two things.  A built-in's name is the one it declares.  A ``module:attr`` reference is
+only where to find the plugin, which is named by the ``name`` it declares, else its
+``__name__`` (:func:`plugin_name`) -- the name the testing kit gives a class or object too.
+Two plugins with one name fail at start-up, naming both; so does a settings table that
+configures nothing (``[plugins."mod:Cls"]`` beside ``[plugins.<name>]``, or a table for no
+enabled, blocked, built-in or installed plugin).
 
 ``LOOPWARDEN_PLUGINS`` (comma-separated) appends names.  ``[plugins] blocked`` and
 ``LOOPWARDEN_BLOCK_PLUGINS`` remove names *before anything is imported*: a blocked plugin's
@@ -42,14 +46,16 @@ import importlib
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from loopwarden.config import Config, validation_error
+from loopwarden.config import Config, default_config_path, validation_error
 from loopwarden.engine.dispatch import Hooks
 from loopwarden.engine.registry import (
     ENV_TRACE,
@@ -76,8 +82,12 @@ __all__ = [
     "LoadedPlugin",
     "PluginSet",
     "Verdict",
+    "autoload_off_entry_points",
     "builtin_settings",
     "check_tables",
+    "config_dir",
+    "declared_name",
+    "enabled_and_blocked",
     "installed_entry_points",
     "instantiate_plugin",
     "load_plugins",
@@ -88,6 +98,7 @@ __all__ = [
     "resolve_names",
     "resolve_plugin_name",
     "settings_model",
+    "unloaded_tables",
 ]
 
 log = logging.getLogger("loopwarden.plugins")
@@ -101,6 +112,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "token_budget": "loopwarden.plugins.token_budget:TokenBudget",
     "cost_budget": "loopwarden.plugins.cost_budget:CostBudget",
     "spend_limits": "loopwarden.plugins.spend_limits:SpendLimits",
+    "circuit_breaker": "loopwarden.plugins.circuit_breaker:CircuitBreaker",
     "tool_calls": "loopwarden.plugins.tool_calls:ToolCalls",
     "retry_policy": "loopwarden.plugins.retry_policy:RetryPolicy",
     "repeat_call": "loopwarden.plugins.repeat_call:RepeatCall",
@@ -183,6 +195,16 @@ def installed_entry_points() -> dict[str, list[metadata.EntryPoint]]:
     """
     if _env_flag(ENV_NO_AUTOLOAD):
         return {}
+    return _scan_entry_points()
+
+
+def autoload_off_entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    """The installed entry points that ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD`` keeps from
+    loading (empty when it is not set): for messages that name them, never to load them."""
+    return _scan_entry_points() if _env_flag(ENV_NO_AUTOLOAD) else {}
+
+
+def _scan_entry_points() -> dict[str, list[metadata.EntryPoint]]:
     found: dict[str, list[metadata.EntryPoint]] = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         entries = found.setdefault(ep.name, [])
@@ -198,8 +220,51 @@ def _dist_label(ep: metadata.EntryPoint) -> str:
     return f"{dist.metadata['Name']} {dist.version}"
 
 
-def _import_spec(spec: str, plugin: str) -> Any:
+def config_dir(config: Config) -> Path | None:
+    """The directory of ``config``'s file, where ``module:attr`` plugins are also looked for
+    (pytest's rootdir for ``conftest.py``); None for the shipped default or a config built in
+    code."""
+    if not config.path or config.path.startswith("<"):
+        return None
+    path = Path(config.path)
+    if not path.is_file() or path.resolve() == default_config_path().resolve():
+        return None
+    return path.resolve().parent
+
+
+def _import_module(mod_name: str, search: Path | None) -> ModuleType:
+    """Import ``mod_name``; when its top-level module is not on ``sys.path`` but lies in
+    ``search`` (the config file's directory), append that directory to ``sys.path`` -- for
+    good: the plugin's own imports of its neighbours work later too -- and import it from
+    there.  Appended, so it never shadows an installed module."""
+    try:
+        return importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        top = mod_name.partition(".")[0]
+        if search is None or exc.name != top:
+            raise
+        if not ((search / top).is_dir() or (search / f"{top}.py").is_file()):
+            raise ModuleNotFoundError(
+                f"{exc}, neither on sys.path nor in {search} (the config file's directory)",
+                name=exc.name,
+            ) from None
+    if str(search) not in sys.path:
+        sys.path.append(str(search))
+    importlib.invalidate_caches()
+    return importlib.import_module(mod_name)
+
+
+def _import_spec(spec: str, plugin: str, search: Path | None = None) -> Any:
     if ":" not in spec:
+        switched_off = autoload_off_entry_points().get(spec)
+        if switched_off:
+            ep = switched_off[0]
+            raise PluginLoadError(
+                f"{spec!r} is the entry point of {_dist_label(ep)}, and {ENV_NO_AUTOLOAD} is "
+                f"set: entry points are not loaded -- unset it, or enable the plugin as "
+                f"{ep.value if ':' in ep.value else ep.value + ':'!r}",
+                plugin=plugin,
+            )
         hint = ""
         if _env_flag(ENV_NO_AUTOLOAD):
             hint = f" ({ENV_NO_AUTOLOAD} is set: installed entry points are not loaded)"
@@ -213,7 +278,7 @@ def _import_spec(spec: str, plugin: str) -> Any:
         )
     mod_name, _, attr = spec.partition(":")
     try:
-        obj: Any = importlib.import_module(mod_name)
+        obj: Any = _import_module(mod_name, search)
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # module code may do anything
         raise PluginLoadError(
             f"cannot import {mod_name!r}: {_describe_exc(exc)}", plugin=plugin
@@ -252,6 +317,27 @@ def plugin_name(target: Any) -> str:
     return fallback if isinstance(fallback, str) and fallback else type(target).__name__
 
 
+def declared_name(target: Any) -> str | None:
+    """The ``name`` a plugin declares itself, or None when it declares none.
+
+    A non-empty string ``name`` attribute is a declaration; a :class:`~loopwarden.Plugin`
+    instance whose class declares no name carries its class name only as a fallback (set in
+    ``__init__``), which is not one."""
+    try:
+        declared = getattr(target, "name", None)
+        if not inspect.isclass(target) and not isinstance(target, ModuleType):
+            cls_declared = getattr(type(target), "name", None)
+            if (
+                isinstance(cls_declared, str)
+                and not cls_declared.strip()
+                and declared == type(target).__name__
+            ):
+                return None
+    except Exception as exc:  # an object whose attribute access raises
+        raise PluginLoadError(f"reading its name failed: {_describe_exc(exc)}") from exc
+    return declared if isinstance(declared, str) and declared.strip() else None
+
+
 def resolve_plugin_name(ref: str) -> str:
     """The name of the plugin ``ref`` (a name in ``[plugins] enabled``) refers to.
 
@@ -264,21 +350,29 @@ def resolve_plugin_name(ref: str) -> str:
 
 
 def _named(ref: str, target: Any, source: str) -> str:
-    """The plugin's one name; a built-in or an entry point enabled under another name fails."""
-    name = plugin_name(target)
-    if source != "module:attr" and name != ref:
+    """The plugin's one name: an entry point's name (pytest's convention), a built-in's
+    name, or what a ``module:attr`` target declares.  An entry point or built-in whose plugin
+    declares another name fails: it would be called two things."""
+    if source == "module:attr":
+        return plugin_name(target)
+    declared = declared_name(target) if source != "builtin" else plugin_name(target)
+    if declared is not None and declared != ref:
         what = "built-in" if source == "builtin" else "entry point"
         raise PluginLoadError(
-            f"the {what} {ref!r} loads a plugin named {name!r}: a plugin has one name, in "
-            f"tests and production -- name the entry point {name!r} or declare "
-            f"name = {ref!r} on the plugin",
+            f"the {what} {ref!r} loads a plugin that declares the name {declared!r}: a plugin "
+            f"has one name, in tests and production -- name the entry point {declared!r}, "
+            f"declare name = {ref!r}, or drop the plugin's name (the entry point's name is "
+            "its name)",
             plugin=ref,
         )
-    return name
+    return ref
 
 
-def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any, str, str]:
-    """Import the object ``name`` refers to: (target, source, spec)."""
+def _find(
+    name: str, eps: Mapping[str, list[metadata.EntryPoint]], search: Path | None = None
+) -> tuple[Any, str, str]:
+    """Import the object ``name`` refers to: (target, source, spec); a ``module:attr`` is
+    also looked for in ``search`` (:func:`config_dir`)."""
     candidates = eps.get(name, [])
     if name in BUILTIN_PLUGINS:
         if candidates:
@@ -308,7 +402,7 @@ def _find(name: str, eps: Mapping[str, list[metadata.EntryPoint]]) -> tuple[Any,
                 plugin=name,
             ) from exc
         return target, f"entry point ({_dist_label(ep)})", ep.value
-    return _import_spec(name, name), "module:attr", name
+    return _import_spec(name, name, search), "module:attr", name
 
 
 # -- configuring ---------------------------------------------------------------------------
@@ -481,7 +575,7 @@ def load_plugins(
             continue
         ref = name
         try:
-            target, source, spec = _find(ref, eps)
+            target, source, spec = _find(ref, eps, config_dir(config))
             name = _named(ref, target, source)
             _claim(refs, name, ref, config)
             if name != ref and ref in tables:
@@ -541,7 +635,10 @@ def _check_unused_tables(
     """A ``[plugins.<name>]`` table must configure something: a loaded plugin, a blocked one,
     a built-in (validated while switched off, see :func:`check_tables`) or an installed entry
     point (validated once enabled; its code is not imported while it is off)."""
+    # an installed plugin's table stays valid while LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD keeps
+    # entry points from loading (the same file serves both): see :func:`unloaded_tables`
     known = set(loaded) | set(blocked) | set(BUILTIN_PLUGINS) | set(eps)
+    known |= set(autoload_off_entry_points())
     for tname in config.plugins.tables():
         if tname in known:
             continue
@@ -553,6 +650,27 @@ def _check_unused_tables(
             path=config.path,
             key=f"plugins.{tname}" if ":" not in tname else f'plugins."{tname}"',
         )
+
+
+def enabled_and_blocked(config: Config) -> list[tuple[str, str]]:
+    """``(name, what blocks it)`` for every plugin both enabled (``[plugins] enabled``,
+    ``LOOPWARDEN_PLUGINS``) and blocked: blocking wins, so it is silently not loaded --
+    worth a warning from ``loopwarden config check``."""
+    sources = (("[plugins] blocked", config.plugins.blocked), (ENV_BLOCK, _env_list(ENV_BLOCK)))
+    out = []
+    for name in dict.fromkeys([*config.plugins.enabled, *_env_list(ENV_EXTRA)]):
+        for what, names in sources:
+            if is_blocked(name, names):
+                out.append((name, what))
+                break
+    return out
+
+
+def unloaded_tables(config: Config) -> list[tuple[str, str]]:
+    """``(table, distribution)`` for the ``[plugins.<name>]`` tables of installed plugins
+    that ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD`` keeps from loading: not checked, not used."""
+    eps = autoload_off_entry_points()
+    return [(t, _dist_label(eps[t][0])) for t in config.plugins.tables() if t in eps]
 
 
 def _where(config: Config, name: str) -> str:

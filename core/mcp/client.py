@@ -485,6 +485,7 @@ def make_tool(
         timeout_s=cfg.timeout_s,
         context_param=None,
         is_async=True,
+        server=server,
         _schema={
             "type": "function",
             "function": {"name": name, "description": description, "parameters": parameters},

@@ -20,7 +20,8 @@ Compatible extensions: ``description``, ``profile`` (a profile name from the con
 ``[expect]`` (what the scenario should end as, for tests and benchmarks: ``termination``,
 ``onset`` -- the step at which its loop becomes established -- and ``healthy``), and, for
 tools the deployment does not have, ``read_only`` / ``deterministic`` / ``side_effect`` /
-``terminal`` / ``description`` in the tool's table.
+``terminal`` / ``description`` in the tool's table -- or ``declared = false``: a tool whose
+nature nobody declared, as a framework's or an MCP server's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from loopwarden.exceptions import ConfigError, ScenarioError, load_toml, validation_error
 from loopwarden.plugin import Seconds
@@ -80,6 +88,9 @@ class ToolScript(_Strict):
     deterministic: bool | None = None
     side_effect: bool | None = None
     terminal: bool | None = None
+    #: false: the tool's nature is not declared at all (a framework's or an MCP server's tool
+    #: nobody described) -- it runs every time it is called and the flags above may not be set
+    declared: bool | None = None
 
     @field_validator("results")
     @classmethod
@@ -87,6 +98,13 @@ class ToolScript(_Strict):
         if v is not None and not v:
             raise ValueError("results must not be empty (leave it out to run the real tool)")
         return v
+
+    @model_validator(mode="after")
+    def _undeclared_has_no_flags(self) -> ToolScript:
+        flags = ("read_only", "deterministic", "side_effect", "terminal")
+        if self.declared is False and any(getattr(self, k) is not None for k in flags):
+            raise ValueError("declared = false: a tool whose nature is undeclared has no flags")
+        return self
 
 
 class Expect(_Strict):

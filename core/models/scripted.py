@@ -35,12 +35,17 @@ class ScriptedModel:
         name: str = "scripted",
         estimator: TextEstimator = estimate_text,
     ) -> None:
+        #: the scripted turns it plays, in order
         self.script = script
+        #: the model name runs record
         self.name = name
+        #: counts the prompt tokens of each request (usage is estimated, not billed)
         self.estimator = estimator
+        #: model calls made so far
         self.calls = 0
         self._pos = 0
         self._lock = threading.Lock()
+        #: every request it was sent, in order (what a test may inspect)
         self.requests: list[ModelRequest] = []
 
     def _final(self) -> tuple[str | None, list[ProposedCall]]:
@@ -71,6 +76,7 @@ class ScriptedModel:
         return turn.content, calls
 
     def complete(self, request: ModelRequest) -> ModelResponse:
+        """The next scripted turn as the response to ``request``."""
         with self._lock:
             self.calls += 1
             self.requests.append(request)
@@ -95,6 +101,7 @@ class ScriptedModel:
         )
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        """:meth:`complete`, for async runs."""
         return self.complete(request)
 
     def stream(self, request: ModelRequest) -> Iterator[str | ModelResponse]:

@@ -8,7 +8,9 @@ the agent looping because of its prompt or its tool descriptions?
 * :func:`read_records` / :func:`load_records` -- parse lines; a corrupt or truncated line is
   skipped and counted, never fatal;
 * :func:`analyse` -- termination distribution, steps / tokens / cost percentiles (of priced
-  runs: a run whose model had no price, ``cost_known: false``, is counted under ``unpriced``),
+  runs: a run whose model had no price, ``cost_known: false``, is counted under ``unpriced``;
+  one without ``cost_budget`` under ``unmeasured``, as are the duplicate calls of runs without
+  ``repeat_call``: a measurement no plugin made is never shown as a 0),
   the calls answered from a record of their declared side effect instead of running
   (``ledger_answers``, per tool, source and state),
   duplicate-call and stall rates, the top repeated call signatures, the tools most involved,
@@ -38,17 +40,19 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden.reasons import BUDGET_REASONS, ERROR_REASONS, LOOP_REASONS
-from loopwarden.report.fields import QUANTILES as QUANTILES
 from loopwarden.report.fields import (
+    MEASURED_BY,
     _evidence_signatures,
     _evidence_tools,
     _num,
     _summary,
     _tokens,
     _trajectory_signatures,
+    _unmeasured,
     _unpriced,
     percentile,
 )
+from loopwarden.report.fields import QUANTILES as QUANTILES
 from loopwarden.report.render import format_text, plot
 from loopwarden.sanitize import loads_strict
 
@@ -152,8 +156,9 @@ def analyse(
     stopped_by = Counter(str(r.get("stopped_by")) for r in records if r.get("stopped_by"))
     steps = [_num(r.get("steps")) for r in records]
     tokens = [_tokens(r) for r in records]
-    unpriced = [r for r in records if _unpriced(r)]
-    cost = [_num(r.get("cost")) for r in records if not _unpriced(r)]
+    not_measured = {f: [r for r in records if _unmeasured(r, f)] for f in MEASURED_BY}
+    unpriced = [r for r in records if _unpriced(r) and not _unmeasured(r, "cost")]
+    cost = [_num(r.get("cost")) for r in records if not _unpriced(r) and not _unmeasured(r, "cost")]
     unpriced_models = Counter(str(r.get("model")) for r in unpriced)
     ledger = Counter(
         (str(a.get("tool")), str(a.get("source")), str(a.get("state")))
@@ -162,8 +167,12 @@ def analyse(
         if isinstance(a, Mapping)
     )
     tool_calls = sum(int(_num(r.get("tool_calls"))) for r in records)
-    duplicates = sum(int(_num(r.get("duplicate_calls"))) for r in records)
-    dup_runs = [r for r in records if _num(r.get("duplicate_calls")) > 0]
+    # duplicates are counted in the runs where repeat_call measured them, and only there
+    dup_measured = [r for r in records if not _unmeasured(r, "duplicate_calls")]
+    dup_tool_calls = sum(int(_num(r.get("tool_calls"))) for r in dup_measured)
+    duplicates = sum(int(_num(r.get("duplicate_calls"))) for r in dup_measured)
+    dup_runs = [r for r in dup_measured if _num(r.get("duplicate_calls")) > 0]
+    dup_known = bool(dup_measured) or not records
     stall_runs = [
         r
         for r in records
@@ -216,10 +225,19 @@ def analyse(
             for (t, src, state), c in sorted(ledger.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
         "tool_calls": tool_calls,
-        "duplicate_calls": duplicates,
-        "duplicate_call_rate": duplicates / tool_calls if tool_calls else 0.0,
-        "runs_with_duplicates": len(dup_runs),
-        "runs_with_duplicates_share": len(dup_runs) / n if n else 0.0,
+        # null: no run measured them (repeat_call was off); else over the measured runs
+        "duplicate_calls": duplicates if dup_known else None,
+        "duplicate_call_rate": (duplicates / dup_tool_calls if dup_tool_calls else 0.0)
+        if dup_known
+        else None,
+        "runs_with_duplicates": len(dup_runs) if dup_known else None,
+        "runs_with_duplicates_share": (len(dup_runs) / len(dup_measured) if dup_measured else 0.0)
+        if dup_known
+        else None,
+        # per measurement no plugin made: in how many runs, and which plugin makes it
+        "unmeasured": {
+            f: {"runs": len(rs), "plugin": MEASURED_BY[f]} for f, rs in not_measured.items() if rs
+        },
         "stall_runs": len(stall_runs),
         "stall_rate": len(stall_runs) / n if n else 0.0,
         "loop_stops": loop_stops,
@@ -320,10 +338,9 @@ def advise(
             }
         )
     if len(loopish) / n >= th.many:
-        parts = [
-            f"{report['runs_with_duplicates']} with duplicate calls",
-            f"{report['stall_runs']} stalled",
-        ]
+        parts = [f"{report['stall_runs']} stalled"]
+        if report.get("runs_with_duplicates") is not None:
+            parts.insert(0, f"{report['runs_with_duplicates']} with duplicate calls")
         if report.get("loop_stops"):
             parts.append(f"{report['loop_stops']} stopped by a loop guard")
         text = (

@@ -54,6 +54,22 @@ def _unpriced(record: Mapping[str, Any]) -> bool:
     return record.get("cost_known") is False
 
 
+#: which built-in measures a run-record field that stays at its default without it
+MEASURED_BY: dict[str, str] = {
+    "cost": "cost_budget",
+    "duplicate_calls": "repeat_call",
+    "oscillation_hits": "oscillation",
+    "stall_rounds": "stall",
+}
+
+
+def _unmeasured(record: Mapping[str, Any], name: str) -> bool:
+    """The record says no plugin measured ``name`` (its ``unmeasured`` list): its value is a
+    default, not a count.  Records without the list (older ones) count as measured."""
+    listed = record.get("unmeasured")
+    return isinstance(listed, list) and name in listed
+
+
 def _tokens(record: Mapping[str, Any]) -> float:
     t = record.get("tokens")
     if isinstance(t, Mapping):

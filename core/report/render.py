@@ -40,11 +40,21 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
     lines.append("")
     cols = [f"p{q}" for q in QUANTILES] + ["max", "mean"]
     lines.append(f"{'':<8}" + "".join(f"{c:>10}" for c in cols))
+    unmeasured = report.get("unmeasured") or {}
+    runs = report["runs"]
     for key, digits in (("steps", 1), ("tokens", 0), ("cost", 4)):
         stats = report[key]
+        if key == "cost" and stats.get("max") is None and runs:
+            lines.append(f"{key:<8}n/a: {_cost_unknown(report)}")
+            continue
         lines.append(f"{key:<8}" + "".join(f"{_fmt(stats[c], digits):>10}" for c in cols))
+    if report["cost"].get("max") is not None and unmeasured.get("cost"):
+        lines.append(
+            f"cost measured in {runs - unmeasured['cost']['runs']} of {runs} runs "
+            f"(cost_budget was off in {unmeasured['cost']['runs']}: not in the cost row)"
+        )
     unpriced = report.get("unpriced") or {}
-    if unpriced.get("runs"):
+    if unpriced.get("runs") and report["cost"].get("max") is not None:
         models = ", ".join(f"{m} ({n})" for m, n in (unpriced.get("models") or {}).items())
         lines.append(
             f"unpriced runs: {unpriced['runs']}, cost unknown (not in the cost row): {models}; "
@@ -58,11 +68,25 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
             + ", ".join(f"{a['tool']} {a['calls']}x ({a['source']}, {a['state']})" for a in answers)
         )
     lines.append("")
-    lines.append(
-        f"duplicate calls: {report['duplicate_calls']} of {report['tool_calls']} tool calls "
-        f"({100 * report['duplicate_call_rate']:.1f}%); runs with duplicates: "
-        f"{report['runs_with_duplicates']} ({100 * report['runs_with_duplicates_share']:.1f}%)"
-    )
+    off = (unmeasured.get("duplicate_calls") or {}).get("runs", 0)
+    if report.get("duplicate_calls") is None:
+        lines.append(f"duplicate calls: n/a (repeat_call was off in all {runs} runs)")
+    else:
+        measured = runs - off
+        lines.append(
+            f"duplicate calls: {report['duplicate_calls']} "
+            f"({100 * report['duplicate_call_rate']:.1f}% of the tool calls of the "
+            f"{measured} run{'s' if measured != 1 else ''} repeat_call measured); runs with "
+            f"duplicates: {report['runs_with_duplicates']} "
+            f"({100 * report['runs_with_duplicates_share']:.1f}%)"
+            if off
+            else f"duplicate calls: {report['duplicate_calls']} of {report['tool_calls']} tool "
+            f"calls ({100 * report['duplicate_call_rate']:.1f}%); runs with duplicates: "
+            f"{report['runs_with_duplicates']} "
+            f"({100 * report['runs_with_duplicates_share']:.1f}%)"
+        )
+        if off:
+            lines.append(f"  (repeat_call was off in {off} of {runs} runs: not counted)")
     lines.append(
         f"stalled runs: {report['stall_runs']} ({100 * report['stall_rate']:.1f}%); "
         f"stopped by a loop guard: {report['loop_stops']}"
@@ -100,6 +124,23 @@ def format_text(report: Mapping[str, Any], source: str | None = None) -> str:
     for a in report["advice"]:
         lines.append(f"  - {a['message']}")
     return "\n".join(lines)
+
+
+def _cost_unknown(report: Mapping[str, Any]) -> str:
+    """Why no run's cost is known: cost_budget off, no price for the model, or both."""
+    why = []
+    off = (report.get("unmeasured") or {}).get("cost") or {}
+    if off.get("runs"):
+        why.append(f"cost_budget was off in {off['runs']} run{'s' if off['runs'] != 1 else ''}")
+    unpriced = report.get("unpriced") or {}
+    if unpriced.get("runs"):
+        models = ", ".join(f"{m} ({n})" for m, n in (unpriced.get("models") or {}).items())
+        why.append(
+            f"no price for the model of {unpriced['runs']} run"
+            f"{'s' if unpriced['runs'] != 1 else ''}: {models}; declare it in "
+            "[plugins.cost_budget.prices]"
+        )
+    return "; ".join(why) or "no run recorded a cost"
 
 
 def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> str:

@@ -23,6 +23,11 @@ The **ledger** maps an idempotency key to ``running`` / ``done`` / ``unknown`` (
 effect) and the recorded result: :meth:`Store.claim` is an atomic "insert if absent", so of two
 workers racing on one key exactly one executes.
 
+**Circuit breakers** (:mod:`loopwarden.store.breakers`) are one small document each --
+state, when it opened, the half-open probe's holder, the window's calls and failures -- that
+:meth:`Store.breaker_admit` and :meth:`Store.breaker_record` change in one atomic
+read-modify-write (a closed breaker is only read on admit).
+
 **Faults.** A store error is no proof that nothing was written (a reply lost after the server
 applied the write): a failed claim is released by its owner and a failed reservation dropped
 by its token -- at once, or at the next call the store answers (``_Backend``).  A ledger
@@ -64,6 +69,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from loopwarden.events import IN_DOUBT
 from loopwarden.exceptions import ConfigError, StoreError
 from loopwarden.redaction import redact_url
+from loopwarden.store import breakers as _breakers
+from loopwarden.store.breakers import BreakerRule, BreakerView, Ident, breaker_key
 
 if TYPE_CHECKING:
     from loopwarden.config import StoreConfig
@@ -76,6 +83,8 @@ __all__ = [
     "COST_UNIT",
     "DEFAULT_LEDGER_SCOPE",
     "QUANTITIES",
+    "BreakerRule",
+    "BreakerView",
     "Counter",
     "CounterRow",
     "LedgerEntry",
@@ -103,6 +112,9 @@ COST_UNIT = Decimal("0.000000001")
 DEFAULT_LEDGER_SCOPE = ("tenant", "user")
 
 Amounts = tuple[int, int, int, int, int]
+#: a breaker's atomic change: (its document or None, now) -> (the document to write or None,
+#: the answer)
+_DocUpdate = Callable[[dict[str, Any] | None, float], tuple[dict[str, Any] | None, BreakerView]]
 LedgerState = Literal["running", "done", "unknown"]
 
 
@@ -237,6 +249,35 @@ class Store(Protocol):
     def release(self, key: str, owner: str) -> None:
         """Remove ``owner``'s claim while it is ``running`` (the call failed before taking
         effect); a recorded outcome stays."""
+        ...
+
+    def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
+        """Atomically: may ``owner`` call the breaker's dependency now (``allows``)?  An open
+        breaker past ``open_s`` gives exactly one caller the half-open probe."""
+        ...
+
+    def breaker_record(
+        self,
+        ident: Ident,
+        rule: BreakerRule,
+        owner: str,
+        *,
+        failed: bool,
+        source: str,
+        weight: int = 1,
+        error: str | None = None,
+    ) -> BreakerView:
+        """Atomically: count a call's outcome (``failed``: a transient failure from
+        ``source``); opens the breaker when ``rule`` trips, closes or reopens it on the
+        probe's outcome (``changed`` says which)."""
+        ...
+
+    def breakers(self) -> list[BreakerView]:
+        """Every live breaker."""
+        ...
+
+    def breaker_reset(self, ident: Ident) -> bool:
+        """Forget a breaker (closed, its counts gone); True when it existed."""
         ...
 
     def close(self) -> None:
@@ -422,6 +463,18 @@ class _Backend:
     def _release(self, key: str, owner: str) -> None:
         raise NotImplementedError
 
+    def _update_doc(self, key: str, fn: _DocUpdate) -> BreakerView:
+        """Apply ``fn(document or None, now)`` to breaker ``key`` atomically: it returns the
+        document to write (None: leave it) and the answer."""
+        raise NotImplementedError
+
+    def _docs(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every live breaker document, by key."""
+        raise NotImplementedError
+
+    def _drop_doc(self, key: str) -> bool:
+        raise NotImplementedError
+
     # -- the Store interface ---------------------------------------------------------------
 
     def _answered(self) -> set[tuple[str, ...]]:
@@ -494,6 +547,55 @@ class _Backend:
     def release(self, key: str, owner: str) -> None:
         self._release(key, owner)
         self._answered()
+
+    def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
+        key = breaker_key(ident)
+        out = self._update_doc(
+            key, lambda doc, now: _breakers.admit(key, ident, doc, rule, owner, now)
+        )
+        self._answered()
+        return out
+
+    def breaker_record(
+        self,
+        ident: Ident,
+        rule: BreakerRule,
+        owner: str,
+        *,
+        failed: bool,
+        source: str,
+        weight: int = 1,
+        error: str | None = None,
+    ) -> BreakerView:
+        key = breaker_key(ident)
+        out = self._update_doc(
+            key,
+            lambda doc, now: _breakers.record(
+                key,
+                ident,
+                doc,
+                rule,
+                owner,
+                failed=failed,
+                source=source,
+                weight=weight,
+                error=error,
+                now=now,
+            ),
+        )
+        self._answered()
+        return out
+
+    def breakers(self) -> list[BreakerView]:
+        now = time.time()
+        out = [_breakers.view(key, doc, None, now) for key, doc in self._docs()]
+        self._answered()
+        return sorted(out, key=lambda v: (v.scope, v.scope_key, v.target, v.name))
+
+    def breaker_reset(self, ident: Ident) -> bool:
+        done = self._drop_doc(breaker_key(ident))
+        self._answered()
+        return done
 
 
 #: the backends, in modules of their own: imported on first use (``from loopwarden.store import

@@ -11,6 +11,8 @@ imported only when a :class:`RedisStore` is created.
 from __future__ import annotations
 
 import json
+import math
+import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,16 +29,23 @@ from loopwarden.store import (
     Reserved,
     _amounts,
     _Backend,
+    _DocUpdate,
     _entry,
     _ident,
     redact_url,
 )
+from loopwarden.store.breakers import BreakerView
 
 __all__ = ["RedisStore"]
 
 
 #: expired members of the counter index a write removes on its way (bounded, opportunistic)
 PRUNE_BATCH = 64
+#: the first and the longest pause (seconds, jittered) before a breaker's optimistic
+#: transaction (WATCH / MULTI) tries again after another client changed the same breaker in
+#: between -- many workers failing at once all write it; it tries until ``timeout_s``
+BREAKER_RETRY_S = (0.0005, 0.02)
+
 #: connections one store keeps to the server at most (a URL's ``?max_connections=N`` sets
 #: it): a call that finds them all busy waits for one, up to ``timeout_s``
 MAX_CONNECTIONS = 64
@@ -285,11 +294,14 @@ class RedisStore(_Backend):
             ) from None
         self.url = url
         self.now = time.time  #: the wall clock (tests may replace it)
+        self._timeout = timeout_s
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._secrets = _url_secrets(url)
         self._prefix = "{" + namespace + "}:"
         self._index = self._prefix + "cidx"  # sorted by expiry
         self._legacy_index = self._prefix + "counters"  # 0.3's plain set: read, then moved
+        self._breaker_index = self._prefix + "bidx"  # breaker documents, scored by expiry
+        self._watch_error: type[BaseException] = redis.WatchError
         try:
             # a blocking pool: more concurrent calls than connections wait for one (up to
             # timeout_s) -- redis-py's plain pool refuses them, and runs stopped
@@ -503,6 +515,81 @@ class RedisStore(_Backend):
     def _release(self, key: str, owner: str) -> None:
         with self._errors_as_store_error():
             self._lua_finish(keys=[self._entry_key(key)], args=[owner, "", "", 1])
+
+    # -- circuit breakers ------------------------------------------------------------------
+
+    def _breaker_key(self, key: str) -> str:
+        return self._prefix + "b:" + key
+
+    @staticmethod
+    def _parse_doc(raw: Any) -> dict[str, Any] | None:
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None  # unreadable: starts afresh (a breaker fails open)
+        return doc if isinstance(doc, dict) else None
+
+    def _update_doc(self, key: str, fn: _DocUpdate) -> BreakerView:
+        # an optimistic transaction: WATCH the document, read it, decide; only a change is
+        # written, in MULTI / EXEC -- which fails (and is tried again) when another client
+        # wrote the document in between.  A closed breaker's admit is one read.
+        name = self._breaker_key(key)
+        deadline = time.monotonic() + self._timeout
+        delay, tries = BREAKER_RETRY_S[0], 0
+        with self._errors_as_store_error(), self._r.pipeline() as pipe:
+            while True:
+                tries += 1
+                try:
+                    pipe.watch(name)  # type: ignore[no-untyped-call]
+                    now = self.now()
+                    new, out = fn(self._parse_doc(pipe.get(name)), now)
+                    if new is None:
+                        pipe.unwatch()
+                        return out
+                    expires = float(new.get("expires_at") or now + 1)
+                    pipe.multi()
+                    # relative: the server's clock may differ from this host's
+                    pipe.set(name, json.dumps(new), px=max(1, math.ceil((expires - now) * 1000)))
+                    pipe.zadd(self._breaker_index, {name: expires})
+                    # breakers nobody touched for keep_s: their documents expired already
+                    pipe.zremrangebyscore(self._breaker_index, "-inf", now)
+                    pipe.execute()
+                    return out
+                except self._watch_error:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    time.sleep(min(delay * (0.5 + random.random()), left))
+                    delay = min(delay * 2, BREAKER_RETRY_S[1])
+        raise StoreError(
+            f"Redis store {redact_url(self.url)}: breaker {key!r} was changed by others "
+            f"{tries} times in a row ({self._timeout:g} s)",
+            url=redact_url(self.url),
+        )
+
+    def _docs(self) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        with self._errors_as_store_error():
+            self._r.zremrangebyscore(self._breaker_index, "-inf", self.now())
+            names: list[bytes] = sorted(
+                n if isinstance(n, bytes) else str(n).encode()
+                for n in self._r.zrange(self._breaker_index, 0, -1)
+            )
+            values = self._r.mget(names) if names else []
+        cut = len(self._prefix + "b:")
+        for name, raw in zip(names, values, strict=True):
+            doc = self._parse_doc(raw)
+            if doc is not None:
+                out.append((name.decode()[cut:], doc))
+        return out
+
+    def _drop_doc(self, key: str) -> bool:
+        name = self._breaker_key(key)
+        with self._errors_as_store_error():
+            self._r.zrem(self._breaker_index, name)
+            return bool(self._r.delete(name))
 
     def close(self) -> None:
         self._r.close()

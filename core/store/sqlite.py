@@ -33,9 +33,11 @@ from loopwarden.store import (
     Reserved,
     _amounts,
     _Backend,
+    _DocUpdate,
     _entry,
     _ident,
 )
+from loopwarden.store.breakers import BreakerView
 
 __all__ = ["SQLiteStore"]
 
@@ -73,6 +75,10 @@ CREATE TABLE IF NOT EXISTS ledger (
     result TEXT, expires_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ledger_expiry ON ledger (expires_at);
+CREATE TABLE IF NOT EXISTS breakers (
+    key TEXT PRIMARY KEY, doc TEXT NOT NULL, expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS breakers_expiry ON breakers (expires_at);
 """
 
 #: expired rows a write deletes on its way (counters, reservations, ledger entries), on
@@ -185,11 +191,11 @@ class SQLiteStore(_Backend):
                 ) from exc
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction (serialised across threads and processes),
-        waiting at most ``timeout_s`` in all for the thread lock and the file's write lock."""
-        deadline = time.monotonic() + self._timeout
-        if not self._lock.acquire(timeout=self._timeout):
+    def _held(self, deadline: float) -> Iterator[sqlite3.Connection]:
+        """This process's connection, for this thread alone (waiting until ``deadline`` for
+        the other threads); a forked child opens its own.  SQLite errors become
+        :class:`StoreError`."""
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise StoreError(
                 f"SQLite store {self.path}: busy (other calls of this process held it "
                 f"for {self._timeout:g} s)",
@@ -200,19 +206,26 @@ class SQLiteStore(_Backend):
                 raise StoreError("the store is closed", url=self.url)
             if os.getpid() != self._pid:  # a forked child: never share the parent's connection
                 self._pid, self._conn = os.getpid(), self._connect()
-            conn = self._conn
             try:
-                self._locked(conn, "BEGIN IMMEDIATE", deadline)
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                self._locked(conn, "COMMIT", deadline)
+                yield self._conn
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite store {self.path}: {exc}", url=self.url) from exc
         finally:
             self._lock.release()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction (serialised across threads and processes),
+        waiting at most ``timeout_s`` in all for the thread lock and the file's write lock."""
+        deadline = time.monotonic() + self._timeout
+        with self._held(deadline) as conn:
+            self._locked(conn, "BEGIN IMMEDIATE", deadline)
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            self._locked(conn, "COMMIT", deadline)
 
     @staticmethod
     def _locked(conn: sqlite3.Connection, sql: str, deadline: float) -> None:
@@ -398,6 +411,57 @@ class SQLiteStore(_Backend):
                 "DELETE FROM ledger WHERE key = ? AND owner = ? AND state = 'running'",
                 (key, owner),
             )
+
+    # -- circuit breakers ------------------------------------------------------------------
+
+    @staticmethod
+    def _doc(conn: sqlite3.Connection, key: str, now: float) -> dict[str, Any] | None:
+        row = conn.execute(
+            "SELECT doc FROM breakers WHERE key = ? AND expires_at > ?", (key, now)
+        ).fetchone()
+        if row is None:
+            return None
+        try:
+            doc = json.loads(row[0])
+        except ValueError:
+            return None  # unreadable: starts afresh (a breaker fails open)
+        return doc if isinstance(doc, dict) else None
+
+    def _update_doc(self, key: str, fn: _DocUpdate) -> BreakerView:
+        # read first without the write lock: a closed breaker's admit changes nothing, and
+        # every tool call of every process asks; only a change takes BEGIN IMMEDIATE and
+        # decides again on what it reads under the lock
+        now = self.now()
+        with self._held(time.monotonic() + self._timeout) as conn:
+            new, out = fn(self._doc(conn, key, now), now)
+        if new is None:
+            return out
+        with self._tx() as conn:
+            now = self.now()
+            new, out = fn(self._doc(conn, key, now), now)
+            if new is not None:
+                self._prune(conn, "breakers", now)  # breakers nobody touched for keep_s
+                conn.execute(
+                    "INSERT OR REPLACE INTO breakers (key, doc, expires_at) VALUES (?, ?, ?)",
+                    (key, json.dumps(new), float(new.get("expires_at") or now)),
+                )
+        return out
+
+    def _docs(self) -> list[tuple[str, dict[str, Any]]]:
+        now = self.now()
+        with self._tx() as conn:
+            conn.execute("DELETE FROM breakers WHERE expires_at <= ?", (now,))
+            keys = [r[0] for r in conn.execute("SELECT key FROM breakers ORDER BY key")]
+            out = []
+            for key in keys:
+                doc = self._doc(conn, key, now)
+                if doc is not None:
+                    out.append((str(key), doc))
+        return out
+
+    def _drop_doc(self, key: str) -> bool:
+        with self._tx() as conn:
+            return conn.execute("DELETE FROM breakers WHERE key = ?", (key,)).rowcount > 0
 
     def close(self) -> None:
         """Prune what has expired (a bounded batch per table: a store that is no longer

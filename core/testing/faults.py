@@ -32,9 +32,17 @@ if TYPE_CHECKING:
 
 __all__ = ["STORE_CALLS", "CappedModel", "FlakyStore", "GatedStore", "install_store"]
 
-#: the store calls a run makes (budgets, then the ledger); ``rows``/``reset``/``close`` are
-#: operations, never faulted
-STORE_CALLS = ("reserve", "settle", "claim", "finish", "release")
+#: the store calls a run makes (budgets, the ledger, then circuit breakers); ``rows`` /
+#: ``reset`` / ``breakers`` / ``close`` are operations, never faulted
+STORE_CALLS = (
+    "reserve",
+    "settle",
+    "claim",
+    "finish",
+    "release",
+    "breaker_admit",
+    "breaker_record",
+)
 
 
 class _Wrapper:

@@ -32,9 +32,13 @@ class HookCall:
     """
 
     def __init__(self, name: str, kwargs: Mapping[str, Any]) -> None:
+        #: the hook's name
         self.name = name
+        #: the arguments pluggy passed, by name
         self.kwargs = dict(kwargs)
+        #: what the implementations returned
         self.returned: list[Any] = []
+        #: the exception an implementation raised, else None
         self.excinfo: BaseException | None = None
 
     def __getattr__(self, key: str) -> Any:
@@ -59,6 +63,7 @@ class HookRecorder:
         if isinstance(target, Deployment):
             target = target.plugins
         self._pm: pluggy.PluginManager = target.pm if isinstance(target, PluginSet) else target
+        #: every hook call so far, in order
         self.calls: list[HookCall] = []
         self._pending: list[HookCall] = []
         self._undo: Any = self._pm.add_hookcall_monitoring(self._before, self._after)
@@ -119,6 +124,7 @@ class HookRecorder:
         return [v for c in calls for v in c.returned if isinstance(v, (Warn, Skip, Stop))]
 
     def clear(self) -> None:
+        """Forget the calls recorded so far."""
         self.calls.clear()
 
 
@@ -126,8 +132,11 @@ class HookRecorder:
 class SignalRecord:
     """One received signal: its name, the sender (the run) and the keyword arguments."""
 
+    #: the signal's name (``run-started``, ``guard-triggered``, ...)
     name: str
+    #: what sent it (the run, or the deployment)
     sender: Any
+    #: the signal's data, by name
     kwargs: Mapping[str, Any]
 
     def __getattr__(self, key: str) -> Any:
@@ -143,15 +152,23 @@ class SignalRecorder:
     ``SignalRecorder()`` records all of them; pass signals to narrow it, and ``sender`` (a run)
     or ``deployment`` to keep only that run's or that deployment's.  Use as a context manager::
 
-        with SignalRecorder() as rec:
+        from loopwarden import Deployment
+        from loopwarden.demo import shop_tools
+        from loopwarden.testing import SignalRecorder
+
+        with Deployment(tools=shop_tools()) as deployment, SignalRecorder() as rec:
             deployment.run(scenario="refund")
-        assert rec.names().count("step-finished") == 4
+        assert rec.names()[0] == "run-started" and rec.names()[-1] == "run-stopped"
     """
 
     def __init__(self, *signals: NamedSignal, sender: Any = ANY, deployment: Any = None) -> None:
+        #: the signals recorded (default: all of them)
         self.signals = signals or _signals.ALL
+        #: only signals from this sender, when given
         self.sender = sender
+        #: only signals of this deployment's runs, when given
         self.deployment = deployment
+        #: every signal received so far, in order
         self.records: list[SignalRecord] = []
         self._stack: contextlib.ExitStack | None = None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -194,6 +195,9 @@ def _signature(tc: dict[str, Any]) -> str:
     return f"{tc.get('name')}:{canonical_arguments(args)}"
 
 
+_DIGITS = re.compile(r"\d+")
+
+
 def repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
     """The most times one call (tool name and canonical arguments) was made in a row in a
     recording: consecutive tool calls, parallel ones included; text turns in between do not
@@ -213,8 +217,9 @@ def repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
 def identical_repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
     """The most times one identical call (tool name and canonical arguments) got an identical
     recorded observation in a row: consecutive tool calls, parallel ones included, as
-    :func:`repeat_streak` -- but a call whose observation differs from the last one's breaks
-    the streak (polling that sees progress is no loop), and so does a user message: the streak
+    :func:`repeat_streak` -- but a call whose observation differs from the last one's (digits
+    masked: the same error with a new line number is the same error) breaks the streak
+    (polling that sees progress is no loop), and so does a user message: the streak
     stays within one run (the user may have acted on the world in between, as a telecom
     customer who toggles a setting before the agent checks the line again)."""
     best = streak = 0
@@ -226,7 +231,8 @@ def identical_repeat_streak(steps: Iterable[dict[str, Any]]) -> int:
         obs = step.get("observations")
         observations = obs if isinstance(obs, list) else []
         for i, tc in enumerate(_calls(step)):
-            key = (_signature(tc), str(observations[i]) if i < len(observations) else "")
+            said = str(observations[i]) if i < len(observations) else ""
+            key = (_signature(tc), _DIGITS.sub("#", said))
             streak = streak + 1 if key == last else 1
             last = key
             best = max(best, streak)
