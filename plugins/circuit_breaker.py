@@ -6,7 +6,8 @@ per tool -- and per MCP server, for all of its tools -- in the deployment's shar
 (``[store] url``), so every process and host that shares the store shares the breakers:
 
 * **closed** -- calls run; their outcomes are counted in a sliding window of ``window_s``.
-  Only **transient** failures count: a timeout, a failure the tool flagged ``retryable`` (a
+  Only **transient** failures count: a timeout, a call left in doubt (``unknown_outcome``: an
+  MCP server that died mid-call), a failure the tool flagged ``retryable`` (a
   ``ToolError(retryable=True)``, a 429 or 5xx, a reset connection -- what ``retry_policy``
   retries), each execution of a runtime retry.  retry_policy clears a failure's flag once its
   budget is spent: placed before it, this plugin sees every flag; placed after it, still
@@ -92,13 +93,14 @@ _SAMPLE = {
 
 
 def transient(result: ToolResult) -> bool:
-    """A failure of the dependency, not of the call: a timeout, a failure flagged retryable
-    (a ``ToolError(retryable=True)``, a 429 / 5xx, a reset connection), or one the runtime
-    retried (``attempts > 1``: it was retryable, even if retry_policy -- earlier in the
-    config order -- has cleared the flag since, its retry budget spent)."""
+    """A failure of the dependency, not of the call: a timeout, a call left in doubt by a
+    server or connection that died mid-call (``unknown_outcome``), a failure flagged
+    retryable (a ``ToolError(retryable=True)``, a 429 / 5xx, a reset connection), or one the
+    runtime retried (``attempts > 1``: it was retryable, even if retry_policy -- earlier in
+    the config order -- has cleared the flag since, its retry budget spent)."""
     if result.ok or result.skipped or result.error == "cancelled":
         return False
-    return result.error == "timeout" or result.retryable or result.attempts > 1
+    return result.error in ("timeout", "unknown_outcome") or result.retryable or result.attempts > 1
 
 
 class CircuitBreakerSettings(PluginSettings):
