@@ -41,9 +41,10 @@ all the output it may (:class:`loopwarden.testing.faults.CappedModel`:
 sends).  What the runs *really* spent -- the usage the model reported, what a provider bills --
 is compared with the bound (budget + one largest reservation per worker):
 
-* ``capped_output``: a healthy store.  ``uncapped_reservation`` beside it: the same runs by a
-  model whose cap loopwarden cannot see (requests without ``max_output_tokens``, as before
-  0.3: ``reserve_output_tokens`` = 1,000 reserved per call) -- how far past the bound that goes;
+* ``capped_output``: a healthy store.  ``cap_from_config`` beside it: the same runs by a model
+  that does not say its cap (no ``max_output_tokens`` of its own): the deployment's
+  ``[model] max_output_tokens`` is on its requests all the same, so reservations cover it (in
+  0.3 they fell back to ``reserve_output_tokens`` = 1,000 and went past the bound);
 * ``flaky_store``: the same runs on a store that times out half of its calls
   (:class:`loopwarden.testing.faults.FlakyStore`: each reserve / settle fails with probability
   1/2, in turn before reaching the store and after it -- a lost answer), ``on_store_error =
@@ -222,8 +223,8 @@ def worker(
 
 
 class HiddenCapModel(CappedModel):
-    """A CappedModel whose cap loopwarden cannot see (no ``max_output_tokens`` attribute, so
-    requests carry none): what every model was before requests carried the cap."""
+    """A CappedModel that does not say its cap (no ``max_output_tokens`` of its own): it
+    answers with the request's ``max_output_tokens`` -- the deployment's -- else ``cap``."""
 
     def __init__(self, cap: int) -> None:
         super().__init__(None, default_output=cap)
@@ -238,10 +239,12 @@ def capped_worker(
     variant: str,
 ) -> dict[str, Any]:
     """One process: ``runs`` one-call runs for tenant acme by a model that answers with all
-    the output it may; ``variant``: "capped", "hidden" (the cap unseen) or "flaky" (a store
-    that times out half of its calls)."""
+    the output it may; ``variant``: "capped", "hidden" (the model does not say its cap) or
+    "flaky" (a store that times out half of its calls).  ``[model] max_output_tokens`` is set
+    in every variant."""
     config = parse_config(
         {
+            "model": {"max_output_tokens": max_output},
             "store": {**store, "timeout_s": 2.0},
             "plugins": {
                 "enabled": ["spend_limits"],
@@ -573,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.timing_only
                 else (
                     ("capped", "capped_output"),
-                    ("hidden", "uncapped_reservation"),
+                    ("hidden", "cap_from_config"),
                     ("flaky", "flaky_store"),
                 )
             ):
@@ -631,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                 "  one reserve + settle with N others in flight (us p50 / p99): "
                 + "; ".join(f"N={n}: {v['p50']} / {v['p99']}" for n, v in r["in_flight"].items())
             )
-        for key in ("capped_output", "uncapped_reservation", "flaky_store"):
+        for key in ("capped_output", "cap_from_config", "flaky_store"):
             if key not in r:
                 continue
             c = r[key]

@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "DEADLINE_SLACK_S",
+    "MAX_DURATION_S",
     "WATCHDOG",
     "CancelToken",
     "Clock",
@@ -38,8 +39,23 @@ __all__ = [
     "Watchdog",
     "await_in_task",
     "await_within",
+    "bounded_seconds",
     "call_within",
 ]
+
+#: the longest duration loopwarden accepts anywhere -- a timeout, a wait, a backoff, a
+#: ``Retry-After``, a TTL: 1e9 s (about 31 years, "no limit" in practice).  Config tables
+#: refuse more, and every wait is cut to it, so no timer overflows (``threading.TIMEOUT_MAX``
+#: is about 9.2e9 s) and no watchdog dies of it
+MAX_DURATION_S = 1e9
+
+
+def bounded_seconds(seconds: float) -> float:
+    """``seconds`` as a wait: at least 0, at most :data:`MAX_DURATION_S` (NaN: 0)."""
+    if not seconds > 0:  # also NaN
+        return 0.0
+    return seconds if seconds < MAX_DURATION_S else MAX_DURATION_S
+
 
 #: a call that ended this close to its deadline overran it (the loop, the timeout plugin and
 #: the deadline waits all use this one figure)
@@ -69,6 +85,7 @@ class SystemClock:
 
     def sleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
         """Sleep, returning early when ``cancel`` is set."""
+        seconds = bounded_seconds(seconds)
         if seconds <= 0:
             return
         if cancel is None:
@@ -78,6 +95,7 @@ class SystemClock:
 
     async def asleep(self, seconds: float, cancel: CancelToken | None = None) -> None:
         """Async sleep, returning early when ``cancel`` is set."""
+        seconds = bounded_seconds(seconds)
         if seconds <= 0:
             return
         if cancel is None:
@@ -217,7 +235,7 @@ def call_within(
     remove = cancel.on_cancel(done.set) if cancel is not None else None
     try:
         threading.Thread(target=target, name=f"loopwarden-{name}", daemon=True).start()
-        done.wait(timeout)
+        done.wait(None if timeout is None else bounded_seconds(timeout))
     finally:
         if remove is not None:
             remove()
@@ -248,7 +266,7 @@ async def await_within(
     without suspending (an instant model, a trivial async tool) costs no loop pass at all.
     """
     loop = asyncio.get_running_loop()
-    when = None if timeout is None else loop.time() + timeout
+    when = None if timeout is None else loop.time() + bounded_seconds(timeout)
     if asyncio.isfuture(aw):
         race: asyncio.Future[Any] = aw
         task = race
@@ -348,10 +366,11 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def watch(self, seconds: float, fire: Callable[[], None]) -> Callable[[], None]:
-        """Call ``fire()`` in ``seconds`` unless the returned function is called first."""
+        """Call ``fire()`` in ``seconds`` (at most :data:`MAX_DURATION_S`) unless the
+        returned function is called first."""
         with self._cond:
             self._seq += 1
-            entry: list[Any] = [time.monotonic() + seconds, self._seq, fire]
+            entry: list[Any] = [time.monotonic() + bounded_seconds(seconds), self._seq, fire]
             heapq.heappush(self._heap, entry)
             self._live += 1
             if self._thread is None:
@@ -390,7 +409,7 @@ class Watchdog:
                         fire, entry[2] = entry[2], None
                         self._live -= 1
                         break
-                    self._cond.wait(left)
+                    self._cond.wait(min(left, MAX_DURATION_S))
             threading.Thread(
                 target=_fire, args=(fire,), name="loopwarden-watchdog-fire", daemon=True
             ).start()
@@ -452,7 +471,11 @@ async def await_in_task(
     if task is None or not hasattr(task, "uncancel"):  # Python 3.10, or not in a task
         return await await_within(aw, timeout, cancel)
     race = _Race(task)
-    timer = None if timeout is None else loop.call_at(loop.time() + timeout, race.end, "timeout")
+    timer = (
+        None
+        if timeout is None
+        else loop.call_at(loop.time() + bounded_seconds(timeout), race.end, "timeout")
+    )
     remove = None
     if cancel is not None:
 

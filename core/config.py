@@ -27,7 +27,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveFloat,
     PositiveInt,
     ValidationError,
     model_validator,
@@ -36,6 +35,7 @@ from pydantic import (
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, AnswerMasks
 from loopwarden.mcp import McpConfig
+from loopwarden.plugin import PositiveSeconds, TypedTable
 
 if sys.version_info >= (3, 11):
     pass
@@ -68,7 +68,7 @@ DEFAULT_FALLBACK = (
 )
 
 
-class _Strict(BaseModel):
+class _Strict(TypedTable):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -80,7 +80,7 @@ class ModelConfig(_Strict):
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     #: the most one model call may take in all, retries and their waits included
-    timeout_s: PositiveFloat = 60.0
+    timeout_s: PositiveSeconds = 60.0
     max_retries: int = Field(default=2, ge=0)
     #: the largest response body accepted (after decompression); a larger one fails the call
     max_response_bytes: PositiveInt = 8 * 1024 * 1024
@@ -218,7 +218,7 @@ class ProfileConfig(_Strict):
 
     max_steps: PositiveInt | None = None
     max_tokens: PositiveInt | None = None
-    max_seconds: PositiveFloat | None = None
+    max_seconds: PositiveSeconds | None = None
     #: the largest request in tokens (token_budget's max_context), e.g. for a small model
     max_context: PositiveInt | None = None
     description: str | None = None
@@ -269,7 +269,7 @@ class StoreConfig(_Strict):
         min_length=1,
         description="prefix of every Redis key (several deployments, one server)",
     )
-    timeout_s: PositiveFloat = Field(
+    timeout_s: PositiveSeconds = Field(
         default=5.0,
         description="the longest one store call waits: connect / read timeout (Redis), "
         "lock wait in all (SQLite)",
@@ -280,7 +280,7 @@ class StoreConfig(_Strict):
         'stop, side effects do not run), "fail_open" carries on without it; logged and noted '
         "in the run record either way",
     )
-    reservation_ttl_s: PositiveFloat = Field(
+    reservation_ttl_s: PositiveSeconds = Field(
         default=300.0,
         description="a reservation not settled within this long (its process died) stops counting",
     )
@@ -289,11 +289,11 @@ class StoreConfig(_Strict):
         description="keep the side-effect ledger in the store: "
         "an idempotency key runs once across runs, processes and hosts",
     )
-    ledger_ttl_s: PositiveFloat = Field(
+    ledger_ttl_s: PositiveSeconds = Field(
         default=7 * 86400.0,
         description="how long an executed key is remembered (at least ledger_lease_s)",
     )
-    ledger_lease_s: PositiveFloat = Field(
+    ledger_lease_s: PositiveSeconds = Field(
         default=600.0,
         description="a claim older than this without an outcome is reported as "
         '"may have taken effect" instead of "in progress"',

@@ -490,7 +490,10 @@ class Deployment:
             run_id=run_id,
             estimator=self.estimator,
             model_name=getattr(model, "name", None),
-            max_output_tokens=output_limit(model),
+            # the model's own cap, else the deployment's: a model that does not say its cap
+            # (scripted, given with model=, a framework's) gets [model] max_output_tokens on
+            # its requests, and budgets reserve it
+            max_output_tokens=output_limit(model) or self.config.model.max_output_tokens,
             meta=meta,
             conversation=conversation,
         )

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from loopwarden.tools import Tool
 
 __all__ = [
+    "IN_DOUBT",
     "ModelDelta",
     "ModelRequest",
     "ModelResponse",
@@ -142,6 +143,11 @@ ErrorKind = Literal[
     "unknown_outcome",
     "store_unavailable",
 ]
+
+#: the error kinds of a call whose outcome is unknown -- it may have taken effect: a timeout,
+#: a cancellation, a tool (an MCP server, a connection) that died mid-call.  A side effect
+#: ending so is recorded as "may have taken effect" and never executed again silently.
+IN_DOUBT: frozenset[str] = frozenset({"timeout", "cancelled", "unknown_outcome"})
 
 
 @dataclass(slots=True, frozen=True)

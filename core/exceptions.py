@@ -191,10 +191,19 @@ class ToolError(Exception):
     :param retryable: whether trying the same call again may succeed (429, 5xx, timeouts).
     :param retry_after: seconds the service asked to wait before trying again (its
         ``Retry-After``); the runtime's retries honour it.
+    :param in_doubt: the request went out and no answer came back (the connection or the
+        server died mid-call): the call may have taken effect.  Its result is
+        ``unknown_outcome``, recorded in the ledgers as "may have taken effect" and never
+        executed again silently -- as a timeout.
     """
 
     def __init__(
-        self, message: str, *, retryable: bool = False, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        in_doubt: bool = False,
     ) -> None:
         #: the observation the model sees
         self.message = message
@@ -202,6 +211,8 @@ class ToolError(Exception):
         self.retryable = retryable
         #: seconds the service asked to wait before trying again, if it said
         self.retry_after = retry_after
+        #: the request went out unanswered: the call may have taken effect (``unknown_outcome``)
+        self.in_doubt = in_doubt
         super().__init__(message)
 
 

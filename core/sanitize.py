@@ -228,15 +228,19 @@ def _strict_int(text: str) -> int:
     return int(text)
 
 
-def loads_strict(text: str, limit: int = MAX_DEPTH) -> Any:
+def loads_strict(text: str, limit: int = MAX_DEPTH, *, clean: bool = False) -> Any:
     """Parse one line of a JSONL file as strict JSON; ``ValueError`` when it is not.
 
     Not accepted: ``NaN`` / ``Infinity``, numbers beyond a float (``1e999``) or with more than
     :data:`MAX_INT_DIGITS` digits, nesting deeper than ``limit``, and lone surrogates --
-    escaped (``\\ud800``) or from undecodable bytes read with ``surrogateescape``.
+    escaped (``\\ud800``) or from undecodable bytes read with ``surrogateescape`` -- unless
+    ``clean``: then each of those is replaced by U+FFFD (:func:`clean_text`) and the line kept
+    (a recorded run whose text holds half an emoji is still a run).
     """
     if _SURROGATE.search(text) is not None and clean_text(text) != text:
-        raise ValueError("the line holds undecodable bytes or a lone surrogate")
+        if not clean:
+            raise ValueError("the line holds undecodable bytes or a lone surrogate")
+        text = clean_text(text)
     try:
         value = json.loads(
             text, parse_constant=_reject_constant, parse_float=_strict_float, parse_int=_strict_int
@@ -246,7 +250,9 @@ def loads_strict(text: str, limit: int = MAX_DEPTH) -> Any:
     if _too_deep(text, value, limit):
         raise ValueError(f"the line nests deeper than {limit} levels")
     if "\\u" in text and _has_lone_surrogate(value):
-        raise ValueError("the line holds a lone surrogate")
+        if not clean:
+            raise ValueError("the line holds a lone surrogate")
+        value = _clean_tree(value)
     return value
 
 

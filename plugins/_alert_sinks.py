@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveInt, field_validator
 
 from loopwarden import PluginSettings
+from loopwarden.plugin import PositiveSeconds
 from loopwarden.redaction import MASK, Redactor
 from loopwarden.sanitize import escape_controls
 
@@ -81,7 +82,7 @@ class _QueuedSinkConfig(_SinkBase):
 class WebhookSinkConfig(_QueuedSinkConfig):
     type: Literal["webhook"] = "webhook"
     url: str = Field(description="where the alert JSON is POSTed (http:// or https://)")
-    timeout_s: PositiveFloat = Field(default=5.0, description="HTTP timeout per alert, seconds")
+    timeout_s: PositiveSeconds = Field(default=5.0, description="HTTP timeout per alert, seconds")
     headers: dict[str, str] = Field(
         default_factory=dict, description="extra HTTP headers (e.g. an Authorization token)"
     )

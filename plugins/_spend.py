@@ -15,8 +15,9 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
+from loopwarden.plugin import PositiveSeconds, TypedTable
 from loopwarden.plugins._budgets import BudgetSettings, check_templates, warn_at_field
 from loopwarden.store import QUANTITIES, Counter, cost_units
 
@@ -55,7 +56,7 @@ def budget_reason(quantity: str) -> str:
     return _QUANTITY[quantity][0]
 
 
-class Budget(BaseModel):
+class Budget(TypedTable):
     """One shared budget: a scope, a window and at least one limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -142,14 +143,12 @@ class SpendLimitsSettings(BudgetSettings):
         description="a budget that the next call would pass "
         "makes this call the final tool-less turn (false: stop at once)",
     )
-    keep_windows_s: float = Field(
+    keep_windows_s: PositiveSeconds = Field(
         default=35 * 86400.0,
-        gt=0,
         description="how long the counters of a past hour / day / month stay listed",
     )
-    keep_runs_s: float = Field(
+    keep_runs_s: PositiveSeconds = Field(
         default=86400.0,
-        gt=0,
         description="how long the counters of "
         "run and conversation windows stay after their last use",
     )

@@ -44,10 +44,10 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from loopwarden import Plugin, PluginSettings, signals
-from loopwarden.plugin import check_templates
+from loopwarden.plugin import PositiveSeconds, Seconds, check_templates
 from loopwarden.plugins._alert_sinks import (
     SEVERITIES,
     CallableSink,
@@ -109,13 +109,12 @@ class AlertingSettings(PluginSettings):
         default_factory=_default_sinks,
         description="where alerts go: tables with type = log | stderr | webhook | callable",
     )
-    dedup_window_s: float = Field(
+    dedup_window_s: Seconds = Field(
         default=300.0,
-        ge=0,
         description="one alert per (reason, plugin) per window, on the run's clock (0: off)",
     )
     rate_limit: PositiveInt = Field(default=20, description="at most this many alerts ...")
-    rate_window_s: PositiveFloat = Field(default=60.0, description="... per this many seconds")
+    rate_window_s: PositiveSeconds = Field(default=60.0, description="... per this many seconds")
     threshold_runs: PositiveInt = Field(
         default=3, description="threshold rule: alert when MORE than this many runs ..."
     )
@@ -156,8 +155,8 @@ class AlertingSettings(PluginSettings):
     max_keys: PositiveInt = Field(
         default=1000, description="de-duplication keys remembered (oldest forgotten first)"
     )
-    close_timeout_s: float = Field(
-        default=5.0, ge=0, description="when the deployment closes, wait this long for delivery"
+    close_timeout_s: Seconds = Field(
+        default=5.0, description="when the deployment closes, wait this long for delivery"
     )
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ per tool -- and per MCP server, for all of its tools -- in the deployment's shar
 (``[store] url``), so every process and host that shares the store shares the breakers:
 
 * **closed** -- calls run; their outcomes are counted in a sliding window of ``window_s``.
-  Only **transient** failures count: a timeout, a failure the tool flagged ``retryable`` (a
+  Only **transient** failures count: a timeout, a call left in doubt (``unknown_outcome``: an
+  MCP server that died mid-call), a failure the tool flagged ``retryable`` (a
   ``ToolError(retryable=True)``, a 429 or 5xx, a reset connection -- what ``retry_policy``
   retries), each execution of a runtime retry.  retry_policy clears a failure's flag once its
   budget is spent: placed before it, this plugin sees every flag; placed after it, still
@@ -51,7 +52,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from loopwarden import (
     Plugin,
@@ -65,7 +66,7 @@ from loopwarden import (
 )
 from loopwarden.exceptions import StoreError
 from loopwarden.notes import render_note, runtime
-from loopwarden.plugin import check_templates
+from loopwarden.plugin import PositiveSeconds, check_templates
 from loopwarden.store import BreakerRule, BreakerView
 from loopwarden.store.breakers import ANONYMOUS, Ident
 
@@ -92,13 +93,14 @@ _SAMPLE = {
 
 
 def transient(result: ToolResult) -> bool:
-    """A failure of the dependency, not of the call: a timeout, a failure flagged retryable
-    (a ``ToolError(retryable=True)``, a 429 / 5xx, a reset connection), or one the runtime
-    retried (``attempts > 1``: it was retryable, even if retry_policy -- earlier in the
-    config order -- has cleared the flag since, its retry budget spent)."""
+    """A failure of the dependency, not of the call: a timeout, a call left in doubt by a
+    server or connection that died mid-call (``unknown_outcome``), a failure flagged
+    retryable (a ``ToolError(retryable=True)``, a 429 / 5xx, a reset connection), or one the
+    runtime retried (``attempts > 1``: it was retryable, even if retry_policy -- earlier in
+    the config order -- has cleared the flag since, its retry budget spent)."""
     if result.ok or result.skipped or result.error == "cancelled":
         return False
-    return result.error == "timeout" or result.retryable or result.attempts > 1
+    return result.error in ("timeout", "unknown_outcome") or result.retryable or result.attempts > 1
 
 
 class CircuitBreakerSettings(PluginSettings):
@@ -114,7 +116,7 @@ class CircuitBreakerSettings(PluginSettings):
         description="also one breaker per MCP server, for all of its tools: a server that is "
         "down pauses every tool it serves",
     )
-    window_s: PositiveFloat = Field(
+    window_s: PositiveSeconds = Field(
         default=60.0, description="the sliding window the calls and failures are counted in"
     )
     failures: PositiveInt | None = Field(
@@ -141,10 +143,10 @@ class CircuitBreakerSettings(PluginSettings):
     source_key: str = Field(
         default="tenant", min_length=1, description="the meta key that names a failure's source"
     )
-    open_s: PositiveFloat = Field(
+    open_s: PositiveSeconds = Field(
         default=30.0, description="how long an open breaker skips calls before one probe"
     )
-    probe_timeout_s: PositiveFloat = Field(
+    probe_timeout_s: PositiveSeconds = Field(
         default=60.0,
         description="a probe that reports nothing within this long (its process died) lets "
         "another caller probe",
@@ -155,7 +157,7 @@ class CircuitBreakerSettings(PluginSettings):
         "(circuit_open); null: never stop, only skip",
     )
     timezone: str = Field(default="UTC", description="the time zone of {since} in the texts")
-    keep_s: PositiveFloat = Field(
+    keep_s: PositiveSeconds = Field(
         default=86400.0, description="how long a breaker nobody touches stays in the store"
     )
     observation: str = Field(

@@ -25,7 +25,10 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   -- and the run span's token totals as ``loopwarden.usage.*``;
 * every verdict a ``loopwarden.verdict`` event on the run span: ``loopwarden.verdict.plugin``,
   ``.action`` (warn, skip, stop), ``.reason``, ``.soft``, ``.shadow``, ``.hook``, ``.step``,
-  and the standard evidence keys as ``loopwarden.evidence.<key>``;
+  ``.message``, and the standard evidence keys as ``loopwarden.evidence.<key>``.  Without
+  ``capture_content`` the message and the content-holding evidence (``signature``: a call's
+  arguments) leave only as a keyed hash and a length (``loopwarden.verdict.message.hash`` /
+  ``.chars``, ``loopwarden.evidence.signature.hash`` / ``.chars``): names, counts and hashes;
 * a fleet-wide circuit breaker that a run's call opened, made half-open or closed a
   ``loopwarden.circuit_breaker`` event on that run's span: ``loopwarden.breaker.change``,
   ``.state``, ``.target`` (tool, server), ``.name``, ``.scope``, ``.key_hash``, ``.failures``,
@@ -68,6 +71,7 @@ from pydantic import Field, model_validator
 
 from loopwarden import Plugin, PluginSettings, hookimpl, signals
 from loopwarden._version import __version__
+from loopwarden.plugin import PositiveSeconds
 from loopwarden.plugins.metrics import UNKNOWN_TOOL, MetricsSettings, _definitions
 from loopwarden.reasons import LOOP_REASONS
 from loopwarden.redaction import (
@@ -136,6 +140,12 @@ class OTelSettings(PluginSettings):
         default="loopwarden",
         description='service.name of the plugin\'s own providers (exporter = "otlp")',
     )
+    export_timeout_s: PositiveSeconds = Field(
+        default=2.0,
+        description="the longest one export to the collector may take, its retries included "
+        '(exporter = "otlp"); after a failure, batches are dropped at once for 30 s, and the '
+        "failure is logged once -- a collector that is down never holds a run or a close",
+    )
     traces: bool = Field(default=True, description="record spans")
     metrics: bool = Field(default=True, description="record metrics")
     agent_name: str = Field(
@@ -176,7 +186,7 @@ class OTelSettings(PluginSettings):
     @model_validator(mode="after")
     def _otlp_only(self) -> OTelSettings:
         if self.exporter != "otlp":
-            defaults = {"endpoint": None, "service_name": "loopwarden"}
+            defaults = {"endpoint": None, "service_name": "loopwarden", "export_timeout_s": 2.0}
             stray = [k for k, v in defaults.items() if getattr(self, k) != v]
             if stray:
                 raise ValueError(
@@ -259,6 +269,7 @@ class OTel(Plugin[OTelSettings]):
                 __version__,
                 tracer_provider,
                 meter_provider,
+                s.export_timeout_s,
             )
             if s.metrics:
                 self.instruments = _otel.Instruments(
@@ -268,6 +279,7 @@ class OTel(Plugin[OTelSettings]):
             log.warning("otel: %s", INSTALL_HINT)
             return
         self._otel = _otel
+        self._digest = _otel.Digest()
         self._kind_client = SpanKind.CLIENT
         self._kind_internal = SpanKind.INTERNAL
         self._error = Status(StatusCode.ERROR)
@@ -542,11 +554,17 @@ class OTel(Plugin[OTelSettings]):
         soft = getattr(verdict, "soft", None)
         if soft is not None:
             attrs["loopwarden.verdict.soft"] = soft
+        # a message quotes what the guard saw (a call's arguments): content, so without
+        # capture_content only its hash and length leave the process (as the evidence's)
+        digest = None if self.capture else self._digest
         if verdict.message:
-            attrs["loopwarden.verdict.message"] = self._otel.scalar(
-                self.redactor.text(verdict.message)
-            )
-        attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor))
+            if digest is None:
+                attrs["loopwarden.verdict.message"] = self._otel.scalar(
+                    self.redactor.text(verdict.message)
+                )
+            else:
+                attrs.update(digest.content("loopwarden.verdict.message", verdict.message))
+        attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor, digest))
         st.span.add_event("loopwarden.verdict", attrs)
 
     def on_breaker_changed(self, run: Run, *, breaker: BreakerView, **_: Any) -> None:

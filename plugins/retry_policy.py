@@ -39,6 +39,7 @@ from pydantic import Field
 
 from loopwarden import Plugin, PluginSettings, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.events import RetryPlan
+from loopwarden.plugin import Seconds
 
 __all__ = ["RetryPolicy", "RetryPolicySettings"]
 
@@ -57,15 +58,12 @@ class RetryPolicySettings(PluginSettings):
         description="the runtime retries a retryable failure of a declared tool itself, before "
         "the model sees it; false: only when the model proposes the call again",
     )
-    backoff_s: float = Field(
-        default=1.0, ge=0, description="seconds to wait before the first retry"
-    )
+    backoff_s: Seconds = Field(default=1.0, description="seconds to wait before the first retry")
     backoff_factor: float = Field(
         default=2.0, ge=1, description="each further retry waits this many times longer"
     )
-    max_backoff_s: float = Field(
+    max_backoff_s: Seconds = Field(
         default=30.0,
-        ge=0,
         description="the longest backoff; a Retry-After longer than this is not waited for by "
         "the runtime",
     )

@@ -40,6 +40,7 @@ KEY`` forgets it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from decimal import Decimal
@@ -83,6 +84,27 @@ if TYPE_CHECKING:
 __all__ = ["Budget", "SpendLimits", "SpendLimitsSettings", "budget_reason"]
 
 log = logging.getLogger("loopwarden.plugins.spend_limits")
+
+
+def _apply(applied: list[_Applied], new: _Applied) -> None:
+    """Add ``new`` to the run's ``applied`` budgets -- merged into the one that counts the
+    same counter (scope, key, window, bucket), so a run is counted once however many entries
+    share it: each quantity's limit is the lowest the entries set, and so is ``warn_at``."""
+    c = new.counter
+    for i, a in enumerate(applied):
+        o = a.counter
+        if (o.scope, o.key, o.window, o.bucket) != (c.scope, c.key, c.window, c.bucket):
+            continue
+        limits = tuple(
+            x if y is None else y if x is None else min(x, y)
+            for x, y in zip(o.limits, c.limits, strict=True)
+        )
+        levels = [w for w in (a.warn_level, new.warn_level) if w is not None]
+        applied[i] = _Applied(
+            a.budget, dataclasses.replace(o, limits=limits), min(levels) if levels else None
+        )
+        return
+    applied.append(new)
 
 
 class SpendLimits(Plugin[SpendLimitsSettings]):
@@ -222,16 +244,17 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                 else (None if b.window == "total" else now + s.keep_runs_s)
             )
             warn_at = b.warn_at if b.warn_at is not None else s.warn_at
-            st.applied.append(
-                _Applied(b, Counter(b.scope, key, b.window, bucket, b.limits(), expires), warn_at)
+            _apply(
+                st.applied,
+                _Applied(b, Counter(b.scope, key, b.window, bucket, b.limits(), expires), warn_at),
             )
         if not st.applied:
             return None
         st.shared = run.shared
-        st.count_tools = any(a.budget.max_tool_calls is not None for a in st.applied)
+        st.count_tools = any(a.counter.limits[TOOL_CALLS] is not None for a in st.applied)
         pricing = self.pricing
         st.price = pricing.run_price(run)[0] if pricing is not None else None
-        costed = any(a.budget.max_cost is not None for a in st.applied)
+        costed = any(a.counter.limits[COST] is not None for a in st.applied)
         if (
             st.price is None
             and costed

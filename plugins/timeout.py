@@ -51,6 +51,7 @@ from loopwarden import (
 )
 from loopwarden.clock import DEADLINE_SLACK_S
 from loopwarden.notes import render_note, runtime, tool_name
+from loopwarden.plugin import PositiveSeconds, Seconds
 from loopwarden.plugins._budgets import BudgetSettings, warn_at_field
 
 __all__ = ["Timeout", "TimeoutSettings"]
@@ -74,20 +75,17 @@ class TimeoutSettings(BudgetSettings):
     templates = ("warning", "stop_message", "tool_stop_message")
     template_sample = _TEMPLATE_FIELDS
 
-    max_seconds: float = Field(
+    max_seconds: PositiveSeconds = Field(
         default=1800.0,
-        gt=0,
         description="seconds a run may take on its clock; a run profile's max_seconds overrides it",
     )
-    tool_timeout_s: float | None = Field(
+    tool_timeout_s: PositiveSeconds | None = Field(
         default=30.0,
-        gt=0,
         description="the longest any single tool call may run (a tool's own, shorter timeout "
         "wins); unset: only the tool's own timeout and the time left",
     )
-    grace_s: float = Field(
+    grace_s: Seconds = Field(
         default=15.0,
-        ge=0,
         description="seconds past max_seconds within which the run still gets its final "
         "tool-less turn (soft stop); later the stop is hard",
     )

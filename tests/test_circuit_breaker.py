@@ -316,6 +316,8 @@ def test_what_counts_as_transient() -> None:
     from loopwarden import ToolResult
 
     assert transient(ToolResult("t", ok=False, error="timeout"))
+    # an MCP server that died mid-call: in doubt, not retryable (a side effect), transient
+    assert transient(ToolResult("Connection closed", ok=False, error="unknown_outcome"))
     assert transient(ToolResult("503", ok=False, error="tool_error", retryable=True))
     assert transient(ToolResult("reset", ok=False, error="exception", retryable=True))
     # retried by the runtime, its flag cleared since by retry_policy (a spent budget)

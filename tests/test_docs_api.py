@@ -80,7 +80,7 @@ def test_the_testing_kit_and_fixtures_are_in_the_reference() -> None:
         "lw_hooks()",
         "lw_clock()",
         "lw_signals()",
-        "render_note(template: str, /, **fields: Any) -> str",
+        "render_note(template: str, /, **fields: Any) -> Note",
         "stop(reason: str, *, soft: bool = False",
     ):
         assert name in text, name

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import loopwarden
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -184,7 +185,10 @@ def test_runaway_run_span_tree_attributes_and_verdict_events(
     assert last["loopwarden.verdict.hook"] == "before_tool"
     assert last["loopwarden.evidence.count"] == record["evidence"]["count"]
     assert last["loopwarden.evidence.threshold"] == record["evidence"]["threshold"]
-    assert last["loopwarden.evidence.signature"] == record["evidence"]["signature"]
+    # no capture_content: the call's signature and the message leave only hashed
+    assert "loopwarden.evidence.signature" not in last
+    assert last["loopwarden.evidence.signature.chars"] == len(record["evidence"]["signature"])
+    assert "loopwarden.verdict.message" not in last and last["loopwarden.verdict.message.hash"]
     assert "loopwarden.evidence.fingerprint" not in last  # not a standard key
     assert "loopwarden.verdict.soft" not in events[0].attributes  # a skip has no softness
     # no content without the opt-in
@@ -654,3 +658,130 @@ def test_a_trace_the_sampler_drops_makes_no_child_spans(
     # the metrics do not depend on sampling
     (duration,) = telemetry.points("gen_ai.client.operation.duration")
     assert duration.count == run.step
+
+
+PRIVATE = {"query": "refund for jane.doe@example.com, SSN 123-45-6789"}
+
+
+def _private_loop(tmp_path: Path) -> str:
+    """A runaway run whose repeated call holds an e-mail address and an SSN."""
+    path = tmp_path / "private.toml"
+    path.write_text(
+        'name = "private"\nuser = "help"\n[model]\nturns = [\n'
+        '  { tool_calls = [{ name = "search_knowledge", arguments = '
+        + "{ "
+        + ", ".join(f"{k} = {json.dumps(v)}" for k, v in PRIVATE.items())
+        + ' } }] },\n]\nthen = "repeat_last"\nfinal_text = "done"\n'
+        '[tools.search_knowledge]\nresults = ["nothing found"]\n',
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def _exported_text(t: Telemetry) -> str:
+    """Every attribute of every span and span event, as text."""
+    parts = []
+    for span in t.spans():
+        parts.extend(f"{k}={v}" for k, v in span.attributes.items())
+        for event in span.events:
+            parts.extend(f"{k}={v}" for k, v in event.attributes.items())
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_repeat_stop_exports_no_arguments_without_capture_content(
+    make_config: Callable[..., Config],
+    deployment_factory: Factory,
+    telemetry: Telemetry,
+    tmp_path: Path,
+    capture: bool,
+) -> None:
+    """A repeat_call stop on a call holding an e-mail and an SSN: without capture_content no
+    span, attribute or event carries them -- the verdict's message and its evidence's
+    signature leave as a hash and a length (equal calls, equal hashes); with the opt-in
+    they are exported (redacted)."""
+    dep = _deployment(make_config, deployment_factory, _otel(telemetry, capture_content=capture))
+    run = dep.run(scenario=_private_loop(tmp_path))
+    record = run.record()
+    assert record["termination"] == "repeat_call"
+    assert "123-45-6789" in record["evidence"]["signature"]  # the record keeps it, locally
+    exported = _exported_text(telemetry)
+    for secret in ("123-45-6789", "jane.doe@example.com"):
+        assert (secret in exported) is capture
+    events = [e.attributes for e in telemetry.one("invoke_agent").events]
+    stop = [e for e in events if e["loopwarden.verdict.action"] == "stop"][-1]
+    if capture:
+        assert "123-45-6789" in stop["loopwarden.evidence.signature"]
+    else:
+        hashes = {
+            e["loopwarden.evidence.signature.hash"]
+            for e in events
+            if "loopwarden.evidence.signature.hash" in e
+        }
+        assert len(hashes) == 1  # the same call each time: one hash, nothing else
+        assert stop["loopwarden.evidence.count"] == record["evidence"]["count"]
+        assert stop["loopwarden.verdict.message.chars"] > 0
+
+
+class _DeadCollector:
+    """A collector that is down: it accepts each connection, reads the request line and
+    closes the connection without an answer (the client sees a dropped connection, as from a
+    crashed or restarting collector); ``requests`` holds each request line."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.requests: list[str] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            conn.settimeout(5)
+            try:
+                line = conn.recv(200).split(b"\r\n", 1)[0].decode("ascii", "replace")
+            except OSError:
+                line = ""
+            self.requests.append(line)
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_collector_that_is_down_keeps_a_short_run_short_with_one_log_line(
+    tmp_path: Path,
+) -> None:
+    """``loopwarden run`` with the OTLP exporter pointed at a collector that is down: the
+    run's record as usual, exactly one line on stderr (not the SDK's eight retry lines), and
+    one export tried -- its retries within ``export_timeout_s`` (2 s) -- after which the
+    collector is skipped: the metrics are never sent, and the close does not wait on their
+    retries (~15 s before).  Attempts are counted, not timed."""
+    collector = _DeadCollector()
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        '[plugins]\nenabled = ["max_steps", "otel"]\n[plugins.otel]\nexporter = "otlp"\n'
+        f'endpoint = "http://127.0.0.1:{collector.port}"\n',
+        encoding="utf-8",
+    )
+    try:
+        proc = loopwarden("run", "--config", str(cfg), "--scenario", "refund", "--json")
+    finally:
+        collector.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["termination"] == "final_answer"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "otel: exporting" in lines[0] and f"127.0.0.1:{collector.port}" in lines[0]
+    assert collector.requests, "nothing was exported: the test proves nothing"
+    assert all(r.startswith("POST /v1/traces") for r in collector.requests), collector.requests
+    assert len(collector.requests) <= 4  # 2 attempts in 2 s (the client reconnects once each)

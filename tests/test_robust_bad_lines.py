@@ -1,7 +1,8 @@
 """One bad line never crashes ``report`` or ``replay``: it is skipped and counted (item 9).
 
 Each bad line sits between two good ones; the command must exit as it would without it,
-report both good lines and count exactly one skipped line.
+report both good lines and count exactly one skipped line.  Replay keeps a recorded run whose
+text holds a lone surrogate or an undecodable byte -- cleaned to U+FFFD (issue 33, item 9).
 """
 
 from __future__ import annotations
@@ -73,7 +74,11 @@ def test_report_skips_and_counts_the_bad_line(
     assert "skipped 1 corrupt line" in err and "(line 2)" in err
 
 
-@pytest.mark.parametrize("case", list(BAD_LINES))
+#: bad for a record, but a trajectory whose text is cleaned and kept (replay)
+CLEANED = ("an invalid UTF-8 byte", "a lone surrogate")
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_LINES if c not in CLEANED])
 def test_replay_skips_and_counts_the_bad_line(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -84,6 +89,30 @@ def test_replay_skips_and_counts_the_bad_line(
     assert [r["id"] for r in lines[:-1]] == ["good", "good"]
     assert lines[-1]["summary"]["unreadable_lines"] == 1
     assert "skipped 1 unreadable line" in err
+
+
+def test_replay_keeps_a_run_whose_argument_holds_a_lone_surrogate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every recorded run has half an emoji (``\\ud83d``) in a tool argument, one also an
+    undecodable byte: replay reports them all, the text cleaned to U+FFFD, and exits 0 (it
+    dropped each and exited 2, "every line unreadable")."""
+    runs = [
+        b'{"id": "r%d", "steps": [{"content": "x", "tool_calls": [{"name": "search", '
+        b'"arguments": {"q": "emoji \\ud83d cut"}}], "observations": ["none"]}, '
+        b'{"content": "done", "tool_calls": []}]}' % i
+        for i in range(3)
+    ]
+    runs[2] = runs[2].replace(b'"done"', b'"d\xffne"')
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\n".join(runs) + b"\n")
+    assert main(["replay", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in lines[:-1]] == ["r0", "r1", "r2"]
+    assert [r["steps"] for r in lines[:-1]] == [2, 2, 2]
+    assert lines[-1]["summary"]["unreadable_lines"] == 0
+    assert "unreadable" not in err
 
 
 def test_report_of_records_the_plugin_wrote_from_odd_values(tmp_path: Path) -> None:

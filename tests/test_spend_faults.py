@@ -89,9 +89,12 @@ class RecordingSpendLimits(SpendLimits):
         return verdict
 
 
-def recording_deployment(url: str, budgets: list[dict[str, Any]]) -> Deployment:
+def recording_deployment(
+    url: str, budgets: list[dict[str, Any]], model: dict[str, Any] | None = None
+) -> Deployment:
     config = parse_config(
         {
+            "model": model or {},
             "store": store_table(url),
             "plugins": {"enabled": ["spend_limits"], "spend_limits": {"budgets": budgets}},
         },
@@ -165,17 +168,24 @@ class _AllInFlight:
             self.cond.notify_all()
 
 
+@pytest.mark.parametrize("cap_from", ["model", "config"])
 def test_four_workers_stay_within_the_documented_bound_with_max_output_tokens(
-    store_url: str,
+    store_url: str, cap_from: str
 ) -> None:
     # The numbers: 4 workers, a 5,000-token budget, [model] max_output_tokens = 4,000.
     # Reserving 1,000 output tokens per call let all four in (4 x ~1,034) and each spent 4,034:
     # 16,136 against a bound of 5,000 + 4 x 1,034 = 9,136.
+    # cap_from = "config": a model that does not say its cap (scripted, a framework's, one
+    # given with model=) -- [model] max_output_tokens = 4,000 reaches its requests all the same
     budget = [{"scope": "tenant", "window": "day", "max_tokens": 5000}]
-    dep = recording_deployment(store_url, budget)
+    configured = {"max_output_tokens": 4000} if cap_from == "config" else None
+    dep = recording_deployment(store_url, budget, model=configured)
     plugin: RecordingSpendLimits = dep.plugins.get("spend_limits")
     gate = _AllInFlight(4)
-    models = [CappedModel(4000, before_answer=gate.model_call) for _ in range(4)]
+    own = 4000 if cap_from == "model" else None
+    models = [
+        CappedModel(own, default_output=4000, before_answer=gate.model_call) for _ in range(4)
+    ]
 
     def worker(model: CappedModel) -> None:
         try:

@@ -233,6 +233,22 @@ def test_expired_run_counters_are_pruned_as_the_store_is_written(store_url: str)
     store.close()
 
 
+def test_no_expired_sqlite_counter_outlives_the_deployment(tmp_path: Path) -> None:
+    """The round-4 finding (666 expired rows kept after 2,000 runs): rows that expire after
+    the last write were never pruned -- nothing wrote again.  Runs with short-lived "run"
+    windows, their counters expired, the deployment closed: no expired row is left."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    budgets = [{"scope": "tenant", "window": "run", "max_model_calls": 100}]
+    plugins = {"spend_limits": {"budgets": budgets, "keep_runs_s": 0.05}}
+    dep = deployment_for(url, plugins=plugins)
+    for i in range(20):
+        assert dep.run(scenario="refund", meta={"tenant": f"t{i}"}).record()["steps"] > 0
+    time.sleep(0.2)  # past every counter's expiry (keep_runs_s after its run)
+    assert _expired_left(url, time.time()) > 0  # the last runs' rows, expired, still there
+    dep.close()
+    assert _expired_left(url, time.time()) == 0
+
+
 def test_expired_ledger_entries_are_pruned_sqlite(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "store.sqlite3")
     for i in range(200):

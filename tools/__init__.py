@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from loopwarden.clock import MAX_DURATION_S
 from loopwarden.exceptions import ToolDefinitionError, ToolError
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, idempotency_key
 
@@ -186,6 +187,15 @@ def _build(
     if read_only and side_effect:
         raise ToolDefinitionError(
             f"tool {func.__name__!r} cannot be both read_only and side_effect"
+        )
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s <= MAX_DURATION_S
+    ):
+        raise ToolDefinitionError(
+            f"tool {func.__name__!r}: timeout_s must be a number of seconds above 0 and at "
+            f"most {MAX_DURATION_S:g}, got {timeout_s!r}"
         )
     try:
         hints = get_type_hints(func, include_extras=True)

@@ -44,9 +44,10 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "loopwarden.plugin",
         ("Plugin", "PluginSettings", "NoSettings", "check_templates", "check_patterns"),
     ),
+    ("Settings value types", "loopwarden.plugin", ("TypedTable",)),
     ("Hook markers", "loopwarden.hookspecs", ("hookimpl", "hookspec")),
     ("Typed per-run state", "loopwarden.stash", ("StashKey", "Stash")),
-    ("Notes", "loopwarden.notes", ("render_note", "runtime", "tool_name")),
+    ("Notes", "loopwarden.notes", ("render_note", "instruction_text", "runtime", "tool_name")),
     (
         "Streaming",
         "loopwarden.engine.streaming",

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from loopwarden.events import ErrorKind, ModelResponse, ProposedCall, ToolCall, ToolResult, Usage
+from loopwarden.events import (
+    IN_DOUBT,
+    ErrorKind,
+    ModelResponse,
+    ProposedCall,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
 from loopwarden.fingerprint import Fingerprinter
 from loopwarden.run import Run
 from loopwarden.sanitize import clean_text, loads_arguments
@@ -196,7 +204,7 @@ def side_effect_replay(t: Texts, call: ToolCall, earlier: ToolResult) -> ToolRes
     """The synthetic observation for a side effect already executed with this key."""
     if earlier.ok:
         text = t.side_effect_replayed.format(name=call.name, content=earlier.content)
-    elif earlier.error in ("timeout", "cancelled"):
+    elif earlier.error in IN_DOUBT:
         text = t.side_effect_unknown.format(name=call.name, content=earlier.content)
     else:
         text = t.side_effect_failed.format(name=call.name, content=earlier.content)
@@ -220,13 +228,7 @@ def note_ledger_answer(
     tool = call.tool
     keys = list(tool.idempotency_keys) if tool is not None and tool.idempotency_keys else None
     if isinstance(earlier, ToolResult):
-        state = (
-            "done"
-            if earlier.ok
-            else "unknown"
-            if earlier.error in ("timeout", "cancelled")
-            else "failed"
-        )
+        state = "done" if earlier.ok else "unknown" if earlier.error in IN_DOUBT else "failed"
         where = "earlier in this conversation"
     else:
         state = earlier.state

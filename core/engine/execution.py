@@ -22,9 +22,16 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.clock import CANCEL_GRACE_S, Ending, await_within, call_within
+from loopwarden.clock import (
+    CANCEL_GRACE_S,
+    MAX_DURATION_S,
+    Ending,
+    await_within,
+    bounded_seconds,
+    call_within,
+)
 from loopwarden.config import Texts
-from loopwarden.events import ToolCall, ToolResult
+from loopwarden.events import IN_DOUBT, ToolCall, ToolResult
 from loopwarden.exceptions import ToolError
 
 if TYPE_CHECKING:
@@ -121,7 +128,7 @@ def _attempt_sync(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolRe
     )  # abandoned: the marker appended below
     remove = run.cancel.on_cancel(wake)
     try:
-        done.acquire(timeout=timeout)
+        done.acquire(timeout=bounded_seconds(timeout))
     finally:
         remove()
     if not box or box[0] is None:
@@ -203,17 +210,19 @@ def _may_retry(call: ToolCall, result: ToolResult) -> bool:
     Only a failure flagged retryable (a 429, a 5xx, a reset connection, a read-only call's
     timeout) -- never a semantic one; only a tool whose nature is declared; a side effect only
     under its declared idempotency keys (the service can then deduplicate), and never after
-    a timeout or a cancellation (its outcome is unknown).
+    a timeout, a cancellation or a death mid-call (its outcome is unknown: ``IN_DOUBT``).
     """
     plan = call.retry
     if plan is None or plan.attempts < 2 or result.ok or not result.retryable:
         return False
-    if result.error == "cancelled" or (result.error == "timeout" and not plan.timeouts):
+    if result.error == "cancelled" or (result.error in IN_DOUBT and not plan.timeouts):
         return False
     tool = call.tool
     if tool is None or not tool.declared:
         return False
-    return not call.side_effect or (tool.idempotency_keys is not None and result.error != "timeout")
+    return not call.side_effect or (
+        tool.idempotency_keys is not None and result.error not in IN_DOUBT
+    )
 
 
 class _Retries:
@@ -238,7 +247,7 @@ class _Retries:
         plan = self.plan
         if not result.retryable or result.error == "cancelled":
             return None
-        if result.error == "timeout" and (self.call.side_effect or not plan.timeouts):
+        if result.error in IN_DOUBT and (self.call.side_effect or not plan.timeouts):
             return None  # a side effect that may have happened is never tried again
         if self.attempts >= plan.attempts:
             return None
@@ -306,6 +315,15 @@ def timeout_result(t: Texts, call: ToolCall, elapsed: float) -> ToolResult:
 def error_result(t: Texts, eff: RunTool, exc: BaseException, elapsed: float) -> ToolResult:
     """The result of a tool that raised: its ``ToolError``, a cancellation, or an exception."""
     if isinstance(exc, ToolError):
+        if getattr(exc, "in_doubt", False):
+            # the request went out, no answer came: it may have taken effect (as a timeout)
+            return ToolResult(
+                content=to_text(exc.message),
+                ok=False,
+                error="unknown_outcome",
+                retryable=exc.retryable and not eff.call.side_effect,
+                duration_s=elapsed,
+            )
         return ToolResult(
             content=to_text(exc.message),
             ok=False,
@@ -338,7 +356,11 @@ def retry_after_of(exc: BaseException) -> float | None:
     as httpx's, requests' and openai's errors carry it on ``exc.response``)."""
     given = getattr(exc, "retry_after", None)
     if isinstance(given, (int, float)) and not isinstance(given, bool):
-        return max(float(given), 0.0) if math.isfinite(given) else None
+        try:
+            seconds = float(given)  # an int too large for a float overflows
+        except OverflowError:
+            return MAX_DURATION_S if given > 0 else 0.0
+        return bounded_seconds(seconds) if math.isfinite(seconds) else None
     headers = getattr(getattr(exc, "response", None), "headers", None)
     try:
         value = None if headers is None else headers.get("retry-after", headers.get("Retry-After"))
@@ -356,7 +378,7 @@ def retry_after_of(exc: BaseException) -> float | None:
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.timezone.utc)
         seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
-    return max(seconds, 0.0) if math.isfinite(seconds) else None
+    return bounded_seconds(seconds) if math.isfinite(seconds) else None
 
 
 def cancelled_result(t: Texts, eff: RunTool) -> ToolResult:

@@ -43,10 +43,11 @@ from loopwarden.engine.outcomes import (
     soft_end,
     vetoed,
 )
-from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
+from loopwarden.events import IN_DOUBT, ModelRequest, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import ModelError
 from loopwarden.fingerprint import AnswerMasks, Fingerprinter
 from loopwarden.models.tokens import estimate_tools
+from loopwarden.notes import instruction_text
 from loopwarden.run import Run, RunOutcome
 from loopwarden.sanitize import clean_text
 from loopwarden.tools import ToolContext
@@ -196,7 +197,10 @@ class Engine:
             run.pending_notes.append(message)
 
     def _request(self, run: Run, final: bool) -> ModelRequest:
-        notes, run.pending_notes = run.pending_notes, []
+        # a note's instruction form: data that is not a short identifier withheld, so tool
+        # and model text never rise to the note's role (loopwarden.notes); records keep all
+        notes = [instruction_text(n) for n in run.pending_notes]
+        run.pending_notes = []
         role, prefix = self.settings.warning_role, self.settings.warning_prefix
         for n in notes:
             run.add_message({"role": role, "content": prefix + n})
@@ -219,7 +223,7 @@ class Engine:
         stop = run.stopping
         text = self.settings.wrap_up_instruction
         if stop is not None and stop.message:
-            text = f"{stop.message} {text}"
+            text = f"{instruction_text(stop.message)} {text}"
         run.add_message(
             {"role": self.settings.warning_role, "content": self.settings.warning_prefix + text}
         )
@@ -498,7 +502,7 @@ class Engine:
                     # Every executed side effect is remembered, whatever its outcome; only a
                     # failure that stays retryable (after_tool plugins may spend a retry
                     # budget and clear the flag on this very object) runs again.
-                    done = result.ok or result.error in ("timeout", "cancelled")
+                    done = result.ok or result.error in IN_DOUBT
                     (ledger if done else failed_here)[call.idempotency_key] = result
                     if run.shared is not None:
                         run.shared.finish(run, call, result)

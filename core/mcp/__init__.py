@@ -28,9 +28,10 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from loopwarden.exceptions import ConfigError
+from loopwarden.plugin import PositiveSeconds, TypedTable
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
@@ -50,7 +51,7 @@ _REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{[^}]*\}?")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class _Strict(BaseModel):
+class _Strict(TypedTable):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -78,12 +79,12 @@ class McpServerConfig(_Strict):
         description="HTTP headers sent with every request; values may hold ${NAME} references "
         '(e.g. Authorization = "Bearer ${ORDERS_TOKEN}")',
     )
-    startup_timeout_s: PositiveFloat = Field(
+    startup_timeout_s: PositiveSeconds = Field(
         default=30.0,
         description="the longest the server may take to start, answer the handshake and list "
         "its tools; longer is a start-up error",
     )
-    timeout_s: PositiveFloat = Field(
+    timeout_s: PositiveSeconds = Field(
         default=60.0,
         description="the longest one tool call may take (a hung server is a tool timeout); "
         "the run's time left lowers it",
@@ -190,7 +191,7 @@ def secret_values(config: Config, environ: Mapping[str, str] | None = None) -> l
 
 
 def annotation_nature(
-    annotations: Mapping[str, Any] | None, arguments: list[str]
+    annotations: Mapping[str, Any] | None, arguments: list[str] | None
 ) -> dict[str, Any]:
     """The loopwarden nature an MCP server declares for a tool with its annotations, in the
     shape of a ``[tools.<name>]`` table (flags not declared are left out).
@@ -202,7 +203,10 @@ def annotation_nature(
     ``destructiveHint`` / ``idempotentHint`` without it, is a side effect -- keyed on all of
     ``arguments`` when ``idempotentHint = true`` (the server says a repeat has no further
     effect, so the runtime may retry a transient failure), else on all arguments with no
-    retries; ``openWorldHint = true`` is not deterministic.
+    retries; ``openWorldHint = true`` is not deterministic.  ``arguments`` None: the schema
+    does not say which arguments there are (free-form, unresolvable): no keys are declared,
+    and the side effect is keyed on each call's actual arguments (never on a shared empty
+    set), with no retries.
     """
     if not annotations:
         return {}
@@ -217,7 +221,7 @@ def annotation_nature(
             flags["deterministic"] = True
     elif read_only is False or destructive is not None or idempotent is not None:
         flags.update(read_only=False, side_effect=True)
-        if idempotent is True:
+        if idempotent is True and arguments is not None:
             flags["idempotency_keys"] = list(arguments)
     if open_world is True:
         flags["deterministic"] = False

@@ -28,7 +28,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jsonschema  # type: ignore[import-untyped, unused-ignore]  # no stubs for a plugin's mypy
@@ -37,17 +37,20 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from loopwarden._version import __version__
 from loopwarden.exceptions import ConfigError, ToolError
+from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, idempotency_key
 from loopwarden.mcp import TOOL_NAME, annotation_nature, expand_variables, merge_nature
+from loopwarden.mcp.schema import argument_names, checker
+from loopwarden.tools import Tool
 from loopwarden.tools.recorded import recorded_tool
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
     from loopwarden.mcp import McpServerConfig
-    from loopwarden.tools import Tool
 
 __all__ = ["McpServers", "start"]
 
@@ -77,6 +80,8 @@ class _Session:
         self.task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.closing = asyncio.Event()
+        #: the connection closed under a call: later calls are refused before being sent
+        self.lost = False
         #: the server's stderr (closed with the session): quoted in errors, never printed
         self.errlog = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
         self._transport = self._make_transport(config)
@@ -197,12 +202,18 @@ class _Session:
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
         client = self.client
-        if client is None or self.task is None or self.task.done():
+        if client is None or self.task is None or self.task.done() or self.lost:
+            # nothing is sent: a definite failure, not a call in doubt
             raise ToolError(
                 f"ERROR: the MCP server {self.name!r} is not running" + self._stderr_note()
             )
         self.trim_stderr()
-        return await client.call_tool(tool, arguments)
+        try:
+            return await client.call_tool(tool, arguments)
+        except MCPError as exc:
+            if exc.code == mcp_types.CONNECTION_CLOSED:
+                self.lost = True
+            raise
 
     async def close(self) -> None:
         self.closing.set()
@@ -318,19 +329,11 @@ class McpServers:
 
 def _args_model(name: str, schema: dict[str, Any]) -> type[BaseModel]:
     """A model that checks arguments against the tool's JSON Schema (``inputSchema``) and
-    keeps them as given: the model's arguments are validated before anything is sent."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-        validator: Any = cls(schema)
-    except jsonschema.SchemaError as exc:
-        log.warning(
-            "MCP tool %r has an invalid inputSchema (%s): arguments are only checked "
-            "to be an object",
-            name,
-            exc.message,
-        )
-        validator = jsonschema.Draft202012Validator({"type": "object"})
+    keeps them as given: the model's arguments are validated before anything is sent --
+    references resolved within the schema only, patterns matched under a time bound (see
+    :mod:`loopwarden.mcp.schema`).  Raises ``jsonschema.SchemaError`` for a schema that is
+    not a JSON Schema."""
+    check = checker(schema)
 
     class Arguments(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -338,14 +341,9 @@ def _args_model(name: str, schema: dict[str, Any]) -> type[BaseModel]:
         @model_validator(mode="before")
         @classmethod
         def _check(cls, data: Any) -> Any:
-            errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
+            errors = check(data)
             if errors:
-                raise ValueError(
-                    "; ".join(
-                        (".".join(map(str, e.path)) + ": " if e.path else "") + e.message
-                        for e in errors[:5]
-                    )
-                )
+                raise ValueError("; ".join(errors))
             return data
 
     Arguments.__name__ = f"{name}_arguments"
@@ -385,7 +383,9 @@ def _caller(servers: McpServers, server: str, remote: str, retryable: bool) -> C
             raise
         except Exception as exc:  # the connection, the protocol: the server's failure
             text = f"ERROR: MCP server {server!r}: {_describe(exc)}" + servers.stderr_note(server)
-            raise ToolError(servers.redact(text), retryable=retryable) from exc
+            raise ToolError(
+                servers.redact(text), retryable=retryable, in_doubt=_in_doubt(exc)
+            ) from exc
         text = observation(result)
         if result.is_error:
             raise ToolError(servers.redact(text or f"ERROR: {remote} failed"), retryable=retryable)
@@ -393,6 +393,21 @@ def _caller(servers: McpServers, server: str, remote: str, retryable: bool) -> C
 
     call_mcp_tool.__name__ = remote
     return call_mcp_tool
+
+
+def _in_doubt(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` may have taken effect: the request was sent and no
+    answer came -- the connection closed (the server died mid-call), the request timed out,
+    the transport failed.  Only an error the server itself answered (a JSON-RPC error other
+    than those two) is a definite failure."""
+    while True:  # anyio wraps the SDK's errors in exception groups
+        inner: Any = getattr(exc, "exceptions", None)
+        if not (isinstance(inner, tuple) and inner):
+            break
+        exc = inner[0]
+    if isinstance(exc, MCPError):
+        return exc.code in (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT)
+    return True
 
 
 def _hints(tool: mcp_types.Tool) -> dict[str, Any] | None:
@@ -413,6 +428,29 @@ def _local_name(prefix: str, remote: str) -> str:
     )
 
 
+class _AllArgumentsKeyed(Tool):
+    """An MCP tool whose idempotency keys come from its schema: a call's key covers those
+    arguments *and* any other it carries (a schema open to extra properties), so two calls
+    that differ in any argument never share a key -- one is never answered with the other's
+    recorded result."""
+
+    @classmethod
+    def of(cls, tool: Tool) -> _AllArgumentsKeyed:
+        return cls(**{f.name: getattr(tool, f.name) for f in dataclasses.fields(tool)})
+
+    def idempotency_key(
+        self, arguments: Mapping[str, Any], volatile_keys: Iterable[str] = DEFAULT_VOLATILE_KEYS
+    ) -> str:
+        keys = sorted(set(self.idempotency_keys or ()) | set(arguments))
+        return idempotency_key(
+            self.name,
+            arguments,
+            keys,
+            normalize=self.normalize_arguments,
+            volatile_keys=volatile_keys,
+        )
+
+
 def make_tool(
     servers: McpServers,
     server: str,
@@ -425,7 +463,7 @@ def make_tool(
     gives it, its nature from the annotations (when trusted) under its ``[tools.<name>]``
     table, a deadline of ``timeout_s``."""
     schema = dict(spec.input_schema or {"type": "object"})
-    arguments = sorted((schema.get("properties") or {}).keys())
+    arguments = argument_names(schema)  # None: keyed on each call's actual arguments
     declared = annotation_nature(_hints(spec), arguments) if cfg.trust_annotations else {}
     flags = merge_nature(declared, table)
     base = recorded_tool(name, flags)
@@ -433,8 +471,13 @@ def make_tool(
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
     description = spec.description or spec.title or f"{spec.name} (MCP server {server})"
+    # keys the annotations declared (every argument the schema names) also take any other
+    # argument a call carries; keys a [tools.<name>] table names are the operator's choice
+    keyed_on_all = base.idempotency_keys is not None and not (
+        table and table.get("idempotency_keys") is not None
+    )
     return dataclasses.replace(
-        base,
+        _AllArgumentsKeyed.of(base) if keyed_on_all else base,
         func=_caller(servers, server, spec.name, bool(flags.get("retryable"))),
         description=description,
         args_model=_args_model(name, schema),
@@ -502,7 +545,19 @@ def start(
                 seen[local] = f"[{key}]"
                 table = config.tools.get(local)
                 flags = table.model_dump(exclude_none=True) if table is not None else None
-                tools.append(make_tool(servers, name, cfg, spec, local, flags))
+                try:
+                    tools.append(make_tool(servers, name, cfg, spec, local, flags))
+                except jsonschema.SchemaError as exc:
+                    raise ConfigError(
+                        mask(
+                            f"tool {remote!r} has an invalid inputSchema: {exc.message} "
+                            f"(at {'/'.join(map(str, exc.path)) or 'the top'})"
+                        ),
+                        path=config.path,
+                        key=f"{key}.tools",
+                        expected="a JSON Schema object; list the server's other tools in "
+                        "tools = [...] to leave this one out",
+                    ) from None
             log.info("MCP server %r: %d tools", name, len(wanted))
     except BaseException:
         servers.close()

@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from loopwarden.exceptions import ConfigError, ScenarioError, load_toml, validation_error
+from loopwarden.plugin import Seconds
 
 __all__ = ["Scenario", "builtin_scenarios", "load_scenario", "scenario_path"]
 
@@ -80,7 +81,7 @@ class ErrorSpec(_Strict):
 class ToolScript(_Strict):
     results: list[str | ToolError_] | None = None
     error: ErrorSpec | str | None = None
-    delay_s: float = Field(default=0.0, ge=0)
+    delay_s: Seconds = Field(default=0.0)
     # for tools the deployment does not have
     description: str | None = None
     read_only: bool | None = None

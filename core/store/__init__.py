@@ -66,6 +66,7 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from loopwarden.events import IN_DOUBT
 from loopwarden.exceptions import ConfigError, StoreError
 from loopwarden.redaction import redact_url
 from loopwarden.store import breakers as _breakers
@@ -733,8 +734,9 @@ class Shared:
         return entry
 
     def finish(self, run: Run, call: ToolCall, result: ToolResult) -> None:
-        """Record what the claimed call did: done, unknown (a timeout: may have taken effect),
-        or nothing (a failure: the key is released, a later call may try again)."""
+        """Record what the claimed call did: done, unknown (a timeout, a cancellation, a tool
+        or server that died mid-call: may have taken effect), or nothing (a failure the tool
+        reported: the key is released, a later call may try again)."""
         key = call.idempotency_key
         if key is None or not self.config.ledger:
             return
@@ -742,7 +744,7 @@ class Shared:
         try:
             if result.ok:
                 self.store.finish(lkey, owner, "done", _result_data(result), self._ledger_ttl)
-            elif result.error in ("timeout", "cancelled"):
+            elif result.error in IN_DOUBT:
                 self.store.finish(lkey, owner, "unknown", _result_data(result), self._ledger_ttl)
             else:
                 self.store.release(lkey, owner)

@@ -9,6 +9,7 @@ transaction and fork handling.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sqlite3
@@ -39,6 +40,8 @@ from loopwarden.store import (
 from loopwarden.store.breakers import BreakerView
 
 __all__ = ["SQLiteStore"]
+
+log = logging.getLogger("loopwarden.store")
 
 
 def _first_refused(
@@ -461,6 +464,16 @@ class SQLiteStore(_Backend):
             return conn.execute("DELETE FROM breakers WHERE key = ?", (key,)).rowcount > 0
 
     def close(self) -> None:
+        """Prune what has expired (a bounded batch per table: a store that is no longer
+        written keeps no expired rows of this process's making), then close."""
+        if not self._closed and self._pid == os.getpid():
+            try:
+                with self._tx() as conn:
+                    now = self.now()
+                    for table in ("reservations", "counters", "ledger"):
+                        self._prune(conn, table, now, PRUNE_BATCH * PRUNE_EVERY * 4)
+            except StoreError as exc:  # busy or broken: closing goes on, the rows wait
+                log.warning("SQLite store %s: pruning at close failed: %s", self.path, exc)
         with self._lock:
             if not self._closed and self._pid == os.getpid():
                 self._conn.close()

@@ -27,6 +27,7 @@ from loopwarden.events import (
 )
 from loopwarden.models.scenario import ScriptConfig
 from loopwarden.models.tokens import estimate_tools
+from loopwarden.notes import instruction_text
 from loopwarden.run import Limits, Run, RunOutcome
 from loopwarden.tools import Tool, ToolRegistry
 
@@ -169,6 +170,7 @@ def make_request(
     """
     run = run if run is not None else make_run()
     cfg = _run_config(run)
+    notes = [instruction_text(n) for n in notes]  # as the loop puts them (loopwarden.notes)
     for n in notes:
         run.add_message({"role": cfg.warning_role, "content": cfg.warning_prefix + n})
     schemas = run.tools.schemas() if run.tools is not None else []

@@ -77,13 +77,14 @@ def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | 
     plain or gzip-compressed JSONL file (:func:`read_lines`).
 
     Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
-    ``1e999``, huge integers, deep nesting, lone surrogates, undecodable bytes), or not the
-    trajectory shape."""
+    ``1e999``, huge integers, deep nesting), or not the trajectory shape.  A lone surrogate or
+    an undecodable byte (half an emoji in a tool's arguments) is replaced by U+FFFD: the text
+    is cleaned, the run kept."""
     for lineno, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
         try:
-            obj = loads_strict(line)
+            obj = loads_strict(line, clean=True)
         except ValueError:
             yield lineno, None
             continue

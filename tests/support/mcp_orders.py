@@ -14,6 +14,8 @@ Its tools declare their natures with MCP annotations:
 ``add_note``       no annotations: a nature nobody declared
 ``show_env``       read-only: answers the value of an environment variable (what ``env`` passed)
 ``crash``          the server process exits at once, mid-call (a server that dies)
+``refund_and_die`` a side effect (``destructiveHint``) that commits its refund (logs it), then
+                   exits the server mid-call: a call whose outcome the client cannot know
 ``hang``           never answers (a server that hangs)
 ``broken``         the tool fails: the server answers an MCP tool error
 ``noisy``          writes many lines to stderr (a server that logs a lot)
@@ -77,6 +79,13 @@ def show_env(name: str) -> str:
 def crash() -> str:
     """Exit the server process at once."""
     _log("crash")
+    os._exit(3)
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
+def refund_and_die(order_id: str) -> str:
+    """Refund an order (the refund is committed), then exit the server before answering."""
+    _log(f"refund {order_id}")
     os._exit(3)
 
 
