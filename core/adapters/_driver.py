@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from loopwarden.engine import execution
-from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io
+from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io, steps_on_loop
 from loopwarden.engine.drivers import internal_error as _internal_error
 from loopwarden.engine.loop import CallModel, Failed, RunTool
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
@@ -99,11 +99,9 @@ async def off_loop(
         return fn(*args, **kwargs)
     if kwargs:
         fn, args = functools.partial(fn, *args, **kwargs), ()
-    if bridge.available():  # on the loop; its store calls awaited here (store.bridge)
-        done, value = bridge.start(contextvars.copy_context(), fn, *args)
-        if done:
-            return value  # type: ignore[no-any-return]
-        out: T = await asyncio.shield(asyncio.ensure_future(bridge.finish(value)))
+    if steps_on_loop(deployment):  # on the loop; its store calls awaited here (store.bridge)
+        done, got = bridge.start(contextvars.copy_context(), fn, *args)
+        out: T = got if done else await asyncio.shield(asyncio.ensure_future(bridge.finish(got)))
         return out
     loop = asyncio.get_running_loop()
     slots = _SLOTS.get(loop)

@@ -428,6 +428,8 @@ class _Backend:
     """
 
     url: str
+    #: threads that make this store's calls for async runs (SQLite: one connection, one)
+    _owner_threads = 1
 
     def __init__(self) -> None:
         self._doubts = _Doubts()
@@ -440,7 +442,8 @@ class _Backend:
         if bridge.waiting():
             owner = self._owner
             if owner is None:
-                owner = self._owner = bridge.Owner(f"loopwarden-store-{type(self).__name__}")
+                name = f"loopwarden-store-{type(self).__name__}"
+                owner = self._owner = bridge.Owner(name, self._owner_threads)
             return bridge.wait(owner.call(fn, *args))
         return fn(*args)
 
@@ -701,7 +704,7 @@ class Shared:
             )
         if not waiting or isinstance(store, _Backend):
             return store
-        return _OffLoop(store, self._offload_owner())  # type: ignore[return-value]
+        return _OffLoop(store, self._offload_owner())
 
     def _opened(self) -> Store:
         with self._lock:

@@ -51,7 +51,7 @@ def _load() -> tuple[Any, type[Any]] | None:
                 """A machine step that may wait for the store on the event loop."""
 
             _kit = (greenlet.getcurrent, Step)
-    return _kit or None
+    return _kit if isinstance(_kit, tuple) else None
 
 
 def available() -> bool:
@@ -114,31 +114,36 @@ async def finish(pending: tuple[Any, Any]) -> Any:
 
 
 class Owner:
-    """One thread that runs a store's blocking calls for async runs, in order (a queue).
+    """Threads (one by default) that run a store's blocking calls for async runs, fed by
+    one queue.
 
     For a store with no async driver (SQLite): a step awaits its calls here instead of
     blocking the loop, and only the statements leave the loop's thread -- not the hooks'
     Python work.  A daemon thread, started on first use: a store call in progress never keeps
     the interpreter from exiting (each is bounded by the store's own timeout anyway)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = 1) -> None:
         self._name = name
+        self._threads = threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._started = 0
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """``fn(*args)`` on the owner thread, as a future of the running loop."""
+        """``fn(*args)`` on an owner thread, as a future of the running loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-                    thread.start()
-                    self._thread = thread
+        if self._started < self._threads:
+            self._start()
         self._queue.put((loop, future, fn, args))
         return future
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started < self._threads:  # one more per call until all are up
+                name = f"{self._name}-{self._started}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+                self._started += 1
 
     def _work(self) -> None:
         get = self._queue.get
@@ -155,11 +160,11 @@ class Owner:
                 loop.call_soon_threadsafe(_settle, future, ok, value)
 
     def close(self) -> None:
-        """Let the thread end once the calls queued before are done."""
+        """Let the threads end once the calls queued before are done."""
         with self._lock:
-            if self._thread is not None:
+            for _ in range(self._started):
                 self._queue.put(None)
-                self._thread = None
+            self._started = 0
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

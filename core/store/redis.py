@@ -351,9 +351,13 @@ class RedisStore(_Backend):
     #: primitives that run on the event loop in an async run's step: each is one script call,
     #: which awaits redis.asyncio itself (_eval); the others go to the owner thread (_io)
     _ON_LOOP = frozenset({"_reserve", "_settle", "_claim", "_finish", "_release"})
+    #: False: every call on the owner threads instead (blocking client, hiredis) -- measured
+    #: against redis.asyncio in bench/serving.py
+    native_async = True
+    _owner_threads = 4
 
     def _io(self, fn: Callable[..., _T], *args: Any) -> _T:
-        if getattr(fn, "__name__", "") in self._ON_LOOP:
+        if self.native_async and getattr(fn, "__name__", "") in self._ON_LOOP:
             return fn(*args)
         return super()._io(fn, *args)
 
@@ -361,10 +365,10 @@ class RedisStore(_Backend):
         """Run a registered script: blocking, or -- inside an async run's step -- awaited on
         the event loop through this loop's ``redis.asyncio`` client (one per loop: its
         connections belong to it), so the loop serves other runs while the server answers."""
-        if not bridge.waiting():
+        if not (self.native_async and bridge.waiting()):
             return script(keys=keys, args=args)
         loop = asyncio.get_running_loop()
-        entry = self._aclients.get(id(loop))
+        entry: tuple[Any, Any, dict[Any, Any]] | None = self._aclients.get(id(loop))
         if entry is None or entry[0] is not loop:
             entry = self._aclient(loop)
         scripts = entry[2]
@@ -386,7 +390,11 @@ class RedisStore(_Backend):
             socket_timeout=self._timeout,
             socket_connect_timeout=self._timeout,
         )
-        entry = (loop, redis.asyncio.Redis(connection_pool=pool), {})
+        entry: tuple[Any, Any, dict[Any, Any]] = (
+            loop,
+            redis.asyncio.Redis(connection_pool=pool),
+            {},
+        )
         self._aclients[id(loop)] = entry
         return entry
 
