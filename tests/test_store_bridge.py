@@ -134,8 +134,8 @@ def test_hooks_run_on_the_loop_and_the_store_does_its_io_without_blocking_it(
     assert threads.hooks == {loop_thread}  # no worker thread for the machine's steps
     if native:  # Redis: the script is awaited through redis.asyncio on the loop itself
         assert threads.primitives == {loop_thread}
-    else:  # SQLite: the statements run on the store's owner thread
-        assert loop_thread not in threads.primitives and len(threads.primitives) == 1
+    else:  # SQLite: the statements run on the store's owner threads
+        assert threads.primitives and loop_thread not in threads.primitives
     assert _spent(store_url)[QUANTITIES.index("model_calls")] == run.step
 
 
@@ -346,3 +346,24 @@ def test_a_plugin_with_other_blocking_io_keeps_its_hooks_off_the_loop(store_url:
     dep.close()
     assert run.outcome.termination == "final_answer"
     assert other.threads and loop_thread not in other.threads  # a worker thread, as before
+
+
+def test_calls_to_a_stuck_store_wait_side_by_side_not_one_after_another(store_url: str) -> None:
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    gated = install_store(dep, GatedStore)  # any store of one's own: each call on a thread
+
+    async def main() -> list[Any]:
+        tasks = [
+            asyncio.create_task(dep.arun(scenario="refund", meta={"tenant": "acme"}))
+            for _ in range(20)
+        ]
+        while len(gated.entered) < 20:  # every run's first reservation is held at once ...
+            await asyncio.sleep(0.01)
+        gated.gate.set()  # ... and only then let go
+        return await asyncio.gather(*tasks)
+
+    runs = asyncio.run(main())
+    dep.close()
+    assert gated.timeouts == 0
+    assert {r.outcome.termination for r in runs} == {"final_answer"}
+    assert len(gated.threads) >= 20

@@ -428,8 +428,8 @@ class _Backend:
     """
 
     url: str
-    #: threads that make this store's calls for async runs (SQLite: one connection, one)
-    _owner_threads = 1
+    #: threads that make this store's calls for async runs at most (started as needed)
+    _owner_threads = 32
 
     def __init__(self) -> None:
         self._doubts = _Doubts()
@@ -437,7 +437,7 @@ class _Backend:
 
     def _io(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)``: a primitive's blocking call, or -- inside an async run's step
-        (:mod:`loopwarden.store.bridge`) -- the same call on the store's owner thread,
+        (:mod:`loopwarden.store.bridge`) -- the same call on an owner thread of the store,
         awaited on the event loop so that the loop never blocks on the store."""
         if bridge.waiting():
             owner = self._owner
@@ -655,7 +655,7 @@ if not TYPE_CHECKING:  # mypy sees the imports above; a typo stays a type error
 
 class _OffLoop:
     """A store with no I/O of its own on the event loop, seen from an async run's step: each
-    method call runs on the deployment's owner thread and is awaited (:func:`bridge.wait`)."""
+    method call runs on an owner thread of the deployment and is awaited (:func:`bridge.wait`)."""
 
     def __init__(self, store: Store, owner: bridge.Owner) -> None:
         self._store, self._owner = store, owner

@@ -12,7 +12,7 @@ when a store call is made inside it, the store hands an awaitable to :func:`wait
 switches back to the driver; the driver awaits it on the loop (other runs go on meanwhile)
 and switches back in with the answer or the error (:func:`finish`).  Only the I/O leaves the
 step: the Redis store awaits ``redis.asyncio``; SQLite, which has no async driver in the
-standard library, runs each statement batch on its store's one owner thread
+standard library, runs each statement batch on one of its store's owner threads
 (:class:`Owner`).  Steps that make no store call never wait and cost one greenlet switch.
 
 It needs the ``greenlet`` package (the extra ``loopwarden[serving]``, also in ``[redis]``);
@@ -114,41 +114,49 @@ async def finish(pending: tuple[Any, Any]) -> Any:
 
 
 class Owner:
-    """Threads (one by default) that run a store's blocking calls for async runs, fed by
-    one queue.
+    """The threads that make a store's blocking calls for async runs, fed by one queue.
 
-    For a store with no async driver (SQLite): a step awaits its calls here instead of
-    blocking the loop, and only the statements leave the loop's thread -- not the hooks'
-    Python work.  A daemon thread, started on first use: a store call in progress never keeps
-    the interpreter from exiting (each is bounded by the store's own timeout anyway)."""
+    For a store with no async driver (SQLite, a store of your own): a step awaits its calls
+    here instead of blocking the loop, and only the store's own work leaves the loop's thread
+    -- not the hooks' Python work.  One thread while one keeps up; another is started only
+    when a call finds every thread busy (a store that is slow or stuck: calls wait out their
+    timeouts side by side, not one after another), up to ``threads``.  Daemon threads: a
+    store call in progress never keeps the interpreter from exiting (each is bounded by the
+    store's own timeout anyway)."""
 
-    def __init__(self, name: str, threads: int = 1) -> None:
+    def __init__(self, name: str, threads: int = 32) -> None:
         self._name = name
         self._threads = threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._started = 0
+        self._idle = 0  # threads waiting for a call
+        self._queued = 0  # calls not yet taken by a thread
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` on an owner thread, as a future of the running loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        if self._started < self._threads:
-            self._start()
+        with self._lock:
+            self._queued += 1
+            start = self._queued > self._idle and self._started < self._threads
+            if start:
+                self._started += 1
+                self._idle += 1
         self._queue.put((loop, future, fn, args))
+        if start:
+            name = f"{self._name}-{self._started}"
+            threading.Thread(target=self._work, name=name, daemon=True).start()
         return future
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._started < self._threads:  # one more per call until all are up
-                name = f"{self._name}-{self._started}"
-                threading.Thread(target=self._work, name=name, daemon=True).start()
-                self._started += 1
-
     def _work(self) -> None:
-        get = self._queue.get
+        get, lock = self._queue.get, self._lock
         while True:
             item = get()
+            with lock:
+                self._idle -= 1
+                if item is not None:
+                    self._queued -= 1
             if item is None:
                 return
             loop, future, fn, args = item
@@ -158,13 +166,15 @@ class Owner:
                 value, ok = exc, False
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
                 loop.call_soon_threadsafe(_settle, future, ok, value)
+            with lock:
+                self._idle += 1
 
     def close(self) -> None:
-        """Let the threads end once the calls queued before are done."""
+        """Let the threads end once the calls queued before are done (the stores make a new
+        owner for later calls)."""
         with self._lock:
             for _ in range(self._started):
                 self._queue.put(None)
-            self._started = 0
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

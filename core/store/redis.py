@@ -288,7 +288,7 @@ class RedisStore(_Backend):
     connections".  Inside an async run's step (:mod:`loopwarden.store.bridge`) the script
     calls are awaited through a ``redis.asyncio`` client of the running loop, with a pool of
     the same size; the breaker's optimistic transaction and the listings run on the store's
-    owner thread.
+    owner threads.
     """
 
     def __init__(
@@ -349,12 +349,11 @@ class RedisStore(_Backend):
             ) from exc
 
     #: primitives that run on the event loop in an async run's step: each is one script call,
-    #: which awaits redis.asyncio itself (_eval); the others go to the owner thread (_io)
+    #: which awaits redis.asyncio itself (_eval); the others go to the owner threads (_io)
     _ON_LOOP = frozenset({"_reserve", "_settle", "_claim", "_finish", "_release"})
     #: False: every call on the owner threads instead (blocking client, hiredis) -- measured
     #: against redis.asyncio in bench/serving.py
     native_async = True
-    _owner_threads = 4
 
     def _io(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self.native_async and getattr(fn, "__name__", "") in self._ON_LOOP:
