@@ -1,8 +1,8 @@
 """Async runs await their store calls on the event loop (loopwarden.store.bridge).
 
 The machine step of an async run that uses the store runs on the loop's own thread; a store
-call inside it is I/O the driver awaits -- ``redis.asyncio`` for Redis, the store's owner
-thread for SQLite -- while other coroutines go on.  Checked against real stores: a real
+call inside it is I/O the driver awaits -- made on the store's owner threads -- while other
+coroutines go on.  Checked against real stores: a real
 SQLite file, a real redis-server (behind a local TCP proxy that can hold its replies).
 """
 
@@ -128,14 +128,10 @@ def test_hooks_run_on_the_loop_and_the_store_does_its_io_without_blocking_it(
         return await dep.arun(scenario="refund", meta={"tenant": "acme"}), LOOP_THREAD()
 
     run, loop_thread = asyncio.run(main())
-    native = getattr(store, "_aclients", None) is not None
     dep.close()
     assert run.outcome.termination == "final_answer"
     assert threads.hooks == {loop_thread}  # no worker thread for the machine's steps
-    if native:  # Redis: the script is awaited through redis.asyncio on the loop itself
-        assert threads.primitives == {loop_thread}
-    else:  # SQLite: the statements run on the store's owner threads
-        assert threads.primitives and loop_thread not in threads.primitives
+    assert threads.primitives and loop_thread not in threads.primitives  # the store's threads
     assert _spent(store_url)[QUANTITIES.index("model_calls")] == run.step
 
 
@@ -295,10 +291,8 @@ def test_the_redis_pool_is_sized_in_the_config_and_waits_instead_of_failing(
         return await asyncio.gather(*runs)
 
     runs = asyncio.run(main())
-    pools = [client.connection_pool for _, client, _ in store._aclients.values()]
     dep.close()
     assert {r.outcome.termination for r in runs} == {"final_answer"}  # none "Too many"
-    assert pools and all(p.max_connections == 2 for p in pools)
     assert _spent(url)[QUANTITIES.index("runs")] == 30
     _drop("{lwtest-pool}:*", base)
 

@@ -10,10 +10,11 @@ loop and the worker for all the hooks' Python work.
 Here the machine step runs on the event loop's own thread, in a greenlet (:func:`start`):
 when a store call is made inside it, the store hands an awaitable to :func:`wait`, which
 switches back to the driver; the driver awaits it on the loop (other runs go on meanwhile)
-and switches back in with the answer or the error (:func:`finish`).  Only the I/O leaves the
-step: the Redis store awaits ``redis.asyncio``; SQLite, which has no async driver in the
-standard library, runs each statement batch on one of its store's owner threads
-(:class:`Owner`).  Steps that make no store call never wait and cost one greenlet switch.
+and switches back in with the answer or the error (:func:`finish`).  Only the store's own
+work leaves the step: each call runs on one of the store's owner threads (:class:`Owner`),
+with the blocking client -- for Redis that measured cheaper than ``redis.asyncio`` on the
+loop (see :class:`loopwarden.store.redis.RedisStore`); SQLite has no async driver in the
+standard library.  Steps that make no store call never wait and cost one greenlet switch.
 
 It needs the ``greenlet`` package (the extra ``loopwarden[serving]``, also in ``[redis]``);
 without it the drivers fall back to running such steps in worker threads, as before.
