@@ -13,10 +13,10 @@ may do such I/O (:func:`blocking_io`; a deployment's plugins are asked once), :f
 advances the machine -- the synchronous code between two effects, ``on_start`` and
 ``on_stop`` included -- as a step of :mod:`loopwarden.store.bridge`, in one
 ``contextvars.Context`` per run: on the event loop's thread, each store call it makes is I/O
-that the driver awaits (made on the store's owner threads) while the loop serves other
-runs.  Without ``greenlet`` (the extra ``loopwarden[serving]``) such steps run in reused daemon worker threads instead, at most
-:data:`OFFLOAD_LIMIT` at once per event loop -- a hand-off per step, and GIL traffic between
-the loop and the hooks' Python work (bench/README.md, "Serving").  A plugin whose hooks wait
+that the driver awaits (made on the store's owner threads) while the loop serves other runs.
+Without ``greenlet`` (the extra ``loopwarden[serving]``) such steps run in reused daemon
+worker threads instead, at most :data:`OFFLOAD_LIMIT` at once per event loop -- a hand-off per
+step, and GIL traffic between the loop and the hooks' Python work.  A plugin whose hooks wait
 on the store, and on nothing else, says so with ``blocking_io = "store"``; one whose hooks do
 other blocking I/O (a web service, a file) with ``blocking_io = True``, and its runs' steps
 run in worker threads as above.  Either way the hooks stay plain synchronous functions.
