@@ -191,6 +191,7 @@ PLANTS: dict[str, tuple[str, str]] = {
     ),
     "the store imports nothing of the engine": ("store/breakers.py", "import loopwarden.run"),
     "the models import only the lowest layer": ("models/catalog.py", "import loopwarden.config"),
+    "the tools import only the lowest layer": ("tools/recorded.py", "import loopwarden.run"),
     "the MCP servers' tools import only the public vocabulary and the tools": (
         "mcp/schema.py",
         "import loopwarden.store",
