@@ -80,7 +80,7 @@ from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _mone
 from loopwarden.store import COST_UNIT, QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
+    from loopwarden.run import DeploymentView
 
 __all__ = ["Budget", "SpendLimits", "SpendLimitsSettings", "budget_reason"]
 
@@ -131,7 +131,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
     def new_state(self) -> _State:
         return _State()
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         """Borrow the cost_budget plugin's prices (or its config table, when not enabled)."""
         pricing = deployment.plugins.get("cost_budget")
         if not isinstance(pricing, CostBudget):
