@@ -74,6 +74,7 @@ from agents.run_error_handlers import RunErrorHandlerInput, RunErrorHandlerResul
 from openai.types.responses import ResponseFunctionToolCall
 
 from loopwarden import events
+from loopwarden.adapters._agentswrappers import Invoke as Invoke
 from loopwarden.adapters._agentswrappers import _GuardedModel, _items, _openai, _watch, _wrap_tool
 from loopwarden.adapters._driver import (
     ENDED_BY_FRAMEWORK,

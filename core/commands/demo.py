@@ -17,12 +17,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from loopwarden.commands import add_config_argument, whole_number
+from loopwarden.commands.demotable import GUARDED as GUARDED
+from loopwarden.commands.demotable import HEADERS as HEADERS
+from loopwarden.commands.demotable import LEGEND_WIDTH as LEGEND_WIDTH
+from loopwarden.commands.demotable import RIGHT as RIGHT
+from loopwarden.commands.demotable import UNGUARDED as UNGUARDED
+from loopwarden.commands.demotable import legend as legend
 from loopwarden.commands.demotable import (
     render_legend_plain,
     render_plain,
     render_rich,
     summary_lines,
 )
+from loopwarden.commands.demotable import rows as rows
 from loopwarden.sanitize import escape_controls, raw_stream
 
 if TYPE_CHECKING:

@@ -42,6 +42,7 @@ from loopwarden._version import __version__
 from loopwarden.exceptions import ConfigError, ToolError
 from loopwarden.mcp import TOOL_NAME, expand_variables
 from loopwarden.mcp.servertools import _describe, _local_name, make_tool
+from loopwarden.mcp.servertools import observation as observation
 from loopwarden.tools import Tool
 
 if TYPE_CHECKING:
