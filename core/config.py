@@ -274,6 +274,14 @@ class StoreConfig(_Strict):
         description="the longest one store call waits: connect / read timeout (Redis), "
         "lock wait in all (SQLite)",
     )
+    max_connections: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Redis: connections a store keeps to the server at most (per process, and "
+        "per event loop for async runs); a call that finds them all busy waits for one, up to "
+        "timeout_s, instead of failing. A URL's ?max_connections=N wins",
+    )
     on_store_error: Literal["fail_closed", "fail_open"] = Field(
         default="fail_closed",
         description='an unreachable store: "fail_closed" refuses (runs with shared budgets '

@@ -27,13 +27,14 @@ Why one module past 550 lines: :class:`GuardedRun` is one state machine of some 
 every method reads or advances the same generator under the same lock and condition (the
 model turn, the queue of tool calls waiting their turn, the ends), and its invariants hold
 only across all of them together.  What is not the machine lives apart: the framework-neutral
-values the adapters exchange with it in :mod:`loopwarden.adapters._bridge` (re-exported here).
+values the adapters exchange with it in :mod:`loopwarden.adapters._exchange` (re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import threading
 import weakref
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from loopwarden.adapters._bridge import (
+from loopwarden.adapters._exchange import (
     MAX_CONVERSATIONS,
     NatureSpec,
     conversation_for,
@@ -53,13 +54,14 @@ from loopwarden.adapters._bridge import (
     usage,
 )
 from loopwarden.engine import execution
-from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io
+from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io, steps_on_loop
 from loopwarden.engine.drivers import internal_error as _internal_error
 from loopwarden.engine.loop import CallModel, Failed, RunTool
 from loopwarden.events import ModelRequest, ModelResponse, ToolResult
 from loopwarden.exceptions import GuardStopped
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
+from loopwarden.store import bridge
 from loopwarden.tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -99,16 +101,22 @@ async def off_loop(
 ) -> T:
     """Call ``fn`` -- a step of an adapter run, which may wait on the shared store (ledger
     claims, budget reservations, the record) -- from a framework's async hook without
-    blocking the event loop: in a daemon worker thread when the run may block on I/O
+    blocking the event loop: when the run may block on I/O
     (:func:`~loopwarden.engine.drivers.blocking_io`, so the adapter declares the
     framework's tools first; before a run exists, when the deployment has a shared store),
-    inline otherwise.  As ``Deployment.arun`` does: at most
-    :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` such steps at once per event loop, and
-    a cancelled caller lets the step finish (shielded) -- never two steps of a run at once."""
+    on the loop with its store calls awaited (:mod:`loopwarden.store.bridge`), or in a
+    daemon worker thread without ``greenlet``; inline otherwise.  As ``Deployment.arun``
+    does: at most :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` steps in threads at once
+    per event loop, and a cancelled caller lets the step finish (shielded) -- never two steps
+    of a run at once."""
     if not (deployment.shared is not None if run is None else blocking_io(run)):
         return fn(*args, **kwargs)
     if kwargs:
         fn, args = functools.partial(fn, *args, **kwargs), ()
+    if steps_on_loop(deployment):  # on the loop; its store calls awaited here (store.bridge)
+        done, got = bridge.start(contextvars.copy_context(), fn, *args)
+        out: T = got if done else await asyncio.shield(asyncio.ensure_future(bridge.finish(got)))
+        return out
     loop = asyncio.get_running_loop()
     slots = _SLOTS.get(loop)
     if slots is None:

@@ -10,17 +10,19 @@ imported only when a :class:`RedisStore` is created.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from loopwarden.exceptions import ConfigError, StoreError
 from loopwarden.store import (
+    _T,
     QUANTITIES,
     Counter,
     CounterRow,
@@ -32,6 +34,7 @@ from loopwarden.store import (
     _DocUpdate,
     _entry,
     _ident,
+    bridge,
     redact_url,
 )
 from loopwarden.store.breakers import BreakerView
@@ -279,11 +282,23 @@ class RedisStore(_Backend):
 
     Each budget or ledger call is one ``EVALSHA`` of a script the client has cached (one
     round trip; a server that lost its scripts answers NOSCRIPT, and the script is loaded and
-    run again).  Connections come from a blocking pool of :data:`MAX_CONNECTIONS` (the URL's
-    ``?max_connections=N`` overrides it): a call waits for a free one up to ``timeout_s``.
+    run again).  Connections come from a blocking pool of ``max_connections`` (``[store]
+    max_connections``, default :data:`MAX_CONNECTIONS`; a URL's ``?max_connections=N``
+    overrides it): a call waits for a free one up to ``timeout_s``, never "Too many
+    connections".  Inside an async run's step (:mod:`loopwarden.store.bridge`) the script
+    calls are awaited through a ``redis.asyncio`` client of the running loop, with a pool of
+    the same size; the breaker's optimistic transaction and the listings run on the store's
+    owner thread.
     """
 
-    def __init__(self, url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "loopwarden",
+        timeout_s: float = 5.0,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         super().__init__()
         try:
             import redis
@@ -295,7 +310,14 @@ class RedisStore(_Backend):
         self.url = url
         self.now = time.time  #: the wall clock (tests may replace it)
         self._timeout = timeout_s
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._errors: tuple[type[BaseException], ...] = (
+            redis.RedisError,
+            OSError,
+            asyncio.TimeoutError,
+        )
+        self._max_connections = max_connections
+        #: per event loop: the redis.asyncio client and its scripts (see _eval)
+        self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, Any, dict[Any, Any]]] = {}
         self._secrets = _url_secrets(url)
         self._prefix = "{" + namespace + "}:"
         self._index = self._prefix + "cidx"  # sorted by expiry
@@ -308,7 +330,7 @@ class RedisStore(_Backend):
             # store_unavailable under load that the server would have answered in time
             pool = redis.BlockingConnectionPool.from_url(
                 url,
-                max_connections=MAX_CONNECTIONS,
+                max_connections=max_connections,
                 timeout=timeout_s,
                 socket_timeout=timeout_s,
                 socket_connect_timeout=timeout_s,
@@ -325,6 +347,56 @@ class RedisStore(_Backend):
                 f"cannot use the Redis store {redact_url(url)}: {self._scrub(exc)}",
                 url=redact_url(url),
             ) from exc
+
+    #: primitives that run on the event loop in an async run's step: each is one script call,
+    #: which awaits redis.asyncio itself (_eval); the others go to the owner thread (_io)
+    _ON_LOOP = frozenset({"_reserve", "_settle", "_claim", "_finish", "_release"})
+    #: False: every call on the owner threads instead (blocking client, hiredis) -- measured
+    #: against redis.asyncio in bench/serving.py
+    native_async = True
+    _owner_threads = 4
+
+    def _io(self, fn: Callable[..., _T], *args: Any) -> _T:
+        if self.native_async and getattr(fn, "__name__", "") in self._ON_LOOP:
+            return fn(*args)
+        return super()._io(fn, *args)
+
+    def _eval(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run a registered script: blocking, or -- inside an async run's step -- awaited on
+        the event loop through this loop's ``redis.asyncio`` client (one per loop: its
+        connections belong to it), so the loop serves other runs while the server answers."""
+        if not (self.native_async and bridge.waiting()):
+            return script(keys=keys, args=args)
+        loop = asyncio.get_running_loop()
+        entry: tuple[Any, Any, dict[Any, Any]] | None = self._aclients.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            entry = self._aclient(loop)
+        scripts = entry[2]
+        ascript = scripts.get(script)
+        if ascript is None:
+            ascript = scripts[script] = entry[1].register_script(script.script)
+        return bridge.wait(ascript(keys=keys, args=args))
+
+    def _aclient(self, loop: asyncio.AbstractEventLoop) -> tuple[Any, Any, dict[Any, Any]]:
+        import redis.asyncio
+
+        for key, (other, _client, _) in list(self._aclients.items()):
+            if other.is_closed():  # asyncio.run() ended: its connections went with it
+                del self._aclients[key]
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=self._max_connections,
+            timeout=self._timeout,
+            socket_timeout=self._timeout,
+            socket_connect_timeout=self._timeout,
+        )
+        entry: tuple[Any, Any, dict[Any, Any]] = (
+            loop,
+            redis.asyncio.Redis(connection_pool=pool),
+            {},
+        )
+        self._aclients[id(loop)] = entry
+        return entry
 
     def _scrub(self, exc: BaseException) -> str:
         text = str(exc)
@@ -378,7 +450,7 @@ class RedisStore(_Backend):
             )
         keys.append(self._index)
         with self._errors_as_store_error():
-            out = self._lua_reserve(keys=keys, args=args)
+            out = self._eval(self._lua_reserve, keys, args)
         nums = [int(x) for x in out]
         used = tuple(_amounts(nums[2 + 5 * i : 7 + 5 * i]) for i in range(len(counters)))
         refused = (nums[0] - 1, nums[1] - 1) if nums[0] else None
@@ -398,7 +470,7 @@ class RedisStore(_Backend):
             args.extend([repr(c.expires_at) if c.expires_at is not None else "-1", *_ident(c)])
         keys.append(self._index)
         with self._errors_as_store_error():
-            self._lua_settle(keys=keys, args=args)
+            self._eval(self._lua_settle, keys, args)
 
     def _migrate_legacy_index(self) -> None:
         """Move the members of 0.3's plain index set into the sorted index (scored by their
@@ -484,9 +556,10 @@ class RedisStore(_Backend):
 
     def _claim(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
         with self._errors_as_store_error():
-            out = self._lua_claim(
-                keys=[self._entry_key(key)],
-                args=[owner, repr(self.now()), max(1, int(ttl_s * 1000))],
+            out = self._eval(
+                self._lua_claim,
+                [self._entry_key(key)],
+                [owner, repr(self.now()), max(1, int(ttl_s * 1000))],
             )
         if not out:
             return None
@@ -508,13 +581,15 @@ class RedisStore(_Backend):
     ) -> None:
         text = json.dumps(result, ensure_ascii=False) if result is not None else ""
         with self._errors_as_store_error():
-            self._lua_finish(
-                keys=[self._entry_key(key)], args=[owner, state, text, max(1, int(ttl_s * 1000))]
+            self._eval(
+                self._lua_finish,
+                [self._entry_key(key)],
+                [owner, state, text, max(1, int(ttl_s * 1000))],
             )
 
     def _release(self, key: str, owner: str) -> None:
         with self._errors_as_store_error():
-            self._lua_finish(keys=[self._entry_key(key)], args=[owner, "", "", 1])
+            self._eval(self._lua_finish, [self._entry_key(key)], [owner, "", "", 1])
 
     # -- circuit breakers ------------------------------------------------------------------
 
@@ -592,4 +667,24 @@ class RedisStore(_Backend):
             return bool(self._r.delete(name))
 
     def close(self) -> None:
+        self._close_owner()
+        clients, self._aclients = self._aclients, {}
+        for loop, client, _ in clients.values():
+            _close_async(loop, client)
         self._r.close()
+
+
+def _close_async(loop: asyncio.AbstractEventLoop, client: Any) -> None:
+    """Close a loop's ``redis.asyncio`` client from sync code: on its loop when that loop is
+    still running (another thread's, or this one's -- scheduled), else its sockets directly."""
+    if loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop.is_running() and running is not loop:
+        asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+    elif loop.is_running():
+        loop.create_task(client.aclose())
+    # a loop that is not running: nothing can await there; its sockets close with it
