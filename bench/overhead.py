@@ -26,9 +26,13 @@ in-process model -- runs these ways in one process, interleaved:
                   ``TracerProvider`` whose batching span processor hands every span to a no-op
                   exporter, a ``MeterProvider`` aggregating in memory -- everything but the
                   network.  ``otel_us_per_step`` is what each adds per step to ``default_ctx``
-                  in CPU time of the running thread (target: at most 10 us), measured apart
-                  from the wall-clock table (:func:`otel_cost`): on a shared machine the wall
-                  clock's noise is larger than the figure.  Both are left out, and the output
+                  in CPU time of the running thread (targets: ``otel_api`` at most 10 us,
+                  ``otel_sdk`` at most 50 us), measured apart from the wall-clock table
+                  (:func:`otel_cost`): on a shared machine the wall clock's noise is larger
+                  than the figure.  Its ``otel_sdk_floor`` is the SDK alone doing what the
+                  plugin asks of it per step -- the same two spans under a run span and three
+                  histogram points, with the plugin's attributes -- timed in the same rounds:
+                  the part of ``otel_sdk`` that is the SDK's.  All are left out, and the output
                   says so, when opentelemetry-sdk is not installed (``loopwarden[otel]``).
 
 It prints microseconds per step (the median of ``--runs`` runs; per step = run time / N) for
@@ -221,24 +225,13 @@ def make_floor() -> Callable[[int], str]:
 # -- 3 and 4. loopwarden ------------------------------------------------------------------------
 
 
-def otel_plugins() -> dict[str, Any]:
-    """The otel plugin on the API's no-op providers and on SDK providers with a no-op span
-    exporter, by variant name (empty without the SDK)."""
-    try:
-        from opentelemetry.metrics import NoOpMeterProvider
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            SpanExporter,
-            SpanExportResult,
-        )
-        from opentelemetry.trace import NoOpTracerProvider
-
-        from loopwarden.plugins.otel import OTel
-    except ImportError:
-        return {}
+def _sdk_providers() -> tuple[Any, Any]:
+    """A ``TracerProvider`` batching spans to a no-op exporter, a ``MeterProvider`` reading
+    in memory: everything but the network."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     class NoOpExporter(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
@@ -246,11 +239,68 @@ def otel_plugins() -> dict[str, Any]:
 
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return tracer_provider, MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+
+def otel_plugins() -> dict[str, Any]:
+    """The otel plugin on the API's no-op providers and on SDK providers with a no-op span
+    exporter, by variant name (empty without the SDK)."""
+    try:
+        from opentelemetry.metrics import NoOpMeterProvider
+        from opentelemetry.trace import NoOpTracerProvider
+
+        from loopwarden.plugins.otel import OTel
+
+        tracer_provider, meter_provider = _sdk_providers()
+    except ImportError:
+        return {}
     return {
         "otel_api": OTel(tracer_provider=NoOpTracerProvider(), meter_provider=NoOpMeterProvider()),
         "otel_sdk": OTel(tracer_provider=tracer_provider, meter_provider=meter_provider),
     }
+
+
+def otel_sdk_floor() -> Callable[[int], str]:
+    """N steps of what ``otel_sdk`` asks of the SDK per step of the workload, and nothing else:
+    a ``chat`` and an ``execute_tool`` span under a run span and three histogram points
+    (duration, input and output tokens), with the plugin's attributes and instruments."""
+    from opentelemetry.trace import SpanKind, set_span_in_context
+
+    from loopwarden.plugins._otel import Instruments
+    from loopwarden.plugins.otel import counter_names
+
+    tracer_provider, meter_provider = _sdk_providers()
+    tracer = tracer_provider.get_tracer("loopwarden")
+    inst = Instruments(meter_provider.get_meter("loopwarden"), counter_names(), meter_provider)
+    model = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai"}
+    model |= {"gen_ai.request.model": "instant", "gen_ai.response.model": "instant"}
+    tokens_in = {**model, "gen_ai.token.type": "input"}
+    tokens_out = {**model, "gen_ai.token.type": "output"}
+
+    def floor(n: int) -> str:
+        run_span = tracer.start_span("invoke_agent loopwarden", attributes=model)
+        ctx = set_span_in_context(run_span)
+        for step in range(1, n + 1):
+            now = time.time_ns()
+            inst.duration.record(0.001, model)
+            inst.token_usage.record(100 + step, tokens_in)
+            inst.token_usage.record(16, tokens_out)
+            chat = {**model, "gen_ai.usage.input_tokens": 100 + step}
+            chat |= {"gen_ai.usage.output_tokens": 16, "loopwarden.step": step}
+            chat["gen_ai.response.finish_reasons"] = ("tool_calls",)
+            tracer.start_span(
+                "chat instant", ctx, SpanKind.CLIENT, chat, start_time=now - 1000
+            ).end(end_time=now)
+            call = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"}
+            call |= {"gen_ai.tool.call.id": f"call_{step}", "gen_ai.tool.type": "function"}
+            call |= {"loopwarden.step": step, "loopwarden.tool.outcome": "ok"}
+            tracer.start_span(
+                "execute_tool lookup", ctx, SpanKind.INTERNAL, call, start_time=now - 1000
+            ).end(end_time=now)
+        run_span.end()
+        return ""
+
+    return floor
 
 
 def make_loopwarden(
@@ -479,10 +529,16 @@ def otel_cost(
     more than the few microseconds measured here."""
     names = ["default_ctx", *(v for v in OTEL_VARIANTS if v in fns)]
     cost: dict[str, dict[str, float]] = {v: {} for v in names[1:]}
+    timed = {k: fns[k] for k in names}
+    if "otel_sdk" in fns:  # the SDK's share of it, in the same rounds
+        timed["otel_sdk_floor"] = otel_sdk_floor()
+        cost["otel_sdk_floor"] = {}
     for n in sizes:
-        cpu = measure({k: fns[k] for k in names}, n, runs, warmup, clock=time.thread_time_ns)
+        cpu = measure(timed, n, runs, warmup, clock=time.thread_time_ns)
         for v in names[1:]:
             cost[v][str(n)] = round(cpu[v] - cpu["default_ctx"], 2)
+        if "otel_sdk_floor" in cpu:
+            cost["otel_sdk_floor"][str(n)] = round(cpu["otel_sdk_floor"], 2)
     return cost
 
 
@@ -719,6 +775,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"N={n}: {us:+.1f}" for n, us in result["otel_us_per_step"][v].items()
             )
             print(f"{v} = default_ctx + otel ({label}): CPU us added per step {added}")
+    if "otel_sdk_floor" in result["otel_us_per_step"]:
+        floor = ", ".join(
+            f"N={n}: {us:.1f}" for n, us in result["otel_us_per_step"]["otel_sdk_floor"].items()
+        )
+        print(f"otel_sdk_floor = the SDK alone, the same 2 spans and 3 points: CPU us {floor}")
     print(
         f"import loopwarden: {result['import_ms']:.1f} ms; "
         f"from loopwarden import Deployment: {result['import_deployment_ms']:.1f} ms; "

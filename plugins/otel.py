@@ -59,12 +59,11 @@ to an OTLP/HTTP ``endpoint`` (default: the ``OTEL_EXPORTER_OTLP_*`` variables, e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
@@ -72,7 +71,8 @@ from pydantic import Field, model_validator
 from loopwarden import Plugin, PluginSettings, hookimpl, signals
 from loopwarden._version import __version__
 from loopwarden.plugin import PositiveSeconds
-from loopwarden.plugins.metrics import UNKNOWN_TOOL, MetricsSettings, _definitions
+from loopwarden.plugins._otel.instruments import counter_names
+from loopwarden.plugins.metrics import UNKNOWN_TOOL
 from loopwarden.reasons import LOOP_REASONS
 from loopwarden.redaction import (
     DEFAULT_REDACT_KEYS,
@@ -84,7 +84,7 @@ from loopwarden.redaction import (
 
 if TYPE_CHECKING:
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
-    from loopwarden.plugins._otel import Instruments, Providers
+    from loopwarden.plugins._otel import CallAttributes, Content, Instruments, Providers
     from loopwarden.run import DeploymentView as Deployment
     from loopwarden.run import Run, RunOutcome
     from loopwarden.store import BreakerView
@@ -113,16 +113,6 @@ INSTALL_HINT = (
 
 #: endings that are not failures: no error.type on the run span
 NORMAL_ENDINGS = frozenset({"final_answer", "terminal_tool"})
-
-#: the metrics plugin's counters this plugin mirrors (in-process name)
-MIRRORED = (
-    "runs_total",
-    "guard_firings_total",
-    "agent.loop_detected",
-    "tool_calls_total",
-    "scope_refusals_total",
-    "record_write_failures_total",
-)
 
 
 class OTelSettings(PluginSettings):
@@ -196,21 +186,6 @@ class OTelSettings(PluginSettings):
         return self
 
 
-def counter_names(namespace: str = "loopwarden") -> dict[str, tuple[str, str]]:
-    """In-process name -> (OTel counter name, description): the metrics plugin's Prometheus
-    names without the ``_total`` an exporter to Prometheus adds, and the same labels."""
-    defs = {d.name: d for d in _definitions(MetricsSettings())}
-    out: dict[str, tuple[str, str]] = {}
-    for key in MIRRORED:
-        d = defs[key]
-        out[key] = (f"{namespace}_{d.prom_name}" if d.namespaced else d.prom_name, d.help)
-    out["ledger_answers_total"] = (
-        f"{namespace}_ledger_answers",
-        "Tool calls answered by the side-effect ledger, by tool and source (conversation, shared).",
-    )
-    return out
-
-
 #: values of the switch that put content on spans: the first instrumentations' ``true``, and
 #: the modes of opentelemetry-util-genai (``EVENT_ONLY`` asks for events, which this plugin
 #: does not write: no content)
@@ -271,15 +246,17 @@ class OTel(Plugin[OTelSettings]):
                 meter_provider,
                 s.export_timeout_s,
             )
-            if s.metrics:
+            if s.metrics and self.providers.meter is not None:
                 self.instruments = _otel.Instruments(
-                    self.providers.meter, counter_names(s.namespace)
+                    self.providers.meter, counter_names(s.namespace), self.providers.counters_key
                 )
         except ImportError:
             log.warning("otel: %s", INSTALL_HINT)
             return
         self._otel = _otel
         self._digest = _otel.Digest()
+        self._content: Content = _otel.Content(self.redactor, s.content_chars)
+        self._calls: CallAttributes = _otel.CallAttributes(self._provider)
         self._kind_client = SpanKind.CLIENT
         self._kind_internal = SpanKind.INTERNAL
         self._error = Status(StatusCode.ERROR)
@@ -298,6 +275,7 @@ class OTel(Plugin[OTelSettings]):
             model = getattr(getattr(deployment, "config", None), "model", None)
             provider = getattr(model, "provider", "openai")
             self._provider = "loopwarden.scripted" if provider == "scripted" else str(provider)
+            self._calls.set_provider(self._provider)
         deployment.connect(signals.run_started, self.on_run_started)
         deployment.connect(signals.model_responded, self.on_model_responded)
         deployment.connect(signals.tool_finished, self.on_tool_finished)
@@ -338,51 +316,6 @@ class OTel(Plugin[OTelSettings]):
         except Exception:  # an observer never breaks a run
             log.debug("otel: before_tool failed", exc_info=True)
 
-    # -- helpers --------------------------------------------------------------------------
-
-    def _text(self, text: str | None) -> str:
-        clean = self.redactor.text(text or "")  # redact first: a cut must not hide a secret
-        n = self.settings.content_chars
-        return clean if len(clean) <= n else clean[:n] + "…"
-
-    def _messages(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """Messages in the conventions' parts format, redacted, as JSON."""
-        out: list[dict[str, Any]] = []
-        for m in messages:
-            role = str(m.get("role"))
-            parts: list[dict[str, Any]] = []
-            if role == "tool":
-                parts.append(
-                    {
-                        "type": "tool_call_response",
-                        "id": m.get("tool_call_id"),
-                        "response": self._text(m.get("content")),
-                    }
-                )
-            elif m.get("content"):
-                parts.append({"type": "text", "content": self._text(m.get("content"))})
-            for tc in m.get("tool_calls") or ():
-                fn = tc.get("function") or {}
-                parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": tc.get("id"),
-                        "name": fn.get("name"),
-                        "arguments": self._text(self.redactor.json_text(fn.get("arguments", ""))),
-                    }
-                )
-            out.append({"role": role, "parts": parts})
-        return json.dumps(out, ensure_ascii=False)
-
-    def _base(self, operation: str, run: Run) -> dict[str, Any]:
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": self._provider,
-        }
-        if run.model_name:
-            attrs["gen_ai.request.model"] = run.model_name
-        return attrs
-
     # -- receivers ------------------------------------------------------------------------
 
     def on_run_started(self, run: Run, **_: Any) -> None:
@@ -390,17 +323,9 @@ class OTel(Plugin[OTelSettings]):
         if tracer is None:
             run.state[self.name] = _RunSpans(None, None)
             return
-        attrs = self._base("invoke_agent", run)
         agent = run.meta.get(AGENT_NAME)
         agent = agent if isinstance(agent, str) and agent else self.settings.agent_name
-        attrs["gen_ai.agent.name"] = agent
-        attrs["gen_ai.conversation.id"] = run.conversation.id
-        attrs["loopwarden.run_id"] = run.run_id
-        attrs["loopwarden.mode"] = run.mode
-        if run.limits.name:
-            attrs["loopwarden.profile"] = run.limits.name
-        if run.scenario:
-            attrs["loopwarden.scenario"] = self._otel.scalar(run.scenario)
+        attrs = self._otel.run_start_attributes(run, self._provider, agent)
         # the parent is the span current here (the caller's): the default context
         span = tracer.start_span(
             f"invoke_agent {agent}", kind=self._kind_internal, attributes=attrs
@@ -422,24 +347,26 @@ class OTel(Plugin[OTelSettings]):
         st: _RunSpans | None = run.state.get(self.name)
         if st is None:
             return
-        end = time.time_ns()
-        start, st.model_t0 = st.model_t0 or end - int(duration_s * 1e9), 0
+        start, st.model_t0 = st.model_t0, 0
         if run.meta.get(FRAMEWORK_SPANS):  # the framework's own chat span and metrics say it
             return
-        attrs = self._base("chat", run)
-        if response.model:
-            attrs["gen_ai.response.model"] = response.model
+        inst, tracer = self.instruments, self._tracer
+        ctx = st.ctx  # None: no child spans (no tracer, or the run's trace is sampled out)
+        if inst is None and ctx is None:
+            return
+        end = time.time_ns()
+        model = run.model_name
+        base, tokens_in, tokens_out = self._calls.chat(model, response.model)
         usage = response.usage
-        inst = self.instruments
         if inst is not None:
             # model calls and tokens: these histograms' count and sum (no counters per step)
-            inst.duration.record(duration_s, attrs)
+            inst.duration.record(duration_s, base)
             if usage is not None:
-                inst.token_usage.record(usage.prompt, {**attrs, "gen_ai.token.type": "input"})
-                inst.token_usage.record(usage.completion, {**attrs, "gen_ai.token.type": "output"})
-        tracer = self._tracer
-        if tracer is None or st.ctx is None:  # sampled out: no child spans either
+                inst.token_usage.record(usage.prompt, tokens_in)
+                inst.token_usage.record(usage.completion, tokens_out)
+        if ctx is None or tracer is None:
             return
+        attrs = base.copy()
         if usage is not None:
             attrs["gen_ai.usage.input_tokens"] = usage.prompt
             attrs["gen_ai.usage.output_tokens"] = usage.completion
@@ -452,17 +379,16 @@ class OTel(Plugin[OTelSettings]):
             attrs["loopwarden.final_turn"] = True
         if self.capture:
             messages = request.messages
-            attrs["gen_ai.input.messages"] = self._messages(messages[: st.input_len or None])
-            attrs["gen_ai.output.messages"] = self._messages(messages[-1:])
-        model = run.model_name
-        span = tracer.start_span(
+            content = self._content
+            attrs["gen_ai.input.messages"] = content.messages(messages[: st.input_len or None])
+            attrs["gen_ai.output.messages"] = content.messages(messages[-1:])
+        tracer.start_span(
             f"chat {model}" if model else "chat",
-            context=st.ctx,
+            context=ctx,
             kind=self._kind_client,
             attributes=attrs,
-            start_time=start,
-        )
-        span.end(end_time=end)
+            start_time=start or end - int(duration_s * 1e9),
+        ).end(end_time=end)
 
     def on_tool_finished(self, run: Run, *, call: ToolCall, result: ToolResult, **_: Any) -> None:
         st: _RunSpans | None = run.state.get(self.name)
@@ -477,23 +403,26 @@ class OTel(Plugin[OTelSettings]):
             inst.add("tool_calls_total", tool=tool, outcome=outcome)
             if answered:
                 inst.add("ledger_answers_total", tool=tool, source=ledger[-1].get("source"))
-        tracer = self._tracer
-        if tracer is None or st.ctx is None or run.meta.get(FRAMEWORK_SPANS):
+        ctx, tracer = st.ctx, self._tracer
+        if ctx is None or tracer is None or run.meta.get(FRAMEWORK_SPANS):
             return
         end = time.time_ns()
         start, st.tool_t0 = st.tool_t0 or end - int(result.duration_s * 1e9), 0
-        name = self._otel.scalar(call.name, 200)
+        description = call.tool.description if call.tool is not None else None
+        name, span_name, described = self._calls.tool(call.name, description)
+        call_id = call.id
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
-            "gen_ai.tool.call.id": self._otel.scalar(call.id, 200),
+            "gen_ai.tool.call.id": call_id
+            if type(call_id) is str and len(call_id) <= 200
+            else self._otel.scalar(call_id, 200),
             "gen_ai.tool.type": "function",
             "loopwarden.step": call.step,
             "loopwarden.tool.outcome": outcome,
         }
-        description = call.tool.description if call.tool is not None else None
-        if description and description != call.name:
-            attrs["gen_ai.tool.description"] = self._otel.scalar(description, 1000)
+        if described is not None:
+            attrs["gen_ai.tool.description"] = described
         if result.skipped_by:
             attrs["loopwarden.tool.skipped_by"] = result.skipped_by
         if result.attempts != 1:
@@ -506,11 +435,11 @@ class OTel(Plugin[OTelSettings]):
             attrs["error.type"] = str(error)
         if self.capture:
             raw = call.raw_arguments if call.arguments is None else json.dumps(call.arguments)
-            attrs["gen_ai.tool.call.arguments"] = self._text(self.redactor.json_text(raw))
-            attrs["gen_ai.tool.call.result"] = self._text(result.content)
+            attrs["gen_ai.tool.call.arguments"] = self._content.arguments(raw)
+            attrs["gen_ai.tool.call.result"] = self._content.text(result.content)
         span = tracer.start_span(
-            f"execute_tool {name}",
-            context=st.ctx,
+            span_name,
+            context=ctx,
             kind=self._kind_internal,
             attributes=attrs,
             start_time=start,
@@ -523,48 +452,20 @@ class OTel(Plugin[OTelSettings]):
         self, run: Run, *, verdict: Verdict, hook: str, step: int, **extra: Any
     ) -> None:
         reason = str(getattr(verdict, "reason", None) or verdict.kind)
-        inst = self.instruments
-        if inst is not None:
-            inst.add("guard_firings_total", plugin=verdict.plugin, reason=reason, kind=verdict.kind)
-            if verdict.plugin in self._loop or reason in self._loop:
-                inst.add("agent.loop_detected", plugin=verdict.plugin, reason=reason)
-            evidence = verdict.evidence
-            if (
-                verdict.kind == "stop"
-                and isinstance(evidence.get("scope"), str)
-                and verdict.plugin != "circuit_breaker"  # a paused tool, not a budget refusing
-            ):
-                inst.add(
-                    "scope_refusals_total",
-                    scope=evidence["scope"],
-                    window=str(evidence.get("window")),
-                    reason=reason,
-                )
+        if self.instruments is not None:
+            self.instruments.count_verdict(verdict, reason, self._loop)
         st: _RunSpans | None = run.state.get(self.name)
         if st is None or st.span is None:
             return
-        attrs: dict[str, Any] = {
-            "loopwarden.verdict.plugin": verdict.plugin,
-            "loopwarden.verdict.action": verdict.kind,
-            "loopwarden.verdict.reason": reason,
-            "loopwarden.verdict.shadow": bool(extra.get("shadow")),
-            "loopwarden.verdict.hook": hook,
-            "loopwarden.verdict.step": step,
-        }
-        soft = getattr(verdict, "soft", None)
-        if soft is not None:
-            attrs["loopwarden.verdict.soft"] = soft
-        # a message quotes what the guard saw (a call's arguments): content, so without
-        # capture_content only its hash and length leave the process (as the evidence's)
-        digest = None if self.capture else self._digest
-        if verdict.message:
-            if digest is None:
-                attrs["loopwarden.verdict.message"] = self._otel.scalar(
-                    self.redactor.text(verdict.message)
-                )
-            else:
-                attrs.update(digest.content("loopwarden.verdict.message", verdict.message))
-        attrs.update(self._otel.evidence_attributes(verdict.evidence, self.redactor, digest))
+        attrs = self._otel.verdict_attributes(
+            verdict,
+            reason,
+            hook,
+            step,
+            bool(extra.get("shadow")),
+            self.redactor,
+            None if self.capture else self._digest,
+        )
         st.span.add_event("loopwarden.verdict", attrs)
 
     def on_breaker_changed(self, run: Run, *, breaker: BreakerView, **_: Any) -> None:
@@ -573,21 +474,7 @@ class OTel(Plugin[OTelSettings]):
         st: _RunSpans | None = run.state.get(self.name)
         if st is None or st.span is None:
             return
-        tripped = breaker.tripped or {}
-        attrs: dict[str, Any] = {
-            "loopwarden.breaker.change": str(breaker.changed),
-            "loopwarden.breaker.state": breaker.state,
-            "loopwarden.breaker.target": breaker.target,
-            "loopwarden.breaker.name": breaker.name,
-            "loopwarden.breaker.scope": breaker.scope,
-            "loopwarden.breaker.key_hash": hashlib.blake2b(
-                breaker.scope_key.encode("utf-8", "replace"), digest_size=8
-            ).hexdigest(),
-            "loopwarden.breaker.failures": int(tripped.get("failures", breaker.failures)),
-        }
-        if tripped.get("rule"):
-            attrs["loopwarden.breaker.rule"] = str(tripped["rule"])
-        st.span.add_event("loopwarden.circuit_breaker", attrs)
+        st.span.add_event("loopwarden.circuit_breaker", self._otel.breaker_attributes(breaker))
 
     def on_record_failed(self, run: Run, **_: Any) -> None:
         if self.instruments is not None:
@@ -607,46 +494,20 @@ class OTel(Plugin[OTelSettings]):
         if st.span is None:
             return
         span, st.span = st.span, None
-        tokens = record.get("tokens") or {}
-        # under a framework's own spans, its spans carry the usage: ours would count it twice
-        usage = "loopwarden.usage" if run.meta.get(FRAMEWORK_SPANS) else "gen_ai.usage"
-        attrs: dict[str, Any] = {
-            "loopwarden.termination": outcome.termination,
-            "loopwarden.soft": outcome.soft,
-            "loopwarden.steps": run.step,
-            "loopwarden.tool_calls": run.tool_calls,
-            "loopwarden.final_answer_present": outcome.final_answer_present,
-            f"{usage}.input_tokens": int(tokens.get("prompt") or 0),
-            f"{usage}.output_tokens": int(tokens.get("completion") or 0),
-            "loopwarden.cost": float(record.get("cost") or 0.0),
-        }
-        if outcome.stopped_by is not None:
-            attrs["loopwarden.stopped_by"] = outcome.stopped_by
-        if record.get("cost_currency"):
-            attrs["loopwarden.cost_currency"] = str(record["cost_currency"])
-        if run.ledger_answers:
-            attrs["loopwarden.ledger_answers"] = len(run.ledger_answers)
-        shadow = run.shadow_stop
-        if shadow:
-            attrs["loopwarden.shadow_stop.reason"] = str(shadow.get("reason"))
-            attrs["loopwarden.shadow_stop.plugin"] = str(shadow.get("plugin"))
         normal = outcome.termination in NORMAL_ENDINGS or (
             outcome.stopped_by is not None
             and run.deployment is not None
             and run.deployment.hooks.ends_runs_normally(outcome.stopped_by)
         )
-        if not normal:
-            attrs["error.type"] = outcome.termination
-        if self.capture and outcome.final_answer:
-            attrs["gen_ai.output.messages"] = json.dumps(
-                [
-                    {
-                        "role": "assistant",
-                        "parts": [{"type": "text", "content": self._text(outcome.final_answer)}],
-                    }
-                ],
-                ensure_ascii=False,
-            )
+        answer = outcome.final_answer if self.capture else None
+        attrs = self._otel.run_end_attributes(
+            run,
+            outcome,
+            record,
+            normal=normal,
+            framework_spans=bool(run.meta.get(FRAMEWORK_SPANS)),
+            answer=self._content.answer(answer) if answer else None,
+        )
         span.set_attributes(attrs)
         if not normal:
             span.set_status(self._status(self._code_error, f"stopped: {outcome.termination}"))
@@ -658,8 +519,7 @@ class OTel(Plugin[OTelSettings]):
         error = str(kind) if isinstance(kind, str) and kind else outcome.termination
         if run.meta.get(FRAMEWORK_SPANS):
             return
-        attrs = self._base("chat", run)
-        attrs["error.type"] = error
+        attrs = {**self._calls.chat(run.model_name, None)[0], "error.type": error}
         if self.instruments is not None:
             self.instruments.duration.record((end - st.model_t0) / 1e9, attrs)
         tracer = self._tracer

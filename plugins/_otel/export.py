@@ -1,143 +1,44 @@
-"""The otel plugin's OpenTelemetry side: providers, instruments, attribute values.
-
-Split from :mod:`loopwarden.plugins.otel` (which decides *what* becomes a span, an event or a
-measurement): this module holds everything that touches the ``opentelemetry`` packages, and
-imports them only when a plugin is created -- never at ``import loopwarden`` or when the
-docs read the settings model.  The API (``opentelemetry-api``) is enough for the global
-providers; an exporter the settings name needs the SDK and ``opentelemetry-exporter-otlp-
-proto-http`` (the extra ``loopwarden[otel]`` brings all three).
+"""The tracer and meter of the otel plugin: the application's providers (or the ones given),
+else SDK providers of the plugin's own that ship over OTLP/HTTP -- each export bounded, and
+skipped while the collector is down, so a collector that is down never holds a run or a close.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Digest", "Instruments", "Providers", "evidence_attributes", "scalar"]
+__all__ = ["GLOBAL_METER", "Health", "Providers", "providers"]
 
 log = logging.getLogger("loopwarden.plugins.otel")
 
 INSTRUMENTATION = "loopwarden"
 
-#: the GenAI conventions' advised bucket boundaries (gen_ai.client.token.usage)
-TOKEN_BUCKETS = (
-    1,
-    4,
-    16,
-    64,
-    256,
-    1024,
-    4096,
-    16384,
-    65536,
-    262144,
-    1048576,
-    4194304,
-    16777216,
-    67108864,
-)
-#: ... and for gen_ai.client.operation.duration (seconds)
-DURATION_BUCKETS = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
 
-#: the standard evidence keys (docs/contracts.md) carried by a verdict's span event
-EVIDENCE_KEYS = (
-    "count",
-    "threshold",
-    "signature",
-    "tool",
-    "limit",
-    "spent",
-    "scope",
-    "window",
-    "rule",
-)
-
-_MAX_ATTR_CHARS = 1000  # a string attribute longer than this is cut (evidence, messages)
+class _Global:
+    """The global meter provider as a key (:attr:`Providers.counters_key`)."""
 
 
-def scalar(value: Any, limit: int = _MAX_ATTR_CHARS) -> str | bool | int | float:
-    """``value`` as an OTel attribute value: bools and numbers as they are (a Decimal as a
-    float), anything else as a string cut to ``limit`` characters."""
-    if isinstance(value, (bool, int, float)):
-        return value
-    if type(value).__name__ == "Decimal":
-        return float(value)
-    text = value if isinstance(value, str) else str(value)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-#: the standard evidence keys that hold content (a call's arguments, a sentence the model
-#: wrote): without capture_content only their hash and length leave the process
-CONTENT_EVIDENCE_KEYS = frozenset({"signature"})
-
-
-class Digest:
-    """A keyed hash of content for telemetry without ``capture_content``: equal texts get
-    equal hashes within one deployment (a repeat is told apart in a trace), and a value with
-    few possibilities (a 9-digit number) cannot be found by hashing every candidate -- the
-    key is random per deployment and never leaves the process."""
-
-    __slots__ = ("_key",)
-
-    def __init__(self) -> None:
-        self._key = os.urandom(16)
-
-    def __call__(self, text: str) -> str:
-        data = text.encode("utf-8", "surrogatepass")
-        return hashlib.blake2b(data, digest_size=8, key=self._key).hexdigest()
-
-    def content(self, name: str, text: str) -> dict[str, Any]:
-        """``<name>.hash`` and ``<name>.chars`` attributes standing in for ``text``."""
-        return {f"{name}.hash": self(text), f"{name}.chars": len(text)}
-
-
-def evidence_attributes(
-    evidence: Mapping[str, Any], redact: Any, digest: Digest | None = None
-) -> dict[str, Any]:
-    """The standard evidence keys present in ``evidence``, redacted, as ``loopwarden.evidence.*``
-    attributes (other keys stay in the run record: a span event is not an archive).  With a
-    ``digest`` (content is not captured), a key that holds content gives only its hash and
-    length: ``loopwarden.evidence.signature.hash`` / ``.chars``."""
-    out: dict[str, Any] = {}
-    for key in EVIDENCE_KEYS:
-        value = evidence.get(key)
-        if value is None:
-            continue
-        if digest is not None and key in CONTENT_EVIDENCE_KEYS:
-            out.update(digest.content(f"loopwarden.evidence.{key}", str(value)))
-        else:
-            out[f"loopwarden.evidence.{key}"] = scalar(redact(value))
-    return out
+#: the counters key of every plugin on the global meter provider: one set for the process,
+#: whether a plugin was made before the application set its provider (on the API's proxy
+#: meter) or after
+GLOBAL_METER = _Global()
 
 
 @dataclass
 class Providers:
-    """The tracer and meter the plugin writes to, and what it must shut down on close."""
+    """The tracer and meter the plugin writes to (None: the API's no-op one, which would
+    discard everything -- the plugin then builds nothing for it), what it must shut down on
+    close, and what the meter's counters are shared by: every plugin on one meter provider
+    counts into the same counters (:mod:`.instruments`)."""
 
     tracer: Any
     meter: Any
     owned: list[Any] = field(default_factory=list)
+    counters_key: Any = None
 
     def close(self) -> None:
         for provider in self.owned:
@@ -298,6 +199,9 @@ def providers(
         owned: list[Any] = [tp, mp]
     else:
         owned = []
+    from opentelemetry.metrics import NoOpMeter
+    from opentelemetry.trace import NoOpTracer
+
     tracer = (
         tracer_provider.get_tracer(INSTRUMENTATION, version)
         if tracer_provider is not None
@@ -308,31 +212,10 @@ def providers(
         if meter_provider is not None
         else metrics.get_meter(INSTRUMENTATION, version)
     )
-    return Providers(tracer, meter, owned)
-
-
-class Instruments:
-    """The metric instruments: the GenAI client histograms, and loopwarden's counters under
-    the names and labels of the metrics plugin's Prometheus series."""
-
-    def __init__(self, meter: Any, counters: Mapping[str, tuple[str, str]]) -> None:
-        self.token_usage = meter.create_histogram(
-            "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS),
-        )
-        self.duration = meter.create_histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
-        )
-        #: in-process name (as the metrics plugin reads it) -> the OTel counter
-        self.counters: dict[str, Any] = {
-            key: meter.create_counter(name, description=help_text)
-            for key, (name, help_text) in counters.items()
-        }
-
-    def add(self, key: str, amount: float = 1, **labels: Any) -> None:
-        self.counters[key].add(amount, labels)
+    global_meter = meter_provider is None or meter_provider is metrics.get_meter_provider()
+    return Providers(
+        None if type(tracer) is NoOpTracer else tracer,
+        None if type(meter) is NoOpMeter else meter,
+        owned,
+        GLOBAL_METER if global_meter else meter_provider,
+    )
