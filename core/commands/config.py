@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import find_config, load_config
     from loopwarden.deployment import Deployment
-    from loopwarden.engine.pluginmanager import (
+    from loopwarden.host import (
         ENV_NO_AUTOLOAD,
         check_tables,
         enabled_and_blocked,

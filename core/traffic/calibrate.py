@@ -346,7 +346,7 @@ def _lookup(data: Mapping[str, Any], key: str) -> Any:
 
 def _default_of(key: str) -> Any:
     """A plugin setting's default, from the installed settings model (None if unknown)."""
-    from loopwarden.engine.pluginmanager import builtin_settings
+    from loopwarden.host import builtin_settings
 
     parts = key.split(".")
     if len(parts) != 3 or parts[0] != "plugins":
@@ -359,7 +359,7 @@ def _default_of(key: str) -> Any:
 def known_key(key: str, *, profile: bool = False) -> bool:
     """Whether the installed config model has ``key`` (a profile key when ``profile``)."""
     from loopwarden.config import Config, ProfileConfig
-    from loopwarden.engine.pluginmanager import builtin_settings
+    from loopwarden.host import builtin_settings
 
     if profile:
         return key in ProfileConfig.model_fields

@@ -1,9 +1,9 @@
-"""The typed facade the loop calls hooks through (:class:`Hooks`): call plans read off pluggy,
-verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed plugins'
-effects undone (:mod:`loopwarden.engine.shadow`).
+"""Call: the typed facade the loop calls hooks through (:class:`Hooks`) -- call plans read off
+pluggy, verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed
+plugins' effects undone (:mod:`loopwarden.host.shadow`).
 
-Split from :mod:`loopwarden.engine.pluginmanager` (which re-exports :class:`Hooks`): finding and
-loading plugins is there, registering and checking them in :mod:`loopwarden.engine.registry`.
+One module: the direct call plans, the pluggy fallback (wrappers, monitors) and the shadowed
+calls share the plan steps, the verdict checks and the blame; split, each would reach back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from loopwarden import hookspecs
-from loopwarden.engine.shadow import MAX_EFFECTS, Change, Snapshot, describe
+from loopwarden.host.shadow import MAX_EFFECTS, Change, Snapshot, describe
 from loopwarden.verdicts import (
     EMPTY,
     UNKNOWN_PLUGIN,
@@ -37,12 +37,7 @@ if TYPE_CHECKING:
     from loopwarden.run import Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
-__all__ = ["Hooks"]
-
 log = logging.getLogger("loopwarden.plugins")
-
-
-# -- calling -------------------------------------------------------------------------------
 
 
 def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]]:
@@ -103,6 +98,15 @@ def _ill_typed(v: Warn | Skip | Stop) -> str | None:
     if not isinstance(plugin, str):
         return "a plugin name that is not a str"
     return None
+
+
+def _refused(hook: str, r: Any) -> bool:
+    """Whether ``r``, returned from ``hook``, is no verdict the loop can honour."""
+    return (
+        not isinstance(r, (Warn, Skip, Stop))
+        or _ill_typed(r) is not None
+        or (type(r) is Skip and hook != "before_tool")
+    )
 
 
 def _safe_repr(value: object) -> str:
@@ -168,7 +172,7 @@ class Hooks:
         """A facade over the same plugins in which ``plugins`` are shadowed: each is called
         with a snapshot of the hook's arguments taken before and restored after (its
         deadlines, delays, cleared flags, request fields never reach the run), and what it
-        changed is recorded in ``run.shadow_effects`` (:mod:`loopwarden.engine.shadow`).
+        changed is recorded in ``run.shadow_effects`` (:mod:`loopwarden.host.shadow`).
 
         The engine of a deployment in shadow mode calls its hooks through one; this facade
         stays as it is (a replay honours every plugin)."""
@@ -264,15 +268,10 @@ class Hooks:
                 real.restore()
         if r is None:
             return None
-        if (
-            not isinstance(r, (Warn, Skip, Stop))
-            or _ill_typed(r)
-            or (type(r) is Skip and hook != "before_tool")
-        ):
+        if _refused(hook, r):
             return self._not_a_verdict(hook, r, plugin=name).stop
-        if r.plugin == UNKNOWN_PLUGIN:
-            r = dataclasses.replace(r, plugin=name)
-        return r
+        v: Verdict = r
+        return dataclasses.replace(v, plugin=name) if v.plugin == UNKNOWN_PLUGIN else v
 
     def _note_effects(
         self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]
@@ -307,11 +306,8 @@ class Hooks:
             effects.append(entry)
 
     def blame(self, exc: BaseException) -> str:
-        """The plugin whose hook implementation raised ``exc`` (``<unknown>`` if none)."""
-        return self._blame(exc)
-
-    def _blame(self, exc: BaseException) -> str:
-        """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""
+        """The plugin whose hook implementation raised ``exc``: the outermost on its traceback
+        (``<unknown>`` if none)."""
         tb: TracebackType | None = exc.__traceback__
         while tb is not None:
             pairs = self._owners.get(tb.tb_frame.f_code)
@@ -327,7 +323,7 @@ class Hooks:
         return "<unknown>"
 
     def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
-        plugin = plugin or self._blame(exc)
+        plugin = plugin or self.blame(exc)
         error = self._log_failure(plugin, hook, exc)
         verdict = Stop(
             reason="plugin_error",
@@ -352,24 +348,20 @@ class Hooks:
     def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
         who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
         why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
-        if why is None and isinstance(returned, Skip):
-            shown = self.redact(_safe_repr(returned)[:500])
-            verdict = Stop(
-                reason="plugin_error",
-                plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
-                soft=False,
-                message=f"{who} returned a skip from {hook}, which cannot honour it (only "
-                "before_tool can skip a call): warn or stop instead",
-                evidence={"hook": hook, "returned": shown},
-            )
-            return Resolution(verdict, (), (verdict,))
         shown = self.redact(_safe_repr(returned)[:500])
-        what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
+        if why is None and isinstance(returned, Skip):
+            message = (
+                f"{who} returned a skip from {hook}, which cannot honour it (only "
+                "before_tool can skip a call): warn or stop instead"
+            )
+        else:
+            what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
+            message = f"{who} returned {what} from {hook}"
         verdict = Stop(
             reason="plugin_error",
             plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
             soft=False,
-            message=f"{who} returned {what} from {hook}",
+            message=message,
             evidence={"hook": hook, "returned": shown},
         )
         return Resolution(verdict, (), (verdict,))
@@ -378,11 +370,7 @@ class Hooks:
         if not results:
             return EMPTY
         for r in results:
-            if (
-                not isinstance(r, (Warn, Skip, Stop))
-                or _ill_typed(r)
-                or (type(r) is Skip and hook != "before_tool")
-            ):
+            if _refused(hook, r):
                 return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
@@ -495,7 +483,7 @@ class Hooks:
                 caller(run=run, outcome=outcome)
                 return failures
             except Exception as exc:
-                plugin = self._blame(exc)
+                plugin = self.blame(exc)
                 failures.append(
                     {
                         "plugin": plugin,

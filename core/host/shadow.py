@@ -3,7 +3,7 @@
 A plugin acts through its verdicts *and* by changing the objects its hooks receive: the
 timeout plugin sets ``call.timeout``, ``request.timeout`` and ``run.deadline``, retry_policy
 sets ``call.delay_s`` and clears ``result.retryable``.  In shadow mode none of that may reach
-the run.  The dispatcher (:mod:`loopwarden.engine.dispatch`) therefore takes a
+the run.  The dispatcher (:mod:`loopwarden.host.dispatch`) therefore takes a
 :class:`Snapshot` of a hook's arguments before it calls a shadowed plugin and
 :meth:`Snapshot.restore` s it afterwards;
 what had changed becomes a ``shadow_effects`` entry of the run record.  Each change can be
