@@ -24,16 +24,15 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from loopwarden.config import Config, PluginsConfig, load_config
-from loopwarden.host.load import (
+from loopwarden.host.find import (
     BUILTIN_PLUGINS,
     _find,
     _named,
-    builtin_settings,
     config_dir,
     installed_entry_points,
     resolve_names,
-    settings_of,
 )
+from loopwarden.host.load import builtin_settings, settings_of
 
 __all__ = ["JSON_SCHEMA_DIALECT", "config_schema", "plugin_settings_models"]
 

@@ -1,8 +1,9 @@
 """The plugin host: plugins found, ordered, configured and called -- by role, as pluggy is.
 
-:mod:`~loopwarden.host.load` finds and imports the plugins ``[plugins] enabled`` names
-(built-ins, entry points, ``module:attr``) and validates every settings table with one function,
-:func:`settings_of` -- which ``loopwarden config schema`` and the docs ask too;
+:mod:`~loopwarden.host.find` resolves the names ``[plugins] enabled`` lists (built-ins, entry
+points, ``module:attr``) to objects; :mod:`~loopwarden.host.load` configures them, each settings
+table validated by one function, :func:`settings_of` -- which ``loopwarden config schema`` and
+the docs ask too;
 :mod:`~loopwarden.host.register` registers them with pluggy in config order and checks them;
 :mod:`~loopwarden.host.dispatch` is the facade the loop calls hooks through (verdicts, blame,
 fail closed); :mod:`~loopwarden.host.shadow` undoes what shadowed plugins change.
@@ -18,28 +19,30 @@ name these modules (``loopwarden.MOVED``).
 """
 
 from loopwarden.host.dispatch import Hooks
-from loopwarden.host.load import (
+from loopwarden.host.find import (
     BUILTIN_PLUGINS,
     ENTRY_POINT_GROUP,
     ENV_BLOCK,
     ENV_EXTRA,
     ENV_NO_AUTOLOAD,
     autoload_off_entry_points,
-    builtin_settings,
-    check_tables,
     config_dir,
     declared_name,
     enabled_and_blocked,
     installed_entry_points,
-    instantiate_plugin,
     is_blocked,
-    load_plugins,
     plugin_name,
     resolve_names,
     resolve_plugin_name,
+    unloaded_tables,
+)
+from loopwarden.host.load import (
+    builtin_settings,
+    check_tables,
+    instantiate_plugin,
+    load_plugins,
     settings_model,
     settings_of,
-    unloaded_tables,
 )
 from loopwarden.host.register import (
     ENV_TRACE,
@@ -48,7 +51,6 @@ from loopwarden.host.register import (
     LoopwardenPluginManager,
     PluginSet,
     new_plugin_manager,
-    plugin_hooks,
     register,
 )
 from loopwarden.verdicts import Verdict
@@ -77,7 +79,6 @@ __all__ = [
     "is_blocked",
     "load_plugins",
     "new_plugin_manager",
-    "plugin_hooks",
     "plugin_name",
     "register",
     "resolve_names",

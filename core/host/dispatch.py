@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from loopwarden import hookspecs
-from loopwarden.host.shadow import MAX_EFFECTS, Change, Snapshot, describe
+from loopwarden.host.shadow import Snapshot, record
 from loopwarden.verdicts import (
     EMPTY,
     UNKNOWN_PLUGIN,
@@ -150,7 +150,6 @@ class Hooks:
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
         self._pm = pm
-        self._order = list(order)
         #: masks secrets in the error texts of failing plugins (records, logs); a deployment
         #: sets its own (which also knows the model's API key)
         self.redact: Callable[[str], str] = _default_redact
@@ -262,7 +261,7 @@ class Hooks:
                 changes = mine.restore()
                 if changes:
                     overlay.extend(c[3] for c in changes)
-                    self._note_effects(hook, name, args, changes)
+                    record(hook, name, args, changes)
         finally:
             if mine is not real:
                 real.restore()
@@ -272,38 +271,6 @@ class Hooks:
             return self._not_a_verdict(hook, r, plugin=name).stop
         v: Verdict = r
         return dataclasses.replace(v, plugin=name) if v.plugin == UNKNOWN_PLUGIN else v
-
-    def _note_effects(
-        self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]
-    ) -> None:
-        """Add what a shadowed plugin would have changed to the run's ``shadow_effects``."""
-        run = args[0]
-        effects = getattr(run, "shadow_effects", None)
-        if effects is None:  # a hand-built run object without the records
-            return
-        call = args[1] if hook in ("before_tool", "after_tool") else None
-        for label, before, after, _ in changes:
-            log.debug("shadowed plugin %r would have changed %s in %s", plugin, label, hook)
-            if label == "run.deadline":  # a time on the run's clock: say when, from its start
-                before, after = (
-                    round(t - run.started_at, 6) if isinstance(t, (int, float)) else t
-                    for t in (before, after)
-                )
-            if len(effects) >= MAX_EFFECTS:
-                run.shadow_effects_dropped += 1
-                continue
-            entry: dict[str, Any] = {
-                "step": run.step,
-                "hook": hook,
-                "plugin": plugin,
-                "shadow": True,
-                "effect": label,
-                "value": describe(after),
-                "was": describe(before),
-            }
-            if call is not None:
-                entry["tool"], entry["call_id"] = call.name, call.id
-            effects.append(entry)
 
     def blame(self, exc: BaseException) -> str:
         """The plugin whose hook implementation raised ``exc``: the outermost on its traceback
@@ -579,7 +546,3 @@ class Hooks:
             for key, value in (got or {}).items():
                 fields.setdefault(str(key), value)
         return fields, failures
-
-    @property
-    def order(self) -> list[str]:
-        return list(self._order)

@@ -266,20 +266,6 @@ def _hook_rank(name: str) -> int:
         return len(hookspecs.HOOK_NAMES)
 
 
-def plugin_hooks(obj: Any) -> list[str]:
-    """Names of the hooks ``obj`` implements (by marker), without registering it."""
-    out = []
-    for attr in dir(obj):
-        fn = getattr(obj, attr, None)
-        if (
-            fn is not None
-            and hasattr(fn, hookspecs.PROJECT + "_impl")
-            and not unused_shim(obj, attr)
-        ):
-            out.append(attr)
-    return sorted(out, key=_hook_rank)
-
-
 class PluginSet:
     """The plugins of one deployment, loaded and registered in config order."""
 
