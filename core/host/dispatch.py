@@ -73,9 +73,8 @@ _REDACTOR: list[Any] = []  # the default redactor, built on first use
 
 
 def _ill_typed(v: Warn | Skip | Stop) -> str | None:
-    """What is wrong with a verdict's fields (a plugin built it by hand), or None.
-
-    The loop puts these texts into requests, records and logs: they must be text."""
+    """What is wrong with a verdict's fields (built by hand), or None: the loop puts its texts
+    into requests, records and logs."""
     texts: dict[str, Any] = {"message": v.message}
     if isinstance(v, Skip):
         texts["observation"] = v.observation
@@ -109,6 +108,18 @@ def _refused(hook: str, r: Any) -> bool:
     )
 
 
+def _fail_closed(plugin: str, message: str, hook: str, **evidence: str) -> Resolution:
+    """The hard ``plugin_error`` stop a failing plugin earns."""
+    verdict = Stop(
+        reason="plugin_error",
+        plugin=plugin,
+        soft=False,
+        message=message,
+        evidence={"hook": hook, **evidence},
+    )
+    return Resolution(verdict, (), (verdict,))
+
+
 def _safe_repr(value: object) -> str:
     try:
         return repr(value)
@@ -128,53 +139,39 @@ def _default_redact(text: str) -> str:
 class Hooks:
     """The typed facade the loop calls hooks through.
 
-    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`.  A plugin that
-    raises is blamed by name and turned into a hard ``plugin_error`` stop (fail closed).
-    ``on_stop`` runs every implementation even when one raises.
-
-    Dispatch: pluggy decides *what* is called and in which order (registration, validation,
-    ``tryfirst``/``trylast``); the facade then calls the implementations in exactly that order
-    from a call plan read off ``get_hookimpls()``, with positional arguments -- no keyword
-    dictionary and no generic multicall per event -- and it attributes a verdict built
-    without ``plugin=`` (``loopwarden.warn(...)`` from a plain object) to the plugin that
-    returned it.  It uses pluggy's own dispatch instead
-    whenever a hook has wrappers or while anything monitors hook calls (tracing,
-    ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
-    plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
-    that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
-
-    Shadowed plugins (a facade made by :meth:`shadowing`) are called on both paths with a
-    snapshot of the hook's arguments restored after each call, so nothing they change besides
-    their verdicts reaches the run; what they changed is recorded (``run.shadow_effects``).
+    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`; a plugin that raises,
+    or returns what is not a verdict, is blamed by name and becomes a hard ``plugin_error`` stop
+    (fail closed); ``on_stop`` runs every implementation even when one raises.  pluggy decides
+    what is called, in which order; the facade calls the implementations in that order from
+    call plans read off ``get_hookimpls()``, with positional arguments, and attributes a
+    verdict built without ``plugin=`` to the plugin that returned it.  It yields to pluggy's
+    own dispatch where a hook has wrappers or while anything monitors hook calls (tracing, the
+    test kit's ``HookRecorder``) -- where such a verdict stays ``<unknown>`` -- and rebuilds
+    its plans when plugins are (un)registered.  Shadowed plugins (:meth:`shadowing`) are
+    called on both paths on a snapshot of the arguments, restored after each call.
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
         self._pm = pm
-        #: masks secrets in the error texts of failing plugins (records, logs); a deployment
-        #: sets its own (which also knows the model's API key)
+        #: masks secrets in failing plugins' error texts; a deployment sets its own
         self.redact: Callable[[str], str] = _default_redact
         self._on_stop = pm.hook.on_stop
         self._owners = _impl_owner_map(pm)
-        #: plugins in shadow mode: what their hooks change in the arguments is undone (and
-        #: recorded); see :meth:`shadowing`
+        #: plugins in shadow mode (:meth:`shadowing`)
         self.shadow: frozenset[str] = frozenset()
         self._plans: dict[str, tuple[_Step, ...] | None] = {}
         #: pluggy's path with shadowed plugins: a caller without them, and their own steps
         self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
         self._generation = -1
-        #: a loopwarden plugin manager, which says when direct dispatch must yield to pluggy's
-        #: (monitors) and when plans are stale (generation); a plain pluggy one always yields
+        #: our manager says when to yield to pluggy (monitors), when plans are stale
+        #: (generation); with a plain pluggy one, pluggy always dispatches
         self._ours = hasattr(pm, "monitors") and hasattr(pm, "generation")
         self._build_plans()
 
     def shadowing(self, plugins: Iterable[str]) -> Hooks:
-        """A facade over the same plugins in which ``plugins`` are shadowed: each is called
-        with a snapshot of the hook's arguments taken before and restored after (its
-        deadlines, delays, cleared flags, request fields never reach the run), and what it
-        changed is recorded in ``run.shadow_effects`` (:mod:`loopwarden.host.shadow`).
-
-        The engine of a deployment in shadow mode calls its hooks through one; this facade
-        stays as it is (a replay honours every plugin)."""
+        """A facade over the same plugins in which ``plugins`` are shadowed: what they change
+        in a hook's arguments never reaches the run, and is recorded in ``run.shadow_effects``
+        (:mod:`loopwarden.host.shadow`).  This facade stays as it is (a replay honours all)."""
         other = copy.copy(self)
         other.shadow = frozenset(plugins)
         other._plans, other._subsets, other._generation = {}, {}, -1
@@ -182,9 +179,8 @@ class Hooks:
         return other
 
     def ends_runs_normally(self, plugin: str) -> bool:
-        """Whether ``plugin``'s stops are normal endings (``Plugin.ends_runs_normally``, e.g.
-        ``terminal_tool``'s hand-off): only such a stop's ``answer=`` counts as a final answer
-        present (docs/contracts.md, ``final_answer_present``)."""
+        """Whether ``plugin``'s stops are normal endings (``terminal_tool``'s hand-off): only
+        such a stop's ``answer=`` counts as a final answer present (docs/contracts.md)."""
         obj = self._pm.get_plugin(plugin)
         return bool(getattr(obj, "ends_runs_normally", False))
 
@@ -210,14 +206,9 @@ class Hooks:
         plan: list[_Step] = []
         for impl in reversed(impls):  # pluggy calls the last registered first
             idx = tuple(full.index(a) for a in impl.argnames)
-            plan.append(
-                (
-                    impl.plugin_name,
-                    impl.function,
-                    None if idx == tuple(range(len(full))) else idx,
-                    impl.plugin_name in shadow,
-                )
-            )
+            every = idx == tuple(range(len(full)))
+            name = impl.plugin_name
+            plan.append((name, impl.function, None if every else idx, name in shadow))
         return tuple(plan)
 
     def _plan(self, hook: str) -> tuple[_Step, ...] | None:
@@ -238,14 +229,11 @@ class Hooks:
         args: tuple[Any, ...],
         overlay: list[Callable[[], None]],
     ) -> Verdict | None:
-        """Call a shadowed plugin's implementation on a snapshot of ``args`` that is restored
-        afterwards; record what it changed.  Its verdict -- or the ``plugin_error`` stop it
-        earned by raising or returning a non-verdict -- is returned for the record (the loop
-        does not honour it), and never keeps the later plugins from being called.
-
-        ``overlay`` holds what the shadowed plugins called before it for this event changed:
-        it sees those changes (retry_policy's spent budget reaches a shadowed repeat_call, as
-        it would when both are enforced), which are undone again after it."""
+        """Call a shadowed plugin on a snapshot of ``args``, restored afterwards, and record what
+        it changed; return its verdict, or the ``plugin_error`` stop it earned, for the record
+        (never keeping later plugins from their turn).  It sees what the shadowed plugins before
+        it changed for this event (``overlay``: retry_policy's spent budget reaches a shadowed
+        repeat_call, as when both are enforced), undone again after it."""
         names = _HOOK_ARGS[hook]
         real = mine = Snapshot(names, args)
         try:
@@ -292,14 +280,13 @@ class Hooks:
     def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
         plugin = plugin or self.blame(exc)
         error = self._log_failure(plugin, hook, exc)
-        verdict = Stop(
-            reason="plugin_error",
-            plugin=plugin,
-            soft=False,
-            message=f"plugin {plugin!r} raised in {hook}: {error}",
-            evidence={"hook": hook, "error": error},
+        return _fail_closed(
+            plugin, f"plugin {plugin!r} raised in {hook}: {error}", hook, error=error
         )
-        return Resolution(verdict, (), (verdict,))
+
+    def _failure(self, plugin: str, hook: str, exc: BaseException) -> dict[str, str]:
+        """A failure of an observing hook, logged, for the run record."""
+        return {"plugin": plugin, "hook": hook, "error": self._log_failure(plugin, hook, exc)}
 
     def _log_failure(self, plugin: str, hook: str, exc: BaseException) -> str:
         """Log a plugin's failure with its traceback, both redacted; return the error text."""
@@ -324,14 +311,8 @@ class Hooks:
         else:
             what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
             message = f"{who} returned {what} from {hook}"
-        verdict = Stop(
-            reason="plugin_error",
-            plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
-            soft=False,
-            message=message,
-            evidence={"hook": hook, "returned": shown},
-        )
-        return Resolution(verdict, (), (verdict,))
+        who = plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN
+        return _fail_closed(who, message, hook, returned=shown)
 
     def _resolve(self, hook: str, results: list[Any]) -> Resolution:
         if not results:
@@ -390,11 +371,9 @@ class Hooks:
         return self._resolve(hook, results)
 
     def _pluggy(self, hook: str) -> tuple[Any, tuple[_Step, ...]]:
-        """pluggy's caller for ``hook`` and the steps of the shadowed plugins it leaves out.
-
-        Shadowed plugins are taken out of pluggy's call (a subset caller: wrappers and
-        monitors still see the hook called, with the others) and called after it, each on a
-        restored snapshot; their wrappers, if any, are not called."""
+        """pluggy's caller for ``hook`` without the shadowed plugins (wrappers and monitors
+        still see the hook called), and the steps calling those after it, each on a snapshot;
+        their wrappers, if any, are not called."""
         full = getattr(self._pm.hook, hook)
         if not self.shadow:
             return full, ()
@@ -427,8 +406,7 @@ class Hooks:
         return self._call("on_model_delta", (run, request, delta))
 
     def implements(self, hook: str) -> bool:
-        """Whether any plugin implements ``hook`` (streamed runs skip a per-delta hook that
-        no plugin implements)."""
+        """Whether any plugin implements ``hook`` (a stream skips an unused per-delta hook)."""
         return bool(getattr(self._pm.hook, hook).get_hookimpls())
 
     def after_response(self, run: Run, response: ModelResponse) -> Resolution:
@@ -451,15 +429,8 @@ class Hooks:
                 return failures
             except Exception as exc:
                 plugin = self.blame(exc)
-                failures.append(
-                    {
-                        "plugin": plugin,
-                        "hook": "on_stop",
-                        "error": self._log_failure(plugin, "on_stop", exc),
-                    }
-                )
-                # Call the implementations that the exception skipped: the ones after the
-                # failing plugin in call order.
+                failures.append(self._failure(plugin, "on_stop", exc))
+                # call the implementations the exception skipped: those after the failing one
                 impls = [
                     i.plugin_name
                     for i in reversed(self._on_stop.get_hookimpls())
@@ -491,9 +462,8 @@ class Hooks:
         self._checks("validate_config", {"config": config}, config.path)
 
     def _checks(self, hook: str, kwargs: dict[str, Any], path: str | None) -> None:
-        """Call a refusing hook plugin by plugin: a ConfigError is the plugin's answer; any
-        other exception is a broken check, reported as a ConfigError naming the plugin (bad
-        input exits 2 with a message, never a traceback)."""
+        """Call a refusing hook plugin by plugin: a ConfigError is the plugin's answer, any
+        other exception a broken check, reported as a ConfigError naming the plugin."""
         from loopwarden.exceptions import ConfigError
 
         for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
@@ -521,9 +491,8 @@ class Hooks:
     def record_fields(
         self, run: Run, reserved: Container[str] = ()
     ) -> tuple[dict[str, Any], list[dict[str, str]]]:
-        """``record_fields``: the plugins' fields for ``run``'s record, and the failures
-        (plugin, hook, error) of implementations that raised or named a ``reserved`` field
-        -- each called on its own, so one failing plugin never costs the others' fields."""
+        """``record_fields``: the plugins' fields for ``run``'s record, and the failures of
+        those that raised or named a ``reserved`` field (each called on its own)."""
         fields: dict[str, Any] = {}
         failures: list[dict[str, str]] = []
         for impl in reversed(self._pm.hook.record_fields.get_hookimpls()):
@@ -535,13 +504,7 @@ class Hooks:
                 if taken:
                     raise ValueError(f"the record's own fields cannot be replaced: {taken}")
             except Exception as exc:
-                failures.append(
-                    {
-                        "plugin": impl.plugin_name,
-                        "hook": "record_fields",
-                        "error": self._log_failure(impl.plugin_name, "record_fields", exc),
-                    }
-                )
+                failures.append(self._failure(impl.plugin_name, "record_fields", exc))
                 continue
             for key, value in (got or {}).items():
                 fields.setdefault(str(key), value)
