@@ -89,7 +89,12 @@ def resolve_names(config: Config, extra: Iterable[str] = ()) -> tuple[list[str],
     missing from the list go first.  A name listed twice, or an essential plugin blocked, is a
     :class:`ConfigError`.
     """
-    enabled, own_blocked, path = config.plugins.enabled, config.plugins.blocked, config.path
+    return _resolve(config.plugins.enabled, config.plugins.blocked, config.path, extra)
+
+
+def _resolve(
+    enabled: list[str], own_blocked: list[str], path: str | None, extra: Iterable[str] = ()
+) -> tuple[list[str], list[str]]:
     blocked = list(dict.fromkeys([*own_blocked, *_env_list(ENV_BLOCK)]))
     for name in blocked:
         if name in ESSENTIAL_PLUGINS:
@@ -226,9 +231,13 @@ def config_dir(config: Config) -> Path | None:
     """The directory of ``config``'s file, where ``module:attr`` plugins are also looked for
     (pytest's rootdir for ``conftest.py``); None for the shipped default or a config built in
     code."""
-    if not config.path or config.path.startswith("<"):
+    return _search_dir(config.path)
+
+
+def _search_dir(config_path: str | None) -> Path | None:
+    if not config_path or config_path.startswith("<"):
         return None
-    path = Path(config.path)
+    path = Path(config_path)
     if not path.is_file() or path.resolve() == default_config_path().resolve():
         return None
     return path.resolve().parent

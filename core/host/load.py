@@ -30,8 +30,9 @@ from loopwarden.host.find import (
     _find,
     _import_spec,
     _named,
+    _resolve,
+    _search_dir,
     autoload_off_entry_points,
-    config_dir,
     installed_entry_points,
     resolve_names,
 )
@@ -171,10 +172,11 @@ def load_plugins(
     """
     objects = dict(objects or {})
     enabled, path = config.plugins.enabled, config.path
-    names, blocked = resolve_names(config, [*extra, *[n for n in objects if n not in enabled]])
+    extra = [*extra, *[n for n in objects if n not in enabled]]
+    names, blocked = _resolve(enabled, config.plugins.blocked, path, extra)
     tables = config.plugins.tables()
     eps = installed_entry_points()
-    search = config_dir(config)
+    search = _search_dir(path)
     loaded: list[LoadedPlugin] = []
     refs: dict[str, str] = {}  # plugin name -> the reference that enabled it
 
