@@ -1,28 +1,15 @@
 """Find: which plugins the config names, and the object each name means (nothing configured).
 
-Names in ``[plugins] enabled`` (whose order is the call order) resolve, in this order, to:
-
-1. a built-in plugin (``max_steps``, ``repeat_call``, ... -- :data:`BUILTIN_PLUGINS`);
-2. an installed entry point in the group ``loopwarden.plugins`` -- loaded only when named;
-   entry-point loading is turned off by ``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD=1``;
-3. ``module:attr`` -- an importable object, for plugins that are not packaged: looked for on
-   ``sys.path``, then in the config file's directory (:func:`config_dir`), so a
-   ``my_guards.py`` next to ``config.toml`` loads without ``PYTHONPATH``.
-
-**One name per plugin.**  That name attributes its verdicts, keys its state, its record
-fields and its settings table ``[plugins.<name>]``.  An entry point's name *is* the plugin's
-name, as in pytest (``probe = "acme_probe"`` is the plugin ``probe``); a plugin that
-*declares* another ``name`` (:func:`declared_name`) fails at start-up, since it would be
-called two things.  A built-in's name is the one it declares.  A ``module:attr`` reference is
-only where to find the plugin, which is named by the ``name`` it declares, else its
-``__name__`` (:func:`plugin_name`) -- the name the testing kit gives a class or object too.
-Two plugins with one name fail at start-up, naming both; so does a settings table that
-configures nothing (``[plugins."mod:Cls"]`` beside ``[plugins.<name>]``, or a table for no
-enabled, blocked, built-in or installed plugin): :mod:`loopwarden.host.load`.
-
-``LOOPWARDEN_PLUGINS`` (comma-separated) appends names.  ``[plugins] blocked`` and
-``LOOPWARDEN_BLOCK_PLUGINS`` remove names *before anything is imported*: a blocked plugin's
-module never runs.  Essential plugins (``max_steps``) are always loaded and cannot be blocked.
+A name in ``[plugins] enabled`` (the call order), ``LOOPWARDEN_PLUGINS`` or handed in code is
+a built-in (:data:`BUILTIN_PLUGINS`), else an installed entry point of the group
+``loopwarden.plugins`` (loaded only when named; none with
+``LOOPWARDEN_DISABLE_PLUGIN_AUTOLOAD=1``), else ``module:attr`` -- looked for on ``sys.path``,
+then in the config file's directory (:func:`config_dir`).  Blocked names (``[plugins]
+blocked``, ``LOOPWARDEN_BLOCK_PLUGINS``) go before anything is imported; the essential
+``max_steps`` is always there.  One name per plugin: an entry point's or a built-in's name is
+its plugin's (a plugin declaring another fails, :func:`_named`); a ``module:attr`` plugin is
+named by the name it declares, else its ``__name__`` (:func:`plugin_name`), as the testing kit
+names it.  The rules for users: docs/plugin-guide.md.
 """
 
 from __future__ import annotations
