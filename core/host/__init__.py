@@ -11,9 +11,11 @@ fail closed); :mod:`~loopwarden.host.shadow` undoes what shadowed plugins change
 A folder of its own, beside the engine rather than inside it: loading plugins is asked for by
 more than runs (``loopwarden plugins``, ``config check``, ``config schema``, the docs, the test
 kit), and the engine only calls the hooks it is handed.  May import: the public vocabulary at
-the top of the package (config, exceptions, hookspecs, plugin, verdicts, redaction, and
-``run``/``events``/``deployment`` for types only) and pluggy -- never the engine, the plugins
-themselves (they are imported by name, when enabled), the commands, the docs or the test kit.
+the top of the package (config, exceptions, hookspecs, plugin, verdicts, redaction; ``run``
+and ``events`` for types only: a deployment is a :class:`loopwarden.run.DeploymentView` here)
+and pluggy -- never the engine, a plugin (each is imported by name, when enabled), the
+deployment, the MCP servers, the store, the commands, the docs or the test kit (checked by
+import-linter: ``[tool.importlinter]`` in pyproject.toml).
 The 0.3 paths ``loopwarden.engine.pluginmanager``, ``.registry``, ``.dispatch`` and ``.shadow``
 name these modules (``loopwarden.MOVED``).
 """

@@ -32,9 +32,8 @@ from loopwarden.verdicts import (
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult
-    from loopwarden.run import Run, RunOutcome
+    from loopwarden.run import DeploymentView, Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
 log = logging.getLogger("loopwarden.plugins")
@@ -444,11 +443,11 @@ class Hooks:
 
     # -- lifecycle hooks (not on the hot path: pluggy dispatches them) ---------------------
 
-    def configure(self, deployment: Deployment) -> None:
+    def configure(self, deployment: DeploymentView) -> None:
         """``on_configure``: once, when ``deployment`` has loaded its plugins."""
         self._pm.hook.on_configure(deployment=deployment)
 
-    def unconfigure(self, deployment: Deployment) -> None:
+    def unconfigure(self, deployment: DeploymentView) -> None:
         """``on_unconfigure``: once, when ``deployment`` closes."""
         self._pm.hook.on_unconfigure(deployment=deployment)
 
