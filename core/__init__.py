@@ -149,11 +149,11 @@ __all__ = [
 # patching through either name patches both.  Nothing is imported until an old path is.
 MOVED: dict[str, str] = {
     "loopwarden.loop": "loopwarden.engine.loop",
-    "loopwarden.dispatch": "loopwarden.engine.dispatch",
+    "loopwarden.dispatch": "loopwarden.host.dispatch",
     "loopwarden.execution": "loopwarden.engine.execution",
     "loopwarden.streaming": "loopwarden.engine.streaming",
-    "loopwarden.registry": "loopwarden.engine.registry",
-    "loopwarden.pluginmanager": "loopwarden.engine.pluginmanager",
+    "loopwarden.registry": "loopwarden.host.register",
+    "loopwarden.pluginmanager": "loopwarden.host",
     "loopwarden.replay": "loopwarden.traffic.replay",
     "loopwarden.calibrate": "loopwarden.traffic.calibrate",
     "loopwarden.offline": "loopwarden.traffic.offline",
@@ -162,6 +162,11 @@ MOVED: dict[str, str] = {
     "loopwarden.schema": "loopwarden.commands.schema",
     "loopwarden.cli": "loopwarden.commands.cli",
     "loopwarden.tools.shop": "loopwarden.demo.shop",
+    # the plugin host, in the engine in earlier 0.3 builds: a folder of its own now
+    "loopwarden.engine.pluginmanager": "loopwarden.host",
+    "loopwarden.engine.registry": "loopwarden.host.register",
+    "loopwarden.engine.dispatch": "loopwarden.host.dispatch",
+    "loopwarden.engine.shadow": "loopwarden.host.shadow",
 }
 
 

@@ -31,8 +31,8 @@ from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
 from loopwarden.engine.drivers import adrive, drive
 from loopwarden.engine.loop import Engine
-from loopwarden.engine.pluginmanager import PluginSet, load_plugins
 from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
+from loopwarden.host import PluginSet, load_plugins
 from loopwarden.mcp import secret_values as mcp_secrets
 from loopwarden.models import output_limit
 from loopwarden.models.scenario import Scenario, ToolScript, load_scenario, scenario_path

@@ -233,7 +233,7 @@ def test_shipped_config_sets_every_budget_setting_at_its_default(shipped_config:
 
 
 def test_every_setting_is_described() -> None:
-    from loopwarden.engine.pluginmanager import BUILTIN_PLUGINS, _import_spec
+    from loopwarden.host.find import BUILTIN_PLUGINS, _import_spec
 
     for name in [*BUDGET_PLUGINS, "max_steps"]:
         cls = _import_spec(BUILTIN_PLUGINS[name], name)

@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"store": redact_url(shared.url), "breakers": rows}, ensure_ascii=False))
         return 0
     print(f"store: {redact_url(shared.url)}")
-    from loopwarden.engine.pluginmanager import ENV_EXTRA
+    from loopwarden.host import ENV_EXTRA
 
     extra = [p.strip() for p in os.environ.get(ENV_EXTRA, "").split(",")]
     if "circuit_breaker" not in [*config.plugins.enabled, *extra]:

@@ -133,7 +133,7 @@ def _replay_figures(
 
 def _record_figures(config: Config, stats: Stats) -> list[str]:
     """For run records: the successful runs at least one proposed limit would have cut."""
-    from loopwarden.engine.pluginmanager import load_plugins
+    from loopwarden.host import load_plugins
 
     settings = {lp.name: getattr(lp.obj, "settings", None) for lp in load_plugins(config)}
 
@@ -162,8 +162,8 @@ def main(args: argparse.Namespace) -> int:
 
     from loopwarden import __version__
     from loopwarden.config import find_config, load_toml, parse_config
-    from loopwarden.engine.pluginmanager import check_tables, load_plugins
     from loopwarden.exceptions import ConfigError
+    from loopwarden.host import load_plugins
     from loopwarden.traffic.calibrate import MIN_RUNS, calibrated_config, load_stats, profile_names
 
     if sys.version_info >= (3, 11):
@@ -226,8 +226,9 @@ def main(args: argparse.Namespace) -> int:
     )
     names = profile_names(stats.groups(), taken=sorted(base.get("profiles") or {}))
     config = parse_config(tomllib.loads(text), path="<calibrated>")
-    load_plugins(config)  # what `loopwarden config check` does: a proposal must be valid
-    check_tables(config)
+    # what `loopwarden config check` does (every table, a switched-off built-in's too): a
+    # proposal must be valid
+    load_plugins(config)
     if stats.kind == "trajectories":
         how = "replayed" + (
             f" with --system-prompt-tokens {args.system_prompt_tokens}"

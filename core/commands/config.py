@@ -45,9 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import find_config, load_config
     from loopwarden.deployment import Deployment
-    from loopwarden.engine.pluginmanager import (
+    from loopwarden.host import (
         ENV_NO_AUTOLOAD,
-        check_tables,
         enabled_and_blocked,
         unloaded_tables,
     )
@@ -57,10 +56,10 @@ def main(args: argparse.Namespace) -> int:
 
         config = load_config(args.file or args.config)
         demo.shop_config(config)  # the demo's [shop] table, which the core keeps as written
-        # a deployment, as a run would build it: plugins load and connect (and are closed)
+        # a deployment, as a run would build it: plugins load (every table checked, a
+        # switched-off built-in's too) and connect (and are closed)
         with Deployment(config) as dep:
             plugins = dep.plugins
-            check_tables(config)
             # what a plugin can only find out about its surroundings
             dep.hooks.validate_config(config)
             note = None

@@ -338,7 +338,7 @@ def _class_name(name: str) -> str:
 
 def check_name(name: str) -> None:
     """Raise :class:`LoopwardenError` unless ``name`` can be a new plugin's name."""
-    from loopwarden.engine.pluginmanager import BUILTIN_PLUGINS
+    from loopwarden.host import BUILTIN_PLUGINS
 
     if not NAME_RE.fullmatch(name) or keyword.iskeyword(name):
         raise LoopwardenError(

@@ -28,7 +28,7 @@ def _blocked_rows(config: Any, blocked: list[str]) -> list[dict[str, str]]:
 
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
-    from loopwarden.engine.pluginmanager import load_plugins, resolve_names
+    from loopwarden.host import load_plugins, resolve_names
 
     config = load_config(args.config)
     plugins = load_plugins(config)

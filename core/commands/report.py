@@ -132,7 +132,7 @@ def no_records_hint(config: Config, given: str | None) -> str:
     with ``run_record`` already enabled a run writes it; else the run enables it through
     ``LOOPWARDEN_PLUGINS`` (naming it twice would be an error)."""
     from loopwarden.config import default_config_path
-    from loopwarden.engine.pluginmanager import resolve_names
+    from loopwarden.host import resolve_names
 
     flag = f" --config {shlex.quote(given)}" if given else ""
     names, blocked = resolve_names(config)

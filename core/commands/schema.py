@@ -24,16 +24,15 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from loopwarden.config import Config, PluginsConfig, load_config
-from loopwarden.engine.pluginmanager import (
+from loopwarden.host.find import (
     BUILTIN_PLUGINS,
     _find,
     _named,
-    builtin_settings,
     config_dir,
     installed_entry_points,
     resolve_names,
-    settings_model,
 )
+from loopwarden.host.load import builtin_settings, settings_of
 
 __all__ = ["JSON_SCHEMA_DIALECT", "config_schema", "plugin_settings_models"]
 
@@ -69,7 +68,7 @@ def plugin_settings_models(
         name = _named(ref, target, source)  # its table is keyed by its one name, not "mod:Cls"
         doc = _summary(inspect.getdoc(target))
         out[name] = (
-            settings_model(target),
+            settings_of(target)[0],
             f"plugin {name!r} ({source}: {spec})" + (f": {doc}" if doc else ""),
         )
     return out

@@ -440,7 +440,7 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, path=path, model=Config) from None
-    for name, table in cfg.plugins.tables().items():
+    for name, table in (cfg.plugins.model_extra or {}).items():
         if not isinstance(table, dict):
             raise ConfigError(
                 f"must be a table, got {table!r}",
@@ -448,8 +448,7 @@ def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
                 key=f"plugins.{name}",
                 expected=f"[plugins.{name}] with the plugin's settings",
             )
-    for name, table in (cfg.plugins.model_extra or {}).items():
-        if isinstance(table, dict) and not isinstance(table.get("shadow", False), bool):
+        if not isinstance(table.get("shadow", False), bool):
             raise ConfigError(
                 f"must be true or false, got {table['shadow']!r}",
                 path=path,

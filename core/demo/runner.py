@@ -279,7 +279,7 @@ Progress = Callable[[str, Scenario, bool, "dict[str, Any] | None"], None]
 @contextmanager
 def _without_env_plugins() -> Iterator[None]:
     """Keep ``LOOPWARDEN_PLUGINS`` from adding plugins to the unguarded baseline."""
-    from loopwarden.engine.pluginmanager import ENV_EXTRA
+    from loopwarden.host import ENV_EXTRA
 
     saved = os.environ.pop(ENV_EXTRA, None)
     try:

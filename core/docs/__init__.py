@@ -36,7 +36,7 @@ from pydantic_core import PydanticUndefined
 
 from loopwarden import hookspecs
 from loopwarden.docs import api as _docs_api
-from loopwarden.engine.pluginmanager import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
+from loopwarden.host import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, builtin_settings
 from loopwarden.sanitize import jsonable
 
 __all__ = [

@@ -3,13 +3,13 @@
 The loop (:mod:`~loopwarden.engine.loop`: the step machine of effects), its drivers
 (:mod:`~loopwarden.engine.drivers`, :mod:`~loopwarden.engine.streaming`), the effects it asks
 for and the outcomes it ends with, tool-call parsing (:mod:`~loopwarden.engine.calls`), tool
-execution under deadlines (:mod:`~loopwarden.engine.execution`), hook dispatch and shadow mode
-(:mod:`~loopwarden.engine.dispatch`, :mod:`~loopwarden.engine.shadow`), and plugin loading
-(:mod:`~loopwarden.engine.registry`, :mod:`~loopwarden.engine.pluginmanager`).
+execution under deadlines (:mod:`~loopwarden.engine.execution`).  It calls the hooks through
+the facade the plugin host hands it (:class:`loopwarden.host.Hooks`).
 
 May import: the public vocabulary at the top of the package (config, events, verdicts, run,
 hookspecs, plugin, signals, reasons, exceptions, stash, clock, notes, sanitize, redaction,
-fingerprint), :mod:`loopwarden.models`, :mod:`loopwarden.store` and :mod:`loopwarden.tools`.
+fingerprint), the plugin host (:mod:`loopwarden.host`), :mod:`loopwarden.models`,
+:mod:`loopwarden.store` and :mod:`loopwarden.tools`.
 Never a plugin, the deployment (not even type-only: it names
 :class:`loopwarden.run.DeploymentView`), the MCP servers, the demo, the adapters, the
 commands, the recorded-traffic tools, the reports, the docs generator or the test kit --

@@ -59,7 +59,7 @@ from loopwarden.verdicts import Resolution, Stop, resolve
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig
-    from loopwarden.engine.pluginmanager import Hooks
+    from loopwarden.host import Hooks
     from loopwarden.redaction import Redactor
 
 __all__ = ["CallModel", "Engine", "Failed", "RunTool", "parse_calls"]

@@ -17,7 +17,7 @@ from loopwarden import signals as _signals
 from loopwarden.clock import Clock, FakeClock
 from loopwarden.config import Config, load_config, parse_config
 from loopwarden.deployment import Deployment
-from loopwarden.engine.pluginmanager import (
+from loopwarden.host import (
     LoadedPlugin,
     instantiate_plugin,
     plugin_name,

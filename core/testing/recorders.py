@@ -16,7 +16,7 @@ from blinker import ANY
 
 from loopwarden import signals as _signals
 from loopwarden.deployment import Deployment
-from loopwarden.engine.pluginmanager import PluginSet
+from loopwarden.host import PluginSet
 from loopwarden.verdicts import Skip, Stop, Verdict, Warn
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class HookRecorder:
     """Records every hook call of a plugin manager (pytester's ``HookRecorder``).
 
     Built on pluggy's ``add_hookcall_monitoring``; pass a :class:`~loopwarden.Deployment`, a
-    :class:`~loopwarden.engine.pluginmanager.PluginSet` or a pluggy manager.  Use it as a context
+    :class:`~loopwarden.host.PluginSet` or a pluggy manager.  Use it as a context
     manager, or call :meth:`finish_recording`.
     """
 

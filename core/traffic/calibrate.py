@@ -124,7 +124,7 @@ LIMITS: tuple[Limit, ...] = (
 def known_key(key: str, *, profile: bool = False) -> bool:
     """Whether the installed config model has ``key`` (a profile key when ``profile``)."""
     from loopwarden.config import Config, ProfileConfig
-    from loopwarden.engine.pluginmanager import builtin_settings
+    from loopwarden.host import builtin_settings
 
     if profile:
         return key in ProfileConfig.model_fields

@@ -85,7 +85,7 @@ def _lookup(data: Mapping[str, Any], key: str) -> Any:
 
 def _default_of(key: str) -> Any:
     """A plugin setting's default, from the installed settings model (None if unknown)."""
-    from loopwarden.engine.pluginmanager import builtin_settings
+    from loopwarden.host import builtin_settings
 
     parts = key.split(".")
     if len(parts) != 3 or parts[0] != "plugins":

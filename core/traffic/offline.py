@@ -12,7 +12,7 @@ __all__ = ["observer_names", "without_observers"]
 def observer_names(config: Config) -> list[str]:
     """The plugins ``config`` loads that implement no run hook: pure observers (logging,
     metrics, alerting, run records), which subscribe to signals and can never change a run."""
-    from loopwarden.engine.pluginmanager import load_plugins
+    from loopwarden.host import load_plugins
 
     return [lp.name for lp in load_plugins(config) if lp.observer]
 

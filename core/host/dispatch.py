@@ -1,9 +1,9 @@
-"""The typed facade the loop calls hooks through (:class:`Hooks`): call plans read off pluggy,
-verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed plugins'
-effects undone (:mod:`loopwarden.engine.shadow`).
+"""Call: the typed facade the loop calls hooks through (:class:`Hooks`) -- call plans read off
+pluggy, verdicts checked and resolved, failing plugins blamed by name (fail closed), shadowed
+plugins' effects undone (:mod:`loopwarden.host.shadow`).
 
-Split from :mod:`loopwarden.engine.pluginmanager` (which re-exports :class:`Hooks`): finding and
-loading plugins is there, registering and checking them in :mod:`loopwarden.engine.registry`.
+One module: the direct call plans, the pluggy fallback (wrappers, monitors) and the shadowed
+calls share the plan steps, the verdict checks and the blame; split, each would reach back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from loopwarden import hookspecs
-from loopwarden.engine.shadow import MAX_EFFECTS, Change, Snapshot, describe
+from loopwarden.host.shadow import Snapshot, record
 from loopwarden.verdicts import (
     EMPTY,
     UNKNOWN_PLUGIN,
@@ -32,17 +32,11 @@ from loopwarden.verdicts import (
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult
-    from loopwarden.run import Run, RunOutcome
+    from loopwarden.run import DeploymentView, Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
-__all__ = ["Hooks"]
-
 log = logging.getLogger("loopwarden.plugins")
-
-
-# -- calling -------------------------------------------------------------------------------
 
 
 def _impl_owner_map(pm: pluggy.PluginManager) -> dict[Any, list[tuple[str, Any]]]:
@@ -78,9 +72,8 @@ _REDACTOR: list[Any] = []  # the default redactor, built on first use
 
 
 def _ill_typed(v: Warn | Skip | Stop) -> str | None:
-    """What is wrong with a verdict's fields (a plugin built it by hand), or None.
-
-    The loop puts these texts into requests, records and logs: they must be text."""
+    """What is wrong with a verdict's fields (built by hand), or None: the loop puts its texts
+    into requests, records and logs."""
     texts: dict[str, Any] = {"message": v.message}
     if isinstance(v, Skip):
         texts["observation"] = v.observation
@@ -105,6 +98,27 @@ def _ill_typed(v: Warn | Skip | Stop) -> str | None:
     return None
 
 
+def _refused(hook: str, r: Any) -> bool:
+    """Whether ``r``, returned from ``hook``, is no verdict the loop can honour."""
+    return (
+        not isinstance(r, (Warn, Skip, Stop))
+        or _ill_typed(r) is not None
+        or (type(r) is Skip and hook != "before_tool")
+    )
+
+
+def _fail_closed(plugin: str, message: str, hook: str, **evidence: str) -> Resolution:
+    """The hard ``plugin_error`` stop a failing plugin earns."""
+    verdict = Stop(
+        reason="plugin_error",
+        plugin=plugin,
+        soft=False,
+        message=message,
+        evidence={"hook": hook, **evidence},
+    )
+    return Resolution(verdict, (), (verdict,))
+
+
 def _safe_repr(value: object) -> str:
     try:
         return repr(value)
@@ -124,54 +138,39 @@ def _default_redact(text: str) -> str:
 class Hooks:
     """The typed facade the loop calls hooks through.
 
-    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`.  A plugin that
-    raises is blamed by name and turned into a hard ``plugin_error`` stop (fail closed).
-    ``on_stop`` runs every implementation even when one raises.
-
-    Dispatch: pluggy decides *what* is called and in which order (registration, validation,
-    ``tryfirst``/``trylast``); the facade then calls the implementations in exactly that order
-    from a call plan read off ``get_hookimpls()``, with positional arguments -- no keyword
-    dictionary and no generic multicall per event -- and it attributes a verdict built
-    without ``plugin=`` (``loopwarden.warn(...)`` from a plain object) to the plugin that
-    returned it.  It uses pluggy's own dispatch instead
-    whenever a hook has wrappers or while anything monitors hook calls (tracing,
-    ``add_hookcall_monitoring``, the test kit's ``HookRecorder``), and rebuilds its plans when
-    plugins are registered or unregistered.  (pluggy's result list carries no attribution: on
-    that path such verdicts stay ``<unknown>``, so prefer ``Plugin.warn()`` & co.)
-
-    Shadowed plugins (a facade made by :meth:`shadowing`) are called on both paths with a
-    snapshot of the hook's arguments restored after each call, so nothing they change besides
-    their verdicts reaches the run; what they changed is recorded (``run.shadow_effects``).
+    Each decision hook returns a :class:`~loopwarden.verdicts.Resolution`; a plugin that raises,
+    or returns what is not a verdict, is blamed by name and becomes a hard ``plugin_error`` stop
+    (fail closed); ``on_stop`` runs every implementation even when one raises.  pluggy decides
+    what is called, in which order; the facade calls the implementations in that order from
+    call plans read off ``get_hookimpls()``, with positional arguments, and attributes a
+    verdict built without ``plugin=`` to the plugin that returned it.  It yields to pluggy's
+    own dispatch where a hook has wrappers or while anything monitors hook calls (tracing, the
+    test kit's ``HookRecorder``) -- where such a verdict stays ``<unknown>`` -- and rebuilds
+    its plans when plugins are (un)registered.  Shadowed plugins (:meth:`shadowing`) are
+    called on both paths on a snapshot of the arguments, restored after each call.
     """
 
     def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
         self._pm = pm
-        self._order = list(order)
-        #: masks secrets in the error texts of failing plugins (records, logs); a deployment
-        #: sets its own (which also knows the model's API key)
+        #: masks secrets in failing plugins' error texts; a deployment sets its own
         self.redact: Callable[[str], str] = _default_redact
         self._on_stop = pm.hook.on_stop
         self._owners = _impl_owner_map(pm)
-        #: plugins in shadow mode: what their hooks change in the arguments is undone (and
-        #: recorded); see :meth:`shadowing`
+        #: plugins in shadow mode (:meth:`shadowing`)
         self.shadow: frozenset[str] = frozenset()
         self._plans: dict[str, tuple[_Step, ...] | None] = {}
         #: pluggy's path with shadowed plugins: a caller without them, and their own steps
         self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
         self._generation = -1
-        #: a loopwarden plugin manager, which says when direct dispatch must yield to pluggy's
-        #: (monitors) and when plans are stale (generation); a plain pluggy one always yields
+        #: our manager says when to yield to pluggy (monitors), when plans are stale
+        #: (generation); with a plain pluggy one, pluggy always dispatches
         self._ours = hasattr(pm, "monitors") and hasattr(pm, "generation")
         self._build_plans()
 
     def shadowing(self, plugins: Iterable[str]) -> Hooks:
-        """A facade over the same plugins in which ``plugins`` are shadowed: each is called
-        with a snapshot of the hook's arguments taken before and restored after (its
-        deadlines, delays, cleared flags, request fields never reach the run), and what it
-        changed is recorded in ``run.shadow_effects`` (:mod:`loopwarden.engine.shadow`).
-
-        The engine of a deployment in shadow mode calls its hooks through one; this facade
-        stays as it is (a replay honours every plugin)."""
+        """A facade over the same plugins in which ``plugins`` are shadowed: what they change
+        in a hook's arguments never reaches the run, and is recorded in ``run.shadow_effects``
+        (:mod:`loopwarden.host.shadow`).  This facade stays as it is (a replay honours all)."""
         other = copy.copy(self)
         other.shadow = frozenset(plugins)
         other._plans, other._subsets, other._generation = {}, {}, -1
@@ -179,9 +178,8 @@ class Hooks:
         return other
 
     def ends_runs_normally(self, plugin: str) -> bool:
-        """Whether ``plugin``'s stops are normal endings (``Plugin.ends_runs_normally``, e.g.
-        ``terminal_tool``'s hand-off): only such a stop's ``answer=`` counts as a final answer
-        present (docs/contracts.md, ``final_answer_present``)."""
+        """Whether ``plugin``'s stops are normal endings (``terminal_tool``'s hand-off): only
+        such a stop's ``answer=`` counts as a final answer present (docs/contracts.md)."""
         obj = self._pm.get_plugin(plugin)
         return bool(getattr(obj, "ends_runs_normally", False))
 
@@ -207,14 +205,9 @@ class Hooks:
         plan: list[_Step] = []
         for impl in reversed(impls):  # pluggy calls the last registered first
             idx = tuple(full.index(a) for a in impl.argnames)
-            plan.append(
-                (
-                    impl.plugin_name,
-                    impl.function,
-                    None if idx == tuple(range(len(full))) else idx,
-                    impl.plugin_name in shadow,
-                )
-            )
+            every = idx == tuple(range(len(full)))
+            name = impl.plugin_name
+            plan.append((name, impl.function, None if every else idx, name in shadow))
         return tuple(plan)
 
     def _plan(self, hook: str) -> tuple[_Step, ...] | None:
@@ -235,14 +228,11 @@ class Hooks:
         args: tuple[Any, ...],
         overlay: list[Callable[[], None]],
     ) -> Verdict | None:
-        """Call a shadowed plugin's implementation on a snapshot of ``args`` that is restored
-        afterwards; record what it changed.  Its verdict -- or the ``plugin_error`` stop it
-        earned by raising or returning a non-verdict -- is returned for the record (the loop
-        does not honour it), and never keeps the later plugins from being called.
-
-        ``overlay`` holds what the shadowed plugins called before it for this event changed:
-        it sees those changes (retry_policy's spent budget reaches a shadowed repeat_call, as
-        it would when both are enforced), which are undone again after it."""
+        """Call a shadowed plugin on a snapshot of ``args``, restored afterwards, and record what
+        it changed; return its verdict, or the ``plugin_error`` stop it earned, for the record
+        (never keeping later plugins from their turn).  It sees what the shadowed plugins before
+        it changed for this event (``overlay``: retry_policy's spent budget reaches a shadowed
+        repeat_call, as when both are enforced), undone again after it."""
         names = _HOOK_ARGS[hook]
         real = mine = Snapshot(names, args)
         try:
@@ -258,60 +248,20 @@ class Hooks:
                 changes = mine.restore()
                 if changes:
                     overlay.extend(c[3] for c in changes)
-                    self._note_effects(hook, name, args, changes)
+                    record(hook, name, args, changes)
         finally:
             if mine is not real:
                 real.restore()
         if r is None:
             return None
-        if (
-            not isinstance(r, (Warn, Skip, Stop))
-            or _ill_typed(r)
-            or (type(r) is Skip and hook != "before_tool")
-        ):
+        if _refused(hook, r):
             return self._not_a_verdict(hook, r, plugin=name).stop
-        if r.plugin == UNKNOWN_PLUGIN:
-            r = dataclasses.replace(r, plugin=name)
-        return r
-
-    def _note_effects(
-        self, hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]
-    ) -> None:
-        """Add what a shadowed plugin would have changed to the run's ``shadow_effects``."""
-        run = args[0]
-        effects = getattr(run, "shadow_effects", None)
-        if effects is None:  # a hand-built run object without the records
-            return
-        call = args[1] if hook in ("before_tool", "after_tool") else None
-        for label, before, after, _ in changes:
-            log.debug("shadowed plugin %r would have changed %s in %s", plugin, label, hook)
-            if label == "run.deadline":  # a time on the run's clock: say when, from its start
-                before, after = (
-                    round(t - run.started_at, 6) if isinstance(t, (int, float)) else t
-                    for t in (before, after)
-                )
-            if len(effects) >= MAX_EFFECTS:
-                run.shadow_effects_dropped += 1
-                continue
-            entry: dict[str, Any] = {
-                "step": run.step,
-                "hook": hook,
-                "plugin": plugin,
-                "shadow": True,
-                "effect": label,
-                "value": describe(after),
-                "was": describe(before),
-            }
-            if call is not None:
-                entry["tool"], entry["call_id"] = call.name, call.id
-            effects.append(entry)
+        v: Verdict = r
+        return dataclasses.replace(v, plugin=name) if v.plugin == UNKNOWN_PLUGIN else v
 
     def blame(self, exc: BaseException) -> str:
-        """The plugin whose hook implementation raised ``exc`` (``<unknown>`` if none)."""
-        return self._blame(exc)
-
-    def _blame(self, exc: BaseException) -> str:
-        """The plugin whose hook implementation is on ``exc``'s traceback (outermost first)."""
+        """The plugin whose hook implementation raised ``exc``: the outermost on its traceback
+        (``<unknown>`` if none)."""
         tb: TracebackType | None = exc.__traceback__
         while tb is not None:
             pairs = self._owners.get(tb.tb_frame.f_code)
@@ -327,16 +277,15 @@ class Hooks:
         return "<unknown>"
 
     def _failed(self, hook: str, exc: Exception, plugin: str | None = None) -> Resolution:
-        plugin = plugin or self._blame(exc)
+        plugin = plugin or self.blame(exc)
         error = self._log_failure(plugin, hook, exc)
-        verdict = Stop(
-            reason="plugin_error",
-            plugin=plugin,
-            soft=False,
-            message=f"plugin {plugin!r} raised in {hook}: {error}",
-            evidence={"hook": hook, "error": error},
+        return _fail_closed(
+            plugin, f"plugin {plugin!r} raised in {hook}: {error}", hook, error=error
         )
-        return Resolution(verdict, (), (verdict,))
+
+    def _failure(self, plugin: str, hook: str, exc: BaseException) -> dict[str, str]:
+        """A failure of an observing hook, logged, for the run record."""
+        return {"plugin": plugin, "hook": hook, "error": self._log_failure(plugin, hook, exc)}
 
     def _log_failure(self, plugin: str, hook: str, exc: BaseException) -> str:
         """Log a plugin's failure with its traceback, both redacted; return the error text."""
@@ -352,37 +301,23 @@ class Hooks:
     def _not_a_verdict(self, hook: str, returned: Any, plugin: str | None = None) -> Resolution:
         who = f"plugin {plugin!r}" if isinstance(plugin, str) else f"a {hook} implementation"
         why = _ill_typed(returned) if isinstance(returned, (Warn, Skip, Stop)) else None
-        if why is None and isinstance(returned, Skip):
-            shown = self.redact(_safe_repr(returned)[:500])
-            verdict = Stop(
-                reason="plugin_error",
-                plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
-                soft=False,
-                message=f"{who} returned a skip from {hook}, which cannot honour it (only "
-                "before_tool can skip a call): warn or stop instead",
-                evidence={"hook": hook, "returned": shown},
-            )
-            return Resolution(verdict, (), (verdict,))
         shown = self.redact(_safe_repr(returned)[:500])
-        what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
-        verdict = Stop(
-            reason="plugin_error",
-            plugin=plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN,
-            soft=False,
-            message=f"{who} returned {what} from {hook}",
-            evidence={"hook": hook, "returned": shown},
-        )
-        return Resolution(verdict, (), (verdict,))
+        if why is None and isinstance(returned, Skip):
+            message = (
+                f"{who} returned a skip from {hook}, which cannot honour it (only "
+                "before_tool can skip a call): warn or stop instead"
+            )
+        else:
+            what = f"a verdict with {why}" if why else f"{shown}, not a verdict"
+            message = f"{who} returned {what} from {hook}"
+        who = plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN
+        return _fail_closed(who, message, hook, returned=shown)
 
     def _resolve(self, hook: str, results: list[Any]) -> Resolution:
         if not results:
             return EMPTY
         for r in results:
-            if (
-                not isinstance(r, (Warn, Skip, Stop))
-                or _ill_typed(r)
-                or (type(r) is Skip and hook != "before_tool")
-            ):
+            if _refused(hook, r):
                 return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
         return resolve(results)
 
@@ -435,11 +370,9 @@ class Hooks:
         return self._resolve(hook, results)
 
     def _pluggy(self, hook: str) -> tuple[Any, tuple[_Step, ...]]:
-        """pluggy's caller for ``hook`` and the steps of the shadowed plugins it leaves out.
-
-        Shadowed plugins are taken out of pluggy's call (a subset caller: wrappers and
-        monitors still see the hook called, with the others) and called after it, each on a
-        restored snapshot; their wrappers, if any, are not called."""
+        """pluggy's caller for ``hook`` without the shadowed plugins (wrappers and monitors
+        still see the hook called), and the steps calling those after it, each on a snapshot;
+        their wrappers, if any, are not called."""
         full = getattr(self._pm.hook, hook)
         if not self.shadow:
             return full, ()
@@ -472,8 +405,7 @@ class Hooks:
         return self._call("on_model_delta", (run, request, delta))
 
     def implements(self, hook: str) -> bool:
-        """Whether any plugin implements ``hook`` (streamed runs skip a per-delta hook that
-        no plugin implements)."""
+        """Whether any plugin implements ``hook`` (a stream skips an unused per-delta hook)."""
         return bool(getattr(self._pm.hook, hook).get_hookimpls())
 
     def after_response(self, run: Run, response: ModelResponse) -> Resolution:
@@ -495,16 +427,9 @@ class Hooks:
                 caller(run=run, outcome=outcome)
                 return failures
             except Exception as exc:
-                plugin = self._blame(exc)
-                failures.append(
-                    {
-                        "plugin": plugin,
-                        "hook": "on_stop",
-                        "error": self._log_failure(plugin, "on_stop", exc),
-                    }
-                )
-                # Call the implementations that the exception skipped: the ones after the
-                # failing plugin in call order.
+                plugin = self.blame(exc)
+                failures.append(self._failure(plugin, "on_stop", exc))
+                # call the implementations the exception skipped: those after the failing one
                 impls = [
                     i.plugin_name
                     for i in reversed(self._on_stop.get_hookimpls())
@@ -518,11 +443,11 @@ class Hooks:
 
     # -- lifecycle hooks (not on the hot path: pluggy dispatches them) ---------------------
 
-    def configure(self, deployment: Deployment) -> None:
+    def configure(self, deployment: DeploymentView) -> None:
         """``on_configure``: once, when ``deployment`` has loaded its plugins."""
         self._pm.hook.on_configure(deployment=deployment)
 
-    def unconfigure(self, deployment: Deployment) -> None:
+    def unconfigure(self, deployment: DeploymentView) -> None:
         """``on_unconfigure``: once, when ``deployment`` closes."""
         self._pm.hook.on_unconfigure(deployment=deployment)
 
@@ -536,9 +461,8 @@ class Hooks:
         self._checks("validate_config", {"config": config}, config.path)
 
     def _checks(self, hook: str, kwargs: dict[str, Any], path: str | None) -> None:
-        """Call a refusing hook plugin by plugin: a ConfigError is the plugin's answer; any
-        other exception is a broken check, reported as a ConfigError naming the plugin (bad
-        input exits 2 with a message, never a traceback)."""
+        """Call a refusing hook plugin by plugin: a ConfigError is the plugin's answer, any
+        other exception a broken check, reported as a ConfigError naming the plugin."""
         from loopwarden.exceptions import ConfigError
 
         for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
@@ -566,9 +490,8 @@ class Hooks:
     def record_fields(
         self, run: Run, reserved: Container[str] = ()
     ) -> tuple[dict[str, Any], list[dict[str, str]]]:
-        """``record_fields``: the plugins' fields for ``run``'s record, and the failures
-        (plugin, hook, error) of implementations that raised or named a ``reserved`` field
-        -- each called on its own, so one failing plugin never costs the others' fields."""
+        """``record_fields``: the plugins' fields for ``run``'s record, and the failures of
+        those that raised or named a ``reserved`` field (each called on its own)."""
         fields: dict[str, Any] = {}
         failures: list[dict[str, str]] = []
         for impl in reversed(self._pm.hook.record_fields.get_hookimpls()):
@@ -580,18 +503,8 @@ class Hooks:
                 if taken:
                     raise ValueError(f"the record's own fields cannot be replaced: {taken}")
             except Exception as exc:
-                failures.append(
-                    {
-                        "plugin": impl.plugin_name,
-                        "hook": "record_fields",
-                        "error": self._log_failure(impl.plugin_name, "record_fields", exc),
-                    }
-                )
+                failures.append(self._failure(impl.plugin_name, "record_fields", exc))
                 continue
             for key, value in (got or {}).items():
                 fields.setdefault(str(key), value)
         return fields, failures
-
-    @property
-    def order(self) -> list[str]:
-        return list(self._order)

@@ -1,8 +1,12 @@
-"""Registering loaded plugins with pluggy, in config order, and the load-time checks: unknown,
-unmarked or async hooks, plugins with nothing to do, 0.1 lifecycle methods on plain objects,
-and ``tryfirst``/``trylast`` markers that would break the configured order.
+"""Register: the loaded plugins go to one pluggy manager in config order, and are checked.
 
-Split from :mod:`loopwarden.engine.pluginmanager` (which re-exports the public names).
+pluggy calls implementations last-registered-first, so plugins are registered in reverse config
+order and the effective order of every hook is read back from ``get_hookimpls()`` and compared
+with the config.  Start-up fails with :class:`~loopwarden.PluginLoadError` naming the plugin when
+it implements no hook, misspells one (``befor_tool``), forgets ``@hookimpl`` on a hook-named
+method, implements a hook as ``async def``, keeps a 0.1 lifecycle method on a plain object, or
+carries a ``tryfirst``/``trylast`` that would break the configured order.
+``LOOPWARDEN_TRACE_PLUGINS=1`` writes every hook call and its verdicts to stderr.
 """
 
 from __future__ import annotations
@@ -20,20 +24,9 @@ import pluggy
 from pydantic import BaseModel
 
 from loopwarden import hookspecs
-from loopwarden.engine.dispatch import Hooks
 from loopwarden.exceptions import PluginLoadError
+from loopwarden.host.dispatch import Hooks
 from loopwarden.plugin import unused_shim
-
-__all__ = [
-    "ENV_TRACE",
-    "ESSENTIAL_PLUGINS",
-    "LoadedPlugin",
-    "LoopwardenPluginManager",
-    "PluginSet",
-    "new_plugin_manager",
-    "plugin_hooks",
-    "register",
-]
 
 #: plugins that can be configured but never disabled (pytest's "essential plugins")
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("max_steps",)
@@ -271,20 +264,6 @@ def _hook_rank(name: str) -> int:
         return hookspecs.HOOK_NAMES.index(name)
     except ValueError:
         return len(hookspecs.HOOK_NAMES)
-
-
-def plugin_hooks(obj: Any) -> list[str]:
-    """Names of the hooks ``obj`` implements (by marker), without registering it."""
-    out = []
-    for attr in dir(obj):
-        fn = getattr(obj, attr, None)
-        if (
-            fn is not None
-            and hasattr(fn, hookspecs.PROJECT + "_impl")
-            and not unused_shim(obj, attr)
-        ):
-            out.append(attr)
-    return sorted(out, key=_hook_rank)
 
 
 class PluginSet:

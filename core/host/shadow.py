@@ -1,34 +1,31 @@
-"""What a shadowed plugin would have changed: snapshot, restore, describe.
+"""Shadow: what a shadowed plugin would have changed -- snapshot, restore, record.
 
-A plugin acts through its verdicts *and* by changing the objects its hooks receive: the
-timeout plugin sets ``call.timeout``, ``request.timeout`` and ``run.deadline``, retry_policy
-sets ``call.delay_s`` and clears ``result.retryable``.  In shadow mode none of that may reach
-the run.  The dispatcher (:mod:`loopwarden.engine.dispatch`) therefore takes a
-:class:`Snapshot` of a hook's arguments before it calls a shadowed plugin and
-:meth:`Snapshot.restore` s it afterwards;
-what had changed becomes a ``shadow_effects`` entry of the run record.  Each change can be
-applied again (:data:`Change`): the shadowed plugins after it on the same event see it, as they
-would if all were enforced, and it is undone again after each of them.
+A plugin acts through its verdicts *and* by changing the objects its hooks receive: timeout sets
+``call.timeout``, ``request.timeout`` and ``run.deadline``, retry_policy sets ``call.delay_s`` and
+clears ``result.retryable``.  In shadow mode none of that may reach the run: the dispatcher takes
+a :class:`Snapshot` of a hook's arguments before it calls a shadowed plugin and restores it
+afterwards; what had changed becomes a ``shadow_effects`` entry of the run record
+(:func:`record`).  Each change can be applied again (:data:`Change`): the shadowed plugins after
+it on the same event see it, as they would if all were enforced, and it is undone after each.
 
-The snapshot is generic: every field of every (non-frozen) dataclass among the arguments --
-:class:`~loopwarden.events.ModelRequest`, :class:`~loopwarden.events.ToolCall`, ... -- and of
+The snapshot is generic: every field of every (non-frozen) dataclass among the arguments and of
 the dataclasses they hold (``response.calls``, ``response.usage``), so a field added to an event
-later is covered without a change here; of the run, the fields a plugin can change the run's
-course with (:data:`RUN_FIELDS`: its deadline, limits, pending notes, messages).  Lists and
-dicts are copied one level deep (a plugin that appends a note, or edits a call's arguments in
-place, is undone too); values inside them are not (an edited message dict is not).  Tools,
-cancel tokens and a result's raw value are compared by identity only.  What cannot be undone,
-is not: a shadowed plugin that cancels the run's token, or writes to a store.  Private fields
-(``_digest``: a memo) are left alone.
+later is covered; of the run, the fields a plugin can change its course with
+(:data:`RUN_FIELDS`).  Lists and dicts are copied one level deep (a note appended, a call's
+arguments edited in place are undone too); values inside them are not.  Tools, cancel tokens and
+a result's raw value are compared by identity only.  What cannot be undone, is not: a shadowed
+plugin that cancels the run's token, or writes to a store.  Private fields (``_digest``, a memo)
+are left alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_EFFECTS", "RUN_FIELDS", "Change", "Snapshot", "describe"]
+log = logging.getLogger("loopwarden.plugins")
 
 #: the run's attributes a plugin could steer the run with (the rest are the loop's counters
 #: and records, or plugin state, which a shadowed plugin keeps)
@@ -197,3 +194,34 @@ def describe(value: Any) -> Any:
             if (v := getattr(value, name, None)) is None or isinstance(v, (bool, int, float))
         }
     return f"<{type(value).__name__}>"
+
+
+def record(hook: str, plugin: str, args: tuple[Any, ...], changes: list[Change]) -> None:
+    """Add what a shadowed plugin would have changed to the run's ``shadow_effects``."""
+    run = args[0]
+    effects = getattr(run, "shadow_effects", None)
+    if effects is None:  # a hand-built run object without the records
+        return
+    call = args[1] if hook in ("before_tool", "after_tool") else None
+    for label, before, after, _ in changes:
+        log.debug("shadowed plugin %r would have changed %s in %s", plugin, label, hook)
+        if label == "run.deadline":  # a time on the run's clock: say when, from its start
+            before, after = (
+                round(t - run.started_at, 6) if isinstance(t, (int, float)) else t
+                for t in (before, after)
+            )
+        if len(effects) >= MAX_EFFECTS:
+            run.shadow_effects_dropped += 1
+            continue
+        entry: dict[str, Any] = {
+            "step": run.step,
+            "hook": hook,
+            "plugin": plugin,
+            "shadow": True,
+            "effect": label,
+            "value": describe(after),
+            "was": describe(before),
+        }
+        if call is not None:
+            entry["tool"], entry["call_id"] = call.name, call.id
+        effects.append(entry)
