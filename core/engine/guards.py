@@ -22,8 +22,8 @@ from loopwarden.verdicts import Resolution, Stop, resolve
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig
-    from loopwarden.engine.pluginmanager import Hooks
     from loopwarden.events import ToolCall
+    from loopwarden.host import Hooks
     from loopwarden.redaction import Redactor
 
 __all__ = ["CORE", "Guards", "Turn"]
