@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import heapq
 import inspect
 import math
@@ -17,6 +18,7 @@ import os
 import platform
 import re
 import statistics
+import threading
 import time
 from array import array
 from collections.abc import Sequence
@@ -195,9 +197,12 @@ class LoopMonitor:
 
     :meth:`start` wraps ``asyncio.events.Handle._run`` (process-wide: every ready callback and
     timer of every loop of the process goes through it) so each callback's duration is
-    recorded, the ``top`` longest with what they ran; and starts a probe task that sleeps
-    ``probe_s`` over and over -- its oversleep is the loop's *lag*, how long anything that
-    became ready waited for the loop.  :meth:`stop` restores ``_run`` and returns the figures.
+    recorded -- wall time, what other tasks wait, and the loop thread's own CPU time in it
+    (wall minus CPU: the time the thread waited for the GIL or for a core the OS gave to
+    another process) -- the ``top`` longest with what they ran; times every garbage
+    collection (``gc.callbacks``); and starts a probe task that sleeps ``probe_s`` over and
+    over -- its oversleep is the loop's *lag*, how long anything that became ready waited for
+    the loop.  :meth:`stop` restores ``_run`` and returns the figures.
     The wrapper costs a Python frame per callback: the bench installs it on every variant
     alike.
     """
@@ -205,34 +210,47 @@ class LoopMonitor:
     def __init__(self, probe_s: float = 0.005, top: int = 5) -> None:
         self.probe_s, self.top = probe_s, top
         self.callbacks: array[float] = array("d")
-        self.longest: list[tuple[float, int, str]] = []  # a min-heap of the longest
+        self.callback_cpu: array[float] = array("d")  # the loop thread's CPU in each
+        #: a min-heap of the longest: (wall s, sequence, CPU s, what it ran)
+        self.longest: list[tuple[float, int, float, str]] = []
+        self.gc_pauses: array[float] = array("d")  # each garbage collection, wall s
         self.lags: array[float] = array("d")
         self._orig: Any = None
         self._probe: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         orig = self._orig = asyncio.events.Handle._run
-        durations, longest, top = self.callbacks, self.longest, self.top
-        clock = time.perf_counter
+        durations, cpu, longest, top = self.callbacks, self.callback_cpu, self.longest, self.top
+        clock, thread_clock = time.perf_counter, time.thread_time
         seq = [0]
 
         def _run(handle: asyncio.Handle) -> None:
-            t0 = clock()
+            t0, c0 = clock(), thread_clock()
             try:
                 orig(handle)
             finally:
-                d = clock() - t0
+                d, c = clock() - t0, thread_clock() - c0
+                cpu.append(c)
                 durations.append(d)
                 if len(longest) < top or d > longest[0][0]:
                     seq[0] += 1
-                    entry = (d, seq[0], _describe(handle))
+                    entry = (d, seq[0], c, _describe(handle))
                     if len(longest) < top:
                         heapq.heappush(longest, entry)
                     else:
                         heapq.heapreplace(longest, entry)
 
         asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+        gc.callbacks.append(self._gc)
         self._probe = asyncio.get_running_loop().create_task(self._sleeper())
+
+    _gc_t0 = 0.0
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_pauses.append(time.perf_counter() - self._gc_t0)
 
     async def _sleeper(self) -> None:
         clock, lags, probe = time.perf_counter, self.lags, self.probe_s
@@ -248,6 +266,8 @@ class LoopMonitor:
                 await self._probe
         if self._orig is not None:
             asyncio.events.Handle._run = self._orig  # type: ignore[method-assign]
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._gc)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -256,12 +276,19 @@ class LoopMonitor:
             "lag_ms": _ms_pcts(lags),
             "probes": len(lags),
             "callback_ms": _ms_pcts(cbs),
+            "callback_cpu_ms": _ms_pcts(self.callback_cpu),
             "callbacks": len(cbs),
             "callback_s_total": round(sum(cbs), 3),
             "longest_callbacks": [
-                {"ms": round(d * 1e3, 2), "what": what}
-                for d, _, what in sorted(self.longest, reverse=True)
+                {"ms": round(d * 1e3, 2), "cpu_ms": round(c * 1e3, 2), "what": what}
+                for d, _, c, what in sorted(self.longest, reverse=True)
             ],
+            # garbage collections (a pause of the loop's thread wherever it falls)
+            "gc": {
+                "collections": len(self.gc_pauses),
+                "total_ms": round(sum(self.gc_pauses) * 1e3, 1),
+                "max_ms": round(max(self.gc_pauses, default=0.0) * 1e3, 2),
+            },
         }
 
 
@@ -284,7 +311,8 @@ class TimedStore:
     """A deployment's store with every public call timed, as the run waits for it.
 
     A call that returns an awaitable is timed until it is awaited to its end (an async
-    store); a plain call from its start to its return, in whatever thread made it.  Each
+    store); a plain call from its start to its return, in whatever thread made it (counted
+    in ``on_main_thread`` when that is the loop's).  Each
     duration goes to ``durations[method]`` and to the current conversation's
     :data:`STORE_CELL`, which the bench turns into store wait per step.  Install it with
     :func:`loopwarden.testing.faults.install_store`.
@@ -293,6 +321,7 @@ class TimedStore:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.durations: dict[str, list[float]] = {}
+        self.on_main_thread = 0  # calls made on the process's main thread (its event loop's)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -318,6 +347,8 @@ class TimedStore:
 
     def _note(self, name: str, seconds: float) -> None:
         self.durations.setdefault(name, []).append(seconds)
+        if threading.current_thread() is threading.main_thread():
+            self.on_main_thread += 1
         cell = STORE_CELL.get()
         if cell is not None:
             cell[0] += seconds

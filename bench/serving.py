@@ -715,6 +715,7 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
         await asyncio.gather(*(one(-i - 1, 1, None) for i in range(min(5, conversations))))
         if timed is not None:
             timed.durations.clear()
+            timed.on_main_thread = 0
         conn.send("ready")
         if conn.recv() != "go":
             raise RuntimeError("the bench parent did not say go")
@@ -747,6 +748,7 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
         "store_steps": steps.store_steps,
         "store_wait": steps.store_wait,
         "store_calls": store_calls,
+        "store_calls_on_loop_thread": timed.on_main_thread if timed else 0,
         "store_call_ms": {
             "p50": round(W.pct(store_call_s, 0.5) * 1e3, 3),
             "p99": round(W.pct(store_call_s, 0.99) * 1e3, 3),
@@ -846,7 +848,14 @@ def summarise(results: list[dict[str, Any]], server_cpu: float | None) -> dict[s
         # the worst process's loop: its lag and callbacks (the lag of a loop is its own)
         "loop_lag_ms": {k: max(x["lag_ms"][k] for x in loops) for k in ("p50", "p99", "max")},
         "callback_ms": {k: max(x["callback_ms"][k] for x in loops) for k in ("p50", "p99", "max")},
+        "callback_cpu_ms": {
+            k: max(x["callback_cpu_ms"][k] for x in loops) for k in ("p50", "p99", "max")
+        },
         "callbacks": sum(x["callbacks"] for x in loops),
+        "gc_ms": {
+            "total": round(sum(x["gc"]["total_ms"] for x in loops), 1),
+            "max": max(x["gc"]["max_ms"] for x in loops),
+        },
         "longest_callbacks": sorted(
             (c for x in loops for c in x["longest_callbacks"]), key=lambda c: -c["ms"]
         )[:5],
@@ -858,6 +867,12 @@ def summarise(results: list[dict[str, Any]], server_cpu: float | None) -> dict[s
         out["store_wait_ms"] = _ms(store_wait)
         out["store_calls_per_step"] = round(
             sum(sum(r["store_calls"].values()) for r in results) / max(1, len(steps)), 2
+        )
+        # where the store calls ran: the loop's thread (awaited there) or worker threads
+        out["store_calls_on_loop_thread"] = round(
+            sum(r["store_calls_on_loop_thread"] for r in results)
+            / max(1, sum(sum(r["store_calls"].values()) for r in results)),
+            3,
         )
         out["store_call_ms"] = {
             k: max(r["store_call_ms"][k] for r in results) for k in ("p50", "p99")
@@ -1000,70 +1015,81 @@ def _med(rows: list[dict[str, Any]], *path: str) -> float | None:
     return W.spread(values)["median"] if values else None
 
 
-def analyse(data: dict[str, Any], n: int) -> dict[str, Any]:
-    """Medians per variant, the paired differences, the ratios, the scaling line's figures."""
-    b = data["batches"]
-    bare, lw = b[f"bare@{n}"], b[f"loopwarden@{n}"]
+def paired(bare: list[dict[str, Any]], lw: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per variant and the paired differences of the rounds (loopwarden - bare)."""
     per_variant = {}
-    keys = [
-        ("runs_per_s",),
-        ("runs_per_s_per_core",),
-        ("cpu_us_per_step",),
-        ("step_ms", "p50"),
-        ("step_ms", "p99"),
-        ("loop_lag_ms", "p50"),
-        ("loop_lag_ms", "p99"),
-        ("loop_lag_ms", "max"),
-        ("callback_ms", "p99"),
-        ("callback_ms", "max"),
-        ("store_wait_ms", "p50"),
-        ("store_wait_ms", "p99"),
-        ("store_calls_per_step",),
-        ("server_cpu_s",),
-    ]
     for name, rows in (("bare", bare), ("loopwarden", lw)):
         med: dict[str, Any] = {}
-        for path in keys:
+        for path in MEDIANS:
             v = _med(rows, *path)
             if v is not None:
                 med[".".join(path)] = v
         per_variant[name] = med
     pairs = list(zip(bare, lw, strict=True))
-    added = {
-        k: W.spread([g["step_ms"][k] - x["step_ms"][k] for x, g in pairs]) for k in ("p50", "p99")
-    }
     store_added = [
         g["store_step_ms"]["p50"] - x["step_ms"]["p50"] for x, g in pairs if "store_step_ms" in g
     ]
-    ratio = W.spread(
-        [g["runs_per_s_per_core"] / x["runs_per_s_per_core"] for x, g in pairs], digits=3
-    )
-    out: dict[str, Any] = {
+    return {
         "median": per_variant,
-        "added_step_ms": added,
+        "added_step_ms": {
+            k: W.spread([g["step_ms"][k] - x["step_ms"][k] for x, g in pairs])
+            for k in ("p50", "p99")
+        },
         "added_store_step_ms": {"p50": W.spread(store_added)},
         "guard_cpu_us_per_step": W.spread(
             [g["cpu_us_per_step"] - x["cpu_us_per_step"] for x, g in pairs], digits=1
         ),
-        "runs_per_core_ratio": ratio,
+        "runs_per_core_ratio": W.spread(
+            [g["runs_per_s_per_core"] / x["runs_per_s_per_core"] for x, g in pairs], digits=3
+        ),
     }
+
+
+#: the figures whose median over the rounds is reported per variant
+MEDIANS = [
+    ("runs_per_s",),
+    ("runs_per_s_per_core",),
+    ("cpu_us_per_step",),
+    ("step_ms", "p50"),
+    ("step_ms", "p99"),
+    ("loop_lag_ms", "p50"),
+    ("loop_lag_ms", "p99"),
+    ("loop_lag_ms", "max"),
+    ("callback_ms", "p99"),
+    ("callback_ms", "max"),
+    ("callback_cpu_ms", "p99"),
+    ("callback_cpu_ms", "max"),
+    ("store_wait_ms", "p50"),
+    ("store_wait_ms", "p99"),
+    ("store_calls_per_step",),
+    ("store_calls_on_loop_thread",),
+    ("gc_ms", "max"),
+    ("server_cpu_s",),
+]
+
+
+def analyse(data: dict[str, Any], n: int) -> dict[str, Any]:
+    """The paired figures on ``n`` processes (and on one, when ``n > 1``), the exactness of
+    every batch, and the scaling line's figures."""
+    b = data["batches"]
+    out: dict[str, Any] = paired(b[f"bare@{n}"], b[f"loopwarden@{n}"])
     checks = data["checks"]
     out["budgets_exact"] = all(c["budgets_exact"] for c in checks)
     out["ledger_exact"] = all(c["ledger_exact"] for c in checks)
     if n > 1:
-        one, many = b["loopwarden@1"], b[f"loopwarden@{n}"]
-        bare_one = b["bare@1"]
-        out["scaling"] = {
-            "runs_per_s_1": _med(one, "runs_per_s"),
-            f"runs_per_s_{n}": _med(many, "runs_per_s"),
-            "ratio": W.spread(
+        out["one_process"] = paired(b["bare@1"], b["loopwarden@1"])
+
+        def ratio(one: list[dict[str, Any]], many: list[dict[str, Any]]) -> dict[str, float]:
+            return W.spread(
                 [m["runs_per_s"] / o["runs_per_s"] for o, m in zip(one, many, strict=True)],
                 digits=3,
-            ),
-            "bare_ratio": W.spread(
-                [m["runs_per_s"] / o["runs_per_s"] for o, m in zip(bare_one, bare, strict=True)],
-                digits=3,
-            ),
+            )
+
+        out["scaling"] = {
+            "runs_per_s_1": _med(b["loopwarden@1"], "runs_per_s"),
+            f"runs_per_s_{n}": _med(b[f"loopwarden@{n}"], "runs_per_s"),
+            "ratio": ratio(b["loopwarden@1"], b[f"loopwarden@{n}"]),
+            "bare_ratio": ratio(b["bare@1"], b[f"bare@{n}"]),
         }
     return out
 
@@ -1094,10 +1120,9 @@ def scaling_line(data: dict[str, Any]) -> str:
     )
 
 
-def render(data: dict[str, Any]) -> str:
-    a = data["analysis"]
+def _table(a: dict[str, Any]) -> list[str]:
     head = ["", "runs/s", "runs/s/core", "CPU µs/step", "step p50/p99 ms", "loop lag p50/p99/max"]
-    head += ["callback p99/max", "store wait p50/p99"]
+    head += ["callback p99/max (CPU)", "store wait p50/p99"]
     rows = []
     for name in VARIANTS:
         m = a["median"][name]
@@ -1115,7 +1140,8 @@ def render(data: dict[str, Any]) -> str:
                 f"{g('step_ms.p50')} / {g('step_ms.p99')}",
                 f"{g('loop_lag_ms.p50', '{:.2f}')} / {g('loop_lag_ms.p99', '{:.2f}')} / "
                 f"{g('loop_lag_ms.max')}",
-                f"{g('callback_ms.p99', '{:.2f}')} / {g('callback_ms.max')}",
+                f"{g('callback_ms.p99', '{:.2f}')} / {g('callback_ms.max')} "
+                f"({g('callback_cpu_ms.p99', '{:.2f}')} / {g('callback_cpu_ms.max')})",
                 f"{g('store_wait_ms.p50', '{:.2f}')} / {g('store_wait_ms.p99', '{:.2f}')}",
             ]
         )
@@ -1125,20 +1151,40 @@ def render(data: dict[str, Any]) -> str:
     def sp(s: dict[str, Any], unit: str = " ms") -> str:
         return f"{s['median']}{unit} (min {s['min']}, max {s['max']}, IQR {s['q1']}-{s['q3']})"
 
-    lw_rows = data["batches"][f"loopwarden@{data['processes']}"]
-    longest = max(lw_rows, key=lambda r: r["callback_ms"]["max"])["longest_callbacks"][:3]
-    lines += [
-        "",
-        f"{data['framework']}: {data['processes']} process(es) x {data['conversations']} "
-        f"conversations x {data['turns']} turns, {data['latency_ms']} ms model latency, "
-        f"streamed: {data['streamed']}, store: {data['store']}, {data['pairs']} paired rounds "
-        f"(medians), server processes: {data['server_processes']}, load {data['load']}",
+    return [
+        *lines,
         f"latency added per step (paired, loopwarden - bare): p50 {sp(a['added_step_ms']['p50'])}"
         f"; p99 {sp(a['added_step_ms']['p99'])}",
         f"store-using steps, p50 added: {sp(a['added_store_step_ms']['p50'])}",
         f"guard CPU per step: {sp(a['guard_cpu_us_per_step'], ' µs')}; runs/s/core "
         f"loopwarden / bare: {sp(a['runs_per_core_ratio'], '')} (target >= 0.85)",
-        "longest loopwarden callbacks: " + "; ".join(f"{c['ms']} ms {c['what']}" for c in longest),
+    ]
+
+
+def render(data: dict[str, Any]) -> str:
+    a, n = data["analysis"], data["processes"]
+    lines = [
+        f"{data['framework']}: {n} process(es) x {data['conversations']} conversations x "
+        f"{data['turns']} turns, {data['latency_ms']} ms model latency, streamed: "
+        f"{data['streamed']}, store: {data['store']}, {data['pairs']} paired rounds (medians), "
+        f"server processes: {data['server_processes']}, load {data['load']}",
+        "",
+        f"{n} process(es):",
+        *_table(a),
+    ]
+    if "one_process" in a:
+        lines += ["", "1 process:", *_table(a["one_process"])]
+    lw_rows = data["batches"][f"loopwarden@{n}"]
+    longest = max(lw_rows, key=lambda r: r["callback_ms"]["max"])["longest_callbacks"][:3]
+    lines += [
+        "",
+        "longest loopwarden callbacks: "
+        + "; ".join(f"{c['ms']} ms (CPU {c.get('cpu_ms')}) {c['what']}" for c in longest),
+        f"store calls made on the event loop's thread: "
+        f"{a['median']['loopwarden'].get('store_calls_on_loop_thread', 0):.0%} (else in "
+        f"worker threads); longest garbage collection: "
+        f"{a['median']['loopwarden'].get('gc_ms.max')} ms; server CPU per batch: "
+        f"{a['median']['loopwarden'].get('server_cpu_s')} s",
         f"budgets exact: {a['budgets_exact']}; ledger exact: {a['ledger_exact']}",
     ]
     if "scaling" in a:

@@ -118,7 +118,7 @@ def _serving_shape(data: dict[str, Any], processes: int) -> None:
             # a step waits for the model's latency at least
             assert row["step_ms"]["p50"] >= data["latency_ms"]
             assert row["step_ms"]["p99"] >= row["step_ms"]["p50"]
-            for key in ("loop_lag_ms", "callback_ms"):
+            for key in ("loop_lag_ms", "callback_ms", "callback_cpu_ms"):
                 assert set(row[key]) == {"p50", "p99", "max"}
                 assert all(_number(v) for v in row[key].values())
             assert row["callbacks"] > 0 and row["longest_callbacks"]
