@@ -27,10 +27,12 @@ SQLite file, on Redis (``--redis-url``, else ``LOOPWARDEN_TEST_REDIS_URL``; skip
 and on an unresponsive store (SQLite behind a gate that never opens: every call fails after
 0.5 s, as a store that stopped answering does with ``[store] timeout_s = 0.5``; 20 runs).
 A probe coroutine sleeps 5 ms over and over beside them; its oversleep is the event loop's
-*lag*: how long the loop could not run anything else.  Each store is measured twice in the
-same process: as shipped (``offloaded``: the machine steps of those runs go to worker
-threads) and with the runs forced inline on the loop (``inline``: the behaviour before 0.3),
-reporting ``lag_ms`` p50 / p99 / max and ``wall_s``, and ``lag_ratio`` = inline / offloaded
+*lag*: how long the loop could not run anything else.  Each store is measured three ways in the
+same process: as shipped (``offloaded``: the machine steps of those runs run on the loop and
+await their store calls, :mod:`loopwarden.store.bridge`), with the steps in worker threads
+(``threads``: as without ``greenlet``, and as 0.3 shipped) and with the store calls made
+inline on the loop (``inline``: the behaviour before 0.3), reporting ``lag_ms`` p50 / p99 /
+max, ``wall_s`` and ``cpu_ms_per_run``, and ``lag_ratio`` = inline / offloaded
 for p50 and max.
 
     python bench/concurrency.py --json
@@ -153,21 +155,21 @@ async def _lagged_batch(dep: Any, model_cls: Any, runs: int, steps: int) -> tupl
     stop = asyncio.Event()
     probe = asyncio.create_task(_probe(lags, stop))
     await asyncio.sleep(0)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     done = await asyncio.gather(
         *(
             dep.arun(W.USER, model=model_cls(steps - 1), meta={"tenant": f"t{i % 7}"})
             for i in range(runs)
         )
     )
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     stop.set()
     await probe
     ends: dict[str, int] = {}
     for run in done:
         term = run.outcome.termination if run.outcome else "?"
         ends[term] = ends.get(term, 0) + 1
-    return lags, wall, ends
+    return lags, wall, ends, cpu
 
 
 def store_lag(
@@ -197,21 +199,28 @@ def store_lag(
     lookup.__doc__ = W.lookup.__doc__
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(lookup)])
     out: dict[str, Any] = {}
-    shipped = drivers.blocking_io
-    for label, decide in (("offloaded", shipped), ("inline", lambda run: False)):
+    shipped, on_loop = drivers.blocking_io, drivers.steps_on_loop
+    modes = (
+        ("offloaded", shipped, on_loop),  # as shipped: store calls awaited on the loop
+        ("threads", shipped, lambda deployment: False),  # 0.3-0.4: steps in worker threads
+        ("inline", lambda run: False, on_loop),  # before 0.3: the loop waits for the store
+    )
+    for label, decide, where in modes:
         dep = Deployment(config, tools=tools)
         if hung:  # a store that no longer answers: each call fails after timeout_s
             install_store(dep, lambda s: GatedStore(s, guard_s=0.5))
         drivers.blocking_io = decide  # type: ignore[assignment]
+        drivers.steps_on_loop = where  # type: ignore[assignment]
         try:
             if not hung:
                 asyncio.run(_lagged_batch(dep, model_cls, min(runs, 20), steps))  # warm up
-            lags, wall, ends = asyncio.run(_lagged_batch(dep, model_cls, runs, steps))
+            lags, wall, ends, cpu = asyncio.run(_lagged_batch(dep, model_cls, runs, steps))
         finally:
-            drivers.blocking_io = shipped
+            drivers.blocking_io, drivers.steps_on_loop = shipped, on_loop
             dep.close()
         out[label] = {
             "wall_s": round(wall, 3),
+            "cpu_ms_per_run": round(cpu / runs * 1e3, 3),
             "lag_ms": {
                 "p50": round(_pct(lags, 0.5) * 1e3, 2),
                 "p99": round(_pct(lags, 0.99) * 1e3, 2),
@@ -363,8 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             f"store lag, {name}, {lag['concurrent_runs']} runs: loop lag p50/max "
             f"{lag['offloaded']['lag_ms']['p50']}/{lag['offloaded']['lag_ms']['max']} ms "
             f"(inline: {lag['inline']['lag_ms']['p50']}/{lag['inline']['lag_ms']['max']} ms, "
-            f"x{lag['lag_ratio']['p50']}/x{lag['lag_ratio']['max']}); wall "
-            f"{lag['offloaded']['wall_s']} s (inline {lag['inline']['wall_s']} s)"
+            f"x{lag['lag_ratio']['p50']}/x{lag['lag_ratio']['max']}; steps in threads: "
+            f"{lag['threads']['lag_ms']['p50']}/{lag['threads']['lag_ms']['max']} ms); wall "
+            f"{lag['offloaded']['wall_s']} s (inline {lag['inline']['wall_s']} s, threads "
+            f"{lag['threads']['wall_s']} s)"
         )
     return 0
 

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict
 from loopwarden import signals
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.config import Config, load_config
-from loopwarden.engine.loop import Engine, adrive, drive
+from loopwarden.engine.drivers import adrive, drive
+from loopwarden.engine.loop import Engine
 from loopwarden.engine.pluginmanager import PluginSet, load_plugins
 from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
 from loopwarden.mcp import secret_values as mcp_secrets

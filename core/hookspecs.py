@@ -60,9 +60,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from loopwarden.config import Config
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelDelta, ModelRequest, ModelResponse, ToolCall, ToolResult
-    from loopwarden.run import Run, RunOutcome
+    from loopwarden.run import DeploymentView, Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
 PROJECT = "loopwarden"
@@ -258,7 +257,7 @@ def on_stop(run: Run, outcome: RunOutcome) -> None:
 
 
 @hookspec
-def on_configure(deployment: Deployment) -> None:
+def on_configure(deployment: DeploymentView) -> None:
     """Called once when a deployment has loaded its plugins (subscribe to signals here, with
     ``deployment.connect(signal, receiver)``, or open files).
 
@@ -343,7 +342,7 @@ def record_fields(run: Run) -> dict[str, Any] | None:
 
 
 @hookspec
-def on_unconfigure(deployment: Deployment) -> None:
+def on_unconfigure(deployment: DeploymentView) -> None:
     """Called once when the deployment closes: flush files, stop threads.
 
     :class:`~loopwarden.Plugin` implements it by calling the plugin's ``close()``.

@@ -4,6 +4,10 @@ A deployment's plugin objects serve many runs, concurrently; everything that bel
 run lives here, including the plugins' per-run state (typed, in ``run.stash``; or one slot per
 plugin, ``run.state[plugin_name]``).  Time comes
 from ``run.clock``; the caller cancels through ``run.cancel``.
+
+A run, the hook specs and the plugins see their deployment through :class:`DeploymentView`,
+a small protocol that :class:`~loopwarden.Deployment` satisfies: the modules below the
+deployment name the view, never the class that assembles them (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -13,18 +17,21 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from operator import is_
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loopwarden.clock import CancelToken, Clock, SystemClock
 from loopwarden.events import ToolResult, Usage
 from loopwarden.models.tokens import TextEstimator, estimate_message, estimate_text
 from loopwarden.sanitize import jsonable as _jsonable
-from loopwarden.stash import Stash
+from loopwarden.stash import Stash, StashKey
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Container
     from decimal import Decimal
 
-    from loopwarden.deployment import Deployment
+    from blinker import NamedSignal
+
+    from loopwarden.config import Config
     from loopwarden.store import Shared
     from loopwarden.tools import ToolRegistry
     from loopwarden.verdicts import Stop
@@ -33,6 +40,7 @@ __all__ = [
     "MEASURED_FIELDS",
     "PLUGIN_FIELD_DEFAULTS",
     "Conversation",
+    "DeploymentView",
     "Limits",
     "Run",
     "RunOutcome",
@@ -178,6 +186,60 @@ class Conversation:
         return f"<Conversation {self.id[:8]} runs={self.runs} messages={len(self.messages)}>"
 
 
+class PluginsView(Protocol):
+    """What a run and its plugins see of a deployment's loaded plugins."""
+
+    def get(self, name: str) -> Any:
+        """The plugin object enabled as ``name``, or None."""
+
+    @property
+    def blocking_io(self) -> bool:
+        """Whether one of the plugins declares ``blocking_io`` (its hooks may wait on a store)."""
+
+
+class HooksView(Protocol):
+    """The hook calls a run and its plugins make outside the loop's own events."""
+
+    def record_fields(
+        self, run: Run, reserved: Container[str] = ...
+    ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+        """The plugins' fields for ``run``'s record, and the failures of those that raised."""
+
+    def budget_limits(self, run: Run) -> dict[str, float]:
+        """The limits the plugins enforce for ``run``, by budget."""
+
+    def ends_runs_normally(self, plugin: str) -> bool:
+        """Whether ``plugin``'s stops are normal endings (a hand-off), not guards."""
+
+
+class DeploymentView(Protocol):
+    """A deployment as the layers below it see it: the run (``run.deployment``), the hook
+    specs (``on_configure``) and the plugins (``Plugin.connect``).  A
+    :class:`~loopwarden.Deployment` is one; the view keeps the low modules from naming the
+    class that assembles them."""
+
+    @property
+    def config(self) -> Config:
+        """The deployment's validated ``config.toml``."""
+
+    @property
+    def plugins(self) -> PluginsView:
+        """The loaded plugins, by name."""
+
+    @property
+    def hooks(self) -> HooksView:
+        """The hook calls outside a run's events."""
+
+    def connect(self, signal: NamedSignal, receiver: Callable[..., Any]) -> None:
+        """Subscribe ``receiver`` to ``signal`` for this deployment's runs only."""
+
+
+#: the stash key under which ``cost_budget`` keeps what a run spent (public as
+#: ``loopwarden.plugins.cost_budget.RUN_COST``); defined here so that the deprecated
+#: ``Run.cost`` alias reads it without the run importing a plugin
+RUN_COST: StashKey[Decimal] = StashKey()
+
+
 class Run:
     """One run's live state.  Plugins read it; the loop owns its counters."""
 
@@ -185,7 +247,7 @@ class Run:
         self,
         user: str,
         *,
-        deployment: Deployment | None = None,
+        deployment: DeploymentView | None = None,
         tools: ToolRegistry | None = None,
         clock: Clock | None = None,
         cancel: CancelToken | None = None,
@@ -209,7 +271,7 @@ class Run:
         #: the scenario's name, or None
         self.scenario: str | None = scenario
         #: the deployment running it (None for a hand-built run)
-        self.deployment: Deployment | None = deployment
+        self.deployment: DeploymentView | None = deployment
         #: the tools the model may call (a ToolRegistry)
         self.tools: ToolRegistry | None = tools
         #: the run's clock: measure time and wait on it (a FakeClock in tests)
@@ -352,10 +414,9 @@ class Run:
             DeprecationWarning,
             stacklevel=2,
         )
-        # a deprecated alias, imported lazily: the core itself never reads a plugin's state
-        from loopwarden.plugins.cost_budget import run_cost
+        from decimal import Decimal as _Decimal
 
-        return run_cost(self)
+        return self.stash.get(RUN_COST, _Decimal(0))
 
     @cost.setter
     def cost(self, value: Decimal) -> None:
@@ -366,8 +427,6 @@ class Run:
             stacklevel=2,
         )
         from decimal import Decimal as _Decimal
-
-        from loopwarden.plugins.cost_budget import RUN_COST
 
         given: object = value  # 0.1 plugins are untyped: check what really came
         if isinstance(given, bool) or not isinstance(given, (int, float, _Decimal)):

@@ -70,8 +70,7 @@ from loopwarden.sanitize import jsonable as _jsonable
 from loopwarden.verdicts import Stop
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
-    from loopwarden.run import Run, RunOutcome
+    from loopwarden.run import DeploymentView, Run, RunOutcome
     from loopwarden.store import BreakerView
     from loopwarden.verdicts import Verdict
 
@@ -269,7 +268,7 @@ class Alerting(Plugin[AlertingSettings]):
         #: every alert handed to at least one sink (bounded; for tests and introspection)
         self.sent: deque[dict[str, Any]] = deque(maxlen=100)
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         self.redactor.add_literal(model_api_key(deployment))
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)
         deployment.connect(signals.run_stopped, self.on_run_stopped)

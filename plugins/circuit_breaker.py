@@ -49,7 +49,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
@@ -238,9 +238,10 @@ class CircuitBreaker(Plugin[CircuitBreakerSettings]):
         self.seen_open: dict[str, BreakerView] = {}
 
     @property
-    def blocking_io(self) -> bool:
-        """True: the hooks wait on the shared store (async runs call them off the loop)."""
-        return True
+    def blocking_io(self) -> bool | Literal["store"]:
+        """``"store"``: the hooks wait on the shared store, and on nothing else (async runs
+        await those calls on the event loop)."""
+        return "store"
 
     def new_state(self) -> _State:
         return _State()

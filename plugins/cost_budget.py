@@ -59,10 +59,14 @@ from loopwarden import (
 from loopwarden.exceptions import ConfigError
 from loopwarden.notes import render_note, runtime
 from loopwarden.plugins._budgets import BudgetSettings, ladder, percent, warn_at_field
-from loopwarden.stash import StashKey
+
+# what a run has spent so far, in the budget's currency (``run.stash[RUN_COST]``): kept by
+# ``cost_budget``; set it only to stage a run in tests (``make_run(cost=...)`` does).  The key
+# is defined beside the run, whose deprecated ``Run.cost`` alias reads it.
+from loopwarden.run import RUN_COST
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
+    from loopwarden.run import DeploymentView
 
 __all__ = [
     "RUN_COST",
@@ -79,10 +83,6 @@ log = logging.getLogger("loopwarden.plugins.cost_budget")
 
 MILLION = Decimal(1_000_000)
 _ZERO = Decimal(0)
-
-#: what a run has spent so far, in the budget's currency (``run.stash[RUN_COST]``): kept by
-#: ``cost_budget``; set it only to stage a run in tests (``make_run(cost=...)`` does)
-RUN_COST = StashKey[Decimal]()
 
 
 def run_cost(run: Run) -> Decimal:
@@ -102,7 +102,7 @@ def charged_usage(run: Run, response: ModelResponse, prompt: int) -> Usage:
     return Usage(prompt=prompt, completion=completion)
 
 
-def unpriced_note(deployment: Deployment, model: str) -> str | None:
+def unpriced_note(deployment: DeploymentView, model: str) -> str | None:
     """The start-up note for ``model`` when ``deployment``'s cost_budget will run it
     unpriced (``unknown_model = "warn"``), else None: what the command line prints."""
     plugin = deployment.plugins.get("cost_budget")
@@ -269,7 +269,7 @@ class CostBudget(Plugin[CostBudgetSettings]):
         self._noted: set[str] = set()  # models whose "unpriced" note was logged
         self._noted_lock = threading.Lock()
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         """Remember the deployment's ``[model] base_url`` (a provider hint for prices)."""
         self.base_url = deployment.config.model.base_url
         self.config_path = deployment.config.path

@@ -38,9 +38,8 @@ from loopwarden.sanitize import json_line
 if TYPE_CHECKING:
     from blinker import NamedSignal
 
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
-    from loopwarden.run import Run, RunOutcome
+    from loopwarden.run import DeploymentView, Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
 __all__ = ["LoggingPlugin", "LoggingSettings", "format_kv"]
@@ -156,7 +155,7 @@ class LoggingPlugin(Plugin[LoggingSettings]):
 
     # -- wiring ---------------------------------------------------------------------------
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         """Subscribe to the enabled events; mask the model's API key if it is set."""
         self.redactor.add_literal(model_api_key(deployment))
         table: dict[str, tuple[NamedSignal, Callable[..., Any]]] = {

@@ -63,9 +63,8 @@ from loopwarden.plugins._metrics import HistogramValue, MetricsRegistry, _Def, _
 from loopwarden.reasons import LOOP_REASONS
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelResponse, ToolCall, ToolResult
-    from loopwarden.run import Run, RunOutcome
+    from loopwarden.run import DeploymentView, Run, RunOutcome
     from loopwarden.verdicts import Verdict
 
 __all__ = [
@@ -332,7 +331,7 @@ class Metrics(Plugin[MetricsSettings]):
 
     # -- wiring ---------------------------------------------------------------------------
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         deployment.connect(signals.model_responded, self.on_model_responded)
         deployment.connect(signals.tool_finished, self.on_tool_finished)
         deployment.connect(signals.guard_triggered, self.on_guard_triggered)

@@ -83,9 +83,9 @@ from loopwarden.redaction import (
 )
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse, ToolCall, ToolResult
     from loopwarden.plugins._otel import Instruments, Providers
+    from loopwarden.run import DeploymentView as Deployment
     from loopwarden.run import Run, RunOutcome
     from loopwarden.store import BreakerView
     from loopwarden.verdicts import Verdict

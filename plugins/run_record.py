@@ -52,9 +52,8 @@ except ImportError:  # pragma: no cover - Windows: appends are serialised per pr
     fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
     from loopwarden.events import ModelRequest, ModelResponse
-    from loopwarden.run import Run
+    from loopwarden.run import DeploymentView, Run
 
 __all__ = ["JsonlAppender", "RunRecord", "RunRecordSettings", "default_records_path"]
 
@@ -232,7 +231,7 @@ class RunRecord(Plugin[RunRecordSettings]):
     def new_state(self) -> list[dict[str, Any]]:
         return []  # the per-step entries of steps_detail
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         if self.redactor is not None:
             self.redactor.add_literal(model_api_key(deployment))
         if self.settings.steps_detail:

@@ -20,7 +20,8 @@ configured model, never the name the server reports.  So N concurrent workers ov
 budget by at most one reserved request each, and a reservation of a process that died (or
 whose settle was lost) stops counting after ``[store] reservation_ttl_s``.  With
 ``max_tool_calls`` each proposed tool call is counted before it runs.  The hooks wait on the
-store, so the plugin declares ``blocking_io``: async runs call them off the event loop.
+store (and on nothing else), so the plugin declares ``blocking_io = "store"``: async runs
+await those calls on the event loop, which serves other runs meanwhile.
 
 The ladder is the budget plugins' (:mod:`loopwarden.plugins._budgets`): this call not fitting
 refuses it (hard stop), the next one not fitting makes this call the final tool-less turn
@@ -44,7 +45,7 @@ import dataclasses
 import logging
 import time
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo
 
 from pydantic import ValidationError
@@ -79,7 +80,7 @@ from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _mone
 from loopwarden.store import COST_UNIT, QUANTITIES, Counter, cost_units
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
+    from loopwarden.run import DeploymentView
 
 __all__ = ["Budget", "SpendLimits", "SpendLimitsSettings", "budget_reason"]
 
@@ -121,15 +122,16 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         self.currency = "USD"
 
     @property
-    def blocking_io(self) -> bool:
-        """True with budgets: the hooks wait on the shared store, so async runs advance the
-        loop off the event loop (:func:`loopwarden.engine.drivers.blocking_io`)."""
-        return bool(self.settings.budgets)
+    def blocking_io(self) -> bool | Literal["store"]:
+        """``"store"`` with budgets: the hooks wait on the shared store, and on nothing else,
+        so async runs await those calls on the event loop
+        (:func:`loopwarden.engine.drivers.blocking_io`)."""
+        return "store" if self.settings.budgets else False
 
     def new_state(self) -> _State:
         return _State()
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         """Borrow the cost_budget plugin's prices (or its config table, when not enabled)."""
         pricing = deployment.plugins.get("cost_budget")
         if not isinstance(pricing, CostBudget):

@@ -45,7 +45,7 @@ from loopwarden import ModelRequest, ModelResponse, Plugin, Run, Verdict, hookim
 from loopwarden.plugins._budgets import BudgetSettings, Rung, ladder, percent, warn_at_field
 
 if TYPE_CHECKING:
-    from loopwarden.deployment import Deployment
+    from loopwarden.run import DeploymentView
 
 __all__ = ["TokenBudget", "TokenBudgetSettings"]
 
@@ -149,7 +149,7 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
         super().__init__(settings)
         self.max_context, self.context_source = self._context_limit(None)
 
-    def _context_limit(self, deployment: Deployment | None) -> tuple[int, str]:
+    def _context_limit(self, deployment: DeploymentView | None) -> tuple[int, str]:
         s = self.settings
         if s.max_context is not None:
             return s.max_context, "plugins.token_budget.max_context"
@@ -161,7 +161,7 @@ class TokenBudget(Plugin[TokenBudgetSettings]):
             f"{s.context_fraction:g} of the context window {window} ({source})"
         )
 
-    def connect(self, deployment: Deployment) -> None:
+    def connect(self, deployment: DeploymentView) -> None:
         """Size ``max_context`` from the deployment's model (when not set explicitly)."""
         self.max_context, self.context_source = self._context_limit(deployment)
         model = deployment.config.model

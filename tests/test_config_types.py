@@ -17,9 +17,9 @@ from support.cli import loopwarden
 from loopwarden.clock import MAX_DURATION_S
 from loopwarden.commands.schema import config_schema
 from loopwarden.config import parse_config
+from loopwarden.config.values import _kinds
 from loopwarden.engine.pluginmanager import builtin_settings
 from loopwarden.exceptions import ConfigError
-from loopwarden.plugin import _kinds
 
 
 @pytest.fixture(scope="module")

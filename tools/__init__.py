@@ -21,6 +21,10 @@ Arguments from the model are untrusted: :meth:`Tool.validate` checks them agains
 before anything runs.  A parameter annotated :class:`ToolContext` is not part of the schema;
 the loop passes the run's clock, cancel token and deadline through it.
 
+May import: the lowest layer only (clock, exceptions, fingerprint) -- a tool knows nothing of
+runs, plugins, the engine or the config; the run, the engine, the MCP servers, the plugins and
+the commands import it.
+
 Example::
 
     from loopwarden.tools import tool

@@ -13,7 +13,8 @@ Each framework is an optional extra (``pip install 'loopwarden[langchain]'``,
 ``[tools.<name>]`` tables in ``config.toml``.  See docs/adapters.md.
 
 May import: the engine (an adapter drives the same step machine from a framework's loop),
-the recorded-traffic tools and the public vocabulary; the engine never imports an adapter.
+the recorded-traffic tools, deployments and the public vocabulary; never the commands, the
+docs generator, the demo or the test kit.  The engine never imports an adapter.
 """
 
 from __future__ import annotations

@@ -22,50 +22,66 @@ after the first must keep the second from running).
 
 :class:`GuardedRun` is thread-safe: sync frameworks run parallel tool calls in threads; async
 ones wait on the event loop (:meth:`GuardedRun.atool`).
+
+Why one module past 550 lines: :class:`GuardedRun` is one state machine of some 440 lines --
+every method reads or advances the same generator under the same lock and condition (the
+model turn, the queue of tool calls waiting their turn, the ends), and its invariants hold
+only across all of them together.  What is not the machine lives apart: the framework-neutral
+values the adapters exchange with it in :mod:`loopwarden.adapters._exchange` (re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
-import json
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel
-
+from loopwarden.adapters._exchange import (
+    MAX_CONVERSATIONS,
+    NatureSpec,
+    conversation_for,
+    framework_tool,
+    nature_tables,
+    proposed,
+    stop_info,
+    tool_result,
+    usage,
+)
 from loopwarden.engine import execution
-from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io
+from loopwarden.engine.drivers import OFFLOAD_LIMIT, blocking_io, steps_on_loop
 from loopwarden.engine.drivers import internal_error as _internal_error
 from loopwarden.engine.loop import CallModel, Failed, RunTool
-from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
+from loopwarden.events import ModelRequest, ModelResponse, ToolResult
 from loopwarden.exceptions import GuardStopped
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
-from loopwarden.tools import Tool, ToolRegistry
-from loopwarden.traffic.replay import recorded_tool
+from loopwarden.store import bridge
+from loopwarden.tools import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwarden.config import ToolNature
     from loopwarden.deployment import Deployment
 
 __all__ = [
     "ENDED_BY_FRAMEWORK",
+    "MAX_CONVERSATIONS",
     "Answer",
     "Execute",
     "GuardedRun",
     "NatureSpec",
     "conversation_for",
     "framework_tool",
+    "nature_tables",
     "off_loop",
     "proposed",
     "stop_info",
     "tool_result",
+    "usage",
 ]
 
 #: the stop reason of a run that the framework ended while loopwarden expected more (its own
@@ -85,16 +101,22 @@ async def off_loop(
 ) -> T:
     """Call ``fn`` -- a step of an adapter run, which may wait on the shared store (ledger
     claims, budget reservations, the record) -- from a framework's async hook without
-    blocking the event loop: in a daemon worker thread when the run may block on I/O
+    blocking the event loop: when the run may block on I/O
     (:func:`~loopwarden.engine.drivers.blocking_io`, so the adapter declares the
     framework's tools first; before a run exists, when the deployment has a shared store),
-    inline otherwise.  As ``Deployment.arun`` does: at most
-    :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` such steps at once per event loop, and
-    a cancelled caller lets the step finish (shielded) -- never two steps of a run at once."""
+    on the loop with its store calls awaited (:mod:`loopwarden.store.bridge`), or in a
+    daemon worker thread without ``greenlet``; inline otherwise.  As ``Deployment.arun``
+    does: at most :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` steps in threads at once
+    per event loop, and a cancelled caller lets the step finish (shielded) -- never two steps
+    of a run at once."""
     if not (deployment.shared is not None if run is None else blocking_io(run)):
         return fn(*args, **kwargs)
     if kwargs:
         fn, args = functools.partial(fn, *args, **kwargs), ()
+    if steps_on_loop(deployment):  # on the loop; its store calls awaited here (store.bridge)
+        done, got = bridge.start(contextvars.copy_context(), fn, *args)
+        out: T = got if done else await asyncio.shield(asyncio.ensure_future(bridge.finish(got)))
+        return out
     loop = asyncio.get_running_loop()
     slots = _SLOTS.get(loop)
     if slots is None:
@@ -110,60 +132,6 @@ _CANCELLED = (asyncio.CancelledError, KeyboardInterrupt)
 #: seconds a tool call waits for an earlier call that no framework wrapper has started; then
 #: the earlier one is taken as never coming (see :meth:`GuardedRun.tool`)
 GRACE_S = 2.0
-
-#: tool natures an adapter argument gives: ``{"refund": {"side_effect": True, ...}}``
-NatureSpec = Mapping[str, Mapping[str, Any]]
-
-
-def framework_tool(
-    name: str,
-    description: str = "",
-    parameters: Mapping[str, Any] | None = None,
-    declared: Mapping[str, Any] | None = None,
-) -> Tool:
-    """A loopwarden declaration standing for a framework's tool: its schema (counted in token
-    estimates) and its nature -- ``declared`` (a ``[tools.<name>]`` table), the rest inferred
-    from the name as ``loopwarden replay`` does.  The framework validates and runs the tool."""
-    tool = recorded_tool(name, declared)
-    tool.description = description or name
-    tool._schema = {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": tool.description,
-            "parameters": dict(parameters or {"type": "object", "properties": {}}),
-        },
-    }
-    return tool
-
-
-def proposed(name: str, arguments: Any, call_id: str) -> ProposedCall:
-    """A framework's tool call as loopwarden's :class:`ProposedCall` (dict arguments are
-    turned into JSON text by the loop's parser, as for any adapter)."""
-    return ProposedCall(name=name, arguments=arguments, id=call_id)
-
-
-def tool_result(
-    value: Any, *, error: BaseException | None = None, ok: bool = True, retryable: bool = False
-) -> ToolResult:
-    """A framework tool's outcome as loopwarden's :class:`ToolResult`."""
-    if error is not None:
-        return ToolResult(
-            content=f"ERROR: {type(error).__name__}: {error}",
-            ok=False,
-            error="exception",
-            retryable=retryable,
-        )
-    if isinstance(value, str):
-        text = value
-    else:
-        try:
-            text = json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):
-            text = str(value)
-    return ToolResult(
-        content=text, ok=ok, error=None if ok else "tool_error", value=value, retryable=retryable
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,64 +592,3 @@ class GuardedRun:
             self._eff = None
             self._finish_run(outcome)
             self._wake()
-
-
-def usage(prompt: int | None, completion: int | None) -> Usage:
-    """Token counts a framework reported (None counts as 0)."""
-    return Usage(prompt=max(0, int(prompt or 0)), completion=max(0, int(completion or 0)))
-
-
-def nature_tables(natures: NatureSpec | Mapping[str, ToolNature] | None) -> dict[str, Any]:
-    """Adapter ``tools=`` arguments as plain tables (ToolNature models or mappings)."""
-    out: dict[str, Any] = {}
-    for name, spec in (natures or {}).items():
-        out[name] = (
-            spec.model_dump(exclude_none=True) if isinstance(spec, BaseModel) else dict(spec)
-        )
-    return out
-
-
-#: conversations a deployment keeps for framework threads / sessions / histories (the most
-#: recently used; an older one is forgotten and its next run starts a new conversation)
-MAX_CONVERSATIONS = 1024
-
-_conversations: weakref.WeakKeyDictionary[Deployment, OrderedDict[str, Conversation]] = (
-    weakref.WeakKeyDictionary()
-)
-_conversations_lock = threading.Lock()
-
-
-def conversation_for(deployment: Deployment, key: str) -> Conversation:
-    """The deployment's :class:`Conversation` for a framework's own conversation key (a
-    thread, a session, a message history's id): the same object for every run that continues
-    it, so conversation-scoped state (``conversation_limits``, ``failure_streak``'s
-    ``across_turns`` ...) carries on.  In-process, the :data:`MAX_CONVERSATIONS` most
-    recently used per deployment."""
-    with _conversations_lock:
-        known = _conversations.get(deployment)
-        if known is None:
-            known = _conversations[deployment] = OrderedDict()
-        conv = known.get(key)
-        if conv is None:
-            conv = known[key] = Conversation(key)
-            while len(known) > MAX_CONVERSATIONS:
-                known.popitem(last=False)
-        else:
-            known.move_to_end(key)
-        return conv
-
-
-def stop_info(guarded: GuardedRun) -> dict[str, Any] | None:
-    """How loopwarden's run ended, for the framework's result: its ``run_id`` (the run
-    record's), ``termination``, ``stopped_by`` (the plugin; None when no guard stopped it),
-    ``soft`` and ``final_answer_present``.  None while the run is not over."""
-    o = guarded.outcome
-    if o is None:
-        return None
-    return {
-        "run_id": guarded.run.run_id,
-        "termination": o.termination,
-        "stopped_by": o.stopped_by,
-        "soft": o.soft,
-        "final_answer_present": o.final_answer_present,
-    }

@@ -18,8 +18,9 @@ The runner's names are importable from here, loaded on first use (the runner bri
 whole deployment machinery with it).
 
 May import: the public vocabulary, deployments, the engine, the models, the store and the
-recorded-traffic tools; only the commands (and :mod:`loopwarden.tools`' old ``shop`` path)
-import it -- the engine never does.
+recorded-traffic tools; never the commands, the docs generator, the adapters or the test kit.
+Only the commands (and :mod:`loopwarden.tools`' old ``shop`` path) import it -- the engine
+never does.
 """
 
 from __future__ import annotations

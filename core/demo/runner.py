@@ -35,7 +35,7 @@ from loopwarden.config import Config, ProfileConfig
 from loopwarden.demo.shop import Shop, with_shop_prompt
 from loopwarden.demo.trajectories import run_steps, usage_tape
 from loopwarden.deployment import Deployment
-from loopwarden.engine.loop import drive
+from loopwarden.engine.drivers import drive
 from loopwarden.events import Usage
 from loopwarden.exceptions import ConfigError, ScenarioError
 from loopwarden.models.scenario import Scenario, builtin_scenarios, load_scenario

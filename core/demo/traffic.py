@@ -50,7 +50,7 @@ from loopwarden.demo.runner import (
 from loopwarden.demo.shop import Shop, with_shop_prompt
 from loopwarden.demo.trajectories import UsageTape, run_steps, usage_tape
 from loopwarden.deployment import Deployment
-from loopwarden.engine.loop import drive
+from loopwarden.engine.drivers import drive
 from loopwarden.models.scenario import Scenario
 from loopwarden.run import Conversation
 from loopwarden.tools import ToolRegistry

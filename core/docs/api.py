@@ -33,7 +33,11 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "Usage",
         ),
     ),
-    ("The run", "loopwarden.run", ("Run", "RunOutcome", "Conversation", "Limits")),
+    (
+        "The run",
+        "loopwarden.run",
+        ("Run", "RunOutcome", "Conversation", "Limits", "DeploymentView"),
+    ),
     (
         "Verdicts",
         "loopwarden.verdicts",
@@ -291,7 +295,8 @@ def _render_class(cls: type, heading: str) -> list[str]:
     from loopwarden.docs import rst_to_markdown
 
     out = [heading, ""]
-    if "__init__" in vars(cls) and not dataclasses.is_dataclass(cls):
+    protocol = getattr(cls, "_is_protocol", False)  # its __init__ is typing's, not a signature
+    if "__init__" in vars(cls) and not dataclasses.is_dataclass(cls) and not protocol:
         init = signature(vars(cls)["__init__"], "__init__")
         # a stub, valid Python as in a .pyi file (the docs' tests compile every block)
         out += ["```python", f"class {cls.__name__}:", f"    def {init}: ...", "```", ""]

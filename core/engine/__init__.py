@@ -9,8 +9,11 @@ execution under deadlines (:mod:`~loopwarden.engine.execution`), hook dispatch a
 
 May import: the public vocabulary at the top of the package (config, events, verdicts, run,
 hookspecs, plugin, signals, reasons, exceptions, stash, clock, notes, sanitize, redaction,
-fingerprint), :mod:`loopwarden.models` and :mod:`loopwarden.store`.  Never the demo, the
-adapters, the commands, the recorded-traffic tools, the reports, the docs generator or the
-test kit (checked by import-linter: ``[tool.importlinter]`` in pyproject.toml).  Plugins never
-import the engine: they see it only through the hook payloads.
+fingerprint), :mod:`loopwarden.models`, :mod:`loopwarden.store` and :mod:`loopwarden.tools`.
+Never a plugin, the deployment (not even type-only: it names
+:class:`loopwarden.run.DeploymentView`), the MCP servers, the demo, the adapters, the
+commands, the recorded-traffic tools, the reports, the docs generator or the test kit --
+directly or through another module (checked by import-linter: ``[tool.importlinter]`` in
+pyproject.toml).  Plugins never import the engine: they see it only through the hook
+payloads.
 """

@@ -8,17 +8,19 @@ deadline, and finishes the run whatever happens.  Public through :mod:`loopwarde
 
 **Store I/O never blocks the event loop.**  Between two effects the machine runs hooks, and
 some of them wait on the network or the disk: the shared store's budget reservations
-(``spend_limits``) and the side-effect ledger's claims.  When a run may do such I/O
-(:func:`blocking_io`; a deployment's plugins are asked once), :func:`adrive` advances the
-machine -- the synchronous code between two effects, ``on_start`` and ``on_stop`` included --
-in a reused daemon worker thread, one step at a time and in one ``contextvars.Context`` per
-run (at most :data:`OFFLOAD_LIMIT` steps at once per event loop), while the event loop serves
-other runs; the model and the tools are still awaited on the loop.  A plugin whose hooks do
-blocking I/O says so with a true ``blocking_io`` attribute; its hooks stay plain synchronous
-functions.  Runs without such I/O, and every sync run, advance the machine inline as before
-(no thread hop).  A thread per step costs CPU (hand-offs, GIL traffic with the loop): one
-queue-fed thread per loop cost less but raised the loop's p99 lag, so it was not adopted
-(bench/README.md, "Store I/O off the event loop").
+(``spend_limits``), the side-effect ledger's claims, the fleet's circuit breakers.  When a run
+may do such I/O (:func:`blocking_io`; a deployment's plugins are asked once), :func:`adrive`
+advances the machine -- the synchronous code between two effects, ``on_start`` and
+``on_stop`` included -- as a step of :mod:`loopwarden.store.bridge`, in one
+``contextvars.Context`` per run: on the event loop's thread, each store call it makes is I/O
+that the driver awaits (made on the store's owner threads) while the loop serves other runs.
+Without ``greenlet`` (the extra ``loopwarden[serving]``) such steps run in reused daemon
+worker threads instead, at most :data:`OFFLOAD_LIMIT` at once per event loop -- a hand-off per
+step, and GIL traffic between the loop and the hooks' Python work.  A plugin whose hooks wait
+on the store, and on nothing else, says so with ``blocking_io = "store"``; one whose hooks do
+other blocking I/O (a web service, a file) with ``blocking_io = True``, and its runs' steps
+run in worker threads as above.  Either way the hooks stay plain synchronous functions.
+Runs without such I/O, and every sync run, advance the machine inline (no switch, no hop).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from loopwarden.engine.outcomes import best_effort
 from loopwarden.events import ModelRequest
 from loopwarden.exceptions import ModelError
 from loopwarden.run import Run, RunOutcome
+from loopwarden.store import bridge
 
 if TYPE_CHECKING:
     from loopwarden.engine.loop import Engine
@@ -53,6 +56,7 @@ OFFLOAD_LIMIT = 32
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
+_KINDS: weakref.WeakKeyDictionary[Any, tuple[bool, bool]] = weakref.WeakKeyDictionary()
 
 
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
@@ -87,18 +91,40 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
 
 def blocking_io(run: Run) -> bool:
     """Whether ``run``'s hooks may block on I/O: it has a shared store, and a plugin of its
-    deployment declares ``blocking_io`` (spend_limits with budgets) or one of its tools is a
-    side effect that the store's ledger claims.  The plugins' answer is asked once per
-    deployment (its plugins are fixed when it is built); the tools, which a registry may
-    gain, are looked at per run, and only with the ledger on."""
+    deployment declares ``blocking_io`` (``"store"``: spend_limits with budgets,
+    circuit_breaker) or one of its tools is a side effect that the store's ledger claims.
+    The plugins' answer is asked once per deployment (its plugins are fixed when it is
+    built); the tools, which a registry may gain, are looked at per run, and only with the
+    ledger on."""
     shared = run.shared
     if shared is None:
         return False
     deployment = run.deployment
-    if deployment is not None and deployment.plugins.blocking_io:
+    if deployment is not None and any(_io_kinds(deployment.plugins)):
         return True
     tools = run.tools
     return bool(shared.config.ledger and tools is not None and any(t.side_effect for t in tools))
+
+
+def _io_kinds(plugins: Any) -> tuple[bool, bool]:
+    """``(store, other)``: whether a plugin's hooks wait on the shared store only
+    (``blocking_io = "store"``: awaited on the loop) or on other I/O (``True``: worker
+    threads) -- asked once per plugin set."""
+    kinds = _KINDS.get(plugins)
+    if kinds is None:
+        declared = [getattr(p.obj, "blocking_io", False) for p in plugins.plugins]
+        kinds = ("store" in declared, any(d is True for d in declared))
+        _KINDS[plugins] = kinds
+    return kinds
+
+
+def steps_on_loop(deployment: Any) -> bool:
+    """Whether the steps of ``deployment``'s runs that may block advance on the event loop,
+    their store calls awaited (:mod:`loopwarden.store.bridge`): ``greenlet`` is installed,
+    and no plugin waits on I/O other than the store's."""
+    if not bridge.available():
+        return False
+    return deployment is None or not _io_kinds(deployment.plugins)[1]
 
 
 class _Done:
@@ -120,17 +146,30 @@ def _step(gen: Machine, value: Any) -> Effect | _Done:
 
 class _Stepper:
     """Advances one async run's machine: inline, or -- when the run may block on I/O (see
-    :func:`blocking_io`) -- in a worker thread, so the event loop never waits for a store."""
+    :func:`blocking_io`) -- so that the event loop never waits for a store: on the loop, its
+    store calls awaited (:mod:`loopwarden.store.bridge`), or in a worker thread when
+    ``greenlet`` is not installed."""
 
     def __init__(self, engine: Engine, run: Run, gen: Machine) -> None:
         self.engine, self.run, self.gen = engine, run, gen
         self.context = contextvars.copy_context() if blocking_io(run) else None
-        self.busy: asyncio.Future[Any] | None = None  # a step running in a worker thread
+        self.on_loop = self.context is not None and steps_on_loop(run.deployment)
+        self.busy: asyncio.Future[Any] | None = None  # a step still waiting for its I/O
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         context = self.context
         if context is None:
             return fn(*args)
+        if self.on_loop:
+            # on the loop's thread; the store calls it makes are awaited here (store.bridge)
+            done, value = bridge.start(context, fn, *args)
+            if done:
+                return value
+            # shielded: a cancelled run still lets the step reach its next effect (the
+            # store's timeout bounds it) before the run is finished
+            waiting: asyncio.Future[Any] = asyncio.ensure_future(bridge.finish(value))
+            self.busy = waiting
+            return await asyncio.shield(waiting)
         loop = asyncio.get_running_loop()
         slots = _SLOTS.get(loop)
         if slots is None:

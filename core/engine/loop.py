@@ -4,18 +4,23 @@
 or a tool itself: it *yields* an effect (:class:`CallModel`, :class:`RunTool`) and receives its
 outcome.  Each step is a model turn and, when the model proposed calls, a tool turn -- two
 sub-generators the machine delegates to with ``yield from``.  The drivers execute the effects:
-:func:`drive` (sync), :func:`adrive` (async), the replay driver and the framework adapters, so
+:func:`~loopwarden.engine.drivers.drive` (sync), :func:`~loopwarden.engine.drivers.adrive`
+(async), the replay driver and the framework adapters, so
 ``run()``, ``arun()`` and ``loopwarden replay`` share one implementation of the contract.
 
 Around the machine, in modules of their own: the effects (:mod:`loopwarden.engine.effects`), the
 drivers and the watchdog (:mod:`loopwarden.engine.drivers`), parsing proposed calls and the
 observations for calls that do not run (:mod:`loopwarden.engine.calls`, with :func:`parse_calls`),
 and tool execution with its results and worker threads (:mod:`loopwarden.engine.execution`).  This
-module re-exports the public names of the first three.
+module re-exports the public names of the effects and of the call parsing, which sit below it.
+The drivers sit above the machine (they import it): ``drive`` and ``adrive`` keep their old
+path here (0.2) by a name lookup on first use (:func:`__getattr__`), never an import, so the
+machine imports nothing of what drives it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Collection, Generator
 from typing import TYPE_CHECKING, Any
@@ -33,7 +38,6 @@ from loopwarden.engine.calls import (
     side_effect_replay,
     well_formed,
 )
-from loopwarden.engine.drivers import adrive, drive
 from loopwarden.engine.effects import CallModel, Effect, Failed, Machine, RunTool
 from loopwarden.engine.outcomes import (
     best_effort,
@@ -58,7 +62,21 @@ if TYPE_CHECKING:
     from loopwarden.engine.pluginmanager import Hooks
     from loopwarden.redaction import Redactor
 
-__all__ = ["CallModel", "Engine", "Failed", "RunTool", "adrive", "drive", "parse_calls"]
+__all__ = ["CallModel", "Engine", "Failed", "RunTool", "parse_calls"]
+
+#: names this module answers for :mod:`loopwarden.engine.drivers` (their 0.2 path)
+_DRIVERS = frozenset({"adrive", "drive"})
+
+
+def __getattr__(name: str) -> Any:
+    """``drive`` / ``adrive`` from :mod:`loopwarden.engine.drivers`, looked up on first use:
+    the old path keeps working while the machine imports nothing above it."""
+    if name not in _DRIVERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("loopwarden.engine.drivers"), name)
+    globals()[name] = value
+    return value
+
 
 log = logging.getLogger("loopwarden.loop")
 

@@ -6,9 +6,10 @@ that speaks MCP over its stdin/stdout, or the ``url`` of a streamable-HTTP endpo
 tool registry, where they run through the same guards, side-effect ledger, records and
 metrics as Python tools (see docs/mcp.md).  The servers are closed with the deployment.
 
-This module holds the settings (validated with the rest of ``config.toml``) and imports
-nothing of the ``mcp`` SDK; the client side lives in :mod:`loopwarden.mcp.client`, imported
-only when a deployment has servers (extra ``loopwarden[mcp]``).
+The settings are read with the rest of ``config.toml`` (:mod:`loopwarden.config.mcp`,
+re-exported here); this module imports nothing of the ``mcp`` SDK: the client side lives in
+:mod:`loopwarden.mcp.client`, imported only when a deployment has servers (extra
+``loopwarden[mcp]``).
 
 Secrets come from the environment, never from the file: a value of ``env`` or ``headers`` may
 hold ``${NAME}`` references, replaced by the variable's value when the server starts (``$$``
@@ -16,22 +17,22 @@ is a literal ``$``).  A variable that is not set is a start-up error naming the 
 variable, never a value; the values are added to the deployment's redactor, so an error that
 echoes them is masked in records, logs and alerts.
 
-May import: the public vocabulary (config, exceptions) and :mod:`loopwarden.tools`; the
-config (its ``[mcp]`` tables) and deployments import it.  The ``mcp`` SDK is imported only by
-:mod:`loopwarden.mcp.client`, and only when a server is configured.
+May import: the public vocabulary (config, exceptions) and :mod:`loopwarden.tools`; only
+deployments (and the commands) import it -- the config reads its ``[mcp]`` tables itself.
+The ``mcp`` SDK is imported only by :mod:`loopwarden.mcp.client`, and only when a server is
+configured.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, Field, model_validator
-
+from loopwarden.config.mcp import REFERENCE as _REFERENCE
+from loopwarden.config.mcp import McpConfig, McpServerConfig
 from loopwarden.exceptions import ConfigError
-from loopwarden.plugin import PositiveSeconds, TypedTable
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
@@ -45,105 +46,8 @@ __all__ = [
     "secret_values",
 ]
 
-#: ``${NAME}`` (a variable), ``$$`` (a literal ``$``), or a ``$`` that starts neither
-_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{[^}]*\}?")
 #: what a tool name may hold in a chat-completions request (OpenAI's function-name rule)
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class _Strict(TypedTable):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class McpServerConfig(_Strict):
-    """``[mcp.servers.<name>]``: one MCP server -- a stdio ``command`` or a streamable-HTTP
-    ``url`` -- and how far its tools are trusted."""
-
-    command: str | None = Field(
-        default=None,
-        min_length=1,
-        description="the program that starts a stdio server (looked up on PATH)",
-    )
-    args: list[str] = Field(default_factory=list, description="the command's arguments")
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="variables the command gets, besides a minimal safe set (PATH, HOME, ...): "
-        'values may hold ${NAME} references to this process\'s environment, "$$" for "$"',
-    )
-    cwd: str | None = Field(default=None, description="the command's working directory")
-    url: str | None = Field(
-        default=None, description="the streamable-HTTP endpoint (http:// or https://)"
-    )
-    headers: dict[str, str] = Field(
-        default_factory=dict,
-        description="HTTP headers sent with every request; values may hold ${NAME} references "
-        '(e.g. Authorization = "Bearer ${ORDERS_TOKEN}")',
-    )
-    startup_timeout_s: PositiveSeconds = Field(
-        default=30.0,
-        description="the longest the server may take to start, answer the handshake and list "
-        "its tools; longer is a start-up error",
-    )
-    timeout_s: PositiveSeconds = Field(
-        default=60.0,
-        description="the longest one tool call may take (a hung server is a tool timeout); "
-        "the run's time left lowers it",
-    )
-    prefix: str = Field(
-        default="",
-        description="put before each tool's name in the deployment (two servers with the same "
-        'tool names: "orders_", "crm_")',
-    )
-    tools: list[str] | None = Field(
-        default=None,
-        description="the only tools to take from the server, by the names it lists (default: all)",
-    )
-    trust_annotations: bool = Field(
-        default=True,
-        description="take tool natures from the server's MCP annotations (readOnlyHint, "
-        "destructiveHint, idempotentHint, openWorldHint); false: only [tools.<name>] "
-        "tables declare them",
-    )
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
-        if (self.command is None) == (self.url is None):
-            raise ValueError(
-                "give either command (a stdio server) or url (a streamable-HTTP server)"
-            )
-        if self.url is not None:
-            if self.args or self.env or self.cwd is not None:
-                raise ValueError("args, env and cwd start a stdio command: not with url")
-            if not self.url.startswith(("http://", "https://")):
-                raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
-        elif self.headers:
-            raise ValueError("headers are sent to a url: not with command")
-        if self.prefix and not re.fullmatch(r"[A-Za-z0-9_-]+", self.prefix):
-            raise ValueError(
-                f"prefix may hold letters, digits, '_' and '-' only, got {self.prefix!r}"
-            )
-        for table, values in (("env", self.env), ("headers", self.headers)):
-            for key, value in values.items():
-                bad = next(_bad_references(value), None)
-                if bad is not None:
-                    raise ValueError(
-                        f"{table}.{key}: {bad!r} is not a variable reference: write ${{NAME}} "
-                        "(letters, digits, '_'), or $$ for a '$'"
-                    )
-        return self
-
-
-class McpConfig(_Strict):
-    """``[mcp]``: the MCP servers whose tools the deployment takes (``[mcp.servers.<name>]``)."""
-
-    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
-
-
-def _bad_references(value: str) -> Iterator[str]:
-    for m in _REFERENCE.finditer(value):
-        text = m.group(0)
-        if text != "$$" and m.group(1) is None:
-            yield text
 
 
 def expand_variables(

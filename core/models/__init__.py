@@ -5,8 +5,9 @@ chat-completions endpoint, on the ``openai`` package, imported lazily) and
 :class:`~loopwarden.models.scripted.ScriptedModel` (plays a scenario file, offline).
 
 May import: the lowest layer only (events, exceptions, redaction, clock) -- never the
-config at run time (type-only), the engine or a plugin; the config, the engine, the
-deployment and the budget plugins import it.
+config at run time (type-only), the run, the store, the tools, the engine or a plugin; the
+config (for context windows), the run (for token estimates), the engine, the deployment and
+the budget plugins import it.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ from pydantic import (
     model_validator,
 )
 
+from loopwarden.clock import MAX_DURATION_S
 from loopwarden.exceptions import ConfigError, ScenarioError, load_toml, validation_error
-from loopwarden.plugin import Seconds
 
 __all__ = ["Scenario", "builtin_scenarios", "load_scenario", "scenario_path"]
 
@@ -81,7 +81,9 @@ class ErrorSpec(_Strict):
 class ToolScript(_Strict):
     results: list[str | ToolError_] | None = None
     error: ErrorSpec | str | None = None
-    delay_s: Seconds = Field(default=0.0)
+    # a duration as the config's Seconds: finite, 0 to MAX_DURATION_S (a scenario file is no
+    # config table: the models read nothing of the config at run time)
+    delay_s: float = Field(default=0.0, ge=0, le=MAX_DURATION_S, allow_inf_nan=False)
     # for tools the deployment does not have
     description: str | None = None
     read_only: bool | None = None

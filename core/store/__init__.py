@@ -55,6 +55,7 @@ engine").  The engine, the budget plugins and the commands import it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -64,12 +65,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from loopwarden.events import IN_DOUBT
 from loopwarden.exceptions import ConfigError, StoreError
 from loopwarden.redaction import redact_url
 from loopwarden.store import breakers as _breakers
+from loopwarden.store import bridge
 from loopwarden.store.breakers import BreakerRule, BreakerView, Ident, breaker_key
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("loopwarden.store")
+_T = TypeVar("_T")
 
 #: what a counter counts, in this order everywhere (amounts, limits, usage)
 QUANTITIES: tuple[str, ...] = ("runs", "model_calls", "tool_calls", "tokens", "cost")
@@ -292,8 +295,11 @@ def default_store_url() -> str:
     return "sqlite:///" + str(data_dir() / "store.sqlite3")
 
 
-def open_store(url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0) -> Store:
-    """The store for ``url`` (``sqlite:///PATH`` or ``redis://HOST:PORT/DB``)."""
+def open_store(
+    url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.0, max_connections: int = 64
+) -> Store:
+    """The store for ``url`` (``sqlite:///PATH`` or ``redis://HOST:PORT/DB``;
+    ``max_connections`` sizes a Redis store's connection pool)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
         if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
@@ -308,7 +314,9 @@ def open_store(url: str, *, namespace: str = "loopwarden", timeout_s: float = 5.
     if scheme in ("redis", "rediss", "unix"):
         from loopwarden.store.redis import RedisStore
 
-        return RedisStore(url, namespace=namespace, timeout_s=timeout_s)
+        return RedisStore(
+            url, namespace=namespace, timeout_s=timeout_s, max_connections=max_connections
+        )
     raise ConfigError(
         f"unsupported store URL {redact_url(url)!r}",
         key="store.url",
@@ -420,9 +428,29 @@ class _Backend:
     """
 
     url: str
+    #: threads that make this store's calls for async runs at most (started as needed)
+    _owner_threads = 32
 
     def __init__(self) -> None:
         self._doubts = _Doubts()
+        self._owner: bridge.Owner | None = None
+
+    def _io(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``: a primitive's blocking call, or -- inside an async run's step
+        (:mod:`loopwarden.store.bridge`) -- the same call on an owner thread of the store,
+        awaited on the event loop so that the loop never blocks on the store."""
+        if bridge.waiting():
+            owner = self._owner
+            if owner is None:
+                name = f"loopwarden-store-{type(self).__name__}"
+                owner = self._owner = bridge.Owner(name, self._owner_threads)
+            return bridge.wait(owner.call(fn, *args))
+        return fn(*args)
+
+    def _close_owner(self) -> None:
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.close()
 
     # -- the backend's primitives ----------------------------------------------------------
 
@@ -493,25 +521,27 @@ class _Backend:
         counters = tuple(counters)
         self._doubts.forget(("reserve", token))
         try:
-            out = self._reserve(counters, amount, token, ttl_s, commit)
+            out = self._io(self._reserve, counters, amount, token, ttl_s, commit)
         except StoreError:
             if not commit:
-                self._doubts.undo(("reserve", token), lambda: self._settle(counters, token, None))
+                self._doubts.undo(
+                    ("reserve", token), lambda: self._io(self._settle, counters, token, None)
+                )
             raise
         self._answered()
         return out
 
     def settle(self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None) -> None:
-        self._settle(counters, token, actual)
+        self._io(self._settle, counters, token, actual)
         self._answered()
 
     def rows(self) -> list[CounterRow]:
-        out = self._rows()
+        out = self._io(self._rows)
         self._answered()
         return out
 
     def reset(self, scope: str, key: str) -> int:
-        n = self._reset(scope, key)
+        n = self._io(self._reset, scope, key)
         self._answered()
         return n
 
@@ -519,9 +549,11 @@ class _Backend:
         self._doubts.forget(("claim", key, owner))  # claimed again: the claim is wanted now
         for attempt in range(2):
             try:
-                entry = self._claim(key, owner, ttl_s)
+                entry = self._io(self._claim, key, owner, ttl_s)
             except StoreError:
-                self._doubts.undo(("claim", key, owner), lambda: self._release(key, owner))
+                self._doubts.undo(
+                    ("claim", key, owner), lambda: self._io(self._release, key, owner)
+                )
                 raise
             undone = self._answered()
             if entry is None or entry.state != "running":
@@ -541,17 +573,19 @@ class _Backend:
         result: Mapping[str, Any] | None,
         ttl_s: float,
     ) -> None:
-        self._finish(key, owner, state, result, ttl_s)
+        self._io(self._finish, key, owner, state, result, ttl_s)
         self._answered()
 
     def release(self, key: str, owner: str) -> None:
-        self._release(key, owner)
+        self._io(self._release, key, owner)
         self._answered()
 
     def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
         key = breaker_key(ident)
-        out = self._update_doc(
-            key, lambda doc, now: _breakers.admit(key, ident, doc, rule, owner, now)
+        out = self._io(
+            self._update_doc,
+            key,
+            lambda doc, now: _breakers.admit(key, ident, doc, rule, owner, now),
         )
         self._answered()
         return out
@@ -568,7 +602,8 @@ class _Backend:
         error: str | None = None,
     ) -> BreakerView:
         key = breaker_key(ident)
-        out = self._update_doc(
+        out = self._io(
+            self._update_doc,
             key,
             lambda doc, now: _breakers.record(
                 key,
@@ -588,12 +623,12 @@ class _Backend:
 
     def breakers(self) -> list[BreakerView]:
         now = time.time()
-        out = [_breakers.view(key, doc, None, now) for key, doc in self._docs()]
+        out = [_breakers.view(key, doc, None, now) for key, doc in self._io(self._docs)]
         self._answered()
         return sorted(out, key=lambda v: (v.scope, v.scope_key, v.target, v.name))
 
     def breaker_reset(self, ident: Ident) -> bool:
-        done = self._drop_doc(breaker_key(ident))
+        done = self._io(self._drop_doc, breaker_key(ident))
         self._answered()
         return done
 
@@ -618,6 +653,25 @@ if not TYPE_CHECKING:  # mypy sees the imports above; a typo stays a type error
 # ---------------------------------------------------------------------------------------------
 
 
+class _OffLoop:
+    """A store with no I/O of its own on the event loop, seen from an async run's step: each
+    method call runs on an owner thread of the deployment and is awaited (:func:`bridge.wait`)."""
+
+    def __init__(self, store: Store, owner: bridge.Owner) -> None:
+        self._store, self._owner = store, owner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+        owner = self._owner
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return bridge.wait(owner.call(functools.partial(attr, *args, **kwargs)))
+
+        return call
+
+
 class Shared:
     """A deployment's store: opened on first use, with the ``on_store_error`` policy.
 
@@ -630,24 +684,54 @@ class Shared:
         self.url = config.url or default_store_url()
         self.fail_open = config.on_store_error == "fail_open"
         self._store: Store | None = None
+        self._offloader: bridge.Owner | None = None
         self._lock = threading.Lock()
 
     @property
     def store(self) -> Store:
-        """The store (opened now if needed; raises :class:`StoreError`)."""
+        """The store (opened now if needed; raises :class:`StoreError`).
+
+        Inside an async run's step (:mod:`loopwarden.store.bridge`) the built-in backends
+        await their own I/O; any other store (a wrapper, a store of your own) is seen through
+        :class:`_OffLoop`, each of its calls made on an owner thread and awaited, so that no
+        store ever blocks the event loop."""
         store = self._store
+        waiting = bridge.waiting()
         if store is None:
+            # connecting (and creating the tables) off the loop, too
+            store = (
+                bridge.wait(self._offload_owner().call(self._opened)) if waiting else self._opened()
+            )
+        if not waiting or isinstance(store, _Backend):
+            return store
+        return _OffLoop(store, self._offload_owner())
+
+    def _opened(self) -> Store:
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(
+                    self.url,
+                    namespace=self.config.namespace,
+                    timeout_s=self.config.timeout_s,
+                    max_connections=self.config.max_connections,
+                )
+            return self._store
+
+    def _offload_owner(self) -> bridge.Owner:
+        owner = self._offloader
+        if owner is None:
             with self._lock:
-                if self._store is None:
-                    self._store = open_store(
-                        self.url, namespace=self.config.namespace, timeout_s=self.config.timeout_s
-                    )
-                store = self._store
-        return store
+                if self._offloader is None:
+                    self._offloader = bridge.Owner("loopwarden-store")
+                owner = self._offloader
+        return owner
 
     def close(self) -> None:
         with self._lock:
             store, self._store = self._store, None
+            owner, self._offloader = self._offloader, None
+        if owner is not None:
+            owner.close()
         if store is not None:
             store.close()
 

@@ -474,6 +474,7 @@ class SQLiteStore(_Backend):
                         self._prune(conn, table, now, PRUNE_BATCH * PRUNE_EVERY * 4)
             except StoreError as exc:  # busy or broken: closing goes on, the rows wait
                 log.warning("SQLite store %s: pruning at close failed: %s", self.path, exc)
+        self._close_owner()
         with self._lock:
             if not self._closed and self._pid == os.getpid():
                 self._conn.close()

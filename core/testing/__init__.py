@@ -31,8 +31,9 @@ when asked for, like pytester: ``pytest -p loopwarden.testing``, or
 ``loopwarden_testing = true`` in the pytest ini options.
 
 May import: anything a plugin author's test needs -- the public vocabulary, deployments, the
-engine's plugin manager, the scripted model and the store; nothing of the library imports the
-test kit (the engine is forbidden to by import-linter).
+engine's plugin manager, the scripted model and the store; never the commands, the docs
+generator, the demo or the adapters.  Nothing of the library imports the test kit
+(import-linter forbids it to the engine, the plugins, the demo and the adapters).
 """
 
 from loopwarden.clock import FakeClock

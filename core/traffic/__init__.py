@@ -7,6 +7,6 @@ calibration and its corpus (:mod:`~loopwarden.traffic.calibrate`,
 (:mod:`~loopwarden.traffic.offline`).
 
 May import: the public vocabulary, the engine (a replay drives the same step machine), the
-models and the store.  Never the commands, the demo, the adapters or the reports; the engine
-never imports this package.
+models and the store.  Never the commands, the demo, the adapters, the reports, the docs
+generator or the test kit; the engine never imports this package.
 """

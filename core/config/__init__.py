@@ -11,6 +11,15 @@ Where the file comes from: ``--config FILE``; else ``./config.toml`` if present;
 default shipped inside the package.  A file replaces the shipped one -- what it leaves out has
 the models' defaults -- except for ``[profiles]``: the shipped profiles are built in, and a
 file adds its own or replaces one of the same name (:func:`parse_config`).
+
+The tables every part shares live here too: the settings value types
+(:mod:`loopwarden.config.values`, re-exported by :mod:`loopwarden.plugin`) and the ``[mcp]``
+server tables (:mod:`loopwarden.config.mcp`, re-exported by :mod:`loopwarden.mcp`).
+
+May import: the lowest layer only (exceptions, fingerprint, clock) and, on first use, the
+models' context windows (:mod:`loopwarden.models.windows`); never a plugin, the MCP client, the
+store, a run or a deployment -- everything above reads the config, the config reads nothing
+of theirs (import-linter: "the config reads nothing above it").
 """
 
 from __future__ import annotations
@@ -32,10 +41,10 @@ from pydantic import (
     model_validator,
 )
 
+from loopwarden.config.mcp import McpConfig
+from loopwarden.config.values import PositiveSeconds, TypedTable, check_templates
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
 from loopwarden.fingerprint import DEFAULT_VOLATILE_KEYS, AnswerMasks
-from loopwarden.mcp import McpConfig
-from loopwarden.plugin import PositiveSeconds, TypedTable
 
 if sys.version_info >= (3, 11):
     pass
@@ -160,8 +169,6 @@ class Texts(_Strict):
 
     @model_validator(mode="after")
     def _check_templates(self) -> Texts:
-        from loopwarden.plugin import check_templates
-
         check_templates(
             self,
             type(self).model_fields,
@@ -273,6 +280,14 @@ class StoreConfig(_Strict):
         default=5.0,
         description="the longest one store call waits: connect / read timeout (Redis), "
         "lock wait in all (SQLite)",
+    )
+    max_connections: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Redis: connections a store keeps to the server at most (per process, and "
+        "per event loop for async runs); a call that finds them all busy waits for one, up to "
+        "timeout_s, instead of failing. A URL's ?max_connections=N wins",
     )
     on_store_error: Literal["fail_closed", "fail_open"] = Field(
         default="fail_closed",
