@@ -21,7 +21,7 @@ import statistics
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -307,26 +307,32 @@ STORE_CELL: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
 )
 
 
-class TimedStore:
-    """A deployment's store with every public call timed, as the run waits for it.
+#: the store calls a run makes (budgets, the ledger, circuit breakers): the ones timed
+STORE_CALLS = ("reserve", "settle", "claim", "finish", "release", "breaker_admit", "breaker_record")
 
-    A call that returns an awaitable is timed until it is awaited to its end (an async
-    store); a plain call from its start to its return, in whatever thread made it (counted
-    in ``on_main_thread`` when that is the loop's).  Each
+
+class TimedStore:
+    """Times the calls of a deployment's store as the run waits for them.
+
+    The store object itself is kept (whatever path the driver takes for it stays the same):
+    its :data:`STORE_CALLS` methods are replaced, on the instance, by timed ones.  A call
+    that returns an awaitable is timed until it is awaited to its end; a plain call from its
+    start to its return -- in whatever thread or step made it, waits for I/O awaited on the
+    loop included (counted in ``on_main_thread`` when made on the loop's thread).  Each
     duration goes to ``durations[method]`` and to the current conversation's
-    :data:`STORE_CELL`, which the bench turns into store wait per step.  Install it with
-    :func:`loopwarden.testing.faults.install_store`.
+    :data:`STORE_CELL`, which the bench turns into store wait per step.
     """
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, deployment: Any) -> None:
+        self.store = deployment.shared.store  # opened now, outside any run
         self.durations: dict[str, list[float]] = {}
         self.on_main_thread = 0  # calls made on the process's main thread (its event loop's)
+        for name in STORE_CALLS:
+            method = getattr(self.store, name, None)
+            if method is not None:
+                setattr(self.store, name, self._timed(name, method))
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if name.startswith("_") or name == "close" or not callable(attr):
-            return attr
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         clock, note = time.perf_counter, self._note
 
         async def awaited(aw: Any, t0: float) -> Any:
@@ -337,7 +343,7 @@ class TimedStore:
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
-            out = attr(*args, **kwargs)
+            out = method(*args, **kwargs)
             if inspect.isawaitable(out):
                 return awaited(out, t0)
             note(name, clock() - t0)

@@ -661,8 +661,6 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
     """Build the variant, warm it, tell the parent, wait for "go", run the measured batch."""
     import openai
 
-    from loopwarden.testing.faults import install_store
-
     variant, conversations, turns = spec["variant"], spec["conversations"], spec["turns"]
     stream, framework = spec["stream"], spec["framework"]
     EXECUTED.clear()
@@ -679,7 +677,7 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
                 dep = Deployment(bench_config(spec["store_url"], spec["namespace"]), tools=[])
             else:
                 dep = make_deployment(spec["base_url"], spec["store_url"], spec["namespace"])
-            timed = install_store(dep, W.TimedStore)
+            timed = W.TimedStore(dep)
         if framework == "langchain":
             from loopwarden.adapters.langchain import LoopwardenMiddleware
 
