@@ -657,6 +657,32 @@ async def langchain_conversation(agent: Any, conv: int, turns: int, steps: Steps
 # -- one batch in a worker process -------------------------------------------------------------
 
 
+def _time_machine_steps(durations: list[float]) -> Callable[[], None]:
+    """Time each advance of a store-using async run's machine between two effects -- its
+    hooks, their store calls and whatever hand-off the driver makes (a worker thread, or a
+    step awaited on the loop) -- as the run waits for it; returns the undo.  Patches the
+    drivers' private ``_Stepper.call`` (the streamed driver uses the same class)."""
+    from loopwarden.engine import drivers
+
+    orig = drivers._Stepper.call
+    clock = time.perf_counter
+
+    async def call(self: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = clock()
+        try:
+            return await orig(self, fn, *args)
+        finally:
+            if self.context is not None:  # a run whose hooks reach the store
+                durations.append(clock() - t0)
+
+    drivers._Stepper.call = call  # type: ignore[method-assign]
+
+    def undo() -> None:
+        drivers._Stepper.call = orig  # type: ignore[method-assign]
+
+    return undo
+
+
 async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
     """Build the variant, warm it, tell the parent, wait for "go", run the measured batch."""
     import openai
@@ -669,6 +695,7 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
     client: Any = None
     timed: Any = None
     disconnect = _watch_runs(None, records)
+    stack = contextlib.ExitStack()
     try:
         if variant == "loopwarden":
             if framework == "langchain":
@@ -720,6 +747,10 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
         if framework != "langchain" and dep is not None:
             disconnect()
             disconnect = _watch_runs(steps, records)
+        machine: list[float] = []
+        if framework != "langchain" and dep is not None:
+            untime = _time_machine_steps(machine)
+            stack.callback(untime)
         monitor = W.LoopMonitor()
         monitor.start()
         cpu0, wall0 = time.process_time(), time.time()
@@ -729,6 +760,7 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
             wall1, cpu1 = time.time(), time.process_time()
             loop = await monitor.stop()
     finally:
+        stack.close()
         disconnect()
         if client is not None:
             await client.close()
@@ -752,6 +784,7 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
             "p99": round(W.pct(store_call_s, 0.99) * 1e3, 3),
         },
         "loop": loop,
+        "machine_steps": machine,
         "executed": dict(EXECUTED),
         "ended": dict(records.ended),
         "spent": dict(records.total),
@@ -872,6 +905,10 @@ def summarise(results: list[dict[str, Any]], server_cpu: float | None) -> dict[s
             / max(1, sum(sum(r["store_calls"].values()) for r in results)),
             3,
         )
+        machine = [d for r in results for d in r.get("machine_steps", ())]
+        if machine:
+            out["machine_step_ms"] = _ms(machine)
+            out["machine_steps_per_step"] = round(len(machine) / max(1, len(steps)), 2)
         out["store_call_ms"] = {
             k: max(r["store_call_ms"][k] for r in results) for k in ("p50", "p99")
         }
@@ -1060,6 +1097,10 @@ MEDIANS = [
     ("store_wait_ms", "p50"),
     ("store_wait_ms", "p99"),
     ("store_calls_per_step",),
+    ("store_call_ms", "p50"),
+    ("store_call_ms", "p99"),
+    ("machine_step_ms", "p50"),
+    ("machine_step_ms", "p99"),
     ("store_calls_on_loop_thread",),
     ("gc_ms", "max"),
     ("server_cpu_s",),
@@ -1178,6 +1219,11 @@ def render(data: dict[str, Any]) -> str:
         "",
         "longest loopwarden callbacks: "
         + "; ".join(f"{c['ms']} ms (CPU {c.get('cpu_ms')}) {c['what']}" for c in longest),
+        f"machine steps of store-using runs (hooks + store + hand-offs, wall) p50 / p99: "
+        f"{a['median']['loopwarden'].get('machine_step_ms.p50')} / "
+        f"{a['median']['loopwarden'].get('machine_step_ms.p99')} ms; store calls p50 / p99: "
+        f"{a['median']['loopwarden'].get('store_call_ms.p50')} / "
+        f"{a['median']['loopwarden'].get('store_call_ms.p99')} ms",
         f"store calls made on the event loop's thread: "
         f"{a['median']['loopwarden'].get('store_calls_on_loop_thread', 0):.0%} (else in "
         f"worker threads); longest garbage collection: "
