@@ -36,12 +36,19 @@ with its spread -- one difference of two p99s from separate runs is noise here.
 
 **Measured from the inside of each worker** (``_common.LoopMonitor``, ``_common.TimedStore``):
 
-* every event-loop callback timed (``asyncio.events.Handle._run`` wrapped): p50 / p99 / max
-  and the longest, with what they ran; a probe sleeping 5 ms over and over: its oversleep is
-  the loop's *lag* (p50 / p99 / max);
-* *store wait*: every store call timed as the run waits for it (a wrapper around the
-  deployment's store), summed per step, over the steps that used the store; and the store
-  steps' latency added over the bare steps (``added_store_step_ms``);
+* every event-loop callback timed (``asyncio.events.Handle._run`` wrapped): wall p50 / p99 /
+  max, the loop thread's own CPU time in each beside it (on a shared machine most of a long
+  callback's wall time is the OS giving the core to another process), and the longest, with
+  what they ran; garbage collections timed (``gc.callbacks``); a probe sleeping 5 ms over and
+  over: its oversleep is the loop's *lag* (p50 / p99 / max);
+* *store wait*: every store call timed as the run waits for it (the store's own methods
+  wrapped in place, so the driver keeps its path for it), summed per step, over the steps
+  that used the store; where the calls ran (the loop's thread or worker threads); and the
+  store steps' latency added over the bare steps (``added_store_step_ms``);
+* *machine steps*: each advance of a store-using run's machine between two effects (its
+  hooks, their store calls and the driver's hand-off: a worker thread, or a step awaited on
+  the loop), wall time -- comparable across the two designs, where store wait alone is not
+  (a worker thread's hand-back of the whole step falls outside any store call);
 * ``runs_per_s`` (all processes' runs over the batch's wall time), ``runs_per_s_per_core``
   (runs over the workers' CPU seconds, all their threads), ``cpu_us_per_step``, step p50 / p99
   (a step: one model call and its tool, from the step's start to its end).

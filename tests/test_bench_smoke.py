@@ -127,6 +127,10 @@ def _serving_shape(data: dict[str, Any], processes: int) -> None:
                 # every step reserves and settles a budget: every step waited for the store
                 assert row["store_steps"] == row["model_calls"]
                 assert _number(row["store_wait_ms"]["p50"]) and row["store_calls_per_step"] >= 2
+                assert 0 <= row["store_calls_on_loop_thread"] <= 1
+                if data["framework"] == "openai":  # the machine's steps, timed in the driver
+                    assert _number(row["machine_step_ms"]["p50"])
+                    assert row["machine_steps_per_step"] >= 1
             else:
                 assert "store_wait_ms" not in row
     a = data["analysis"]
