@@ -100,25 +100,78 @@ def test_concurrency_bench_prints_the_promised_json() -> None:
     assert data["wall_s"] >= data["ideal_s"]  # every run waits steps x latency at least
 
 
+def _serving_shape(data: dict[str, Any], processes: int) -> None:
+    """The serving bench's JSON: every batch of every round, pooled figures present, the
+    store's counters and the ledger exact (behaviour, not time: no figure is compared)."""
+    sizes = {processes, 1}
+    assert set(data["batches"]) == {f"{v}@{n}" for v in ("bare", "loopwarden") for n in sizes}
+    for name, rows in data["batches"].items():
+        variant, n = name.split("@")
+        assert len(rows) == data["pairs"] == 2
+        for row in rows:
+            assert row["processes"] == int(n)
+            assert row["runs"] == int(n) * data["conversations"] * data["turns"] == int(n) * 20
+            # every turn is a notification and an answer: two model calls
+            assert row["model_calls"] == 2 * row["runs"]
+            for key in ("wall_s", "cpu_s", "runs_per_s", "runs_per_s_per_core", "cpu_us_per_step"):
+                assert _number(row[key]) and row[key] > 0, (name, key)
+            # a step waits for the model's latency at least
+            assert row["step_ms"]["p50"] >= data["latency_ms"]
+            assert row["step_ms"]["p99"] >= row["step_ms"]["p50"]
+            for key in ("loop_lag_ms", "callback_ms", "callback_cpu_ms"):
+                assert set(row[key]) == {"p50", "p99", "max"}
+                assert all(_number(v) for v in row[key].values())
+            assert row["callbacks"] > 0 and row["longest_callbacks"]
+            if variant == "loopwarden":
+                assert set(row["ended"]) == {"final_answer"}  # no guard fired
+                # every step reserves and settles a budget: every step waited for the store
+                assert row["store_steps"] == row["model_calls"]
+                assert _number(row["store_wait_ms"]["p50"]) and row["store_calls_per_step"] >= 2
+                assert 0 <= row["store_calls_on_loop_thread"] <= 1
+                if data["framework"] == "openai":  # the machine's steps, timed in the driver
+                    assert _number(row["machine_step_ms"]["p50"])
+                    assert row["machine_steps_per_step"] >= 1
+            else:
+                assert "store_wait_ms" not in row
+    a = data["analysis"]
+    for key in ("p50", "p99"):
+        assert set(a["added_step_ms"][key]) == {"median", "min", "max", "q1", "q3", "n"}
+        assert a["added_step_ms"][key]["n"] == 2  # one paired difference per round
+    assert _number(a["runs_per_core_ratio"]["median"])
+    assert a["budgets_exact"] is True and a["ledger_exact"] is True
+    for check in data["checks"]:
+        assert check["counted"] == check["expected"] and check["reserved_left"] == 0
+        fx = check["side_effects"]
+        assert fx["executed"] == fx["keys"]  # every side effect once, across the processes
+        # every process plays the same conversations: each key claimed once per process
+        assert fx["tool_calls"] == check["processes"] * fx["keys"]
+
+
 @pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
-def test_serving_bench_prints_the_promised_json() -> None:
-    data = _bench("serving.py")
-    for side in ("bare", "loopwarden"):
-        row = data[side]
-        assert row["runs"] == data["conversations"] * data["turns"] == 20
-        # every turn is a lookup and an answer: two model calls, through real HTTP
-        assert row["model_calls"] == 2 * row["runs"]
-        for key in ("wall_s", "cpu_s", "cpu_us_per_step", "runs_per_s_per_core"):
-            assert _number(row[key]) and row[key] > 0, (side, key)
-        # a step waits for the server's latency at least
-        assert row["step_ms"]["p50"] >= data["latency_ms"]
-        assert row["step_ms"]["p99"] >= row["step_ms"]["p50"]
-    assert data["loopwarden"]["ended"] == {"final_answer": 20}  # no guard fired
-    # a difference of two measurements: at this size the load may make it negative
-    assert data["guard_cpu_us_per_step"] == pytest.approx(
-        data["loopwarden"]["cpu_us_per_step"] - data["bare"]["cpu_us_per_step"], abs=0.2
-    )
-    assert set(data["added_step_ms"]) == {"p50", "p99"}
+def test_serving_bench_prints_the_promised_json(redis_server: str) -> None:
+    data = _bench("serving.py", "--redis-url", redis_server)
+    assert data["framework"] == "openai" and data["streamed"] is True
+    _serving_shape(data, 1)
+    assert "scaling" not in data["analysis"]
+
+
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
+def test_serving_bench_scales_two_processes_on_one_redis(redis_server: str) -> None:
+    data = _bench("serving.py", "--processes", "2", "--redis-url", redis_server)
+    _serving_shape(data, 2)
+    scaling = data["analysis"]["scaling"]
+    assert _number(scaling["runs_per_s_1"]) and _number(scaling["runs_per_s_2"])
+    assert _number(scaling["ratio"]["median"]) and _number(scaling["bare_ratio"]["median"])
+    line = data["scaling_line"]
+    assert line.startswith("2 processes: ") and "budgets exact: yes" in line
+    assert "ledger exact: yes" in line
+
+
+@pytest.mark.slow  # a bench script in a subprocess: seconds to tens of seconds
+def test_serving_bench_measures_the_langchain_middleware(redis_server: str) -> None:
+    data = _bench("serving.py", "--langchain", "--redis-url", redis_server)
+    assert data["framework"] == "langchain" and data["server_processes"] == 0
+    _serving_shape(data, 1)
 
 
 # -- guard state per run does not grow with the run ----------------------------------------------
