@@ -1,9 +1,11 @@
-"""Async runs await their store calls on the event loop (loopwarden.store.bridge).
+"""``[store] async_calls = "loop"``: async runs await their store calls on the event loop.
 
-The machine step of an async run that uses the store runs on the loop's own thread; a store
-call inside it is I/O the driver awaits -- made on the store's owner threads -- while other
-coroutines go on.  Checked against real stores: a real
-SQLite file, a real redis-server (behind a local TCP proxy that can hold its replies).
+The machine step of an async run that uses the store runs on the loop's own thread
+(loopwarden.store.bridge); a store call inside it is I/O the driver awaits -- made on the
+store's owner threads -- while other coroutines go on.  The default, ``"threads"``, runs
+such steps in worker threads (tests/test_spend_faults.py, tests/test_offload.py).  Checked
+against real stores: a real SQLite file, a real redis-server (behind a local TCP proxy that
+can hold its replies).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from support.stores import deployment_for, make_store, split_url, store_table
 from loopwarden import Deployment, hookimpl, signals
 from loopwarden.config import parse_config
 from loopwarden.demo import shop_tools
+from loopwarden.engine import drivers
 from loopwarden.store import QUANTITIES, bridge
 from loopwarden.testing.faults import GatedStore, install_store
 
 TENANT_DAY = [{"scope": "tenant", "window": "day", "max_tokens": 10**6}]
+LOOP = {"async_calls": "loop"}  # the opt-in; "threads" is the default
 LOOP_THREAD = threading.get_ident  # asyncio.run() runs the loop on the calling thread
 
 
@@ -111,7 +115,7 @@ def test_hooks_run_on_the_loop_and_the_store_does_its_io_without_blocking_it(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads = _Threads()
-    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store=LOOP)
     dep.connect(signals.model_responded, threads.step)
     dep.connect(signals.step_finished, threads.step)
     store = dep.shared.store
@@ -136,11 +140,12 @@ def test_hooks_run_on_the_loop_and_the_store_does_its_io_without_blocking_it(
 
 
 def test_without_greenlet_async_runs_fall_back_to_worker_threads(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(bridge, "_kit", False)  # as if greenlet were not installed
+    monkeypatch.setattr(drivers, "_WARNED", False)
     assert not bridge.available()
-    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store=LOOP)
     gated = install_store(dep, GatedStore)
 
     async def main() -> Any:
@@ -153,6 +158,7 @@ def test_without_greenlet_async_runs_fall_back_to_worker_threads(
     dep.close()
     assert run.outcome.termination == "final_answer" and gated.timeouts == 0
     assert gated.threads and loop_thread not in gated.threads
+    assert "needs greenlet" in caplog.text  # said once, not per run
 
 
 # -- a Redis server that answers late -----------------------------------------------------------
@@ -214,7 +220,7 @@ def test_a_redis_reply_that_takes_long_leaves_the_loop_serving_others(
 ) -> None:
     url, proxy = held_redis
     dep = deployment_for(
-        url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store={"timeout_s": 30.0}
+        url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store={**LOOP, "timeout_s": 30.0}
     )
     assert dep.shared.store  # connected (and the scripts loaded) before the replies are held
 
@@ -238,7 +244,7 @@ def test_a_run_cancelled_while_redis_holds_its_reply_finishes_once_and_releases(
 ) -> None:
     url, proxy = held_redis
     dep = deployment_for(
-        url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store={"timeout_s": 30.0}
+        url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store={**LOOP, "timeout_s": 30.0}
     )
     assert dep.shared.store
     finished: list[str] = []
@@ -281,7 +287,7 @@ def test_the_redis_pool_is_sized_in_the_config_and_waits_instead_of_failing(
     base, _ = split_url(url)
     _drop("{lwtest-pool}:*", base)
     dep = deployment_for(
-        url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store={"max_connections": 2}
+        url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store={**LOOP, "max_connections": 2}
     )
     store: Any = dep.shared.store
     assert store._r.connection_pool.max_connections == 2
@@ -323,7 +329,7 @@ def test_a_plugin_with_other_blocking_io_keeps_its_hooks_off_the_loop(store_url:
     other = _OtherIO()
     config = parse_config(
         {
-            "store": store_table(store_url),
+            "store": store_table(store_url, **LOOP),
             "plugins": {
                 "enabled": ["spend_limits", "other_io"],
                 "spend_limits": {"budgets": TENANT_DAY},
@@ -343,7 +349,7 @@ def test_a_plugin_with_other_blocking_io_keeps_its_hooks_off_the_loop(store_url:
 
 
 def test_calls_to_a_stuck_store_wait_side_by_side_not_one_after_another(store_url: str) -> None:
-    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}}, store=LOOP)
     gated = install_store(dep, GatedStore)  # any store of one's own: each call on a thread
 
     async def main() -> list[Any]:
@@ -361,3 +367,18 @@ def test_calls_to_a_stuck_store_wait_side_by_side_not_one_after_another(store_ur
     assert gated.timeouts == 0
     assert {r.outcome.termination for r in runs} == {"final_answer"}
     assert len(gated.threads) >= 20
+
+
+def test_by_default_store_using_steps_run_in_worker_threads(store_url: str) -> None:
+    threads = _Threads()
+    dep = deployment_for(store_url, plugins={"spend_limits": {"budgets": TENANT_DAY}})
+    dep.connect(signals.step_finished, threads.step)
+
+    async def main() -> Any:
+        return await dep.arun(scenario="refund", meta={"tenant": "acme"}), LOOP_THREAD()
+
+    run, loop_thread = asyncio.run(main())
+    dep.close()
+    assert dep.config.store.async_calls == "threads"
+    assert run.outcome.termination == "final_answer"
+    assert threads.hooks and loop_thread not in threads.hooks

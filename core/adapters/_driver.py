@@ -104,8 +104,8 @@ async def off_loop(
     blocking the event loop: when the run may block on I/O
     (:func:`~loopwarden.engine.drivers.blocking_io`, so the adapter declares the
     framework's tools first; before a run exists, when the deployment has a shared store),
-    on the loop with its store calls awaited (:mod:`loopwarden.store.bridge`), or in a
-    daemon worker thread without ``greenlet``; inline otherwise.  As ``Deployment.arun``
+    in a daemon worker thread, or with ``[store] async_calls = "loop"`` on the loop with its
+    store calls awaited (:mod:`loopwarden.store.bridge`); inline otherwise.  As ``Deployment.arun``
     does: at most :data:`~loopwarden.engine.drivers.OFFLOAD_LIMIT` steps in threads at once
     per event loop, and a cancelled caller lets the step finish (shielded) -- never two steps
     of a run at once."""

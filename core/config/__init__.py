@@ -281,6 +281,13 @@ class StoreConfig(_Strict):
         description="the longest one store call waits: connect / read timeout (Redis), "
         "lock wait in all (SQLite)",
     )
+    async_calls: Literal["threads", "loop"] = Field(
+        default="threads",
+        description='how an async run makes its store calls: "threads" runs each step that '
+        'may reach the store in a worker thread; "loop" keeps the step on the event loop and '
+        "awaits each store call, made on the store's threads (needs greenlet: "
+        "loopwarden[serving]). bench/README.md measures both",
+    )
     max_connections: int = Field(
         default=64,
         ge=1,

@@ -13,16 +13,23 @@ some of them wait on the network or the disk: the shared store's budget reservat
 (``spend_limits``), the side-effect ledger's claims, the fleet's circuit breakers.  When a run
 may do such I/O (:func:`blocking_io`; a deployment's plugins are asked once), :func:`adrive`
 advances the machine -- the synchronous code between two effects, ``on_start`` and
-``on_stop`` included -- as a step of :mod:`loopwarden.store.bridge`, in one
-``contextvars.Context`` per run: on the event loop's thread, each store call it makes is I/O
-that the driver awaits (made on the store's owner threads) while the loop serves other runs.
-Without ``greenlet`` (the extra ``loopwarden[serving]``) such steps run in reused daemon
-worker threads instead, at most :data:`OFFLOAD_LIMIT` at once per event loop -- a hand-off per
-step, and GIL traffic between the loop and the hooks' Python work.  A plugin whose hooks wait
-on the store, and on nothing else, says so with ``blocking_io = "store"``; one whose hooks do
-other blocking I/O (a web service, a file) with ``blocking_io = True``, and its runs' steps
-run in worker threads as above.  Either way the hooks stay plain synchronous functions.
-Runs without such I/O, and every sync run, advance the machine inline (no switch, no hop).
+``on_stop`` included -- so that the loop never waits, in one ``contextvars.Context`` per run:
+
+* ``[store] async_calls = "threads"`` (the default): each such step runs in a reused daemon
+  worker thread, at most :data:`OFFLOAD_LIMIT` at once per event loop -- one hand-off per
+  step; the worker goes straight on after each store call;
+* ``"loop"``: the step runs on the loop's thread as a step of :mod:`loopwarden.store.bridge`
+  (it needs ``greenlet``, ``loopwarden[serving]``), and each store call it makes is I/O the
+  driver awaits (made on the store's owner threads) while the loop serves other runs -- one
+  hand-off per store call, and the answer waits for the loop to come back to the run.
+  bench/README.md ("Serving, issue 35") measured it slower than threads at 20 and at 200
+  concurrent conversations on 2 cores, so it is not the default.
+
+A plugin whose hooks wait on the store, and on nothing else, says so with ``blocking_io =
+"store"``; one whose hooks do other blocking I/O (a web service, a file) with ``blocking_io =
+True``, and its runs' steps always run in worker threads.  Either way the hooks stay plain
+synchronous functions.  Runs without such I/O, and every sync run, advance the machine
+inline (no switch, no hop).
 """
 
 from __future__ import annotations
@@ -140,11 +147,24 @@ def _io_kinds(plugins: Any) -> tuple[bool, bool]:
 
 def steps_on_loop(deployment: Any) -> bool:
     """Whether the steps of ``deployment``'s runs that may block advance on the event loop,
-    their store calls awaited (:mod:`loopwarden.store.bridge`): ``greenlet`` is installed,
-    and no plugin waits on I/O other than the store's."""
-    if not bridge.available():
+    their store calls awaited (:mod:`loopwarden.store.bridge`): ``[store] async_calls =
+    "loop"``, ``greenlet`` is installed (else a warning, once, and worker threads), and no
+    plugin waits on I/O other than the store's."""
+    if deployment is None or deployment.config.store.async_calls != "loop":
         return False
-    return deployment is None or not _io_kinds(deployment.plugins)[1]
+    if not bridge.available():
+        global _WARNED
+        if not _WARNED:
+            _WARNED = True
+            log.warning(
+                '[store] async_calls = "loop" needs greenlet (pip install '
+                "'loopwarden[serving]'): store-using steps run in worker threads instead"
+            )
+        return False
+    return not _io_kinds(deployment.plugins)[1]
+
+
+_WARNED = False
 
 
 class _Done:

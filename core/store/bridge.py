@@ -2,10 +2,10 @@
 
 The hooks that reach the shared store (``spend_limits``' reservations, the side-effect
 ledger's claims, ``circuit_breaker``) are plain synchronous functions, and the machine that
-calls them runs between two effects of the async driver.  Without this module an async run
-that uses the store advanced its machine in a worker thread, so that a store call never
-blocked the event loop -- and paid a thread hand-off per step and GIL traffic between the
-loop and the worker for all the hooks' Python work.
+calls them runs between two effects of the async driver.  By default an async run that uses
+the store advances its machine in a worker thread, so that a store call never blocks the
+event loop -- and pays a thread hand-off per step, and GIL traffic between the loop and the
+worker for all the hooks' Python work.
 
 Here the machine step runs on the event loop's own thread, in a greenlet (:func:`start`):
 when a store call is made inside it, the store hands an awaitable to :func:`wait`, which
@@ -16,9 +16,12 @@ with the blocking client -- for Redis that measured cheaper than ``redis.asyncio
 loop (see :class:`loopwarden.store.redis.RedisStore`); SQLite has no async driver in the
 standard library.  Steps that make no store call never wait and cost one greenlet switch.
 
-It needs the ``greenlet`` package (the extra ``loopwarden[serving]``, also in ``[redis]``);
-without it the drivers fall back to running such steps in worker threads, as before.
-Sync runs never use it: their store calls block, as they should.
+Opt-in: ``[store] async_calls = "loop"`` (the default, ``"threads"``, runs such steps in
+worker threads: measured faster on 2 cores, bench/README.md "Serving, issue 35" -- each store
+call's answer waits here for the loop to come back to the run).  It needs the ``greenlet``
+package (the extra ``loopwarden[serving]``, also in ``[redis]``); without it the drivers run
+such steps in worker threads.  Sync runs never use it: their store calls block, as they
+should.
 """
 
 from __future__ import annotations
