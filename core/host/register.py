@@ -187,7 +187,7 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
                 plugin=lp.name,
             )
     _check_legacy(lp, implemented)
-    lp.hooks = sorted(set(implemented), key=_hook_rank)
+    lp.hooks = [h for h in hookspecs.HOOK_NAMES if h in implemented]
     if not lp.hooks:
         raise PluginLoadError(
             "implements no hook (expected @hookimpl methods named one of: "
@@ -197,32 +197,21 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
 
 
 def register(loaded: list[LoadedPlugin]) -> PluginSet:
-    """Register ``loaded`` (in call order) with a new pluggy manager and verify the order."""
+    """Register ``loaded`` (in call order) with a new pluggy manager and verify the order.
+
+    pluggy refuses a name or an object registered twice; the object's other name is said."""
     pm = new_plugin_manager()
-    seen: dict[int, str] = {}
-    names: set[str] = set()
-    for lp in loaded:
-        if lp.name in names:
-            raise PluginLoadError("two plugins are registered under this name", plugin=lp.name)
-        names.add(lp.name)
-        if id(lp.obj) in seen:
-            raise PluginLoadError(
-                f"the same object is registered under two names ({seen[id(lp.obj)]!r} too)",
-                plugin=lp.name,
-            )
-        seen[id(lp.obj)] = lp.name
     for lp in reversed(loaded):
         try:
             pm.register(lp.obj, name=lp.name)
         except (ValueError, pluggy.PluginValidationError) as exc:
-            raise PluginLoadError(str(exc), plugin=lp.name) from exc
+            other = pm.get_name(lp.obj) if isinstance(exc, ValueError) else None
+            reason = str(exc).splitlines()[0]
+            if other is not None and other != lp.name:
+                reason = f"the same object is registered under two names ({other!r} too)"
+            raise PluginLoadError(reason, plugin=lp.name) from exc
     for lp in loaded:
         _check_plugin(pm, lp)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:  # pragma: no cover - _check_plugin is stricter
-        plugin_name = pm.get_name(exc.plugin) if exc.plugin is not None else None
-        raise PluginLoadError(str(exc), plugin=plugin_name) from exc
     plugin_set = PluginSet(pm, loaded)
     config_order = [lp.name for lp in loaded]
     for hook in hookspecs.HOOK_NAMES:
@@ -257,13 +246,6 @@ def _out_of_order(
             if e in marked:
                 return e
     return next(iter(sorted(marked)), actual[0] if actual else "?")
-
-
-def _hook_rank(name: str) -> int:
-    try:
-        return hookspecs.HOOK_NAMES.index(name)
-    except ValueError:
-        return len(hookspecs.HOOK_NAMES)
 
 
 class PluginSet:
