@@ -205,9 +205,10 @@ def register(loaded: list[LoadedPlugin]) -> PluginSet:
         try:
             pm.register(lp.obj, name=lp.name)
         except (ValueError, pluggy.PluginValidationError) as exc:
-            other = pm.get_name(lp.obj) if isinstance(exc, ValueError) else None
-            reason = str(exc).splitlines()[0]
-            if other is not None and other != lp.name:
+            reason, other = str(exc), pm.get_name(lp.obj)
+            if isinstance(exc, ValueError):  # pluggy's text ends with its registry: cut it
+                reason = reason.splitlines()[0]
+            if other not in (None, lp.name):
                 reason = f"the same object is registered under two names ({other!r} too)"
             raise PluginLoadError(reason, plugin=lp.name) from exc
     for lp in loaded:
