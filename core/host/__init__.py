@@ -43,7 +43,6 @@ from loopwarden.host.load import (
     check_tables,
     instantiate_plugin,
     load_plugins,
-    settings_model,
     settings_of,
 )
 from loopwarden.host.register import (
@@ -85,7 +84,6 @@ __all__ = [
     "register",
     "resolve_names",
     "resolve_plugin_name",
-    "settings_model",
     "settings_of",
     "unloaded_tables",
 ]
