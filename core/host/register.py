@@ -255,7 +255,7 @@ class PluginSet:
     def __init__(self, pm: pluggy.PluginManager, plugins: list[LoadedPlugin]) -> None:
         self.pm = pm
         self.plugins = plugins
-        self.hooks = Hooks(pm, [p.name for p in plugins])
+        self.hooks = Hooks(pm)
 
     def __iter__(self) -> Iterator[LoadedPlugin]:
         return iter(self.plugins)
