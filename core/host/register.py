@@ -219,7 +219,16 @@ def register(loaded: list[LoadedPlugin]) -> PluginSet:
         actual = plugin_set.call_order(hook)
         expected = [n for n in config_order if n in actual]
         if actual != expected:
-            culprit = _out_of_order(pm, hook, actual, expected)
+            # pluggy calls tryfirst, then unmarked, then trylast implementations: at the first
+            # place the orders differ, a tryfirst plugin jumped ahead (a) or a trylast one left (e)
+            marked = {
+                i.plugin_name
+                for i in getattr(pm.hook, hook).get_hookimpls()
+                if (i.tryfirst or i.trylast) and not (i.hookwrapper or i.wrapper)
+            }
+            culprit = next(
+                a if a in marked else e for a, e in zip(actual, expected, strict=True) if a != e
+            )
             raise PluginLoadError(
                 f"its tryfirst/trylast on {hook} would break the configured order "
                 f"(config: {expected}, effective: {actual}); remove the marker or move the "
@@ -227,26 +236,6 @@ def register(loaded: list[LoadedPlugin]) -> PluginSet:
                 plugin=culprit,
             )
     return plugin_set
-
-
-def _out_of_order(
-    pm: pluggy.PluginManager, hook: str, actual: list[str], expected: list[str]
-) -> str:
-    """The plugin whose ``tryfirst``/``trylast`` moved it away from its configured place."""
-    marked = {
-        i.plugin_name
-        for i in getattr(pm.hook, hook).get_hookimpls()
-        if (i.tryfirst or i.trylast) and not (i.hookwrapper or i.wrapper)
-    }
-    for a, e in zip(actual, expected, strict=False):
-        if a != e:
-            # The first mismatch shows either a tryfirst plugin jumping ahead (a) or a trylast
-            # plugin that left its place (e).
-            if a in marked:
-                return a
-            if e in marked:
-                return e
-    return next(iter(sorted(marked)), actual[0] if actual else "?")
 
 
 class PluginSet:
