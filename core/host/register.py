@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from loopwarden import hookspecs
 from loopwarden.exceptions import PluginLoadError
 from loopwarden.host.dispatch import Hooks
-from loopwarden.plugin import unused_shim
+from loopwarden.plugin import Plugin, unused_shim
 
 #: plugins that can be configured but never disabled (pytest's "essential plugins")
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("max_steps",)
@@ -131,25 +131,10 @@ _LEGACY_METHODS = {
 }
 
 
-def _check_legacy(lp: LoadedPlugin, implemented: list[str]) -> None:
-    """A plain object's 0.1 lifecycle method is no longer called: say so, instead of silently
-    skipping it (a :class:`~loopwarden.Plugin` subclass's methods are called by the base
-    class's hook implementations)."""
-    from loopwarden.plugin import Plugin
-
-    if isinstance(lp.obj, Plugin):
-        return
-    for method, hook in _LEGACY_METHODS.items():
-        if hook not in implemented and callable(getattr(lp.obj, method, None)):
-            raise PluginLoadError(
-                f"defines {method}(), which loopwarden no longer calls on a plain object: "
-                f"implement the hook {hook} with @hookimpl (or subclass loopwarden.Plugin)",
-                plugin=lp.name,
-            )
-
-
 def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
-    """Unknown or unmarked hooks, async hooks, and plugins with nothing to do fail here."""
+    """Unknown or unmarked hooks, async hooks, and plugins with nothing to do fail here; so does
+    a plain object's 0.1 lifecycle method, no longer called (a :class:`~loopwarden.Plugin`
+    subclass's are, by the base class's hook implementations), rather than be skipped."""
     callers = pm.get_hookcallers(lp.obj) or []
     implemented: list[str] = []
     for hc in callers:
@@ -186,7 +171,14 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
                 "(decorate it with 'from loopwarden import hookimpl')",
                 plugin=lp.name,
             )
-    _check_legacy(lp, implemented)
+    plain = not isinstance(lp.obj, Plugin)
+    for method, hook in _LEGACY_METHODS.items():
+        if plain and hook not in implemented and callable(getattr(lp.obj, method, None)):
+            raise PluginLoadError(
+                f"defines {method}(), which loopwarden no longer calls on a plain object: "
+                f"implement the hook {hook} with @hookimpl (or subclass loopwarden.Plugin)",
+                plugin=lp.name,
+            )
     lp.hooks = [h for h in hookspecs.HOOK_NAMES if h in implemented]
     if not lp.hooks:
         raise PluginLoadError(
