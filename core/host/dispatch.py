@@ -307,14 +307,6 @@ class Hooks:
         who = plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN
         return _fail_closed(who, message, hook, returned=shown)
 
-    def _resolve(self, hook: str, results: list[Any]) -> Resolution:
-        if not results:
-            return EMPTY
-        for r in results:
-            if _refused(hook, r):
-                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
-        return resolve(results)
-
     def _call(self, hook: str, args: tuple[Any, ...]) -> Resolution:
         pm: Any = self._pm
         # the common case read inline (no call): our manager, unmonitored, plans current
@@ -361,7 +353,10 @@ class Hooks:
             v = self._shadowed(hook, name, fn, idx, args, overlay)
             if v is not None:
                 results = [*results, v]
-        return self._resolve(hook, results)
+        for r in results:
+            if _refused(hook, r):
+                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
+        return resolve(results) if results else EMPTY
 
     def _pluggy(self, hook: str) -> tuple[Any, tuple[_Step, ...]]:
         """pluggy's caller for ``hook`` without the shadowed plugins (wrappers and monitors

@@ -21,6 +21,7 @@ are left alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -56,18 +57,11 @@ _MISSING: Any = object()
 _TEXT_CHARS = 200
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
+@functools.cache
 def _fields(cls: type) -> tuple[str, ...]:
     """The public fields of dataclass ``cls`` (a ``_private`` one is a memo, such as a
     result's digest: filling it in changes nothing); cached per class."""
-    got = _FIELDS.get(cls)
-    if got is None:
-        got = _FIELDS[cls] = tuple(
-            f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")
-        )
-    return got
+    return tuple(f.name for f in dataclasses.fields(cls) if not f.name.startswith("_"))
 
 
 def _walkable(value: object) -> bool:
