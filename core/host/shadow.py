@@ -21,7 +21,6 @@ are left alone.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -57,11 +56,18 @@ _MISSING: Any = object()
 _TEXT_CHARS = 200
 
 
-@functools.cache
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _fields(cls: type) -> tuple[str, ...]:
     """The public fields of dataclass ``cls`` (a ``_private`` one is a memo, such as a
     result's digest: filling it in changes nothing); cached per class."""
-    return tuple(f.name for f in dataclasses.fields(cls) if not f.name.startswith("_"))
+    got = _FIELDS.get(cls)
+    if got is None:
+        got = _FIELDS[cls] = tuple(
+            f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")
+        )
+    return got
 
 
 def _walkable(value: object) -> bool:
