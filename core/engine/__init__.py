@@ -1,10 +1,12 @@
 """The engine: the step machine and everything that runs it.
 
-The loop (:mod:`~loopwarden.engine.loop`: the step machine of effects), its drivers
-(:mod:`~loopwarden.engine.drivers`, :mod:`~loopwarden.engine.streaming`), the effects it asks
-for and the outcomes it ends with, tool-call parsing (:mod:`~loopwarden.engine.calls`), tool
-execution under deadlines (:mod:`~loopwarden.engine.execution`).  It calls the hooks through
-the facade the plugin host hands it (:class:`loopwarden.host.Hooks`).
+The loop (:mod:`~loopwarden.engine.loop`: the step machine of effects) and its two turns
+(:mod:`~loopwarden.engine.calls`: the model turn and tool-call parsing;
+:mod:`~loopwarden.engine.toolturn`: the tool turn; both over
+:mod:`~loopwarden.engine.guards`), its drivers (:mod:`~loopwarden.engine.drivers`,
+:mod:`~loopwarden.engine.streaming`), the effects it asks for and the outcomes it ends with,
+tool execution under deadlines (:mod:`~loopwarden.engine.execution`).  It calls the hooks
+through the facade the plugin host hands it (:class:`loopwarden.host.Hooks`).
 
 May import: the public vocabulary at the top of the package (config, events, verdicts, run,
 hookspecs, plugin, signals, reasons, exceptions, stash, clock, notes, sanitize, redaction,

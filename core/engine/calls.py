@@ -1,40 +1,71 @@
-"""Tool calls as the step machine handles them before and instead of executing them.
+"""The model turn: the request, the model call, the response checked and its proposals parsed.
 
-A response's proposals parsed into :class:`~loopwarden.ToolCall` objects (arguments decoded and
-validated, fingerprint and idempotency key computed) -- :func:`parse_calls`, public through
-:mod:`loopwarden.engine.loop` for the test kit and the framework adapters -- the checks on a model
-adapter's response, and the observations the machine writes for a call it does not execute:
-invalid, a side effect the run's ledger already holds, or one the shared ledger answers for.
+:class:`ModelTurn` is one of the two units the step machine (:meth:`Engine.machine
+<loopwarden.engine.loop.Engine.machine>`) is made of, the tool turn
+(:class:`loopwarden.engine.toolturn.ToolTurn`) the other.  In order: the request is built
+(pending warnings become notes; the schemas' token estimate is cached per schema list), then
+``before_model`` (a soft stop turns this into the tool-less wrap-up turn), the
+:class:`~loopwarden.engine.effects.CallModel` effect the driver answers, the response checked
+(a model adapter is third-party code: :func:`well_formed`) and cleaned, its proposals parsed
+into :class:`~loopwarden.ToolCall` objects (arguments decoded and validated, fingerprint and
+idempotency key computed: :func:`parse_proposals`), ``model_responded`` sent and
+``after_response`` called.  It returns the run's outcome, or the calls for the tool turn.
+
+The unit is built once per engine over what it needs, passed in -- the hooks, the ``[run]``
+settings and texts and the verdict handling (:class:`~loopwarden.engine.guards.Guards`), and
+the fingerprinter -- and never reaches back into the engine; it holds no run state but the
+token estimates of the tool schemas it has seen.  The checks and the parsing live here with the
+turn that uses them, so that a model turn runs in this module from request to proposals.
+:func:`parse_calls` (public through :mod:`loopwarden.engine.loop`) parses proposals exactly as
+the turn does, for the test kit and the framework adapters.  The observations for calls that
+do not run moved to the tool turn; their 0.2 names here point there.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from loopwarden.events import (
-    IN_DOUBT,
-    ErrorKind,
-    ModelResponse,
-    ProposedCall,
-    ToolCall,
-    ToolResult,
-    Usage,
+from loopwarden import signals
+from loopwarden.engine.effects import CallModel, Effect, Failed
+from loopwarden.engine.guards import CORE, Guards, Turn
+from loopwarden.engine.outcomes import best_effort, hard, model_failed, soft_end, vetoed
+from loopwarden.engine.toolturn import (
+    invalid_result,
+    note_ledger_answer,
+    shared_replay,
+    side_effect_replay,
 )
+from loopwarden.events import ErrorKind, ModelRequest, ModelResponse, ProposedCall, ToolCall, Usage
+from loopwarden.exceptions import ModelError
 from loopwarden.fingerprint import Fingerprinter
-from loopwarden.run import Run
+from loopwarden.models.tokens import estimate_tools
+from loopwarden.notes import instruction_text
+from loopwarden.run import Run, RunOutcome
 from loopwarden.sanitize import clean_text, loads_arguments
 from loopwarden.tools import format_validation_error
+from loopwarden.verdicts import resolve
 
 if TYPE_CHECKING:
-    from loopwarden.config import RunConfig, Texts
-    from loopwarden.store import LedgerEntry
+    from loopwarden.config import RunConfig
 
-__all__ = ["CORE", "parse_calls"]
+__all__ = [
+    "CORE",
+    "ModelSteps",
+    "ModelTurn",
+    "invalid_result",
+    "note_ledger_answer",
+    "parse_calls",
+    "shared_replay",
+    "side_effect_replay",
+]
 
-CORE = "loopwarden"  # the plugin name on notes and skips the loop writes itself
+_SCHEMA_CACHE_SIZE = 64  # tool-schema lists whose token estimate a model turn remembers
+#: what a model turn ends with: the run's outcome, or the calls for the tool turn
+ModelSteps = Generator[Effect, Any, RunOutcome | list[ToolCall]]
 
 
 def parse_calls(
@@ -185,95 +216,190 @@ def clean_response(response: ModelResponse) -> None:
             pc.arguments = clean_text(args)
 
 
-# -- observations for calls that do not run ---------------------------------------------------
+# -- the turn ---------------------------------------------------------------------------------
 
 
-def invalid_result(t: Texts, run: Run, call: ToolCall) -> ToolResult:
-    """The observation for an unknown tool or malformed / invalid arguments."""
-    if call.error == "unknown_tool":
-        available = ", ".join(run.tools.names) if run.tools is not None else "(none)"
-        text = t.unknown_tool.format(name=call.name, available=available)
-    elif call.error == "malformed_arguments":
-        text = t.malformed_arguments.format(name=call.name, detail=call.error_detail)
-    else:
-        text = t.invalid_arguments.format(name=call.name, detail=call.error_detail)
-    return ToolResult(content=text, ok=False, error=call.error)
+class ModelTurn(Turn):
+    """Runs the model turn of one step (see the module doc)."""
 
+    __slots__ = ("_tools_tokens", "fingerprint")
 
-def side_effect_replay(t: Texts, call: ToolCall, earlier: ToolResult) -> ToolResult:
-    """The synthetic observation for a side effect already executed with this key."""
-    if earlier.ok:
-        text = t.side_effect_replayed.format(name=call.name, content=earlier.content)
-    elif earlier.error in IN_DOUBT:
-        text = t.side_effect_unknown.format(name=call.name, content=earlier.content)
-    else:
-        text = t.side_effect_failed.format(name=call.name, content=earlier.content)
-    return ToolResult(
-        content=text,
-        ok=earlier.ok,
-        error=earlier.error,
-        skipped=True,
-        skipped_by=CORE,
-        value=earlier.value,
-    )
+    def __init__(self, guards: Guards, fingerprint: Fingerprinter) -> None:
+        super().__init__(guards)
+        self.fingerprint = fingerprint
+        # id(schema list) -> (that list, its estimated tokens); the list is kept so that its
+        # id cannot be reused by another list while cached; bounded (cleared when full)
+        self._tools_tokens: dict[int, tuple[list[dict[str, Any]], int]] = {}
 
+    def schemas(self, run: Run) -> tuple[list[dict[str, Any]], int]:
+        """The run's tool schemas and their estimated tokens (cached per schema list)."""
+        tools = run.tools
+        if tools is None:
+            return [], 0
+        schemas = tools.schemas()  # cached by the registry until it changes
+        if not schemas:
+            return [], 0
+        cache = self._tools_tokens
+        hit = cache.get(id(schemas))
+        if hit is not None and hit[0] is schemas:
+            return schemas, hit[1]
+        n = estimate_tools(schemas, run.estimator)
+        if len(cache) >= _SCHEMA_CACHE_SIZE:
+            cache.clear()
+        cache[id(schemas)] = (schemas, n)
+        return schemas, n
 
-def note_ledger_answer(
-    run: Run, call: ToolCall, source: str, earlier: ToolResult | LedgerEntry
-) -> None:
-    """Record on the run that ``call`` was answered from a record instead of running: its
-    tool is *declared* a side effect, and its idempotency key was already executed -- earlier
-    in this conversation (``source = "conversation"``) or by another run sharing the store's
-    ledger (``"shared"``, within the ledger's scope)."""
-    tool = call.tool
-    keys = list(tool.idempotency_keys) if tool is not None and tool.idempotency_keys else None
-    if isinstance(earlier, ToolResult):
-        state = "done" if earlier.ok else "unknown" if earlier.error in IN_DOUBT else "failed"
-        where = "earlier in this conversation"
-    else:
-        state = earlier.state
-        if state == "running" and run.shared is not None and run.shared.stale(earlier):
-            state = "unknown"
-        where = "by another run sharing the ledger"
-    run.ledger_answers.append(
-        {
-            "step": call.step,
-            "tool": call.name,
-            "call_id": call.id,
-            "source": source,
-            "state": state,
-            "idempotency_keys": keys,
-            "why": f"{call.name} is declared a side effect; the same "
-            f"{'arguments ' + ', '.join(keys) if keys else 'arguments'} were executed {where}",
-        }
-    )
-
-
-def shared_replay(t: Texts, run: Run, call: ToolCall, entry: LedgerEntry) -> ToolResult:
-    """The observation for a side effect the shared ledger already holds: recorded by
-    another run, in progress there, possibly taken effect, or a store that failed closed."""
-    recorded = entry.result or {}
-    content = str(recorded.get("content", ""))
-    state = entry.state
-    if state == "running" and run.shared is not None and run.shared.stale(entry):
-        state = "unknown"
-    error: ErrorKind
-    if state == "done":
-        text = t.shared_side_effect_done.format(name=call.name, content=content)
-        return ToolResult(content=text, skipped=True, skipped_by=CORE)
-    if state == "unknown":
-        text, error = (
-            t.shared_side_effect_unknown.format(name=call.name, content=content),
-            "unknown_outcome",
+    def request(self, run: Run, final: bool) -> ModelRequest:
+        """The next request: pending warnings added as notes, sized with the schemas."""
+        # a note's instruction form: data that is not a short identifier withheld, so tool
+        # and model text never rise to the note's role (loopwarden.notes); records keep all
+        notes = [instruction_text(n) for n in run.pending_notes]
+        run.pending_notes = []
+        settings = self.settings
+        role, prefix = settings.warning_role, settings.warning_prefix
+        for n in notes:
+            run.add_message({"role": role, "content": prefix + n})
+        schemas, schema_tokens = self.schemas(run)
+        request = ModelRequest(
+            messages=run.messages,
+            tools=schemas,
+            tool_choice="auto",
+            step=run.step + 1,
+            notes=notes,
+            estimated_tokens=run.context_tokens + schema_tokens,
+            max_output_tokens=run.max_output_tokens,
+            cancel=run.cancel,
         )
-    elif state == "running":
-        text, error = (
-            t.shared_side_effect_in_progress.format(name=call.name, content=content),
-            "in_progress",
+        if final:
+            self.make_final(run, request)
+        return request
+
+    def make_final(self, run: Run, request: ModelRequest) -> None:
+        """Turn ``request`` into the tool-less wrap-up request of a soft stop."""
+        stop = run.stopping
+        settings = self.settings
+        text = settings.wrap_up_instruction
+        if stop is not None and stop.message:
+            text = f"{instruction_text(stop.message)} {text}"
+        run.add_message({"role": settings.warning_role, "content": settings.warning_prefix + text})
+        request.notes.append(text)
+        request.tool_choice = "none"
+        request.final = True
+        _, schema_tokens = self.schemas(run)
+        request.estimated_tokens = run.context_tokens + schema_tokens
+
+    def __call__(self, run: Run) -> ModelSteps:
+        """``before_model``, the model call, ``after_response``: returns the run's outcome
+        when this turn ends the run, else the calls for the tool turn (none when a soft stop
+        in ``after_response`` leaves them unexecuted)."""
+        hooks = self.hooks
+        guards = self.guards
+        final = run.stopping is not None
+        request = self.request(run, final)
+        res = hooks.before_model(run, request)
+        stop = None
+        if res.verdicts:  # the common case has none: no property reads, no checks
+            res = guards.note(run, "before_model", res)
+            stop = res.stop
+        if stop is not None:
+            if not stop.soft:
+                if run.stopping is not None:
+                    return hard(
+                        self.settings,
+                        run,
+                        run.stopping,
+                        {
+                            "final_turn_refused_by": stop.plugin,
+                            "final_turn_refused_reason": stop.reason,
+                        },
+                    )
+                return guards.hard(run, stop)
+            if not final:
+                run.stopping = stop
+                self.make_final(run, request)
+                final = True
+        t0 = run.clock.now()
+        response = yield CallModel(request)
+        usable = isinstance(response, ModelResponse) and well_formed(response)
+        if not usable:
+            if not isinstance(response, Failed):
+                response = Failed(
+                    ModelError(
+                        f"the model returned {type(response).__name__} {response!r:.200}, "
+                        "not a well-formed ModelResponse",
+                        kind="malformed",
+                    )
+                )
+            err, took = response.error, run.clock.now() - t0
+            text = guards.redact(run, f"{type(err).__name__}: {err}")
+            return model_failed(self.settings, run, request, err, took, text)
+        run.step += 1
+        if response.model is not None and not isinstance(response.model, str):
+            response.model = None  # a server's odd "model" field is not passed on
+        if response.usage is not None:
+            run.usage.add(response.usage)
+        clean_response(response)
+        content = response.content
+        if content and content.strip():
+            run.best_answer = content
+        # tools disabled: proposed calls are ignored (kept as JSON text)
+        calls = (
+            ignore_proposals(response)
+            if final
+            else parse_proposals(run, response, self.fingerprint)
         )
-    else:
-        text, error = (
-            t.store_unavailable.format(name=call.name, content=content),
-            "store_unavailable",
-        )
-    return ToolResult(content=text, ok=False, error=error, skipped=True, skipped_by=CORE)
+        response.calls = calls
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.raw_arguments},
+                }
+                for c in calls
+            ]
+        run.add_message(message)
+        if signals.model_responded.receivers:
+            signals.send(
+                signals.model_responded,
+                run,
+                request=request,
+                response=response,
+                duration_s=run.clock.now() - t0,
+            )
+        res = hooks.after_response(run, response)
+        if res.verdicts:
+            res = guards.note(run, "after_response", res)
+        if type(response) is not ModelResponse and getattr(response, "cut_by", None) is not None:
+            # a streamed answer an on_model_delta stop cut (loopwarden.engine.streaming): that stop
+            # is honoured with the after_response verdicts, as if this hook had returned it
+            res = resolve((response.cut_by, *res.verdicts))
+            cut = res.stop
+            if cut is not None and cut.soft:  # a cut answer is no final answer
+                if final:
+                    return vetoed(self.settings, run, cut)
+                run.stopping = cut  # the tool-less wrap-up turn answers instead
+                return []
+        stop = res.stop if res.verdicts else None
+        if (final or not calls) and stop is not None and not stop.soft:
+            # A hard stop on an answer is a veto (an output guard, or a guard that failed
+            # and fails closed): the model's text is withheld.
+            return vetoed(self.settings, run, stop, normal=hooks.ends_runs_normally(stop.plugin))
+        if final and run.stopping is not None:  # the soft stop's wrap-up turn
+            return soft_end(self.settings, run, run.stopping, response)
+        if not calls:
+            text = (content or "").strip()
+            return RunOutcome(
+                termination="final_answer",
+                final_answer=text or best_effort(self.settings, run),
+                final_answer_present=bool(text),
+            )
+        run.tool_calls += len(calls)
+        if stop is not None:
+            guards.close_calls(run, calls, stop.reason)
+            if not stop.soft:
+                return guards.hard(run, stop)
+            run.stopping = stop
+            return []
+        return calls

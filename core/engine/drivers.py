@@ -3,8 +3,10 @@
 :func:`drive` (sync) and :func:`adrive` (async) call the model for a ``CallModel`` effect and
 execute a ``RunTool`` through :mod:`loopwarden.engine.execution`; the replay driver
 (:mod:`loopwarden.traffic.replay`) and the framework adapters answer the same effects from a
-recording or a framework's own loop.  Each arms the watchdog that ends a run still going past its
-deadline, and finishes the run whatever happens.  Public through :mod:`loopwarden.engine.loop`.
+recording or a framework's own loop.  A tool call goes from the driver to execution directly
+(:func:`tool_runner`), through the engine only when an Engine subclass wraps it.  Each arms
+the watchdog that ends a run still going past its deadline, and finishes the run whatever
+happens.  Public through :mod:`loopwarden.engine.loop`.
 
 **Store I/O never blocks the event loop.**  Between two effects the machine runs hooks, and
 some of them wait on the network or the disk: the shared store's budget reservations
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -34,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import DEADLINE_SLACK_S, WATCHDOG, await_in_task, await_within
 from loopwarden.engine import execution
-from loopwarden.engine.effects import CallModel, Effect, Failed, Machine
+from loopwarden.engine.effects import CallModel, Effect, Failed, Machine, RunTool
+from loopwarden.engine.loop import wraps_tools
 from loopwarden.engine.outcomes import best_effort
-from loopwarden.events import ModelRequest
+from loopwarden.events import ModelRequest, ToolResult
 from loopwarden.exceptions import ModelError
 from loopwarden.run import Run, RunOutcome
 from loopwarden.store import bridge
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
     from loopwarden.engine.loop import Engine
     from loopwarden.models import Model
 
-__all__ = ["adrive", "blocking_io", "drive"]
+__all__ = ["adrive", "atool_runner", "blocking_io", "drive", "tool_runner"]
 
 log = logging.getLogger("loopwarden.loop")
 
@@ -62,7 +66,7 @@ _KINDS: weakref.WeakKeyDictionary[Any, tuple[bool, bool]] = weakref.WeakKeyDicti
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     """Run the machine synchronously: call the model and the tools, finish the run."""
     gen = engine.machine(run)
-    run_tool = engine.run_tool_sync  # an Engine subclass may wrap tool execution
+    run_tool = tool_runner(engine)
     unwatch = _nothing
     try:
         eff: Effect = next(gen)
@@ -87,6 +91,22 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         raise
     finally:
         unwatch()
+
+
+def tool_runner(engine: Engine) -> Callable[[RunTool, Run], ToolResult]:
+    """How a sync driver executes a ``RunTool``: :func:`~loopwarden.engine.execution.run_tool_sync`
+    with the engine's texts, called directly -- or the engine's own ``run_tool_sync`` when an
+    Engine subclass overrides it to wrap tool execution (see ``wraps_tools`` in the loop)."""
+    if wraps_tools(engine):
+        return engine.run_tool_sync
+    return functools.partial(execution.run_tool_sync, engine.texts)
+
+
+def atool_runner(engine: Engine) -> Callable[[RunTool, Run], Awaitable[ToolResult]]:
+    """:func:`tool_runner` for async drivers (``run_tool_async``)."""
+    if wraps_tools(engine, is_async=True):
+        return engine.run_tool_async
+    return functools.partial(execution.run_tool_async, engine.texts)
 
 
 def blocking_io(run: Run) -> bool:
@@ -199,7 +219,7 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
     gen = engine.machine(run)
     stepper = _Stepper(engine, run, gen)
     inline = stepper.context is None  # no I/O in its hooks: steps run here, as before
-    run_tool_async = engine.run_tool_async  # an Engine subclass may wrap tool execution
+    run_tool_async = atool_runner(engine)
     acomplete = getattr(model, "acomplete", None)
     in_task = acomplete is not None and getattr(model, "ends_when_cancelled", False) is True
     unwatch = _nothing

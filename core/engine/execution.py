@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loopwarden.clock import (
     CANCEL_GRACE_S,
@@ -41,7 +41,6 @@ from loopwarden.events import IN_DOUBT, ToolCall, ToolResult
 if TYPE_CHECKING:
     from loopwarden.clock import CancelToken
     from loopwarden.engine.effects import RunTool
-    from loopwarden.engine.loop import Engine
     from loopwarden.run import Run
 
 __all__ = [
@@ -60,7 +59,15 @@ __all__ = [
 log = logging.getLogger("loopwarden.loop")
 
 
-def run_tool_sync(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
+class _HasTexts(Protocol):
+    """What 0.1 passed instead of the texts: the engine (named by what is read off it, so
+    that execution, below the loop, does not name the loop)."""
+
+    @property
+    def texts(self) -> Texts: ...
+
+
+def run_tool_sync(t: Texts | _HasTexts, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for a synchronous run: inline, on an event loop of its own (an async
     tool), or in a worker thread under its deadline (a blocking tool) -- and, when the call
     carries a :class:`~loopwarden.events.RetryPlan`, again after a retryable failure.  ``t``
@@ -157,7 +164,7 @@ def _attempt_sync(t: Texts, eff: RunTool, run: Run, end: float | None) -> ToolRe
     return tool_result(t, eff, payload, started, run)
 
 
-async def run_tool_async(t: Texts | Engine, eff: RunTool, run: Run) -> ToolResult:
+async def run_tool_async(t: Texts | _HasTexts, eff: RunTool, run: Run) -> ToolResult:
     """Execute ``eff`` for an async run: awaited (an async tool) or in a daemon worker
     thread (a blocking tool), under its deadline, and retried as in :func:`run_tool_sync`.
     ``t`` as for :func:`run_tool_sync`."""

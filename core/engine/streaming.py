@@ -51,9 +51,18 @@ from typing import TYPE_CHECKING, Any
 from loopwarden import signals
 from loopwarden.clock import DEADLINE_SLACK_S, await_in_task, await_within
 from loopwarden.engine import execution
-from loopwarden.engine.calls import CORE
-from loopwarden.engine.drivers import _Done, _nothing, _step, _Stepper, _watch, internal_error
+from loopwarden.engine.drivers import (
+    _Done,
+    _nothing,
+    _step,
+    _Stepper,
+    _watch,
+    atool_runner,
+    internal_error,
+    tool_runner,
+)
 from loopwarden.engine.effects import CallModel, Effect, Failed
+from loopwarden.engine.guards import CORE
 from loopwarden.engine.outcomes import best_effort
 from loopwarden.engine.streamevents import (
     ResponseCut,
@@ -147,7 +156,7 @@ class _Guard:
             delta = ModelDelta(text, len(self.parts) - 1, self.tokens, self.parts)
             res = engine.hooks.on_model_delta(run, request, delta)
             if res.verdicts:
-                res = engine._note(run, "on_model_delta", res)
+                res = engine.guards.note(run, "on_model_delta", res)
             if res.stop is not None:
                 self.cut = ResponseCut(step, "verdict", self.tokens, res.stop.plugin)
                 return self._response("verdict", "stop", res.stop)
@@ -256,6 +265,7 @@ def stream_drive(engine: Engine, run: Run, model: Any) -> Iterator[StreamEvent]:
     """Run the machine synchronously, yielding events; the last is :class:`RunEnd`."""
     seen = _Collector(run)
     gen = engine.machine(run)
+    run_tool = tool_runner(engine)
     unwatch = _nothing
     try:
         try:
@@ -267,7 +277,7 @@ def stream_drive(engine: Engine, run: Run, model: Any) -> Iterator[StreamEvent]:
                     value = yield from _call_model(engine, run, model, eff.request, seen)
                 else:
                     seen.executing = eff.call
-                    value = engine.run_tool_sync(eff, run)
+                    value = run_tool(eff, run)
                 eff = gen.send(value)
                 yield from seen.take()
             gen.close()
@@ -334,6 +344,7 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
     machine in a worker thread."""
     seen = _Collector(run)
     gen = engine.machine(run)
+    run_tool_async = atool_runner(engine)
     stepper = _Stepper(engine, run, gen)
     inline = stepper.context is None
     unwatch = _nothing
@@ -356,7 +367,7 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
                                 value = answer
                 else:
                     seen.executing = eff.call
-                    value = await engine.run_tool_async(eff, run)
+                    value = await run_tool_async(eff, run)
                 eff = _step(gen, value) if inline else await stepper.step(value)
                 for event in seen.take():
                     yield event

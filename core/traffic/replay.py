@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from loopwarden import signals
 from loopwarden.clock import FakeClock
+from loopwarden.engine.calls import ModelTurn
 from loopwarden.engine.loop import CallModel, Engine
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, ToolResult, Usage
 from loopwarden.exceptions import ConfigError
@@ -206,18 +207,19 @@ class _Prompts:
 _PROMPTS = StashKey["_Prompts"]()
 
 
-class ReplayEngine(Engine):
-    """The deployment's engine with request sizes from the recording (module doc): the very
-    same step machine, only ``estimated_tokens`` is set from ``usage.prompt_tokens``."""
+class _ReplayTurn(ModelTurn):
+    """The model turn with request sizes from the recording (see :class:`ReplayEngine`)."""
 
-    def _request(self, run: Run, final: bool) -> ModelRequest:
-        request = super()._request(run, final)
-        if not final:  # a final request was sized by _make_final
+    __slots__ = ()
+
+    def request(self, run: Run, final: bool) -> ModelRequest:
+        request = super().request(run, final)
+        if not final:  # a final request was sized by make_final
             self._size(run, request)
         return request
 
-    def _make_final(self, run: Run, request: ModelRequest) -> None:
-        super()._make_final(run, request)
+    def make_final(self, run: Run, request: ModelRequest) -> None:
+        super().make_final(run, request)
         self._size(run, request)
 
     @staticmethod
@@ -232,6 +234,13 @@ class ReplayEngine(Engine):
             request.estimated_tokens = recorded
         else:
             request.estimated_tokens = max(0, request.estimated_tokens + p.offset)
+
+
+class ReplayEngine(Engine):
+    """The deployment's engine with request sizes from the recording (module doc): the very
+    same step machine, only ``estimated_tokens`` is set from ``usage.prompt_tokens``."""
+
+    model_turn_type = _ReplayTurn
 
 
 def replay_trajectory(
