@@ -17,75 +17,53 @@ and pluggy -- never the engine, a plugin (each is imported by name, when enabled
 deployment, the MCP servers, the store, the commands, the docs or the test kit (checked by
 import-linter: ``[tool.importlinter]`` in pyproject.toml).
 The 0.3 paths ``loopwarden.engine.pluginmanager``, ``.registry``, ``.dispatch`` and ``.shadow``
-name these modules (``loopwarden.MOVED``).
+name these modules (``loopwarden.MOVED``); the old ``pluginmanager``'s other names are looked
+up in the role modules when asked (:func:`__getattr__`).
 """
 
+import sys
+from typing import Any
+
+from loopwarden import verdicts
 from loopwarden.host.dispatch import Hooks
 from loopwarden.host.find import (
     BUILTIN_PLUGINS,
-    ENTRY_POINT_GROUP,
-    ENV_BLOCK,
     ENV_EXTRA,
     ENV_NO_AUTOLOAD,
-    autoload_off_entry_points,
-    config_dir,
-    declared_name,
     enabled_and_blocked,
-    installed_entry_points,
-    is_blocked,
     plugin_name,
     resolve_names,
     resolve_plugin_name,
     unloaded_tables,
 )
-from loopwarden.host.load import (
-    builtin_settings,
-    check_tables,
-    instantiate_plugin,
-    load_plugins,
-    settings_model,
-    settings_of,
-)
-from loopwarden.host.register import (
-    ENV_TRACE,
-    ESSENTIAL_PLUGINS,
-    LoadedPlugin,
-    LoopwardenPluginManager,
-    PluginSet,
-    new_plugin_manager,
-    register,
-)
-from loopwarden.verdicts import Verdict
+from loopwarden.host.load import builtin_settings, instantiate_plugin, load_plugins
+from loopwarden.host.register import ESSENTIAL_PLUGINS, LoadedPlugin, PluginSet, register
 
 __all__ = [
     "BUILTIN_PLUGINS",
-    "ENTRY_POINT_GROUP",
-    "ENV_BLOCK",
     "ENV_EXTRA",
     "ENV_NO_AUTOLOAD",
-    "ENV_TRACE",
     "ESSENTIAL_PLUGINS",
     "Hooks",
     "LoadedPlugin",
-    "LoopwardenPluginManager",
     "PluginSet",
-    "Verdict",
-    "autoload_off_entry_points",
     "builtin_settings",
-    "check_tables",
-    "config_dir",
-    "declared_name",
     "enabled_and_blocked",
-    "installed_entry_points",
     "instantiate_plugin",
-    "is_blocked",
     "load_plugins",
-    "new_plugin_manager",
     "plugin_name",
     "register",
     "resolve_names",
     "resolve_plugin_name",
-    "settings_model",
-    "settings_of",
     "unloaded_tables",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Any other public name of the role modules (``loopwarden.engine.pluginmanager``'s
+    ``check_tables``, ``ENTRY_POINT_GROUP``, its ``Verdict``): one lookup, not a second list."""
+    roles = [sys.modules[f"{__name__}.{role}"] for role in ("find", "load", "register")]
+    for module in (*roles, verdicts):
+        if not name.startswith("_") and name in vars(module):
+            return vars(module)[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -150,18 +150,13 @@ class Hooks:
     called on both paths on a snapshot of the arguments, restored after each call.
     """
 
-    def __init__(self, pm: pluggy.PluginManager, order: Sequence[str]) -> None:
+    def __init__(self, pm: pluggy.PluginManager) -> None:
         self._pm = pm
         #: masks secrets in failing plugins' error texts; a deployment sets its own
         self.redact: Callable[[str], str] = _default_redact
         self._on_stop = pm.hook.on_stop
-        self._owners = _impl_owner_map(pm)
         #: plugins in shadow mode (:meth:`shadowing`)
         self.shadow: frozenset[str] = frozenset()
-        self._plans: dict[str, tuple[_Step, ...] | None] = {}
-        #: pluggy's path with shadowed plugins: a caller without them, and their own steps
-        self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
-        self._generation = -1
         #: our manager says when to yield to pluggy (monitors), when plans are stale
         #: (generation); with a plain pluggy one, pluggy always dispatches
         self._ours = hasattr(pm, "monitors") and hasattr(pm, "generation")
@@ -173,7 +168,6 @@ class Hooks:
         (:mod:`loopwarden.host.shadow`).  This facade stays as it is (a replay honours all)."""
         other = copy.copy(self)
         other.shadow = frozenset(plugins)
-        other._plans, other._subsets, other._generation = {}, {}, -1
         other._build_plans()
         return other
 
@@ -186,17 +180,17 @@ class Hooks:
     # -- direct dispatch -------------------------------------------------------------------
 
     def _build_plans(self) -> None:
+        """Read the call plans (None where wrappers need pluggy's multicall) and the blame map
+        off pluggy; pluggy's path with shadowed plugins (:meth:`_pluggy`) starts afresh."""
         pm = self._pm
-        plans: dict[str, tuple[_Step, ...] | None] = {}
+        self._plans: dict[str, tuple[_Step, ...] | None] = {}
         for hook in _HOOK_ARGS:
             impls = getattr(pm.hook, hook).get_hookimpls()
-            if any(i.hookwrapper or i.wrapper for i in impls):
-                plans[hook] = None  # wrappers need pluggy's multicall
-                continue
-            plans[hook] = self._steps(hook, impls)
-        self._plans = plans
-        self._subsets = {}
-        self._generation = getattr(pm, "generation", 0)
+            wrapped = any(i.hookwrapper or i.wrapper for i in impls)
+            self._plans[hook] = None if wrapped else self._steps(hook, impls)
+        #: pluggy's path with shadowed plugins: a caller without them, and their own steps
+        self._subsets: dict[str, tuple[Any, tuple[_Step, ...]]] = {}
+        self._generation = getattr(pm, "generation", None)
         self._owners = _impl_owner_map(pm)
 
     def _steps(self, hook: str, impls: Sequence[Any]) -> tuple[_Step, ...]:
@@ -212,10 +206,10 @@ class Hooks:
 
     def _plan(self, hook: str) -> tuple[_Step, ...] | None:
         """The direct call plan for ``hook``, or None when pluggy must dispatch."""
-        pm = self._pm
-        if getattr(pm, "monitors", 1):  # a plain pluggy manager: always pluggy
+        pm: Any = self._pm
+        if not self._ours or pm.monitors:  # a plain pluggy manager: always pluggy
             return None
-        if pm.generation != self._generation:  # type: ignore[attr-defined]
+        if pm.generation != self._generation:
             self._build_plans()
         return self._plans.get(hook)
 
@@ -313,14 +307,6 @@ class Hooks:
         who = plugin if isinstance(plugin, str) else UNKNOWN_PLUGIN
         return _fail_closed(who, message, hook, returned=shown)
 
-    def _resolve(self, hook: str, results: list[Any]) -> Resolution:
-        if not results:
-            return EMPTY
-        for r in results:
-            if _refused(hook, r):
-                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
-        return resolve(results)
-
     def _call(self, hook: str, args: tuple[Any, ...]) -> Resolution:
         pm: Any = self._pm
         # the common case read inline (no call): our manager, unmonitored, plans current
@@ -367,7 +353,10 @@ class Hooks:
             v = self._shadowed(hook, name, fn, idx, args, overlay)
             if v is not None:
                 results = [*results, v]
-        return self._resolve(hook, results)
+        for r in results:
+            if _refused(hook, r):
+                return self._not_a_verdict(hook, r, plugin=getattr(r, "plugin", None))
+        return resolve(results) if results else EMPTY
 
     def _pluggy(self, hook: str) -> tuple[Any, tuple[_Step, ...]]:
         """pluggy's caller for ``hook`` without the shadowed plugins (wrappers and monitors
@@ -376,11 +365,10 @@ class Hooks:
         full = getattr(self._pm.hook, hook)
         if not self.shadow:
             return full, ()
-        generation = getattr(self._pm, "generation", None)
-        if generation != self._generation or generation is None:
+        if not self._ours:  # a plain pluggy manager: nothing is cached
             self._subsets = {}
-            if generation is not None:
-                self._build_plans()
+        elif self._pm.generation != self._generation:  # type: ignore[attr-defined]
+            self._build_plans()
         cached = self._subsets.get(hook)
         if cached is not None:
             return cached

@@ -76,12 +76,7 @@ def resolve_names(config: Config, extra: Iterable[str] = ()) -> tuple[list[str],
     missing from the list go first.  A name listed twice, or an essential plugin blocked, is a
     :class:`ConfigError`.
     """
-    return _resolve(config.plugins.enabled, config.plugins.blocked, config.path, extra)
-
-
-def _resolve(
-    enabled: list[str], own_blocked: list[str], path: str | None, extra: Iterable[str] = ()
-) -> tuple[list[str], list[str]]:
+    own_blocked, path = config.plugins.blocked, config.path
     blocked = list(dict.fromkeys([*own_blocked, *_env_list(ENV_BLOCK)]))
     for name in blocked:
         if name in ESSENTIAL_PLUGINS:
@@ -91,7 +86,7 @@ def _resolve(
                 key="plugins.blocked" if name in own_blocked else ENV_BLOCK,
             )
     names: list[str] = []
-    for name in [*enabled, *_env_list(ENV_EXTRA), *extra]:
+    for name in [*config.plugins.enabled, *_env_list(ENV_EXTRA), *extra]:
         if name in names:
             raise ConfigError(f"plugin {name!r} is listed twice", path=path, key="plugins.enabled")
         names.append(name)
@@ -218,10 +213,7 @@ def config_dir(config: Config) -> Path | None:
     """The directory of ``config``'s file, where ``module:attr`` plugins are also looked for
     (pytest's rootdir for ``conftest.py``); None for the shipped default or a config built in
     code."""
-    return _search_dir(config.path)
-
-
-def _search_dir(config_path: str | None) -> Path | None:
+    config_path = config.path
     if not config_path or config_path.startswith("<"):
         return None
     path = Path(config_path)

@@ -30,9 +30,8 @@ from loopwarden.host.find import (
     _find,
     _import_spec,
     _named,
-    _resolve,
-    _search_dir,
     autoload_off_entry_points,
+    config_dir,
     installed_entry_points,
     resolve_names,
 )
@@ -73,11 +72,6 @@ def settings_of(
         raise ConfigError(
             f"the plugin's settings validator failed: {_describe_exc(exc)}", path=path, key=key
         ) from exc
-
-
-def settings_model(target: Any) -> type[BaseModel] | None:
-    """The pydantic model that validates ``target``'s ``[plugins.<name>]`` table, if any."""
-    return settings_of(target)[0]
 
 
 def builtin_settings(*, skip_missing: bool = True) -> dict[str, type[BaseModel] | None]:
@@ -142,16 +136,15 @@ def check_tables(config: Config) -> list[str]:
     the table of a switched-off built-in fails before any run too); :func:`load_plugins` does
     it for every config.  Blocked plugins are never imported, so their tables are not
     checked.  Returns the names checked."""
-    names, blocked = resolve_names(config)
+    return _check_switched_off(config, *resolve_names(config))
+
+
+def _check_switched_off(config: Config, names: list[str], blocked: list[str]) -> list[str]:
     tables = config.plugins.tables()
-    off = {t: tables[t] for t in tables if t in BUILTIN_PLUGINS and t not in {*names, *blocked}}
-    return _check_switched_off(off, config.path)
-
-
-def _check_switched_off(tables: Mapping[str, Mapping[str, Any]], path: str | None) -> list[str]:
-    for name, table in tables.items():
-        settings_of(_import_spec(BUILTIN_PLUGINS[name], name), table, name, path)
-    return list(tables)
+    off = [t for t in tables if t in BUILTIN_PLUGINS and t not in {*names, *blocked}]
+    for name in off:
+        settings_of(_import_spec(BUILTIN_PLUGINS[name], name), tables[name], name, config.path)
+    return off
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -173,10 +166,10 @@ def load_plugins(
     objects = dict(objects or {})
     enabled, path = config.plugins.enabled, config.path
     extra = [*extra, *[n for n in objects if n not in enabled]]
-    names, blocked = _resolve(enabled, config.plugins.blocked, path, extra)
+    names, blocked = resolve_names(config, extra)
     tables = config.plugins.tables()
     eps = installed_entry_points()
-    search = _search_dir(path)
+    search = config_dir(config)
     loaded: list[LoadedPlugin] = []
     refs: dict[str, str] = {}  # plugin name -> the reference that enabled it
 
@@ -238,8 +231,7 @@ def load_plugins(
                 path=path,
                 key=f"plugins.{tname}" if ":" not in tname else f'plugins."{tname}"',
             )
-    off = {t: tables[t] for t in tables if t in BUILTIN_PLUGINS and t not in {*names, *blocked}}
-    _check_switched_off(off, path)
+    _check_switched_off(config, names, blocked)
     try:
         return register(loaded)
     except PluginLoadError as exc:

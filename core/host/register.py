@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from loopwarden import hookspecs
 from loopwarden.exceptions import PluginLoadError
 from loopwarden.host.dispatch import Hooks
-from loopwarden.plugin import unused_shim
+from loopwarden.plugin import Plugin, unused_shim
 
 #: plugins that can be configured but never disabled (pytest's "essential plugins")
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("max_steps",)
@@ -131,25 +131,10 @@ _LEGACY_METHODS = {
 }
 
 
-def _check_legacy(lp: LoadedPlugin, implemented: list[str]) -> None:
-    """A plain object's 0.1 lifecycle method is no longer called: say so, instead of silently
-    skipping it (a :class:`~loopwarden.Plugin` subclass's methods are called by the base
-    class's hook implementations)."""
-    from loopwarden.plugin import Plugin
-
-    if isinstance(lp.obj, Plugin):
-        return
-    for method, hook in _LEGACY_METHODS.items():
-        if hook not in implemented and callable(getattr(lp.obj, method, None)):
-            raise PluginLoadError(
-                f"defines {method}(), which loopwarden no longer calls on a plain object: "
-                f"implement the hook {hook} with @hookimpl (or subclass loopwarden.Plugin)",
-                plugin=lp.name,
-            )
-
-
 def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
-    """Unknown or unmarked hooks, async hooks, and plugins with nothing to do fail here."""
+    """Unknown or unmarked hooks, async hooks, and plugins with nothing to do fail here; so does
+    a plain object's 0.1 lifecycle method, no longer called (a :class:`~loopwarden.Plugin`
+    subclass's are, by the base class's hook implementations), rather than be skipped."""
     callers = pm.get_hookcallers(lp.obj) or []
     implemented: list[str] = []
     for hc in callers:
@@ -186,8 +171,15 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
                 "(decorate it with 'from loopwarden import hookimpl')",
                 plugin=lp.name,
             )
-    _check_legacy(lp, implemented)
-    lp.hooks = sorted(set(implemented), key=_hook_rank)
+    plain = not isinstance(lp.obj, Plugin)
+    for method, hook in _LEGACY_METHODS.items():
+        if plain and hook not in implemented and callable(getattr(lp.obj, method, None)):
+            raise PluginLoadError(
+                f"defines {method}(), which loopwarden no longer calls on a plain object: "
+                f"implement the hook {hook} with @hookimpl (or subclass loopwarden.Plugin)",
+                plugin=lp.name,
+            )
+    lp.hooks = [h for h in hookspecs.HOOK_NAMES if h in implemented]
     if not lp.hooks:
         raise PluginLoadError(
             "implements no hook (expected @hookimpl methods named one of: "
@@ -197,39 +189,38 @@ def _check_plugin(pm: pluggy.PluginManager, lp: LoadedPlugin) -> None:
 
 
 def register(loaded: list[LoadedPlugin]) -> PluginSet:
-    """Register ``loaded`` (in call order) with a new pluggy manager and verify the order."""
+    """Register ``loaded`` (in call order) with a new pluggy manager and verify the order.
+
+    pluggy refuses a name or an object registered twice; the object's other name is said."""
     pm = new_plugin_manager()
-    seen: dict[int, str] = {}
-    names: set[str] = set()
-    for lp in loaded:
-        if lp.name in names:
-            raise PluginLoadError("two plugins are registered under this name", plugin=lp.name)
-        names.add(lp.name)
-        if id(lp.obj) in seen:
-            raise PluginLoadError(
-                f"the same object is registered under two names ({seen[id(lp.obj)]!r} too)",
-                plugin=lp.name,
-            )
-        seen[id(lp.obj)] = lp.name
     for lp in reversed(loaded):
         try:
             pm.register(lp.obj, name=lp.name)
         except (ValueError, pluggy.PluginValidationError) as exc:
-            raise PluginLoadError(str(exc), plugin=lp.name) from exc
+            reason, other = str(exc), pm.get_name(lp.obj)
+            if isinstance(exc, ValueError):  # pluggy's text ends with its registry: cut it
+                reason = reason.splitlines()[0]
+            if other not in (None, lp.name):
+                reason = f"the same object is registered under two names ({other!r} too)"
+            raise PluginLoadError(reason, plugin=lp.name) from exc
     for lp in loaded:
         _check_plugin(pm, lp)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:  # pragma: no cover - _check_plugin is stricter
-        plugin_name = pm.get_name(exc.plugin) if exc.plugin is not None else None
-        raise PluginLoadError(str(exc), plugin=plugin_name) from exc
     plugin_set = PluginSet(pm, loaded)
     config_order = [lp.name for lp in loaded]
     for hook in hookspecs.HOOK_NAMES:
         actual = plugin_set.call_order(hook)
         expected = [n for n in config_order if n in actual]
         if actual != expected:
-            culprit = _out_of_order(pm, hook, actual, expected)
+            # pluggy calls tryfirst, then unmarked, then trylast implementations: at the first
+            # place the orders differ, a tryfirst plugin jumped ahead (a) or a trylast one left (e)
+            marked = {
+                i.plugin_name
+                for i in getattr(pm.hook, hook).get_hookimpls()
+                if (i.tryfirst or i.trylast) and not (i.hookwrapper or i.wrapper)
+            }
+            culprit = next(
+                a if a in marked else e for a, e in zip(actual, expected, strict=True) if a != e
+            )
             raise PluginLoadError(
                 f"its tryfirst/trylast on {hook} would break the configured order "
                 f"(config: {expected}, effective: {actual}); remove the marker or move the "
@@ -239,40 +230,13 @@ def register(loaded: list[LoadedPlugin]) -> PluginSet:
     return plugin_set
 
 
-def _out_of_order(
-    pm: pluggy.PluginManager, hook: str, actual: list[str], expected: list[str]
-) -> str:
-    """The plugin whose ``tryfirst``/``trylast`` moved it away from its configured place."""
-    marked = {
-        i.plugin_name
-        for i in getattr(pm.hook, hook).get_hookimpls()
-        if (i.tryfirst or i.trylast) and not (i.hookwrapper or i.wrapper)
-    }
-    for a, e in zip(actual, expected, strict=False):
-        if a != e:
-            # The first mismatch shows either a tryfirst plugin jumping ahead (a) or a trylast
-            # plugin that left its place (e).
-            if a in marked:
-                return a
-            if e in marked:
-                return e
-    return next(iter(sorted(marked)), actual[0] if actual else "?")
-
-
-def _hook_rank(name: str) -> int:
-    try:
-        return hookspecs.HOOK_NAMES.index(name)
-    except ValueError:
-        return len(hookspecs.HOOK_NAMES)
-
-
 class PluginSet:
     """The plugins of one deployment, loaded and registered in config order."""
 
     def __init__(self, pm: pluggy.PluginManager, plugins: list[LoadedPlugin]) -> None:
         self.pm = pm
         self.plugins = plugins
-        self.hooks = Hooks(pm, [p.name for p in plugins])
+        self.hooks = Hooks(pm)
 
     def __iter__(self) -> Iterator[LoadedPlugin]:
         return iter(self.plugins)
