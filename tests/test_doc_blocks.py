@@ -47,6 +47,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -134,9 +135,15 @@ for name, fn in list(module.__dict__.items()):
 """
 
 
+#: ast.parse from several threads at once can fail on CPython 3.11 with "SystemError: AST
+#: constructor recursion depth mismatch" (python/cpython#106905): the pages' threads take turns
+_AST_LOCK = threading.Lock()
+
+
 def is_stub(code: str) -> bool:
     """A block of signature stubs only: every statement a def/class whose body is ``...``."""
-    tree = ast.parse(code)
+    with _AST_LOCK:
+        tree = ast.parse(code)
 
     def stub(node: ast.stmt) -> bool:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
