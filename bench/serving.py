@@ -74,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -745,6 +746,9 @@ async def _batch(spec: dict[str, Any], conn: Any) -> dict[str, Any]:
 
         # warm the path (connections, imports, the store) before measuring
         await asyncio.gather(*(one(-i - 1, 1, None) for i in range(min(5, conversations))))
+        if spec.get("gc_freeze"):  # what was built so far is never collected again
+            gc.collect()
+            gc.freeze()
         if timed is not None:
             timed.durations.clear()
             timed.on_main_thread = 0
@@ -1026,6 +1030,7 @@ def run_rounds(args: argparse.Namespace, base_url: str, store_url: str, srv: Any
                         "base_url": base_url,
                         "store_url": store_url,
                         "namespace": namespace,
+                        "gc_freeze": args.gc_freeze,
                     }
                     cpu0 = srv.cpu_s() if srv is not None else None
                     results = fleet.batch(spec, size)
@@ -1258,6 +1263,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="10 conversations of 2 turns, 20 ms, 2 pairs"
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() in each worker after its warm-up, on both sides",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     # a terminated bench still stops its server, workers and redis-server
@@ -1292,6 +1302,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs=args.pairs,
         streamed=args.stream and not args.langchain,
         store=args.store,
+        gc_freeze=args.gc_freeze,
         server_processes=0 if args.langchain else servers,
         machine=W.machine(),
         python=platform.python_version(),
