@@ -28,10 +28,10 @@ and on an unresponsive store (SQLite behind a gate that never opens: every call 
 0.5 s, as a store that stopped answering does with ``[store] timeout_s = 0.5``; 20 runs).
 A probe coroutine sleeps 5 ms over and over beside them; its oversleep is the event loop's
 *lag*: how long the loop could not run anything else.  Each store is measured three ways in the
-same process: as shipped (``offloaded``: the machine steps of those runs run on the loop and
-await their store calls, :mod:`loopwarden.store.bridge`), with the steps in worker threads
-(``threads``: as without ``greenlet``, and as 0.3 shipped) and with the store calls made
-inline on the loop (``inline``: the behaviour before 0.3), reporting ``lag_ms`` p50 / p99 /
+same process: as shipped (``offloaded``: the machine steps of those runs in worker threads),
+on the loop with their store calls awaited (``loop``: ``[store] async_calls = "loop"``,
+:mod:`loopwarden.store.bridge`; needs ``greenlet``) and with the store calls made inline on
+the loop (``inline``: the behaviour before 0.3), reporting ``lag_ms`` p50 / p99 /
 max, ``wall_s`` and ``cpu_ms_per_run``, and ``lag_ratio`` = inline / offloaded
 for p50 and max.
 
@@ -179,6 +179,7 @@ def store_lag(
     import loopwarden.engine.drivers as drivers
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
+    from loopwarden.store import bridge
     from loopwarden.testing.faults import GatedStore, install_store
 
     data = W.bench_config_data(load_toml(default_config_path()))
@@ -201,8 +202,8 @@ def store_lag(
     out: dict[str, Any] = {}
     shipped, on_loop = drivers.blocking_io, drivers.steps_on_loop
     modes = (
-        ("offloaded", shipped, on_loop),  # as shipped: store calls awaited on the loop
-        ("threads", shipped, lambda deployment: False),  # 0.3-0.4: steps in worker threads
+        ("offloaded", shipped, on_loop),  # as shipped: steps in worker threads
+        ("loop", shipped, lambda deployment: bridge.available()),  # async_calls = "loop"
         ("inline", lambda run: False, on_loop),  # before 0.3: the loop waits for the store
     )
     for label, decide, where in modes:
@@ -372,10 +373,10 @@ def main(argv: list[str] | None = None) -> int:
             f"store lag, {name}, {lag['concurrent_runs']} runs: loop lag p50/max "
             f"{lag['offloaded']['lag_ms']['p50']}/{lag['offloaded']['lag_ms']['max']} ms "
             f"(inline: {lag['inline']['lag_ms']['p50']}/{lag['inline']['lag_ms']['max']} ms, "
-            f"x{lag['lag_ratio']['p50']}/x{lag['lag_ratio']['max']}; steps in threads: "
-            f"{lag['threads']['lag_ms']['p50']}/{lag['threads']['lag_ms']['max']} ms); wall "
-            f"{lag['offloaded']['wall_s']} s (inline {lag['inline']['wall_s']} s, threads "
-            f"{lag['threads']['wall_s']} s)"
+            f"x{lag['lag_ratio']['p50']}/x{lag['lag_ratio']['max']}; steps on the loop: "
+            f"{lag['loop']['lag_ms']['p50']}/{lag['loop']['lag_ms']['max']} ms); wall "
+            f"{lag['offloaded']['wall_s']} s (inline {lag['inline']['wall_s']} s, loop "
+            f"{lag['loop']['wall_s']} s)"
         )
     return 0
 

@@ -194,7 +194,11 @@ class PluginsView(Protocol):
 
     @property
     def blocking_io(self) -> bool:
-        """Whether one of the plugins declares ``blocking_io`` (its hooks may wait on a store)."""
+        """Whether one of the plugins declares ``blocking_io`` (its hooks may wait on I/O)."""
+
+    @property
+    def other_io(self) -> bool:
+        """Whether one of them waits on I/O other than the store's (``blocking_io = True``)."""
 
 
 class HooksView(Protocol):

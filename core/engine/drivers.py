@@ -67,7 +67,6 @@ OFFLOAD_LIMIT = 32
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
-_KINDS: weakref.WeakKeyDictionary[Any, tuple[bool, bool]] = weakref.WeakKeyDictionary()
 
 
 def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
@@ -127,22 +126,10 @@ def blocking_io(run: Run) -> bool:
     if shared is None:
         return False
     deployment = run.deployment
-    if deployment is not None and any(_io_kinds(deployment.plugins)):
+    if deployment is not None and deployment.plugins.blocking_io:
         return True
     tools = run.tools
     return bool(shared.config.ledger and tools is not None and any(t.side_effect for t in tools))
-
-
-def _io_kinds(plugins: Any) -> tuple[bool, bool]:
-    """``(store, other)``: whether a plugin's hooks wait on the shared store only
-    (``blocking_io = "store"``: awaited on the loop) or on other I/O (``True``: worker
-    threads) -- asked once per plugin set."""
-    kinds = _KINDS.get(plugins)
-    if kinds is None:
-        declared = [getattr(p.obj, "blocking_io", False) for p in plugins.plugins]
-        kinds = ("store" in declared, any(d is True for d in declared))
-        _KINDS[plugins] = kinds
-    return kinds
 
 
 def steps_on_loop(deployment: Any) -> bool:
@@ -161,7 +148,7 @@ def steps_on_loop(deployment: Any) -> bool:
                 "'loopwarden[serving]'): store-using steps run in worker threads instead"
             )
         return False
-    return not _io_kinds(deployment.plugins)[1]
+    return not deployment.plugins.other_io
 
 
 _WARNED = False

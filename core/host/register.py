@@ -264,10 +264,24 @@ class PluginSet:
         return [p.name for p in self.plugins]
 
     @functools.cached_property
+    def _io(self) -> tuple[bool, bool]:
+        declared = [getattr(p.obj, "blocking_io", False) for p in self.plugins]
+        return (
+            any(d is True or d == "store" for d in declared),
+            any(d is True for d in declared),
+        )
+
+    @property
     def blocking_io(self) -> bool:
-        """Whether one of these plugins declares ``blocking_io`` (its hooks may wait on a
-        store): asked once, as a set's plugins are fixed once it is loaded."""
-        return any(getattr(p.obj, "blocking_io", False) is True for p in self.plugins)
+        """Whether one of these plugins declares ``blocking_io`` (``True`` or ``"store"``: its
+        hooks may wait on I/O): asked once, as a set's plugins are fixed once it is loaded."""
+        return self._io[0]
+
+    @property
+    def other_io(self) -> bool:
+        """Whether one of these plugins waits on I/O other than the store's (``blocking_io =
+        True``): its runs' store-using steps always go to worker threads."""
+        return self._io[1]
 
     def call_order(self, hook: str) -> list[str]:
         """The effective call order of ``hook`` (read from pluggy), wrappers excluded."""
