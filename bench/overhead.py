@@ -20,6 +20,10 @@ in-process model -- runs these ways in one process, interleaved:
                   through ``await Deployment.arun()`` on one reused event loop, with an async
                   model that answers at once: ``async_to_sync`` is the ratio of each to its
                   sync twin, in microseconds per step and in function calls per step
+``empty_pluggy``, ``default_ctx_pluggy``  (with ``--via-pluggy``) ``empty`` and ``default_ctx``
+                  with the hook facade's direct calls switched off, so that pluggy dispatches
+                  every hook (as it does while a hook is wrapped or monitored):
+                  ``direct_saves_us`` is what the direct calls save per step
 ``otel_api``      ``default_ctx`` plus the ``otel`` plugin on the OpenTelemetry API's no-op
                   providers: what the plugin costs when the application set no SDK
 ``otel_sdk``      ``default_ctx`` plus the ``otel`` plugin on real SDK providers: a
@@ -85,6 +89,8 @@ import pluggy
 VARIANTS = ("bare", "pluggy_floor", "empty", "default", "default_ctx", "otel_api", "otel_sdk")
 #: with ``--async``: the async driver (``Deployment.arun``) on the workloads of its sync twin
 ASYNC_VARIANTS = {"default_async": "default", "default_ctx_async": "default_ctx"}
+#: ``--via-pluggy``: each twin with the facade's direct calls off (pluggy dispatches every hook)
+PLUGGY_VARIANTS = {"empty_pluggy": "empty", "default_ctx_pluggy": "default_ctx"}
 OTEL_VARIANTS = ("otel_api", "otel_sdk")
 
 # -- 1. the bare loop -------------------------------------------------------------------------
@@ -304,7 +310,11 @@ def otel_sdk_floor() -> Callable[[int], str]:
 
 
 def make_loopwarden(
-    shipped: bool, cooperative: bool = False, otel: Any = None, is_async: bool = False
+    shipped: bool,
+    cooperative: bool = False,
+    otel: Any = None,
+    is_async: bool = False,
+    via_pluggy: bool = False,
 ) -> tuple[Callable[[int], str], list[str]]:
     from loopwarden import Deployment
     from loopwarden.config import default_config_path, load_toml, parse_config
@@ -324,6 +334,8 @@ def make_loopwarden(
     fn = W.lookup_ctx if cooperative else W.lookup
     tools = ToolRegistry([tool(read_only=True, deterministic=True, name="lookup")(fn)])
     dep = Deployment(config, tools=tools, plugins={"otel": otel} if otel is not None else None)
+    if via_pluggy:  # the facade's direct calls off: every hook through pluggy's own dispatch
+        dep.hooks._ours = False
 
     loop = asyncio.new_event_loop() if is_async else None
 
@@ -630,13 +642,19 @@ def main(argv: list[str] | None = None) -> int:
         help="also time default and default_ctx through Deployment.arun (async_to_sync)",
     )
     ap.add_argument(
+        "--via-pluggy",
+        action="store_true",
+        help="also time empty and default_ctx with every hook dispatched by pluggy "
+        "(direct_saves_us: what the hook facade's direct calls save per step)",
+    )
+    ap.add_argument(
         "--calls",
         action="store_true",
         help="also count Python function calls per step of each variant (cProfile)",
     )
     ap.add_argument(
         "--profile",
-        choices=(*VARIANTS, *ASYNC_VARIANTS),
+        choices=(*VARIANTS, *ASYNC_VARIANTS, *PLUGGY_VARIANTS),
         default=None,
         help="instead of timing: run this variant under cProfile (N = the last "
         "size) and print the 40 most expensive functions",
@@ -672,10 +690,17 @@ def main(argv: list[str] | None = None) -> int:
     otel = otel_plugins()
     for name, plugin in otel.items():
         fns[name], _ = make_loopwarden(shipped=True, cooperative=True, otel=plugin)
+    if args.profile in PLUGGY_VARIANTS:
+        args.via_pluggy = True
     if args.with_async or args.profile in ASYNC_VARIANTS:
         fns["default_async"], _ = make_loopwarden(shipped=True, is_async=True)
         fns["default_ctx_async"], _ = make_loopwarden(shipped=True, cooperative=True, is_async=True)
-    variants = [v for v in (*VARIANTS, *ASYNC_VARIANTS) if v in fns]
+    if args.via_pluggy:
+        fns["empty_pluggy"], _ = make_loopwarden(shipped=False, via_pluggy=True)
+        fns["default_ctx_pluggy"], _ = make_loopwarden(
+            shipped=True, cooperative=True, via_pluggy=True
+        )
+    variants = [v for v in (*VARIANTS, *ASYNC_VARIANTS, *PLUGGY_VARIANTS) if v in fns]
     if args.profile and args.profile not in fns:
         ap.error(f"{args.profile}: opentelemetry-sdk is not installed (loopwarden[otel])")
     if args.profile:
@@ -701,6 +726,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.with_async:
         result["async_to_sync"] = {
             n: {a: round(row[a] / row[s], 2) for a, s in ASYNC_VARIANTS.items()}
+            for n, row in per_step.items()
+        }
+    if args.via_pluggy:
+        result["direct_saves_us"] = {
+            n: {d: round(row[p] - row[d], 1) for p, d in PLUGGY_VARIANTS.items()}
             for n, row in per_step.items()
         }
     if args.calls:
@@ -743,6 +773,11 @@ def main(argv: list[str] | None = None) -> int:
     print("default_ctx = default with a cooperative tool (takes ToolContext: runs inline)")
     for n, row in result.get("async_to_sync", {}).items():
         print(f"async/sync N={n}: " + ", ".join(f"{k} {v:.2f}x" for k, v in row.items()))
+    for n, row in result.get("direct_saves_us", {}).items():
+        print(
+            f"direct calls save N={n} (us per step, against pluggy's dispatch): "
+            + ", ".join(f"{k} {v:+.1f}" for k, v in row.items())
+        )
     for n, row in result.get("calls_per_step", {}).items():
         print(f"calls per step N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()))
     if "async_to_sync_calls" in result:

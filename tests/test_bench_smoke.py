@@ -73,6 +73,19 @@ def test_overhead_bench_sets_async_beside_sync_in_us_and_in_calls() -> None:
         assert data["async_to_sync_calls"][a] == pytest.approx(calls[a] / calls[s], abs=0.01)
 
 
+def test_overhead_bench_times_the_facade_against_pluggys_own_dispatch() -> None:
+    """``--via-pluggy``: the twins really go through pluggy -- more Python calls per step
+    (deterministic), and ``direct_saves_us`` is each twin's difference."""
+    data = _bench("overhead.py", "--via-pluggy", "--calls", "--sizes", "5")
+    row, calls = data["us_per_step"]["5"], data["calls_per_step"]["5"]
+    saves = data["direct_saves_us"]["5"]
+    assert set(saves) == {"empty", "default_ctx"}
+    for direct in saves:
+        assert _number(row[f"{direct}_pluggy"]) and row[f"{direct}_pluggy"] > 0
+        assert calls[f"{direct}_pluggy"] > calls[direct]
+        assert saves[direct] == pytest.approx(row[f"{direct}_pluggy"] - row[direct], abs=0.11)
+
+
 def test_overhead_bench_plays_a_conversation_whose_turns_cost_no_more_calls_at_its_end() -> None:
     """``--turns``: the first and last turns of one conversation, in us and in cProfile's
     calls per turn -- deterministic, so the flat count is asserted (a turn that recounted the
