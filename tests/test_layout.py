@@ -302,11 +302,6 @@ BELOW_THE_DEPLOYMENT = (
     "loopwarden.verdicts",
 )
 
-#: imports the plugin host (being moved into a folder of its own) still makes, and the edit
-#: that drops each; the tests below leave them out until it lands, and fail when one is gone
-#: from the code but still listed here
-AWAITING_HOST: dict[tuple[str, str], str] = {}
-
 
 def _site_modules(site: Path) -> dict[str, Path]:
     """The modules of an installed-layout copy (``site/loopwarden/...``), by name."""
@@ -366,7 +361,7 @@ def _names_the_deployment(modules: dict[str, Path]) -> list[str]:
             hit = target == "loopwarden.deployment" or (
                 target == "loopwarden" and name == "Deployment"
             )
-            if hit and (module, "loopwarden.deployment") not in AWAITING_HOST:
+            if hit:
                 named = "loopwarden.Deployment" if target == "loopwarden" else target
                 wrong.append(f"{module} -> {named}")
     return wrong
@@ -443,14 +438,8 @@ def _longest_cycle(
 
 
 def _cycles(modules: dict[str, Path]) -> list[tuple[int, list[str], list[str]]]:
-    """(longest cycle's length, that cycle, the knot) for each knot, longest first -- with the
-    plugin host's pending imports left out (each one asserted to be still there)."""
+    """(longest cycle's length, that cycle, the knot) for each knot, longest first."""
     graph = _import_graph(modules)
-    for importer, imported in AWAITING_HOST:
-        assert imported in graph.get(importer, set()), (
-            f"{importer} -> {imported} is gone: unlist it"
-        )
-        graph[importer].discard(imported)
     out = []
     for knot in _knots(graph):
         cycle = _longest_cycle(graph, knot)
