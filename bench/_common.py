@@ -17,11 +17,15 @@ import math
 import os
 import platform
 import re
+import shutil
+import socket
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -359,3 +363,43 @@ class TimedStore:
         if cell is not None:
             cell[0] += seconds
             cell[1] += 1
+
+
+# -- a redis-server of the bench's own ---------------------------------------------------------
+
+
+def free_port() -> int:
+    """A free local TCP port (for a server the bench starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A redis-server of the bench's own on a free port (nothing saved); yields its URL.
+
+    ``SystemExit`` when there is no ``redis-server`` on PATH, ``RuntimeError`` when it does
+    not start within 10 s."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("no redis-server on PATH: pass --redis-url (or leave Redis out)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="lw-bench-redis-") as workdir:
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", workdir]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("the bench's redis-server did not start") from None
+                    time.sleep(0.05)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.terminate()
+            proc.wait(5)

@@ -80,10 +80,7 @@ import multiprocessing
 import os
 import platform
 import re
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -246,12 +243,6 @@ def _serve(port: int, latency: float, ready: Any) -> None:
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cpu_of(pid: int | None) -> float | None:
     """CPU seconds (user + system) of another process, where ``/proc`` tells (Linux)."""
     try:
@@ -265,7 +256,7 @@ class Server:
     """The chat-completions server: ``processes`` processes on one port (``SO_REUSEPORT``)."""
 
     def __init__(self, latency: float, processes: int) -> None:
-        self.port = _free_port()
+        self.port = W.free_port()
         ctx = multiprocessing.get_context("spawn")
         self.procs = []
         for _ in range(processes):
@@ -297,37 +288,6 @@ def server(latency: float, processes: int = 1) -> Iterator[str]:
         yield srv.url
     finally:
         srv.close()
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A redis-server of the bench's own on a free port (nothing saved); yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("no redis-server on PATH: pass --redis-url, or --store sqlite")
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="lw-serving-redis-") as workdir:
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", workdir]
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("the bench's redis-server did not start") from None
-                    time.sleep(0.05)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(5)
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -1284,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.redis_url:
             store_url = args.redis_url
         else:
-            store_url = stack.enter_context(redis_server())
+            store_url = stack.enter_context(W.redis_server())
             args.own_redis = True
         srv = None
         base_url = ""

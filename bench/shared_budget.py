@@ -63,13 +63,12 @@ started on a free port for the bench; without any, the Redis half is reported as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
 import platform
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,6 +76,10 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as W
 
 from loopwarden import ModelRequest, ModelResponse, Run, Verdict, hookimpl, signals
 from loopwarden.config import default_config_path, load_toml, parse_config
@@ -452,48 +455,6 @@ def _round_trips(counted: list[tuple[str, int, int]]) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _redis(url: str | None) -> tuple[str | None, Any]:
-    """A Redis URL (and the server process started for it, if any)."""
-    url = url or os.environ.get("LOOPWARDEN_TEST_REDIS_URL")
-    if url:
-        return url, None
-    binary = shutil.which("redis-server")
-    if binary is None:
-        return None, None
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            tempfile.gettempdir(),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return f"redis://127.0.0.1:{port}/0", proc
-        except OSError:
-            time.sleep(0.05)
-    proc.terminate()
-    return None, None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8)
@@ -532,14 +493,15 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "stores": {},
     }
-    proc = None
-    try:
+    with contextlib.ExitStack() as stack:
         for name in args.stores.split(","):
             if name == "sqlite":
                 tmp = tempfile.mkdtemp(prefix="lw-bench-store-")
                 store = {"url": f"sqlite:///{tmp}/store.sqlite3"}
             else:
-                url, proc = _redis(args.redis_url)
+                url = args.redis_url or os.environ.get("LOOPWARDEN_TEST_REDIS_URL")
+                if url is None and shutil.which("redis-server"):
+                    url = stack.enter_context(W.redis_server())
                 if url is None:
                     out["stores"][name] = {"skipped": "no redis-server (give --redis-url)"}
                     continue
@@ -597,10 +559,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if name == "sqlite":
                 shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
     out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(out, indent=2))
