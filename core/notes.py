@@ -78,6 +78,10 @@ class Note(str):
         note.instruction = instruction
         return note
 
+    def __reduce__(self) -> tuple[type[Note], tuple[str, str]]:
+        # pickled whole (the gateway keeps a run's pending notes between requests)
+        return (type(self), (str(self), self.instruction))
+
 
 def instruction_text(note: str) -> str:
     """What a note says in a message of its role (``system`` by default): a :class:`Note`'s

@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "loopwarden.commands.budgets",
         "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`",
     ),
+    "gateway": (
+        "loopwarden.commands.gateway",
+        "an OpenAI-compatible gateway that guards any agent pointed at it; `gateway demo`",
+    ),
     "breakers": (
         "loopwarden.commands.breakers",
         "fleet-wide circuit breakers per tool and MCP server; `breakers reset TOOL`",

@@ -53,6 +53,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "Config",
+    "GatewayConfig",
     "ModelConfig",
     "ProfileConfig",
     "RunConfig",
@@ -341,6 +342,87 @@ class StoreConfig(_Strict):
         return self
 
 
+#: tool names that end an agent's own loop when it is called (the answer is the tool's
+#: argument): a stop is delivered as a call to one of them when the request lists it and
+#: requires a tool call (see docs/gateway.md)
+DEFAULT_FINISH_TOOLS = (
+    "final_answer",
+    "submit",
+    "finish",
+    "attempt_completion",
+    "task_complete",
+    "complete_task",
+)
+
+
+class GatewayConfig(_Strict):
+    """``[gateway]``: ``loopwarden gateway`` and ``loopwarden.wrap`` (see loopwarden.gateway)."""
+
+    upstream: str | None = Field(
+        default=None,
+        description="the OpenAI-compatible base URL requests are forwarded to, e.g. "
+        '"https://api.openai.com/v1" (default: [model] base_url, else OPENAI_BASE_URL); '
+        "--upstream wins",
+    )
+    host: str = Field(default="127.0.0.1", description="the address the gateway binds")
+    port: int = Field(default=8787, ge=0, le=65535, description="the port the gateway binds")
+    keys: list[str] = Field(
+        default_factory=list,
+        description="gateway keys a client must present (x-loopwarden-key, or the bearer "
+        'token when forward_key is false); "${ENV}" is read from the environment; '
+        "empty: no gateway key is asked for",
+    )
+    forward_key: bool = Field(
+        default=True,
+        description="pass the client's Authorization / x-api-key on to the upstream; false: "
+        "the upstream key comes from upstream_key_env",
+    )
+    upstream_key_env: str = Field(
+        default="OPENAI_API_KEY",
+        description="the environment variable holding the upstream's key when forward_key is false",
+    )
+    stop_mode: Literal["answer", "error"] = Field(
+        default="answer",
+        description='how a stop reaches the client: "answer" -- a 200 completion the agent '
+        'finishes on (finish_reason "stop", x-loopwarden-stop header); "error" -- a 400 '
+        "with a loopwarden_stop code and x-should-retry: false (never a 429 or 5xx)",
+    )
+    finish_tools: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_FINISH_TOOLS),
+        description="tools that end an agent's own loop: a stop is delivered as a call to the "
+        "first of them the request lists, when the request requires a tool call",
+    )
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="the largest request body accepted (a larger one gets a 413)",
+    )
+    upstream_timeout_s: PositiveSeconds = Field(
+        default=600.0, description="the longest the gateway waits for the upstream's answer"
+    )
+    state_ttl_s: PositiveSeconds = Field(
+        default=86400.0,
+        description="how long a conversation's state is kept in the store after its last "
+        "request (a run idle longer starts afresh)",
+    )
+    overhead_header: bool = Field(
+        default=True,
+        description="add x-loopwarden-overhead-ms (the gateway's own time) to every answer",
+    )
+    session_headers: list[str] = Field(
+        default_factory=lambda: [
+            "x-loopwarden-run",
+            "x-session-id",
+            "x-claude-code-session-id",
+            "session_id",
+            "x-litellm-session-id",
+            "helicone-session-id",
+            "x-portkey-trace-id",
+        ],
+        description="request headers whose value names the conversation, first match wins",
+    )
+
+
 class PluginsConfig(BaseModel):
     """``[plugins]``: ``enabled`` (call order), ``blocked``, and one table per plugin."""
 
@@ -388,6 +470,8 @@ class Config(_Strict):
 
     #: ``[store]``: the shared store (SQLite file or Redis) for budgets and the ledger
     store: StoreConfig = Field(default_factory=StoreConfig)
+    #: ``[gateway]``: the OpenAI-compatible gateway and the client wrapper
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     #: ``[plugins]``: ``enabled`` (the call order), ``blocked``, one table per plugin
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     #: the file it came from (not a TOML key)

@@ -1,0 +1,704 @@
+"""The gateway's HTTP face: an ASGI application in front of an OpenAI-compatible upstream.
+
+``POST .../chat/completions`` is judged (:mod:`loopwarden.gateway.exchange`), JSON and
+streamed; every other path is forwarded untouched, streamed through as it arrives.  The
+upstream's own answers -- a 429 with its ``retry-after``, a 5xx, an error body -- reach the
+client as the upstream gave them; what the gateway itself answers is always a JSON error in
+OpenAI's shape with a clear code, never a traceback: 400 (malformed JSON, a request that is
+not a chat completion), 401 (a missing gateway key), 413 (a body over ``max_body_bytes``),
+502 (an upstream that answered no completion, or could not be reached), 504 (an upstream
+that took longer than ``upstream_timeout_s``), 503 (the shared store is down under
+``on_store_error = "fail_closed"``).
+
+Served by any ASGI server; ``loopwarden gateway`` runs it under uvicorn
+(:mod:`loopwarden.gateway.serve`).  The upstream client is httpx's, one connection pool per
+application.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from loopwarden.exceptions import StoreError
+from loopwarden.gateway import chat
+from loopwarden.gateway.exchange import Deliver, Exchange, Forward, Gate
+
+if TYPE_CHECKING:
+    from loopwarden.deployment import Deployment
+    from loopwarden.gateway.state import StateStore
+
+__all__ = ["GatewayApp"]
+
+log = logging.getLogger("loopwarden.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: request headers never passed upstream: hop-by-hop, the body's framing (recomputed), the
+#: encoding (the gateway reads answers: identity), and the gateway's own
+_DROP_REQUEST = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "accept-encoding",
+        "proxy-authorization",
+    }
+)
+_DROP_RESPONSE = frozenset(
+    {"content-length", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
+)
+
+
+class _Disconnected(Exception):
+    """The client went away."""
+
+
+class GatewayApp:
+    """The ASGI application: one deployment, one upstream."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        upstream: str,
+        state: StateStore,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.deployment = deployment
+        self.settings = deployment.config.gateway
+        self.upstream = upstream.rstrip("/")
+        self.gate = Gate(deployment, state, self.settings)
+        self._client = client
+        self.keys = frozenset(_expand(k) for k in self.settings.keys if _expand(k))
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.settings.upstream_timeout_s, connect=10.0),
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        self.gate.state.close()
+
+    # -- ASGI -----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        t0 = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path: str = scope["path"]
+        try:
+            if path == "/_loopwarden/health":
+                await _respond(send, 200, b'{"ok":true}', {})
+                return
+            if self.keys and not self._authorised(headers):
+                await _error(send, 401, "invalid_gateway_key", "a valid gateway key is required")
+                return
+            if scope["method"] == "POST" and path.endswith("/chat/completions"):
+                await self._chat(scope, headers, receive, send, t0)
+            else:
+                await self._proxy(scope, headers, receive, send)
+        except _Disconnected:
+            return
+        except Exception:  # never a traceback to the client; the log has it
+            log.exception("gateway: internal error on %s %s", scope["method"], path)
+            await _error(
+                send,
+                500,
+                "gateway_error",
+                "the gateway failed on this request; see its log",
+                retry=False,
+            )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authorised(self, headers: Mapping[str, str]) -> bool:
+        key = headers.get("x-loopwarden-key")
+        if key is None and not self.settings.forward_key:
+            auth = headers.get("authorization", "")
+            key = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
+        return key is not None and key in self.keys
+
+    def _url(self, scope: Scope) -> str:
+        path: str = scope["path"]
+        if path.startswith("/v1/") and self.upstream.endswith("/v1"):
+            path = path[3:]
+        query = scope.get("query_string") or b""
+        return self.upstream + path + ("?" + query.decode("latin-1") if query else "")
+
+    def _upstream_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        out = {
+            k: v
+            for k, v in headers.items()
+            if k not in _DROP_REQUEST and not k.startswith("x-loopwarden-")
+        }
+        if not self.settings.forward_key:
+            out.pop("x-api-key", None)
+            key = os.environ.get(self.settings.upstream_key_env)
+            if key:
+                out["authorization"] = "Bearer " + key
+            else:
+                out.pop("authorization", None)
+        return out
+
+    # -- everything else: forwarded untouched ---------------------------------------------
+
+    async def _proxy(
+        self, scope: Scope, headers: Mapping[str, str], receive: Receive, send: Send
+    ) -> None:
+        body = await _read_body(receive, self.settings.max_body_bytes)
+        req = self.client.build_request(
+            scope["method"], self._url(scope), headers=self._upstream_headers(headers), content=body
+        )
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.TimeoutException:
+            await _error(send, 504, "upstream_timeout", "the upstream did not answer in time")
+            return
+        except httpx.HTTPError as exc:
+            await _error(send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}")
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status_code,
+                    "headers": _pass_headers(resp.headers),
+                }
+            )
+            async for part in resp.aiter_raw():
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await resp.aclose()
+
+    # -- chat completions -----------------------------------------------------------------
+
+    async def _chat(
+        self, scope: Scope, headers: Mapping[str, str], receive: Receive, send: Send, t0: float
+    ) -> None:
+        settings = self.settings
+        try:
+            raw = await _read_body(receive, settings.max_body_bytes)
+            req = chat.parse_request(raw, settings.max_body_bytes)
+        except chat.WireError as exc:
+            await _error(send, exc.status, exc.code, exc.message)
+            return
+        url = self._url(scope)
+        up_headers = self._upstream_headers(headers)
+        ex = self.gate.exchange(req, headers)
+        try:
+            step = ex.start()
+        except StoreError as exc:
+            if self.deployment.config.store.on_store_error == "fail_open":
+                log.warning("gateway: store unavailable, forwarding unjudged: %s", exc)
+                await self._proxy_body(url, up_headers, raw, send)
+                return
+            await _error(send, 503, "store_unavailable", "the gateway's store is unavailable")
+            return
+        waited = 0.0
+        last_body: bytes | None = None
+        try:
+            if req.stream and isinstance(step, Forward) and not step.final and not step.followup:
+                await self._chat_stream(ex, req, url, up_headers, step, send, t0)
+                return
+            while isinstance(step, Forward):
+                t1 = time.perf_counter()
+                got = await self._call(
+                    url, up_headers, _unstreamed(step.body) if req.stream else step.body
+                )
+                waited += time.perf_counter() - t1
+                if isinstance(got, _Upstream):
+                    ex.upstream_failed(got.why)
+                    await got.respond(send)
+                    return
+                resp, body = got
+                step = ex.answer(chat.parse_response(resp))
+                last_body = body
+            overhead = (time.perf_counter() - t0 - waited) * 1000
+            await self._deliver_json(ex, req, step, send, overhead, last_body)
+        except chat.WireError as exc:
+            ex.upstream_failed(exc.message)
+            await _error(send, exc.status, exc.code, exc.message)
+        finally:
+            ex.close()
+
+    async def _call(
+        self, url: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[dict[str, Any], bytes] | _Upstream:
+        try:
+            resp = await self.client.post(url, headers=headers, content=body)
+        except httpx.TimeoutException:
+            return _Upstream(
+                504,
+                chat.error_body(
+                    "upstream_timeout", "the upstream did not answer in time", kind="api_error"
+                ),
+                {},
+                "timeout",
+            )
+        except httpx.HTTPError as exc:
+            return _Upstream(
+                502,
+                chat.error_body(
+                    "upstream_unreachable", f"the upstream: {type(exc).__name__}", kind="api_error"
+                ),
+                {},
+                type(exc).__name__,
+            )
+        if resp.status_code != 200:
+            return _Upstream(
+                resp.status_code,
+                resp.content,
+                resp.headers,
+                f"HTTP {resp.status_code}",
+                passthrough=True,
+            )
+        try:
+            data = json.loads(resp.content)
+        except ValueError:
+            return _Upstream(
+                502,
+                chat.error_body(
+                    "bad_upstream",
+                    "the upstream answered something other than JSON",
+                    kind="api_error",
+                ),
+                {},
+                "non-JSON answer",
+            )
+        if not isinstance(data, dict):
+            return _Upstream(
+                502,
+                chat.error_body(
+                    "bad_upstream",
+                    "the upstream answered something other than an object",
+                    kind="api_error",
+                ),
+                {},
+                "non-object answer",
+            )
+        return data, resp.content
+
+    async def _proxy_body(
+        self, url: str, headers: Mapping[str, str], body: bytes, send: Send
+    ) -> None:
+        try:
+            resp = await self.client.post(url, headers=headers, content=body)
+        except httpx.HTTPError as exc:
+            await _error(send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}")
+            return
+        await _respond(
+            send, resp.status_code, resp.content, _pass_headers(resp.headers), raw_headers=True
+        )
+
+    def _stop_headers(self, step: Deliver, overhead_ms: float | None) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if step.run_id:
+            h["x-loopwarden-run"] = step.run_id
+        if step.stop is not None and step.stop["reason"] != "final_answer":
+            h["x-loopwarden-stop"] = str(step.stop["reason"])
+        if overhead_ms is not None and self.settings.overhead_header:
+            h["x-loopwarden-overhead-ms"] = f"{overhead_ms:.3f}"
+        return h
+
+    async def _deliver_json(
+        self,
+        ex: Exchange,
+        req: chat.ChatRequest,
+        step: Deliver,
+        send: Send,
+        overhead: float,
+        upstream_body: bytes | None,
+    ) -> None:
+        headers = self._stop_headers(step, overhead)
+        reason = step.stop["reason"] if step.stop else "stop"
+        if step.kind == "error":
+            await _error(
+                send,
+                400,
+                "loopwarden_stop",
+                f"loopwarden stopped the run ({reason}): {step.text}",
+                retry=False,
+                extra=headers,
+                kind="loopwarden_stop",
+            )
+            return
+        if req.stream:  # answered without a streamed upstream call (a stop): as chunks
+            text = step.text
+            message = step.message
+            if step.kind == "pass" and upstream_body is not None:
+                message = json.loads(upstream_body)["choices"][0]["message"]
+            if message is not None:
+                text = str(message.get("content") or "")
+            chunks = b"".join(
+                chat.stream_chunks(
+                    text,
+                    chunk_id=chat.new_id(),
+                    model=req.model,
+                    created=int(time.time()),
+                    finish_call=step.finish_call,
+                    role=True,
+                )
+            )
+            await _respond(send, 200, chunks, {"content-type": "text/event-stream", **headers})
+            return
+        if step.kind == "pass" and upstream_body is not None:
+            await _respond(
+                send, 200, upstream_body, {"content-type": "application/json", **headers}
+            )
+            return
+        if step.kind == "message" and step.message is not None and upstream_body is not None:
+            data = json.loads(upstream_body)
+            data["choices"][0]["message"] = step.message
+            if not step.message.get("tool_calls"):
+                data["choices"][0]["finish_reason"] = "stop"
+            await _respond(
+                send,
+                200,
+                json.dumps(data, ensure_ascii=False).encode(),
+                {"content-type": "application/json", **headers},
+            )
+            return
+        body = chat.completion_body(step.text, model=req.model, finish_call=step.finish_call)
+        await _respond(
+            send,
+            200,
+            json.dumps(body, ensure_ascii=False).encode(),
+            {"content-type": "application/json", **headers},
+        )
+
+    async def _chat_stream(
+        self,
+        ex: Exchange,
+        req: chat.ChatRequest,
+        url: str,
+        up_headers: Mapping[str, str],
+        step: Forward,
+        send: Send,
+        t0: float,
+    ) -> None:
+        client = self.client
+        try:
+            resp = await client.send(
+                client.build_request("POST", url, headers=up_headers, content=step.body),
+                stream=True,
+            )
+        except httpx.TimeoutException:
+            ex.upstream_failed("timeout")
+            await _error(send, 504, "upstream_timeout", "the upstream did not answer in time")
+            return
+        except httpx.HTTPError as exc:
+            ex.upstream_failed(type(exc).__name__)
+            await _error(send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}")
+            return
+        try:
+            if resp.status_code != 200:
+                body = await resp.aread()
+                ex.upstream_failed(f"HTTP {resp.status_code}")
+                await _respond(
+                    send, resp.status_code, body, _pass_headers(resp.headers), raw_headers=True
+                )
+                return
+            overhead = (time.perf_counter() - t0) * 1000
+            head = (
+                {"x-loopwarden-overhead-ms": f"{overhead:.3f}"}
+                if self.settings.overhead_header
+                else {}
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": _pass_headers(resp.headers)
+                    + [(k.encode(), v.encode()) for k, v in head.items()],
+                }
+            )
+            reader = chat.SSEReader()
+            asm = chat.StreamAssembler()
+            held: list[bytes] = []
+            try:
+                async for part in resp.aiter_raw():
+                    for ev in reader.feed(part):
+                        if asm.add(ev):
+                            await _body(send, ev)
+                        else:
+                            held.append(ev)
+            except httpx.HTTPError as exc:
+                ex.upstream_failed(f"stream cut: {type(exc).__name__}")
+                await _body(
+                    send,
+                    chat.sse(
+                        {
+                            "error": {
+                                "message": "the upstream's stream was cut",
+                                "type": "api_error",
+                                "code": "upstream_stream_cut",
+                            }
+                        }
+                    ),
+                )
+                await _body(send, b"", more=False)
+                return
+            rest = reader.rest()
+            if rest.strip():
+                held.append(rest)
+            if not asm.done and not asm.finish_reason:
+                ex.upstream_failed("stream ended without finish")
+                await _body(
+                    send,
+                    chat.sse(
+                        {
+                            "error": {
+                                "message": "the upstream's stream ended early",
+                                "type": "api_error",
+                                "code": "upstream_stream_cut",
+                            }
+                        }
+                    ),
+                )
+                await _body(send, b"", more=False)
+                return
+            nxt = ex.answer(asm.response())
+            while isinstance(nxt, Forward):
+                got = await self._call(url, up_headers, _unstreamed(nxt.body))
+                if isinstance(got, _Upstream):
+                    ex.upstream_failed(got.why)
+                    nxt = Deliver("answer", text=ex.run.best_answer or "" if ex.run else "")
+                    break
+                nxt = ex.answer(chat.parse_response(got[0]))
+            await self._stream_tail(req, asm, held, nxt, send)
+        except _Disconnected:
+            ex.cancel()
+            raise
+        finally:
+            await resp.aclose()
+            ex.close()
+
+    async def _stream_tail(
+        self,
+        req: chat.ChatRequest,
+        asm: chat.StreamAssembler,
+        held: list[bytes],
+        step: Deliver,
+        send: Send,
+    ) -> None:
+        """The end of a streamed answer: the held events as they came, or the gateway's own
+        continuation of the same stream (a stop's answer, the calls that passed)."""
+        if step.kind == "pass":
+            for ev in held:
+                await _body(send, ev)
+            await _body(send, b"", more=False)
+            return
+        cid = asm.chunk_id or chat.new_id()
+        created = asm.created or int(time.time())
+        if step.kind == "error":
+            await _body(
+                send,
+                chat.sse(
+                    {
+                        "error": {
+                            "message": f"loopwarden stopped the run: {step.text}",
+                            "type": "loopwarden_stop",
+                            "code": "loopwarden_stop",
+                        }
+                    }
+                ),
+            )
+            await _body(send, b"", more=False)
+            return
+        if step.kind == "message" and step.message is not None:
+            base = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": asm.model or req.model,
+            }
+            calls = step.message.get("tool_calls") or []
+            if calls:
+                await _body(
+                    send,
+                    chat.sse(
+                        {
+                            **base,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {
+                                        "tool_calls": [
+                                            {"index": i, **tc} for i, tc in enumerate(calls)
+                                        ]
+                                    },
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    ),
+                )
+                await _body(
+                    send,
+                    chat.sse(
+                        {
+                            **base,
+                            "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+                        }
+                    ),
+                )
+                await _body(send, chat.sse("[DONE]"))
+                await _body(send, b"", more=False)
+                return
+            text = str(step.message.get("content") or "")
+            if text == "".join(asm.content):
+                text = ""
+            step = Deliver("answer", text=text)
+        sent = "".join(asm.content)
+        text = step.text
+        if sent and text.startswith(sent):
+            text = text[len(sent) :]
+        elif sent and text:
+            text = "\n\n" + text
+        for ev in chat.stream_chunks(
+            text,
+            chunk_id=cid,
+            model=asm.model or req.model,
+            created=created,
+            finish_call=step.finish_call,
+        ):
+            await _body(send, ev)
+        await _body(send, b"", more=False)
+
+
+class _Upstream:
+    """An upstream answer that is no completion: passed on (its own status and headers) or
+    the gateway's error for it."""
+
+    def __init__(
+        self, status: int, body: bytes, headers: Any, why: str, *, passthrough: bool = False
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.why = why
+        self.passthrough = passthrough
+
+    async def respond(self, send: Send) -> None:
+        if self.passthrough:
+            await _respond(
+                send, self.status, self.body, _pass_headers(self.headers), raw_headers=True
+            )
+        else:
+            await _respond(send, self.status, self.body, {"content-type": "application/json"})
+
+
+def _unstreamed(body: bytes) -> bytes:
+    data = json.loads(body)
+    if data.get("stream"):
+        data["stream"] = False
+        data.pop("stream_options", None)
+        return json.dumps(data, ensure_ascii=False).encode()
+    return body
+
+
+def _expand(key: str) -> str:
+    if key.startswith("${") and key.endswith("}"):
+        return os.environ.get(key[2:-1], "")
+    return key
+
+
+def _pass_headers(headers: Any) -> list[tuple[bytes, bytes]]:
+    return [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in headers.multi_items()
+        if k.lower() not in _DROP_RESPONSE
+    ]
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise chat.WireError(
+                413, "request_too_large", f"the request body exceeds {limit} bytes"
+            )
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _body(send: Send, data: bytes, *, more: bool = True) -> None:
+    try:
+        await send({"type": "http.response.body", "body": data, "more_body": more})
+    except OSError as exc:  # the client went away
+        raise _Disconnected from exc
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: Mapping[str, str] | list[tuple[bytes, bytes]],
+    *,
+    raw_headers: bool = False,
+) -> None:
+    if raw_headers and isinstance(headers, list):
+        hs = [h for h in headers if h[0].lower() != b"content-length"]
+    else:
+        assert isinstance(headers, Mapping)
+        hs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    hs.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _error(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    retry: bool | None = None,
+    extra: Mapping[str, str] | None = None,
+    kind: str = "invalid_request_error",
+) -> None:
+    headers = {"content-type": "application/json", **(extra or {})}
+    if retry is not None:
+        headers["x-should-retry"] = "true" if retry else "false"
+    await _respond(send, status, chat.error_body(code, message, kind=kind), headers)
