@@ -98,6 +98,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Conversation", "Limits", "Run", "RunOutcome"), "run"),
     **dict.fromkeys(("Stash", "StashKey"), "stash"),
     **dict.fromkeys(("Skip", "Stop", "Verdict", "Warn", "skip", "stop", "warn"), "verdicts"),
+    # the client wrapper (a front end; imported only when asked for)
+    "wrap": "gateway.wrap",
 }
 
 __all__ = [
@@ -141,6 +143,7 @@ __all__ = [
     "skip",
     "stop",
     "warn",
+    "wrap",
 ]
 
 
@@ -202,6 +205,8 @@ if not any(isinstance(f, _MovedModule) for f in sys.meta_path):
 
 
 def __getattr__(name: str) -> Any:
+    if name == "run":  # the module, callable: ``with loopwarden.run("id"):`` (loopwarden.wrap)
+        return importlib.import_module("loopwarden.run")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'loopwarden' has no attribute {name!r}")
