@@ -36,7 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where conversations live between requests: the shared store (default) or this "
         "process (one worker only)",
     )
-    parser.add_argument("--log-level", default="warning", help="uvicorn's log level")
     parser.add_argument("--stream", action="store_true", help="demo: the client streams")
     add_config_argument(parser)
 
@@ -53,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     if args.action == "demo":
-        from loopwarden.gateway.demo import main as demo_main
+        from loopwarden.commands.gatewaydemo import main as demo_main
 
         return demo_main(args.config, stream=args.stream)
     from loopwarden.config import load_config
@@ -80,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         workers=args.workers,
-        log_level=args.log_level,
+        log_level="warning",
         loop="auto",
         http="auto",
         access_log=False,

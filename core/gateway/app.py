@@ -438,6 +438,8 @@ class GatewayApp:
                 if self.settings.overhead_header
                 else {}
             )
+            if ex.run is not None:
+                head["x-loopwarden-run"] = ex.run.run_id
             await send(
                 {
                     "type": "http.response.start",

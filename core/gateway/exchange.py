@@ -65,6 +65,7 @@ from loopwarden.stash import StashKey
 from loopwarden.tools import Tool, ToolRegistry
 from loopwarden.tools.recorded import recorded_tool
 from loopwarden.verdicts import Stop
+from loopwarden.verdicts import stop as make_stop
 
 if TYPE_CHECKING:
     from loopwarden.config import GatewayConfig
@@ -91,6 +92,12 @@ _ID_IN_TEXT = re.compile(
 _REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.S)
 #: roles left out of the history hash: what a client may rewrite every turn
 _UNHASHED = frozenset({"system", "developer"})
+
+
+#: answers in one request whose every call was answered for the model (skipped, or a side
+#: effect already done) before the run is wrapped up -- each is a model turn the step cap
+#: counts as well
+MAX_REASKS = 4
 
 
 @dataclass(slots=True)
@@ -355,7 +362,7 @@ class Exchange:
         self._turn: Generator[Any, Any, Any] | None = None
         self._request_notes: list[dict[str, Any]] = []
         self._followup: list[dict[str, Any]] = []
-        self._asked_again = False
+        self._reasks = 0
         self._delivered: dict[str, Any] | None = None
         self._handed: list[ToolCall] = []
         self.outcome: RunOutcome | None = None
@@ -675,35 +682,20 @@ class Exchange:
                     return self._ended(self._finish(run, guards.hard(run, stop)))
                 run.stopping = stop
                 return self._model_turn(run)
-        if self._asked_again:
-            # asked again and answered with the same: the remaining calls go out, the
-            # answered ones stay out
-            live.pending = passed
-            self._handed = passed
-            message = _message_of(response) if response is not None else {"role": "assistant"}
-            ids = {c.id for c in passed}
-            message["tool_calls"] = [
-                tc for tc in message.get("tool_calls") or () if tc.get("id") in ids
-            ]
-            if not message["tool_calls"]:
-                message.pop("tool_calls")
-                if not (message.get("content") or "").strip():
-                    text = answered[-1][1].content
-                    message["content"] = text
-            self._delivered = message
-            if not passed:
-                self._finish(
-                    run,
-                    RunOutcome(
-                        termination="final_answer",
-                        final_answer=str(message.get("content") or ""),
-                        final_answer_present=bool(response and (response.content or "").strip()),
-                    ),
-                )
-            return Deliver("message", message=message, run_id=run.run_id)
+        self._reasks += 1
+        if self._reasks > MAX_REASKS and run.stopping is None:
+            # the model keeps proposing only calls that are answered for it: wrap up
+            plugin = answered[-1][1].skipped_by or "loopwarden"
+            run.stopping = make_stop(
+                "skipped_calls",
+                soft=True,
+                plugin=plugin,
+                count=self._reasks,
+                threshold=MAX_REASKS,
+                tool=answered[-1][0].name,
+            )
         guards.close_calls(run, passed, "superseded")
         self._release(run, passed)
-        self._asked_again = True
         self._followup.append(
             {
                 "role": "assistant",
