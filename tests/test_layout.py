@@ -206,7 +206,7 @@ PLANTS: dict[str, tuple[str, str]] = {
         "traffic/figures.py",
         "import loopwarden.commands.cli",
     ),
-    "the adapters, the demo and the test kit import no command, docs or each other": (
+    "the adapters, the gateway, the demo and the test kit import no command, docs or each other": (
         "testing/faults.py",
         "import loopwarden.demo.shop",
     ),

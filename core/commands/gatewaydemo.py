@@ -92,7 +92,8 @@ def _agent(
                 model=model, messages=msgs, tools=schemas, stream=True, extra_headers=headers
             ) as raw:
                 run_id = raw.headers.get("x-loopwarden-run", run_id)
-                text, calls = "", {}
+                text = ""
+                calls: dict[int, dict[str, str]] = {}
                 for line in raw.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
@@ -106,7 +107,7 @@ def _agent(
                             fn = tc.get("function") or {}
                             c["name"] += fn.get("name") or ""
                             c["args"] += fn.get("arguments") or ""
-            tcs = [
+            tcs: list[dict[str, Any]] = [
                 {
                     "id": c["id"],
                     "type": "function",
@@ -126,7 +127,7 @@ def _agent(
             {"role": "assistant", "content": text or None, **({"tool_calls": tcs} if tcs else {})}
         )
         if not tcs:
-            return run_id
+            return str(run_id)
         for tc in tcs:
             name = tc["function"]["name"]
             tool = tools.get(name)
@@ -245,9 +246,11 @@ def main(config_path: str | None, *, stream: bool = False) -> int:
     print(render_legend_plain(pairs, UNGUARDED_CAP))
     print()
     print("\n".join(summary_lines(pairs, totals, currency)))
+    how = "streamed" if stream else "JSON"
+    print(f"played by the openai client over HTTP through loopwarden gateway ({how})")
     print(
-        f"played by the openai client over HTTP through loopwarden gateway ({'streamed' if stream else 'JSON'}); "
-        f"left out (guarded inside tool execution, out of a gateway's sight): {', '.join(left_out) or 'none'}"
+        "left out (guarded inside tool execution, out of a gateway's sight): "
+        + (", ".join(left_out) or "none")
     )
     failed = [p for p in pairs if p.ok is False]
     for p in failed:

@@ -57,7 +57,7 @@ from loopwarden.engine.toolturn import (
 )
 from loopwarden.events import IN_DOUBT, ModelResponse, ToolCall, ToolResult
 from loopwarden.gateway import state as st
-from loopwarden.gateway.chat import ChatRequest, text_of
+from loopwarden.gateway.chat import ChatRequest, _obj, text_of
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.sanitize import clean_text
@@ -151,7 +151,7 @@ def _canonical_args(args: Any) -> str:
         try:
             args = json.loads(args)
         except ValueError:
-            return args.strip()
+            return str(args).strip()
     return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -165,7 +165,7 @@ def canonical(m: Mapping[str, Any]) -> str | None:
     calls = []
     for tc in m.get("tool_calls") or ():
         if isinstance(tc, dict):
-            fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            fn = _obj(tc.get("function"))
             calls.append(f"{fn.get('name')}({_canonical_args(fn.get('arguments'))})")
     return role + "\x1f" + text + "\x1f" + "\x1e".join(calls)
 
@@ -760,11 +760,11 @@ class Exchange:
             fn = by_name.get(name)
             if fn is None:
                 continue
-            params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+            params = _obj(fn.get("parameters"))
+            props = _obj(params.get("properties"))
             required = [p for p in params.get("required") or () if p in props]
             names = required or list(props)
-            strings = [p for p in names if (props.get(p) or {}).get("type") in ("string", None)]
+            strings = [p for p in names if _obj(props.get(p)).get("type") in ("string", None)]
             key = (strings or names or ["answer"])[0]
             return name, {key: text}
         return None

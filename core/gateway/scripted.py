@@ -136,7 +136,7 @@ class ScriptedUpstream:
         completion = max(
             1, estimate_text(content or "") + sum(estimate_text(c["arguments"]) + 3 for c in calls)
         )
-        wire_calls = [
+        wire_calls: list[dict[str, Any]] = [
             {"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": c}
             for c in calls
         ]
@@ -150,9 +150,9 @@ class ScriptedUpstream:
         }
         finish = "tool_calls" if calls else "stop"
         if not req.get("stream"):
-            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            answer: dict[str, Any] = {"role": "assistant", "content": content}
             if wire_calls:
-                msg["tool_calls"] = wire_calls
+                answer["tool_calls"] = wire_calls
             await _send(
                 send,
                 200,
@@ -162,7 +162,7 @@ class ScriptedUpstream:
                     "created": created,
                     "model": model,
                     "choices": [
-                        {"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}
+                        {"index": 0, "message": answer, "logprobs": None, "finish_reason": finish}
                     ],
                     "usage": usage,
                 },

@@ -241,8 +241,8 @@ class RedisState:
         p = self.prefix
         try:
             if direct is not None:
-                blob = self._client.get(p + "c:" + direct)
-                return direct, (bytes(blob) if blob is not None else None)
+                got: Any = self._client.get(p + "c:" + direct)
+                return direct, (bytes(got) if got is not None else None)
             if not aliases:
                 return None, None
             conv, blob = self._fetch(
