@@ -109,7 +109,8 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
             raise WireError(
                 400, "invalid_request", f"messages[{i}] must be an object with a 'role' string"
             )
-    tools = body.get("tools") or []
+    tools = body.get("tools")
+    tools = [] if tools is None else tools
     if not isinstance(tools, list):
         raise WireError(400, "invalid_request", "'tools' must be an array")
     fns = [
