@@ -386,7 +386,7 @@ def test_an_unreadable_snapshot_starts_afresh(
     gate = Gate(dep, state)
     agent = Agent([gate], "always-not-found", results=not_found)
     agent.step(0)
-    for key, (until, value) in list(state._data.items()):
+    for key, (until, _old) in list(state._data.items()):
         if key.startswith("c:"):
             state._data[key] = (until, b"not a pickle")
     agent.step(1)  # no exception: a new run
