@@ -262,9 +262,11 @@ class Gate:
                     if isinstance(value, StashKey):
                         named.setdefault(f"module:{mod_name}.{attr}", value)
         lock_type = type(threading.Lock())
-        return st.Symbols(
+        symbols = st.Symbols(
             named, {lock_type: ("lock", threading.Lock), CancelToken: ("cancel", CancelToken)}
         )
+        symbols.types |= {Tool, ToolRegistry}  # a request's tools, named per request
+        return symbols
 
     # -- tools ----------------------------------------------------------------------------
 
@@ -320,7 +322,7 @@ class Gate:
         self, headers: Mapping[str, str], req: ChatRequest, tenant: str
     ) -> tuple[str | None, list[str]]:
         """The conversation the request names directly (a session header), and the aliases
-        that may lead to it, best first (see the module doc)."""
+        of the ids in its last assistant turn (see the module doc)."""
         for h in self.session_headers:
             v = headers.get(h)
             if v:
@@ -339,8 +341,18 @@ class Gate:
                     a = f"{tenant}\x00id\x00{found}"
                     if a not in aliases:
                         aliases.append(a)
-        aliases.append(f"{tenant}\x00hist\x00{history_hash(msgs[: last + 1])}")
         return None, [_digest(a) for a in aliases]
+
+    @staticmethod
+    def history_alias(req: ChatRequest, tenant: str) -> str | None:
+        """The alias of the request's history up to its last assistant turn (None without
+        one): the last resort, read only when no id led anywhere (it costs a pass over the
+        whole history)."""
+        msgs = req.messages
+        last = _last_assistant(msgs)
+        if last < 0:
+            return None
+        return _digest(f"{tenant}\x00hist\x00{history_hash(msgs[: last + 1])}")
 
     def exchange(self, req: ChatRequest, headers: Mapping[str, str]) -> Exchange:
         """The judging of one request (see :class:`Exchange`)."""
@@ -380,6 +392,11 @@ class Exchange:
         extra["tools"] = registry
         conv_id, blob = gate.state.fetch(direct, aliases)
         self.store_calls += 1
+        if conv_id is None and direct is None:
+            hist = gate.history_alias(req, tenant)
+            if hist is not None:
+                conv_id, blob = gate.state.fetch(None, [hist])
+                self.store_calls += 1
         live: Live | None = None
         if blob is not None and conv_id is not None:
             try:
@@ -808,7 +825,11 @@ class Exchange:
             live.pending = []
         tenant = live.tenant
         aliases = [_digest(f"{tenant}\x00id\x00{c.id}") for c in self._handed if c.id]
-        if self._delivered is not None:
+        if self._delivered is not None and (
+            not self._delivered.get("tool_calls") or not all(c.id for c in self._handed)
+        ):
+            # a final answer: the next request (a new user turn) is found by the history;
+            # a step with calls is found by their ids
             history = [*self.req.messages, self._delivered]
             aliases.append(_digest(f"{tenant}\x00hist\x00{history_hash(history)}"))
         conv = live.conversation

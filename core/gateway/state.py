@@ -16,7 +16,8 @@ fleet).  Entries expire ``[gateway] state_ttl_s`` after their last write.
 Snapshots are pickles (:func:`dump` / :func:`load`): plugin state is whatever Python values
 plugins keep, and a pickle carries them all.  What belongs to the process -- the deployment,
 the plugins, the stash keys, the clock, the tools, locks -- is written as a name and resolved
-against the reading process's own objects (``persistent_id``), so a snapshot holds only data.
+against the reading process's own objects (a reducer per type), so a snapshot holds only
+data.  Large snapshots are compressed.
 The store is trusted with it as it is trusted with the ledger: whoever can write the store
 can change what the gateway runs, so keep it as private as the gateway's own memory
 (docs/gateway.md).
@@ -24,12 +25,14 @@ can change what the gateway runs, so keep it as private as the gateway's own mem
 
 from __future__ import annotations
 
+import copyreg
 import io
 import logging
 import pickle
 import sqlite3
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -301,6 +304,8 @@ class Symbols:
         for name, obj in named.items():
             self._by_id.setdefault(id(obj), name)
             self._by_name[name] = obj
+        #: the types whose objects may be named (their pickling goes through a reducer)
+        self.types: set[type] = {type(obj) for obj in named.values()} | set(kinds)
         #: objects of these types are written as a kind's name and made new on reading
         self._kinds = {t: name for t, (name, _) in kinds.items()}
         self._fresh = {name: make for name, make in kinds.values()}
@@ -328,40 +333,63 @@ class Symbols:
                 into.setdefault(f"{owner}.{attr}", value)
 
 
+#: the names a snapshot being read resolves against (set by :func:`load`, per thread)
+_reading = threading.local()
+
+
+def _named(name: str) -> object:
+    """A process object a snapshot names (the unpickler calls this for each one)."""
+    extra: Mapping[str, object] = _reading.extra
+    if name in extra:
+        return extra[name]
+    symbols: Symbols = _reading.symbols
+    return symbols.resolve(name)
+
+
 class _Pickler(pickle.Pickler):
+    """Names the process's own objects by a reducer per type (C-level dispatch for every
+    other object: no Python call per object pickled)."""
+
     def __init__(self, file: io.BytesIO, symbols: Symbols, extra: Mapping[int, str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._symbols = symbols
-        self._extra = extra
+        table = dict(copyreg.dispatch_table)
 
-    def persistent_id(self, obj: Any) -> str | None:
-        name = self._extra.get(id(obj))
-        if name is not None:
-            return name
-        return self._symbols.name_of(obj)
+        def reduce(obj: Any) -> Any:
+            name = extra.get(id(obj)) or symbols.name_of(obj)
+            if name is not None:
+                return _named, (name,)
+            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, symbols: Symbols, extra: Mapping[str, object]) -> None:
-        super().__init__(file)
-        self._symbols = symbols
-        self._extra = extra
-
-    def persistent_load(self, pid: Any) -> Any:
-        if pid in self._extra:
-            return self._extra[pid]
-        return self._symbols.resolve(str(pid))
+        for t in symbols.types:
+            table[t] = reduce
+        self.dispatch_table = table  # type: ignore[misc]
 
 
 def dump(value: object, symbols: Symbols, extra: Mapping[int, str] | None = None) -> bytes:
     """``value`` as a snapshot: the process's own objects (``symbols``, and ``extra`` -- id
-    to name -- for this request's) written by name."""
+    to name -- for this request's) written by name; compressed when large."""
     buf = io.BytesIO()
     _Pickler(buf, symbols, extra or {}).dump(value)
-    return buf.getvalue()
+    raw = buf.getvalue()
+    if len(raw) > _COMPRESS_FROM:
+        return b"Z" + zlib.compress(raw, 1)
+    return b"P" + raw
 
 
 def load(blob: bytes, symbols: Symbols, extra: Mapping[str, object] | None = None) -> Any:
     """A snapshot read back, names resolved against this process's objects (``extra``: name
     to object, for this request's)."""
-    return _Unpickler(io.BytesIO(blob), symbols, extra or {}).load()
+    kind, raw = blob[:1], blob[1:]
+    if kind == b"Z":
+        raw = zlib.decompress(raw)
+    elif kind != b"P":
+        raise pickle.UnpicklingError("not a loopwarden gateway snapshot")
+    _reading.symbols, _reading.extra = symbols, extra or {}
+    try:
+        return pickle.loads(raw)
+    finally:
+        _reading.symbols = _reading.extra = None
+
+
+#: snapshots larger than this are compressed (zlib, its fastest level)
+_COMPRESS_FROM = 4096
