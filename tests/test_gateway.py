@@ -10,6 +10,7 @@ face and real clients are in tests/test_gateway_clients.py.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -22,9 +23,10 @@ import pytest
 from loopwarden import Deployment, signals
 from loopwarden.config import default_config_path, load_config, parse_config
 from loopwarden.gateway import chat
+from loopwarden.hookspecs import hookimpl
 from loopwarden.gateway.exchange import Deliver, Forward, Gate, history_hash
 from loopwarden.gateway.scripted import turn_of
-from loopwarden.gateway.state import MemoryState, SQLiteState, StateStore
+from loopwarden.gateway.state import MemoryState, RedisState, SQLiteState, StateStore
 from loopwarden.models.scenario import load_scenario, scenario_path
 
 PREFIX = "[loopwarden] "
@@ -197,14 +199,19 @@ def test_a_healthy_run_passes_every_answer_untouched(
     assert rec["steps"] == len(agent.delivered)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "memory"])
 def test_two_workers_on_one_store_judge_a_run_as_one(
-    kind: str, tmp_path: Path, records: list[dict[str, Any]]
+    kind: str, tmp_path: Path, records: list[dict[str, Any]], request: pytest.FixtureRequest
 ) -> None:
     """Requests of one run alternated across two workers (two Gates, two deployments, one
     store) get the verdicts one worker gives."""
 
+    namespace = "lwgw-" + uuid.uuid4().hex[:8]
+    redis_url = request.getfixturevalue("redis_server") if kind == "redis" else ""
+
     def state() -> StateStore:
+        if kind == "redis":
+            return RedisState(redis_url, namespace)
         return SQLiteState(tmp_path / "gw.sqlite3") if kind == "sqlite" else shared_memory
 
     shared_memory = MemoryState()
@@ -464,3 +471,33 @@ def test_the_gateway_demo_prints_the_demo_table() -> None:
     assert "runaway scenarios stopped by a guard: 9/9" in out.stdout
     assert "healthy scenarios finished as expected: 2/2" in out.stdout
     assert "through loopwarden gateway" in out.stdout
+
+
+class _Sockety:
+    """A plugin keeping a live resource in its per-run state (as a tracer's span is)."""
+
+    name = "sockety"
+
+    @hookimpl
+    def on_start(self, run: Any) -> None:
+        run.state["sockety"] = socket.socket()  # cannot be pickled
+
+    @hookimpl
+    def on_stop(self, run: Any, outcome: Any) -> None:
+        sock = run.state.get("sockety")
+        if sock is not None:
+            sock.close()
+
+
+def test_a_plugin_state_that_cannot_be_saved_is_left_out_not_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = load_config(default_config_path())
+    dep = Deployment(config, plugins={"sockety": _Sockety()})
+    try:
+        agent = Agent([Gate(dep, MemoryState())], "always-not-found", results=not_found)
+        end = agent.play()
+        assert end.stop is not None  # the other guards still judged the whole run
+        assert "plugin sockety keeps per-run state that cannot be saved" in caplog.text
+    finally:
+        dep.close()

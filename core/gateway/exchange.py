@@ -56,6 +56,7 @@ from loopwarden.engine.toolturn import (
     side_effect_replay,
 )
 from loopwarden.events import IN_DOUBT, ModelResponse, ToolCall, ToolResult
+from loopwarden.exceptions import StoreError
 from loopwarden.gateway import state as st
 from loopwarden.gateway.chat import ChatRequest, _obj, text_of
 from loopwarden.models.tokens import estimate_message
@@ -236,6 +237,8 @@ class Gate:
         self._lock = threading.Lock()
         self.symbols = self._symbols()
         self.session_headers = [h.lower() for h in self.settings.session_headers]
+        #: plugins whose per-run state could not be pickled: left out of snapshots
+        self.unpicklable: set[str] = set()
         self.finish_tools = list(self.settings.finish_tools)
 
     def _symbols(self) -> st.Symbols:
@@ -844,16 +847,56 @@ class Exchange:
         for c in live.pending:
             if c.tool is not None:
                 extra[id(c.tool)] = "tool:" + c.tool.name
+        blob = self._snapshot(live, run, extra)
+        if blob is None:
+            return
+        try:
+            gate.state.save(live.conv_id, blob, aliases, gate.settings.state_ttl_s)
+        except StoreError as exc:  # the answer is out: the next request starts afresh
+            log.warning("gateway: conversation %s not saved: %s", live.conv_id, exc)
+        self.store_calls += 1
+
+    def _snapshot(self, live: Live, run: Run | None, extra: dict[int, str]) -> bytes | None:
+        """The conversation pickled.  A plugin whose per-run state cannot be pickled (a
+        live span, a socket) has it left out -- that plugin starts afresh on each request
+        of the run, logged once -- rather than the whole conversation being lost."""
+        gate = self.gate
+        saved = None
         if run is not None:
             saved = run.messages, run._added
             run.messages, run._added = [], []
+        dropped: dict[str, Any] = {}
         try:
-            blob = st.dump(live, gate.symbols, extra)
-        finally:
             if run is not None:
+                for name in gate.unpicklable & run.state.keys():
+                    dropped[name] = run.state.pop(name)
+            try:
+                return st.dump(live, gate.symbols, extra)
+            except Exception as exc:
+                if run is None:
+                    log.warning("gateway: conversation %s not saved: %s", live.conv_id, exc)
+                    return None
+                for name, value in list(run.state.items()):
+                    try:
+                        st.dump(value, gate.symbols, extra)
+                    except Exception:
+                        log.warning(
+                            "gateway: plugin %s keeps per-run state that cannot be saved "
+                            "between requests (%s): it starts afresh on each request",
+                            name,
+                            type(value).__name__,
+                        )
+                        gate.unpicklable.add(name)
+                        dropped[name] = run.state.pop(name)
+                try:
+                    return st.dump(live, gate.symbols, extra)
+                except Exception as again:
+                    log.warning("gateway: conversation %s not saved: %s", live.conv_id, again)
+                    return None
+        finally:
+            if run is not None and saved is not None:
                 run.messages, run._added = saved
-        gate.state.save(live.conv_id, blob, aliases, gate.settings.state_ttl_s)
-        self.store_calls += 1
+                run.state.update(dropped)
 
 
 def _plain(m: dict[str, Any]) -> dict[str, Any]:
