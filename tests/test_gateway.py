@@ -23,10 +23,10 @@ import pytest
 from loopwarden import Deployment, signals
 from loopwarden.config import default_config_path, load_config, parse_config
 from loopwarden.gateway import chat
-from loopwarden.hookspecs import hookimpl
 from loopwarden.gateway.exchange import Deliver, Forward, Gate, history_hash
 from loopwarden.gateway.scripted import turn_of
 from loopwarden.gateway.state import MemoryState, RedisState, SQLiteState, StateStore
+from loopwarden.hookspecs import hookimpl
 from loopwarden.models.scenario import load_scenario, scenario_path
 
 PREFIX = "[loopwarden] "
