@@ -73,6 +73,7 @@ class Agent:
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": self.sc.user}]
         self.delivered: list[Deliver] = []
         self.upstream_calls = 0
+        self.forwarded: list[dict[str, Any]] = []
 
     def step(self, i: int) -> Deliver:
         body: dict[str, Any] = {"model": "m", "messages": self.messages, "tools": self.tools}
@@ -84,6 +85,7 @@ class Agent:
         last: dict[str, Any] | None = None
         while isinstance(step, Forward):
             fwd = json.loads(step.body)
+            self.forwarded.append(fwd)
             self.upstream_calls += 1
             content, calls = turn_of(
                 self.sc.model, fwd["messages"], fwd.get("tool_choice") == "none", PREFIX
@@ -501,3 +503,34 @@ def test_a_plugin_state_that_cannot_be_saved_is_left_out_not_the_run(
         assert "plugin sockety keeps per-run state that cannot be saved" in caplog.text
     finally:
         dep.close()
+
+
+def test_shadow_mode_passes_every_answer_and_records_what_would_have_stopped(
+    records: list[dict[str, Any]],
+) -> None:
+    config = load_config(default_config_path())
+    config = config.model_copy(update={"run": config.run.model_copy(update={"mode": "shadow"})})
+    dep = Deployment(config)
+    try:
+        agent = Agent([Gate(dep, MemoryState())], "always-not-found", results=not_found)
+        for i in range(8):
+            assert agent.step(i).kind == "pass"
+        # the upstream got the client's own requests: no note was added
+        assert all(
+            not str(m.get("content")).startswith(PREFIX)
+            for body in agent.forwarded
+            for m in body["messages"]
+        )
+    finally:
+        dep.close()
+
+
+def test_warnings_reach_the_upstream_as_notes(dep: Deployment) -> None:
+    """The control for shadow mode: enforced, the same run's requests carry notes."""
+    agent = Agent([Gate(dep, MemoryState())], "always-not-found", results=not_found)
+    agent.play()
+    assert any(
+        str(m.get("content")).startswith(PREFIX)
+        for body in agent.forwarded
+        for m in body["messages"]
+    )
