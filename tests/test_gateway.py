@@ -75,7 +75,7 @@ class Agent:
         self.upstream_calls = 0
         self.forwarded: list[dict[str, Any]] = []
 
-    def step(self, i: int) -> Deliver:
+    def step(self, i: int, *, keep: bool = True) -> Deliver:
         body: dict[str, Any] = {"model": "m", "messages": self.messages, "tools": self.tools}
         if self.tool_choice is not None:
             body["tool_choice"] = self.tool_choice
@@ -121,7 +121,9 @@ class Agent:
             }
         else:
             message = {"role": "assistant", "content": step.text}
-        self._keep(message)
+        self.last_message = message
+        if keep:
+            self._keep(message)
         return step
 
     def _keep(self, message: dict[str, Any]) -> None:
@@ -534,3 +536,55 @@ def test_warnings_reach_the_upstream_as_notes(dep: Deployment) -> None:
         for body in agent.forwarded
         for m in body["messages"]
     )
+
+
+def test_a_retried_request_is_asked_again_not_taken_as_a_side_effect_in_doubt(
+    tmp_path: Path,
+) -> None:
+    """The answer handing out a refund never reached the client, which sends the same
+    request again: the refund was not made, so it is handed out again (not answered "may
+    have taken effect"), and made once."""
+    config = load_config(default_config_path())
+    config = config.model_copy(
+        update={
+            "tools": {
+                "apply_refund": config.tools.get("apply_refund")
+                or parse_config(
+                    {
+                        "tools": {
+                            "apply_refund": {"side_effect": True, "idempotency_keys": ["order_id"]}
+                        }
+                    }
+                ).tools["apply_refund"]
+            },
+            "store": config.store.model_copy(update={"url": f"sqlite:///{tmp_path / 's.sqlite3'}"}),
+        }
+    )
+    dep = Deployment(config)
+    made: list[dict[str, Any]] = []
+
+    def results(name: str, args: dict[str, Any]) -> str:
+        if name == "apply_refund":
+            made.append(args)
+        return "OK"
+
+    try:
+        agent = Agent([Gate(dep, MemoryState())], "refund", results=results)
+        for i in range(10):
+            lost = agent.step(i, keep=False)
+            calls = agent.last_message.get("tool_calls") or []
+            if any(c["function"]["name"] == "apply_refund" for c in calls):
+                break
+            agent._keep(agent.last_message)
+        else:
+            raise AssertionError("the refund was never proposed")
+        assert lost.kind == "pass" and not made
+        again = agent.step(i + 1)  # the same request again: its answer was lost
+        assert again.kind == "pass"
+        calls = agent.last_message.get("tool_calls") or []
+        assert [c["function"]["name"] for c in calls] == ["apply_refund"]
+        assert len(made) == 1
+        agent.play()
+        assert len(made) == 1
+    finally:
+        dep.close()

@@ -145,6 +145,9 @@ class Live:
     seen: int = 0
     seen_tokens: int = 0
     version: int = 0
+    #: the request that handed out ``pending``: its message count and the digest of its
+    #: last message (the same request sent again is a retry, not the next step)
+    asked: tuple[int, str] | None = None
 
 
 def _canonical_args(args: Any) -> str:
@@ -524,9 +527,20 @@ class Exchange:
                 found[pending[0].id] = (users[0], False)
         return found
 
+    def _asked(self) -> tuple[int, str]:
+        msgs = self.req.messages
+        return len(msgs), _digest(canonical(msgs[-1]) or "") if msgs else ""
+
     def _settle(self, run: Run, live: Live) -> None:
         pending, live.pending = live.pending, []
         if not pending:
+            return
+        if live.asked is not None and live.asked == self._asked():
+            # the request that got these calls, sent again: its answer never reached the
+            # client (a timeout, a dropped connection), so none of them ran -- their claims
+            # are released and the step is asked again
+            self.gate.engine.guards.close_calls(run, pending, "not_delivered")
+            self._release(run, pending)
             return
         results = self._results(pending)
         engine = self.gate.engine
@@ -687,6 +701,7 @@ class Exchange:
                 answered.append((call, result))
         if not answered:
             live.pending = passed
+            live.asked = self._asked()
             self._handed = passed
             if response is not None:
                 self._delivered = _message_of(response)
