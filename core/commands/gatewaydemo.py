@@ -164,7 +164,7 @@ def main(config_path: str | None, *, stream: bool = False) -> int:
         stop_step,
         unguarded_deployment,
     )
-    from loopwarden.demo.shop import Shop, with_shop_prompt
+    from loopwarden.demo import Shop, with_shop_prompt
     from loopwarden.deployment import Deployment, scripted_tools
     from loopwarden.gateway.app import GatewayApp
     from loopwarden.gateway.scripted import ScriptedUpstream
@@ -271,7 +271,7 @@ def _declare_shop_tools(config: Any) -> Any:
     import tempfile as _tf
 
     from loopwarden.config import ToolNature
-    from loopwarden.demo.shop import Shop
+    from loopwarden.demo import Shop
 
     with _tf.TemporaryDirectory() as tmp:
         tools = Shop(Path(tmp) / "shop.sqlite3", durable=False).tools()

@@ -509,7 +509,9 @@ class Exchange:
             if role == "tool":
                 cid = m.get("tool_call_id")
                 if isinstance(cid, str) and cid in want:
-                    found[cid] = (text, False)
+                    # a wire with an error flag (Anthropic's is_error) says so; chat
+                    # completions have none: the text is judged
+                    found[cid] = (text, bool(m.get("is_error")))
                 else:
                     unmatched.append(text)
             elif role == "user":
