@@ -59,6 +59,16 @@ class ChatRequest:
     model: str | None
     user: str | None
     tool_choice: Any = None
+    #: the request carries only what is new since the run's last answer (the Responses API
+    #: with ``previous_response_id``: the history stays at the provider)
+    delta: bool = False
+    #: the call ids its tool results answer (how a delta request finds its run)
+    answered: list[str] = field(default_factory=list)
+    #: the provider's id of the answer it continues (``previous_response_id``)
+    previous: str | None = None
+    #: a conversation id the request carries in its body (the Responses API's
+    #: ``conversation``)
+    session: str | None = None
 
     @property
     def requires_tool(self) -> bool:
