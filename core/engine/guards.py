@@ -113,12 +113,16 @@ class Guards:
         it holds none): values under secret keys, ``key=value`` pairs and ``"key": "value"``
         pairs -- also inside a note's quoted data --, API-key patterns, the model's key."""
         redactor = self._redactor()
+        changed: dict[str, Any] = {}
         message = verdict.message
-        clean = mask_note(message, redactor.text) if message else message
+        if message:
+            clean = mask_note(message, redactor.text)
+            if clean is not message:
+                changed["message"] = clean
         evidence = redactor.scrub(verdict.evidence)
-        if clean is message and evidence is verdict.evidence:
-            return verdict
-        return replace(verdict, message=clean, evidence=evidence)
+        if evidence is not verdict.evidence:
+            changed["evidence"] = evidence
+        return replace(verdict, **changed) if changed else verdict
 
     def _redactor(self) -> Redactor:
         redactor = self.redactor
