@@ -34,7 +34,7 @@ from loopwarden.engine.loop import Engine
 from loopwarden.exceptions import ConfigError, PluginLoadError, ToolError
 from loopwarden.host import PluginSet, load_plugins
 from loopwarden.mcp import secret_values as mcp_secrets
-from loopwarden.models import output_limit
+from loopwarden.models import endpoint, output_limit
 from loopwarden.models.scenario import Scenario, ToolScript, load_scenario, scenario_path
 from loopwarden.models.tokens import get_estimator
 from loopwarden.redaction import Redactor, model_api_key
@@ -491,6 +491,7 @@ class Deployment:
             run_id=run_id,
             estimator=self.estimator,
             model_name=getattr(model, "name", None),
+            model_url=endpoint(model),
             # the model's own cap, else the deployment's: a model that does not say its cap
             # (scripted, given with model=, a framework's) gets [model] max_output_tokens on
             # its requests, and budgets reserve it

@@ -128,6 +128,9 @@ class ModelResponse:
     #: the proposals parsed into ToolCall objects, filled in by the loop before
     #: ``after_response``; empty on a final turn
     calls: list[ToolCall] = field(default_factory=list)
+    #: the provider's id of this response (``chatcmpl-...``), when it gave one: what a
+    #: provider's logs and a trace's ``gen_ai.response.id`` are joined on
+    id: str | None = None
 
 
 ErrorKind = Literal[

@@ -33,6 +33,11 @@ model as written: build notes with it.  Every built-in plugin formats its notes 
 
 Observations (``skip``'s observation, a tool's error text) are not notes: they go to the model
 as ``tool`` messages, data by their role, and are not quoted.
+
+**Secrets never ride on a note.**  Before a verdict is recorded, signalled or injected, the
+engine masks its message -- both forms, with :func:`mask_note` -- and its evidence with the
+deployment's redactor (``loopwarden.engine.guards``), so a call's ``api_key`` quoted in a note
+reaches no record, log, alert, span nor the model.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from __future__ import annotations
 import json
 import numbers
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loopwarden.sanitize import escape_controls
@@ -53,6 +59,7 @@ __all__ = [
     "Note",
     "RuntimeText",
     "instruction_text",
+    "mask_note",
     "quote_data",
     "render_note",
     "runtime",
@@ -132,6 +139,19 @@ def _instruction_field(value: Any) -> Any:
     if _TOKEN.fullmatch(text):
         return quote_data(text)
     return f"[withheld: {len(text)} characters of tool or model text]"
+
+
+def mask_note(note: str, mask: Callable[[str], str]) -> str:
+    """``note`` with ``mask`` (a redactor's ``text``) applied to what it says: both forms of
+    a :class:`Note` -- its text and its :attr:`~Note.instruction`, which still withholds what
+    it withheld -- else the string.  ``note`` itself when nothing was masked."""
+    text = mask(note)
+    if isinstance(note, Note):
+        instruction = mask(note.instruction)
+        if text == note and instruction == note.instruction:
+            return note
+        return Note(text, instruction)
+    return note if text == note else text
 
 
 def render_note(template: str, /, **fields: Any) -> Note:

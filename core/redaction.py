@@ -105,8 +105,19 @@ class Redactor:
                 r"""("(?:[^"\\]|\\.)*"|'[^']*'"""  # a quoted value, or a bare one with
                 r"""|(?:(?:bearer|basic|digest|token|apikey)[ \t]+)?[^\s,;&}\]]+)"""  # scheme
             )
+            # The same pairs one JSON level down: inside JSON-quoted text -- a note's quoted
+            # data (loopwarden.notes.quote_data), a JSON document held in a JSON string -- a
+            # call's arguments read \"api_key\": \"value\".  Starts only at \" (linear).
+            # The quoted value: plain characters, an escape of the outer level (\n), or an
+            # escape of the inner one (\\\" an escaped quote, \\\\ a backslash).
+            self._escaped: re.Pattern[str] | None = re.compile(
+                r"""(?i)(\\"(?:[\w-]*(?<![a-z0-9]))?(?:""" + names + r""")\\"\s*[:=]\s*)"""
+                r"""(?!\\?""" + re.escape(mask) + r""")"""
+                r"""(\\"(?:[^"\\]|\\[^"\\]|\\\\(?:\\["\\]|[^\\]))*\\"|[^\s,;&}\]\\]+)"""
+            )
         else:
             self._pairs = None
+            self._escaped = None
 
     def add_literal(self, secret: str | None) -> None:
         """Also mask this exact string (ignored when empty or very short)."""
@@ -131,12 +142,19 @@ class Redactor:
             out = pat.sub(self.mask, out)
         if self._pairs is not None:
             out = self._pairs.sub(self._mask_pair, out)
+            if self._escaped is not None and '\\"' in out:
+                out = self._escaped.sub(self._mask_escaped_pair, out)
         return out
 
     def _mask_pair(self, m: re.Match[str]) -> str:
         value = m.group(2)
         if value.startswith(('"', "'")):
             return f"{m.group(1)}{value[0]}{self.mask}{value[0]}"
+        return m.group(1) + self.mask
+
+    def _mask_escaped_pair(self, m: re.Match[str]) -> str:
+        if m.group(2).startswith('\\"'):
+            return f'{m.group(1)}\\"{self.mask}\\"'
         return m.group(1) + self.mask
 
     def __call__(self, value: Any) -> Any:
@@ -150,6 +168,29 @@ class Redactor:
             return [self(v) for v in value]
         if isinstance(value, str):
             return self.text(value)
+        return value
+
+    def scrub(self, value: Any) -> Any:
+        """``value`` with secrets masked as :meth:`__call__` masks them -- but ``value`` itself
+        when it holds none, and a copy that keeps its shape otherwise (a tuple stays a tuple;
+        what needed no masking is shared).  For values kept in process as well as written
+        out (a verdict's evidence): unchanged data stays the very same object."""
+        if isinstance(value, str):
+            out = self.text(value)
+            return value if out == value else out
+        if isinstance(value, Mapping):
+            items: dict[Any, Any] = {}
+            changed = False
+            for k, v in value.items():
+                clean = self.mask if self.is_secret_key(k) and v is not None else self.scrub(v)
+                changed = changed or clean is not v
+                items[k] = clean
+            return items if changed else value
+        if isinstance(value, (list, tuple)):
+            cleaned = [self.scrub(v) for v in value]
+            if all(c is v for c, v in zip(cleaned, value, strict=True)):
+                return value
+            return cleaned if isinstance(value, list) else tuple(cleaned)
         return value
 
     def json_text(self, raw: str) -> str:

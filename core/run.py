@@ -267,6 +267,7 @@ class Run:
         meta: dict[str, Any] | None = None,
         conversation: Conversation | None = None,
         max_output_tokens: int | None = None,
+        model_url: str | None = None,
     ) -> None:
         #: the run's id (the run record's ``run_id``)
         self.run_id: str = run_id or uuid.uuid4().hex
@@ -290,6 +291,9 @@ class Run:
         self.limits: Limits = limits or Limits()
         #: the model's name, when known
         self.model_name: str | None = model_name
+        #: the URL of the endpoint the model calls (its ``base_url``), when known: telemetry's
+        #: ``server.address`` / ``server.port``; None for the scripted model or a framework's
+        self.model_url: str | None = model_url
         #: the model's cap on output tokens per call (``[model] max_output_tokens``): every
         #: ModelRequest carries it, so the budgets reserve what an answer may really cost
         self.max_output_tokens: int | None = max_output_tokens

@@ -12,9 +12,16 @@ Every record is one line whatever the model or a tool wrote: control characters,
 U+2028 / U+2029 and bidi marks in any field are escaped in both formats (``\\u2028``), so
 ``str.splitlines()`` or a terminal can never find a forged line or run an escape sequence.
 
+Conversations stay out of the logs unless asked for: the user's message, the model's text and
+tool results are logged (as previews of ``preview_chars`` characters) only with
+``capture_content = true`` -- off by default, as in the ``otel`` plugin's telemetry; without it
+their fields are null, and records carry what operators act on: tools and their arguments
+(redacted), tokens, durations, verdicts with their messages and evidence (masked), the stop.
+
 Secrets never appear: values under keys named in ``redact_keys`` are masked at any depth of
-tool arguments and evidence, ``key=value`` pairs and API-key patterns are masked in free text,
-and so is the value of the model's API-key environment variable.
+tool arguments and evidence, ``key=value`` pairs and ``"key": "value"`` pairs (also inside
+JSON-quoted text, such as a verdict message quoting a call) and API-key patterns are masked in
+free text, and so is the value of the model's API-key environment variable.
 """
 
 from __future__ import annotations
@@ -89,10 +96,16 @@ class LoggingSettings(PluginSettings):
         default_factory=lambda: list(DEFAULT_EVENTS),
         description="which events to log (step_finished is off by default: it adds little)",
     )
+    capture_content: bool = Field(
+        default=False,
+        description="log the user's message, the model's text and tool results (previews of "
+        "preview_chars characters, redacted); off: those fields are null",
+    )
     preview_chars: int = Field(
         default=200,
         ge=0,
-        description="characters of model text and tool observations to include (0: none)",
+        description="with capture_content: characters of the user's message, model text and "
+        "tool results to include (0: none)",
     )
     redact_keys: list[str] = Field(
         default_factory=lambda: list(DEFAULT_REDACT_KEYS),
@@ -147,6 +160,8 @@ class LoggingPlugin(Plugin[LoggingSettings]):
         super().__init__(settings)
         s = self.settings
         self.redactor = Redactor(s.redact_keys, s.redact_patterns, mask=s.mask)
+        #: whether conversation text is logged (capture_content, and room for a preview)
+        self._content = s.capture_content and s.preview_chars > 0
         self._level = logging.getLevelName(s.level)
         self._guard_level = logging.getLevelName(s.guard_level)
         self._loggers = {
@@ -173,7 +188,7 @@ class LoggingPlugin(Plugin[LoggingSettings]):
     # -- output ---------------------------------------------------------------------------
 
     def _preview(self, text: str | None) -> str | None:
-        if text is None or self.settings.preview_chars == 0:
+        if text is None or not self._content:
             return None
         clean = self.redactor.text(text)  # redact first: a cut must not hide a secret
         n = self.settings.preview_chars

@@ -11,8 +11,11 @@ An observer (the optional extra ``loopwarden[otel]``): it never changes a run.  
   end normally (anything but the model's own answer or a terminal hand-off) carries
   ``error.type`` = its stop reason and an ERROR status;
 * a ``chat`` span (kind CLIENT) per model call, from ``before_model`` to the answer:
-  ``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.usage.*``,
-  ``gen_ai.response.finish_reasons``; a failed call carries ``error.type``;
+  ``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.response.id`` (the provider's
+  id of the answer, :attr:`~loopwarden.events.ModelResponse.id`), ``gen_ai.usage.*``,
+  ``gen_ai.response.finish_reasons``, ``server.address`` / ``server.port`` (the endpoint the
+  model calls, :attr:`~loopwarden.run.Run.model_url`: also on the metrics' points); a failed
+  call carries ``error.type``;
 * an ``execute_tool`` span per tool call that gets a result -- executed, skipped by a guard,
   invalid, or answered by the side-effect ledger: ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
   ``gen_ai.tool.description``, ``error.type`` on a failure, ``loopwarden.tool.outcome`` (ok,
@@ -356,7 +359,7 @@ class OTel(Plugin[OTelSettings]):
             return
         end = time.time_ns()
         model = run.model_name
-        base, tokens_in, tokens_out = self._calls.chat(model, response.model)
+        base, tokens_in, tokens_out = self._calls.chat(model, response.model, run.model_url)
         usage = response.usage
         if inst is not None:
             # model calls and tokens: these histograms' count and sum (no counters per step)
@@ -367,6 +370,8 @@ class OTel(Plugin[OTelSettings]):
         if ctx is None or tracer is None:
             return
         attrs = base.copy()
+        if response.id:
+            attrs["gen_ai.response.id"] = response.id
         if usage is not None:
             attrs["gen_ai.usage.input_tokens"] = usage.prompt
             attrs["gen_ai.usage.output_tokens"] = usage.completion
@@ -519,7 +524,7 @@ class OTel(Plugin[OTelSettings]):
         error = str(kind) if isinstance(kind, str) and kind else outcome.termination
         if run.meta.get(FRAMEWORK_SPANS):
             return
-        attrs = {**self._calls.chat(run.model_name, None)[0], "error.type": error}
+        attrs = {**self._calls.chat(run.model_name, None, run.model_url)[0], "error.type": error}
         if self.instruments is not None:
             self.instruments.duration.record((end - st.model_t0) / 1e9, attrs)
         tracer = self._tracer

@@ -10,7 +10,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.observability import ALWAYS_NOT_FOUND, SECRET_TOOL, comparable, repeat_guard
+from support.observability import (
+    ALWAYS_NOT_FOUND,
+    SECRET_TOOL,
+    captured_logs,
+    comparable,
+    repeat_guard,
+)
+from support.observability import LogCapture as Capture
 
 from loopwarden import ConfigError, Deployment, FakeClock, ModelRequest, ModelResponse, Run
 from loopwarden.config import Config
@@ -22,32 +29,10 @@ from loopwarden.redaction import Redactor
 from loopwarden.verdicts import stop, warn
 
 
-class Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    @property
-    def fields(self) -> list[dict[str, Any]]:
-        return [r.loopwarden for r in self.records]  # type: ignore[attr-defined]
-
-    def text(self) -> str:
-        return "\n".join(r.getMessage() for r in self.records)
-
-
 @pytest.fixture
 def captured() -> Iterator[Capture]:
-    handler = Capture()
-    logger = logging.getLogger("loopwarden.events")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+    with captured_logs("loopwarden.events") as handler:
+        yield handler
 
 
 class RecordingModel(ScriptedModel):
@@ -100,7 +85,8 @@ def test_refund_run_logged_field_by_field(
     deployment_factory: Callable[..., Deployment],
     captured: Capture,
 ) -> None:
-    dep = deployment_factory(_config(make_config), clock=FakeClock())
+    # content on: this test checks every field, the previews of conversation text included
+    dep = deployment_factory(_config(make_config, capture_content=True), clock=FakeClock())
     sc = load_scenario(scenario_path("refund"))
     model = RecordingModel(sc.model, estimator=dep.estimator)
     run = dep.run(scenario=sc, model=model, run_id="run-refund")
@@ -331,7 +317,9 @@ def test_the_models_api_key_never_appears(
 ) -> None:
     monkeypatch.setenv("LW_TEST_KEY", "plainkey-7f3a9c")
     cfg = make_config(
-        model={"api_key_env": "LW_TEST_KEY"}, plugins={"enabled": ["max_steps", "logging"]}
+        model={"api_key_env": "LW_TEST_KEY"},
+        # content on: the user's text is logged, and the key in it must still be masked
+        plugins={"enabled": ["max_steps", "logging"], "logging": {"capture_content": True}},
     )
     dep = deployment_factory(cfg, clock=FakeClock())
     dep.run("my key is plainkey-7f3a9c, what now?", scenario="refund", run_id="r-key")

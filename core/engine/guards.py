@@ -8,17 +8,26 @@ with a resolution -- record and signal every verdict, queue warnings for the nex
 (:meth:`Guards.note`), end the run on a hard stop (:meth:`Guards.hard`), answer the calls that
 will not run (:meth:`Guards.close_calls`), and mask secrets in error texts
 (:meth:`Guards.redact`).  It holds no run state.
+
+:meth:`Guards.note` is the one door every verdict passes on its way out -- into the run record
+(``warnings``, ``verdicts``, ``evidence``), the ``guard_triggered`` signal (logs, alerts, spans,
+metrics), the model's next request and a soft stop's wrap-up -- so secrets are masked there,
+once, for every channel: a verdict's message (a guard's note quoting a call's arguments) and
+its evidence go through the deployment's redactor (:meth:`Guards.mask`).  A skip's observation
+is the tool's answer the model already had, and goes to it unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from loopwarden import signals
 from loopwarden.engine.outcomes import hard
+from loopwarden.notes import mask_note
 from loopwarden.run import Run, RunOutcome
-from loopwarden.verdicts import Resolution, Stop, resolve
+from loopwarden.verdicts import Resolution, Stop, Verdict, resolve
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig
@@ -58,6 +67,9 @@ class Guards:
         """
         if not res.verdicts:
             return res
+        masked = tuple(self.mask(v) for v in res.verdicts)
+        if any(m is not v for m, v in zip(masked, res.verdicts, strict=True)):
+            res = resolve(masked)
         shadow = self.shadow
         shadowed = bool(shadow) and any(v.plugin in shadow for v in res.verdicts)
         for v in res.verdicts:
@@ -96,6 +108,30 @@ class Guards:
                     run.pending_notes.append(message)
         return res
 
+    def mask(self, verdict: Verdict) -> Verdict:
+        """``verdict`` with secrets masked in its message and evidence (the same verdict when
+        it holds none): values under secret keys, ``key=value`` pairs and ``"key": "value"``
+        pairs -- also inside a note's quoted data --, API-key patterns, the model's key."""
+        redactor = self._redactor()
+        changed: dict[str, Any] = {}
+        message = verdict.message
+        if message:
+            clean = mask_note(message, redactor.text)
+            if clean is not message:
+                changed["message"] = clean
+        evidence = redactor.scrub(verdict.evidence)
+        if evidence is not verdict.evidence:
+            changed["evidence"] = evidence
+        return replace(verdict, **changed) if changed else verdict
+
+    def _redactor(self) -> Redactor:
+        redactor = self.redactor
+        if redactor is None:
+            from loopwarden.redaction import Redactor
+
+            redactor = self.redactor = Redactor()
+        return redactor
+
     def hard(self, run: Run, stop: Stop) -> RunOutcome:
         """The outcome of a hard stop (see :func:`loopwarden.engine.outcomes.hard`)."""
         return hard(self.settings, run, stop, normal=self.hooks.ends_runs_normally(stop.plugin))
@@ -109,11 +145,7 @@ class Guards:
     def redact(self, run: Run, text: str) -> str:
         """``text`` with secrets masked -- the model's API key, bearer credentials, ``sk-``
         keys -- and cut to :data:`_ERROR_CHARS` (error texts go to records, logs, alerts)."""
-        redactor = self.redactor
-        if redactor is None:
-            from loopwarden.redaction import Redactor
-
-            redactor = self.redactor = Redactor()
+        redactor = self._redactor()
         return _clip_error(redactor.text(_clip_error(text, 2 * _ERROR_CHARS)), _ERROR_CHARS)
 
 

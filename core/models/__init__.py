@@ -19,7 +19,7 @@ from loopwarden.events import ModelRequest, ModelResponse
 if TYPE_CHECKING:
     from loopwarden.config import ModelConfig
 
-__all__ = ["AsyncModel", "Model", "model_from_config", "output_limit"]
+__all__ = ["AsyncModel", "Model", "endpoint", "model_from_config", "output_limit"]
 
 
 @runtime_checkable
@@ -48,6 +48,15 @@ def output_limit(model: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return None
     return value
+
+
+def endpoint(model: object) -> str | None:
+    """The URL ``model`` calls: its ``base_url`` (the built-in client's, an ``openai``
+    client's), None for a model that names none (the scripted model, a framework's stand-in).
+    Runs carry it (:attr:`loopwarden.run.Run.model_url`) for telemetry's ``server.*``."""
+    url = getattr(model, "base_url", None)
+    text = str(url) if url is not None else ""
+    return text if text.startswith(("http://", "https://")) else None
 
 
 def model_from_config(config: ModelConfig) -> Model:

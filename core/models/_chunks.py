@@ -8,7 +8,7 @@ Used by :mod:`loopwarden.models.openai_chat`.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loopwarden.events import ModelRequest, ModelResponse, ProposedCall, Usage
 from loopwarden.exceptions import ModelError
@@ -16,6 +16,8 @@ from loopwarden.models.tokens import estimate_text
 
 if TYPE_CHECKING:
     from loopwarden.models.openai_chat import OpenAIChatModel
+
+T = TypeVar("T")
 
 
 class _Assembly:
@@ -28,11 +30,14 @@ class _Assembly:
         self.finish: str | None = None
         self.usage: Any = None
         self.model: Any = None
+        self.id: Any = None
 
     def add(self, chunk: Any) -> str | None:
         """Take one chunk; its text, if any.  A chunk of the wrong shape is malformed."""
         if self.model is None:
             self.model = _field(chunk, "model")
+        if self.id is None:
+            self.id = _field(chunk, "id")  # every chunk of one answer carries its id
         usage = _field(chunk, "usage")
         if usage is not None:
             self.usage = usage
@@ -75,6 +80,7 @@ class _Assembly:
         finish = _field(choice, "finish_reason") or ("tool_calls" if calls else "stop")
         return self.add(
             {
+                "id": data.get("id"),
                 "model": data.get("model"),
                 "usage": data.get("usage"),
                 "choices": [{"delta": delta, "finish_reason": finish}],
@@ -111,6 +117,7 @@ class _Assembly:
             usage=_usage(self.usage, request, content, calls),
             finish_reason=self.finish,
             model=_text_or(self.model, model.name),
+            id=_text_or(self.id, None),
         )
 
 
@@ -153,5 +160,6 @@ def _usage(u: Any, request: ModelRequest, content: str | None, calls: list[Propo
     )
 
 
-def _text_or(value: Any, default: str) -> str:
+def _text_or(value: Any, default: T) -> str | T:
+    """``value`` when it is a non-empty string (a field a server filled), else ``default``."""
     return value if isinstance(value, str) and value else default

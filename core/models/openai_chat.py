@@ -131,6 +131,13 @@ class OpenAIChatModel:
         #: one async client per event loop (a client is bound to the loop it first ran on)
         self._aclients: dict[int, tuple[Any, Any]] = {}
 
+    @property
+    def base_url(self) -> str:
+        """The endpoint this client calls: ``[model] base_url``, else the ``openai`` package's
+        (``OPENAI_BASE_URL``, else ``https://api.openai.com/v1``).  Runs carry it
+        (``Run.model_url``): telemetry's ``server.address`` / ``server.port``."""
+        return str(self._client.base_url)
+
     @classmethod
     def from_config(cls, config: ModelConfig) -> OpenAIChatModel:
         key = os.environ.get(config.api_key_env, "").strip()
@@ -261,6 +268,7 @@ class OpenAIChatModel:
             usage=_usage(getattr(completion, "usage", None), request, msg.content, calls),
             finish_reason=choice.finish_reason,
             model=_text_or(getattr(completion, "model", None), self.name),
+            id=_text_or(getattr(completion, "id", None), None),
         )
 
     def complete(self, request: ModelRequest) -> ModelResponse:

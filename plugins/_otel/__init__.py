@@ -27,6 +27,7 @@ from loopwarden.plugins._otel.attributes import (
     run_end_attributes,
     run_start_attributes,
     scalar,
+    server_attributes,
     verdict_attributes,
 )
 from loopwarden.plugins._otel.export import Providers, providers
@@ -44,5 +45,6 @@ __all__ = [
     "run_end_attributes",
     "run_start_attributes",
     "scalar",
+    "server_attributes",
     "verdict_attributes",
 ]

@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from loopwarden.redaction import Redactor
@@ -28,6 +29,7 @@ __all__ = [
     "run_end_attributes",
     "run_start_attributes",
     "scalar",
+    "server_attributes",
     "verdict_attributes",
 ]
 
@@ -212,18 +214,39 @@ def breaker_attributes(breaker: BreakerView) -> dict[str, Any]:
     return attrs
 
 
+def server_attributes(url: str | None) -> dict[str, Any]:
+    """``server.address`` and ``server.port`` of the endpoint at ``url`` (a model's base URL):
+    its host, and its port or the scheme's (443, 80); nothing for no URL or one without a
+    host.  User info, path and query never leave."""
+    if not url:
+        return {}
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is no number, an unbalanced IPv6 bracket
+        return {}
+    if not host:
+        return {}
+    port = port or _DEFAULT_PORTS.get(parts.scheme.lower())
+    return {"server.address": host, "server.port": port} if port else {"server.address": host}
+
+
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
 class CallAttributes:
     """What every call of a kind shares, built once and never mutated (the SDK copies what it
-    keeps): a chat call's attributes by model pair (operation, provider, models) with the
-    token histogram's input and output sets, and a tool's ``gen_ai.tool.name`` value, span
-    name and ``gen_ai.tool.description`` value.  Bounded: a response may name any model, and
-    the model may invent tool names."""
+    keeps): a chat call's attributes by model pair and endpoint (operation, provider, models,
+    ``server.*``) with the token histogram's input and output sets, and a tool's
+    ``gen_ai.tool.name`` value, span name and ``gen_ai.tool.description`` value.  Bounded: a
+    response may name any model, and the model may invent tool names."""
 
     __slots__ = ("_chat", "_tools", "provider")
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
-        self._chat: dict[tuple[str | None, str | None], tuple[dict[str, Any], ...]] = {}
+        self._chat: dict[tuple[str | None, str | None, str | None], tuple[dict[str, Any], ...]]
+        self._chat = {}
         self._tools: dict[tuple[str, str | None], tuple[Any, str, Any]] = {}
 
     def set_provider(self, provider: str) -> None:
@@ -231,10 +254,11 @@ class CallAttributes:
         self._chat.clear()  # they carry the provider's name
 
     def chat(
-        self, request_model: str | None, response_model: str | None
+        self, request_model: str | None, response_model: str | None, url: str | None = None
     ) -> tuple[dict[str, Any], ...]:
-        """The chat call's attributes, and the token histogram's input and output sets."""
-        key = (request_model, response_model)
+        """The chat call's attributes, and the token histogram's input and output sets;
+        ``url``: the endpoint the model called (``server.address`` / ``server.port``)."""
+        key = (request_model, response_model, url)
         found = self._chat.get(key)
         if found is None:
             base: dict[str, Any] = {
@@ -245,6 +269,7 @@ class CallAttributes:
                 base["gen_ai.request.model"] = request_model
             if response_model:
                 base["gen_ai.response.model"] = response_model
+            base.update(server_attributes(url))
             found = (
                 base,
                 {**base, "gen_ai.token.type": "input"},

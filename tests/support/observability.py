@@ -4,13 +4,15 @@
 * a repeat guard: the real ``repeat_call`` plugin when it is installed, else a tiny stand-in
   that stops with reason ``repeat_call`` on the third identical call;
 * real local HTTP servers for webhook tests (127.0.0.1, port 0): one that records JSON bodies,
-  one that hangs; and a URL whose port refuses connections.
+  one that hangs; and a URL whose port refuses connections;
+* :func:`captured_logs`: every record a logger (and those below it) writes, at any level.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -135,3 +137,41 @@ def blocked(alert: dict[str, Any]) -> None:
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
     """A run record without the fields that differ between identical runs."""
     return {k: v for k, v in record.items() if k not in ("run_id", "elapsed_s", "conversation_id")}
+
+
+class LogCapture(logging.Handler):
+    """The records a logger wrote: as written (:meth:`lines`, :meth:`text`), and the logging
+    plugin's fields (:attr:`fields`, from ``record.loopwarden``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    @property
+    def fields(self) -> list[dict[str, Any]]:
+        return [r.loopwarden for r in self.records if hasattr(r, "loopwarden")]
+
+    def lines(self, name: str = "") -> list[str]:
+        """The messages of the records of logger ``name`` and those below it (all: "")."""
+        return [r.getMessage() for r in self.records if r.name.startswith(name)]
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+
+@contextmanager
+def captured_logs(name: str) -> Iterator[LogCapture]:
+    """Every record logger ``name`` and those below it write, at any level, while inside."""
+    handler = LogCapture()
+    logger = logging.getLogger(name)
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)

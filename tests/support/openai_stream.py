@@ -17,9 +17,11 @@ from support.openai_stub import Stub
 __all__ = ["push_stream", "stream_chunks"]
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def _chunk(
+    delta: dict[str, Any], finish: str | None = None, response_id: str = "chatcmpl-1"
+) -> dict[str, Any]:
     return {
-        "id": "chatcmpl-1",
+        "id": response_id,
         "object": "chat.completion.chunk",
         "created": 1,
         "model": "stub-model",
@@ -37,23 +39,28 @@ def stream_chunks(
     usage: dict[str, Any] | None = None,
     *,
     piece: int = 4,
+    response_id: str = "chatcmpl-1",
 ) -> list[dict[str, Any]]:
     """The chunks of one streamed answer: ``content`` and ``tool_calls`` ({name, arguments},
     optionally an ``id``: ``call_<i>`` otherwise) split into ``piece``-character deltas, then
-    a usage-only chunk when ``usage`` is given."""
-    chunks = [_chunk({"role": "assistant", "content": ""})]
+    a usage-only chunk when ``usage`` is given; every chunk carries ``response_id``."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return _chunk(delta, finish, response_id)
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
     for text in _pieces(content, piece) if content else []:
-        chunks.append(_chunk({"content": text}))
+        chunks.append(chunk({"content": text}))
     for i, tc in enumerate(tool_calls or []):
         head = {"index": i, "id": tc.get("id", f"call_{i}"), "type": "function"}
         chunks.append(
-            _chunk({"tool_calls": [{**head, "function": {"name": tc["name"], "arguments": ""}}]})
+            chunk({"tool_calls": [{**head, "function": {"name": tc["name"], "arguments": ""}}]})
         )
         for text in _pieces(tc["arguments"], piece):
-            chunks.append(_chunk({"tool_calls": [{"index": i, "function": {"arguments": text}}]}))
-    chunks.append(_chunk({}, "tool_calls" if tool_calls else "stop"))
+            chunks.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": text}}]}))
+    chunks.append(chunk({}, "tool_calls" if tool_calls else "stop"))
     if usage is not None:
-        chunks.append({**_chunk({}), "choices": [], "usage": usage})
+        chunks.append({**chunk({}), "choices": [], "usage": usage})
     return chunks
 
 
@@ -62,11 +69,13 @@ def push_stream(
     content: str | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
     usage: dict[str, Any] | None = None,
+    *,
+    response_id: str = "chatcmpl-1",
 ) -> None:
     """Queue one streamed answer (server-sent events, chunked by the connection's end)."""
     data = b"".join(
         b"data: " + json.dumps(c).encode() + b"\n\n"
-        for c in stream_chunks(content, tool_calls, usage)
+        for c in stream_chunks(content, tool_calls, usage, response_id=response_id)
     )
     data += b"data: [DONE]\n\n"
 

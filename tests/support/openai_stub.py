@@ -25,7 +25,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 __all__ = ["Stub", "completion", "lone_surrogate_completion", "nested_arguments", "serve"]
 
@@ -136,6 +139,22 @@ def _head(h: BaseHTTPRequestHandler, status: int, headers: dict[str, str]) -> No
     for k, v in headers.items():
         h.send_header(k, v)
     h.end_headers()
+
+
+def stub_model(
+    url: str, monkeypatch: pytest.MonkeyPatch, key: str = "sk-stub", **model: Any
+) -> dict[str, Any]:
+    """The ``[model]`` table of the built-in client calling the stub at ``url`` (its key in
+    ``STUB_KEY``, set here; no retries unless ``model`` says so)."""
+    monkeypatch.setenv("STUB_KEY", key)
+    return {
+        "provider": "openai",
+        "name": "stub-model",
+        "base_url": url,
+        "api_key_env": "STUB_KEY",
+        "max_retries": 0,
+        **model,
+    }
 
 
 def completion(
