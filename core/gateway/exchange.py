@@ -327,26 +327,33 @@ class Gate:
     def locate(
         self, headers: Mapping[str, str], req: ChatRequest, tenant: str
     ) -> tuple[str | None, list[str]]:
-        """The conversation the request names directly (a session header), and the aliases
-        of the ids in its last assistant turn (see the module doc)."""
+        """The conversation the request names directly (a session header, or the body's own
+        conversation id), and the aliases that may lead to it, best first: the ids of the
+        calls in its last assistant turn (or, in a request without one, the call ids its
+        results answer), then the answer it continues (see the module doc)."""
         for h in self.session_headers:
             v = headers.get(h)
             if v:
                 return _digest(f"{tenant}\x00session\x00{v}"), []
+        if req.session:
+            return _digest(f"{tenant}\x00session\x00{req.session}"), []
         msgs = req.messages
         last = _last_assistant(msgs)
-        if last < 0:
-            return None, []
         aliases: list[str] = []
-        for tc in msgs[last].get("tool_calls") or ():
-            if isinstance(tc, dict) and tc.get("id"):
-                aliases.append(f"{tenant}\x00id\x00{tc['id']}")
-        if not aliases:  # calls replayed as text: the ids the gateway handed out, in the text
-            for m in msgs[last:]:
-                for found in _ID_IN_TEXT.findall(text_of(m.get("content"))):
-                    a = f"{tenant}\x00id\x00{found}"
-                    if a not in aliases:
-                        aliases.append(a)
+        if last >= 0:
+            for tc in msgs[last].get("tool_calls") or ():
+                if isinstance(tc, dict) and tc.get("id"):
+                    aliases.append(f"{tenant}\x00id\x00{tc['id']}")
+            if not aliases:  # calls replayed as text: the ids the gateway handed out
+                for m in msgs[last:]:
+                    for found in _ID_IN_TEXT.findall(text_of(m.get("content"))):
+                        a = f"{tenant}\x00id\x00{found}"
+                        if a not in aliases:
+                            aliases.append(a)
+        else:
+            aliases.extend(f"{tenant}\x00id\x00{cid}" for cid in req.answered if cid)
+        if req.previous:
+            aliases.append(f"{tenant}\x00answer\x00{req.previous}")
         return None, [_digest(a) for a in aliases]
 
     @staticmethod
@@ -383,6 +390,9 @@ class Exchange:
         self._reasks = 0
         self._delivered: dict[str, Any] | None = None
         self._handed: list[ToolCall] = []
+        #: the ids of the answers delivered (the provider's, and any the gateway wrote):
+        #: a request continuing one of them (``previous_response_id``) finds the run
+        self.answer_ids: list[str] = []
         self.outcome: RunOutcome | None = None
         self.store_calls = 0
 
@@ -479,10 +489,13 @@ class Exchange:
 
     def _sync_messages(self, run: Run, live: Live) -> None:
         """The run's messages are the client's: counted once each (only what is new since
-        the last request is estimated)."""
+        the last request is estimated).  A delta request (the history kept at the
+        provider) adds what it carries to what was counted before."""
         msgs = self.req.messages
         est = run.estimator
-        if live.seen <= len(msgs) and live.seen > 0:
+        if self.req.delta:
+            tokens = live.seen_tokens + sum(estimate_message(_plain(m), est) for m in msgs)
+        elif live.seen <= len(msgs) and live.seen > 0:
             tokens = live.seen_tokens + sum(
                 estimate_message(_plain(m), est) for m in msgs[live.seen :]
             )
@@ -626,6 +639,8 @@ class Exchange:
         turn, self._turn = self._turn, None
         assert turn is not None and self.run is not None
         run = self.run
+        if response.id:
+            self.answer_ids.append(response.id)
         try:
             turn.send(response)
         except StopIteration as done:
@@ -845,6 +860,7 @@ class Exchange:
             live.pending = []
         tenant = live.tenant
         aliases = [_digest(f"{tenant}\x00id\x00{c.id}") for c in self._handed if c.id]
+        aliases += [_digest(f"{tenant}\x00answer\x00{a}") for a in self.answer_ids]
         if self._delivered is not None and (
             not self._delivered.get("tool_calls") or not all(c.id for c in self._handed)
         ):

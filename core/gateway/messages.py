@@ -174,7 +174,9 @@ def parse_response(body: Any) -> ModelResponse:
         if b.get("type") == "tool_use"
     ]
     model = body.get("model")
+    mid = body.get("id")
     return ModelResponse(
+        id=mid if isinstance(mid, str) else None,
         content=text if any(b.get("type") == "text" for b in blocks) else None,
         tool_calls=calls,
         usage=_usage(body.get("usage")),

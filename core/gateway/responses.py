@@ -194,7 +194,9 @@ def parse_response(body: Any) -> ModelResponse:
                 )
             )
     model = body.get("model")
+    rid = body.get("id")
     resp = ModelResponse(
+        id=rid if isinstance(rid, str) else None,
         content="".join(texts) if texts else None,
         tool_calls=calls,
         usage=_usage(body.get("usage")),
