@@ -3,7 +3,7 @@
 Usage::
 
     python bench/gateway_replay.py [FILE ...] [--config FILE] [--limit N] [--quick]
-                                   [--via app|gate] [--json]
+                                   [--via app|gate] [--stream] [--json]
 
 Each trajectory (the JSONL format of docs/contracts.md; default: the shared
 ``real-trajectories.jsonl`` and ``coding-agent-trajectories.jsonl.gz``) is turned into the
@@ -26,14 +26,20 @@ are compared.
 upstream client is an ``httpx.MockTransport`` serving the recording): the wire codec, the
 headers, the conversation found again from the history the client sends, the snapshot saved
 and loaded between requests.  ``--via gate`` drives :class:`~loopwarden.gateway.exchange.Gate`
-directly (the same judging without HTTP: a cross-check, and faster).  Each trajectory is its
-own tenant (its own API key): nothing of one conversation can be found by another's history.
+directly (the same judging without HTTP: a cross-check).  ``--stream``: the agent asks for
+server-sent events and the upstream streams (the gateway's streamed path; a streamed answer
+carries no ``x-loopwarden-run`` header, so its run is the one that ended during the request).
+Each trajectory is its own tenant (its own API key): nothing of one conversation can be found
+by another's history.  The agent's first message is replay's (the trajectory's ``user``, else
+"(recorded conversation)"); its tools are every tool the recording calls, with open schemas.
 
 A stop is read as ``loopwarden replay`` reads one: the run's stop verdict (hook and step, from
 the run the gateway finished: ``run_stopped``) gives the file step (a ``before_model`` stop
 names the call it precedes), and ``calls_cut`` (recorded calls of the run that never reached
 their hooks: ``tool_finished``) its kind.  Every difference is listed with the evidence the
-bench can read off the two runs and a classification (``why``); the known causes:
+bench can read off the two runs and its cause (``why``) -- ``error_flag`` is established by a
+counterfactual (replay of the trajectory without its recorded error flags does what the gateway
+did), the others are read off the two stops; the known causes:
 
 * ``order`` -- the gateway gives ``before_tool`` to every proposed call of an answer before any
   has a result (the client runs them after delivery); replay interleaves before/after per call;
@@ -45,6 +51,10 @@ bench can read off the two runs and a classification (``why``); the known causes
   beside the turn's other calls; the gateway withholds the whole answer and asks the model
   again (the turn's other calls are dropped);
 * ``time`` -- replay's clock does not move; the gateway's is the wall clock.
+
+On the shared data (851 runs, the shipped config) every termination difference is
+``error_flag`` and terminations agree on 99.41% (real 99.19%, coding 100%); bench/README.md
+has the figures and the fixes measured.
 
 Prints a table per source (trajectories, stops on each side, agreement) and every difference;
 ``--json`` prints one object.  Target (issue 42, item 8): terminations agree on >= 99% of runs.
@@ -581,6 +591,7 @@ def why(
     gateway: Mapping[str, Any] | None,
     *,
     warning: bool = False,
+    answered_early: bool = False,
 ) -> str:
     """The cause of a difference (module doc): ``error_flag`` when replay without the
     recorded error flags does what the gateway did (a counterfactual, not a guess); else
@@ -592,15 +603,12 @@ def why(
     elif termination(plain.stop) == termination(gateway):
         return "error_flag"
     marks = [m for m in (replayed, gateway) if m is not None]
-    plugins = {m.get("plugin") for m in marks}
-    if "timeout" in plugins:
+    if any(m.get("plugin") == "timeout" for m in marks):
         return "time"
-    if not warning and any(
-        m.get("plugin") in ("token_budget", "conversation_limits", "cost_budget")
-        and "token" in str(m.get("reason")) + str(m.get("evidence", ""))
-        for m in marks
-    ):
+    if any(m.get("reason") in ("max_tokens", "max_context", "max_cost") for m in marks):
         return "sizing"
+    if answered_early:
+        return "skip_reask"
     if _parallel_before(traj, _first_step(replayed, gateway)):
         return "order"
     return "unclassified"
