@@ -349,3 +349,108 @@ def test_fuzz_bench_prints_the_promised_json_and_finds_nothing() -> None:
         "bad_requests": 0,
         "blamed_model": 0,
     }
+
+
+# -- gateway replay: recorded runs through the gateway, judged as `loopwarden replay` does ------
+
+
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments}
+
+
+def _tiny_trajectories(path: Path) -> Path:
+    """Three recorded conversations: one healthy (two user turns), one runaway (the same
+    lookup with the same answer eight times), and one whose failures only the recording's
+    ``observation_is_error`` flags (their text says nothing of an error)."""
+    healthy = [
+        {
+            "content": None,
+            "tool_calls": [_call("get_order", order_id="A1")],
+            "observations": ['{"status": "shipped"}'],
+            "usage": {"prompt_tokens": 900, "completion_tokens": 20},
+        },
+        {
+            "content": "Your order A1 has shipped.",
+            "user_reply": "And B2?",
+            "usage": {"prompt_tokens": 950, "completion_tokens": 12},
+        },
+        {
+            "content": None,
+            "tool_calls": [_call("get_order", order_id="B2")],
+            "observations": ['{"status": "packed"}'],
+        },
+        {"content": "Order B2 is packed."},
+    ]
+    runaway = [
+        {
+            "content": "Checking.",
+            "tool_calls": [_call("get_order", order_id="C3")],
+            "observations": ['{"status": "unknown"}'],
+            "usage": {"prompt_tokens": 900 + 50 * i, "completion_tokens": 20},
+        }
+        for i in range(8)
+    ]
+    flagged = [
+        {
+            "content": None,
+            "tool_calls": [_call("find_user", email=f"u{i}@example.org")],
+            "observations": ["no such user"],
+            "observation_is_error": [True],
+        }
+        for i in range(4)
+    ] + [{"content": "I could not find your account."}]
+    with path.open("w", encoding="utf-8") as fh:
+        for tid, steps in (("healthy", healthy), ("runaway", runaway), ("flagged", flagged)):
+            line = {"source": "tiny", "id": tid, "success": None, "steps": steps}
+            fh.write(json.dumps(line) + "\n")
+    return path
+
+
+def _gateway_replay(path: Path, *args: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "gateway_replay.py"), str(path), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def _terminations(data: dict[str, Any]) -> dict[str, Any]:
+    def key(stop: dict[str, Any] | None) -> tuple[int, str] | None:
+        return None if stop is None else (stop["step"], stop["reason"])
+
+    return {r["id"]: (key(r["replay"]), key(r["gateway"])) for r in data["rows"]}
+
+
+def test_gateway_replay_bench_agrees_with_replay_and_says_why_not(tmp_path: Path) -> None:
+    data = _gateway_replay(_tiny_trajectories(tmp_path / "tiny.jsonl"))
+    o = data["overall"]
+    assert (o["trajectories"], o["agree"], o["replay_stops"], o["gateway_stops"]) == (3, 2, 2, 1)
+    assert data["meta"]["via"] == "app" and data["target_met"] is False
+    assert "logging" not in data["meta"]["plugins"]  # replay_config's adjustments, both sides
+    ends = _terminations(data)
+    assert ends["healthy"] == (None, None)
+    replayed, played = ends["runaway"]
+    assert replayed is not None and replayed == played  # both stop the loop, at one step
+    # every request reached the recorded upstream but a hard stop's; both user turns played
+    assert o["requests"] >= 4 + 1 and o["upstream_calls"] <= o["requests"]
+    # the one difference, with its cause: replay without the recorded flags does what the
+    # gateway did (the chat-completions wire carries no error flag on a tool message)
+    (diff,) = data["differences"]
+    assert diff["id"] == "flagged" and diff["why"] == "error_flag"
+    assert diff["replay"]["reason"] == "failure_streak" and diff["gateway"] is None
+    assert o["differences_by_why"] == {"error_flag": 1}
+
+
+@pytest.mark.slow  # three bench subprocesses
+def test_gateway_replay_bench_judges_alike_streamed_and_through_the_gate(tmp_path: Path) -> None:
+    path = _tiny_trajectories(tmp_path / "tiny.jsonl")
+    app = _terminations(_gateway_replay(path))
+    streamed = _gateway_replay(path, "--stream")
+    assert streamed["meta"]["stream"] is True
+    assert _terminations(streamed) == app
+    assert _terminations(_gateway_replay(path, "--via", "gate")) == app
