@@ -163,7 +163,9 @@ class _Pending:
 class _State:
     entries: OrderedDict[str, _Entry] = field(default_factory=OrderedDict)
     window: deque[tuple[str, bool]] = field(default_factory=deque)
-    pending: _Pending | None = None
+    #: before_tool's decisions for the current turn's calls, by (step, index), until their
+    #: after_tool (all of a turn's calls are decided before any result in the gateway)
+    pending: dict[tuple[int, int], _Pending] = field(default_factory=dict)
     epoch: int = 0  # bumped by every executed call that may change the world
     successes: int = 0  # real successful results so far
     last_fp: str | None = None  # the fingerprint of the latest real result

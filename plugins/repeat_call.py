@@ -254,6 +254,15 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             **self._evidence(call, e, hits, rule="failed", across_turns=True),
         )
 
+    @staticmethod
+    def _hold(st: _State, pending: _Pending) -> None:
+        """Keep before_tool's decision for the call's after_tool -- per call: a front that
+        sees a whole answer at once (the gateway) decides every call of it before any result."""
+        call = pending.call
+        if st.pending and next(iter(st.pending))[0] != call.step:
+            st.pending.clear()  # calls of an earlier turn that never got a result
+        st.pending[(call.step, call.index)] = pending
+
     @hookimpl
     def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
         st: _State = self.state(run)
@@ -264,7 +273,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         tool = call.tool
         if tool is not None and tool.likely_repeatable:
             # a hand-off or a wait nobody declared: its repeats are expected, not a loop
-            st.pending = _Pending(call, retry=False, deferred=False, entry=e, expected=True)
+            self._hold(st, _Pending(call, retry=False, deferred=False, entry=e, expected=True))
             return None
         if not e.has_result and e.carried is None and s.failures_across_turns:
             # failed for good in an earlier run of this conversation: it runs once more (the
@@ -278,7 +287,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         # its tool's nature is declared (an undeclared tool is never skipped: a guess must
         # not change execution).
         deferred = self._volatile(call) and (not current or e.ok or retry or not call.declared)
-        st.pending = _Pending(call, retry=retry, deferred=deferred, entry=e)
+        self._hold(st, _Pending(call, retry=retry, deferred=deferred, entry=e))
         if deferred:
             return None
         side_effect = call.side_effect and call.error is None
@@ -328,8 +337,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
         st: _State = self.state(run)
         s = self.settings
-        pending = st.pending
-        st.pending = None
+        pending = st.pending.pop((call.step, call.index), None)
         if pending is None or pending.call is not call:
             pending = _Pending(call, retry=False, deferred=False)
         fp = call.fingerprint

@@ -154,7 +154,7 @@ def main(config_path: str | None, *, stream: bool = False) -> int:
     from loopwarden import signals
     from loopwarden.commands.demotable import render_legend_plain, render_plain, summary_lines
     from loopwarden.config import load_config
-    from loopwarden.demo import UNGUARDED_CAP, Totals, find_scenarios
+    from loopwarden.demo import UNGUARDED_CAP, Shop, Totals, find_scenarios, with_shop_prompt
     from loopwarden.demo.runner import (
         Pair,
         Pricer,
@@ -164,7 +164,6 @@ def main(config_path: str | None, *, stream: bool = False) -> int:
         stop_step,
         unguarded_deployment,
     )
-    from loopwarden.demo import Shop, with_shop_prompt
     from loopwarden.deployment import Deployment, scripted_tools
     from loopwarden.gateway.app import GatewayApp
     from loopwarden.gateway.scripted import ScriptedUpstream

@@ -421,6 +421,26 @@ class GatewayConfig(_Strict):
         ],
         description="request headers whose value names the conversation, first match wins",
     )
+    tool_error_patterns: list[str] = Field(
+        default_factory=list,
+        description="regular expressions searched in the first 500 characters of a tool "
+        "result the client sends: a match is judged a failure (ok = false), as a tool that "
+        "raised -- chat completions carry no error flag on a tool message; e.g. "
+        "'^\\s*[Ee]rror\\s*:'.  Replay honours them too, beside a recorded "
+        "observation_is_error",
+    )
+
+    @model_validator(mode="after")
+    def _patterns_compile(self) -> GatewayConfig:
+        for i, pattern in enumerate(self.tool_error_patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"gateway.tool_error_patterns[{i}] {pattern!r} is not a regular "
+                    f"expression: {exc}"
+                ) from None
+        return self
 
 
 class PluginsConfig(BaseModel):

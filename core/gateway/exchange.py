@@ -243,6 +243,13 @@ class Gate:
         #: plugins whose per-run state could not be pickled: left out of snapshots
         self.unpicklable: set[str] = set()
         self.finish_tools = list(self.settings.finish_tools)
+        self.error_patterns = [re.compile(p) for p in self.settings.tool_error_patterns]
+
+    def failed(self, text: str) -> bool:
+        """Whether a tool result's text says it failed (``[gateway] tool_error_patterns``):
+        chat completions have no error flag, so a result is judged by what it says."""
+        head = text[:500]
+        return any(p.search(head) for p in self.error_patterns)
 
     def _symbols(self) -> st.Symbols:
         dep = self.deployment
@@ -512,6 +519,7 @@ class Exchange:
         """The results the request carries for ``pending``: call id -> (text, is_error)."""
         msgs = self.req.messages
         last = _last_assistant(msgs)
+        failed = self.gate.failed
         found: dict[str, tuple[str, bool]] = {}
         want = {c.id for c in pending}
         after = msgs[last + 1 :] if last >= 0 else []
@@ -524,22 +532,22 @@ class Exchange:
                 if isinstance(cid, str) and cid in want:
                     # a wire with an error flag (Anthropic's is_error) says so; chat
                     # completions have none: the text is judged
-                    found[cid] = (text, bool(m.get("is_error")))
+                    found[cid] = (text, bool(m.get("is_error")) or failed(text))
                 else:
                     unmatched.append(text)
             elif role == "user":
                 for cid in want - found.keys():
                     if cid and cid in text:
-                        found[cid] = (text, False)
+                        found[cid] = (text, failed(text))
         # results in order for calls whose id the client did not keep
         rest = [c for c in pending if c.id not in found]
         for c, text in zip(rest, unmatched, strict=False):
-            found[c.id] = (text, False)
+            found[c.id] = (text, failed(text))
         if not found and len(pending) == 1 and after:
             # one call replayed as text, its result a plain user message ("Observation: ...")
             users = [text_of(m.get("content")) for m in after if m.get("role") == "user"]
             if users:
-                found[pending[0].id] = (users[0], False)
+                found[pending[0].id] = (users[0], failed(users[0]))
         return found
 
     def _asked(self) -> tuple[int, str]:

@@ -46,7 +46,8 @@ re-exported here).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -290,6 +291,8 @@ def replay_trajectory(
     declared.update(flags or {})
     tools = ToolRegistry(recorded_tool(n, declared.get(n)) for n in sorted(names))
     engine = ReplayEngine(deployment.hooks, deployment.config.run)
+    # results the gateway would judge failed by their text: failed here too
+    errors = [re.compile(p) for p in deployment.config.gateway.tool_error_patterns]
     prompts = _Prompts(offset=_system_prompt_gap(deployment, system_prompt_tokens))
     conversation = Conversation(result.id)
     first_user = str(traj.get("user") or "(recorded conversation)")
@@ -317,7 +320,7 @@ def replay_trajectory(
         prompts.recorded = [_recorded_prompt(s) for s in seg_steps]
         run.stash[_PROMPTS] = prompts
         result.runs += 1
-        outcome, n = _drive_recorded(engine, run, seg_steps)
+        outcome, n = _drive_recorded(engine, run, seg_steps, errors)
         reached += n
         state = run.state
         result.records.append(run.record())
@@ -370,7 +373,12 @@ def _system_prompt_gap(deployment: Deployment, system_prompt_tokens: int | None)
     return system_prompt_tokens - configured
 
 
-def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tuple[RunOutcome, int]:
+def _drive_recorded(
+    engine: Engine,
+    run: Run,
+    seg: list[dict[str, Any]],
+    errors: Sequence[re.Pattern[str]] = (),
+) -> tuple[RunOutcome, int]:
     """Play one run of recorded steps; returns its outcome and how many of the recorded tool
     calls reached their hooks (executed, skipped or refused as invalid -- not cut by a stop)."""
     reached = [0]
@@ -411,6 +419,7 @@ def _drive_recorded(engine: Engine, run: Run, seg: list[dict[str, Any]]) -> tupl
                     i = eff.call.index
                     text = str(obs[i]) if i < len(obs) else "(no observation recorded)"
                     is_err = bool(errs[i]) if i < len(errs) and errs[i] is not None else False
+                    is_err = is_err or any(p.search(text[:500]) for p in errors)
                     value = ToolResult(
                         content=text, ok=not is_err, error="tool_error" if is_err else None
                     )
