@@ -58,8 +58,18 @@ _DROP_REQUEST = frozenset(
         "proxy-authorization",
     }
 )
+#: response headers never passed back: hop-by-hop, the framing, and the ones the gateway's own
+#: server writes (uvicorn's date and server: passed on as well, a client would get two)
 _DROP_RESPONSE = frozenset(
-    {"content-length", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
+    {
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+        "date",
+        "server",
+    }
 )
 
 
@@ -230,6 +240,7 @@ class GatewayApp:
             return
         waited = 0.0
         last_body: bytes | None = None
+        last_headers: httpx.Headers | None = None
         try:
             if req.stream and isinstance(step, Forward) and not step.final and not step.followup:
                 await self._chat_stream(ex, req, url, up_headers, step, send, t0)
@@ -244,11 +255,11 @@ class GatewayApp:
                     ex.upstream_failed(got.why)
                     await got.respond(send)
                     return
-                resp, body = got
+                resp, body, last_headers = got
                 step = ex.answer(chat.parse_response(resp))
                 last_body = body
             overhead = (time.perf_counter() - t0 - waited) * 1000
-            await self._deliver_json(ex, req, step, send, overhead, last_body)
+            await self._deliver_json(ex, req, step, send, overhead, last_body, last_headers)
         except chat.WireError as exc:
             ex.upstream_failed(exc.message)
             await _error(send, exc.status, exc.code, exc.message)
@@ -257,7 +268,7 @@ class GatewayApp:
 
     async def _call(
         self, url: str, headers: Mapping[str, str], body: bytes
-    ) -> tuple[dict[str, Any], bytes] | _Upstream:
+    ) -> tuple[dict[str, Any], bytes, httpx.Headers] | _Upstream:
         try:
             resp = await self.client.post(url, headers=headers, content=body)
         except httpx.TimeoutException:
@@ -310,7 +321,7 @@ class GatewayApp:
                 {},
                 "non-object answer",
             )
-        return data, resp.content
+        return data, resp.content, resp.headers
 
     async def _proxy_body(
         self, url: str, headers: Mapping[str, str], body: bytes, send: Send
@@ -342,6 +353,7 @@ class GatewayApp:
         send: Send,
         overhead: float,
         upstream_body: bytes | None,
+        upstream_headers: httpx.Headers | None = None,
     ) -> None:
         headers = self._stop_headers(step, overhead)
         reason = step.stop["reason"] if step.stop else "stop"
@@ -375,10 +387,16 @@ class GatewayApp:
             )
             await _respond(send, 200, chunks, {"content-type": "text/event-stream", **headers})
             return
+        # the upstream's answer passed on: with its own headers (request ids, rate-limit
+        # counters, content type), as a streamed answer and any other path get them
+        passed = (
+            _pass_headers(upstream_headers)
+            if upstream_headers is not None
+            else [(b"content-type", b"application/json")]
+        )
+        passed += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         if step.kind == "pass" and upstream_body is not None:
-            await _respond(
-                send, 200, upstream_body, {"content-type": "application/json", **headers}
-            )
+            await _respond(send, 200, upstream_body, passed, raw_headers=True)
             return
         if step.kind == "message" and step.message is not None and upstream_body is not None:
             data = json.loads(upstream_body)
@@ -386,10 +404,7 @@ class GatewayApp:
             if not step.message.get("tool_calls"):
                 data["choices"][0]["finish_reason"] = "stop"
             await _respond(
-                send,
-                200,
-                json.dumps(data, ensure_ascii=False).encode(),
-                {"content-type": "application/json", **headers},
+                send, 200, json.dumps(data, ensure_ascii=False).encode(), passed, raw_headers=True
             )
             return
         body = chat.completion_body(step.text, model=req.model, finish_call=step.finish_call)
