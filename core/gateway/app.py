@@ -17,6 +17,8 @@ application.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -243,7 +245,9 @@ class GatewayApp:
         last_headers: httpx.Headers | None = None
         try:
             if req.stream and isinstance(step, Forward) and not step.final and not step.followup:
-                await self._chat_stream(ex, req, url, up_headers, step, send, t0)
+                await _watching(
+                    receive, self._chat_stream(ex, req, url, up_headers, step, send, t0), ex
+                )
                 return
             while isinstance(step, Forward):
                 t1 = time.perf_counter()
@@ -431,6 +435,9 @@ class GatewayApp:
                 client.build_request("POST", url, headers=up_headers, content=step.body),
                 stream=True,
             )
+        except asyncio.CancelledError:  # the client went away before the upstream answered
+            ex.cancel()
+            raise
         except httpx.TimeoutException:
             ex.upstream_failed("timeout")
             await _error(send, 504, "upstream_timeout", "the upstream did not answer in time")
@@ -445,6 +452,21 @@ class GatewayApp:
                 ex.upstream_failed(f"HTTP {resp.status_code}")
                 await _respond(
                     send, resp.status_code, body, _pass_headers(resp.headers), raw_headers=True
+                )
+                return
+            ctype = resp.headers.get("content-type", "")
+            if ctype and "event-stream" not in ctype.lower():
+                # an HTML error page, or a JSON body for a streamed request: no stream to
+                # pass on -- a defined 502, before a 200 with the wrong content type starts
+                await resp.aread()
+                ex.upstream_failed(f"not an event stream: {ctype}")
+                await _error(
+                    send,
+                    502,
+                    "bad_upstream",
+                    f"the upstream answered a streamed request with {ctype[:80]!r}, not an "
+                    "event stream",
+                    kind="api_error",
                 )
                 return
             overhead = (time.perf_counter() - t0) * 1000
@@ -515,7 +537,7 @@ class GatewayApp:
                     break
                 nxt = ex.answer(chat.parse_response(got[0]))
             await self._stream_tail(req, asm, held, nxt, send)
-        except _Disconnected:
+        except (_Disconnected, asyncio.CancelledError):
             ex.cancel()
             raise
         finally:
@@ -658,6 +680,37 @@ def _pass_headers(headers: Any) -> list[tuple[bytes, bytes]]:
         for k, v in headers.multi_items()
         if k.lower() not in _DROP_RESPONSE
     ]
+
+
+async def _watching(receive: Receive, work: Awaitable[None], ex: Exchange) -> None:
+    """Run ``work`` (a streamed answer) until it ends or the client goes away, whichever is
+    first: then the work is cancelled where it waits (reading the upstream, or writing), the
+    run ends ``cancelled`` and the upstream's stream is let go.  An ASGI server need not fail
+    a ``send`` to a client that left (uvicorn drops it silently), so the request's
+    ``http.disconnect`` is what tells."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        task.result()  # its own exception, if any
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, _Disconnected):
+        await task
+    ex.cancel()  # already done by the work when it was cancelled; idempotent
+    raise _Disconnected
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client has gone away (the request's body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
