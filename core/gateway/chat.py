@@ -144,12 +144,17 @@ def _usage(u: Any) -> Usage | None:
     return Usage(prompt=max(0, prompt), completion=max(0, completion), cached=max(0, cached))
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (untrusted wire data)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _calls(raw: Any) -> list[ProposedCall]:
     out: list[ProposedCall] = []
     for tc in raw or ():
         if not isinstance(tc, dict):
             continue
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        fn = _obj(tc.get("function"))
         args = fn.get("arguments")
         out.append(
             ProposedCall(
@@ -384,7 +389,7 @@ class StreamAssembler:
         for ch in obj.get("choices") or ():
             if not isinstance(ch, dict) or ch.get("index", 0) != 0:
                 continue
-            delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+            delta = _obj(ch.get("delta"))
             text = delta.get("content")
             if isinstance(text, str):
                 self.content.append(text)
@@ -397,7 +402,7 @@ class StreamAssembler:
                 )
                 if tc.get("id"):
                     slot["id"] = str(tc["id"])
-                fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+                fn = _obj(tc.get("function"))
                 if fn.get("name"):
                     slot["name"] += str(fn["name"])
                 if isinstance(fn.get("arguments"), str):
