@@ -38,16 +38,12 @@ from support.gw_clients import (
     ToolBox,
     agent_loop,
     agent_loop_async,
-    gateway_config,
     records,
+    serve_gateway,
     wait_for_record,
 )
 
-from loopwarden import Deployment
-from loopwarden.config import parse_config
-from loopwarden.gateway.app import GatewayApp
 from loopwarden.gateway.scripted import ScriptedUpstream
-from loopwarden.gateway.state import open_state
 from loopwarden.models.scenario import Scenario
 
 #: the stop reasons a runaway scenario may end on through the gateway (its loop detectors
@@ -96,11 +92,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         mp.setenv("LOOPWARDEN_DATA_DIR", str(tmp / "data"))
 
         def gateway(upstream: str, **tables: Any) -> tuple[str, Counting]:
-            config = parse_config(gateway_config(tmp, **tables), path="<gw-clients>")
-            dep = Deployment(config, tools=[])
-            stack.callback(dep.close)
-            app = Counting(GatewayApp(dep, upstream + "/v1", open_state(config.store)))
-            return stack.enter_context(serve(app)), app
+            return serve_gateway(stack, tmp, upstream, **tables)
 
         up = stack.enter_context(serve(ScriptedUpstream(scs)))
         det = DeterministicUpstream(scs)

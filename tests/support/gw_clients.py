@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -27,11 +28,15 @@ from typing import Any
 
 import httpx
 
-from loopwarden.config import default_config_path, load_toml
+from loopwarden import Deployment
+from loopwarden.config import default_config_path, load_toml, parse_config
 from loopwarden.demo import shop_tools
 from loopwarden.demo.shop import Shop
+from loopwarden.gateway.app import GatewayApp
 from loopwarden.gateway.scripted import turn_of
+from loopwarden.gateway.state import open_state
 from loopwarden.models.scenario import Scenario
+from support.gateway import serve
 
 #: the scenarios' "today" (their get_current_time answers 2026-06-25 10:30:00, UTC+8)
 TODAY = datetime(2026, 6, 25, 10, 30, tzinfo=timezone(timedelta(hours=8)))
@@ -62,6 +67,18 @@ def gateway_config(tmp: Path, **tables: Any) -> dict[str, Any]:
     for name, table in tables.items():
         data[name] = {**data.get(name, {}), **table}
     return data
+
+
+def serve_gateway(
+    stack: contextlib.ExitStack, tmp: Path, upstream: str, **tables: Any
+) -> tuple[str, Counting]:
+    """A :class:`GatewayApp` (config: :func:`gateway_config`, state in the store) in front of
+    ``upstream`` under real uvicorn, stopped when ``stack`` closes: its URL and counter."""
+    config = parse_config(gateway_config(tmp, **tables), path="<gateway-test>")
+    dep = Deployment(config, tools=[])
+    stack.callback(dep.close)
+    app = Counting(GatewayApp(dep, upstream + "/v1", open_state(config.store)))
+    return stack.enter_context(serve(app)), app
 
 
 def records(path: Path) -> list[dict[str, Any]]:
