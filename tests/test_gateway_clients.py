@@ -283,6 +283,28 @@ def test_stop_mode_error_is_a_400_the_sdk_does_not_retry(world: World, tmp_path:
     assert world.error_app.count - before == len(box.ran) + 1
 
 
+def test_stop_mode_error_streamed_ends_in_an_error_the_sdk_raises_once(
+    world: World, tmp_path: Path
+) -> None:
+    sc = world.scs["always-not-found"]
+    box = ToolBox(sc, tmp_path)
+    user = who("error-stream")
+    before = world.error_app.count
+    tee = TeeTransport()
+    c = openai.OpenAI(
+        base_url=world.gw_error + "/v1",
+        api_key=KEY,
+        timeout=30,
+        http_client=httpx.Client(transport=tee),
+    )
+    with pytest.raises(openai.APIError) as err:
+        agent_loop(c, "scenario:always-not-found", box, stream=True, tee=tee, user=user)
+    body = err.value.body
+    assert isinstance(body, dict) and body.get("code") == "loopwarden_stop", body
+    assert world.record(user)["termination"] in RUNAWAY
+    assert world.error_app.count - before == len(box.ran) + 1
+
+
 # -- agents that end only through a tool of their own -------------------------------------
 
 FINAL_ANSWER_TOOL = {
@@ -299,8 +321,47 @@ FINAL_ANSWER_TOOL = {
 }
 
 
+@dataclass
+class _Call:
+    id: str
+    name: str
+    arguments: str
+
+
+def _turn(
+    c: openai.OpenAI, stream: bool, **kwargs: Any
+) -> tuple[str | None, list[_Call], httpx.Headers]:
+    """One completion, JSON or streamed (the stream's tool-call fragments assembled)."""
+    raw = c.chat.completions.with_raw_response.create(stream=stream, **kwargs)
+    if not stream:
+        msg = raw.parse().choices[0].message
+        calls = [
+            _Call(tc.id, tc.function.name, tc.function.arguments) for tc in msg.tool_calls or []
+        ]
+        return msg.content, calls, raw.headers
+    text, acc = "", {}
+    for chunk in raw.parse():
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            slot = acc.setdefault(tc.index, _Call("", "", ""))
+            slot.id = tc.id or slot.id
+            if tc.function is not None:
+                slot.name += tc.function.name or ""
+                slot.arguments += tc.function.arguments or ""
+    return text or None, [acc[i] for i in sorted(acc)], raw.headers
+
+
 def _tool_calling_agent(
-    c: openai.OpenAI, sc: Scenario, box: ToolBox, user: str, *, as_text: bool
+    c: openai.OpenAI,
+    sc: Scenario,
+    box: ToolBox,
+    user: str,
+    *,
+    as_text: bool,
+    stream: bool = False,
 ) -> tuple[str, int, httpx.Headers]:
     """A ToolCallingAgent-like loop: tool_choice "required", ends only when the model calls
     ``final_answer``; ``as_text`` replays past calls as assistant text and results as user
@@ -314,64 +375,67 @@ def _tool_calling_agent(
     ]
     tools = [*box.schemas, FINAL_ANSWER_TOOL]
     for step in range(1, 30):
-        raw = c.chat.completions.with_raw_response.create(
+        content, calls, headers = _turn(
+            c,
+            stream,
             model="scenario:" + sc.name,
             messages=messages,
             tools=tools,
             tool_choice="required",
             user=user,
         )
-        msg = raw.parse().choices[0].message
-        calls = msg.tool_calls or []
         assert calls, "tool_choice=required: the agent treats plain text as a malformed step"
         for tc in calls:
-            if tc.function.name == "final_answer":
-                return json.loads(tc.function.arguments)["answer"], step, raw.headers
+            if tc.name == "final_answer":
+                return json.loads(tc.arguments)["answer"], step, headers
         if as_text:
             listed = [
                 {
                     "id": tc.id,
                     "type": "function",
-                    "function": {
-                        "name": tc.function.name,
-                        "arguments": json.loads(tc.function.arguments),
-                    },
+                    "function": {"name": tc.name, "arguments": json.loads(tc.arguments)},
                 }
                 for tc in calls
             ]
             messages.append({"role": "assistant", "content": "Calling tools:\n" + str(listed)})
             for tc in calls:
-                out = box.run(tc.function.name, tc.function.arguments)
+                out = box.run(tc.name, tc.arguments)
                 messages.append(
                     {"role": "user", "content": f"Call id: {tc.id}\nObservation:\n{out}"}
                 )
         else:
-            messages.append(
+            wire = [
                 {
-                    "role": "assistant",
-                    "content": msg.content,
-                    "tool_calls": [tc.model_dump() for tc in calls],
+                    "id": tc.id,
+                    "type": "function",
+                    "function": {"name": tc.name, "arguments": tc.arguments},
                 }
-            )
+                for tc in calls
+            ]
+            messages.append({"role": "assistant", "content": content, "tool_calls": wire})
             for tc in calls:
-                out = box.run(tc.function.name, tc.function.arguments)
+                out = box.run(tc.name, tc.arguments)
                 messages.append({"role": "tool", "tool_call_id": tc.id, "content": out})
     raise AssertionError("the agent never called final_answer")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
 @pytest.mark.parametrize("as_text", [False, True], ids=["tool-messages", "replayed-as-text"])
 def test_an_agent_that_ends_through_its_final_answer_tool_gets_the_stop_as_that_call(
-    world: World, tmp_path: Path, as_text: bool
+    world: World, tmp_path: Path, as_text: bool, stream: bool
 ) -> None:
     sc = world.scs["always-not-found"]
     user = who("finish-tool")
     box = ToolBox(sc, tmp_path)
-    answer, steps, headers = _tool_calling_agent(client(world.gw), sc, box, user, as_text=as_text)
+    answer, steps, headers = _tool_calling_agent(
+        client(world.gw), sc, box, user, as_text=as_text, stream=stream
+    )
     rec = world.record(user)
     # found and stopped (also when the history came back as text), by the same detector as a
     # tool-message agent, delivered as a call to the agent's own finish tool
     assert rec["termination"] == "repeat_call"
-    assert headers["x-loopwarden-stop"] == "repeat_call"
+    if not stream:  # a streamed answer's headers went out before its calls were judged
+        assert headers["x-loopwarden-stop"] == "repeat_call"
     assert answer == rec["final_answer"] == sc.model.final_text
     assert steps <= rec["steps"] < 10
     assert len(box.ran) == steps - 1
