@@ -263,6 +263,9 @@ class GatewayApp:
                 step = ex.answer(chat.parse_response(resp))
                 last_body = body
             overhead = (time.perf_counter() - t0 - waited) * 1000
+            # saved before the answer goes out: the client's next request may reach another
+            # worker or process at once, which must find this step's state there
+            ex.close()
             await self._deliver_json(ex, req, step, send, overhead, last_body, last_headers)
         except chat.WireError as exc:
             ex.upstream_failed(exc.message)
@@ -436,7 +439,7 @@ class GatewayApp:
                 stream=True,
             )
         except asyncio.CancelledError:  # the client went away before the upstream answered
-            ex.cancel()
+            _cancel(ex)
             raise
         except httpx.TimeoutException:
             ex.upstream_failed("timeout")
@@ -536,9 +539,12 @@ class GatewayApp:
                     nxt = Deliver("answer", text=ex.run.best_answer or "" if ex.run else "")
                     break
                 nxt = ex.answer(chat.parse_response(got[0]))
+            # saved before the stream's end goes out (see _chat): the client may send its
+            # next request, to any worker, as soon as it reads [DONE]
+            ex.close()
             await self._stream_tail(req, asm, held, nxt, send)
         except (_Disconnected, asyncio.CancelledError):
-            ex.cancel()
+            _cancel(ex)
             raise
         finally:
             await resp.aclose()
@@ -703,8 +709,16 @@ async def _watching(receive: Receive, work: Awaitable[None], ex: Exchange) -> No
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, _Disconnected):
         await task
-    ex.cancel()  # already done by the work when it was cancelled; idempotent
+    _cancel(ex)  # already done by the work when it was cancelled; idempotent
     raise _Disconnected
+
+
+def _cancel(ex: Exchange) -> None:
+    """The client went away: the run ends ``cancelled`` -- unless its answer was decided and
+    saved already (the client left during the last bytes of it), when the run goes on as
+    the store has it."""
+    if ex.live is not None:
+        ex.cancel()
 
 
 async def _disconnect(receive: Receive) -> None:
