@@ -236,3 +236,76 @@ def test_alternating_two_processes_gives_the_verdicts_of_one(
         assert one.record["termination"] != "final_answer"
         assert one.stops[-1] == one.record["termination"]
     json.dumps(verdicts(one))  # plain data, comparable across processes
+
+
+# -- why the fleet agrees: a step's state is in the store before its answer leaves ----------
+
+
+class _SavingState:
+    """A state store that notes each save in ``events``."""
+
+    def __init__(self, inner: Any, events: list[str]) -> None:
+        self.inner = inner
+        self.events = events
+
+    def fetch(self, direct: str | None, aliases: Any) -> Any:
+        return self.inner.fetch(direct, aliases)
+
+    def save(self, conv: str, blob: bytes, aliases: Any, ttl_s: float) -> None:
+        self.inner.save(conv, blob, aliases, ttl_s)
+        self.events.append("save")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _LastByte:
+    """ASGI middleware that notes in ``events`` when an answer's last byte is handed to the
+    server (before it goes out)."""
+
+    def __init__(self, app: Any, events: list[str]) -> None:
+        self.app = app
+        self.events = events
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def spy(message: Any) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.events.append("sent")
+            await send(message)
+
+        await self.app(scope, receive, spy)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+def test_a_step_is_saved_before_its_answer_goes_out(tmp_path: Path, stream: bool) -> None:
+    """A client sends its next request the moment it has read an answer -- to any process.
+    If the answer left before the step was saved, another process could read the previous
+    step's state (a race the alternating test above hits only now and then): the order is
+    checked here, in one process, without timing."""
+    from loopwarden import Deployment
+    from loopwarden.config import parse_config
+    from loopwarden.gateway.app import GatewayApp
+    from loopwarden.gateway.state import open_state
+
+    events: list[str] = []
+    config = parse_config(gateway_config(tmp_path), path="<order>")
+    dep = Deployment(config, tools=[])
+    state = _SavingState(open_state(config.store), events)
+    sc = scenarios(("always-not-found",))["always-not-found"]
+    with contextlib.ExitStack() as stack:
+        stack.callback(dep.close)
+        up = stack.enter_context(serve(ScriptedUpstream({sc.name: sc})))
+        gw = stack.enter_context(serve(_LastByte(GatewayApp(dep, up + "/v1", state), events)))
+        box = ToolBox(sc, tmp_path)
+        c = openai.OpenAI(base_url=gw + "/v1", api_key=KEY, max_retries=0, timeout=30)
+        got = c.chat.completions.create(
+            model="scenario:" + sc.name,
+            messages=[{"role": "user", "content": sc.user}],
+            tools=box.schemas,  # type: ignore[arg-type]
+            stream=stream,
+        )
+        if stream:
+            assert any(ch.choices and ch.choices[0].delta.tool_calls for ch in got)  # type: ignore[union-attr]
+        else:
+            assert got.choices[0].message.tool_calls  # type: ignore[union-attr]
+    assert events == ["save", "sent"]
