@@ -194,7 +194,7 @@ def test_malformed_json_is_a_400(world: World, http: httpx.Client) -> None:
 
 def test_a_huge_body_is_a_413(world: World, http: httpx.Client) -> None:
     n = len(world.faulty.seen)
-    huge = ask("fault:echo", messages=[{"role": "user", "content": "x" * (MAX_BODY * 4)}])
+    huge = ask("fault:echo", messages=[{"role": "user", "content": "x" * (MAX_BODY * 2)}])
     resp = http.post(world.gw + "/v1/chat/completions", json=huge)
     assert_defined_error(resp, 413, "request_too_large")
     assert len(world.faulty.seen) == n  # never forwarded
@@ -323,3 +323,6 @@ def test_the_api_key_is_never_in_a_log_line_or_a_record(
     assert SECRET not in caplog.text
     assert SECRET not in world.runs.read_text()
     assert all(SECRET not in json.dumps(r) for r in records(world.runs))
+    # nor in the conversations the gateway keeps between requests (the tenant is a hash)
+    kept = [p for p in world.tmp.glob("store.sqlite3*") if p.is_file()]
+    assert kept and all(SECRET.encode() not in p.read_bytes() for p in kept)
