@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support.gateway import serve
+from support.gateway import free_port, serve
 from support.gw_clients import gateway_config, records, wait_for_record
 
 from loopwarden import Deployment
@@ -81,6 +81,19 @@ class Faulty:
             await reply(429, ERROR_429, JSON_CT, *RATE_LIMITED)
         elif kind == "slow":
             await until_gone()
+        elif kind == "stream-cut":  # a few chunks, then the body ends: no finish, no [DONE]
+            await send({"type": "http.response.start", "status": 200, "headers": [SSE_CT]})
+            chunk = {
+                "id": "chatcmpl-cut",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "fault:stream-cut",
+                "choices": [
+                    {"index": 0, "delta": {"content": "Half an ans"}, "finish_reason": None}
+                ],
+            }
+            data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": False})
         elif kind == "stream-hang":
             await send(
                 {"type": "http.response.start", "status": 200, "headers": [SSE_CT]},
@@ -136,6 +149,7 @@ class World:
     faulty: Faulty
     upstream: str
     gw: str
+    gw_down: str  # a gateway whose upstream is not listening
 
     @property
     def runs(self) -> Path:
@@ -156,7 +170,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         dep = Deployment(config, tools=[])
         stack.callback(dep.close)
         gw = stack.enter_context(serve(GatewayApp(dep, up + "/v1", open_state(config.store))))
-        yield World(tmp, faulty, up, gw)
+        nobody = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+        gw_down = stack.enter_context(serve(GatewayApp(dep, nobody, open_state(config.store))))
+        yield World(tmp, faulty, up, gw, gw_down)
 
 
 @pytest.fixture
@@ -251,6 +267,24 @@ def test_a_failing_upstream_passes_its_status_through(
     assert resp.status_code == 500
     assert resp.content == ERROR_500  # the upstream's own error, not a gateway traceback
     assert resp.headers["x-request-id"] == "req_500"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_unreachable_upstream_is_a_502(world: World, http: httpx.Client, stream: bool) -> None:
+    resp = http.post(world.gw_down + "/v1/chat/completions", json=ask("fault:echo", stream=stream))
+    assert_defined_error(resp, 502, "upstream_unreachable")
+
+
+def test_a_stream_the_upstream_cuts_ends_in_an_error_event_the_sdk_raises(world: World) -> None:
+    c = openai.OpenAI(base_url=world.gw + "/v1", api_key=SECRET, max_retries=0, timeout=30)
+    text = ""
+    with pytest.raises(openai.APIError) as err:
+        for chunk in c.chat.completions.create(
+            model="fault:stream-cut", messages=[{"role": "user", "content": "hi"}], stream=True
+        ):
+            text += chunk.choices[0].delta.content or "" if chunk.choices else ""
+    assert text == "Half an ans"  # the text passed through as it came
+    assert isinstance(err.value.body, dict) and err.value.body["code"] == "upstream_stream_cut"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
