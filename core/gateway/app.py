@@ -532,13 +532,19 @@ class GatewayApp:
                 await _body(send, b"", more=False)
                 return
             nxt = ex.answer(asm.response())
+            again: dict[str, Any] | None = None
             while isinstance(nxt, Forward):
                 got = await self._call(url, up_headers, _unstreamed(nxt.body))
                 if isinstance(got, _Upstream):
                     ex.upstream_failed(got.why)
                     nxt = Deliver("answer", text=ex.run.best_answer or "" if ex.run else "")
                     break
-                nxt = ex.answer(chat.parse_response(got[0]))
+                again = got[0]
+                nxt = ex.answer(chat.parse_response(again))
+            if again is not None and nxt.kind == "pass":
+                # what passed is the answer to the re-ask (a skipped call's), not the
+                # stream's held calls: those were never to reach the client
+                nxt = Deliver("message", message=again["choices"][0]["message"], run_id=nxt.run_id)
             # saved before the stream's end goes out (see _chat): the client may send its
             # next request, to any worker, as soon as it reads [DONE]
             ex.close()
