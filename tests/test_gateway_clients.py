@@ -181,6 +181,27 @@ def test_streamed_runaway_is_stopped_and_the_stream_ends_well_formed(
     assert [f for f in finishes if f] == ["stop"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+def test_a_skipped_repeat_never_reaches_the_client_and_the_reask_does(
+    world: World, tmp_path: Path, stream: bool
+) -> None:
+    """repeat-then-recover: the model asks for the same order twice; repeat_call answers the
+    repeat from the first result, the model is asked again and answers.  The client gets that
+    answer -- never the skipped call (streamed, it was held back while being judged)."""
+    sc = world.scs["repeat-then-recover"]
+    user = who("skip")
+    box = ToolBox(sc, tmp_path)
+    tee = TeeTransport()
+    c = client(world.gw, http_client=httpx.Client(transport=tee))
+    loop = agent_loop(c, "scenario:" + sc.name, box, stream=stream, tee=tee, user=user, max_steps=6)
+    rec = world.record(user)
+    assert rec["termination"] == "final_answer"
+    assert box.ran == [("query_order", {"order_id": "88231"})]  # the repeat never ran
+    assert loop.steps == 2
+    assert loop.answer is not None and loop.answer.endswith(sc.model.final_text)
+    assert rec["final_answer"] == sc.model.final_text
+
+
 # -- a healthy run is byte-identical to going direct --------------------------------------
 
 
