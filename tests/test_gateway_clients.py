@@ -44,7 +44,7 @@ from support.gw_clients import (
 )
 
 from loopwarden.gateway.scripted import ScriptedUpstream
-from loopwarden.models.scenario import Scenario
+from loopwarden.models.scenario import Scenario, scenarios_dir
 
 #: the stop reasons a runaway scenario may end on through the gateway (its loop detectors
 #: and caps; never final_answer)
@@ -61,6 +61,8 @@ DOUBLE_SKIP = pytest.mark.xfail(
     "after a skip has only skipped calls (report: 'double skip')",
 )
 OSCILLATION = pytest.param("oscillation", marks=DOUBLE_SKIP)
+#: every built-in scenario
+ALL = tuple(sorted(p.stem for p in scenarios_dir().glob("*.toml")))
 
 
 @dataclass
@@ -87,7 +89,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("gw-clients")
-    scs = scenarios()
+    scs = scenarios(ALL)
     with contextlib.ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOOPWARDEN_DATA_DIR", str(tmp / "data"))
 
@@ -200,6 +202,40 @@ def test_a_skipped_repeat_never_reaches_the_client_and_the_reask_does(
     assert loop.steps == 2
     assert loop.answer is not None and loop.answer.endswith(sc.model.final_text)
     assert rec["final_answer"] == sc.model.final_text
+
+
+def _verdicts(rec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("termination", "stopped_by", "soft", "steps", "tool_calls", "duplicate_calls")
+    return {
+        **{k: rec[k] for k in keys},
+        "warnings": [(w["step"], w["plugin"]) for w in rec["warnings"]],
+        "final_answer": rec["final_answer"],
+    }
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=DOUBLE_SKIP) if n == "oscillation" else n for n in ALL]
+)
+def test_every_scenario_gets_the_same_verdicts_streamed_as_json(
+    world: World, tmp_path: Path, name: str
+) -> None:
+    """Each built-in scenario, played by the SDK through the gateway JSON and streamed: the
+    same run record either way, and a runaway never ends as a final answer."""
+    sc = world.scs[name]
+    got = {}
+    for stream in (False, True):
+        user = who(f"both-{int(stream)}")
+        tee = TeeTransport()
+        c = client(world.gw, http_client=httpx.Client(transport=tee))
+        box = ToolBox(sc, tmp_path / str(stream))
+        loop = agent_loop(c, "scenario:" + name, box, stream=stream, tee=tee, user=user)
+        got[stream] = (loop, box.ran, world.record(user))
+    (j_loop, j_ran, j_rec), (s_loop, s_ran, s_rec) = got[False], got[True]
+    assert _verdicts(s_rec) == _verdicts(j_rec)
+    assert s_ran == j_ran and s_loop.steps == j_loop.steps
+    assert s_loop.answer is not None and s_loop.answer.endswith(j_loop.answer or "")
+    if sc.expect.healthy is False:
+        assert j_rec["termination"] != "final_answer"
 
 
 # -- a healthy run is byte-identical to going direct --------------------------------------

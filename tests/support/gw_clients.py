@@ -229,7 +229,8 @@ class Counting:
 class ToolBox:
     """The demo shop's real tools (a fresh shop in ``shop_dir``, its clock pinned to the
     scenarios' "today" so two runs write the same refund row), with the scenario's canned
-    results for the tools it scripts."""
+    results and failures for the tools it scripts (a failure is the result text
+    ``ERROR: ...``, as a client reports one over Chat Completions)."""
 
     def __init__(self, scenario: Scenario, shop_dir: Path) -> None:
         self.scenario = scenario
@@ -244,6 +245,9 @@ class ToolBox:
         args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
         self.ran.append((name, args))
         script = self.scenario.tools.get(name)
+        if script is not None and script.error is not None:  # the tool fails, every time
+            err = script.error
+            return f"ERROR: {err if isinstance(err, str) else err.message}"
         if script is not None and script.results:
             i = self._used.get(name, 0)
             self._used[name] = i + 1
