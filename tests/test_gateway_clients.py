@@ -238,6 +238,33 @@ def test_every_scenario_gets_the_same_verdicts_streamed_as_json(
         assert j_rec["termination"] != "final_answer"
 
 
+def test_concurrent_agents_with_one_key_are_told_apart(world: World, tmp_path: Path) -> None:
+    """Six agents at once, one API key, no user or session id, identical histories by
+    pairs: the gateway tells their runs apart (its own call ids), and each is stopped as it
+    would be alone."""
+    names = ["always-not-found", "never-finish"] * 3
+    before = len(records(world.runs))
+
+    async def one(i: int, name: str) -> Any:
+        async with aclient(world.gw) as c:
+            box = ToolBox(world.scs[name], tmp_path / str(i))
+            return await agent_loop_async(c, "scenario:" + name, box)
+
+    async def main() -> list[Any]:
+        return list(await asyncio.gather(*(one(i, n) for i, n in enumerate(names))))
+
+    loops = asyncio.run(main())
+    run_ids = [loop.headers[-1]["x-loopwarden-run"] for loop in loops]
+    assert len(set(run_ids)) == len(names)
+    for name, loop, run_id in zip(names, loops, run_ids, strict=True):
+        rec = wait_for_record(world.runs, lambda r, run_id=run_id: r["run_id"] == run_id)
+        assert rec["termination"] == loop.stop == "repeat_call"
+        assert loop.answer == rec["final_answer"] == world.scs[name].model.final_text
+    # every request of an agent landed in its own run: one record each, no strays (a
+    # request taken for a new run would have left one more)
+    assert len(records(world.runs)) - before == len(names)
+
+
 # -- a healthy run is byte-identical to going direct --------------------------------------
 
 
