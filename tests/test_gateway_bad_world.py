@@ -65,13 +65,15 @@ class Faulty:
             await send({"type": "http.response.start", "status": status, "headers": hs})
             await send({"type": "http.response.body", "body": data})
 
+        async def gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.abandoned += 1
+
         async def until_gone(bound_s: float = 20.0) -> None:
             """Wait for the client to go away (at most ``bound_s``)."""
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(bound_s):
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    self.abandoned += 1
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(gone(), bound_s)
 
         if kind == "nonjson":
             await reply(200, b"<html><body>502 Bad Gateway (nginx)</body></html>", TEXT_HTML)
