@@ -17,6 +17,8 @@ application.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -58,8 +60,18 @@ _DROP_REQUEST = frozenset(
         "proxy-authorization",
     }
 )
+#: response headers never passed back: hop-by-hop, the framing, and the ones the gateway's own
+#: server writes (uvicorn's date and server: passed on as well, a client would get two)
 _DROP_RESPONSE = frozenset(
-    {"content-length", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
+    {
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+        "date",
+        "server",
+    }
 )
 
 
@@ -230,9 +242,12 @@ class GatewayApp:
             return
         waited = 0.0
         last_body: bytes | None = None
+        last_headers: httpx.Headers | None = None
         try:
             if req.stream and isinstance(step, Forward) and not step.final and not step.followup:
-                await self._chat_stream(ex, req, url, up_headers, step, send, t0)
+                await _watching(
+                    receive, self._chat_stream(ex, req, url, up_headers, step, send, t0), ex
+                )
                 return
             while isinstance(step, Forward):
                 t1 = time.perf_counter()
@@ -244,11 +259,14 @@ class GatewayApp:
                     ex.upstream_failed(got.why)
                     await got.respond(send)
                     return
-                resp, body = got
+                resp, body, last_headers = got
                 step = ex.answer(chat.parse_response(resp))
                 last_body = body
             overhead = (time.perf_counter() - t0 - waited) * 1000
-            await self._deliver_json(ex, req, step, send, overhead, last_body)
+            # saved before the answer goes out: the client's next request may reach another
+            # worker or process at once, which must find this step's state there
+            ex.close()
+            await self._deliver_json(ex, req, step, send, overhead, last_body, last_headers)
         except chat.WireError as exc:
             ex.upstream_failed(exc.message)
             await _error(send, exc.status, exc.code, exc.message)
@@ -257,7 +275,7 @@ class GatewayApp:
 
     async def _call(
         self, url: str, headers: Mapping[str, str], body: bytes
-    ) -> tuple[dict[str, Any], bytes] | _Upstream:
+    ) -> tuple[dict[str, Any], bytes, httpx.Headers] | _Upstream:
         try:
             resp = await self.client.post(url, headers=headers, content=body)
         except httpx.TimeoutException:
@@ -310,7 +328,7 @@ class GatewayApp:
                 {},
                 "non-object answer",
             )
-        return data, resp.content
+        return data, resp.content, resp.headers
 
     async def _proxy_body(
         self, url: str, headers: Mapping[str, str], body: bytes, send: Send
@@ -342,6 +360,7 @@ class GatewayApp:
         send: Send,
         overhead: float,
         upstream_body: bytes | None,
+        upstream_headers: httpx.Headers | None = None,
     ) -> None:
         headers = self._stop_headers(step, overhead)
         reason = step.stop["reason"] if step.stop else "stop"
@@ -375,10 +394,16 @@ class GatewayApp:
             )
             await _respond(send, 200, chunks, {"content-type": "text/event-stream", **headers})
             return
+        # the upstream's answer passed on: with its own headers (request ids, rate-limit
+        # counters, content type), as a streamed answer and any other path get them
+        passed = (
+            _pass_headers(upstream_headers)
+            if upstream_headers is not None
+            else [(b"content-type", b"application/json")]
+        )
+        passed += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         if step.kind == "pass" and upstream_body is not None:
-            await _respond(
-                send, 200, upstream_body, {"content-type": "application/json", **headers}
-            )
+            await _respond(send, 200, upstream_body, passed, raw_headers=True)
             return
         if step.kind == "message" and step.message is not None and upstream_body is not None:
             data = json.loads(upstream_body)
@@ -386,10 +411,7 @@ class GatewayApp:
             if not step.message.get("tool_calls"):
                 data["choices"][0]["finish_reason"] = "stop"
             await _respond(
-                send,
-                200,
-                json.dumps(data, ensure_ascii=False).encode(),
-                {"content-type": "application/json", **headers},
+                send, 200, json.dumps(data, ensure_ascii=False).encode(), passed, raw_headers=True
             )
             return
         body = chat.completion_body(step.text, model=req.model, finish_call=step.finish_call)
@@ -416,6 +438,9 @@ class GatewayApp:
                 client.build_request("POST", url, headers=up_headers, content=step.body),
                 stream=True,
             )
+        except asyncio.CancelledError:  # the client went away before the upstream answered
+            _cancel(ex)
+            raise
         except httpx.TimeoutException:
             ex.upstream_failed("timeout")
             await _error(send, 504, "upstream_timeout", "the upstream did not answer in time")
@@ -430,6 +455,21 @@ class GatewayApp:
                 ex.upstream_failed(f"HTTP {resp.status_code}")
                 await _respond(
                     send, resp.status_code, body, _pass_headers(resp.headers), raw_headers=True
+                )
+                return
+            ctype = resp.headers.get("content-type", "")
+            if ctype and "event-stream" not in ctype.lower():
+                # an HTML error page, or a JSON body for a streamed request: no stream to
+                # pass on -- a defined 502, before a 200 with the wrong content type starts
+                await resp.aread()
+                ex.upstream_failed(f"not an event stream: {ctype}")
+                await _error(
+                    send,
+                    502,
+                    "bad_upstream",
+                    f"the upstream answered a streamed request with {ctype[:80]!r}, not an "
+                    "event stream",
+                    kind="api_error",
                 )
                 return
             overhead = (time.perf_counter() - t0) * 1000
@@ -494,16 +534,25 @@ class GatewayApp:
                 await _body(send, b"", more=False)
                 return
             nxt = ex.answer(asm.response())
+            again: dict[str, Any] | None = None
             while isinstance(nxt, Forward):
                 got = await self._call(url, up_headers, _unstreamed(nxt.body))
                 if isinstance(got, _Upstream):
                     ex.upstream_failed(got.why)
                     nxt = Deliver("answer", text=ex.run.best_answer or "" if ex.run else "")
                     break
-                nxt = ex.answer(chat.parse_response(got[0]))
+                again = got[0]
+                nxt = ex.answer(chat.parse_response(again))
+            if again is not None and nxt.kind == "pass":
+                # what passed is the answer to the re-ask (a skipped call's), not the
+                # stream's held calls: those were never to reach the client
+                nxt = Deliver("message", message=again["choices"][0]["message"], run_id=nxt.run_id)
+            # saved before the stream's end goes out (see _chat): the client may send its
+            # next request, to any worker, as soon as it reads [DONE]
+            ex.close()
             await self._stream_tail(req, asm, held, nxt, send)
-        except _Disconnected:
-            ex.cancel()
+        except (_Disconnected, asyncio.CancelledError):
+            _cancel(ex)
             raise
         finally:
             await resp.aclose()
@@ -645,6 +694,45 @@ def _pass_headers(headers: Any) -> list[tuple[bytes, bytes]]:
         for k, v in headers.multi_items()
         if k.lower() not in _DROP_RESPONSE
     ]
+
+
+async def _watching(receive: Receive, work: Awaitable[None], ex: Exchange) -> None:
+    """Run ``work`` (a streamed answer) until it ends or the client goes away, whichever is
+    first: then the work is cancelled where it waits (reading the upstream, or writing), the
+    run ends ``cancelled`` and the upstream's stream is let go.  An ASGI server need not fail
+    a ``send`` to a client that left (uvicorn drops it silently), so the request's
+    ``http.disconnect`` is what tells."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        task.result()  # its own exception, if any
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, _Disconnected):
+        await task
+    _cancel(ex)  # already done by the work when it was cancelled; idempotent
+    raise _Disconnected
+
+
+def _cancel(ex: Exchange) -> None:
+    """The client went away: the run ends ``cancelled`` -- unless its answer was decided and
+    saved already (the client left during the last bytes of it), when the run goes on as
+    the store has it."""
+    if ex.live is not None:
+        ex.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client has gone away (the request's body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
