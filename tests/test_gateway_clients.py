@@ -51,16 +51,7 @@ from loopwarden.models.scenario import Scenario, scenarios_dir
 RUNAWAY = {"repeat_call", "oscillation", "no_progress", "stall", "max_steps", "failure_streak"}
 KEY = "sk-test-gw-clients"
 
-#: bug (core/gateway/exchange.py, Exchange._propose): when every call of the re-ask after a
-#: skip is answered by a guard again (repeat_call's cached answers, A-B-A-B), the run is
-#: finished as ``final_answer`` with the model's interim text ("回头再看物流轨迹。") -- the
-#: runaway escapes oscillation's stop and the client gets a non-answer with no stop header
-DOUBLE_SKIP = pytest.mark.xfail(
-    strict=True,
-    reason="gateway bug: Exchange._propose ends the run as final_answer when the re-ask "
-    "after a skip has only skipped calls (report: 'double skip')",
-)
-OSCILLATION = pytest.param("oscillation", marks=DOUBLE_SKIP)
+OSCILLATION = "oscillation"
 #: every built-in scenario
 ALL = tuple(sorted(p.stem for p in scenarios_dir().glob("*.toml")))
 
@@ -213,9 +204,7 @@ def _verdicts(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=DOUBLE_SKIP) if n == "oscillation" else n for n in ALL]
-)
+@pytest.mark.parametrize("name", ALL)
 def test_every_scenario_gets_the_same_verdicts_streamed_as_json(
     world: World, tmp_path: Path, name: str
 ) -> None:

@@ -38,15 +38,6 @@ from loopwarden.traffic.calibrate import dump_toml
 
 KEY = "sk-test-gw-fleet"
 
-#: bug (core/commands/gateway.py, add_arguments): the command adds its own --log-level, which
-#: the CLI (core/commands/cli.py, _command) adds to every command too -- argparse refuses the
-#: second and `loopwarden gateway` exits 1 with a traceback before serving anything
-CLI_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="gateway CLI bug: core/commands/gateway.py adds --log-level, which cli.py adds to "
-    "every command: `loopwarden gateway` dies with argparse.ArgumentError",
-)
-
 
 def _command(
     launcher: str, cfg: Path, upstream: str, port: int
@@ -125,7 +116,7 @@ def _wait_up(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module", params=[pytest.param("cli", marks=CLI_BUG), "uvicorn"])
+@pytest.fixture(scope="module", params=["cli", "uvicorn"])
 def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_server: str
 ) -> Iterator[Fleet]:

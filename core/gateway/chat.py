@@ -160,11 +160,6 @@ def _usage(u: Any) -> Usage | None:
     return Usage(prompt=max(0, prompt), completion=max(0, completion), cached=max(0, cached))
 
 
-def _obj(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else an empty one (untrusted wire data)."""
-    return value if isinstance(value, dict) else {}
-
-
 def _calls(raw: Any) -> list[ProposedCall]:
     out: list[ProposedCall] = []
     for tc in raw or ():

@@ -362,7 +362,7 @@ class _Pickler(pickle.Pickler):
 
         for t in symbols.types:
             table[t] = reduce
-        self.dispatch_table = table  # type: ignore[misc]
+        self.dispatch_table = table
 
 
 def dump(value: object, symbols: Symbols, extra: Mapping[int, str] | None = None) -> bytes:

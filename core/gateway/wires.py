@@ -279,7 +279,7 @@ class MessagesWire(Wire):
                 yield messages._event("content_block_stop", {"index": asm.open_text})
             for tc in calls:
                 fn = tc.get("function") or {}
-                block = {
+                block: dict[str, Any] = {
                     "type": "tool_use",
                     "id": tc.get("id"),
                     "name": fn.get("name"),
