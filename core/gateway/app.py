@@ -1,14 +1,16 @@
 """The gateway's HTTP face: an ASGI application in front of an OpenAI-compatible upstream.
 
-``POST .../chat/completions`` is judged (:mod:`loopwarden.gateway.exchange`), JSON and
-streamed; every other path is forwarded untouched, streamed through as it arrives.  The
-upstream's own answers -- a 429 with its ``retry-after``, a 5xx, an error body -- reach the
-client as the upstream gave them; what the gateway itself answers is always a JSON error in
-OpenAI's shape with a clear code, never a traceback: 400 (malformed JSON, a request that is
-not a chat completion), 401 (a missing gateway key), 413 (a body over ``max_body_bytes``),
-502 (an upstream that answered no completion, or could not be reached), 504 (an upstream
-that took longer than ``upstream_timeout_s``), 503 (the shared store is down under
-``on_store_error = "fail_closed"``).
+``POST .../chat/completions``, ``.../responses`` and ``.../messages`` (Anthropic) are judged
+(:mod:`loopwarden.gateway.exchange`), JSON and streamed, each read and written by its wire's
+codec (:mod:`loopwarden.gateway.wires`); every other path is forwarded untouched, streamed
+through as it arrives.  The upstream's own answers -- a 429 with its ``retry-after``, a 5xx,
+an error body -- reach the client as the upstream gave them; what the gateway itself answers
+is always a JSON error in the wire's shape (OpenAI's, or Anthropic's on ``/messages``) with a
+clear code, never a traceback: 400 (malformed JSON, a request the wire cannot read), 401 (a
+missing gateway key), 413 (a body over ``max_body_bytes``), 502 (an upstream that answered no
+completion, or could not be reached), 504 (an upstream that took longer than
+``upstream_timeout_s``), 503 (the shared store is down under ``on_store_error =
+"fail_closed"``).
 
 Served by any ASGI server; ``loopwarden gateway`` runs it under uvicorn
 (:mod:`loopwarden.gateway.serve`).  The upstream client is httpx's, one connection pool per
@@ -31,6 +33,7 @@ import httpx
 from loopwarden.exceptions import StoreError
 from loopwarden.gateway import chat
 from loopwarden.gateway.exchange import Deliver, Exchange, Forward, Gate
+from loopwarden.gateway.wires import Wire, wire_for
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
@@ -73,6 +76,31 @@ _DROP_RESPONSE = frozenset(
         "server",
     }
 )
+
+
+#: the end of a stream the gateway failed on after its headers went out
+_STREAM_FAILED = chat.sse(
+    {
+        "error": {
+            "message": "the gateway failed on this request; see its log",
+            "type": "api_error",
+            "code": "gateway_error",
+        }
+    }
+)
+
+
+class _Sent:
+    """The ASGI ``send``, noting whether the response has started (a second
+    ``http.response.start`` would break the protocol)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self.send(message)
 
 
 class _Disconnected(Exception):
@@ -123,6 +151,7 @@ class GatewayApp:
         t0 = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path: str = scope["path"]
+        send = sent = _Sent(send)
         try:
             if path == "/_loopwarden/health":
                 await _respond(send, 200, b'{"ok":true}', {})
@@ -130,14 +159,19 @@ class GatewayApp:
             if self.keys and not self._authorised(headers):
                 await _error(send, 401, "invalid_gateway_key", "a valid gateway key is required")
                 return
-            if scope["method"] == "POST" and path.endswith("/chat/completions"):
-                await self._chat(scope, headers, receive, send, t0)
+            wire = wire_for(path) if scope["method"] == "POST" else None
+            if wire is not None:
+                await self._judged(wire, scope, headers, receive, send, t0)
             else:
                 await self._proxy(scope, headers, receive, send)
         except _Disconnected:
             return
         except Exception:  # never a traceback to the client; the log has it
             log.exception("gateway: internal error on %s %s", scope["method"], path)
+            if sent.started:  # a stream under way: end it with an error event, not a 2nd start
+                with contextlib.suppress(Exception):
+                    await _body(send, _STREAM_FAILED, more=False)
+                return
             await _error(
                 send,
                 500,
@@ -216,86 +250,82 @@ class GatewayApp:
         finally:
             await resp.aclose()
 
-    # -- chat completions -----------------------------------------------------------------
+    # -- the judged wires: chat completions, responses, messages --------------------------
 
-    async def _chat(
-        self, scope: Scope, headers: Mapping[str, str], receive: Receive, send: Send, t0: float
+    async def _judged(
+        self,
+        wire: Wire,
+        scope: Scope,
+        headers: Mapping[str, str],
+        receive: Receive,
+        send: Send,
+        t0: float,
     ) -> None:
         settings = self.settings
         try:
             raw = await _read_body(receive, settings.max_body_bytes)
-            req = chat.parse_request(raw, settings.max_body_bytes)
+            req = wire.parse_request(raw, settings.max_body_bytes)
         except chat.WireError as exc:
-            await _error(send, exc.status, exc.code, exc.message)
+            await _error(send, exc.status, exc.code, exc.message, wire=wire)
             return
         url = self._url(scope)
         up_headers = self._upstream_headers(headers)
-        ex = self.gate.exchange(req, headers)
+        ex = self.gate.exchange(req, headers, wire=wire)
         try:
             step = ex.start()
         except StoreError as exc:
             if self.deployment.config.store.on_store_error == "fail_open":
                 log.warning("gateway: store unavailable, forwarding unjudged: %s", exc)
-                await self._proxy_body(url, up_headers, raw, send)
+                await self._proxy_body(url, up_headers, raw, send, wire)
                 return
-            await _error(send, 503, "store_unavailable", "the gateway's store is unavailable")
+            await _error(
+                send, 503, "store_unavailable", "the gateway's store is unavailable", wire=wire
+            )
             return
         waited = 0.0
-        last_body: bytes | None = None
-        last_headers: httpx.Headers | None = None
+        last: tuple[dict[str, Any], bytes, httpx.Headers] | None = None
         try:
             if req.stream and isinstance(step, Forward) and not step.final and not step.followup:
                 await _watching(
-                    receive, self._chat_stream(ex, req, url, up_headers, step, send, t0), ex
+                    receive, self._stream(wire, ex, req, url, up_headers, step, send, t0), ex
                 )
                 return
             while isinstance(step, Forward):
                 t1 = time.perf_counter()
                 got = await self._call(
-                    url, up_headers, _unstreamed(step.body) if req.stream else step.body
+                    wire, url, up_headers, wire.unstreamed(step.body) if req.stream else step.body
                 )
                 waited += time.perf_counter() - t1
                 if isinstance(got, _Upstream):
                     ex.upstream_failed(got.why)
                     await got.respond(send)
                     return
-                resp, body, last_headers = got
-                step = ex.answer(chat.parse_response(resp))
-                last_body = body
+                last = got
+                step = ex.answer(wire.parse_response(got[0]))
             overhead = (time.perf_counter() - t0 - waited) * 1000
             # saved before the answer goes out: the client's next request may reach another
             # worker or process at once, which must find this step's state there
             ex.close()
-            await self._deliver_json(ex, req, step, send, overhead, last_body, last_headers)
+            await self._deliver(wire, ex, req, step, send, overhead, last)
         except chat.WireError as exc:
             ex.upstream_failed(exc.message)
-            await _error(send, exc.status, exc.code, exc.message)
+            await _error(send, exc.status, exc.code, exc.message, wire=wire)
         finally:
             ex.close()
 
     async def _call(
-        self, url: str, headers: Mapping[str, str], body: bytes
+        self, wire: Wire, url: str, headers: Mapping[str, str], body: bytes
     ) -> tuple[dict[str, Any], bytes, httpx.Headers] | _Upstream:
+        def failed(status: int, code: str, message: str, why: str) -> _Upstream:
+            return _Upstream(status, wire.error_body(code, message, "api_error"), {}, why)
+
         try:
             resp = await self.client.post(url, headers=headers, content=body)
         except httpx.TimeoutException:
-            return _Upstream(
-                504,
-                chat.error_body(
-                    "upstream_timeout", "the upstream did not answer in time", kind="api_error"
-                ),
-                {},
-                "timeout",
-            )
+            return failed(504, "upstream_timeout", "the upstream did not answer in time", "timeout")
         except httpx.HTTPError as exc:
-            return _Upstream(
-                502,
-                chat.error_body(
-                    "upstream_unreachable", f"the upstream: {type(exc).__name__}", kind="api_error"
-                ),
-                {},
-                type(exc).__name__,
-            )
+            name = type(exc).__name__
+            return failed(502, "upstream_unreachable", f"the upstream: {name}", name)
         if resp.status_code != 200:
             return _Upstream(
                 resp.status_code,
@@ -307,36 +337,27 @@ class GatewayApp:
         try:
             data = json.loads(resp.content)
         except ValueError:
-            return _Upstream(
-                502,
-                chat.error_body(
-                    "bad_upstream",
-                    "the upstream answered something other than JSON",
-                    kind="api_error",
-                ),
-                {},
-                "non-JSON answer",
+            return failed(
+                502, "bad_upstream", "the upstream answered something other than JSON", "non-JSON"
             )
         if not isinstance(data, dict):
-            return _Upstream(
+            return failed(
                 502,
-                chat.error_body(
-                    "bad_upstream",
-                    "the upstream answered something other than an object",
-                    kind="api_error",
-                ),
-                {},
+                "bad_upstream",
+                "the upstream answered something other than an object",
                 "non-object answer",
             )
         return data, resp.content, resp.headers
 
     async def _proxy_body(
-        self, url: str, headers: Mapping[str, str], body: bytes, send: Send
+        self, url: str, headers: Mapping[str, str], body: bytes, send: Send, wire: Wire
     ) -> None:
         try:
             resp = await self.client.post(url, headers=headers, content=body)
         except httpx.HTTPError as exc:
-            await _error(send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}")
+            await _error(
+                send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}", wire=wire
+            )
             return
         await _respond(
             send, resp.status_code, resp.content, _pass_headers(resp.headers), raw_headers=True
@@ -352,16 +373,18 @@ class GatewayApp:
             h["x-loopwarden-overhead-ms"] = f"{overhead_ms:.3f}"
         return h
 
-    async def _deliver_json(
+    async def _deliver(
         self,
+        wire: Wire,
         ex: Exchange,
         req: chat.ChatRequest,
         step: Deliver,
         send: Send,
         overhead: float,
-        upstream_body: bytes | None,
-        upstream_headers: httpx.Headers | None = None,
+        last: tuple[dict[str, Any], bytes, httpx.Headers] | None,
     ) -> None:
+        """A decided answer as JSON (or, for a streaming client answered without a streamed
+        upstream call, as a whole stream)."""
         headers = self._stop_headers(step, overhead)
         reason = step.stop["reason"] if step.stop else "stop"
         if step.kind == "error":
@@ -373,57 +396,45 @@ class GatewayApp:
                 retry=False,
                 extra=headers,
                 kind="loopwarden_stop",
+                wire=wire,
             )
             return
-        if req.stream:  # answered without a streamed upstream call (a stop): as chunks
-            text = step.text
-            message = step.message
-            if step.kind == "pass" and upstream_body is not None:
-                message = json.loads(upstream_body)["choices"][0]["message"]
-            if message is not None:
-                text = str(message.get("content") or "")
-            chunks = b"".join(
-                chat.stream_chunks(
-                    text,
-                    chunk_id=chat.new_id(),
-                    model=req.model,
-                    created=int(time.time()),
-                    finish_call=step.finish_call,
-                    role=True,
-                )
-            )
-            await _respond(send, 200, chunks, {"content-type": "text/event-stream", **headers})
+        message = step.message
+        if step.kind == "pass" and last is not None:
+            message = wire.message_of(last[0])
+        if req.stream:  # answered without a streamed upstream call: the whole stream at once
+            text = step.text if message is None else str(message.get("content") or "")
+            calls = (message or {}).get("tool_calls") or None
+            body = wire.stream_whole(req, text, step.finish_call, calls)
+            ctype = {"content-type": "text/event-stream"}
+            await _respond(send, 200, body, {**ctype, **headers})
             return
         # the upstream's answer passed on: with its own headers (request ids, rate-limit
         # counters, content type), as a streamed answer and any other path get them
         passed = (
-            _pass_headers(upstream_headers)
-            if upstream_headers is not None
-            else [(b"content-type", b"application/json")]
+            _pass_headers(last[2]) if last is not None else [(b"content-type", b"application/json")]
         )
         passed += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        if step.kind == "pass" and upstream_body is not None:
-            await _respond(send, 200, upstream_body, passed, raw_headers=True)
+        if step.kind == "pass" and last is not None:
+            await _respond(send, 200, last[1], passed, raw_headers=True)
             return
-        if step.kind == "message" and step.message is not None and upstream_body is not None:
-            data = json.loads(upstream_body)
-            data["choices"][0]["message"] = step.message
-            if not step.message.get("tool_calls"):
-                data["choices"][0]["finish_reason"] = "stop"
+        if step.kind == "message" and step.message is not None and last is not None:
+            data = wire.with_message(last[0], step.message)
             await _respond(
                 send, 200, json.dumps(data, ensure_ascii=False).encode(), passed, raw_headers=True
             )
             return
-        body = chat.completion_body(step.text, model=req.model, finish_call=step.finish_call)
+        data = wire.answer_body(req, step.text, step.finish_call, step.answer_id)
         await _respond(
             send,
             200,
-            json.dumps(body, ensure_ascii=False).encode(),
+            json.dumps(data, ensure_ascii=False).encode(),
             {"content-type": "application/json", **headers},
         )
 
-    async def _chat_stream(
+    async def _stream(
         self,
+        wire: Wire,
         ex: Exchange,
         req: chat.ChatRequest,
         url: str,
@@ -443,11 +454,15 @@ class GatewayApp:
             raise
         except httpx.TimeoutException:
             ex.upstream_failed("timeout")
-            await _error(send, 504, "upstream_timeout", "the upstream did not answer in time")
+            await _error(
+                send, 504, "upstream_timeout", "the upstream did not answer in time", wire=wire
+            )
             return
         except httpx.HTTPError as exc:
             ex.upstream_failed(type(exc).__name__)
-            await _error(send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}")
+            await _error(
+                send, 502, "upstream_unreachable", f"the upstream: {type(exc).__name__}", wire=wire
+            )
             return
         try:
             if resp.status_code != 200:
@@ -470,14 +485,13 @@ class GatewayApp:
                     f"the upstream answered a streamed request with {ctype[:80]!r}, not an "
                     "event stream",
                     kind="api_error",
+                    wire=wire,
                 )
                 return
             overhead = (time.perf_counter() - t0) * 1000
-            head = (
-                {"x-loopwarden-overhead-ms": f"{overhead:.3f}"}
-                if self.settings.overhead_header
-                else {}
-            )
+            head: dict[str, str] = {}
+            if self.settings.overhead_header:
+                head["x-loopwarden-overhead-ms"] = f"{overhead:.3f}"
             if ex.run is not None:
                 head["x-loopwarden-run"] = ex.run.run_id
             await send(
@@ -489,7 +503,7 @@ class GatewayApp:
                 }
             )
             reader = chat.SSEReader()
-            asm = chat.StreamAssembler()
+            asm = wire.assembler()
             held: list[bytes] = []
             try:
                 async for part in resp.aiter_raw():
@@ -502,14 +516,8 @@ class GatewayApp:
                 ex.upstream_failed(f"stream cut: {type(exc).__name__}")
                 await _body(
                     send,
-                    chat.sse(
-                        {
-                            "error": {
-                                "message": "the upstream's stream was cut",
-                                "type": "api_error",
-                                "code": "upstream_stream_cut",
-                            }
-                        }
+                    wire.stream_error(
+                        "upstream_stream_cut", "the upstream's stream was cut", "api_error"
                     ),
                 )
                 await _body(send, b"", more=False)
@@ -517,18 +525,12 @@ class GatewayApp:
             rest = reader.rest()
             if rest.strip():
                 held.append(rest)
-            if not asm.done and not asm.finish_reason:
+            if not asm.complete():
                 ex.upstream_failed("stream ended without finish")
                 await _body(
                     send,
-                    chat.sse(
-                        {
-                            "error": {
-                                "message": "the upstream's stream ended early",
-                                "type": "api_error",
-                                "code": "upstream_stream_cut",
-                            }
-                        }
+                    wire.stream_error(
+                        "upstream_stream_cut", "the upstream's stream ended early", "api_error"
                     ),
                 )
                 await _body(send, b"", more=False)
@@ -536,21 +538,21 @@ class GatewayApp:
             nxt = ex.answer(asm.response())
             again: dict[str, Any] | None = None
             while isinstance(nxt, Forward):
-                got = await self._call(url, up_headers, _unstreamed(nxt.body))
+                got = await self._call(wire, url, up_headers, wire.unstreamed(nxt.body))
                 if isinstance(got, _Upstream):
                     ex.upstream_failed(got.why)
                     nxt = Deliver("answer", text=ex.run.best_answer or "" if ex.run else "")
                     break
                 again = got[0]
-                nxt = ex.answer(chat.parse_response(again))
+                nxt = ex.answer(wire.parse_response(again))
             if again is not None and nxt.kind == "pass":
                 # what passed is the answer to the re-ask (a skipped call's), not the
                 # stream's held calls: those were never to reach the client
-                nxt = Deliver("message", message=again["choices"][0]["message"], run_id=nxt.run_id)
-            # saved before the stream's end goes out (see _chat): the client may send its
-            # next request, to any worker, as soon as it reads [DONE]
+                nxt = Deliver("message", message=wire.message_of(again), run_id=nxt.run_id)
+            # saved before the stream's end goes out (see _judged): the client may send its
+            # next request, to any worker, as soon as it reads the end
             ex.close()
-            await self._stream_tail(req, asm, held, nxt, send)
+            await self._stream_tail(wire, req, asm, held, nxt, send)
         except (_Disconnected, asyncio.CancelledError):
             _cancel(ex)
             raise
@@ -560,8 +562,9 @@ class GatewayApp:
 
     async def _stream_tail(
         self,
+        wire: Wire,
         req: chat.ChatRequest,
-        asm: chat.StreamAssembler,
+        asm: Any,
         held: list[bytes],
         step: Deliver,
         send: Send,
@@ -573,80 +576,20 @@ class GatewayApp:
                 await _body(send, ev)
             await _body(send, b"", more=False)
             return
-        cid = asm.chunk_id or chat.new_id()
-        created = asm.created or int(time.time())
         if step.kind == "error":
             await _body(
                 send,
-                chat.sse(
-                    {
-                        "error": {
-                            "message": f"loopwarden stopped the run: {step.text}",
-                            "type": "loopwarden_stop",
-                            "code": "loopwarden_stop",
-                        }
-                    }
+                wire.stream_error(
+                    "loopwarden_stop", f"loopwarden stopped the run: {step.text}", "loopwarden_stop"
                 ),
             )
             await _body(send, b"", more=False)
             return
+        text, calls = step.text, None
         if step.kind == "message" and step.message is not None:
-            base = {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": asm.model or req.model,
-            }
-            calls = step.message.get("tool_calls") or []
-            if calls:
-                await _body(
-                    send,
-                    chat.sse(
-                        {
-                            **base,
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "delta": {
-                                        "tool_calls": [
-                                            {"index": i, **tc} for i, tc in enumerate(calls)
-                                        ]
-                                    },
-                                    "finish_reason": None,
-                                }
-                            ],
-                        }
-                    ),
-                )
-                await _body(
-                    send,
-                    chat.sse(
-                        {
-                            **base,
-                            "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
-                        }
-                    ),
-                )
-                await _body(send, chat.sse("[DONE]"))
-                await _body(send, b"", more=False)
-                return
+            calls = step.message.get("tool_calls") or None
             text = str(step.message.get("content") or "")
-            if text == "".join(asm.content):
-                text = ""
-            step = Deliver("answer", text=text)
-        sent = "".join(asm.content)
-        text = step.text
-        if sent and text.startswith(sent):
-            text = text[len(sent) :]
-        elif sent and text:
-            text = "\n\n" + text
-        for ev in chat.stream_chunks(
-            text,
-            chunk_id=cid,
-            model=asm.model or req.model,
-            created=created,
-            finish_call=step.finish_call,
-        ):
+        for ev in wire.stream_rest(req, asm, text, step.finish_call, calls):
             await _body(send, ev)
         await _body(send, b"", more=False)
 
@@ -671,15 +614,6 @@ class _Upstream:
             )
         else:
             await _respond(send, self.status, self.body, {"content-type": "application/json"})
-
-
-def _unstreamed(body: bytes) -> bytes:
-    data = json.loads(body)
-    if data.get("stream"):
-        data["stream"] = False
-        data.pop("stream_options", None)
-        return json.dumps(data, ensure_ascii=False).encode()
-    return body
 
 
 def _expand(key: str) -> str:
@@ -787,8 +721,14 @@ async def _error(
     retry: bool | None = None,
     extra: Mapping[str, str] | None = None,
     kind: str = "invalid_request_error",
+    wire: Wire | None = None,
 ) -> None:
     headers = {"content-type": "application/json", **(extra or {})}
     if retry is not None:
         headers["x-should-retry"] = "true" if retry else "false"
-    await _respond(send, status, chat.error_body(code, message, kind=kind), headers)
+    body = (
+        wire.error_body(code, message, kind)
+        if wire is not None
+        else chat.error_body(code, message, kind=kind)
+    )
+    await _respond(send, status, body, headers)

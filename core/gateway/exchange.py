@@ -59,6 +59,7 @@ from loopwarden.events import IN_DOUBT, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import StoreError
 from loopwarden.gateway import state as st
 from loopwarden.gateway.chat import ChatRequest, _obj, text_of
+from loopwarden.gateway.wires import WIRES, Wire
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
 from loopwarden.sanitize import clean_text
@@ -127,6 +128,8 @@ class Deliver:
     #: were skipped taken out)
     message: dict[str, Any] | None = None
     run_id: str | None = None
+    #: the id of an answer the gateway writes itself (continuations find the run by it)
+    answer_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -148,6 +151,9 @@ class Live:
     #: the request that handed out ``pending``: its message count and the digest of its
     #: last message (the same request sent again is a retry, not the next step)
     asked: tuple[int, str] | None = None
+    #: the upstream's id of its latest answer: what a continuation of an answer the gateway
+    #: wrote itself (a stop) continues at the upstream (``previous_response_id``)
+    upstream_last: str | None = None
 
 
 def _canonical_args(args: Any) -> str:
@@ -374,9 +380,12 @@ class Gate:
             return None
         return _digest(f"{tenant}\x00hist\x00{history_hash(msgs[: last + 1])}")
 
-    def exchange(self, req: ChatRequest, headers: Mapping[str, str]) -> Exchange:
-        """The judging of one request (see :class:`Exchange`)."""
-        return Exchange(self, req, headers)
+    def exchange(
+        self, req: ChatRequest, headers: Mapping[str, str], *, wire: Wire | None = None
+    ) -> Exchange:
+        """The judging of one request (see :class:`Exchange`) of ``wire``'s shape (chat
+        completions by default)."""
+        return Exchange(self, req, headers, wire or WIRES[0])
 
 
 class Exchange:
@@ -385,10 +394,14 @@ class Exchange:
     :class:`Deliver`; after each ``Forward`` the driver sends the upstream's answer to
     :meth:`answer`, which returns the next; :meth:`close` saves the conversation."""
 
-    def __init__(self, gate: Gate, req: ChatRequest, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, gate: Gate, req: ChatRequest, headers: Mapping[str, str], wire: Wire
+    ) -> None:
         self.gate = gate
         self.req = req
         self.headers = headers
+        #: the request's wire shape: how a forwarded request is written
+        self.wire = wire
         self.live: Live | None = None
         self.run: Run | None = None
         self._turn: Generator[Any, Any, Any] | None = None
@@ -439,6 +452,7 @@ class Exchange:
             )
             live.conversation.id = live.conv_id
         self.live = live
+        self._upstream_previous(live)
         run = live.run
         if run is not None:
             run.tools = registry
@@ -452,6 +466,22 @@ class Exchange:
         self.run = run
         self._sync_messages(run, live)
         return self._model_turn(run)
+
+    def _upstream_previous(self, live: Live) -> None:
+        """A continuation of an answer the gateway wrote itself (a stop) continues, at the
+        upstream, from the upstream's own latest answer: the upstream never saw the
+        gateway's id."""
+        req = self.req
+        prev = req.previous
+        if not prev or not self.wire.wrote(prev):
+            return
+        body = dict(req.body)
+        if live.upstream_last:
+            body["previous_response_id"] = live.upstream_last
+        else:
+            body.pop("previous_response_id", None)
+        req.body = body
+        req.raw = json.dumps(body, ensure_ascii=False).encode()
 
     def _new_run(self, live: Live, registry: ToolRegistry) -> Run:
         gate = self.gate
@@ -634,10 +664,8 @@ class Exchange:
         added = [m for m in run.messages[before:] if m.get("role") != "assistant"]
         self._request_notes.extend(added)
         extra = [*self._followup, *self._request_notes]
-        from loopwarden.gateway.chat import forward_body
-
         return Forward(
-            forward_body(self.req, extra, final=eff.request.final),
+            self.wire.forward_body(self.req, extra, final=eff.request.final),
             final=eff.request.final,
             followup=bool(self._followup),
         )
@@ -649,6 +677,8 @@ class Exchange:
         run = self.run
         if response.id:
             self.answer_ids.append(response.id)
+            if self.live is not None:
+                self.live.upstream_last = response.id
         try:
             turn.send(response)
         except StopIteration as done:
@@ -805,8 +835,15 @@ class Exchange:
                     {"function": {"name": finish[0], "arguments": json.dumps(finish[1])}}
                 ],
             }
+        answer_id = self.wire.new_answer_id()
+        self.answer_ids.append(answer_id)
         return Deliver(
-            "answer", text=text, stop=stop, finish_call=finish, run_id=run.run_id if run else None
+            "answer",
+            text=text,
+            stop=stop,
+            finish_call=finish,
+            run_id=run.run_id if run else None,
+            answer_id=answer_id,
         )
 
     def finish_call(self, text: str) -> tuple[str, dict[str, Any]] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -48,8 +49,19 @@ class Wire:
     #: the path suffix it serves (``POST .../<suffix>``)
     suffix: str = ""
 
+    #: the prefix of the ids of answers the gateway writes itself
+    id_prefix: str = ""
+
     def parse_request(self, raw: bytes, max_bytes: int) -> ChatRequest:
         raise NotImplementedError
+
+    def new_answer_id(self) -> str:
+        """An id for an answer the gateway writes itself."""
+        return self.id_prefix + uuid.uuid4().hex[:24]
+
+    def wrote(self, answer_id: str) -> bool:
+        """Whether ``answer_id`` names an answer the gateway wrote (not the upstream)."""
+        return answer_id.startswith(self.id_prefix)
 
     def parse_response(self, data: dict[str, Any]) -> ModelResponse:
         raise NotImplementedError
@@ -70,6 +82,19 @@ class Wire:
         return chat.error_body(code, message, kind=kind)
 
     def answer_body(
+        self,
+        req: ChatRequest,
+        text: str,
+        finish_call: tuple[str, dict[str, Any]] | None,
+        answer_id: str | None = None,
+    ) -> dict[str, Any]:
+        """An answer the gateway writes itself (a stop's), with ``answer_id``."""
+        body = self._answer(req, text, finish_call)
+        if answer_id:
+            body["id"] = answer_id
+        return body
+
+    def _answer(
         self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
     ) -> dict[str, Any]:
         raise NotImplementedError
@@ -100,10 +125,15 @@ class Wire:
         raise NotImplementedError
 
     def stream_whole(
-        self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
+        self,
+        req: ChatRequest,
+        text: str,
+        finish_call: tuple[str, dict[str, Any]] | None,
+        calls: list[dict[str, Any]] | None = None,
     ) -> bytes:
-        """A whole stream for an answer the gateway writes without a streamed upstream."""
-        raise NotImplementedError
+        """A whole stream for an answer given without a streamed upstream call (a stop, or
+        the answer to a re-ask): :meth:`stream_rest` after nothing."""
+        return b"".join(self.stream_rest(req, self.assembler(), text, finish_call, calls))
 
     def stream_error(self, code: str, message: str, kind: str) -> bytes:
         return chat.sse({"error": {"message": message, "type": kind, "code": code}})
@@ -120,6 +150,7 @@ def _rest_text(sent: str, text: str) -> str:
 class ChatWire(Wire):
     name = "chat"
     suffix = "/chat/completions"
+    id_prefix = "chatcmpl-lw"
 
     def parse_request(self, raw: bytes, max_bytes: int) -> ChatRequest:
         return chat.parse_request(raw, max_bytes)
@@ -134,7 +165,7 @@ class ChatWire(Wire):
     def forward_body(self, req: ChatRequest, extra: list[dict[str, Any]], *, final: bool) -> bytes:
         return chat.forward_body(req, extra, final=final)
 
-    def answer_body(
+    def _answer(
         self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
     ) -> dict[str, Any]:
         return chat.completion_body(text, model=req.model, finish_call=finish_call)
@@ -190,20 +221,6 @@ class ChatWire(Wire):
             finish_call=finish_call,
         )
 
-    def stream_whole(
-        self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
-    ) -> bytes:
-        return b"".join(
-            chat.stream_chunks(
-                text,
-                chunk_id=chat.new_id(),
-                model=req.model,
-                created=int(time.time()),
-                finish_call=finish_call,
-                role=True,
-            )
-        )
-
 
 class _ChatAssembler(chat.StreamAssembler):
     __slots__ = ()
@@ -215,6 +232,7 @@ class _ChatAssembler(chat.StreamAssembler):
 class MessagesWire(Wire):
     name = "messages"
     suffix = "/messages"
+    id_prefix = "msg_lw"
 
     def parse_request(self, raw: bytes, max_bytes: int) -> ChatRequest:
         return messages.parse_request(raw, max_bytes)
@@ -234,7 +252,7 @@ class MessagesWire(Wire):
         body = json.loads(self.error_body(code, message, kind))
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
-    def answer_body(
+    def _answer(
         self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
     ) -> dict[str, Any]:
         return messages.answer_body(text, model=req.model, finish_call=finish_call)
@@ -274,6 +292,10 @@ class MessagesWire(Wire):
     ) -> Iterator[bytes]:
         if calls:
             # the calls that passed, as tool_use blocks, then the end
+            if not asm.started:
+                start = messages.answer_body("", model=asm.model or req.model)
+                start.update(content=[], stop_reason=None)
+                yield messages._event("message_start", {"message": start})
             idx = asm.next_index
             if asm.open_text is not None:
                 yield messages._event("content_block_stop", {"index": asm.open_text})
@@ -317,20 +339,6 @@ class MessagesWire(Wire):
             finish_call=finish_call,
         )
 
-    def stream_whole(
-        self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
-    ) -> bytes:
-        return b"".join(
-            messages.stream_answer(
-                text,
-                model=req.model,
-                started=False,
-                index=0,
-                open_text=False,
-                finish_call=finish_call,
-            )
-        )
-
 
 class _MessagesAssembler(messages.MessagesAssembler):
     __slots__ = ()
@@ -342,6 +350,7 @@ class _MessagesAssembler(messages.MessagesAssembler):
 class ResponsesWire(Wire):
     name = "responses"
     suffix = "/responses"
+    id_prefix = "resp_lw"
 
     def parse_request(self, raw: bytes, max_bytes: int) -> ChatRequest:
         return responses.parse_request(raw, max_bytes)
@@ -352,7 +361,7 @@ class ResponsesWire(Wire):
     def forward_body(self, req: ChatRequest, extra: list[dict[str, Any]], *, final: bool) -> bytes:
         return responses.forward_body(req, extra, final=final)
 
-    def answer_body(
+    def _answer(
         self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
     ) -> dict[str, Any]:
         return responses.answer_body(text, model=req.model, finish_call=finish_call)
@@ -402,6 +411,11 @@ class ResponsesWire(Wire):
     ) -> Iterator[bytes]:
         seq, idx = asm.seq, asm.next_index
         if calls:
+            if not asm.started:
+                created = responses.answer_body("", model=asm.model or req.model)
+                created.update(status="in_progress", output=[])
+                yield responses._event("response.created", seq, {"response": created})
+                seq += 1
             final = dict(
                 asm.final
                 or responses.answer_body(
@@ -446,21 +460,6 @@ class ResponsesWire(Wire):
             seq=seq,
             index=idx,
             finish_call=finish_call,
-        )
-
-    def stream_whole(
-        self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
-    ) -> bytes:
-        return b"".join(
-            responses.stream_answer(
-                text,
-                model=req.model,
-                response_id=None,
-                started=False,
-                seq=0,
-                index=0,
-                finish_call=finish_call,
-            )
         )
 
 
