@@ -87,6 +87,8 @@ class ScriptedUpstream:
         self.piece_chars = piece_chars
         #: requests answered (what a test may count)
         self.calls = 0
+        #: the Responses API's history at the "provider": response id -> chat messages
+        self._history: dict[str, list[dict[str, Any]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -105,7 +107,8 @@ class ScriptedUpstream:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        if not scope["path"].endswith("/chat/completions"):
+        path = scope["path"]
+        if not path.endswith(("/chat/completions", "/responses", "/messages")):
             await _send(send, 404, {"error": {"message": "not found", "type": "not_found"}})
             return
         req = json.loads(body)
@@ -129,6 +132,12 @@ class ScriptedUpstream:
             )
             return
         self.calls += 1
+        if path.endswith("/responses"):
+            await self._responses(sc, req, send)
+            return
+        if path.endswith("/messages"):
+            await self._messages(sc, req, send)
+            return
         messages = req.get("messages") or []
         tools_off = req.get("tool_choice") == "none" or not req.get("tools")
         content, calls = turn_of(sc.model, messages, tools_off, self.prefix)
@@ -226,6 +235,30 @@ class ScriptedUpstream:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
+def _events(send: Send) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    async def event(kind: str, data: dict[str, Any]) -> None:
+        payload = json.dumps({"type": kind, **data}, ensure_ascii=False).encode()
+        await send(
+            {
+                "type": "http.response.body",
+                "body": b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n",
+                "more_body": True,
+            }
+        )
+
+    return event
+
+
+async def _start_stream(send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+
+
 async def _send(send: Send, status: int, obj: Any) -> None:
     body = json.dumps(obj, ensure_ascii=False).encode()
     await send(
@@ -239,3 +272,251 @@ async def _send(send: Send, status: int, obj: Any) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _end(send: Send) -> None:
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _tools_off(req: Mapping[str, Any]) -> bool:
+    tc = req.get("tool_choice")
+    return (
+        not req.get("tools") or tc == "none" or (isinstance(tc, dict) and tc.get("type") == "none")
+    )
+
+
+def _noted(messages: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """Notes a gateway put into a system prompt, as a message after the history (where
+    :func:`turn_of` looks for them)."""
+    notes = [
+        m for m in messages if m.get("role") == "system" and prefix in str(m.get("content") or "")
+    ]
+    return [*messages, *({"role": "system", "content": prefix} for _ in notes[:1])]
+
+
+async def _scripted_responses(
+    self: ScriptedUpstream, sc: Scenario, req: dict[str, Any], send: Send
+) -> None:
+    from loopwarden.gateway.responses import to_chat
+
+    new, _ = to_chat(req.get("instructions"), req.get("input"))
+    prev = req.get("previous_response_id")
+    history = [*(self._history.get(prev, []) if isinstance(prev, str) else []), *new]
+    content, calls = turn_of(sc.model, history, _tools_off(req), self.prefix)
+    rid = "resp_" + uuid.uuid4().hex[:24]
+    output: list[dict[str, Any]] = []
+    if content:
+        output.append(
+            {
+                "type": "message",
+                "id": "msg_" + uuid.uuid4().hex[:24],
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": content, "annotations": []}],
+            }
+        )
+    for c in calls:
+        output.append(
+            {
+                "type": "function_call",
+                "id": "fc_" + uuid.uuid4().hex[:24],
+                "call_id": "call_" + uuid.uuid4().hex[:24],
+                "name": c["name"],
+                "arguments": c["arguments"],
+                "status": "completed",
+            }
+        )
+    answer: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        answer["tool_calls"] = [
+            {
+                "id": it["call_id"],
+                "type": "function",
+                "function": {"name": it["name"], "arguments": it["arguments"]},
+            }
+            for it in output
+            if it["type"] == "function_call"
+        ]
+    self._history[rid] = [*history, answer]
+    prompt = estimate_messages(history, estimate_text)
+    completion = max(
+        1, estimate_text(content or "") + sum(estimate_text(c["arguments"]) + 3 for c in calls)
+    )
+    body = {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": str(req.get("model") or "scripted"),
+        "output": output,
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion,
+        },
+        "parallel_tool_calls": True,
+        "tool_choice": req.get("tool_choice") or "auto",
+        "tools": req.get("tools") or [],
+    }
+    if not req.get("stream"):
+        await _send(send, 200, body)
+        return
+    await _start_stream(send)
+    event = _events(send)
+    seq = 0
+
+    async def ev(kind: str, data: dict[str, Any]) -> None:
+        nonlocal seq
+        await event(kind, {"sequence_number": seq, **data})
+        seq += 1
+
+    await ev("response.created", {"response": {**body, "status": "in_progress", "output": []}})
+    for i, it in enumerate(output):
+        if it["type"] == "message":
+            text = it["content"][0]["text"]
+            await ev(
+                "response.output_item.added",
+                {"output_index": i, "item": {**it, "content": [], "status": "in_progress"}},
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            await ev(
+                "response.content_part.added",
+                {"item_id": it["id"], "output_index": i, "content_index": 0, "part": part},
+            )
+            for k in range(0, len(text), self.piece_chars):
+                await ev(
+                    "response.output_text.delta",
+                    {
+                        "item_id": it["id"],
+                        "output_index": i,
+                        "content_index": 0,
+                        "delta": text[k : k + self.piece_chars],
+                    },
+                )
+            await ev(
+                "response.output_text.done",
+                {"item_id": it["id"], "output_index": i, "content_index": 0, "text": text},
+            )
+            await ev(
+                "response.content_part.done",
+                {
+                    "item_id": it["id"],
+                    "output_index": i,
+                    "content_index": 0,
+                    "part": {**part, "text": text},
+                },
+            )
+        else:
+            await ev(
+                "response.output_item.added",
+                {"output_index": i, "item": {**it, "arguments": "", "status": "in_progress"}},
+            )
+            args = it["arguments"]
+            half = len(args) // 2
+            for piece in (args[:half], args[half:]):
+                if piece:
+                    await ev(
+                        "response.function_call_arguments.delta",
+                        {"item_id": it["id"], "output_index": i, "delta": piece},
+                    )
+            await ev(
+                "response.function_call_arguments.done",
+                {"item_id": it["id"], "output_index": i, "arguments": args},
+            )
+        await ev("response.output_item.done", {"output_index": i, "item": it})
+    await ev("response.completed", {"response": body})
+    await _end(send)
+
+
+async def _scripted_messages(
+    self: ScriptedUpstream, sc: Scenario, req: dict[str, Any], send: Send
+) -> None:
+    from loopwarden.gateway.messages import to_chat
+
+    history = _noted(to_chat(req.get("system"), req.get("messages") or []), self.prefix)
+    content, calls = turn_of(sc.model, history, _tools_off(req), self.prefix)
+    blocks: list[dict[str, Any]] = []
+    if content:
+        blocks.append({"type": "text", "text": content})
+    for c in calls:
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": "toolu_" + uuid.uuid4().hex[:24],
+                "name": c["name"],
+                "input": json.loads(c["arguments"] or "{}"),
+            }
+        )
+    prompt = estimate_messages(history, estimate_text)
+    completion = max(
+        1, estimate_text(content or "") + sum(estimate_text(c["arguments"]) + 3 for c in calls)
+    )
+    body = {
+        "id": "msg_" + uuid.uuid4().hex[:24],
+        "type": "message",
+        "role": "assistant",
+        "model": str(req.get("model") or "scripted"),
+        "content": blocks,
+        "stop_reason": "tool_use" if calls else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt, "output_tokens": completion},
+    }
+    if not req.get("stream"):
+        await _send(send, 200, body)
+        return
+    await _start_stream(send)
+    event = _events(send)
+    await event(
+        "message_start",
+        {
+            "message": {
+                **body,
+                "content": [],
+                "stop_reason": None,
+                "usage": {"input_tokens": prompt, "output_tokens": 1},
+            }
+        },
+    )
+    await event("ping", {})
+    for i, b in enumerate(blocks):
+        if b["type"] == "text":
+            await event(
+                "content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}}
+            )
+            for k in range(0, len(b["text"]), self.piece_chars):
+                await event(
+                    "content_block_delta",
+                    {
+                        "index": i,
+                        "delta": {
+                            "type": "text_delta",
+                            "text": b["text"][k : k + self.piece_chars],
+                        },
+                    },
+                )
+        else:
+            await event("content_block_start", {"index": i, "content_block": {**b, "input": {}}})
+            raw = json.dumps(b["input"], ensure_ascii=False)
+            half = len(raw) // 2
+            for piece in (raw[:half], raw[half:]):
+                if piece:
+                    await event(
+                        "content_block_delta",
+                        {"index": i, "delta": {"type": "input_json_delta", "partial_json": piece}},
+                    )
+        await event("content_block_stop", {"index": i})
+    await event(
+        "message_delta",
+        {
+            "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": completion},
+        },
+    )
+    await event("message_stop", {})
+    await _end(send)
+
+
+ScriptedUpstream._responses = _scripted_responses  # type: ignore[attr-defined]
+ScriptedUpstream._messages = _scripted_messages  # type: ignore[attr-defined]
