@@ -454,3 +454,64 @@ def test_gateway_replay_bench_judges_alike_streamed_and_through_the_gate(tmp_pat
     assert streamed["meta"]["stream"] is True
     assert _terminations(streamed) == app
     assert _terminations(_gateway_replay(path, "--via", "gate")) == app
+
+
+def _pcts_shape(row: dict[str, Any], key: str) -> None:
+    assert set(row[key]) == {"p50", "p99", "max"}, key
+    assert all(_number(v) for v in row[key].values()), key
+
+
+@pytest.mark.slow  # a bench script in a subprocess, with servers of its own: tens of seconds
+def test_gateway_bench_prints_the_promised_json(redis_server: str) -> None:
+    """bench/gateway.py --quick: every batch of the one round, the paired analysis, scaling,
+    the wrapper -- the shape only (speed is never asserted)."""
+    data = _bench("gateway.py", "--redis-url", redis_server)
+    assert data["python"] == platform.python_version() and data["machine"]
+    assert len(data["load_before"]) == len(data["load_after"]) == 3
+    assert data["settings"]["quick"] is True and data["redis"] is True
+    assert data["litellm"] == {"skipped": "--quick or --no-litellm"}
+    assert data["long_history_tokens"] >= 50_000 > data["agent_history_tokens"]
+    gateways = {"gateway_memory", "gateway_redis"}
+    rounds = data["rounds"]
+    assert all(len(rounds[k]) == 1 for k in ("agent_like", "light", "long", "stream"))
+    assert set(rounds["agent_like"][0]) == {"direct"} | gateways
+    for kind in ("light", "long", "stream"):
+        assert set(rounds[kind][0]) == {"direct", "gateway_redis"}, kind
+    for kind, batches in rounds.items():
+        for name, row in batches[0].items():
+            assert row["requests"] > 0 and row["errors"] == {}, (kind, name)
+            _pcts_shape(row, "latency_ms" if kind != "stream" else "chunk_delay_ms")
+            assert _number(row["server_cpu_us_per_request"]), (kind, name)
+            assert _number(row["loadgen_cpu_us_per_request"]), (kind, name)
+            if name.startswith("gateway"):
+                if kind != "stream":  # a streamed answer's header comes before its chunks
+                    _pcts_shape(row, "overhead_header_ms")
+                if kind in ("agent_like", "light"):  # the run found again by the ids it handed out
+                    assert 0 <= row["run_continuity"] <= 1
+            if kind == "stream":
+                for key in ("last_chunk_delay_ms", "ttfb_ms"):
+                    _pcts_shape(row, key)
+                # every text chunk the mock wrote, and the last one with the finish
+                assert row["chunks_per_answer"] == data["settings"]["chunks"] + 1
+    a = data["analysis"]
+    assert set(a["agent_like_added_ms"]) == gateways
+    assert set(a["agent_like_header_ms"]) == gateways
+    for key in (
+        "light_added_ms",
+        "long_added_ms",
+        "stream_added_per_chunk_ms",
+        "stream_added_last_chunk_ms",
+    ):
+        assert set(a[key]) == {"gateway_redis"}, key
+    for row in a["agent_like_added_ms"].values():
+        for p in ("p50", "p99"):
+            assert set(row[p]) == {"median", "min", "max", "q1", "q3", "n"} and row[p]["n"] == 1
+    scaling = data["scaling"]
+    assert len(scaling) == 1 and set(scaling[0]) == {"direct", "gateway_1", "gateway_2"}
+    assert all(row["requests"] > 0 and _number(row["rps"]) for row in scaling[0].values())
+    assert _number(a["scaling"]["ratio_2_to_1"]["median"])
+    wrapper = data["wrapper"]
+    if "skipped" not in wrapper:
+        for key in ("bare_cpu_us_per_call", "wrapped_cpu_us_per_call"):
+            assert _number(wrapper[key]["median"]), key
+        assert isinstance(wrapper["added_cpu_us_per_call"]["median"], float)
