@@ -11,6 +11,7 @@ imported only when a :class:`RedisStore` is created.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import time
@@ -37,6 +38,8 @@ from loopwarden.store import (
 from loopwarden.store.breakers import BreakerView
 
 __all__ = ["RedisStore"]
+
+log = logging.getLogger("loopwarden.store")
 
 
 #: expired members of the counter index a write removes on its way (bounded, opportunistic)
@@ -97,6 +100,18 @@ local function recount(hk, now)
                S[4], int(sums[4]), S[5], int(sums[5]), '~next', tostring(nxt))
   end
   return sums, nxt
+end
+-- the index lives as long as its latest counter: with every counter expired and no write
+-- since, nothing of it is left (a counter without expiry keeps it)
+local function index_ttl(index)
+  local top = redis.call('ZRANGE', index, -1, -1, 'WITHSCORES')
+  if #top == 0 then return end
+  local last = tonumber(top[2])
+  if last == math.huge then
+    redis.call('PERSIST', index)
+  else
+    redis.call('EXPIREAT', index, math.ceil(last) + 1)
+  end
 end
 """
 
@@ -192,6 +207,7 @@ for i = 1, n do
 end
 local old = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, PRUNE)
 if #old > 0 then redis.call('ZREM', index, unpack(old)) end
+index_ttl(index)
 return out
 """
 )
@@ -219,6 +235,13 @@ for i = 1, n do
         redis.call('HINCRBY', hk, S[q], neg)
       end
     end
+    -- no live reservation left: the hash goes now, not when its TTL ends (a hash per run
+    -- window would otherwise outlive its run by the reservation TTL)
+    local kept = 0
+    for _, v in ipairs(redis.call('HMGET', hk, S[1], S[2], S[3], S[4], S[5], '~next')) do
+      if v then kept = kept + 1 end
+    end
+    if redis.call('HLEN', hk) <= kept then redis.call('DEL', hk) end
   end
   if ARGV[2] == '1' then
     redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
@@ -235,6 +258,7 @@ for i = 1, n do
     end
   end
 end
+if ARGV[2] == '1' then index_ttl(KEYS[#KEYS]) end
 return 1
 """
 )
@@ -605,5 +629,20 @@ class RedisStore(_Backend):
             return bool(self._r.delete(name))
 
     def close(self) -> None:
+        """Drop the expired members of the counter and breaker indexes (one command each,
+        however many: a store that is no longer written keeps no expired member of this
+        process's making), then close."""
+        try:
+            now = self.now()
+            pipe = self._r.pipeline(transaction=False)
+            pipe.zremrangebyscore(self._index, "-inf", now)
+            pipe.zremrangebyscore(self._breaker_index, "-inf", now)
+            pipe.execute()
+        except (ValueError, *self._errors) as exc:  # down: closing goes on, the members wait
+            log.warning(
+                "Redis store %s: pruning at close failed: %s",
+                redact_url(self.url),
+                self._scrub(exc),
+            )
         self._close_owner()
         self._r.close()
