@@ -638,7 +638,7 @@ class RedisStore(_Backend):
             pipe.zremrangebyscore(self._index, "-inf", now)
             pipe.zremrangebyscore(self._breaker_index, "-inf", now)
             pipe.execute()
-        except (ValueError, *self._errors) as exc:  # down: closing goes on, the members wait
+        except self._errors as exc:  # down: closing goes on, the members wait
             log.warning(
                 "Redis store %s: pruning at close failed: %s",
                 redact_url(self.url),
