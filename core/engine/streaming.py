@@ -355,6 +355,7 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
                 yield event
             unwatch = _watch(engine, run)
             while not isinstance(eff, _Done) and run.outcome is None:
+                stepper.parked = None  # started now: a cancel from here on hits it in flight
                 if isinstance(eff, CallModel):
                     value: Any = None
                     async with contextlib.aclosing(
@@ -379,11 +380,13 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
             else:
                 gen.close()
         except GeneratorExit:  # aclose(): the consumer left between two events
+            await stepper.abandon()  # a call yielded but never started: its claim released
             if run.outcome is None:
                 await stepper.finish(_consumer_left(engine, run))
             raise
         except BaseException as exc:
             await stepper.settle()
+            await stepper.abandon()
             if run.outcome is None:
                 await stepper.finish(internal_error(engine, run, exc))
             raise
