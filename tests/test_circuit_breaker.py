@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ from support.stores import deployment_for, make_store, split_url, store_table, w
 from loopwarden import Deployment, ToolError, signals
 from loopwarden.config import ConfigError
 from loopwarden.plugins.circuit_breaker import CircuitBreakerSettings, transient
-from loopwarden.store import BreakerRule, BreakerView
+from loopwarden.store import BreakerRule, BreakerView, open_store
 from loopwarden.tools import ToolContext, tool
 
 TOOL = ("deployment", "*", "tool", "query_logistics")
@@ -833,3 +834,51 @@ def test_a_real_mcp_server_that_hangs_pauses_all_of_its_tools(tmp_path: Path) ->
         "server",
         "orders",
     )
+
+
+# -- issue 43: the hosts' clocks ------------------------------------------------------------
+
+
+def test_hosts_whose_clocks_differ_share_a_breaker_by_the_servers_clock(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43, item 5, on a real redis-server: a host whose clock runs two minutes fast
+    (its ``time.time``, patched where the store reads it: the one thing this machine cannot
+    have for real) and a host on time share a breaker.  On main the fast host's writes
+    carried its own time: a breaker it opened stayed shut 120 s past ``open_s``, and the slow
+    host's failures were dropped by the fast host's next write, so the outage never opened
+    it.  Now both read Redis's TIME.  (A SQLite store is one host's file: one clock.)"""
+    import loopwarden.store.redis as backend
+
+    ns = "lwtest-clock-" + os.urandom(4).hex()
+    on_time = open_store(redis_server, namespace=ns)
+    fast_clock = types.SimpleNamespace(
+        time=lambda: time.time() + 120.0, monotonic=time.monotonic, sleep=time.sleep
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(backend, "time", fast_clock)
+        fast = open_store(redis_server, namespace=ns)
+    counted = BreakerRule(failures=3, failure_ratio=None, min_sources=1, window_s=60.0)
+    brief = BreakerRule(failures=1, failure_ratio=None, open_s=0.2)
+    shut = ("deployment", "*", "tool", "shut")
+    try:
+        # failures from both hosts count in one window
+        fast.breaker_record(TOOL, counted, "f1/c", failed=True, source="*")
+        on_time.breaker_record(TOOL, counted, "s1/c", failed=True, source="*")
+        third = fast.breaker_record(TOOL, counted, "f2/c", failed=True, source="*")
+        assert third.changed == "opened" and third.tripped["failures"] == 3  # type: ignore[index]
+        # a breaker the fast host opens is over for the host on time after open_s
+        assert fast.breaker_record(shut, brief, "f3/c", failed=True, source="*").changed
+        assert not on_time.breaker_admit(shut, brief, "s2/c").allows
+        time.sleep(0.3)  # past open_s (0.2 s) on the server's clock, not 120 s
+        assert on_time.breaker_admit(shut, brief, "s3/c").probe
+    finally:
+        on_time.close()
+        fast.close()
+        import redis
+
+        r = redis.Redis.from_url(redis_server)
+        keys = list(r.scan_iter(match="{" + ns + "}:*"))
+        if keys:
+            r.delete(*keys)
+        r.close()

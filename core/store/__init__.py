@@ -493,7 +493,13 @@ class _Backend:
 
     def _update_doc(self, key: str, fn: _DocUpdate) -> BreakerView:
         """Apply ``fn(document or None, now)`` to breaker ``key`` atomically: it returns the
-        document to write (None: leave it) and the answer."""
+        document to write (None: leave it) and the answer.  ``now`` is the store's time
+        (:meth:`_shared_now`), read in the same round trip where the store has a clock."""
+        raise NotImplementedError
+
+    def _shared_now(self) -> float:
+        """The time of state shared by hosts (breakers): the store's own clock where it has
+        one (Redis ``TIME``), else this host's -- one host's file (SQLite)."""
         raise NotImplementedError
 
     def _docs(self) -> list[tuple[str, dict[str, Any]]]:
@@ -660,7 +666,7 @@ class _Backend:
         return out
 
     def breakers(self) -> list[BreakerView]:
-        now = time.time()
+        now = self._io(self._shared_now)
         out = [_breakers.view(key, doc, None, now) for key, doc in self._io(self._docs)]
         self._answered()
         return sorted(out, key=lambda v: (v.scope, v.scope_key, v.target, v.name))

@@ -459,6 +459,10 @@ class SQLiteStore(_Backend):
                 )
         return out
 
+    def _shared_now(self) -> float:
+        # one file on one host: every process that shares it reads the same clock
+        return self.now()
+
     def _docs(self) -> list[tuple[str, dict[str, Any]]]:
         now = self.now()
         with self._tx() as conn:
