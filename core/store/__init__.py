@@ -254,9 +254,19 @@ class Store(Protocol):
         effect); a recorded outcome stays."""
         ...
 
-    def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
-        """Atomically: may ``owner`` call the breaker's dependency now (``allows``)?  An open
-        breaker past ``open_s`` gives exactly one caller the half-open probe."""
+    def breaker_admit(
+        self,
+        ident: Ident,
+        rule: BreakerRule,
+        owner: str,
+        *,
+        source: str = _breakers.ANONYMOUS,
+        lease_s: float | None = None,
+    ) -> BreakerView:
+        """Atomically: may ``owner`` (a call from ``source``) call the breaker's dependency
+        now (``allows``)?  An open breaker past ``open_s`` gives exactly one caller the
+        half-open probe, held for ``probe_timeout_s`` or ``lease_s`` (the call's own
+        deadline), whichever is longer; a source whose probe just failed waits ``open_s``."""
         ...
 
     def breaker_record(
@@ -624,12 +634,22 @@ class _Backend:
             raise
         self._answered()
 
-    def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
+    def breaker_admit(
+        self,
+        ident: Ident,
+        rule: BreakerRule,
+        owner: str,
+        *,
+        source: str = _breakers.ANONYMOUS,
+        lease_s: float | None = None,
+    ) -> BreakerView:
         key = breaker_key(ident)
         out = self._io(
             self._update_doc,
             key,
-            lambda doc, now: _breakers.admit(key, ident, doc, rule, owner, now),
+            lambda doc, now: _breakers.admit(
+                key, ident, doc, rule, owner, now, source=source, lease_s=lease_s
+            ),
         )
         self._answered()
         return out
