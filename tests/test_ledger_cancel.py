@@ -160,3 +160,95 @@ def test_a_claim_whose_caller_is_cancelled_on_its_way_is_released_when_it_lands(
     finally:
         holder.close()
         store.close()
+
+
+@pytest.mark.parametrize("mode", ("sync", *MODES))
+def test_a_stream_left_after_the_claim_and_before_the_call_leaves_the_key_free(
+    tmp_path: Path, mode: str
+) -> None:
+    """The consumer of a stream stops at the proposed payment -- the step that claimed it is
+    done, the call not started: the claim is released, and the payment asked again is made."""
+    write_scenario(tmp_path)
+    dep = deployment_for(
+        f"sqlite:///{tmp_path / 'store.sqlite3'}",
+        enabled=(),
+        tools=[pay_tool(tmp_path / "effects.txt")],
+        store={"async_calls": "threads" if mode == "sync" else mode},
+    )
+    kinds: list[str] = []
+    scenario = str(tmp_path / "pay.toml")
+
+    async def consume() -> None:
+        events = dep.astream(scenario=scenario)
+        async for event in events:
+            kinds.append(type(event).__name__)
+            if type(event).__name__ == "ToolCallProposed":
+                break
+        await events.aclose()  # type: ignore[attr-defined]
+
+    try:
+        if mode == "sync":
+            events = dep.stream(scenario=scenario)
+            for event in events:
+                kinds.append(type(event).__name__)
+                if type(event).__name__ == "ToolCallProposed":
+                    break
+            events.close()  # type: ignore[attr-defined]
+        else:
+            asyncio.run(consume())
+        assert kinds[-1] == "ToolCallProposed"
+        assert not (tmp_path / "effects.txt").exists()
+        _retry_pays(dep, tmp_path)
+    finally:
+        dep.close()
+
+
+@pytest.mark.parametrize("mode", ("sync", *MODES))
+def test_a_run_the_watchdog_ends_while_its_claim_waits_leaves_the_key_free(
+    tmp_path: Path, mode: str
+) -> None:
+    """The run's time runs out while its claim waits for the lock: the watchdog ends the run
+    (``timeout``); the claim lands afterwards and the machine, never resumed to pay, releases
+    it."""
+    write_scenario(tmp_path)
+    path = tmp_path / "store.sqlite3"
+    dep = deployment_for(
+        f"sqlite:///{path}",
+        enabled=("timeout",),
+        plugins={"timeout": {"max_seconds": 0.2, "grace_s": 0.0}},
+        tools=[pay_tool(tmp_path / "effects.txt")],
+        store={"async_calls": "threads" if mode == "sync" else mode, "timeout_s": 30.0},
+    )
+    assert dep.shared.store
+    ended = threading.Event()
+    dep.connect(signals.run_stopped, lambda run, **kw: ended.set())
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+
+    def free_when_ended() -> None:
+        ended.wait(30)  # the watchdog ended the run while the claim waited ...
+        holder.execute("ROLLBACK")  # ... and then the lock is free: the claim lands
+
+    freer = threading.Thread(target=free_when_ended)
+    freer.start()
+    try:
+        scenario = str(tmp_path / "pay.toml")
+        run = (
+            dep.run(scenario=scenario)
+            if mode == "sync"
+            else asyncio.run(dep.arun(scenario=scenario))
+        )
+        freer.join(30)
+        assert run.outcome.termination == "timeout"
+        assert not (tmp_path / "effects.txt").exists()
+        # asked again without the short time limit: paid now, exactly once
+        again = deployment_for(
+            f"sqlite:///{path}", enabled=(), tools=[pay_tool(tmp_path / "effects.txt")]
+        )
+        try:
+            _retry_pays(again, tmp_path)
+        finally:
+            again.close()
+    finally:
+        holder.close()
+        dep.close()

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from loopwarden.engine.loop import Engine
     from loopwarden.models import Model
 
-__all__ = ["adrive", "atool_runner", "blocking_io", "drive", "tool_runner"]
+__all__ = ["abandon", "adrive", "atool_runner", "blocking_io", "drive", "tool_runner"]
 
 log = logging.getLogger("loopwarden.loop")
 
@@ -80,7 +80,7 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         unwatch = _watch(engine, run)
         while True:
             if run.outcome is not None:  # the watchdog ended the run meanwhile
-                gen.close()
+                abandon(gen, eff)
                 return run.outcome
             if isinstance(eff, CallModel):
                 try:
@@ -194,14 +194,8 @@ class _Stepper:
         return eff
 
     def _abandon(self) -> None:
-        """Close the machine after a cancellation.  A tool call it yielded and the driver
-        never started is thrown :class:`NotStarted`, so that the tool turn releases its
-        ledger claim (the side effect was never made); otherwise the machine just closes."""
         parked, self.parked = self.parked, None
-        if isinstance(parked, RunTool):
-            with contextlib.suppress(NotStarted, StopIteration):
-                self.gen.throw(NotStarted())
-        self.gen.close()
+        abandon(self.gen, parked)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         context = self.context
@@ -261,7 +255,10 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         unwatch = _watch(engine, run)
         while not isinstance(eff, _Done):
             if run.outcome is not None:  # the watchdog ended the run meanwhile
-                gen.close()
+                if inline:
+                    abandon(gen, eff)
+                else:
+                    await stepper.call(abandon, gen, eff)
                 return run.outcome
             stepper.parked = None  # started now: a cancel from here on hits it in flight
             if isinstance(eff, CallModel):
@@ -287,6 +284,17 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         raise
     finally:
         unwatch()
+
+
+def abandon(gen: Machine, unstarted: Effect | None) -> None:
+    """Close the machine, which waits at ``unstarted`` -- an effect its driver will never
+    start (the run was cancelled, ended by the watchdog, or its stream's consumer left).  A
+    tool call is thrown :class:`NotStarted` first, so that the tool turn releases its ledger
+    claim: the side effect was never made."""
+    if isinstance(unstarted, RunTool):
+        with contextlib.suppress(NotStarted, StopIteration):
+            gen.throw(NotStarted())
+    gen.close()
 
 
 def internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:
