@@ -282,10 +282,11 @@ class ToolResult:
     the same idempotency key): it is not a tool result and must not count as one.  In
     ``after_tool`` a plugin may set ``retryable = False`` (a spent retry budget); plugins later
     in the config order see the change.  ``attempts`` is how many executions the result took
-    (more than one when the runtime retried a retryable failure; ``content`` then says so,
+    (more than one when the runtime retried a retryable failure -- ``content`` then says so,
     while ``digest`` stays the hash of the last attempt's own output, so that detectors
-    compare what the tool returned).  ``retry_after`` is the wait a failure asked for (a
-    ``ToolError``'s, or an HTTP ``Retry-After``), when it named one.
+    compare what the tool returned; 0 for a call cancelled before the tool started).
+    ``retry_after`` is the wait a failure asked for (a ``ToolError``'s, or an HTTP
+    ``Retry-After``), when it named one.
     """
 
     #: what the model sees
@@ -304,7 +305,8 @@ class ToolResult:
     duration_s: float = 0.0
     #: the tool's return value before it was turned into ``content``
     value: Any = None
-    #: executions the result took (more than one when the runtime retried)
+    #: executions the result took (more than one when the runtime retried; 0 when the call was
+    #: cancelled before the tool started: nothing was executed, nothing may have taken effect)
     attempts: int = 1
     #: the wait a failure asked for (a ``ToolError``'s, an HTTP ``Retry-After``), when it named
     #: one

@@ -25,9 +25,20 @@ per tool -- and per MCP server, for all of its tools -- in the deployment's shar
   looping).  A log line (WARNING) and the ``breaker_changed`` signal -- which the alerting
   (severity ``warn``), metrics and otel plugins take up -- say that it opened.
 * **half-open** -- ``open_s`` after it opened, exactly one call across the fleet is let
-  through as a probe (``probe_timeout_s``: how long before another caller may probe, should
-  the first never report).  An answer (a success, or a semantic error: the dependency is up)
-  **closes** it; a transient failure opens it again for ``open_s``.
+  through as a probe.  It holds the probe as long as it may run -- its own deadline (the
+  tool's ``timeout_s``, as the timeout plugin leaves it, and its backoff) when that is longer
+  than ``probe_timeout_s`` -- so a slow but healthy probe is never replaced while it runs;
+  only a probe that outlives that (its process died, or a call with no deadline past
+  ``probe_timeout_s``) lets another caller probe, and a late answer of the first still
+  counts.  An answer (a success, or a semantic error: the dependency is up) **closes** it; a
+  transient failure opens it again for ``open_s`` -- once probes from ``min_sources``
+  distinct sources have failed (a run that names no source suffices).  A probe that failed
+  for one source hands the next probe to another source at once; that source itself probes
+  again only ``open_s`` later.  So one tenant whose own input times out never holds a
+  deployment-wide breaker open against the others.
+* **time** is the store's: Redis's ``TIME`` (read in the same round trip), so hosts whose
+  clocks disagree agree on when a breaker opened and when ``open_s`` is over; a SQLite
+  store is one host's file, whose clock all its processes share.
 
 **Scope.**  Deployment-wide by default; ``scope = ["tenant"]`` keeps one breaker per tenant
 (any meta keys a run carries, as spend_limits' scopes; a run without them is not covered).
@@ -64,6 +75,7 @@ from loopwarden import (
     hookimpl,
     signals,
 )
+from loopwarden.clock import CANCEL_GRACE_S
 from loopwarden.exceptions import StoreError
 from loopwarden.notes import render_note, runtime
 from loopwarden.plugin import PositiveSeconds, check_templates
@@ -149,7 +161,8 @@ class CircuitBreakerSettings(PluginSettings):
     probe_timeout_s: PositiveSeconds = Field(
         default=60.0,
         description="a probe that reports nothing within this long (its process died) lets "
-        "another caller probe",
+        "another caller probe; a probe call whose own deadline (timeout_s) is longer holds "
+        "the probe until that deadline",
     )
     max_skips: PositiveInt | None = Field(
         default=2,
@@ -384,10 +397,15 @@ class CircuitBreaker(Plugin[CircuitBreakerSettings]):
         if not targets:
             return None
         owner = f"{run.run_id}/{call.id}"
+        # should this call get the probe, it holds it as long as it may run: its backoff and
+        # its deadline (every runtime retry fits in it), never less than probe_timeout_s
+        lease_s = None if call.timeout is None else call.delay_s + call.timeout + CANCEL_GRACE_S
         admitted: list[Ident] = []
         for ident in targets:
             try:
-                view = st.shared.store.breaker_admit(ident, self.rule, owner)
+                view = st.shared.store.breaker_admit(
+                    ident, self.rule, owner, source=st.source, lease_s=lease_s
+                )
             except StoreError as exc:
                 self._failed(st, run, exc, "asking a circuit breaker")
                 return None

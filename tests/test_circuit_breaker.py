@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ from support.stores import deployment_for, make_store, split_url, store_table, w
 from loopwarden import Deployment, ToolError, signals
 from loopwarden.config import ConfigError
 from loopwarden.plugins.circuit_breaker import CircuitBreakerSettings, transient
-from loopwarden.store import BreakerRule, BreakerView
+from loopwarden.store import BreakerRule, BreakerView, open_store
 from loopwarden.tools import ToolContext, tool
 
 TOOL = ("deployment", "*", "tool", "query_logistics")
@@ -833,3 +834,221 @@ def test_a_real_mcp_server_that_hangs_pauses_all_of_its_tools(tmp_path: Path) ->
         "server",
         "orders",
     )
+
+
+# -- issue 43: the probe and min_sources, a slow probe, the hosts' clocks -------------------
+
+#: one call of ``lookup`` with an argument of the run's own, then the answer
+LOOKUP = """
+name = "lookup-{q}"
+user = "look {q} up"
+[model]
+turns = [
+  {{ content = "looking", tool_calls = [{{ name = "lookup", arguments = {{ q = "{q}" }} }}] }},
+  {{ content = "done" }},
+]
+then = "final"
+final_text = "done"
+"""
+
+
+def test_one_tenant_whose_probe_fails_never_holds_a_shared_breaker_open(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Issue 43, item 3: after a real outage the upstream is back, but one tenant's own input
+    (a huge export) still times out.  On main that tenant took each half-open probe and
+    reopened the breaker for everyone: 0 of 10 other tenants' calls served in 5 cycles."""
+    upstream = {"down": True}
+    served: list[str] = []
+
+    @tool(read_only=True)
+    def lookup(q: str) -> str:
+        """Look something up upstream."""
+        if upstream["down"] or q == "huge-export":
+            raise ToolError("upstream timed out", retryable=True)
+        served.append(q)
+        return f"found {q}"
+
+    dep = deployment_for(
+        store_url,
+        plugins={
+            **breaker(store_url, min_sources=2, open_s=30.0, max_skips=None),
+            "max_steps": {"max_steps": 3, "warn_remaining": 0},
+        },
+        enabled=("circuit_breaker", "max_steps"),
+        tools=[lookup],
+    )
+    clock = Clock()
+    dep.shared.store.now = clock  # type: ignore[attr-defined]
+
+    def ask(tenant: str, q: str) -> dict[str, Any]:
+        path = write_scenario(tmp_path, LOOKUP.format(q=q), f"lookup-{q}")
+        return dep.run(scenario=str(path), meta={"tenant": tenant}).record()
+
+    try:
+        for i in range(3):  # the outage: three tenants fail, the breaker opens
+            ask(f"t{i}", f"outage-{i}")
+        (b,) = dep.shared.store.breakers()
+        assert b.state == "open"
+        upstream["down"] = False  # the upstream is back; acme's own input still times out
+        for cycle in range(5):
+            clock.t += 30.0  # open_s over
+            ask("acme", "huge-export")  # acme asks first, and fails
+            for j in range(2):
+                ask(f"other-{j}", f"c{cycle}-{j}")
+        assert len(served) == 10, served  # every other tenant's call was served
+        (b,) = dep.shared.store.breakers()
+        assert b.state == "closed" and b.opens == 1
+    finally:
+        dep.close()
+
+
+def test_the_half_open_rule_a_failed_probe_hands_the_next_to_another_source(
+    store_url: str,
+) -> None:
+    store = make_store(store_url)
+    clock = Clock()
+    store.now = clock  # type: ignore[attr-defined]
+    rule = BreakerRule(failures=2, failure_ratio=None, min_sources=2, open_s=30.0)
+    try:
+        for src in ("=a", "=b"):
+            store.breaker_record(TOOL, rule, f"{src}/c", failed=True, source=src)
+        clock.t += 30.0
+        assert store.breaker_admit(TOOL, rule, "a1/c", source="=a").probe
+        one = store.breaker_record(TOOL, rule, "a1/c", failed=True, source="=a")
+        assert one.state == "half_open" and one.changed is None  # one source: not reopened
+        assert not store.breaker_admit(TOOL, rule, "a2/c", source="=a").allows  # a waits
+        assert store.breaker_admit(TOOL, rule, "b1/c", source="=b").probe  # b probes now
+        two = store.breaker_record(TOOL, rule, "b1/c", failed=True, source="=b")
+        assert two.changed == "reopened" and two.since == clock.t  # two sources: an outage
+        clock.t += 30.0
+        assert store.breaker_admit(TOOL, rule, "a3/c", source="=a").probe  # a fresh phase
+        anonymous = store.breaker_record(TOOL, rule, "a3/c", failed=True, source="=a")
+        assert anonymous.changed is None
+        assert store.breaker_admit(TOOL, rule, "x/c").probe  # a run naming no source ...
+        assert store.breaker_record(TOOL, rule, "x/c", failed=True, source="*").changed == (
+            "reopened"  # ... is the deployment's own traffic: it suffices
+        )
+    finally:
+        store.close()
+
+
+def test_a_probe_slower_than_probe_timeout_s_is_the_only_probe_and_its_answer_counts(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Issue 43, item 4: a tool whose ``timeout_s`` (120 s) is longer than ``probe_timeout_s``
+    (5 s).  On main a second caller took the probe while the first still ran (two probes at
+    once); now the probe is held for the call's own deadline, and its success closes it."""
+    release, entered = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    @tool(read_only=True, timeout_s=120)
+    def lookup(q: str) -> str:
+        """Look something up upstream (slow, but healthy)."""
+        calls.append(q)
+        if q == "first":
+            entered.set()
+            release.wait(30)
+        return f"found {q}"
+
+    dep = deployment_for(
+        store_url,
+        plugins=breaker(store_url, failures=1, open_s=30.0, probe_timeout_s=5.0, max_skips=None),
+        enabled=("circuit_breaker",),
+        tools=[lookup],
+    )
+    clock = Clock()
+    store = dep.shared.store
+    store.now = clock  # type: ignore[attr-defined]
+    ident = ("deployment", "*", "tool", "lookup")
+    rule = dep.plugins.get("circuit_breaker").rule  # type: ignore[union-attr]
+    records: list[dict[str, Any]] = []
+    try:
+        store.breaker_record(ident, rule, "elsewhere/c", failed=True, source="*")
+        clock.t += 30.0
+        first = threading.Thread(
+            target=lambda: records.append(
+                dep.run(
+                    scenario=str(write_scenario(tmp_path, LOOKUP.format(q="first"), "f"))
+                ).record()
+            )
+        )
+        first.start()
+        assert entered.wait(30)  # the probe runs ...
+        clock.t += 10.0  # ... past probe_timeout_s, well within its own timeout_s
+        second = dep.run(scenario=str(write_scenario(tmp_path, LOOKUP.format(q="second"), "s")))
+        assert calls == ["first"]  # not a second probe at once: the second call was skipped
+        assert second.record()["circuit_breaker"]["skipped_calls"] == 1
+        release.set()
+        first.join(30)
+        (rec,) = records
+        assert [c["change"] for c in rec["circuit_breaker"]["changes"]] == ["half_open", "closed"]
+        (b,) = store.breakers()
+        assert b.state == "closed"  # the slow probe's answer counted
+    finally:
+        release.set()
+        dep.close()
+
+
+def test_a_replaced_probes_late_success_still_closes_the_breaker(store_url: str) -> None:
+    """A probe with no deadline of its own past probe_timeout_s is replaced; its late answer
+    is still an answer of the dependency (main discarded it)."""
+    store = make_store(store_url)
+    clock = Clock()
+    store.now = clock  # type: ignore[attr-defined]
+    rule = BreakerRule(failures=1, failure_ratio=None, open_s=10.0, probe_timeout_s=5.0)
+    try:
+        store.breaker_record(TOOL, rule, "a/c", failed=True, source="*")
+        clock.t += 10.0
+        assert store.breaker_admit(TOOL, rule, "p1/c").probe
+        clock.t += 6.0
+        assert store.breaker_admit(TOOL, rule, "p2/c").probe  # p1 reported nothing in time
+        late = store.breaker_record(TOOL, rule, "p1/c", failed=False, source="*")
+        assert late.changed == "closed" and late.state == "closed"
+    finally:
+        store.close()
+
+
+def test_hosts_whose_clocks_differ_share_a_breaker_by_the_servers_clock(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43, item 5, on a real redis-server: a host whose clock runs two minutes fast
+    (its ``time.time``, patched where the store reads it: the one thing this machine cannot
+    have for real) and a host on time share a breaker.  On main the fast host's writes
+    carried its own time: a breaker it opened stayed shut 120 s past ``open_s``, and the slow
+    host's failures were dropped by the fast host's next write, so the outage never opened
+    it.  Now both read Redis's TIME.  (A SQLite store is one host's file: one clock.)"""
+    import loopwarden.store.redis as backend
+
+    ns = "lwtest-clock-" + os.urandom(4).hex()
+    on_time = open_store(redis_server, namespace=ns)
+    fast_clock = types.SimpleNamespace(
+        time=lambda: time.time() + 120.0, monotonic=time.monotonic, sleep=time.sleep
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(backend, "time", fast_clock)
+        fast = open_store(redis_server, namespace=ns)
+    counted = BreakerRule(failures=3, failure_ratio=None, min_sources=1, window_s=60.0)
+    brief = BreakerRule(failures=1, failure_ratio=None, open_s=0.2)
+    shut = ("deployment", "*", "tool", "shut")
+    try:
+        # failures from both hosts count in one window
+        fast.breaker_record(TOOL, counted, "f1/c", failed=True, source="*")
+        on_time.breaker_record(TOOL, counted, "s1/c", failed=True, source="*")
+        third = fast.breaker_record(TOOL, counted, "f2/c", failed=True, source="*")
+        assert third.changed == "opened" and third.tripped["failures"] == 3  # type: ignore[index]
+        # a breaker the fast host opens is over for the host on time after open_s
+        assert fast.breaker_record(shut, brief, "f3/c", failed=True, source="*").changed
+        assert not on_time.breaker_admit(shut, brief, "s2/c").allows
+        time.sleep(0.3)  # past open_s (0.2 s) on the server's clock, not 120 s
+        assert on_time.breaker_admit(shut, brief, "s3/c").probe
+    finally:
+        on_time.close()
+        fast.close()
+        import redis
+
+        r = redis.Redis.from_url(redis_server)
+        keys = list(r.scan_iter(match="{" + ns + "}:*"))
+        if keys:
+            r.delete(*keys)
+        r.close()

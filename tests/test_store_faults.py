@@ -249,6 +249,51 @@ def test_no_expired_sqlite_counter_outlives_the_deployment(tmp_path: Path) -> No
     assert _expired_left(url, time.time()) == 0
 
 
+def test_expired_counters_never_outnumber_live_work_after_close(store_url: str) -> None:
+    """Issue 43, item 13: 2,000 runs with ``keep_runs_s = 1`` (two counters each: the run's
+    and its conversation's), one more run after they expired, then ``close()``.  Main left
+    1,440 expired SQLite rows (close pruned one bounded batch) and, on Redis, every expired
+    member in the counter index -- a sorted set without a TTL -- plus each run's emptied
+    reservation hash until its TTL.  What is left is the live run's, nothing of history."""
+    store = make_store(store_url)
+    start = time.time()
+    now = [start]
+    store.now = lambda: now[0]  # type: ignore[method-assign]
+    for i in range(2000):
+        counters = [
+            Counter("tenant", f"t{i}", "run", f"run-{i}", expires_at=now[0] + 1),
+            Counter("tenant", f"t{i}", "conversation", f"conv-{i}", expires_at=now[0] + 1),
+        ]
+        store.reserve(counters, (1, 0, 0, 0, 0), token=f"r{i}", ttl_s=60, commit=True)
+        store.reserve(counters, (0, 1, 0, 50, 0), token=f"m{i}", ttl_s=60)
+        store.settle(counters, f"m{i}", (0, 1, 0, 40, 0))
+    now[0] = start + 2  # every counter above has expired
+    last = [Counter("tenant", "last", "run", "run-last", expires_at=now[0] + 60)]
+    store.reserve(last, (1, 0, 0, 0, 0), token="r-last", ttl_s=60, commit=True)
+    store.reserve(last, (0, 1, 0, 50, 0), token="m-last", ttl_s=60)  # in flight at close
+    store.close()
+    assert _expired_left(store_url, now[0]) == 0
+    base, ns = split_url(store_url)
+    if base.startswith("sqlite"):
+        with sqlite3.connect(base[len("sqlite:///") :]) as conn:
+            rows = conn.execute("SELECT key FROM counters").fetchall()
+            held = conn.execute("SELECT token FROM reservations").fetchall()
+        conn.close()
+        assert rows == [("last",)] and held == [("m-last",)]
+        return
+    import redis
+
+    r = redis.Redis.from_url(base)
+    try:
+        index = "{" + ns + "}:cidx"
+        assert r.zcard(index) == 1  # the live counter, listed
+        assert 0 < r.ttl(index) <= 64  # and the index lives about as long as it does
+        held = sorted(k.decode() for k in r.scan_iter(match="{" + ns + "}:h:*"))
+        assert held == ["{" + ns + "}:h:tenant\x1flast\x1frun\x1frun-last"]  # in flight only
+    finally:
+        r.close()
+
+
 def test_expired_ledger_entries_are_pruned_sqlite(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "store.sqlite3")
     for i in range(200):

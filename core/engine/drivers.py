@@ -35,6 +35,7 @@ inline (no switch, no hop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.clock import DEADLINE_SLACK_S, WATCHDOG, await_in_task, await_within
 from loopwarden.engine import execution
-from loopwarden.engine.effects import CallModel, Effect, Failed, Machine, RunTool
+from loopwarden.engine.effects import CallModel, Effect, Failed, Machine, NotStarted, RunTool
 from loopwarden.engine.loop import wraps_tools
 from loopwarden.engine.outcomes import best_effort
 from loopwarden.events import ModelRequest, ToolResult
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from loopwarden.engine.loop import Engine
     from loopwarden.models import Model
 
-__all__ = ["adrive", "atool_runner", "blocking_io", "drive", "tool_runner"]
+__all__ = ["abandon", "adrive", "atool_runner", "blocking_io", "drive", "tool_runner"]
 
 log = logging.getLogger("loopwarden.loop")
 
@@ -79,7 +80,7 @@ def drive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         unwatch = _watch(engine, run)
         while True:
             if run.outcome is not None:  # the watchdog ended the run meanwhile
-                gen.close()
+                abandon(gen, eff)
                 return run.outcome
             if isinstance(eff, CallModel):
                 try:
@@ -182,6 +183,19 @@ class _Stepper:
         self.context = contextvars.copy_context() if blocking_io(run) else None
         self.on_loop = self.context is not None and steps_on_loop(run.deployment)
         self.busy: asyncio.Future[Any] | None = None  # a step still waiting for its I/O
+        #: the effect the machine waits at and the driver has not started yet: set by the
+        #: step itself (in its thread or on the loop), so also when the run was cancelled
+        #: while the step ran; cleared by the driver as it starts the effect
+        self.parked: Effect | None = None
+
+    def _advance(self, value: Any) -> Effect | _Done:
+        eff = _step(self.gen, value)
+        self.parked = None if isinstance(eff, _Done) else eff
+        return eff
+
+    def _abandon(self) -> None:
+        parked, self.parked = self.parked, None
+        abandon(self.gen, parked)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         context = self.context
@@ -208,7 +222,13 @@ class _Stepper:
             return await asyncio.shield(busy)
 
     async def step(self, value: Any) -> Effect | _Done:
-        return await self.call(_step, self.gen, value)  # type: ignore[no-any-return]
+        return await self.call(self._advance, value)  # type: ignore[no-any-return]
+
+    async def abandon(self) -> None:
+        """After a cancellation (the step done, see :meth:`settle`): release what the
+        machine claimed for a call that never started, off the loop like any step."""
+        if isinstance(self.parked, RunTool):
+            await self.call(self._abandon)
 
     async def finish(self, outcome: RunOutcome) -> RunOutcome:
         return await self.call(self.engine.finish, self.run, outcome)  # type: ignore[no-any-return]
@@ -235,8 +255,12 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         unwatch = _watch(engine, run)
         while not isinstance(eff, _Done):
             if run.outcome is not None:  # the watchdog ended the run meanwhile
-                gen.close()
+                if inline:
+                    abandon(gen, eff)
+                else:
+                    await stepper.call(abandon, gen, eff)
                 return run.outcome
+            stepper.parked = None  # started now: a cancel from here on hits it in flight
             if isinstance(eff, CallModel):
                 try:
                     if acomplete is not None:
@@ -254,11 +278,23 @@ async def adrive(engine: Engine, run: Run, model: Model) -> RunOutcome:
         return engine.finish(run, eff.outcome) if inline else await stepper.finish(eff.outcome)
     except BaseException as exc:
         await stepper.settle()
+        await stepper.abandon()
         if run.outcome is None:
             await stepper.finish(internal_error(engine, run, exc))
         raise
     finally:
         unwatch()
+
+
+def abandon(gen: Machine, unstarted: Effect | None) -> None:
+    """Close the machine, which waits at ``unstarted`` -- an effect its driver will never
+    start (the run was cancelled, ended by the watchdog, or its stream's consumer left).  A
+    tool call is thrown :class:`NotStarted` first, so that the tool turn releases its ledger
+    claim: the side effect was never made."""
+    if isinstance(unstarted, RunTool):
+        with contextlib.suppress(NotStarted, StopIteration):
+            gen.throw(NotStarted())
+    gen.close()
 
 
 def internal_error(engine: Engine, run: Run, exc: BaseException) -> RunOutcome:

@@ -20,7 +20,7 @@ from loopwarden.tools import ToolContext
 if TYPE_CHECKING:
     from loopwarden.tools import Tool
 
-__all__ = ["CallModel", "Effect", "Failed", "Machine", "RunTool"]
+__all__ = ["CallModel", "Effect", "Failed", "Machine", "NotStarted", "RunTool"]
 
 
 @dataclass(slots=True)
@@ -45,6 +45,12 @@ class Failed:
     """The effect raised ``error``."""
 
     error: BaseException
+
+
+class NotStarted(Exception):
+    """Thrown into the machine at a :class:`RunTool` its driver abandons without starting it
+    (the run was cancelled while the step that yielded it ran): the tool turn releases the
+    call's ledger claim -- the side effect was never made -- and lets it end the machine."""
 
 
 Effect = CallModel | RunTool

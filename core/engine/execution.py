@@ -78,8 +78,8 @@ def run_tool_sync(t: Texts | _HasTexts, eff: RunTool, run: Run) -> ToolResult:
     call = eff.call
     if call.delay_s > 0:
         run.clock.sleep(call.delay_s, run.cancel)
-        if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
-            return cancelled_result(t, eff)
+    if run.cancel.is_set():  # cancelled before (or during the backoff): never started
+        return cancelled_result(t, eff, started=False)
     end = None if call.timeout is None else run.clock.now() + call.timeout
     result = _attempt_sync(t, eff, run, end)
     if not _may_retry(call, result):
@@ -173,8 +173,8 @@ async def run_tool_async(t: Texts | _HasTexts, eff: RunTool, run: Run) -> ToolRe
     call = eff.call
     if call.delay_s > 0:
         await run.clock.asleep(call.delay_s, run.cancel)
-        if run.cancel.is_set():  # cancelled during the backoff: do not start the tool
-            return cancelled_result(t, eff)
+    if run.cancel.is_set():  # cancelled before (or during the backoff): never started
+        return cancelled_result(t, eff, started=False)
     end = None if call.timeout is None else run.clock.now() + call.timeout
     result = await _attempt_async(t, eff, run, end)
     if not _may_retry(call, result):

@@ -113,9 +113,14 @@ def retry_after_of(exc: BaseException) -> float | None:
     return bounded_seconds(seconds) if math.isfinite(seconds) else None
 
 
-def cancelled_result(t: Texts, eff: RunTool) -> ToolResult:
+def cancelled_result(t: Texts, eff: RunTool, *, started: bool = True) -> ToolResult:
+    """A cancelled call: in doubt once the tool started; ``started=False`` (``attempts``
+    0): cancelled before it started, nothing was executed."""
     return ToolResult(
-        content=t.tool_cancelled.format(name=eff.call.name), ok=False, error="cancelled"
+        content=t.tool_cancelled.format(name=eff.call.name),
+        ok=False,
+        error="cancelled",
+        attempts=1 if started else 0,
     )
 
 

@@ -57,6 +57,7 @@ from loopwarden.engine.drivers import (
     _step,
     _Stepper,
     _watch,
+    abandon,
     atool_runner,
     internal_error,
     tool_runner,
@@ -280,10 +281,11 @@ def stream_drive(engine: Engine, run: Run, model: Any) -> Iterator[StreamEvent]:
                     value = run_tool(eff, run)
                 eff = gen.send(value)
                 yield from seen.take()
-            gen.close()
+            abandon(gen, eff)  # the watchdog ended the run: eff was never started
         except StopIteration as done:
             engine.finish(run, done.value)
-        except GeneratorExit:
+        except GeneratorExit:  # the consumer left: eff (a call yielded at most) never started
+            abandon(gen, eff)
             if run.outcome is None:
                 engine.finish(run, _consumer_left(engine, run))
             raise
@@ -355,6 +357,7 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
                 yield event
             unwatch = _watch(engine, run)
             while not isinstance(eff, _Done) and run.outcome is None:
+                stepper.parked = None  # started now: a cancel from here on hits it in flight
                 if isinstance(eff, CallModel):
                     value: Any = None
                     async with contextlib.aclosing(
@@ -376,14 +379,18 @@ async def astream_drive(engine: Engine, run: Run, model: Any) -> AsyncIterator[S
                     engine.finish(run, eff.outcome)
                 else:
                     await stepper.finish(eff.outcome)
+            elif inline:  # the watchdog ended the run: eff was never started
+                abandon(gen, eff)
             else:
-                gen.close()
+                await stepper.call(abandon, gen, eff)
         except GeneratorExit:  # aclose(): the consumer left between two events
+            await stepper.abandon()  # a call yielded but never started: its claim released
             if run.outcome is None:
                 await stepper.finish(_consumer_left(engine, run))
             raise
         except BaseException as exc:
             await stepper.settle()
+            await stepper.abandon()
             if run.outcome is None:
                 await stepper.finish(internal_error(engine, run, exc))
             raise

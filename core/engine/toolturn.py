@@ -23,7 +23,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from loopwarden import signals
-from loopwarden.engine.effects import Effect, RunTool
+from loopwarden.engine.effects import Effect, NotStarted, RunTool
 from loopwarden.engine.guards import CORE, Guards, Turn
 from loopwarden.events import IN_DOUBT, ErrorKind, ToolCall, ToolResult
 from loopwarden.fingerprint import AnswerMasks
@@ -125,14 +125,23 @@ class ToolTurn(Turn):
                 ctx = ToolContext(run.run_id, run.clock, run.cancel)
                 if call.timeout is not None:
                     ctx.deadline = run.clock.now() + call.timeout
-                result = yield RunTool(call, call.tool, call.arguments, ctx)
+                try:
+                    result = yield RunTool(call, call.tool, call.arguments, ctx)
+                except NotStarted:
+                    # the driver abandoned the call unstarted (the run was cancelled while
+                    # this step ran): the claim above stands for nothing -- release it
+                    if call.idempotency_key is not None and run.shared is not None:
+                        run.shared.release(run, call)
+                    raise
                 run.tools_executed += result.attempts  # the runtime's retries execute too
                 if call.idempotency_key is not None:
                     # Every executed side effect is remembered, whatever its outcome; only a
                     # failure that stays retryable (after_tool plugins may spend a retry
-                    # budget and clear the flag on this very object) runs again.
-                    done = result.ok or result.error in IN_DOUBT
-                    (ledger if done else failed_here)[call.idempotency_key] = result
+                    # budget and clear the flag on this very object) runs again.  A call
+                    # cancelled before the tool started (attempts 0) executed nothing.
+                    if result.attempts:
+                        done = result.ok or result.error in IN_DOUBT
+                        (ledger if done else failed_here)[call.idempotency_key] = result
                     if run.shared is not None:
                         run.shared.finish(run, call, result)
             result.content = self.clip(result.content)

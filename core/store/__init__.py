@@ -254,9 +254,19 @@ class Store(Protocol):
         effect); a recorded outcome stays."""
         ...
 
-    def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
-        """Atomically: may ``owner`` call the breaker's dependency now (``allows``)?  An open
-        breaker past ``open_s`` gives exactly one caller the half-open probe."""
+    def breaker_admit(
+        self,
+        ident: Ident,
+        rule: BreakerRule,
+        owner: str,
+        *,
+        source: str = _breakers.ANONYMOUS,
+        lease_s: float | None = None,
+    ) -> BreakerView:
+        """Atomically: may ``owner`` (a call from ``source``) call the breaker's dependency
+        now (``allows``)?  An open breaker past ``open_s`` gives exactly one caller the
+        half-open probe, held for ``probe_timeout_s`` or ``lease_s`` (the call's own
+        deadline), whichever is longer; a source whose probe just failed waits ``open_s``."""
         ...
 
     def breaker_record(
@@ -493,7 +503,13 @@ class _Backend:
 
     def _update_doc(self, key: str, fn: _DocUpdate) -> BreakerView:
         """Apply ``fn(document or None, now)`` to breaker ``key`` atomically: it returns the
-        document to write (None: leave it) and the answer."""
+        document to write (None: leave it) and the answer.  ``now`` is the store's time
+        (:meth:`_shared_now`), read in the same round trip where the store has a clock."""
+        raise NotImplementedError
+
+    def _shared_now(self) -> float:
+        """The time of state shared by hosts (breakers): the store's own clock where it has
+        one (Redis ``TIME``), else this host's -- one host's file (SQLite)."""
         raise NotImplementedError
 
     def _docs(self) -> list[tuple[str, dict[str, Any]]]:
@@ -549,7 +565,7 @@ class _Backend:
         self._doubts.forget(("claim", key, owner))  # claimed again: the claim is wanted now
         for attempt in range(2):
             try:
-                entry = self._io(self._claim, key, owner, ttl_s)
+                entry = self._claim_or_undo(key, owner, ttl_s)
             except StoreError:
                 self._doubts.undo(
                     ("claim", key, owner), lambda: self._io(self._release, key, owner)
@@ -576,16 +592,64 @@ class _Backend:
         self._io(self._finish, key, owner, state, result, ttl_s)
         self._answered()
 
+    def _claim_or_undo(self, key: str, owner: str, ttl_s: float) -> LedgerEntry | None:
+        """``_claim``, released again when the caller is interrupted meanwhile -- a cancelled
+        task, a ``KeyboardInterrupt``: nobody will run the call.  Made on an owner thread
+        (an async run's step), the claim may still be on its way when the caller goes: the
+        one of the two that comes second (the claim's thread, or the caller) releases it."""
+        lock = threading.Lock()
+        claimed = gone = False
+
+        def attempt() -> LedgerEntry | None:
+            nonlocal claimed
+            entry = self._claim(key, owner, ttl_s)
+            with lock:
+                claimed = entry is None
+                late = gone
+            if late and claimed:
+                self._release(key, owner)
+            return entry
+
+        bridged = bridge.waiting()
+        try:
+            return self._io(attempt)
+        except StoreError:
+            raise
+        except BaseException:
+            with lock:
+                gone = True
+                ours = claimed
+            if ours or not bridged:  # done (or made inline, so over): release it now
+                self._doubts.undo(
+                    ("claim", key, owner), lambda: self._io(self._release, key, owner)
+                )
+            raise
+
     def release(self, key: str, owner: str) -> None:
-        self._io(self._release, key, owner)
+        try:
+            self._io(self._release, key, owner)
+        except StoreError:
+            # the claim stays "running" meanwhile: released at the store's next answer
+            self._doubts.undo(("claim", key, owner), lambda: self._io(self._release, key, owner))
+            raise
         self._answered()
 
-    def breaker_admit(self, ident: Ident, rule: BreakerRule, owner: str) -> BreakerView:
+    def breaker_admit(
+        self,
+        ident: Ident,
+        rule: BreakerRule,
+        owner: str,
+        *,
+        source: str = _breakers.ANONYMOUS,
+        lease_s: float | None = None,
+    ) -> BreakerView:
         key = breaker_key(ident)
         out = self._io(
             self._update_doc,
             key,
-            lambda doc, now: _breakers.admit(key, ident, doc, rule, owner, now),
+            lambda doc, now: _breakers.admit(
+                key, ident, doc, rule, owner, now, source=source, lease_s=lease_s
+            ),
         )
         self._answered()
         return out
@@ -622,7 +686,7 @@ class _Backend:
         return out
 
     def breakers(self) -> list[BreakerView]:
-        now = time.time()
+        now = self._io(self._shared_now)
         out = [_breakers.view(key, doc, None, now) for key, doc in self._io(self._docs)]
         self._answered()
         return sorted(out, key=lambda v: (v.scope, v.scope_key, v.target, v.name))
@@ -820,7 +884,8 @@ class Shared:
     def finish(self, run: Run, call: ToolCall, result: ToolResult) -> None:
         """Record what the claimed call did: done, unknown (a timeout, a cancellation, a tool
         or server that died mid-call: may have taken effect), or nothing (a failure the tool
-        reported: the key is released, a later call may try again)."""
+        reported, or a cancellation before the tool started: the key is released, a later
+        call may try again)."""
         key = call.idempotency_key
         if key is None or not self.config.ledger:
             return
@@ -828,13 +893,25 @@ class Shared:
         try:
             if result.ok:
                 self.store.finish(lkey, owner, "done", _result_data(result), self._ledger_ttl)
-            elif result.error in IN_DOUBT:
+            elif result.error in IN_DOUBT and result.attempts:
                 self.store.finish(lkey, owner, "unknown", _result_data(result), self._ledger_ttl)
             else:
                 self.store.release(lkey, owner)
         except StoreError as exc:
             # the entry stays "running": later callers see "may have taken effect" -- safe
             self.failed(exc, "recording a side effect", run, "loopwarden")
+
+    def release(self, run: Run, call: ToolCall) -> None:
+        """Release the claim of a call whose tool never started (the run was cancelled
+        between the claim and the call): the key is free again, nothing was executed.  A
+        store that fails is asked again at its next answer (:class:`_Doubts`)."""
+        key = call.idempotency_key
+        if key is None or not self.config.ledger:
+            return
+        try:
+            self.store.release(self._ledger_key(run, key), self._owner(run, call))
+        except StoreError as exc:
+            self.failed(exc, "releasing a side effect that never started", run, "loopwarden")
 
     def stale(self, entry: LedgerEntry) -> bool:
         """A ``running`` entry older than ``ledger_lease_s``: its worker probably died."""

@@ -11,13 +11,26 @@ SQLite under ``BEGIN IMMEDIATE``, Redis under ``WATCH`` / ``MULTI`` (an optimist
 transaction, tried again when another client changed the document in between).
 
 * **admit** (before a call): closed -- go; open and ``open_s`` not yet over -- refuse; open
-  and over, or half-open whose probe's lease (``probe_timeout_s``) ran out -- the caller gets
-  the single probe (``half_open``, ``probe = True``); half-open with a live probe -- refuse.
-  A closed breaker is only read: the common case writes nothing.
+  and over, or half-open whose probe's lease ran out -- the caller gets the single probe
+  (``half_open``, ``probe = True``); half-open with a live probe -- refuse.  The lease is
+  ``probe_timeout_s``, or the probe call's own deadline when that is longer (``lease_s``:
+  its ``timeout_s`` and backoff) -- a slow but healthy probe is never replaced while it runs.
+  A source whose own probe failed in this half-open phase may probe again only ``open_s``
+  after that failure; every other source may probe at once.  A closed breaker is only read:
+  the common case writes nothing.
 * **record** (after a call): closed -- count the call (and a transient failure, with its
-  source) and open when a rule trips; half-open and the caller holds the probe -- a success
-  closes it (counts start afresh), a failure opens it again from now.  Any other call of an
-  open breaker (one admitted before it opened) changes nothing.
+  source) and open when a rule trips; half-open, from a probe of this half-open phase (the
+  one holding it, or one whose lease ran out before it answered: its answer still counts) --
+  a success closes it (counts start afresh); a failure frees the probe and, once probes from
+  ``min_sources`` distinct sources have failed in this phase (or one from a run that names no
+  source), opens it again from now.  So one tenant whose own input fails cannot hold a
+  breaker shared with others open: its failed probe hands the next probe to another source.
+  Any other call of an open breaker (one admitted before it opened) changes nothing.
+
+**Time** is the store's (``now`` is passed in by the backend): Redis's ``TIME``, read in the
+same round trip as the document, so hosts whose clocks differ agree on when a breaker opened
+and when ``open_s`` is over; SQLite is one file on one host, whose clock every process
+shares.
 
 Rules (either trips): ``failures`` transient failures within the window, or a failure ratio of
 at least ``failure_ratio`` over at least ``min_calls`` calls -- and, for both, failures from at
@@ -51,6 +64,9 @@ BUCKETS = 10
 MAX_SOURCES = 32
 #: the source of a failure whose run names none (untenanted traffic)
 ANONYMOUS = "*"
+#: the probes of one half-open phase a breaker remembers (the latest; an older one's answer
+#: no longer counts)
+MAX_PROBES = 8
 
 State = Literal["closed", "open", "half_open"]
 #: what an operation changed: None, or the transition it made
@@ -143,6 +159,8 @@ def _new(ident: Ident) -> Doc:
         "sources": {},
         "tripped": None,
         "opens": 0,
+        "probes": [],
+        "probe_failed": {},
     }
 
 
@@ -185,10 +203,19 @@ def view(key: str, doc: Doc, rule: BreakerRule | None, now: float, **extra: Any)
 
 
 def admit(
-    key: str, ident: Ident, doc: Doc | None, rule: BreakerRule, owner: str, now: float
+    key: str,
+    ident: Ident,
+    doc: Doc | None,
+    rule: BreakerRule,
+    owner: str,
+    now: float,
+    *,
+    source: str = ANONYMOUS,
+    lease_s: float | None = None,
 ) -> tuple[Doc | None, BreakerView]:
-    """May ``owner`` call the dependency now?  Returns the document to write (None: no
-    change) and the breaker as seen (``allows``)."""
+    """May ``owner`` (a call from ``source``, which may run ``lease_s`` seconds at most) call
+    the dependency now?  Returns the document to write (None: no change) and the breaker as
+    seen (``allows``)."""
     if doc is None:
         return None, view(key, _new(ident), None, now)
     state = doc.get("state", "closed")
@@ -196,10 +223,17 @@ def admit(
         return None, view(key, doc, rule, now)
     since = float(doc.get("since") or 0.0)
     probe_free = state == "open" or float(doc.get("probe_until") or 0.0) <= now
-    if now >= since + rule.open_s and probe_free:
+    failed_at = doc.get("probe_failed", {}).get(source)
+    backing_off = failed_at is not None and now < float(failed_at) + rule.open_s
+    if now >= since + rule.open_s and probe_free and not backing_off:
+        first = state == "open"
         doc["state"] = "half_open"
         doc["probe"] = owner
-        doc["probe_until"] = now + rule.probe_timeout_s
+        doc["probe_until"] = now + max(rule.probe_timeout_s, lease_s or 0.0)
+        probes = [] if first else [p for p in doc.get("probes", []) if p != owner]
+        doc["probes"] = [*probes, owner][-MAX_PROBES:]
+        if first:
+            doc["probe_failed"] = {}
         doc["expires_at"] = _expiry(doc, rule, now)
         return doc, view(key, doc, rule, now, probe=True, changed="half_open")
     return None, view(key, doc, rule, now)
@@ -226,18 +260,38 @@ def record(
         doc = _new(ident)
     state = doc.get("state", "closed")
     if state != "closed":
-        if doc.get("probe") != owner:
+        if state != "half_open" or owner not in doc.get("probes", [doc.get("probe")]):
             return None, view(key, doc, rule, now)  # admitted before it opened: no evidence
-        doc["probe"] = None
-        doc["probe_until"] = 0.0
-        if failed:
-            doc["state"], doc["since"] = "open", now
-            doc["opens"] = int(doc.get("opens", 0)) + 1
-            doc["expires_at"] = _expiry(doc, rule, now)
-            return doc, view(key, doc, rule, now, changed="reopened")
-        doc.update(state="closed", since=None, buckets=[], sources={}, tripped=None)
+        if doc.get("probe") == owner:
+            doc["probe"] = None
+            doc["probe_until"] = 0.0
+        doc["probes"] = [p for p in doc.get("probes", []) if p != owner]
         doc["expires_at"] = _expiry(doc, rule, now)
-        return doc, view(key, doc, rule, now, changed="closed")
+        if not failed:  # the dependency answered: up
+            doc.update(
+                state="closed",
+                since=None,
+                buckets=[],
+                sources={},
+                tripped=None,
+                probe=None,
+                probe_until=0.0,
+                probes=[],
+                probe_failed={},
+            )
+            return doc, view(key, doc, rule, now, changed="closed")
+        probe_failed: dict[str, float] = doc.setdefault("probe_failed", {})
+        probe_failed.pop(source, None)
+        probe_failed[source] = now
+        while len(probe_failed) > MAX_SOURCES:
+            probe_failed.pop(next(iter(probe_failed)))
+        if ANONYMOUS not in probe_failed and len(probe_failed) < rule.min_sources:
+            # one source's failed probe: that source waits open_s, another one probes next
+            return doc, view(key, doc, rule, now)
+        doc.update(state="open", since=now, probe=None, probe_until=0.0, probes=[])
+        doc["probe_failed"] = {}
+        doc["opens"] = int(doc.get("opens", 0)) + 1
+        return doc, view(key, doc, rule, now, changed="reopened")
     calls, failures = _window(doc, rule, now)
     if not failed and rule.failure_ratio is None and not failures:
         return None, view(key, doc, rule, now)  # only failures count: nothing to write

@@ -10,7 +10,9 @@ imported only when a :class:`RedisStore` is created.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import random
 import time
@@ -37,6 +39,8 @@ from loopwarden.store import (
 from loopwarden.store.breakers import BreakerView
 
 __all__ = ["RedisStore"]
+
+log = logging.getLogger("loopwarden.store")
 
 
 #: expired members of the counter index a write removes on its way (bounded, opportunistic)
@@ -97,6 +101,18 @@ local function recount(hk, now)
                S[4], int(sums[4]), S[5], int(sums[5]), '~next', tostring(nxt))
   end
   return sums, nxt
+end
+-- the index lives as long as its latest counter: with every counter expired and no write
+-- since, nothing of it is left (a counter without expiry keeps it)
+local function index_ttl(index)
+  local top = redis.call('ZRANGE', index, -1, -1, 'WITHSCORES')
+  if #top == 0 then return end
+  local last = tonumber(top[2])
+  if last == math.huge then
+    redis.call('PERSIST', index)
+  else
+    redis.call('EXPIREAT', index, math.ceil(last) + 1)
+  end
 end
 """
 
@@ -192,6 +208,7 @@ for i = 1, n do
 end
 local old = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, PRUNE)
 if #old > 0 then redis.call('ZREM', index, unpack(old)) end
+index_ttl(index)
 return out
 """
 )
@@ -219,6 +236,13 @@ for i = 1, n do
         redis.call('HINCRBY', hk, S[q], neg)
       end
     end
+    -- no live reservation left: the hash goes now, not when its TTL ends (a hash per run
+    -- window would otherwise outlive its run by the reservation TTL)
+    local kept = 0
+    for _, v in ipairs(redis.call('HMGET', hk, S[1], S[2], S[3], S[4], S[5], '~next')) do
+      if v then kept = kept + 1 end
+    end
+    if redis.call('HLEN', hk) <= kept then redis.call('DEL', hk) end
   end
   if ARGV[2] == '1' then
     redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
@@ -235,6 +259,7 @@ for i = 1, n do
     end
   end
 end
+if ARGV[2] == '1' then index_ttl(KEYS[#KEYS]) end
 return 1
 """
 )
@@ -260,6 +285,11 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'result', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
+
+
+# KEYS: a breaker's document.  The server's clock and the document, in one round trip: the
+# breakers' time is the server's, whatever the clocks of the hosts that share them.
+_LUA_DOC = "return {redis.call('TIME'), redis.call('GET', KEYS[1])}"
 
 
 def _url_secrets(url: str) -> list[str]:
@@ -306,7 +336,10 @@ class RedisStore(_Backend):
                 key="store.url",
             ) from None
         self.url = url
-        self.now = time.time  #: the wall clock (tests may replace it)
+        #: this host's wall clock: reservations' expiry, the ledger's start times (tests may
+        #: replace it -- then it stands in for the server's clock in the breakers, too)
+        self.now = time.time
+        self._host_clock = self.now
         self._timeout = timeout_s
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._secrets = _url_secrets(url)
@@ -315,6 +348,8 @@ class RedisStore(_Backend):
         self._legacy_index = self._prefix + "counters"  # 0.3's plain set: read, then moved
         self._breaker_index = self._prefix + "bidx"  # breaker documents, scored by expiry
         self._watch_error: type[BaseException] = redis.WatchError
+        self._noscript: type[BaseException] = redis.exceptions.NoScriptError
+        self._doc_sha = hashlib.sha1(_LUA_DOC.encode()).hexdigest()
         try:
             # a blocking pool: more concurrent calls than connections wait for one (up to
             # timeout_s) -- redis-py's plain pool refuses them, and runs stopped
@@ -556,8 +591,8 @@ class RedisStore(_Backend):
                 tries += 1
                 try:
                     pipe.watch(name)  # type: ignore[no-untyped-call]
-                    now = self.now()
-                    new, out = fn(self._parse_doc(pipe.get(name)), now)
+                    now, raw = self._doc_and_time(pipe, name)
+                    new, out = fn(self._parse_doc(raw), now)
                     if new is None:
                         pipe.unwatch()
                         return out
@@ -582,10 +617,29 @@ class RedisStore(_Backend):
             url=redact_url(self.url),
         )
 
+    def _doc_and_time(self, pipe: Any, name: str) -> tuple[float, Any]:
+        """A breaker's document and the server's clock, in one round trip (a read-only
+        script, on the watching connection): every host reads the same time."""
+        try:
+            (sec, usec), raw = pipe.evalsha(self._doc_sha, 1, name)
+        except self._noscript:  # a server that lost its scripts (restarted, flushed)
+            self._doc_sha = pipe.script_load(_LUA_DOC)
+            (sec, usec), raw = pipe.evalsha(self._doc_sha, 1, name)
+        if self.now is not self._host_clock:  # a test's clock stands in for the server's
+            return self.now(), raw
+        return int(sec) + int(usec) / 1e6, raw
+
+    def _shared_now(self) -> float:
+        if self.now is not self._host_clock:
+            return self.now()
+        with self._errors_as_store_error():
+            sec, usec = self._r.time()
+        return int(sec) + int(usec) / 1e6
+
     def _docs(self) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
         with self._errors_as_store_error():
-            self._r.zremrangebyscore(self._breaker_index, "-inf", self.now())
+            self._r.zremrangebyscore(self._breaker_index, "-inf", self._shared_now())
             names: list[bytes] = sorted(
                 n if isinstance(n, bytes) else str(n).encode()
                 for n in self._r.zrange(self._breaker_index, 0, -1)
@@ -605,5 +659,22 @@ class RedisStore(_Backend):
             return bool(self._r.delete(name))
 
     def close(self) -> None:
+        """Drop the expired members of the counter and breaker indexes (one command each,
+        however many: a store that is no longer written keeps no expired member of this
+        process's making), then close."""
+        try:
+            shared = self._shared_now()  # the breakers' index is scored in the server's time
+            pipe = self._r.pipeline(transaction=False)
+            pipe.zremrangebyscore(self._index, "-inf", self.now())
+            pipe.zremrangebyscore(self._breaker_index, "-inf", shared)
+            pipe.execute()
+        except StoreError as exc:  # down: closing goes on, the members wait
+            log.warning("Redis store: pruning at close failed: %s", exc)
+        except self._errors as exc:
+            log.warning(
+                "Redis store %s: pruning at close failed: %s",
+                redact_url(self.url),
+                self._scrub(exc),
+            )
         self._close_owner()
         self._r.close()

@@ -282,13 +282,25 @@ class SQLiteStore(_Backend):
             self._prune(conn, "counters", now, PRUNE_BATCH * PRUNE_EVERY)
 
     @staticmethod
-    def _prune(conn: sqlite3.Connection, table: str, now: float, limit: int = PRUNE_BATCH) -> None:
-        """Delete up to ``limit`` expired rows of ``table`` (by its expiry index)."""
-        conn.execute(
+    def _prune(conn: sqlite3.Connection, table: str, now: float, limit: int = PRUNE_BATCH) -> int:
+        """Delete up to ``limit`` expired rows of ``table`` (by its expiry index); how many."""
+        return conn.execute(
             f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
             "WHERE expires_at <= ? LIMIT ?)",
             (now, limit),
-        )
+        ).rowcount
+
+    def _prune_all(self) -> None:
+        """Delete every expired row of every table, :data:`PRUNE_BATCH` x
+        :data:`PRUNE_EVERY` rows per transaction, until none is left or ``timeout_s`` has
+        passed."""
+        deadline = time.monotonic() + self._timeout
+        batch = PRUNE_BATCH * PRUNE_EVERY
+        for table in ("reservations", "counters", "ledger", "breakers"):
+            while time.monotonic() < deadline:
+                with self._tx() as conn:
+                    if self._prune(conn, table, self.now(), batch) < batch:
+                        break
 
     def _reserve(
         self,
@@ -447,6 +459,10 @@ class SQLiteStore(_Backend):
                 )
         return out
 
+    def _shared_now(self) -> float:
+        # one file on one host: every process that shares it reads the same clock
+        return self.now()
+
     def _docs(self) -> list[tuple[str, dict[str, Any]]]:
         now = self.now()
         with self._tx() as conn:
@@ -464,14 +480,12 @@ class SQLiteStore(_Backend):
             return conn.execute("DELETE FROM breakers WHERE key = ?", (key,)).rowcount > 0
 
     def close(self) -> None:
-        """Prune what has expired (a bounded batch per table: a store that is no longer
-        written keeps no expired rows of this process's making), then close."""
+        """Prune every expired row, then close: a store that is no longer written keeps
+        nothing that has expired, however many runs it saw.  A batch of rows per
+        transaction, so other writers go in between; all of it within ``timeout_s``."""
         if not self._closed and self._pid == os.getpid():
             try:
-                with self._tx() as conn:
-                    now = self.now()
-                    for table in ("reservations", "counters", "ledger"):
-                        self._prune(conn, table, now, PRUNE_BATCH * PRUNE_EVERY * 4)
+                self._prune_all()
             except StoreError as exc:  # busy or broken: closing goes on, the rows wait
                 log.warning("SQLite store %s: pruning at close failed: %s", self.path, exc)
         self._close_owner()
