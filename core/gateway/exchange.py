@@ -552,7 +552,7 @@ class Exchange:
         failed = self.gate.failed
         found: dict[str, tuple[str, bool]] = {}
         want = {c.id for c in pending}
-        after = msgs[last + 1 :] if last >= 0 else []
+        after = msgs[last + 1 :]  # a delta request (no assistant turn): all of it
         unmatched: list[str] = []
         for m in after:
             role = m.get("role")
@@ -581,8 +581,11 @@ class Exchange:
         return found
 
     def _asked(self) -> tuple[int, str]:
+        """What identifies this request if it comes again: its message count and its last
+        message exactly (ids included -- two tool results of equal text are two steps)."""
         msgs = self.req.messages
-        return len(msgs), _digest(canonical(msgs[-1]) or "") if msgs else ""
+        last = json.dumps(msgs[-1], sort_keys=True, ensure_ascii=False, default=str) if msgs else ""
+        return len(msgs), _digest(last)
 
     def _settle(self, run: Run, live: Live) -> None:
         pending, live.pending = live.pending, []

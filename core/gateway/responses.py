@@ -322,10 +322,12 @@ def stream_answer(
     seq: int,
     index: int,
     finish_call: tuple[str, dict[str, Any]] | None = None,
+    before: list[dict[str, Any]] | None = None,
 ) -> Iterator[bytes]:
     """The rest of a stream the gateway ends itself: (``response.created`` unless
     ``started``), the answer as an output item at ``index`` with its deltas, then
-    ``response.completed`` with the whole response."""
+    ``response.completed`` with the whole response -- the items streamed ``before`` it
+    (the upstream's text that passed) and the answer."""
     body = answer_body(text, model=model, finish_call=finish_call, response_id=response_id)
     if not started:
         created = {**body, "status": "in_progress", "output": []}
@@ -380,7 +382,9 @@ def stream_answer(
         )
         seq += 3
     yield _event("response.output_item.done", seq, {"output_index": index, "item": item})
-    yield _event("response.completed", seq + 1, {"response": body})
+    yield _event(
+        "response.completed", seq + 1, {"response": {**body, "output": [*(before or ()), item]}}
+    )
 
 
 @dataclass(slots=True)
@@ -460,6 +464,19 @@ class ResponsesAssembler:
     @property
     def next_index(self) -> int:
         return max(self.items, default=-1) + 1
+
+    def passed_items(self) -> list[dict[str, Any]]:
+        """The message items streamed so far, whole (as a completed response lists them)."""
+        out = []
+        for _, it in sorted(self.items.items()):
+            if it.get("type") != "message":
+                continue
+            text = "".join(it.get("_text") or ())
+            item = {k: v for k, v in it.items() if not k.startswith("_")}
+            item["status"] = "completed"
+            item["content"] = [{"type": "output_text", "text": text, "annotations": []}]
+            out.append(item)
+        return out
 
     def text(self) -> str:
         return "".join(

@@ -453,13 +453,14 @@ class ResponsesWire(Wire):
             yield responses._event("response.completed", seq, {"response": final})
             return
         yield from responses.stream_answer(
-            _rest_text(asm.text(), text),
+            text,  # a new output item: what was streamed stays in its own
             model=asm.model or req.model,
             response_id=asm.response_id,
             started=asm.started,
             seq=seq,
             index=idx,
             finish_call=finish_call,
+            before=asm.passed_items(),
         )
 
 
