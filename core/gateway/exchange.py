@@ -461,6 +461,10 @@ class Exchange:
                 return self._ended(run.outcome)
         if run is None or run.outcome is not None:
             run = self._new_run(live, registry)
+            if req.previous and conv_id is None:
+                # it continues an answer this gateway never saw (a run begun elsewhere, or
+                # expired): judged as a new run, the record says so
+                run.meta["unknown_previous"] = req.previous
             if run.outcome is not None:
                 return self._ended(run.outcome)
         self.run = run

@@ -1,0 +1,354 @@
+"""Every wire the agents speak: the Responses API and Anthropic Messages through the gateway.
+
+The official ``openai`` SDK's ``responses.create`` / ``responses.stream`` (continuing with
+``previous_response_id``: the history stays at the provider) and the official ``anthropic``
+SDK's ``messages.create`` / ``messages.stream``, each against a real gateway in front of a
+local scripted upstream speaking that shape (``loopwarden.gateway.scripted``), both under
+real uvicorn: a runaway is stopped with a final answer the client handles as normal, a
+healthy run ends as the model ended it, and the same recorded behaviour gets the same run
+record in all three shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.gateway import scenarios, serve
+
+from loopwarden import Deployment, signals
+from loopwarden.config import default_config_path, load_config
+from loopwarden.demo import shop_tools
+from loopwarden.gateway.app import GatewayApp
+from loopwarden.gateway.scripted import ScriptedUpstream
+from loopwarden.gateway.state import MemoryState
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+TOOLS = shop_tools()
+CHAT_TOOLS = TOOLS.schemas()
+RESPONSES_TOOLS = [{"type": "function", **s["function"]} for s in CHAT_TOOLS]
+MESSAGES_TOOLS = [
+    {
+        "name": s["function"]["name"],
+        "description": s["function"]["description"],
+        "input_schema": s["function"]["parameters"],
+    }
+    for s in CHAT_TOOLS
+]
+SCENARIOS = scenarios()
+RUNAWAY = ("always-not-found", "never-finish", "oscillation")
+HEALTHY = ("refund", "repeat-then-recover")
+
+
+def run_tool(name: str, args: dict[str, Any]) -> str:
+    """The shop's tools, with the scenarios' missing order answered as it scripts it."""
+    if name == "query_order" and args.get("order_id") == "99999":
+        return "NOT_FOUND: 订单 99999 不存在"
+    tool = TOOLS.get(name)
+    try:
+        return str(tool.func(**args)) if tool is not None else f"ERROR: unknown tool {name}"
+    except Exception as exc:
+        return f"ERROR: {exc}"
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    records: list[dict[str, Any]] = []
+
+    def keep(sender: Any, **kw: Any) -> None:
+        records.append(kw["record"])
+
+    logging.getLogger("loopwarden").setLevel(logging.CRITICAL)
+    dep = Deployment(load_config(default_config_path()))
+    signals.run_stopped.connect(keep, weak=False)
+    try:
+        with (
+            serve(ScriptedUpstream(SCENARIOS)) as upstream,
+            serve(GatewayApp(dep, upstream + "/v1", MemoryState())) as gateway,
+        ):
+            yield gateway, records
+    finally:
+        signals.run_stopped.disconnect(keep)
+        dep.close()
+
+
+def _record(records: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The last record of the runs made with API key ``key`` (the tenant is its hash)."""
+    return records[-1]
+
+
+def chat_run(gateway: str, name: str, key: str) -> tuple[str, dict[str, Any] | None]:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": SCENARIOS[name].user}]
+    for _ in range(40):
+        m = (
+            client.chat.completions.create(
+                model="scenario:" + name, messages=msgs, tools=CHAT_TOOLS
+            )
+            .choices[0]
+            .message
+        )
+        calls = [tc.model_dump(include={"id", "type", "function"}) for tc in m.tool_calls or ()]
+        msgs.append(
+            {"role": "assistant", "content": m.content, **({"tool_calls": calls} if calls else {})}
+        )
+        if not calls:
+            return m.content or "", None
+        for tc in calls:
+            fn = tc["function"]
+            msgs.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": tc["id"],
+                    "content": run_tool(fn["name"], json.loads(fn["arguments"])),
+                }
+            )
+    raise AssertionError("not stopped")
+
+
+def responses_run(gateway: str, name: str, key: str, *, stream: bool) -> tuple[str, str | None]:
+    """An agent on the Responses API, continuing by previous_response_id; returns the last
+    answer's text and the stop header (None when streamed: headers leave first)."""
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
+    prev: str | None = None
+    given: Any = SCENARIOS[name].user
+    for _ in range(40):
+        header = None
+        if stream:
+            with client.responses.stream(
+                model="scenario:" + name,
+                input=given,
+                tools=RESPONSES_TOOLS,
+                previous_response_id=prev,
+            ) as s:
+                for _event in s:
+                    pass
+                r = s.get_final_response()
+        else:
+            raw = client.responses.with_raw_response.create(
+                model="scenario:" + name,
+                input=given,
+                tools=RESPONSES_TOOLS,
+                previous_response_id=prev,
+            )
+            header = raw.headers.get("x-loopwarden-stop")
+            r = raw.parse()
+        calls = [it for it in r.output if it.type == "function_call"]
+        if not calls:
+            assert r.status == "completed"
+            return r.output_text, header
+        prev = r.id
+        given = [
+            {
+                "type": "function_call_output",
+                "call_id": c.call_id,
+                "output": run_tool(c.name, json.loads(c.arguments)),
+            }
+            for c in calls
+        ]
+    raise AssertionError("not stopped")
+
+
+def messages_run(gateway: str, name: str, key: str, *, stream: bool) -> tuple[str, str | None]:
+    """An agent on Anthropic Messages; returns the last answer's text and the stop header."""
+    client = anthropic.Anthropic(base_url=gateway, api_key=key, max_retries=0)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": SCENARIOS[name].user}]
+    for _ in range(40):
+        header = None
+        if stream:
+            with client.messages.stream(
+                model="scenario:" + name, max_tokens=1024, messages=msgs, tools=MESSAGES_TOOLS
+            ) as s:
+                for _event in s:
+                    pass
+                m = s.get_final_message()
+        else:
+            raw = client.messages.with_raw_response.create(
+                model="scenario:" + name, max_tokens=1024, messages=msgs, tools=MESSAGES_TOOLS
+            )
+            header = raw.headers.get("x-loopwarden-stop")
+            m = raw.parse()
+        msgs.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]}
+        )
+        uses = [b for b in m.content if b.type == "tool_use"]
+        if not uses:
+            assert m.stop_reason == "end_turn"
+            return "".join(b.text for b in m.content if b.type == "text"), header
+        msgs.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": b.id,
+                        "content": run_tool(b.name, dict(b.input)),
+                    }
+                    for b in uses
+                ],
+            }
+        )
+    raise AssertionError("not stopped")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("name", RUNAWAY)
+def test_responses_runaway_is_stopped_with_a_completed_response(
+    world: tuple[str, list[dict[str, Any]]], name: str, stream: bool
+) -> None:
+    gateway, records = world
+    text, header = responses_run(gateway, name, f"sk-resp-{name}-{stream}", stream=stream)
+    rec = records[-1]
+    assert rec["termination"] not in ("final_answer", "running")
+    assert rec["meta"]["front"] == "gateway"
+    assert text.strip() and text.strip() in (rec["final_answer"] or "")
+    if not stream:
+        assert header == rec["termination"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("name", RUNAWAY)
+def test_messages_runaway_is_stopped_with_end_turn(
+    world: tuple[str, list[dict[str, Any]]], name: str, stream: bool
+) -> None:
+    gateway, records = world
+    text, header = messages_run(gateway, name, f"sk-ant-{name}-{stream}", stream=stream)
+    rec = records[-1]
+    assert rec["termination"] not in ("final_answer", "running")
+    assert text.strip() and rec["final_answer"] and rec["final_answer"].strip() in text
+    if not stream:
+        assert header == rec["termination"]
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_runs_end_as_the_model_ends_them_on_every_wire(
+    world: tuple[str, list[dict[str, Any]]], name: str
+) -> None:
+    gateway, records = world
+    final, _ = chat_run(gateway, name, f"sk-h-c-{name}")
+    for text, _ in (
+        responses_run(gateway, name, f"sk-h-r-{name}", stream=False),
+        responses_run(gateway, name, f"sk-h-rs-{name}", stream=True),
+        messages_run(gateway, name, f"sk-h-m-{name}", stream=False),
+        messages_run(gateway, name, f"sk-h-ms-{name}", stream=True),
+    ):
+        assert records[-1]["termination"] == "final_answer"
+        assert text == final
+
+
+@pytest.mark.parametrize("name", [*RUNAWAY, *HEALTHY])
+def test_the_same_behaviour_gets_the_same_record_on_all_three_wires(
+    world: tuple[str, list[dict[str, Any]]], name: str
+) -> None:
+    gateway, records = world
+
+    def summary() -> tuple[Any, ...]:
+        r = records[-1]
+        warned = [(w["step"], w["plugin"]) for w in r["warnings"]]
+        return r["termination"], r["stopped_by"], r["steps"], r["tool_calls"], warned
+
+    chat_run(gateway, name, f"sk-same-c-{name}")
+    chat = summary()
+    responses_run(gateway, name, f"sk-same-r-{name}", stream=False)
+    responses = summary()
+    messages_run(gateway, name, f"sk-same-m-{name}", stream=False)
+    messages = summary()
+    assert chat == responses == messages
+
+
+def test_an_unknown_previous_response_id_is_a_new_run_not_an_error(
+    world: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """A request continuing an answer the gateway never saw (a run that began elsewhere, or
+    another tenant's): forwarded, judged as a new run, and the record notes the id."""
+    gateway, records = world
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="sk-unknown-prev", max_retries=0)
+    first = client.responses.create(
+        model="scenario:refund", input=SCENARIOS["refund"].user, tools=RESPONSES_TOOLS
+    )
+    other = openai.OpenAI(base_url=gateway + "/v1", api_key="sk-another-tenant", max_retries=0)
+    prev: str | None = first.id
+    given: Any = [
+        {"type": "function_call_output", "call_id": c.call_id, "output": "ok"}
+        for c in first.output
+        if c.type == "function_call"
+    ]
+    for _ in range(10):
+        r = other.responses.create(
+            model="scenario:refund", input=given, tools=RESPONSES_TOOLS, previous_response_id=prev
+        )
+        assert r.status == "completed"
+        calls = [it for it in r.output if it.type == "function_call"]
+        if not calls:
+            break
+        prev = r.id
+        given = [
+            {"type": "function_call_output", "call_id": c.call_id, "output": "ok"} for c in calls
+        ]
+    rec = records[-1]
+    assert rec["termination"] == "final_answer"
+    assert rec["meta"]["unknown_previous"] == first.id
+
+
+def test_anthropic_tool_results_flagged_is_error_are_failures(
+    world: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """``is_error`` on a tool_result is a failed call: three in a row are a failure streak,
+    though their text says nothing of an error."""
+    gateway, records = world
+    client = anthropic.Anthropic(base_url=gateway, api_key="sk-ant-is-error", max_retries=0)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": SCENARIOS["never-finish"].user}]
+    for _ in range(40):
+        m = client.messages.create(
+            model="scenario:never-finish", max_tokens=1024, messages=msgs, tools=MESSAGES_TOOLS
+        )
+        msgs.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]}
+        )
+        uses = [b for b in m.content if b.type == "tool_use"]
+        if not uses:
+            break
+        msgs.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": b.id, "content": "ok", "is_error": True}
+                    for b in uses
+                ],
+            }
+        )
+    rec = records[-1]
+    assert rec["termination"] == "failure_streak"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kind"),
+    [
+        ("/v1/messages", b"{nope", "invalid_request_error"),
+        (
+            "/v1/messages",
+            b'{"model": "m", "messages": [{"role": "tool"}]}',
+            "invalid_request_error",
+        ),
+        ("/v1/responses", b'{"model": "m"}', None),
+        ("/v1/responses", b'{"model": "m", "input": [1]}', None),
+    ],
+)
+def test_malformed_requests_get_an_error_in_their_wires_shape(
+    world: tuple[str, list[dict[str, Any]]], path: str, body: bytes, kind: str | None
+) -> None:
+    import httpx
+
+    gateway, _ = world
+    r = httpx.post(gateway + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    data = r.json()
+    if kind is not None:  # Anthropic's shape
+        assert data["type"] == "error" and data["error"]["type"] == kind
+    else:  # OpenAI's
+        assert data["error"]["code"] in ("invalid_request", "invalid_json")
