@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from loopwarden.models.scenario import Scenario, ScriptConfig
@@ -29,7 +29,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def turn_of(
-    script: ScriptConfig, messages: list[Mapping[str, Any]], tools_off: bool, prefix: str
+    script: ScriptConfig, messages: Sequence[Mapping[str, Any]], tools_off: bool, prefix: str
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """The scripted turn answering ``messages``: content and calls (name, arguments).
 
@@ -89,6 +89,12 @@ class ScriptedUpstream:
         self.calls = 0
         #: the Responses API's history at the "provider": response id -> chat messages
         self._history: dict[str, list[dict[str, Any]]] = {}
+
+    async def _responses(self, sc: Scenario, req: dict[str, Any], send: Send) -> None:
+        await _scripted_responses(self, sc, req, send)
+
+    async def _messages(self, sc: Scenario, req: dict[str, Any], send: Send) -> None:
+        await _scripted_messages(self, sc, req, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -516,7 +522,3 @@ async def _scripted_messages(
     )
     await event("message_stop", {})
     await _end(send)
-
-
-ScriptedUpstream._responses = _scripted_responses  # type: ignore[attr-defined]
-ScriptedUpstream._messages = _scripted_messages  # type: ignore[attr-defined]
