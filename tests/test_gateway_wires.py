@@ -11,17 +11,23 @@ record in all three shapes.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.gateway import scenarios, serve
+from support.gateway import serve
+from support.wires import (
+    MESSAGES_TOOLS,
+    RESPONSES_TOOLS,
+    SCENARIOS,
+    chat_run,
+    messages_run,
+    responses_run,
+)
 
 from loopwarden import Deployment, signals
 from loopwarden.config import default_config_path, load_config
-from loopwarden.demo import shop_tools
 from loopwarden.gateway.app import GatewayApp
 from loopwarden.gateway.scripted import ScriptedUpstream
 from loopwarden.gateway.state import MemoryState
@@ -29,31 +35,8 @@ from loopwarden.gateway.state import MemoryState
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
-TOOLS = shop_tools()
-CHAT_TOOLS = TOOLS.schemas()
-RESPONSES_TOOLS = [{"type": "function", **s["function"]} for s in CHAT_TOOLS]
-MESSAGES_TOOLS = [
-    {
-        "name": s["function"]["name"],
-        "description": s["function"]["description"],
-        "input_schema": s["function"]["parameters"],
-    }
-    for s in CHAT_TOOLS
-]
-SCENARIOS = scenarios()
 RUNAWAY = ("always-not-found", "never-finish", "oscillation")
 HEALTHY = ("refund", "repeat-then-recover")
-
-
-def run_tool(name: str, args: dict[str, Any]) -> str:
-    """The shop's tools, with the scenarios' missing order answered as it scripts it."""
-    if name == "query_order" and args.get("order_id") == "99999":
-        return "NOT_FOUND: 订单 99999 不存在"
-    tool = TOOLS.get(name)
-    try:
-        return str(tool.func(**args)) if tool is not None else f"ERROR: unknown tool {name}"
-    except Exception as exc:
-        return f"ERROR: {exc}"
 
 
 @pytest.fixture(scope="module")
@@ -82,118 +65,12 @@ def _record(records: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return records[-1]
 
 
-def chat_run(gateway: str, name: str, key: str) -> tuple[str, dict[str, Any] | None]:
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": SCENARIOS[name].user}]
-    for _ in range(40):
-        m = (
-            client.chat.completions.create(
-                model="scenario:" + name, messages=msgs, tools=CHAT_TOOLS
-            )
-            .choices[0]
-            .message
-        )
-        calls = [tc.model_dump(include={"id", "type", "function"}) for tc in m.tool_calls or ()]
-        msgs.append(
-            {"role": "assistant", "content": m.content, **({"tool_calls": calls} if calls else {})}
-        )
-        if not calls:
-            return m.content or "", None
-        for tc in calls:
-            fn = tc["function"]
-            msgs.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": tc["id"],
-                    "content": run_tool(fn["name"], json.loads(fn["arguments"])),
-                }
-            )
-    raise AssertionError("not stopped")
+def _openai(gateway: str, key: str) -> Any:
+    return openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
 
 
-def responses_run(gateway: str, name: str, key: str, *, stream: bool) -> tuple[str, str | None]:
-    """An agent on the Responses API, continuing by previous_response_id; returns the last
-    answer's text and the stop header (None when streamed: headers leave first)."""
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
-    prev: str | None = None
-    given: Any = SCENARIOS[name].user
-    for _ in range(40):
-        header = None
-        if stream:
-            with client.responses.stream(
-                model="scenario:" + name,
-                input=given,
-                tools=RESPONSES_TOOLS,
-                previous_response_id=prev,
-            ) as s:
-                for _event in s:
-                    pass
-                r = s.get_final_response()
-        else:
-            raw = client.responses.with_raw_response.create(
-                model="scenario:" + name,
-                input=given,
-                tools=RESPONSES_TOOLS,
-                previous_response_id=prev,
-            )
-            header = raw.headers.get("x-loopwarden-stop")
-            r = raw.parse()
-        calls = [it for it in r.output if it.type == "function_call"]
-        if not calls:
-            assert r.status == "completed"
-            return r.output_text, header
-        prev = r.id
-        given = [
-            {
-                "type": "function_call_output",
-                "call_id": c.call_id,
-                "output": run_tool(c.name, json.loads(c.arguments)),
-            }
-            for c in calls
-        ]
-    raise AssertionError("not stopped")
-
-
-def messages_run(gateway: str, name: str, key: str, *, stream: bool) -> tuple[str, str | None]:
-    """An agent on Anthropic Messages; returns the last answer's text and the stop header."""
-    client = anthropic.Anthropic(base_url=gateway, api_key=key, max_retries=0)
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": SCENARIOS[name].user}]
-    for _ in range(40):
-        header = None
-        if stream:
-            with client.messages.stream(
-                model="scenario:" + name, max_tokens=1024, messages=msgs, tools=MESSAGES_TOOLS
-            ) as s:
-                for _event in s:
-                    pass
-                m = s.get_final_message()
-        else:
-            raw = client.messages.with_raw_response.create(
-                model="scenario:" + name, max_tokens=1024, messages=msgs, tools=MESSAGES_TOOLS
-            )
-            header = raw.headers.get("x-loopwarden-stop")
-            m = raw.parse()
-        msgs.append(
-            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]}
-        )
-        uses = [b for b in m.content if b.type == "tool_use"]
-        if not uses:
-            assert m.stop_reason == "end_turn"
-            return "".join(b.text for b in m.content if b.type == "text"), header
-        msgs.append(
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": b.id,
-                        "content": run_tool(b.name, dict(b.input)),
-                    }
-                    for b in uses
-                ],
-            }
-        )
-    raise AssertionError("not stopped")
+def _anthropic(gateway: str, key: str) -> Any:
+    return anthropic.Anthropic(base_url=gateway, api_key=key, max_retries=0)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -202,7 +79,7 @@ def test_responses_runaway_is_stopped_with_a_completed_response(
     world: tuple[str, list[dict[str, Any]]], name: str, stream: bool
 ) -> None:
     gateway, records = world
-    text, header = responses_run(gateway, name, f"sk-resp-{name}-{stream}", stream=stream)
+    text, header = responses_run(_openai(gateway, f"sk-resp-{name}-{stream}"), name, stream=stream)
     rec = records[-1]
     assert rec["termination"] not in ("final_answer", "running")
     assert rec["meta"]["front"] == "gateway"
@@ -217,7 +94,7 @@ def test_messages_runaway_is_stopped_with_end_turn(
     world: tuple[str, list[dict[str, Any]]], name: str, stream: bool
 ) -> None:
     gateway, records = world
-    text, header = messages_run(gateway, name, f"sk-ant-{name}-{stream}", stream=stream)
+    text, header = messages_run(_anthropic(gateway, f"sk-ant-{name}-{stream}"), name, stream=stream)
     rec = records[-1]
     assert rec["termination"] not in ("final_answer", "running")
     assert text.strip() and rec["final_answer"] and rec["final_answer"].strip() in text
@@ -230,12 +107,12 @@ def test_healthy_runs_end_as_the_model_ends_them_on_every_wire(
     world: tuple[str, list[dict[str, Any]]], name: str
 ) -> None:
     gateway, records = world
-    final, _ = chat_run(gateway, name, f"sk-h-c-{name}")
+    final, _ = chat_run(_openai(gateway, f"sk-h-c-{name}"), name)
     for text, _ in (
-        responses_run(gateway, name, f"sk-h-r-{name}", stream=False),
-        responses_run(gateway, name, f"sk-h-rs-{name}", stream=True),
-        messages_run(gateway, name, f"sk-h-m-{name}", stream=False),
-        messages_run(gateway, name, f"sk-h-ms-{name}", stream=True),
+        responses_run(_openai(gateway, f"sk-h-r-{name}"), name, stream=False),
+        responses_run(_openai(gateway, f"sk-h-rs-{name}"), name, stream=True),
+        messages_run(_anthropic(gateway, f"sk-h-m-{name}"), name, stream=False),
+        messages_run(_anthropic(gateway, f"sk-h-ms-{name}"), name, stream=True),
     ):
         assert records[-1]["termination"] == "final_answer"
         assert text == final
@@ -252,11 +129,11 @@ def test_the_same_behaviour_gets_the_same_record_on_all_three_wires(
         warned = [(w["step"], w["plugin"]) for w in r["warnings"]]
         return r["termination"], r["stopped_by"], r["steps"], r["tool_calls"], warned
 
-    chat_run(gateway, name, f"sk-same-c-{name}")
+    chat_run(_openai(gateway, f"sk-same-c-{name}"), name)
     chat = summary()
-    responses_run(gateway, name, f"sk-same-r-{name}", stream=False)
+    responses_run(_openai(gateway, f"sk-same-r-{name}"), name, stream=False)
     responses = summary()
-    messages_run(gateway, name, f"sk-same-m-{name}", stream=False)
+    messages_run(_anthropic(gateway, f"sk-same-m-{name}"), name, stream=False)
     messages = summary()
     assert chat == responses == messages
 

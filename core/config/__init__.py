@@ -412,14 +412,18 @@ class GatewayConfig(_Strict):
     session_headers: list[str] = Field(
         default_factory=lambda: [
             "x-loopwarden-run",
-            "x-session-id",
             "x-claude-code-session-id",
+            "session-id",
             "session_id",
+            "x-session-id",
+            "x-session-affinity",
+            "x-opencode-session",
             "x-litellm-session-id",
             "helicone-session-id",
-            "x-portkey-trace-id",
         ],
-        description="request headers whose value names the conversation, first match wins",
+        description="request headers whose value names the conversation, first match wins "
+        "(a header sent fresh with every request would make every request a run of its "
+        "own: list only per-session ids)",
     )
     tool_error_patterns: list[str] = Field(
         default_factory=list,

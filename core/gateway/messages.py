@@ -13,6 +13,7 @@ their ``is_error`` kept), so one exchange judges every wire.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -125,10 +126,10 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
         if isinstance(t, dict) and isinstance(t.get("name"), str) and "input_schema" in t
     ]
     meta = _obj(body.get("metadata"))
-    user = meta.get("user_id")
+    user, session = claude_code_ids(meta.get("user_id"))
     model = body.get("model")
     tc = _obj(body.get("tool_choice"))
-    return ChatRequest(
+    req = ChatRequest(
         body=body,
         raw=raw,
         messages=to_chat(body.get("system"), messages),
@@ -139,6 +140,36 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
         # Anthropic's "any" / "tool" force a call: the chat form's "required"
         tool_choice="required" if tc.get("type") in ("any", "tool") else None,
     )
+    req.session = session
+    return req
+
+
+_LEGACY_SESSION = re.compile(r"^(?P<user>.*?)_session_(?P<session>[0-9A-Za-z-]{8,64})$")
+
+
+def claude_code_ids(user_id: Any) -> tuple[str | None, str | None]:
+    """``metadata.user_id`` as (user, session).  Claude Code puts its session in it: a JSON
+    string with ``session_id`` (and ``device_id`` / ``account_uuid``), or, before v2.1.78,
+    ``user_<hash>_account_<id>_session_<uuid>``; any other value is the user alone."""
+    if not isinstance(user_id, str) or not user_id:
+        return None, None
+    if user_id.startswith("{"):
+        try:
+            data = json.loads(user_id)
+        except ValueError:
+            return user_id, None
+        if isinstance(data, dict):
+            session = data.get("session_id")
+            who = data.get("account_uuid") or data.get("device_id") or data.get("user_id")
+            return (
+                str(who) if who else None,
+                str(session) if isinstance(session, str) and session else None,
+            )
+        return user_id, None
+    m = _LEGACY_SESSION.match(user_id)
+    if m is not None:
+        return m.group("user") or None, m.group("session")
+    return user_id, None
 
 
 def _usage(u: Any) -> Usage | None:

@@ -1,14 +1,15 @@
-"""``loopwarden.wrap(OpenAI())``: the gateway's judgement inside the client's own process.
+"""``loopwarden.wrap(client)``: the gateway's judgement inside the client's own process.
 
-:func:`wrap` returns a copy of an ``openai`` client (``OpenAI`` or ``AsyncOpenAI``) whose HTTP
-transport runs every request through a :class:`~loopwarden.gateway.app.GatewayApp` in process
-before the client's own transport sends it on: chat completions are judged -- JSON and
-streamed, whichever call surface made them (``chat.completions.create``, ``.stream``,
-``with_raw_response``, ``beta`` helpers) -- and every other request passes untouched.  The
-same config, plugins, records and signals as the gateway; conversations are kept in this
-process (``state="memory"``, the default) or in the shared store (``state="store"``).
+:func:`wrap` returns a copy of an ``openai`` client (``OpenAI`` / ``AsyncOpenAI``) or an
+``anthropic`` client (``Anthropic`` / ``AsyncAnthropic``) whose HTTP transport runs every
+request through a :class:`~loopwarden.gateway.app.GatewayApp` in process before the client's
+own transport sends it on: chat completions, the Responses API and Anthropic Messages are
+judged -- JSON and streamed, whichever call surface made them (``create``, ``.stream``,
+``with_raw_response``) -- and every other request passes untouched.  The same config,
+plugins, records and signals as the gateway; conversations are kept in this process
+(``state="memory"``, the default) or in the shared store (``state="store"``).
 
-A stop reaches the code as the gateway's answer does: an ordinary completion it can finish on,
+A stop reaches the code as the gateway's answer does: an ordinary answer it can finish on,
 with ``x-loopwarden-stop`` among the raw response's headers (or, with ``[gateway] stop_mode =
 "error"``, a ``BadRequestError`` the SDK does not retry).
 
@@ -16,9 +17,9 @@ with ``x-loopwarden-stop`` among the raw response's headers (or, with ``[gateway
 (the ``x-loopwarden-run`` header); without it, the run is found as the gateway finds it.
 
 How: the app is an ASGI application; a small bridge here calls it with the request and
-streams its answer back as an ``httpx`` response.  For a sync client the app runs on one
-private event-loop thread per wrapped client, and the client's own transport is called from
-a worker thread.
+streams its answer back as a response of the client's own HTTP library (``httpx``, or the
+``httpx2`` the newer SDKs ship).  For a sync client the app runs on one private event-loop
+thread per wrapped client, and the client's own transport is called from a worker thread.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import importlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -62,70 +65,83 @@ def wrap(
     config: str | None = None,
     state: str = "memory",
 ) -> C:
-    """A copy of ``client`` (``openai.OpenAI`` / ``AsyncOpenAI``) whose chat completions are
-    judged by ``deployment`` (default: one built from ``config``, else the usual config
-    lookup).  See the module doc."""
+    """A copy of ``client`` (an ``openai`` or ``anthropic`` client, sync or async) whose
+    requests are judged by ``deployment`` (default: one built from ``config``, else the
+    usual config lookup).  See the module doc."""
     from loopwarden.deployment import Deployment
     from loopwarden.gateway.app import GatewayApp
     from loopwarden.gateway.state import open_state
 
-    dep = deployment if deployment is not None else Deployment.from_config(config)
     inner_http = getattr(client, "_client", None)
     base = getattr(client, "base_url", None)
-    if inner_http is None or base is None:
+    if inner_http is None or base is None or not hasattr(client, "with_options"):
         kind = type(client).__name__
         raise TypeError(
-            f"loopwarden.wrap() takes an openai.OpenAI or AsyncOpenAI client, not {kind}"
+            f"loopwarden.wrap() takes an openai or anthropic client (OpenAI, AsyncOpenAI, "
+            f"Anthropic, AsyncAnthropic), not {kind}"
         )
+    dep = deployment if deployment is not None else Deployment.from_config(config)
+    # the client's HTTP library: httpx, or the httpx2 fork the newer SDKs take
+    hx = _library(inner_http)
     origin = f"{base.scheme}://{base.netloc.decode('ascii')}"
     inner = getattr(inner_http, "_transport", None)
-    is_async = hasattr(inner_http, "aclose")  # httpx's AsyncClient, or the SDK's own kind
+    is_async = hasattr(inner_http, "aclose")
     store = open_state(dep.config.store, memory=state == "memory")
     timeout = httpx.Timeout(dep.config.gateway.upstream_timeout_s, connect=10.0)
+    bridges = _bridges(hx)
     if is_async:
-        upstream = httpx.AsyncClient(
-            transport=inner if isinstance(inner, httpx.AsyncBaseTransport) else None,
-            timeout=timeout,
-        )
+        own = inner if isinstance(inner, hx.AsyncBaseTransport) else hx.AsyncHTTPTransport()
+        upstream = httpx.AsyncClient(transport=_ForeignAsync(own, hx), timeout=timeout)
         app = GatewayApp(dep, origin, store, client=upstream)
-        http: Any = httpx.AsyncClient(transport=_AsyncBridge(app), timeout=timeout)
+        http: Any = hx.AsyncClient(transport=bridges[1](app), timeout=timeout.as_dict())
     else:
-        sync_inner = inner if isinstance(inner, httpx.BaseTransport) else httpx.HTTPTransport()
-        upstream = httpx.AsyncClient(transport=_ThreadedTransport(sync_inner), timeout=timeout)
+        sync_inner = inner if isinstance(inner, hx.BaseTransport) else hx.HTTPTransport()
+        upstream = httpx.AsyncClient(transport=_ForeignThreaded(sync_inner, hx), timeout=timeout)
         app = GatewayApp(dep, origin, store, client=upstream)
-        http = httpx.Client(transport=_SyncBridge(app), timeout=timeout)
+        http = hx.Client(transport=bridges[0](app), timeout=timeout.as_dict())
     wrapped: C = client.with_options(http_client=http)  # type: ignore[attr-defined]
     return wrapped
 
 
-# -- the bridge: an httpx request through the ASGI app ----------------------------------------
+def _library(http_client: Any) -> ModuleType:
+    """The HTTP library of an SDK's client (its class derives from the library's)."""
+    for cls in type(http_client).__mro__:
+        top = cls.__module__.split(".")[0]
+        if top in ("httpx", "httpx2"):
+            return importlib.import_module(top)
+    raise TypeError(
+        f"loopwarden.wrap(): the client's HTTP client {type(http_client).__name__} "
+        "is neither httpx's nor httpx2's"
+    )
 
 
-def _scope(request: httpx.Request) -> dict[str, Any]:
+# -- the bridge: a client's request through the ASGI app ---------------------------------------
+
+
+def _scope(request: Any) -> dict[str, Any]:
     headers = [(k.lower(), v) for k, v in request.headers.raw]
     named = _RUN.get()
     if named is not None:
         headers.append((b"x-loopwarden-run", named.encode()))
+    url = request.url
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": request.method,
-        "scheme": request.url.scheme,
-        "path": request.url.path,
-        "raw_path": request.url.raw_path,
-        "query_string": request.url.query,
+        "scheme": url.scheme,
+        "path": url.path,
+        "raw_path": url.raw_path,
+        "query_string": url.query,
         "headers": headers,
-        "server": (request.url.host, request.url.port),
+        "server": (url.host, url.port),
         "client": ("127.0.0.1", 0),
     }
 
 
-async def _call_app(
-    app: GatewayApp, request: httpx.Request, body: bytes, out: Any, put: Any
-) -> None:
+async def _call_app(app: GatewayApp, scope: dict[str, Any], body: bytes, put: Any) -> None:
     """Run ``app`` on one request; ``put`` receives ("start", status, headers), ("body",
-    bytes) ... and ("end", None)."""
+    bytes) ... and ("end", None) -- or ("error", exception)."""
     sent = False
 
     async def receive() -> dict[str, Any]:
@@ -145,112 +161,129 @@ async def _call_app(
                 await put(("end", None))
 
     try:
-        await app(_scope(request), receive, send)
+        await app(scope, receive, send)
     except BaseException as exc:  # surfaces in the caller's thread
         await put(("error", exc))
         raise
 
 
-class _AsyncBody(httpx.AsyncByteStream):
-    def __init__(self, q: asyncio.Queue[Any], task: asyncio.Task[None]) -> None:
-        self._q = q
-        self._task = task
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while True:
-            item = await self._q.get()
-            if item[0] == "body":
-                yield item[1]
-            elif item[0] == "error":
-                raise httpx.ReadError(str(item[1]))
-            else:
-                return
-
-    async def aclose(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+_BRIDGES: dict[str, tuple[type, type]] = {}
 
 
-class _AsyncBridge(httpx.AsyncBaseTransport):
-    def __init__(self, app: GatewayApp) -> None:
-        self.app = app
+def _bridges(hx: ModuleType) -> tuple[type, type]:
+    """The sync and async bridge transports for the HTTP library ``hx`` (built once)."""
+    made = _BRIDGES.get(hx.__name__)
+    if made is not None:
+        return made
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        q: asyncio.Queue[Any] = asyncio.Queue()
-        task = asyncio.ensure_future(_call_app(self.app, request, body, None, q.put))
-        first = await q.get()
-        if first[0] == "error":
-            raise httpx.ConnectError(f"loopwarden: {first[1]}", request=request)
-        _, status, headers = first
-        return httpx.Response(status, headers=headers, stream=_AsyncBody(q, task), request=request)
+    class SyncBody(hx.SyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, q: queue.Queue[Any], fut: Any) -> None:
+            self._q = q
+            self._fut = fut
 
-    async def aclose(self) -> None:
-        await self.app.aclose()
+        def __iter__(self) -> Iterator[bytes]:
+            while True:
+                item = self._q.get()
+                if item[0] == "body":
+                    yield item[1]
+                elif item[0] == "error":
+                    raise hx.ReadError(str(item[1]))
+                else:
+                    return
+
+        def close(self) -> None:
+            if not self._fut.done():
+                self._fut.cancel()
+
+    class SyncBridge(hx.BaseTransport):  # type: ignore[name-defined,misc]
+        """The app on a private event loop thread (one per wrapped sync client)."""
+
+        def __init__(self, app: GatewayApp) -> None:
+            self.app = app
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(
+                target=self._loop.run_forever, name="loopwarden-wrap", daemon=True
+            )
+            self._thread.start()
+
+        def handle_request(self, request: Any) -> Any:
+            body = request.read()
+            q: queue.Queue[Any] = queue.Queue()
+
+            async def put(item: Any) -> None:
+                q.put(item)
+
+            coro = _call_app(self.app, _scope(request), body, put)  # the caller's run name
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            first = q.get()
+            if first[0] == "error":
+                raise hx.ConnectError(f"loopwarden: {first[1]}", request=request)
+            _, status, headers = first
+            return hx.Response(status, headers=headers, stream=SyncBody(q, fut), request=request)
+
+        def close(self) -> None:
+            if self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(self.app.aclose(), self._loop).result(10)
+                self._loop.call_soon_threadsafe(self._loop.stop)
+
+    class AsyncBody(hx.AsyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, q: asyncio.Queue[Any], task: asyncio.Task[None]) -> None:
+            self._q = q
+            self._task = task
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            while True:
+                item = await self._q.get()
+                if item[0] == "body":
+                    yield item[1]
+                elif item[0] == "error":
+                    raise hx.ReadError(str(item[1]))
+                else:
+                    return
+
+        async def aclose(self) -> None:
+            if not self._task.done():
+                self._task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._task
+
+    class AsyncBridge(hx.AsyncBaseTransport):  # type: ignore[name-defined,misc]
+        def __init__(self, app: GatewayApp) -> None:
+            self.app = app
+
+        async def handle_async_request(self, request: Any) -> Any:
+            body = await request.aread()
+            q: asyncio.Queue[Any] = asyncio.Queue()
+            task = asyncio.ensure_future(_call_app(self.app, _scope(request), body, q.put))
+            first = await q.get()
+            if first[0] == "error":
+                raise hx.ConnectError(f"loopwarden: {first[1]}", request=request)
+            _, status, headers = first
+            return hx.Response(status, headers=headers, stream=AsyncBody(q, task), request=request)
+
+        async def aclose(self) -> None:
+            await self.app.aclose()
+
+    made = _BRIDGES[hx.__name__] = (SyncBridge, AsyncBridge)
+    return made
 
 
-class _SyncBody(httpx.SyncByteStream):
-    def __init__(self, q: queue.Queue[Any], fut: Any) -> None:
-        self._q = q
-        self._fut = fut
-
-    def __iter__(self) -> Iterator[bytes]:
-        while True:
-            item = self._q.get()
-            if item[0] == "body":
-                yield item[1]
-            elif item[0] == "error":
-                raise httpx.ReadError(str(item[1]))
-            else:
-                return
-
-    def close(self) -> None:
-        if not self._fut.done():
-            self._fut.cancel()
+# -- the client's own transport, under the app's httpx client ---------------------------------
 
 
-class _SyncBridge(httpx.BaseTransport):
-    """The app on a private event loop thread (one per wrapped sync client)."""
-
-    def __init__(self, app: GatewayApp) -> None:
-        self.app = app
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="loopwarden-wrap", daemon=True
-        )
-        self._thread.start()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-        q: queue.Queue[Any] = queue.Queue()
-
-        async def put(item: Any) -> None:
-            q.put(item)
-
-        ctx = contextvars.copy_context()  # the caller's loopwarden.run() name travels along
-        fut = ctx.run(
-            asyncio.run_coroutine_threadsafe,
-            _call_app(self.app, request, body, None, put),
-            self._loop,
-        )
-        first = q.get()
-        if first[0] == "error":
-            raise httpx.ConnectError(f"loopwarden: {first[1]}", request=request)
-        _, status, headers = first
-        return httpx.Response(status, headers=headers, stream=_SyncBody(q, fut), request=request)
-
-    def close(self) -> None:
-        if self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(self.app.aclose(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+def _foreign_request(request: httpx.Request, body: bytes, hx: ModuleType) -> Any:
+    ext = dict(request.extensions)
+    if isinstance(ext.get("timeout"), httpx.Timeout):
+        ext["timeout"] = ext["timeout"].as_dict()
+    return hx.Request(
+        request.method, str(request.url), headers=request.headers.raw, content=body, extensions=ext
+    )
 
 
 class _ThreadedBody(httpx.AsyncByteStream):
-    def __init__(self, resp: httpx.Response) -> None:
+    def __init__(self, resp: Any) -> None:
         self._resp = resp
-        self._it = resp.stream.__iter__()  # type: ignore[union-attr]
+        self._it = iter(resp.stream)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         end = object()
@@ -264,28 +297,54 @@ class _ThreadedBody(httpx.AsyncByteStream):
         await asyncio.to_thread(self._resp.close)
 
 
-class _ThreadedTransport(httpx.AsyncBaseTransport):
-    """A sync client's own transport, called from a worker thread by the app's loop."""
+class _ForeignThreaded(httpx.AsyncBaseTransport):
+    """A sync client's own transport (of its library), called from a worker thread."""
 
-    def __init__(self, inner: httpx.BaseTransport) -> None:
+    def __init__(self, inner: Any, hx: ModuleType) -> None:
         self.inner = inner
+        self.hx = hx
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
-        ext = dict(request.extensions)
-        if isinstance(ext.get("timeout"), httpx.Timeout):
-            ext["timeout"] = ext["timeout"].as_dict()
-        sync_req = httpx.Request(
-            request.method, request.url, headers=request.headers, content=body, extensions=ext
+        resp = await asyncio.to_thread(
+            self.inner.handle_request, _foreign_request(request, body, self.hx)
         )
-        resp = await asyncio.to_thread(self.inner.handle_request, sync_req)
         return httpx.Response(
             resp.status_code,
-            headers=resp.headers,
+            headers=resp.headers.raw,
             stream=_ThreadedBody(resp),
             request=request,
-            extensions=resp.extensions,
         )
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.inner.close)
+
+
+class _ForeignBody(httpx.AsyncByteStream):
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._resp.stream:
+            yield part
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()
+
+
+class _ForeignAsync(httpx.AsyncBaseTransport):
+    """An async client's own transport (of its library)."""
+
+    def __init__(self, inner: Any, hx: ModuleType) -> None:
+        self.inner = inner
+        self.hx = hx
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        resp = await self.inner.handle_async_request(_foreign_request(request, body, self.hx))
+        return httpx.Response(
+            resp.status_code, headers=resp.headers.raw, stream=_ForeignBody(resp), request=request
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
