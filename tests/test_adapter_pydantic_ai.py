@@ -344,6 +344,17 @@ class Order(BaseModel):
 ORDER_ARGS = '{"order_id": "99999", "status": "not found"}'
 
 
+def ask_for_order(tmp_path: Path, url: str) -> tuple[Any, Effects]:
+    """One run of the ``Order``-typed agent against the stub: its result and tool effects."""
+    dep = deployment(tmp_path)
+    effects = Effects()
+    try:
+        result = http_agent(url, dep, effects, output_type=Order).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    return result, effects
+
+
 def test_output_type_healthy_run_is_a_final_answer(tmp_path: Path, stub: tuple[Stub, str]) -> None:
     """Issue 20 item 10: the model's ``final_result`` call is the answer, not a tool call the
     framework never ran: the run is recorded ``final_answer`` with the structured output."""
@@ -371,12 +382,7 @@ def test_output_type_soft_stop_keeps_the_structured_output(
     for _ in range(3):
         server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
     server.push(completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE))
-    dep = deployment(tmp_path)
-    effects = Effects()
-    try:
-        result = http_agent(url, dep, effects, output_type=Order).run_sync("Where is 99999?")
-    finally:
-        dep.close()
+    result, effects = ask_for_order(tmp_path, url)
     assert result.output == Order(order_id="99999", status="not found")
     assert offered(server.requests[-1]) == ["final_result"] and len(server.requests) == 4
     rec = only_record(tmp_path)
@@ -570,3 +576,32 @@ def test_a_native_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) 
     rec = only_record(tmp_path)
     assert rec["termination"] == "final_answer"
     assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]
+
+
+# -- round 5 (issue 43) --------------------------------------------------------------------------
+
+
+def test_output_tool_beside_a_function_tool_is_a_final_answer(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 43 item 7: one answer that calls a function tool and ``final_result`` together
+    (pydantic-ai's default ``end_strategy`` runs the tool, then ends on the output) is the
+    model's own answer: recorded ``final_answer`` with the output's JSON, in the record and in
+    ``result.metadata["loopwarden"]`` -- not ``ended_by_framework``."""
+    server, url = stub
+    both = [LOOKUP_CALL, {"name": "final_result", "arguments": ORDER_ARGS}]
+    server.push(completion(None, both, usage=USAGE))
+    result, effects = ask_for_order(tmp_path, url)
+    assert result.output == Order(order_id="99999", status="not found")
+    assert effects.counts == {"query_order": 1} and len(server.requests) == 1
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer" and rec["final_answer_present"] is True
+    assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
+    assert rec["tools_executed"] == 1 and rec["stopped_by"] is None
+    assert loopwarden_meta(result) == {
+        "run_id": rec["run_id"],
+        "termination": "final_answer",
+        "stopped_by": None,
+        "soft": False,
+        "final_answer_present": True,
+    }

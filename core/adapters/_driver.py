@@ -536,6 +536,31 @@ class GuardedRun:
         loopwarden's fallback text.  ``evidence`` adds keys next to ``detail``.  No effect on
         a run that already ended.  Calls of the last answer that the framework never started
         are answered as not run first (a side effect's claim is released)."""
+        self._conclude(
+            detail,
+            RunOutcome(
+                termination=ENDED_BY_FRAMEWORK,
+                evidence={"detail": detail, **evidence},
+                final_answer=answer,
+                final_answer_present=False,
+            ),
+        )
+
+    def answered(self, text: str | None) -> None:
+        """The framework ended the run on the model's own answer ``text`` after running the
+        tool calls proposed beside it (pydantic-ai's output tool called together with function
+        tools): ``final_answer``, as if the model had answered alone.  No effect on a run that
+        already ended (a verdict on one of those calls stands)."""
+        self._conclude(
+            "the framework ended the run on the model's answer",
+            RunOutcome(
+                termination="final_answer", final_answer=text, final_answer_present=text is not None
+            ),
+        )
+
+    def _conclude(self, detail: str, outcome: RunOutcome) -> None:
+        """End a run the framework ended with ``outcome``, unless it has ended: the calls of the
+        last answer the framework never started are answered as not run first."""
         with self._cond:
             if self._refused or self.outcome is not None:
                 return
@@ -544,14 +569,7 @@ class GuardedRun:
                 return
             self._gen.close()
             self._eff = None
-            self._end(
-                RunOutcome(
-                    termination=ENDED_BY_FRAMEWORK,
-                    evidence={"detail": detail, **evidence},
-                    final_answer=answer,
-                    final_answer_present=False,
-                )
-            )
+            self._end(outcome)
             self._wake()
 
     def _unrun(self, detail: str) -> None:

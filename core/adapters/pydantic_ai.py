@@ -288,6 +288,9 @@ class Loopwarden(AbstractCapability[Any]):
         self._output_tools: frozenset[str] = frozenset()
         self._adopted = False  # the run began with an earlier answer's open calls
         self._pending: pm.ModelResponse | None = None  # those calls, until adopted
+        #: the last answer's output-tool text when function tools were called beside it: the
+        #: run ends on it once pydantic-ai has run them (``end_strategy``)
+        self._output_text: str | None = None
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -366,22 +369,34 @@ class Loopwarden(AbstractCapability[Any]):
             raise
         guarded = self.guarded
         if guarded is not None:
-            await guarded.off_loop(self._ended, guarded, result.output)
+            await guarded.off_loop(self._ended, guarded, result.output, self._output_text)
             _attach(result, guarded)
         return result
 
     @staticmethod
-    def _ended(guarded: GuardedRun, output: Any) -> None:
+    def _ended(guarded: GuardedRun, output: Any, answer: str | None) -> None:
         """The agent's run ended with ``output``: finish loopwarden's run if it has not.  A
         run paused for approvals or external results (``DeferredToolRequests``) is recorded
         ``ended_by_framework`` with the paused calls' ids in ``evidence.deferred``; the calls
-        are not run (their side-effect keys stay free for the run that resumes them)."""
+        are not run (their side-effect keys stay free for the run that resumes them).  An
+        output tool called beside function tools (``answer``: its text) is the model's own
+        answer: ``final_answer`` once pydantic-ai has run (or skipped) those tools."""
         if isinstance(output, DeferredToolRequests):
             ids = [c.tool_call_id for c in [*output.calls, *output.approvals]]
             guarded.end_by_framework(
                 "paused: the calls wait for deferred_tool_results", None, deferred=ids
             )
+        elif answer is not None:
+            guarded.answered(answer)
         guarded.finish(detail="the agent ended before loopwarden's run did")
+
+    def _keep_answer(
+        self, msg: pm.ModelResponse, calls: list[pm.ToolCallPart], event: events.ModelResponse
+    ) -> None:
+        """Keep the answer's text when the model called the output tool beside function tools
+        (``calls``): the run ends on it once pydantic-ai has run them; forget it otherwise."""
+        beside = bool(calls) and bool(_output_calls(msg, self._output_tools))
+        self._output_text = event.content if beside else None
 
     async def after_node_run(
         self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
@@ -395,10 +410,12 @@ class Loopwarden(AbstractCapability[Any]):
         if isinstance(result, End) and guarded is not None and not guarded.finished:
             if self._streamed is not None:  # read to its end: the whole response, usage too
                 streamed = self._streamed.get()
-                _, event = _response(streamed, self._output_tools)
+                calls, event = _response(streamed, self._output_tools)
+                self._keep_answer(streamed, calls, event)
                 guarded.unguarded.extend(_native(streamed))
                 await guarded.off_loop(guarded.model_done, event)
-            await guarded.off_loop(self._ended, guarded, getattr(result.data, "output", None))
+            output = getattr(result.data, "output", None)
+            await guarded.off_loop(self._ended, guarded, output, self._output_text)
         return result
 
     def get_wrapper_model(self, model: Model) -> Model | None:
@@ -458,7 +475,8 @@ class Loopwarden(AbstractCapability[Any]):
         except BaseException as exc:
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
-        _, event = _response(response, output_tools)
+        calls, event = _response(response, output_tools)
+        self._keep_answer(response, calls, event)
         guarded.unguarded.extend(_native(response))
         await guarded.off_loop(guarded.model_done, event)
         if guarded.replaced:
