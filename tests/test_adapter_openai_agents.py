@@ -181,22 +181,65 @@ def test_undeclared_tools(tmp_path: Path, scenario: str, mode: str) -> None:
     WORLD_SCENARIOS[scenario](tmp_path, run_world, mode)
 
 
-def test_the_sdks_max_turns_ends_the_run_with_a_record(tmp_path: Path) -> None:
-    effects = Effects()
+@pytest.mark.parametrize("mode", ["run", "streamed"])
+def test_the_sdks_max_turns_raises_as_the_sdk_raises_it(tmp_path: Path, mode: str) -> None:
+    """Issue 43 item 8: the bare ``Runner`` raises ``MaxTurnsExceeded`` at ``max_turns``, so
+    the guarded runner does too (no canned answer in its place): the caller's ``except
+    MaxTurnsExceeded`` runs, the run is recorded ``ended_by_framework`` with no answer, and
+    the exception carries the run's guard."""
+    from agents import MaxTurnsExceeded, Runner
+
+    script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
+    with pytest.raises(MaxTurnsExceeded):  # the SDK's own behaviour, unguarded
+        Runner.run_sync(make_agent(script, Effects()), "Orders?", max_turns=2, run_config=NO_TRACE)
     dep = deployment(tmp_path)
     script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
     runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
-    result = runner.run_sync(
-        make_agent(script, effects),
-        "Orders?",
-        max_turns=2,
-        run_config=RunConfig(tracing_disabled=True),
-    )
-    dep.close()
+    agent = make_agent(script, Effects())
+
+    async def streamed() -> None:
+        result = runner.run_streamed(agent, "Orders?", max_turns=2, run_config=NO_TRACE)
+        async for _ in result.stream_events():
+            pass
+
+    try:
+        with pytest.raises(MaxTurnsExceeded) as raised:
+            if mode == "run":
+                runner.run_sync(agent, "Orders?", max_turns=2, run_config=NO_TRACE)
+            else:
+                asyncio.run(streamed())
+    finally:
+        dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "ended_by_framework" and "max_turns" in rec["evidence"]["detail"]
-    assert result.final_output == rec["final_answer"]
-    assert runner.last_run is not None and runner.last_run.record()["run_id"] == rec["run_id"]
+    assert rec["evidence"]["raised"] == "MaxTurnsExceeded"
+    assert rec["final_answer"] is None and rec["steps"] == 2
+    guard = openai_agents.guard_of(raised.value)
+    assert guard is not None and guard.run_id == rec["run_id"]
+    assert guard.termination == "ended_by_framework"
+
+
+def test_a_max_turns_handler_of_the_callers_still_answers(tmp_path: Path) -> None:
+    """The SDK's way to answer at ``max_turns`` instead of raising -- an ``error_handlers``
+    entry of the caller's -- still works; the record holds the answer the caller got."""
+    from agents.run_error_handlers import RunErrorHandlerResult
+
+    dep = deployment(tmp_path)
+    script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
+    runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
+    try:
+        result = runner.run_sync(
+            make_agent(script, Effects()),
+            "Orders?",
+            max_turns=2,
+            run_config=NO_TRACE,
+            error_handlers={"max_turns": lambda _: RunErrorHandlerResult(final_output="Busy.")},
+        )
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    assert result.final_output == "Busy." == rec["final_answer"]
+    assert rec["termination"] == "ended_by_framework" and rec["final_answer_present"] is False
 
 
 def test_a_model_error_is_recorded_and_raised(tmp_path: Path) -> None:
