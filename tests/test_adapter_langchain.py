@@ -789,6 +789,18 @@ def refund_of(order_id: str, call_id: str) -> dict[str, Any]:
     return body
 
 
+def counted_refund(effects: Effects) -> Any:
+    """``apply_refund``, counting each run per order in ``effects``."""
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    return apply_refund
+
+
 def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     tmp_path: Path, stub: tuple[Stub, str], store_url: str
 ) -> None:
@@ -812,11 +824,7 @@ def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     ):
         server.push(body)
 
-    @tool
-    def apply_refund(order_id: str, reason: str) -> str:
-        """Refund an order."""
-        effects.hit(f"apply_refund {order_id}")
-        return f"refund created for order {order_id}"
+    apply_refund = counted_refund(effects)
 
     saver = InMemorySaver()
     deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
@@ -931,3 +939,74 @@ def test_http_a_server_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, s
     assert out[RESULT_KEY]["termination"] == "final_answer"
     rec = only_record(tmp_path)
     assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_http_hitl_edit_decision_guards_what_executes(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str, mode: str
+) -> None:
+    """Issue 43 item 1: HumanInTheLoopMiddleware's "edit" decision corrects the proposed
+    refund of order 1001 to 2002: the refund runs for 2002, and 2002 is what the guards and
+    the side-effect ledger saw -- a later refund of 1001 runs (it never ran), a later refund
+    of 2002 is answered from the ledger (it must not run twice)."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    for body in (
+        refund_of("1001", "call_e1"),
+        answer("Refunded 2002."),
+        refund_of("1001", "call_e2"),
+        answer("Refunded 1001."),
+        refund_of("2002", "call_e3"),
+        answer("2002 was refunded already."),
+    ):
+        server.push(body)
+
+    apply_refund = counted_refund(effects)
+
+    dep = http_deployment(tmp_path, store_url)
+    reviewed = create_agent(
+        chat(url),
+        [apply_refund],
+        checkpointer=InMemorySaver(),
+        middleware=[
+            LoopwardenMiddleware(dep),
+            HumanInTheLoopMiddleware(interrupt_on={"apply_refund": True}),
+        ],
+    )
+    plain = create_agent(chat(url), [apply_refund], middleware=[LoopwardenMiddleware(dep)])
+    config: Any = {"configurable": {"thread_id": "t-edit"}}
+    edit = {"name": "apply_refund", "args": {"order_id": "2002", "reason": "late"}}
+    resume = Command(resume={"decisions": [{"type": "edit", "edited_action": edit}]})
+
+    async def turns() -> list[Any]:
+        out = [await reviewed.ainvoke({"messages": [HumanMessage("Refund 1001")]}, config)]
+        out.append(await reviewed.ainvoke(resume, config))
+        out.append(await plain.ainvoke({"messages": [HumanMessage("Refund 1001")]}))
+        out.append(await plain.ainvoke({"messages": [HumanMessage("Refund 2002")]}))
+        return out
+
+    try:
+        if mode == "sync":
+            paused = reviewed.invoke({"messages": [HumanMessage("Refund 1001")]}, config)
+            edited = reviewed.invoke(resume, config)
+            later_1001 = plain.invoke({"messages": [HumanMessage("Refund 1001")]})
+            later_2002 = plain.invoke({"messages": [HumanMessage("Refund 2002")]})
+        else:
+            paused, edited, later_1001, later_2002 = asyncio.run(turns())
+    finally:
+        dep.close()
+    assert "__interrupt__" in paused
+    assert edited["messages"][-1].content == "Refunded 2002."
+    assert effects.counts == {"apply_refund 2002": 1, "apply_refund 1001": 1}
+    assert [m.content for m in later_1001["messages"] if isinstance(m, ToolMessage)] == [
+        "refund created for order 1001"
+    ]
+    [ledger] = [m for m in later_2002["messages"] if isinstance(m, ToolMessage)]
+    assert "2002" in str(ledger.content)
+    if mode == "sync":  # under ainvoke the paused run is recorded off the loop, moments later
+        recs = records(tmp_path)
+        assert [r["tools_executed"] for r in recs] == [0, 1, 1, 0]

@@ -605,3 +605,61 @@ def test_output_tool_beside_a_function_tool_is_a_final_answer(
         "soft": False,
         "final_answer_present": True,
     }
+
+
+def refund_call(order_id: str) -> dict[str, Any]:
+    """The model's answer asking for one refund of ``order_id``."""
+    call = {"name": "apply_refund", "arguments": json.dumps({"order_id": order_id, "reason": "x"})}
+    return completion(None, [call], usage=USAGE)
+
+
+def test_an_approval_that_edits_the_arguments_guards_what_executes(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Issue 43 item 1: a reviewer approves the proposed refund of order 1001 but corrects it
+    to 2002 (``ToolApproved(override_args=...)``): the refund runs for 2002, and 2002 is what
+    the guards and the side-effect ledger saw -- a later refund of 1001 runs (it never ran),
+    a later refund of 2002 is answered from the ledger (it must not run twice)."""
+    from pydantic_ai import ToolApproved
+
+    server, url = stub
+    for body in (
+        refund_call("1001"),
+        completion("Refunded 2002.", usage=USAGE),
+        refund_call("1001"),
+        completion("Refunded 1001.", usage=USAGE),
+        refund_call("2002"),
+        completion("Refunded 2002 already.", usage=USAGE),
+    ):
+        server.push(body)
+    dep = deployment(tmp_path, store=store_table(store_url))
+    effects = Effects()
+    reviewed = approval_agent(url, dep, effects)
+    plain: Agent[None, str] = Agent(http_model(url), capabilities=[Loopwarden(dep)])
+
+    @plain.tool_plain
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    try:
+        paused = reviewed.run_sync("Refund order 1001")
+        assert isinstance(paused.output, DeferredToolRequests)
+        [asked] = paused.output.approvals
+        edit = ToolApproved(override_args={"order_id": "2002", "reason": "x"})
+        approved = reviewed.run_sync(
+            message_history=paused.all_messages(),
+            deferred_tool_results=DeferredToolResults(approvals={asked.tool_call_id: edit}),
+        )
+        assert tool_returns(approved.new_messages()) == ["refund created for order 2002"]
+        later_1001 = plain.run_sync("Refund order 1001")
+        later_2002 = plain.run_sync("Refund order 2002")
+    finally:
+        dep.close()
+    assert effects.counts == {"apply_refund 2002": 1, "apply_refund 1001": 1}
+    assert tool_returns(later_1001.all_messages()) == ["refund created for order 1001"]
+    assert "2002" in tool_returns(later_2002.all_messages())[0]
+    recs = records(tmp_path)
+    assert [r["tools_executed"] for r in recs] == [0, 1, 1, 0]
+    assert recs[3]["ledger_answers"][0]["source"] == "shared"

@@ -69,6 +69,27 @@ def _pending(messages: list[BaseMessage]) -> AIMessage | None:
     return None
 
 
+#: the graph-state key where LangChain's ``HumanInTheLoopMiddleware`` keeps a reviewer's
+#: "edit" decisions (tool call id -> the action to run instead: ``name``, ``args``); the
+#: model's own call stays in the messages and is replaced only when the tool runs
+HITL_EDITS = "hitl_edited_tool_calls"
+
+
+def _edited(pending: AIMessage, edits: Any) -> AIMessage:
+    """``pending`` with each tool call a reviewer edited replaced by the call that will run
+    (``edits``: :data:`HITL_EDITS`' value), so the guards and the side-effect ledger see
+    what executes."""
+    if not isinstance(edits, Mapping) or not edits:
+        return pending
+    calls = []
+    for tc in pending.tool_calls:
+        action = edits.get(tc.get("id") or "")
+        if isinstance(action, Mapping):
+            tc = {**tc, "name": action.get("name", tc["name"]), "args": action.get("args", {})}
+        calls.append(tc)
+    return pending.model_copy(update={"tool_calls": calls})
+
+
 def _received(messages: list[BaseMessage]) -> str | None:
     """The text the caller receives as the agent's answer (its last message's)."""
     if not messages or isinstance(messages[-1], HumanMessage):

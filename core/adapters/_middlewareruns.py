@@ -24,7 +24,9 @@ from loopwarden import events
 from loopwarden.adapters._driver import GuardedRun, NatureSpec, off_loop, tool_result
 from loopwarden.adapters._graphwatch import _GRAPH_ERRORS, MAX_LAST, RECURSION
 from loopwarden.adapters._lcmessages import (
+    HITL_EDITS,
     _config,
+    _edited,
     _get,
     _openai,
     _pending,
@@ -206,6 +208,8 @@ class MiddlewareRuns:
         any other, the claims ``resumed`` took for them taken over."""
         messages: list[BaseMessage] = list(state.get("messages") or [])
         pending = _pending(messages)
+        if pending is not None:  # the calls as they will run: with a reviewer's edits
+            pending = _edited(pending, state.get(HITL_EDITS))
         _, guarded = self._new(
             messages[:-1] if pending else messages, config, key=key, resumed_from=resumed
         )

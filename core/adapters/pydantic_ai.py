@@ -47,6 +47,7 @@ Needs ``pip install 'loopwarden[pydantic-ai]'``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -194,6 +195,14 @@ def _open_calls(
     return history, None
 
 
+def _pending_args(pending: pm.ModelResponse | None, call_id: str) -> Any:
+    """The arguments the open call ``call_id`` of ``pending`` was proposed with."""
+    for p in pending.parts if pending is not None else ():
+        if isinstance(p, pm.ToolCallPart) and p.tool_call_id == call_id:
+            return p.args
+    return None
+
+
 def _native(msg: pm.ModelResponse) -> list[dict[str, Any]]:
     """The native (built-in) tool calls the provider ran during the model call -- web
     search, code execution ...: no hook saw them, the record says they ran."""
@@ -288,6 +297,12 @@ class Loopwarden(AbstractCapability[Any]):
         self._output_tools: frozenset[str] = frozenset()
         self._adopted = False  # the run began with an earlier answer's open calls
         self._pending: pm.ModelResponse | None = None  # those calls, until adopted
+        #: the arguments an approval put in place of a pending call's (``ToolApproved(
+        #: override_args=...)``), seen when pydantic-ai validates them -- before adoption
+        self._edits: dict[str, Any] = {}
+        #: pending calls whose arguments pydantic-ai refused before adoption: call id -> why
+        self._refusals: dict[str, str] = {}
+        self._adopting: asyncio.Future[None] | None = None  # the adoption, once begun
         #: the last answer's output-tool text when function tools were called beside it: the
         #: run ends on it once pydantic-ai has run them (``end_strategy``)
         self._output_text: str | None = None
@@ -330,25 +345,44 @@ class Loopwarden(AbstractCapability[Any]):
 
     async def _started(self, ctx: RunContext[Any]) -> GuardedRun:
         """The run's :class:`GuardedRun`, the open calls it starts from adopted (off the
-        event loop: its steps may wait on the store)."""
+        event loop: its steps may wait on the store) -- with the arguments an approval
+        edited, so what executes is what the guards and the ledger see."""
         guarded = self._guard(ctx)
         pending, self._pending = self._pending, None
-        if pending is not None:
-            await guarded.off_loop(self._adopt, guarded, pending)
+        if pending is not None:  # once; parallel calls all wait for it (none is decided before)
+            self._adopting = asyncio.ensure_future(
+                guarded.off_loop(self._adopt, guarded, pending, self._edits, self._refusals)
+            )
             self._adopted = True
+        if self._adopting is not None:
+            await self._adopting
         return guarded
 
     @staticmethod
-    def _adopt(guarded: GuardedRun, pending: pm.ModelResponse) -> None:
+    def _adopt(
+        guarded: GuardedRun,
+        pending: pm.ModelResponse,
+        edits: Mapping[str, Any],
+        refusals: Mapping[str, str],
+    ) -> None:
         """The run starts with an earlier run's answer whose calls are still open (approved,
         or given results, in ``deferred_tool_results``): that answer is the run's first model
         answer -- no tokens, the run that received it paid them -- so its calls go through
-        the guards and the side-effect ledger like any other."""
-        calls, event = _response(pending)
+        the guards and the side-effect ledger like any other, each with the arguments it
+        will run with (``edits``); the calls pydantic-ai refused (``refusals``) are not run."""
+        parts = [
+            dataclasses.replace(p, args=edits[p.tool_call_id])
+            if isinstance(p, pm.ToolCallPart) and p.tool_call_id in edits
+            else p
+            for p in pending.parts
+        ]
+        calls, event = _response(dataclasses.replace(pending, parts=parts))
         for c in calls:
             guarded.declare(c.tool_name)
         if guarded.model_turn() is not None:
             guarded.model_done(dataclasses.replace(event, usage=None))
+        for call_id, reason in refusals.items():
+            guarded.not_run(call_id, reason)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -429,9 +463,10 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         for t in tool_defs:
             guarded.declare(t.name, t.description or "", t.parameters_json_schema)
-        await self._started(ctx)
-        if self._adopted and guarded.expects_tool:
-            return tool_defs  # the tools to run the adopted calls with: no model call yet
+        if self._pending is not None or (self._adopted and guarded.expects_tool):
+            # the tools to run the open calls with, no model call yet: they are adopted
+            # after pydantic-ai has validated them (an approval may edit their arguments)
+            return tool_defs
         self._adopted = False
         turn = await guarded.off_loop(guarded.model_turn)
         if turn is None or turn.final:
@@ -502,12 +537,18 @@ class Loopwarden(AbstractCapability[Any]):
         args: RawToolArgs,
         handler: WrapToolValidateHandler,
     ) -> ValidatedToolArgs:
+        adopting = self._pending is not None  # an open call of the run's starting answer
+        if adopting and call.args != _pending_args(self._pending, call.tool_call_id):
+            self._edits[call.tool_call_id] = call.args  # an approval edited the arguments
         try:
             return await handler(args)
         except Exception as exc:  # refused before execution: a retry prompt, not a run
-            guarded = await self._started(ctx)
             reason = f"arguments refused ({type(exc).__name__})"
-            await guarded.off_loop(guarded.not_run, call.tool_call_id, reason)
+            if adopting:
+                self._refusals[call.tool_call_id] = reason
+            else:
+                guarded = await self._started(ctx)
+                await guarded.off_loop(guarded.not_run, call.tool_call_id, reason)
             raise
 
     async def wrap_tool_execute(
