@@ -663,3 +663,46 @@ def test_an_approval_that_edits_the_arguments_guards_what_executes(
     recs = records(tmp_path)
     assert [r["tools_executed"] for r in recs] == [0, 1, 1, 0]
     assert recs[3]["ledger_answers"][0]["source"] == "shared"
+
+
+@pytest.mark.parametrize("kind", ["native", "prompted", "tool"])
+def test_output_type_soft_stop_answers_in_the_output_type(
+    tmp_path: Path, stub: tuple[Stub, str], kind: str
+) -> None:
+    """Issue 43 item 10: a soft stop's wrap-up turn answers the way the output type asks --
+    the JSON of ``NativeOutput`` (the provider's response format) or ``PromptedOutput``, or
+    the ``final_result`` call of a tool output -- and offers no other tool (for a tool output,
+    the output tool is required); that answer is the run's output, not a ``GuardStopped``."""
+    from pydantic_ai import NativeOutput, PromptedOutput
+
+    server, url = stub
+    for _ in range(3):
+        server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
+    if kind == "tool":
+        wrap_up = completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE)
+    else:
+        wrap_up = completion(ORDER_ARGS, usage=USAGE)
+    server.push(wrap_up)
+    output: Any = {"native": NativeOutput(Order), "prompted": PromptedOutput(Order)}.get(
+        kind, Order
+    )
+    dep = deployment(tmp_path)
+    try:
+        result = http_agent(url, dep, Effects(), output_type=output).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    assert result.output == Order(order_id="99999", status="not found")
+    last = server.requests[-1]
+    assert offered(last) == (["final_result"] if kind == "tool" else [])
+    # the wrap-up instruction's "stop calling tools" comes with the way to answer that is left
+    [note] = [str(m["content"]) for m in last["messages"] if "required structured form" in str(m)]
+    assert ("calling final_result" if kind == "tool" else "as JSON") in note
+    if kind == "tool":
+        assert last.get("tool_choice") == "required"
+    if kind == "native":
+        assert last["response_format"]["type"] == "json_schema"
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["soft"] is True
+    assert rec["final_answer_present"] is True
+    assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
+    assert loopwarden_meta(result)["stopped_by"] == "repeat_call"

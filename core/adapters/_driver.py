@@ -50,6 +50,7 @@ from loopwarden.adapters._exchange import (
     nature_tables,
     proposed,
     stop_info,
+    structured_wrap_up,
     tool_result,
     usage,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "off_loop",
     "proposed",
     "stop_info",
+    "structured_wrap_up",
     "tool_result",
     "usage",
 ]

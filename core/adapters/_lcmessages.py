@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain.agents.middleware.types import ModelResponse
+from langchain.agents.structured_output import ToolStrategy
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -165,6 +166,15 @@ def _server_calls(ai: AIMessage) -> list[dict[str, Any]]:
         for b in ai.content_blocks
         if b.get("type") == "server_tool_call"
     ]
+
+
+def _output_tools(response_format: Any) -> list[str]:
+    """The tools through which the agent gives its structured response: ``ToolStrategy``'s
+    (one per schema variant); none for a response format the provider enforces."""
+    specs = getattr(response_format, "schema_specs", None)
+    if not isinstance(response_format, ToolStrategy) or not specs:
+        return []
+    return [str(spec.name) for spec in specs]
 
 
 def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:

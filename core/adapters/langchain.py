@@ -22,7 +22,8 @@ signals, metrics and alerts as ``loopwarden run``).  Verdicts become:
   with the best-effort answer as an ``AIMessage`` without tool calls, so the agent ends on
   it (the effect of ``jump_to="end"``, without a ``before_model`` node on every step); a
   stop that came with the model's answer replaces that answer the same way.  A soft stop's
-  wrap-up turn keeps the agent's ``response_format``: its structured response stands; a stop
+  wrap-up turn keeps the agent's ``response_format`` (and a note next to the wrap-up
+  instruction asks for it): its structured response stands; a stop
   that gives none raises :class:`~loopwarden.exceptions.GuardStopped` (text cannot be it).
 
 The result says how the run ended: ``result["loopwarden"]`` (:data:`RESULT_KEY`) holds the run
@@ -74,12 +75,13 @@ from loopwarden.adapters._driver import (
     NatureSpec,
     nature_tables,
     off_loop,
+    structured_wrap_up,
     tool_result,
 )
 from loopwarden.adapters._graphwatch import MAX_LAST as MAX_LAST
 from loopwarden.adapters._graphwatch import RECURSION as RECURSION
 from loopwarden.adapters._graphwatch import _last_steps, _watch_graph_errors
-from loopwarden.adapters._lcmessages import _get, _response, _schema, _server_calls
+from loopwarden.adapters._lcmessages import _get, _output_tools, _response, _schema, _server_calls
 from loopwarden.adapters._middlewareruns import _KEY, _TIP, RESULT_KEY, MiddlewareRuns
 from loopwarden.adapters._middlewareruns import ABANDON_S as ABANDON_S
 from loopwarden.adapters._middlewareruns import MAX_CONVERSATIONS as MAX_CONVERSATIONS
@@ -173,11 +175,14 @@ class LoopwardenMiddleware(MiddlewareRuns, AgentMiddleware[LoopwardenState, Any]
         turn = self._turn(key, guarded)
         if turn is None:
             return None, []
+        texts = list(turn.notes)
+        if turn.final and request.response_format is not None:  # answer in the output type
+            texts.append(structured_wrap_up(_output_tools(request.response_format)))
         notes: list[HumanMessage | SystemMessage] = []
-        if turn.notes:
+        if texts:
             settings = self.deployment.engine.settings
             cls = HumanMessage if settings.warning_role == "user" else SystemMessage
-            notes = [cls(content=settings.warning_prefix + n) for n in turn.notes]
+            notes = [cls(content=settings.warning_prefix + n) for n in texts]
             request = request.override(messages=[*request.messages, *notes])
         if turn.final:
             request = request.override(tools=[], tool_choice=None)

@@ -22,8 +22,9 @@ become:
 * **skip** -- ``wrap_tool_execute`` returns the skip's observation as the tool's return value
   without running the tool (so is a side effect already executed with the same idempotency key);
 * **soft stop** -- ``prepare_tools`` removes every function tool for the next request, whose
-  text -- or call of the output tool, for an ``output_type`` -- is the answer (function tool
-  calls it proposes anyway are dropped);
+  text -- or, for an ``output_type``, its call of the output tool or its ``NativeOutput`` /
+  ``PromptedOutput`` JSON, which a note next to the wrap-up instruction asks for -- is the
+  answer (function tool calls it proposes anyway are dropped);
 * **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
   answer as text, which ends the run.
 
@@ -72,6 +73,7 @@ from loopwarden.adapters._driver import (
     nature_tables,
     proposed,
     stop_info,
+    structured_wrap_up,
     tool_result,
     usage,
 )
@@ -228,6 +230,13 @@ def _text_output(request_context: ModelRequestContext) -> bool:
     ``auto``, ``native`` and ``prompted`` modes text must be the output object's JSON."""
     params = request_context.model_request_parameters
     return params.allow_text_output and params.output_mode not in ("auto", "native", "prompted")
+
+
+def _json_output(request_context: ModelRequestContext) -> bool:
+    """Text is the output object's JSON (``NativeOutput``: the provider's response format;
+    ``PromptedOutput``), which pydantic-ai validates as the output."""
+    params = request_context.model_request_parameters
+    return params.allow_text_output and not _text_output(request_context)
 
 
 def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
@@ -480,9 +489,12 @@ class Loopwarden(AbstractCapability[Any]):
         parts = request_context.model_request_parameters.instruction_parts or []
         guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
         turn = await guarded.off_loop(guarded.model_turn)
-        if turn is not None and turn.notes:
+        if turn is not None and (turn.notes or turn.final):
+            texts = list(turn.notes)
+            if turn.final and not _text_output(request_context):  # answer in the output type
+                texts.append(structured_wrap_up(sorted(_output_tools(request_context))))
             settings = self.deployment.engine.settings
-            for note in turn.notes:
+            for note in texts:
                 text = settings.warning_prefix + note
                 if settings.warning_role == "user":
                     ctx.enqueue(text)
@@ -515,12 +527,17 @@ class Loopwarden(AbstractCapability[Any]):
         guarded.unguarded.extend(_native(response))
         await guarded.off_loop(guarded.model_done, event)
         if guarded.replaced:
-            # the wrap-up's structured output stands (its function tool calls are dropped);
-            # otherwise the answer is loopwarden's text
-            outputs = _output_calls(response, output_tools)
+            # the wrap-up's structured output stands -- its output tool call, or the output's
+            # JSON as text (native, prompted) -- its function tool calls dropped; otherwise
+            # the answer is loopwarden's text
             o = guarded.outcome
-            if outputs and o is not None and o.soft and o.final_answer_present:
-                return dataclasses.replace(response, parts=[*outputs])
+            if o is not None and o.soft and o.final_answer_present:
+                outputs = _output_calls(response, output_tools)
+                if outputs:
+                    return dataclasses.replace(response, parts=[*outputs])
+                if _json_output(request_context):  # pydantic-ai validates it as the output
+                    texts = [p for p in response.parts if isinstance(p, pm.TextPart)]
+                    return dataclasses.replace(response, parts=texts)
             if not text_ok:  # no structured output came: text would fail validation
                 raise guarded.stopped_error()
             return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
