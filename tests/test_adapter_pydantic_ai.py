@@ -344,12 +344,13 @@ class Order(BaseModel):
 ORDER_ARGS = '{"order_id": "99999", "status": "not found"}'
 
 
-def ask_for_order(tmp_path: Path, url: str) -> tuple[Any, Effects]:
-    """One run of the ``Order``-typed agent against the stub: its result and tool effects."""
+def ask_for_order(tmp_path: Path, url: str, output: Any = Order) -> tuple[Any, Effects]:
+    """One run of the ``Order``-typed agent (``output``: its ``output_type``) against the stub:
+    its result and tool effects."""
     dep = deployment(tmp_path)
     effects = Effects()
     try:
-        result = http_agent(url, dep, effects, output_type=Order).run_sync("Where is 99999?")
+        result = http_agent(url, dep, effects, output_type=output).run_sync("Where is 99999?")
     finally:
         dep.close()
     return result, effects
@@ -361,11 +362,7 @@ def test_output_type_healthy_run_is_a_final_answer(tmp_path: Path, stub: tuple[S
     server, url = stub
     server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
     server.push(completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE))
-    dep = deployment(tmp_path)
-    try:
-        result = http_agent(url, dep, Effects(), output_type=Order).run_sync("Where is 99999?")
-    finally:
-        dep.close()
+    result, _ = ask_for_order(tmp_path, url)
     assert result.output == Order(order_id="99999", status="not found")
     rec = only_record(tmp_path)
     assert rec["termination"] == "final_answer" and rec["final_answer_present"] is True
@@ -686,11 +683,7 @@ def test_output_type_soft_stop_answers_in_the_output_type(
     output: Any = {"native": NativeOutput(Order), "prompted": PromptedOutput(Order)}.get(
         kind, Order
     )
-    dep = deployment(tmp_path)
-    try:
-        result = http_agent(url, dep, Effects(), output_type=output).run_sync("Where is 99999?")
-    finally:
-        dep.close()
+    result, _ = ask_for_order(tmp_path, url, output)
     assert result.output == Order(order_id="99999", status="not found")
     last = server.requests[-1]
     assert offered(last) == (["final_result"] if kind == "tool" else [])
