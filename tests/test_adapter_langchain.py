@@ -35,6 +35,7 @@ from support.adapters import (
     Outcome,
     Script,
     World,
+    cancel_when,
     deployment,
     only_record,
     records,
@@ -564,17 +565,11 @@ def test_http_cancelled_invocation_is_recorded_cancelled(
     middleware = LoopwardenMiddleware(dep)
     agent = create_agent(chat(url), [query_order], middleware=[middleware])
 
-    async def call() -> None:
-        invocation = agent.ainvoke({"messages": [HumanMessage("Orders?")]})
-        task = asyncio.ensure_future(asyncio.wait_for(invocation, 60.0))
-        while not server.requests:  # cancelled while the model call is under way
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await task
+    def invocation() -> Any:
+        return asyncio.wait_for(agent.ainvoke({"messages": [HumanMessage("Orders?")]}), 60.0)
 
-    try:
-        with pytest.raises(asyncio.CancelledError):
-            asyncio.run(call())
+    try:  # cancelled while the model call is under way
+        cancel_when(invocation, lambda: bool(server.requests), asyncio.CancelledError)
     finally:
         dep.close()
     rec = only_record(tmp_path)

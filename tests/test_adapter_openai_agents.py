@@ -50,6 +50,7 @@ from support.adapters import (
     Outcome,
     Script,
     World,
+    cancel_when,
     deployment,
     only_record,
     records,
@@ -758,20 +759,60 @@ def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path, where: str) -> No
         agent = Agent(name="shop", model=http_model(url), tools=[slow_lookup])
         runner = LoopwardenRunner(dep)
 
-        async def call() -> None:
-            task = asyncio.ensure_future(runner.run(agent, "Where is 7?", run_config=NO_TRACE))
-            while not (started.is_set() if where == "tool" else stub.requests):
-                await asyncio.sleep(0.01)
-            task.cancel()
-            await task
+        def ready() -> bool:
+            return started.is_set() if where == "tool" else bool(stub.requests)
 
         try:
-            with pytest.raises(asyncio.CancelledError):
-                asyncio.run(call())
+            cancel_when(
+                lambda: runner.run(agent, "Where is 7?", run_config=NO_TRACE),
+                ready,
+                asyncio.CancelledError,
+            )
         finally:
             dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "cancelled"
+
+
+class ConvertingModel(OpenAIChatCompletionsModel):
+    """The SDK's chat-completions model behind a transport that turns the caller's
+    cancellation into a connection error (raised from the ``CancelledError``) -- what the
+    SDK's retry logic calls an abort-like error and never retries."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_response(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            raise ConnectionError("the connection was closed: the request was cancelled") from exc
+
+
+def test_a_cancellation_the_transport_reports_as_an_error_is_recorded_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Issue 43 item 9: the caller cancels the run during the model call and the model's
+    transport raises a connection error from the cancellation: the caller gets that error as
+    the SDK raised it, and the run is recorded ``cancelled`` -- not ``model_error``."""
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        stub.push_hang(30.0)
+        client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+        model = ConvertingModel(model="gpt-4o-mini", openai_client=client)
+        agent = Agent(name="shop", model=model)
+        runner = LoopwardenRunner(dep)
+
+        try:
+            raised = cancel_when(
+                lambda: runner.run(agent, "Where is 7?", run_config=NO_TRACE),
+                lambda: bool(stub.requests),
+                ConnectionError,
+            )
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled"
+    assert "ConnectionError" in rec["evidence"]["error"]
+    guard = openai_agents.guard_of(raised)
+    assert guard is not None and guard.termination == "cancelled"
 
 
 def test_the_next_run_may_start_from_the_agent_a_handoff_left(tmp_path: Path) -> None:

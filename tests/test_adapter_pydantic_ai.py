@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from support.adapters import (
     Outcome,
     Script,
     World,
+    cancel_when,
     deployment,
     only_record,
     records,
@@ -699,3 +701,29 @@ def test_output_type_soft_stop_answers_in_the_output_type(
     assert rec["final_answer_present"] is True
     assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
     assert loopwarden_meta(result)["stopped_by"] == "repeat_call"
+
+
+def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path) -> None:
+    """Issue 43 item 9, in every adapter: the caller cancels the run during the model call:
+    recorded ``cancelled``, not ``model_error``.  (A transport that reports the cancelled
+    request as an error raised from the cancellation does not change that here: pydantic-ai's
+    task group re-raises the cancellation itself.)"""
+    asked = threading.Event()
+
+    async def slow(messages: list[pm.ModelMessage], info: AgentInfo) -> pm.ModelResponse:
+        asked.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError as exc:
+            raise ConnectionError("the connection was closed: request cancelled") from exc
+        return pm.ModelResponse(parts=[pm.TextPart("late")])
+
+    dep = deployment(tmp_path)
+    agent = Agent(FunctionModel(slow, model_name="gpt-4o-mini"), capabilities=[Loopwarden(dep)])
+
+    try:
+        cancel_when(lambda: agent.run("Where is 7?"), asked.is_set, asyncio.CancelledError)
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled"

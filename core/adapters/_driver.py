@@ -131,6 +131,30 @@ async def off_loop(
 #: exceptions that mean the caller ended the run (recorded ``cancelled``, not as an error)
 _CANCELLED = (asyncio.CancelledError, KeyboardInterrupt)
 
+
+def cancellation(exc: BaseException | None) -> bool:
+    """``exc`` is the caller's cancellation, or an error raised from one (its cause or context
+    chain): a model transport that reports the cancelled request as a connection error, say --
+    what the Agents SDK calls an abort-like error.  Such a run is ``cancelled``, whatever the
+    framework raises."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _CANCELLED):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _ended_on(engine: Any, run: Run, error: BaseException) -> RunOutcome:
+    """The outcome of a run an exception ended: ``cancelled`` for a cancellation (also one
+    reported as another error), ``error`` otherwise."""
+    outcome = _internal_error(engine, run, error)
+    if outcome.termination != "cancelled" and cancellation(error):
+        outcome.termination = "cancelled"
+    return outcome
+
+
 #: seconds a tool call waits for an earlier call that no framework wrapper has started; then
 #: the earlier one is taken as never coming (see :meth:`GuardedRun.tool`)
 GRACE_S = 2.0
@@ -501,14 +525,14 @@ class GuardedRun:
             if (
                 error is not None
                 and error is self._model_error
-                and not isinstance(error, _CANCELLED)  # a cancellation is the caller's
+                and not cancellation(error)  # a cancellation is the caller's
                 and isinstance(self._eff, CallModel)
             ):
                 self._send(Failed(error))  # the machine's own model_error outcome
             if self._held is not None:  # the machine's held ending stands, unless the
                 held, self._held = self._held, None  # framework raised after it
                 if error is not None and error is not self._model_error:
-                    held = _internal_error(self.engine, self.run, error)
+                    held = _ended_on(self.engine, self.run, error)
                 self._finish_run(held)
                 self._wake()
                 return
@@ -521,7 +545,7 @@ class GuardedRun:
             self._gen.close()
             self._eff = None
             if error is not None:
-                outcome = _internal_error(self.engine, self.run, error)
+                outcome = _ended_on(self.engine, self.run, error)
             else:
                 outcome = RunOutcome(
                     termination=ENDED_BY_FRAMEWORK,
