@@ -177,6 +177,13 @@ def _output_tools(response_format: Any) -> list[str]:
     return [str(spec.name) for spec in specs]
 
 
+def _tool_name(tool: Any) -> str:
+    """A tool's name: a LangChain tool's, or an OpenAI-format dict's (``function.name``)."""
+    if isinstance(tool, dict):
+        return str(tool.get("function", tool).get("name"))
+    return str(getattr(tool, "name", None))
+
+
 def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
     if isinstance(tool, dict):
         fn = tool.get("function", tool)
