@@ -31,8 +31,9 @@ become:
 A call of an output tool (``final_result``) is the model's answer, never a tool call.  A run
 ending in ``DeferredToolRequests`` (approvals, external calls) is recorded as paused
 (``evidence.deferred``); the run given ``deferred_tool_results`` adopts the paused answer as
-its first (token-free) model answer, so the approved calls go through the guards and the
-ledger.  Under
+its first (token-free) model answer -- once pydantic-ai has validated the approved calls, with
+the arguments an approval edited (``ToolApproved(override_args=...)``) -- so the approved
+calls go through the guards and the ledger as they will run.  Under
 ``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
 the stream is closed: the streamed response is read from the model's stream
 (:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
