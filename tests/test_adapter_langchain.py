@@ -1015,6 +1015,12 @@ def test_http_hitl_edit_decision_guards_what_executes(
     ]
     [ledger] = [m for m in later_2002["messages"] if isinstance(m, ToolMessage)]
     assert "2002" in str(ledger.content)
-    if mode == "sync":  # under ainvoke the paused run is recorded off the loop, moments later
-        recs = records(tmp_path)
-        assert [r["tools_executed"] for r in recs] == [0, 1, 1, 0]
+    # under ainvoke the paused run is recorded off the loop, moments later; the resumed
+    # invocation is a run of its own even when it starts before that record is written
+    assert wait_for(lambda: len(records(tmp_path)) == 4, 10.0)
+    recs = records(tmp_path)
+    [pause] = [r for r in recs if r["evidence"].get("interrupted")]
+    [resumed] = [r for r in recs if r["meta"].get("resumed_from")]
+    assert pause["tools_executed"] == 0 and resumed["tools_executed"] == 1
+    assert resumed["meta"]["resumed_from"] == pause["run_id"]
+    assert sorted(r["tools_executed"] for r in recs) == [0, 0, 1, 1]

@@ -189,8 +189,11 @@ class MiddlewareRuns:
                 guarded.end_by_framework(f"{name}: {exc}", None, raised=name)
             else:
                 guarded.finish(exc)
-            self._drop(key, guarded)
 
+        # no longer this invocation's open run, at once: an invocation resuming the thread
+        # before the record is written (under ainvoke, in a thread) is a new run -- not this
+        # paused one carried on, which would run the calls with the arguments it was paused on
+        self._drop(key, guarded)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
