@@ -35,6 +35,7 @@ from support.adapters import (
     Outcome,
     Script,
     World,
+    cancel_when,
     deployment,
     only_record,
     records,
@@ -564,17 +565,11 @@ def test_http_cancelled_invocation_is_recorded_cancelled(
     middleware = LoopwardenMiddleware(dep)
     agent = create_agent(chat(url), [query_order], middleware=[middleware])
 
-    async def call() -> None:
-        invocation = agent.ainvoke({"messages": [HumanMessage("Orders?")]})
-        task = asyncio.ensure_future(asyncio.wait_for(invocation, 60.0))
-        while not server.requests:  # cancelled while the model call is under way
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await task
+    def invocation() -> Any:
+        return asyncio.wait_for(agent.ainvoke({"messages": [HumanMessage("Orders?")]}), 60.0)
 
-    try:
-        with pytest.raises(asyncio.CancelledError):
-            asyncio.run(call())
+    try:  # cancelled while the model call is under way
+        cancel_when(invocation, lambda: bool(server.requests), asyncio.CancelledError)
     finally:
         dep.close()
     rec = only_record(tmp_path)
@@ -698,7 +693,10 @@ def test_http_structured_output_survives_guarding(
 ) -> None:
     """``response_format``: a healthy ToolStrategy run ends as final_answer (its output tool
     is the answer, not a tool left unrun), and a soft stop's wrap-up turn still produces the
-    structured response (ToolStrategy and ProviderStrategy)."""
+    structured response (ToolStrategy and ProviderStrategy).  Issue 43 item 10: the wrap-up
+    offers only the agent's own way to answer -- ToolStrategy's output tool, required;
+    ProviderStrategy's response format, no tool -- and a note next to the wrap-up instruction
+    says so ("stop calling tools" alone would keep a model from the output tool)."""
     from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
 
     server, url = stub
@@ -717,6 +715,16 @@ def test_http_structured_output_survives_guarding(
     assert rec["termination"] == ("repeat_call" if loop else "final_answer")
     assert json.loads(rec["final_answer"]) == {"order_id": "1", "status": "missing"}
     assert out[RESULT_KEY]["termination"] == rec["termination"]
+    if loop:
+        wrap_up = server.requests[-1]
+        notes = [str(m["content"]) for m in wrap_up["messages"] if m["role"] != "tool"]
+        [note] = [n for n in notes if "required structured form" in n]
+        if strategy == "tool":
+            assert "by calling OrderInfo" in note and wrap_up["tool_choice"] == "required"
+            assert [t["function"]["name"] for t in wrap_up["tools"]] == ["OrderInfo"]
+        else:
+            assert "as JSON" in note and not wrap_up.get("tools")
+            assert wrap_up["response_format"]["json_schema"]["name"] == "OrderInfo"
 
 
 def test_http_hitl_middleware_approval_on_another_worker_runs_the_call_once(
@@ -789,6 +797,18 @@ def refund_of(order_id: str, call_id: str) -> dict[str, Any]:
     return body
 
 
+def counted_refund(effects: Effects) -> Any:
+    """``apply_refund``, counting each run per order in ``effects``."""
+
+    @tool
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    return apply_refund
+
+
 def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     tmp_path: Path, stub: tuple[Stub, str], store_url: str
 ) -> None:
@@ -812,11 +832,7 @@ def test_http_hitl_turns_served_by_worker_a_then_b_then_a_run_each_refund_once(
     ):
         server.push(body)
 
-    @tool
-    def apply_refund(order_id: str, reason: str) -> str:
-        """Refund an order."""
-        effects.hit(f"apply_refund {order_id}")
-        return f"refund created for order {order_id}"
+    apply_refund = counted_refund(effects)
 
     saver = InMemorySaver()
     deps = [http_deployment(tmp_path, store_url) for _ in range(2)]
@@ -931,3 +947,80 @@ def test_http_a_server_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, s
     assert out[RESULT_KEY]["termination"] == "final_answer"
     rec = only_record(tmp_path)
     assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_http_hitl_edit_decision_guards_what_executes(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str, mode: str
+) -> None:
+    """Issue 43 item 1: HumanInTheLoopMiddleware's "edit" decision corrects the proposed
+    refund of order 1001 to 2002: the refund runs for 2002, and 2002 is what the guards and
+    the side-effect ledger saw -- a later refund of 1001 runs (it never ran), a later refund
+    of 2002 is answered from the ledger (it must not run twice)."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    server, url = stub
+    effects = Effects()
+    for body in (
+        refund_of("1001", "call_e1"),
+        answer("Refunded 2002."),
+        refund_of("1001", "call_e2"),
+        answer("Refunded 1001."),
+        refund_of("2002", "call_e3"),
+        answer("2002 was refunded already."),
+    ):
+        server.push(body)
+
+    apply_refund = counted_refund(effects)
+
+    dep = http_deployment(tmp_path, store_url)
+    reviewed = create_agent(
+        chat(url),
+        [apply_refund],
+        checkpointer=InMemorySaver(),
+        middleware=[
+            LoopwardenMiddleware(dep),
+            HumanInTheLoopMiddleware(interrupt_on={"apply_refund": True}),
+        ],
+    )
+    plain = create_agent(chat(url), [apply_refund], middleware=[LoopwardenMiddleware(dep)])
+    config: Any = {"configurable": {"thread_id": "t-edit"}}
+    edit = {"name": "apply_refund", "args": {"order_id": "2002", "reason": "late"}}
+    resume = Command(resume={"decisions": [{"type": "edit", "edited_action": edit}]})
+
+    async def turns() -> list[Any]:
+        out = [await reviewed.ainvoke({"messages": [HumanMessage("Refund 1001")]}, config)]
+        out.append(await reviewed.ainvoke(resume, config))
+        out.append(await plain.ainvoke({"messages": [HumanMessage("Refund 1001")]}))
+        out.append(await plain.ainvoke({"messages": [HumanMessage("Refund 2002")]}))
+        return out
+
+    try:
+        if mode == "sync":
+            paused = reviewed.invoke({"messages": [HumanMessage("Refund 1001")]}, config)
+            edited = reviewed.invoke(resume, config)
+            later_1001 = plain.invoke({"messages": [HumanMessage("Refund 1001")]})
+            later_2002 = plain.invoke({"messages": [HumanMessage("Refund 2002")]})
+        else:
+            paused, edited, later_1001, later_2002 = asyncio.run(turns())
+    finally:
+        dep.close()
+    assert "__interrupt__" in paused
+    assert edited["messages"][-1].content == "Refunded 2002."
+    assert effects.counts == {"apply_refund 2002": 1, "apply_refund 1001": 1}
+    assert [m.content for m in later_1001["messages"] if isinstance(m, ToolMessage)] == [
+        "refund created for order 1001"
+    ]
+    [ledger] = [m for m in later_2002["messages"] if isinstance(m, ToolMessage)]
+    assert "2002" in str(ledger.content)
+    # under ainvoke the paused run is recorded off the loop, moments later; the resumed
+    # invocation is a run of its own even when it starts before that record is written
+    assert wait_for(lambda: len(records(tmp_path)) == 4, 10.0)
+    recs = records(tmp_path)
+    [pause] = [r for r in recs if r["evidence"].get("interrupted")]
+    [resumed] = [r for r in recs if r["meta"].get("resumed_from")]
+    assert pause["tools_executed"] == 0 and resumed["tools_executed"] == 1
+    assert resumed["meta"]["resumed_from"] == pause["run_id"]
+    assert sorted(r["tools_executed"] for r in recs) == [0, 0, 1, 1]

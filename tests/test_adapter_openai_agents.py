@@ -50,6 +50,7 @@ from support.adapters import (
     Outcome,
     Script,
     World,
+    cancel_when,
     deployment,
     only_record,
     records,
@@ -181,22 +182,65 @@ def test_undeclared_tools(tmp_path: Path, scenario: str, mode: str) -> None:
     WORLD_SCENARIOS[scenario](tmp_path, run_world, mode)
 
 
-def test_the_sdks_max_turns_ends_the_run_with_a_record(tmp_path: Path) -> None:
-    effects = Effects()
+@pytest.mark.parametrize("mode", ["run", "streamed"])
+def test_the_sdks_max_turns_raises_as_the_sdk_raises_it(tmp_path: Path, mode: str) -> None:
+    """Issue 43 item 8: the bare ``Runner`` raises ``MaxTurnsExceeded`` at ``max_turns``, so
+    the guarded runner does too (no canned answer in its place): the caller's ``except
+    MaxTurnsExceeded`` runs, the run is recorded ``ended_by_framework`` with no answer, and
+    the exception carries the run's guard."""
+    from agents import MaxTurnsExceeded, Runner
+
+    script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
+    with pytest.raises(MaxTurnsExceeded):  # the SDK's own behaviour, unguarded
+        Runner.run_sync(make_agent(script, Effects()), "Orders?", max_turns=2, run_config=NO_TRACE)
     dep = deployment(tmp_path)
     script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
     runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
-    result = runner.run_sync(
-        make_agent(script, effects),
-        "Orders?",
-        max_turns=2,
-        run_config=RunConfig(tracing_disabled=True),
-    )
-    dep.close()
+    agent = make_agent(script, Effects())
+
+    async def streamed() -> None:
+        result = runner.run_streamed(agent, "Orders?", max_turns=2, run_config=NO_TRACE)
+        async for _ in result.stream_events():
+            pass
+
+    try:
+        with pytest.raises(MaxTurnsExceeded) as raised:
+            if mode == "run":
+                runner.run_sync(agent, "Orders?", max_turns=2, run_config=NO_TRACE)
+            else:
+                asyncio.run(streamed())
+    finally:
+        dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "ended_by_framework" and "max_turns" in rec["evidence"]["detail"]
-    assert result.final_output == rec["final_answer"]
-    assert runner.last_run is not None and runner.last_run.record()["run_id"] == rec["run_id"]
+    assert rec["evidence"]["raised"] == "MaxTurnsExceeded"
+    assert rec["final_answer"] is None and rec["steps"] == 2
+    guard = openai_agents.guard_of(raised.value)
+    assert guard is not None and guard.run_id == rec["run_id"]
+    assert guard.termination == "ended_by_framework"
+
+
+def test_a_max_turns_handler_of_the_callers_still_answers(tmp_path: Path) -> None:
+    """The SDK's way to answer at ``max_turns`` instead of raising -- an ``error_handlers``
+    entry of the caller's -- still works; the record holds the answer the caller got."""
+    from agents.run_error_handlers import RunErrorHandlerResult
+
+    dep = deployment(tmp_path)
+    script = Script([[("query_order", {"order_id": str(n)})] for n in range(10)])
+    runner = LoopwardenRunner(dep, model_name="gpt-4o-mini")
+    try:
+        result = runner.run_sync(
+            make_agent(script, Effects()),
+            "Orders?",
+            max_turns=2,
+            run_config=NO_TRACE,
+            error_handlers={"max_turns": lambda _: RunErrorHandlerResult(final_output="Busy.")},
+        )
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    assert result.final_output == "Busy." == rec["final_answer"]
+    assert rec["termination"] == "ended_by_framework" and rec["final_answer_present"] is False
 
 
 def test_a_model_error_is_recorded_and_raised(tmp_path: Path) -> None:
@@ -715,20 +759,60 @@ def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path, where: str) -> No
         agent = Agent(name="shop", model=http_model(url), tools=[slow_lookup])
         runner = LoopwardenRunner(dep)
 
-        async def call() -> None:
-            task = asyncio.ensure_future(runner.run(agent, "Where is 7?", run_config=NO_TRACE))
-            while not (started.is_set() if where == "tool" else stub.requests):
-                await asyncio.sleep(0.01)
-            task.cancel()
-            await task
+        def ready() -> bool:
+            return started.is_set() if where == "tool" else bool(stub.requests)
 
         try:
-            with pytest.raises(asyncio.CancelledError):
-                asyncio.run(call())
+            cancel_when(
+                lambda: runner.run(agent, "Where is 7?", run_config=NO_TRACE),
+                ready,
+                asyncio.CancelledError,
+            )
         finally:
             dep.close()
     rec = only_record(tmp_path)
     assert rec["termination"] == "cancelled"
+
+
+class ConvertingModel(OpenAIChatCompletionsModel):
+    """The SDK's chat-completions model behind a transport that turns the caller's
+    cancellation into a connection error (raised from the ``CancelledError``) -- what the
+    SDK's retry logic calls an abort-like error and never retries."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_response(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            raise ConnectionError("the connection was closed: the request was cancelled") from exc
+
+
+def test_a_cancellation_the_transport_reports_as_an_error_is_recorded_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Issue 43 item 9: the caller cancels the run during the model call and the model's
+    transport raises a connection error from the cancellation: the caller gets that error as
+    the SDK raised it, and the run is recorded ``cancelled`` -- not ``model_error``."""
+    dep = deployment(tmp_path)
+    with serve() as (stub, url):
+        stub.push_hang(30.0)
+        client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+        model = ConvertingModel(model="gpt-4o-mini", openai_client=client)
+        agent = Agent(name="shop", model=model)
+        runner = LoopwardenRunner(dep)
+
+        try:
+            raised = cancel_when(
+                lambda: runner.run(agent, "Where is 7?", run_config=NO_TRACE),
+                lambda: bool(stub.requests),
+                ConnectionError,
+            )
+        finally:
+            dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled"
+    assert "ConnectionError" in rec["evidence"]["error"]
+    guard = openai_agents.guard_of(raised)
+    assert guard is not None and guard.termination == "cancelled"
 
 
 def test_the_next_run_may_start_from_the_agent_a_handoff_left(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from support.adapters import (
     Outcome,
     Script,
     World,
+    cancel_when,
     deployment,
     only_record,
     records,
@@ -344,17 +346,25 @@ class Order(BaseModel):
 ORDER_ARGS = '{"order_id": "99999", "status": "not found"}'
 
 
+def ask_for_order(tmp_path: Path, url: str, output: Any = Order) -> tuple[Any, Effects]:
+    """One run of the ``Order``-typed agent (``output``: its ``output_type``) against the stub:
+    its result and tool effects."""
+    dep = deployment(tmp_path)
+    effects = Effects()
+    try:
+        result = http_agent(url, dep, effects, output_type=output).run_sync("Where is 99999?")
+    finally:
+        dep.close()
+    return result, effects
+
+
 def test_output_type_healthy_run_is_a_final_answer(tmp_path: Path, stub: tuple[Stub, str]) -> None:
     """Issue 20 item 10: the model's ``final_result`` call is the answer, not a tool call the
     framework never ran: the run is recorded ``final_answer`` with the structured output."""
     server, url = stub
     server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
     server.push(completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE))
-    dep = deployment(tmp_path)
-    try:
-        result = http_agent(url, dep, Effects(), output_type=Order).run_sync("Where is 99999?")
-    finally:
-        dep.close()
+    result, _ = ask_for_order(tmp_path, url)
     assert result.output == Order(order_id="99999", status="not found")
     rec = only_record(tmp_path)
     assert rec["termination"] == "final_answer" and rec["final_answer_present"] is True
@@ -371,12 +381,7 @@ def test_output_type_soft_stop_keeps_the_structured_output(
     for _ in range(3):
         server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
     server.push(completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE))
-    dep = deployment(tmp_path)
-    effects = Effects()
-    try:
-        result = http_agent(url, dep, effects, output_type=Order).run_sync("Where is 99999?")
-    finally:
-        dep.close()
+    result, effects = ask_for_order(tmp_path, url)
     assert result.output == Order(order_id="99999", status="not found")
     assert offered(server.requests[-1]) == ["final_result"] and len(server.requests) == 4
     rec = only_record(tmp_path)
@@ -570,3 +575,155 @@ def test_a_native_tool_call_is_recorded(tmp_path: Path, stub: tuple[Stub, str]) 
     rec = only_record(tmp_path)
     assert rec["termination"] == "final_answer"
     assert rec["evidence"]["hosted_tools"] == [{"type": "web_search", "id": "ws_1"}]
+
+
+# -- round 5 (issue 43) --------------------------------------------------------------------------
+
+
+def test_output_tool_beside_a_function_tool_is_a_final_answer(
+    tmp_path: Path, stub: tuple[Stub, str]
+) -> None:
+    """Issue 43 item 7: one answer that calls a function tool and ``final_result`` together
+    (pydantic-ai's default ``end_strategy`` runs the tool, then ends on the output) is the
+    model's own answer: recorded ``final_answer`` with the output's JSON, in the record and in
+    ``result.metadata["loopwarden"]`` -- not ``ended_by_framework``."""
+    server, url = stub
+    both = [LOOKUP_CALL, {"name": "final_result", "arguments": ORDER_ARGS}]
+    server.push(completion(None, both, usage=USAGE))
+    result, effects = ask_for_order(tmp_path, url)
+    assert result.output == Order(order_id="99999", status="not found")
+    assert effects.counts == {"query_order": 1} and len(server.requests) == 1
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "final_answer" and rec["final_answer_present"] is True
+    assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
+    assert rec["tools_executed"] == 1 and rec["stopped_by"] is None
+    assert loopwarden_meta(result) == {
+        "run_id": rec["run_id"],
+        "termination": "final_answer",
+        "stopped_by": None,
+        "soft": False,
+        "final_answer_present": True,
+    }
+
+
+def refund_call(order_id: str) -> dict[str, Any]:
+    """The model's answer asking for one refund of ``order_id``."""
+    call = {"name": "apply_refund", "arguments": json.dumps({"order_id": order_id, "reason": "x"})}
+    return completion(None, [call], usage=USAGE)
+
+
+def test_an_approval_that_edits_the_arguments_guards_what_executes(
+    tmp_path: Path, stub: tuple[Stub, str], store_url: str
+) -> None:
+    """Issue 43 item 1: a reviewer approves the proposed refund of order 1001 but corrects it
+    to 2002 (``ToolApproved(override_args=...)``): the refund runs for 2002, and 2002 is what
+    the guards and the side-effect ledger saw -- a later refund of 1001 runs (it never ran),
+    a later refund of 2002 is answered from the ledger (it must not run twice)."""
+    from pydantic_ai import ToolApproved
+
+    server, url = stub
+    for body in (
+        refund_call("1001"),
+        completion("Refunded 2002.", usage=USAGE),
+        refund_call("1001"),
+        completion("Refunded 1001.", usage=USAGE),
+        refund_call("2002"),
+        completion("Refunded 2002 already.", usage=USAGE),
+    ):
+        server.push(body)
+    dep = deployment(tmp_path, store=store_table(store_url))
+    effects = Effects()
+    reviewed = approval_agent(url, dep, effects)
+    plain: Agent[None, str] = Agent(http_model(url), capabilities=[Loopwarden(dep)])
+
+    @plain.tool_plain
+    def apply_refund(order_id: str, reason: str) -> str:
+        """Refund an order."""
+        effects.hit(f"apply_refund {order_id}")
+        return f"refund created for order {order_id}"
+
+    try:
+        paused = reviewed.run_sync("Refund order 1001")
+        assert isinstance(paused.output, DeferredToolRequests)
+        [asked] = paused.output.approvals
+        edit = ToolApproved(override_args={"order_id": "2002", "reason": "x"})
+        approved = reviewed.run_sync(
+            message_history=paused.all_messages(),
+            deferred_tool_results=DeferredToolResults(approvals={asked.tool_call_id: edit}),
+        )
+        assert tool_returns(approved.new_messages()) == ["refund created for order 2002"]
+        later_1001 = plain.run_sync("Refund order 1001")
+        later_2002 = plain.run_sync("Refund order 2002")
+    finally:
+        dep.close()
+    assert effects.counts == {"apply_refund 2002": 1, "apply_refund 1001": 1}
+    assert tool_returns(later_1001.all_messages()) == ["refund created for order 1001"]
+    assert "2002" in tool_returns(later_2002.all_messages())[0]
+    recs = records(tmp_path)
+    assert [r["tools_executed"] for r in recs] == [0, 1, 1, 0]
+    assert recs[3]["ledger_answers"][0]["source"] == "shared"
+
+
+@pytest.mark.parametrize("kind", ["native", "prompted", "tool"])
+def test_output_type_soft_stop_answers_in_the_output_type(
+    tmp_path: Path, stub: tuple[Stub, str], kind: str
+) -> None:
+    """Issue 43 item 10: a soft stop's wrap-up turn answers the way the output type asks --
+    the JSON of ``NativeOutput`` (the provider's response format) or ``PromptedOutput``, or
+    the ``final_result`` call of a tool output -- and offers no other tool (for a tool output,
+    the output tool is required); that answer is the run's output, not a ``GuardStopped``."""
+    from pydantic_ai import NativeOutput, PromptedOutput
+
+    server, url = stub
+    for _ in range(3):
+        server.push(completion(None, [LOOKUP_CALL], usage=USAGE))
+    if kind == "tool":
+        wrap_up = completion(None, [{"name": "final_result", "arguments": ORDER_ARGS}], usage=USAGE)
+    else:
+        wrap_up = completion(ORDER_ARGS, usage=USAGE)
+    server.push(wrap_up)
+    output: Any = {"native": NativeOutput(Order), "prompted": PromptedOutput(Order)}.get(
+        kind, Order
+    )
+    result, _ = ask_for_order(tmp_path, url, output)
+    assert result.output == Order(order_id="99999", status="not found")
+    last = server.requests[-1]
+    assert offered(last) == (["final_result"] if kind == "tool" else [])
+    # the wrap-up instruction's "stop calling tools" comes with the way to answer that is left
+    [note] = [str(m["content"]) for m in last["messages"] if "required structured form" in str(m)]
+    assert ("calling final_result" if kind == "tool" else "as JSON") in note
+    if kind == "tool":
+        assert last.get("tool_choice") == "required"
+    if kind == "native":
+        assert last["response_format"]["type"] == "json_schema"
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "repeat_call" and rec["soft"] is True
+    assert rec["final_answer_present"] is True
+    assert json.loads(rec["final_answer"]) == json.loads(ORDER_ARGS)
+    assert loopwarden_meta(result)["stopped_by"] == "repeat_call"
+
+
+def test_a_cancelled_run_is_recorded_cancelled(tmp_path: Path) -> None:
+    """Issue 43 item 9, in every adapter: the caller cancels the run during the model call:
+    recorded ``cancelled``, not ``model_error``.  (A transport that reports the cancelled
+    request as an error raised from the cancellation does not change that here: pydantic-ai's
+    task group re-raises the cancellation itself.)"""
+    asked = threading.Event()
+
+    async def slow(messages: list[pm.ModelMessage], info: AgentInfo) -> pm.ModelResponse:
+        asked.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError as exc:
+            raise ConnectionError("the connection was closed: request cancelled") from exc
+        return pm.ModelResponse(parts=[pm.TextPart("late")])
+
+    dep = deployment(tmp_path)
+    agent = Agent(FunctionModel(slow, model_name="gpt-4o-mini"), capabilities=[Loopwarden(dep)])
+
+    try:
+        cancel_when(lambda: agent.run("Where is 7?"), asked.is_set, asyncio.CancelledError)
+    finally:
+        dep.close()
+    rec = only_record(tmp_path)
+    assert rec["termination"] == "cancelled"

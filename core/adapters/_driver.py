@@ -50,6 +50,7 @@ from loopwarden.adapters._exchange import (
     nature_tables,
     proposed,
     stop_info,
+    structured_wrap_up,
     tool_result,
     usage,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "off_loop",
     "proposed",
     "stop_info",
+    "structured_wrap_up",
     "tool_result",
     "usage",
 ]
@@ -128,6 +130,30 @@ async def off_loop(
 
 #: exceptions that mean the caller ended the run (recorded ``cancelled``, not as an error)
 _CANCELLED = (asyncio.CancelledError, KeyboardInterrupt)
+
+
+def cancellation(exc: BaseException | None) -> bool:
+    """``exc`` is the caller's cancellation, or an error raised from one (its cause or context
+    chain): a model transport that reports the cancelled request as a connection error, say --
+    what the Agents SDK calls an abort-like error.  Such a run is ``cancelled``, whatever the
+    framework raises."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _CANCELLED):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _ended_on(engine: Any, run: Run, error: BaseException) -> RunOutcome:
+    """The outcome of a run an exception ended: ``cancelled`` for a cancellation (also one
+    reported as another error), ``error`` otherwise."""
+    outcome = _internal_error(engine, run, error)
+    if outcome.termination != "cancelled" and cancellation(error):
+        outcome.termination = "cancelled"
+    return outcome
+
 
 #: seconds a tool call waits for an earlier call that no framework wrapper has started; then
 #: the earlier one is taken as never coming (see :meth:`GuardedRun.tool`)
@@ -499,14 +525,14 @@ class GuardedRun:
             if (
                 error is not None
                 and error is self._model_error
-                and not isinstance(error, _CANCELLED)  # a cancellation is the caller's
+                and not cancellation(error)  # a cancellation is the caller's
                 and isinstance(self._eff, CallModel)
             ):
                 self._send(Failed(error))  # the machine's own model_error outcome
             if self._held is not None:  # the machine's held ending stands, unless the
                 held, self._held = self._held, None  # framework raised after it
                 if error is not None and error is not self._model_error:
-                    held = _internal_error(self.engine, self.run, error)
+                    held = _ended_on(self.engine, self.run, error)
                 self._finish_run(held)
                 self._wake()
                 return
@@ -519,7 +545,7 @@ class GuardedRun:
             self._gen.close()
             self._eff = None
             if error is not None:
-                outcome = _internal_error(self.engine, self.run, error)
+                outcome = _ended_on(self.engine, self.run, error)
             else:
                 outcome = RunOutcome(
                     termination=ENDED_BY_FRAMEWORK,
@@ -536,6 +562,31 @@ class GuardedRun:
         loopwarden's fallback text.  ``evidence`` adds keys next to ``detail``.  No effect on
         a run that already ended.  Calls of the last answer that the framework never started
         are answered as not run first (a side effect's claim is released)."""
+        self._conclude(
+            detail,
+            RunOutcome(
+                termination=ENDED_BY_FRAMEWORK,
+                evidence={"detail": detail, **evidence},
+                final_answer=answer,
+                final_answer_present=False,
+            ),
+        )
+
+    def answered(self, text: str | None) -> None:
+        """The framework ended the run on the model's own answer ``text`` after running the
+        tool calls proposed beside it (pydantic-ai's output tool called together with function
+        tools): ``final_answer``, as if the model had answered alone.  No effect on a run that
+        already ended (a verdict on one of those calls stands)."""
+        self._conclude(
+            "the framework ended the run on the model's answer",
+            RunOutcome(
+                termination="final_answer", final_answer=text, final_answer_present=text is not None
+            ),
+        )
+
+    def _conclude(self, detail: str, outcome: RunOutcome) -> None:
+        """End a run the framework ended with ``outcome``, unless it has ended: the calls of the
+        last answer the framework never started are answered as not run first."""
         with self._cond:
             if self._refused or self.outcome is not None:
                 return
@@ -544,14 +595,7 @@ class GuardedRun:
                 return
             self._gen.close()
             self._eff = None
-            self._end(
-                RunOutcome(
-                    termination=ENDED_BY_FRAMEWORK,
-                    evidence={"detail": detail, **evidence},
-                    final_answer=answer,
-                    final_answer_present=False,
-                )
-            )
+            self._end(outcome)
             self._wake()
 
     def _unrun(self, detail: str) -> None:

@@ -127,6 +127,18 @@ def conversation_for(deployment: Deployment, key: str) -> Conversation:
         return conv
 
 
+def structured_wrap_up(tools: list[str]) -> str:
+    """The note added to a soft stop's wrap-up turn when the agent must answer in its output
+    type: the framework's own way of answering -- its output tool (``tools``), or, with none,
+    its response format -- is the one way left, so the wrap-up instruction's "stop calling
+    tools" does not keep the model from it."""
+    if tools:
+        how = "by calling " + " or ".join(tools) + " (the only tool left)"
+    else:
+        how = "as JSON in the response format you were given"
+    return f"Give that final answer in the required structured form, {how}."
+
+
 def stop_info(guarded: GuardedRun) -> dict[str, Any] | None:
     """How loopwarden's run ended, for the framework's result: its ``run_id`` (the run
     record's), ``termination``, ``stopped_by`` (the plugin; None when no guard stopped it),

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain.agents.middleware.types import ModelResponse
+from langchain.agents.structured_output import ToolStrategy
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -67,6 +68,27 @@ def _pending(messages: list[BaseMessage]) -> AIMessage | None:
     if isinstance(last, AIMessage) and last.tool_calls:
         return last
     return None
+
+
+#: the graph-state key where LangChain's ``HumanInTheLoopMiddleware`` keeps a reviewer's
+#: "edit" decisions (tool call id -> the action to run instead: ``name``, ``args``); the
+#: model's own call stays in the messages and is replaced only when the tool runs
+HITL_EDITS = "hitl_edited_tool_calls"
+
+
+def _edited(pending: AIMessage, edits: Any) -> AIMessage:
+    """``pending`` with each tool call a reviewer edited replaced by the call that will run
+    (``edits``: :data:`HITL_EDITS`' value), so the guards and the side-effect ledger see
+    what executes."""
+    if not isinstance(edits, Mapping) or not edits:
+        return pending
+    calls = []
+    for tc in pending.tool_calls:
+        action = edits.get(tc.get("id") or "")
+        if isinstance(action, Mapping):
+            tc = {**tc, "name": action.get("name", tc["name"]), "args": action.get("args", {})}
+        calls.append(tc)
+    return pending.model_copy(update={"tool_calls": calls})
 
 
 def _received(messages: list[BaseMessage]) -> str | None:
@@ -144,6 +166,22 @@ def _server_calls(ai: AIMessage) -> list[dict[str, Any]]:
         for b in ai.content_blocks
         if b.get("type") == "server_tool_call"
     ]
+
+
+def _output_tools(response_format: Any) -> list[str]:
+    """The tools through which the agent gives its structured response: ``ToolStrategy``'s
+    (one per schema variant); none for a response format the provider enforces."""
+    specs = getattr(response_format, "schema_specs", None)
+    if not isinstance(response_format, ToolStrategy) or not specs:
+        return []
+    return [str(spec.name) for spec in specs]
+
+
+def _tool_name(tool: Any) -> str:
+    """A tool's name: a LangChain tool's, or an OpenAI-format dict's (``function.name``)."""
+    if isinstance(tool, dict):
+        return str(tool.get("function", tool).get("name"))
+    return str(getattr(tool, "name", None))
 
 
 def _schema(tool: Any) -> tuple[str, str, dict[str, Any] | None]:

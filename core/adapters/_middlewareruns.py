@@ -24,7 +24,9 @@ from loopwarden import events
 from loopwarden.adapters._driver import GuardedRun, NatureSpec, off_loop, tool_result
 from loopwarden.adapters._graphwatch import _GRAPH_ERRORS, MAX_LAST, RECURSION
 from loopwarden.adapters._lcmessages import (
+    HITL_EDITS,
     _config,
+    _edited,
     _get,
     _openai,
     _pending,
@@ -187,8 +189,11 @@ class MiddlewareRuns:
                 guarded.end_by_framework(f"{name}: {exc}", None, raised=name)
             else:
                 guarded.finish(exc)
-            self._drop(key, guarded)
 
+        # no longer this invocation's open run, at once: an invocation resuming the thread
+        # before the record is written (under ainvoke, in a thread) is a new run -- not this
+        # paused one carried on, which would run the calls with the arguments it was paused on
+        self._drop(key, guarded)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -206,6 +211,8 @@ class MiddlewareRuns:
         any other, the claims ``resumed`` took for them taken over."""
         messages: list[BaseMessage] = list(state.get("messages") or [])
         pending = _pending(messages)
+        if pending is not None:  # the calls as they will run: with a reviewer's edits
+            pending = _edited(pending, state.get(HITL_EDITS))
         _, guarded = self._new(
             messages[:-1] if pending else messages, config, key=key, resumed_from=resumed
         )

@@ -22,7 +22,8 @@ signals, metrics and alerts as ``loopwarden run``).  Verdicts become:
   with the best-effort answer as an ``AIMessage`` without tool calls, so the agent ends on
   it (the effect of ``jump_to="end"``, without a ``before_model`` node on every step); a
   stop that came with the model's answer replaces that answer the same way.  A soft stop's
-  wrap-up turn keeps the agent's ``response_format``: its structured response stands; a stop
+  wrap-up turn keeps the agent's ``response_format`` (and a note next to the wrap-up
+  instruction asks for it): its structured response stands; a stop
   that gives none raises :class:`~loopwarden.exceptions.GuardStopped` (text cannot be it).
 
 The result says how the run ended: ``result["loopwarden"]`` (:data:`RESULT_KEY`) holds the run
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 from uuid import UUID
 
@@ -74,12 +75,20 @@ from loopwarden.adapters._driver import (
     NatureSpec,
     nature_tables,
     off_loop,
+    structured_wrap_up,
     tool_result,
 )
 from loopwarden.adapters._graphwatch import MAX_LAST as MAX_LAST
 from loopwarden.adapters._graphwatch import RECURSION as RECURSION
 from loopwarden.adapters._graphwatch import _last_steps, _watch_graph_errors
-from loopwarden.adapters._lcmessages import _get, _response, _schema, _server_calls
+from loopwarden.adapters._lcmessages import (
+    _get,
+    _output_tools,
+    _response,
+    _schema,
+    _server_calls,
+    _tool_name,
+)
 from loopwarden.adapters._middlewareruns import _KEY, _TIP, RESULT_KEY, MiddlewareRuns
 from loopwarden.adapters._middlewareruns import ABANDON_S as ABANDON_S
 from loopwarden.adapters._middlewareruns import MAX_CONVERSATIONS as MAX_CONVERSATIONS
@@ -166,31 +175,34 @@ class LoopwardenMiddleware(MiddlewareRuns, AgentMiddleware[LoopwardenState, Any]
             # receives
             self._out_of_steps(key, guarded)
             return None, []
-        self._declare(guarded, request)
+        self._declare(guarded, request.tools)
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
         guarded.system(request.system_prompt)
         turn = self._turn(key, guarded)
         if turn is None:
             return None, []
+        texts = list(turn.notes)
+        if turn.final and request.response_format is not None:  # answer in the output type
+            texts.append(structured_wrap_up(_output_tools(request.response_format)))
         notes: list[HumanMessage | SystemMessage] = []
-        if turn.notes:
+        if texts:
             settings = self.deployment.engine.settings
             cls = HumanMessage if settings.warning_role == "user" else SystemMessage
-            notes = [cls(content=settings.warning_prefix + n) for n in turn.notes]
+            notes = [cls(content=settings.warning_prefix + n) for n in texts]
             request = request.override(messages=[*request.messages, *notes])
         if turn.final:
             request = request.override(tools=[], tool_choice=None)
         return request, notes
 
     @staticmethod
-    def _declare(guarded: GuardedRun, request: ModelRequest[Any]) -> None:
-        """Make the request's tools known to the run (before a step decides whether it may
-        wait on the store: a declared side effect says so)."""
+    def _declare(guarded: GuardedRun, tools: Iterable[Any]) -> None:
+        """Make the tools known to the run (before a step decides whether it may wait on the
+        store: a declared side effect says so).  A tool's schema is read only the first time
+        (every step offers the same tools: reading it each time cost every step)."""
         known = guarded.run.tools
-        for t in request.tools:
-            name = t.get("name") if isinstance(t, dict) else getattr(t, "name", None)
-            if known is None or name not in known:
+        for t in tools:
+            if known is None or _tool_name(t) not in known:
                 guarded.declare(*_schema(t))
 
     def _stopped(self, key: str, guarded: GuardedRun, request: ModelRequest[Any]) -> AIMessage:
@@ -260,7 +272,7 @@ class LoopwardenMiddleware(MiddlewareRuns, AgentMiddleware[LoopwardenState, Any]
         if found is None:
             return await handler(request)
         key, guarded = found
-        self._declare(guarded, request)
+        self._declare(guarded, request.tools)
         prepared, notes = await guarded.off_loop(self._prepare, key, guarded, request)
         if prepared is None:
             return self._stopped(key, guarded, request)
@@ -304,7 +316,7 @@ class LoopwardenMiddleware(MiddlewareRuns, AgentMiddleware[LoopwardenState, Any]
     def _tool_guard(self, request: ToolCallRequest) -> tuple[str, GuardedRun] | None:
         found = self._guarded(request.state, request.runtime.config)
         if found is not None and request.tool is not None:
-            found[1].declare(*_schema(request.tool))
+            self._declare(found[1], [request.tool])
         return found
 
     def _settled(self, key: str, guarded: GuardedRun, request: ToolCallRequest) -> None:
@@ -346,7 +358,7 @@ class LoopwardenMiddleware(MiddlewareRuns, AgentMiddleware[LoopwardenState, Any]
             return await handler(request)
         key, guarded = found
         if request.tool is not None:
-            guarded.declare(*_schema(request.tool))
+            self._declare(guarded, [request.tool])
         call_id = request.tool_call["id"] or ""
         decision = await guarded.atool(call_id)
         if isinstance(decision, Answer):

@@ -30,8 +30,8 @@ Verdicts become:
 The SDK's extension points that only observe (``RunHooks``) or only filter the input
 (``call_model_input_filter``) cannot remove tools or end a run with an answer, which is why the
 model is wrapped: that is the one point that sees -- and may replace -- every model call.  The
-SDK's ``max_turns`` is kept: when it is hit, a ``max_turns`` error handler (unless you pass
-your own) ends the run with loopwarden's best answer, and the loopwarden run is recorded as
+SDK's own errors reach the caller as the SDK raises them: at ``max_turns`` the run raises
+``MaxTurnsExceeded`` (or ends on your ``error_handlers`` answer), recorded as
 ``ended_by_framework``; so is a run a guardrail tripped (no final answer recorded).
 
 A run that stops on interruptions (``needs_approval``) is recorded as paused
@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ from agents import (
     FunctionTool,
     Handoff,
     InputGuardrailTripwireTriggered,
+    MaxTurnsExceeded,
     OutputGuardrailTripwireTriggered,
     RunConfig,
     RunContextWrapper,
@@ -70,7 +72,7 @@ from agents import (
     handoff,
 )
 from agents.models.interface import Model
-from agents.run_error_handlers import RunErrorHandlerInput, RunErrorHandlerResult
+from agents.run_error_handlers import RunErrorHandlerInput
 from openai.types.responses import ResponseFunctionToolCall
 
 from loopwarden import events
@@ -192,6 +194,22 @@ class _RunState:
         self.transfers: list[str] = []
         #: the interrupted run this run resumes, until its open calls are adopted
         self.resuming: RunState[Any, Any] | None = None
+        #: the SDK error a handler of the caller's answered (``error_handlers``), if any
+        self.handled: tuple[str, BaseException] | None = None
+
+    def noted(self, kind: str, handler: Any) -> Any:
+        """The caller's ``error_handlers`` entry ``handler``, noting that it answered (the run
+        then ends on the handler's output instead of the SDK's exception)."""
+
+        async def note(data: RunErrorHandlerInput[Any]) -> Any:
+            out = handler(data)
+            if inspect.isawaitable(out):
+                out = await out
+            if out is not None:
+                self.handled = (kind, data.error)
+            return out
+
+        return note
 
     def agent(self, agent: Agent[Any]) -> Agent[Any]:
         """The per-run guarded copy of ``agent`` (made once per run: handoffs may go back)."""
@@ -268,8 +286,17 @@ class _RunState:
         self.transfers = []
 
     def ended(self, result: RunResult | RunResultStreaming) -> None:
-        """The SDK's run returned ``result``: record loopwarden's run (paused or over)."""
+        """The SDK's run returned ``result``: record loopwarden's run (paused or over; ended
+        by a handler of the caller's: what that handler answered)."""
         self.paused(result)
+        if self.handled is not None:
+            kind, error = self.handled
+            output = result.final_output
+            self.guarded.end_by_framework(
+                f"{kind}: {type(error).__name__}: {error} (answered by the caller's handler)",
+                output if isinstance(output, str) or output is None else repr(output),
+                handled=kind,
+            )
         self.end(None)
 
     def paused(self, result: RunResult | RunResultStreaming) -> None:
@@ -301,6 +328,9 @@ class _RunState:
                     },
                 )
             )
+        elif isinstance(error, MaxTurnsExceeded):  # the SDK's own limit: raised as it is
+            guarded.end_by_framework(f"max_turns: {error}", None, raised=type(error).__name__)
+            guarded.finish()
         elif error is not None:
             guarded.finish(error)
         else:
@@ -407,14 +437,9 @@ class LoopwardenRunner:
             state.retarget(guarded, run_config)
         self._last.set(guarded.run)
         state.resuming = resuming  # adopted by run() (off the event loop) / run_streamed()
-        handlers = dict(kwargs.pop("error_handlers", None) or {})
-
-        def max_turns(data: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
-            guarded.finish(detail=f"max_turns: {data.error}")
-            return RunErrorHandlerResult(final_output=guarded.final_answer)
-
-        handlers.setdefault("max_turns", max_turns)
-        kwargs["error_handlers"] = handlers
+        handlers = kwargs.pop("error_handlers", None)
+        if handlers:  # the caller's own answers to the SDK's errors: noted for the record
+            kwargs["error_handlers"] = {k: state.noted(k, h) for k, h in handlers.items()}
         kwargs["run_config"] = dataclasses.replace(run_config, model=None)
         return state, state.agent(agent), kwargs
 

@@ -22,16 +22,18 @@ become:
 * **skip** -- ``wrap_tool_execute`` returns the skip's observation as the tool's return value
   without running the tool (so is a side effect already executed with the same idempotency key);
 * **soft stop** -- ``prepare_tools`` removes every function tool for the next request, whose
-  text -- or call of the output tool, for an ``output_type`` -- is the answer (function tool
-  calls it proposes anyway are dropped);
+  text -- or, for an ``output_type``, its call of the output tool or its ``NativeOutput`` /
+  ``PromptedOutput`` JSON, which a note next to the wrap-up instruction asks for -- is the
+  answer (function tool calls it proposes anyway are dropped);
 * **hard stop** -- ``wrap_model_request`` answers in the model's place with the best-effort
   answer as text, which ends the run.
 
 A call of an output tool (``final_result``) is the model's answer, never a tool call.  A run
 ending in ``DeferredToolRequests`` (approvals, external calls) is recorded as paused
 (``evidence.deferred``); the run given ``deferred_tool_results`` adopts the paused answer as
-its first (token-free) model answer, so the approved calls go through the guards and the
-ledger.  Under
+its first (token-free) model answer -- once pydantic-ai has validated the approved calls, with
+the arguments an approval edited (``ToolApproved(override_args=...)``) -- so the approved
+calls go through the guards and the ledger as they will run.  Under
 ``run_stream`` the run is finished when the graph ends (the stream read to its end), not when
 the stream is closed: the streamed response is read from the model's stream
 (:class:`_Watched`), which pydantic-ai hands to ``wrap_model_request`` only at the close.
@@ -47,6 +49,7 @@ Needs ``pip install 'loopwarden[pydantic-ai]'``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -71,6 +74,7 @@ from loopwarden.adapters._driver import (
     nature_tables,
     proposed,
     stop_info,
+    structured_wrap_up,
     tool_result,
     usage,
 )
@@ -194,6 +198,14 @@ def _open_calls(
     return history, None
 
 
+def _pending_args(pending: pm.ModelResponse | None, call_id: str) -> Any:
+    """The arguments the open call ``call_id`` of ``pending`` was proposed with."""
+    for p in pending.parts if pending is not None else ():
+        if isinstance(p, pm.ToolCallPart) and p.tool_call_id == call_id:
+            return p.args
+    return None
+
+
 def _native(msg: pm.ModelResponse) -> list[dict[str, Any]]:
     """The native (built-in) tool calls the provider ran during the model call -- web
     search, code execution ...: no hook saw them, the record says they ran."""
@@ -219,6 +231,13 @@ def _text_output(request_context: ModelRequestContext) -> bool:
     ``auto``, ``native`` and ``prompted`` modes text must be the output object's JSON."""
     params = request_context.model_request_parameters
     return params.allow_text_output and params.output_mode not in ("auto", "native", "prompted")
+
+
+def _json_output(request_context: ModelRequestContext) -> bool:
+    """Text is the output object's JSON (``NativeOutput``: the provider's response format;
+    ``PromptedOutput``), which pydantic-ai validates as the output."""
+    params = request_context.model_request_parameters
+    return params.allow_text_output and not _text_output(request_context)
 
 
 def _output_tools(request_context: ModelRequestContext) -> frozenset[str]:
@@ -288,6 +307,15 @@ class Loopwarden(AbstractCapability[Any]):
         self._output_tools: frozenset[str] = frozenset()
         self._adopted = False  # the run began with an earlier answer's open calls
         self._pending: pm.ModelResponse | None = None  # those calls, until adopted
+        #: the arguments an approval put in place of a pending call's (``ToolApproved(
+        #: override_args=...)``), seen when pydantic-ai validates them -- before adoption
+        self._edits: dict[str, Any] = {}
+        #: pending calls whose arguments pydantic-ai refused before adoption: call id -> why
+        self._refusals: dict[str, str] = {}
+        self._adopting: asyncio.Future[None] | None = None  # the adoption, once begun
+        #: the last answer's output-tool text when function tools were called beside it: the
+        #: run ends on it once pydantic-ai has run them (``end_strategy``)
+        self._output_text: str | None = None
 
     async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
         return Loopwarden(
@@ -327,25 +355,44 @@ class Loopwarden(AbstractCapability[Any]):
 
     async def _started(self, ctx: RunContext[Any]) -> GuardedRun:
         """The run's :class:`GuardedRun`, the open calls it starts from adopted (off the
-        event loop: its steps may wait on the store)."""
+        event loop: its steps may wait on the store) -- with the arguments an approval
+        edited, so what executes is what the guards and the ledger see."""
         guarded = self._guard(ctx)
         pending, self._pending = self._pending, None
-        if pending is not None:
-            await guarded.off_loop(self._adopt, guarded, pending)
+        if pending is not None:  # once; parallel calls all wait for it (none is decided before)
+            self._adopting = asyncio.ensure_future(
+                guarded.off_loop(self._adopt, guarded, pending, self._edits, self._refusals)
+            )
             self._adopted = True
+        if self._adopting is not None:
+            await self._adopting
         return guarded
 
     @staticmethod
-    def _adopt(guarded: GuardedRun, pending: pm.ModelResponse) -> None:
+    def _adopt(
+        guarded: GuardedRun,
+        pending: pm.ModelResponse,
+        edits: Mapping[str, Any],
+        refusals: Mapping[str, str],
+    ) -> None:
         """The run starts with an earlier run's answer whose calls are still open (approved,
         or given results, in ``deferred_tool_results``): that answer is the run's first model
         answer -- no tokens, the run that received it paid them -- so its calls go through
-        the guards and the side-effect ledger like any other."""
-        calls, event = _response(pending)
+        the guards and the side-effect ledger like any other, each with the arguments it
+        will run with (``edits``); the calls pydantic-ai refused (``refusals``) are not run."""
+        parts = [
+            dataclasses.replace(p, args=edits[p.tool_call_id])
+            if isinstance(p, pm.ToolCallPart) and p.tool_call_id in edits
+            else p
+            for p in pending.parts
+        ]
+        calls, event = _response(dataclasses.replace(pending, parts=parts))
         for c in calls:
             guarded.declare(c.tool_name)
         if guarded.model_turn() is not None:
             guarded.model_done(dataclasses.replace(event, usage=None))
+        for call_id, reason in refusals.items():
+            guarded.not_run(call_id, reason)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -366,22 +413,34 @@ class Loopwarden(AbstractCapability[Any]):
             raise
         guarded = self.guarded
         if guarded is not None:
-            await guarded.off_loop(self._ended, guarded, result.output)
+            await guarded.off_loop(self._ended, guarded, result.output, self._output_text)
             _attach(result, guarded)
         return result
 
     @staticmethod
-    def _ended(guarded: GuardedRun, output: Any) -> None:
+    def _ended(guarded: GuardedRun, output: Any, answer: str | None) -> None:
         """The agent's run ended with ``output``: finish loopwarden's run if it has not.  A
         run paused for approvals or external results (``DeferredToolRequests``) is recorded
         ``ended_by_framework`` with the paused calls' ids in ``evidence.deferred``; the calls
-        are not run (their side-effect keys stay free for the run that resumes them)."""
+        are not run (their side-effect keys stay free for the run that resumes them).  An
+        output tool called beside function tools (``answer``: its text) is the model's own
+        answer: ``final_answer`` once pydantic-ai has run (or skipped) those tools."""
         if isinstance(output, DeferredToolRequests):
             ids = [c.tool_call_id for c in [*output.calls, *output.approvals]]
             guarded.end_by_framework(
                 "paused: the calls wait for deferred_tool_results", None, deferred=ids
             )
+        elif answer is not None:
+            guarded.answered(answer)
         guarded.finish(detail="the agent ended before loopwarden's run did")
+
+    def _keep_answer(
+        self, msg: pm.ModelResponse, calls: list[pm.ToolCallPart], event: events.ModelResponse
+    ) -> None:
+        """Keep the answer's text when the model called the output tool beside function tools
+        (``calls``): the run ends on it once pydantic-ai has run them; forget it otherwise."""
+        beside = bool(calls) and bool(_output_calls(msg, self._output_tools))
+        self._output_text = event.content if beside else None
 
     async def after_node_run(
         self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
@@ -395,10 +454,12 @@ class Loopwarden(AbstractCapability[Any]):
         if isinstance(result, End) and guarded is not None and not guarded.finished:
             if self._streamed is not None:  # read to its end: the whole response, usage too
                 streamed = self._streamed.get()
-                _, event = _response(streamed, self._output_tools)
+                calls, event = _response(streamed, self._output_tools)
+                self._keep_answer(streamed, calls, event)
                 guarded.unguarded.extend(_native(streamed))
                 await guarded.off_loop(guarded.model_done, event)
-            await guarded.off_loop(self._ended, guarded, getattr(result.data, "output", None))
+            output = getattr(result.data, "output", None)
+            await guarded.off_loop(self._ended, guarded, output, self._output_text)
         return result
 
     def get_wrapper_model(self, model: Model) -> Model | None:
@@ -412,9 +473,10 @@ class Loopwarden(AbstractCapability[Any]):
         guarded = self._guard(ctx)
         for t in tool_defs:
             guarded.declare(t.name, t.description or "", t.parameters_json_schema)
-        await self._started(ctx)
-        if self._adopted and guarded.expects_tool:
-            return tool_defs  # the tools to run the adopted calls with: no model call yet
+        if self._pending is not None or (self._adopted and guarded.expects_tool):
+            # the tools to run the open calls with, no model call yet: they are adopted
+            # after pydantic-ai has validated them (an approval may edit their arguments)
+            return tool_defs
         self._adopted = False
         turn = await guarded.off_loop(guarded.model_turn)
         if turn is None or turn.final:
@@ -428,9 +490,12 @@ class Loopwarden(AbstractCapability[Any]):
         parts = request_context.model_request_parameters.instruction_parts or []
         guarded.system("\n\n".join(p.content for p in parts))  # counted from the next turn
         turn = await guarded.off_loop(guarded.model_turn)
-        if turn is not None and turn.notes:
+        if turn is not None and (turn.notes or turn.final):
+            texts = list(turn.notes)
+            if turn.final and not _text_output(request_context):  # answer in the output type
+                texts.append(structured_wrap_up(sorted(_output_tools(request_context))))
             settings = self.deployment.engine.settings
-            for note in turn.notes:
+            for note in texts:
                 text = settings.warning_prefix + note
                 if settings.warning_role == "user":
                     ctx.enqueue(text)
@@ -458,16 +523,22 @@ class Loopwarden(AbstractCapability[Any]):
         except BaseException as exc:
             guarded.model_failed(exc)  # pydantic-ai may retry; recorded if the run ends on it
             raise
-        _, event = _response(response, output_tools)
+        calls, event = _response(response, output_tools)
+        self._keep_answer(response, calls, event)
         guarded.unguarded.extend(_native(response))
         await guarded.off_loop(guarded.model_done, event)
         if guarded.replaced:
-            # the wrap-up's structured output stands (its function tool calls are dropped);
-            # otherwise the answer is loopwarden's text
-            outputs = _output_calls(response, output_tools)
+            # the wrap-up's structured output stands -- its output tool call, or the output's
+            # JSON as text (native, prompted) -- its function tool calls dropped; otherwise
+            # the answer is loopwarden's text
             o = guarded.outcome
-            if outputs and o is not None and o.soft and o.final_answer_present:
-                return dataclasses.replace(response, parts=[*outputs])
+            if o is not None and o.soft and o.final_answer_present:
+                outputs = _output_calls(response, output_tools)
+                if outputs:
+                    return dataclasses.replace(response, parts=[*outputs])
+                if _json_output(request_context):  # pydantic-ai validates it as the output
+                    texts = [p for p in response.parts if isinstance(p, pm.TextPart)]
+                    return dataclasses.replace(response, parts=texts)
             if not text_ok:  # no structured output came: text would fail validation
                 raise guarded.stopped_error()
             return dataclasses.replace(response, parts=[pm.TextPart(guarded.final_answer)])
@@ -484,12 +555,18 @@ class Loopwarden(AbstractCapability[Any]):
         args: RawToolArgs,
         handler: WrapToolValidateHandler,
     ) -> ValidatedToolArgs:
+        adopting = self._pending is not None  # an open call of the run's starting answer
+        if adopting and call.args != _pending_args(self._pending, call.tool_call_id):
+            self._edits[call.tool_call_id] = call.args  # an approval edited the arguments
         try:
             return await handler(args)
         except Exception as exc:  # refused before execution: a retry prompt, not a run
-            guarded = await self._started(ctx)
             reason = f"arguments refused ({type(exc).__name__})"
-            await guarded.off_loop(guarded.not_run, call.tool_call_id, reason)
+            if adopting:
+                self._refusals[call.tool_call_id] = reason
+            else:
+                guarded = await self._started(ctx)
+                await guarded.off_loop(guarded.not_run, call.tool_call_id, reason)
             raise
 
     async def wrap_tool_execute(

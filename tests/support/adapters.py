@@ -7,10 +7,14 @@ plugin) are checked identically in LangChain, the OpenAI Agents SDK and pydantic
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from loopwarden import Deployment
 from loopwarden.config import default_config_path, load_toml, parse_config
@@ -99,6 +103,24 @@ def deployment(
         else:
             data[key] = table
     return Deployment(parse_config(data, path="<adapter-test>"), tools=[])
+
+
+def cancel_when(
+    run: Callable[[], Awaitable[Any]], ready: Callable[[], bool], raises: type[BaseException]
+) -> BaseException:
+    """Start ``run()`` in a task, cancel it once ``ready()`` holds (the model call or tool is
+    under way), and return what it raised -- which must be a ``raises``."""
+
+    async def call() -> None:
+        task = asyncio.ensure_future(run())
+        while not ready():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await task
+
+    with pytest.raises(raises) as raised:
+        asyncio.run(call())
+    return raised.value
 
 
 def records(tmp_path: Path) -> list[dict[str, Any]]:
