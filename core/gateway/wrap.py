@@ -99,7 +99,7 @@ def wrap(
         upstream = httpx.AsyncClient(transport=_ForeignThreaded(sync_inner, hx), timeout=timeout)
         app = GatewayApp(dep, origin, store, client=upstream)
         http = hx.Client(transport=bridges[0](app), timeout=timeout.as_dict())
-    wrapped: C = client.with_options(http_client=http)  # type: ignore[attr-defined]
+    wrapped: C = client.with_options(http_client=http)
     return wrapped
 
 
