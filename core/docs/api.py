@@ -67,6 +67,7 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ),
     ),
     ("The deployment", "loopwarden.deployment", ("Deployment",)),
+    ("The client wrapper (docs/gateway.md)", "loopwarden.gateway.wrap", ("wrap", "run")),
     ("Configuration", "loopwarden.config", ("load_config", "Config")),
     (
         "Clocks and cancelling",
