@@ -93,10 +93,12 @@ def _response(resp: ModelResponse, handoffs: set[str]) -> tuple[events.ModelResp
         elif isinstance(item, ResponseFunctionToolCall):
             call = proposed(item.name, item.arguments, item.call_id)
             (transfers if item.name in handoffs else calls).append(call)
+    rid = getattr(resp, "response_id", None)
     response = events.ModelResponse(
         content="".join(texts) or None,
         tool_calls=[*calls, *transfers],
         usage=_sdk_usage(resp.usage),
+        id=rid if isinstance(rid, str) and rid else None,
     )
     return response, [c.id for c in transfers]
 

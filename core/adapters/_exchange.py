@@ -82,6 +82,26 @@ def tool_result(
     )
 
 
+def model_url(model: Any) -> str | None:
+    """The endpoint a framework's model calls (for telemetry's ``server.address`` /
+    ``server.port``): its ``base_url``, or its client's (LangChain's ``openai_api_base`` /
+    ``root_client``, the Agents SDK's ``_client``); None when it names none."""
+    for attr in ("base_url", "openai_api_base", "anthropic_api_url"):
+        value = getattr(model, attr, None)
+        if value:
+            text = str(value)
+            if text.startswith(("http://", "https://")):
+                return text
+    for attr in ("root_client", "client", "_client"):
+        inner = getattr(model, attr, None)
+        value = getattr(inner, "base_url", None) if inner is not None else None
+        if value:
+            text = str(value)
+            if text.startswith(("http://", "https://")):
+                return text
+    return None
+
+
 def usage(prompt: int | None, completion: int | None) -> Usage:
     """Token counts a framework reported (None counts as 0)."""
     return Usage(prompt=max(0, int(prompt or 0)), completion=max(0, int(completion or 0)))

@@ -152,7 +152,20 @@ def _response(
         usage=usage(meta["input_tokens"], meta["output_tokens"]) if meta else None,
         model=(ai.response_metadata or {}).get("model_name"),
         finish_reason=(ai.response_metadata or {}).get("finish_reason"),
+        id=_response_id(ai),
     )
+
+
+def _response_id(ai: AIMessage) -> str | None:
+    """The provider's id of the answer (``gen_ai.response.id``): the response metadata's,
+    else the message's own id unless LangChain made it up (``run-...`` / ``lc_run-...``)."""
+    rid = (ai.response_metadata or {}).get("id")
+    if isinstance(rid, str) and rid:
+        return rid
+    own = ai.id
+    if isinstance(own, str) and own and not own.startswith(("run-", "lc_run-")):
+        return own
+    return None
 
 
 def _server_calls(ai: AIMessage) -> list[dict[str, Any]]:

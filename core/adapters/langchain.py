@@ -78,6 +78,7 @@ from loopwarden.adapters._driver import (
     structured_wrap_up,
     tool_result,
 )
+from loopwarden.adapters._exchange import model_url
 from loopwarden.adapters._graphwatch import MAX_LAST as MAX_LAST
 from loopwarden.adapters._graphwatch import RECURSION as RECURSION
 from loopwarden.adapters._graphwatch import _last_steps, _watch_graph_errors
@@ -178,6 +179,8 @@ class LoopwardenMiddleware(MiddlewareRuns, AgentMiddleware[LoopwardenState, Any]
         self._declare(guarded, request.tools)
         if guarded.run.model_name is None:
             guarded.run.model_name = getattr(request.model, "model_name", None)
+        if guarded.run.model_url is None:
+            guarded.run.model_url = model_url(request.model)
         guarded.system(request.system_prompt)
         turn = self._turn(key, guarded)
         if turn is None:

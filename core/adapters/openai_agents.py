@@ -89,6 +89,7 @@ from loopwarden.adapters._driver import (
     stop_info,
     tool_result,
 )
+from loopwarden.adapters._exchange import model_url
 from loopwarden.plugins.otel import AGENT_NAME
 from loopwarden.run import Run, RunOutcome
 
@@ -427,6 +428,7 @@ class LoopwardenRunner:
             conversation=conversation,
             adapter="openai_agents",
         )
+        guarded.run.model_url = model_url(inner)
         guarded.hold_end = True  # output guardrails may still reject the final answer
         current = agent if resuming is None else resuming._current_agent or agent
         guarded.run.meta["agents"] = [current.name]  # the record's meta: who ran, in order

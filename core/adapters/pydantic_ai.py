@@ -78,6 +78,7 @@ from loopwarden.adapters._driver import (
     tool_result,
     usage,
 )
+from loopwarden.adapters._exchange import model_url
 from loopwarden.plugins.otel import AGENT_NAME, FRAMEWORK_SPANS
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def _response(
         usage=usage(u.input_tokens, u.output_tokens) if u is not None else None,
         model=msg.model_name,
         finish_reason=msg.finish_reason,
+        id=getattr(msg, "provider_response_id", None) or None,
     )
 
 
@@ -350,6 +352,7 @@ class Loopwarden(AbstractCapability[Any]):
                 conversation=conversation_for(self.deployment, key) if key else None,
                 adapter="pydantic_ai",
             )
+            self.guarded.run.model_url = model_url(ctx.model)
             self._pending = pending
         return self.guarded
 
