@@ -588,3 +588,28 @@ def test_a_retried_request_is_asked_again_not_taken_as_a_side_effect_in_doubt(
         assert len(made) == 1
     finally:
         dep.close()
+
+
+def test_text_held_behind_a_tool_call_is_not_counted_as_sent() -> None:
+    """A stream's text after its first tool-call fragment is held with it: a stop's answer
+    then continues from what the client really got."""
+    asm = chat.StreamAssembler()
+
+    def ev(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return chat.sse(
+            {"id": "c", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        )
+
+    assert asm.add(ev({"content": "Hello"}))
+    assert not asm.add(
+        ev(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}
+                ]
+            }
+        )
+    )
+    assert not asm.add(ev({"content": " world"}))
+    assert asm.sent_text() == "Hello"
+    assert asm.response().content == "Hello world"

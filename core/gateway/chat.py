@@ -369,6 +369,8 @@ class StreamAssembler:
     done: bool = False
     holding: bool = False
     bad: int = 0
+    #: the text pieces that went to the client (those after a held event are held too)
+    passed: int = 0
 
     def add(self, raw: bytes) -> bool:
         """Take one event; True when it may pass to the client now."""
@@ -424,7 +426,13 @@ class StreamAssembler:
         if u is not None:
             hold = True
         self.holding = hold
+        if not hold:
+            self.passed = len(self.content)
         return not hold
+
+    def sent_text(self) -> str:
+        """The text the client has got so far."""
+        return "".join(self.content[: self.passed])
 
     def response(self) -> ModelResponse:
         """What the stream said, as a :class:`ModelResponse`."""

@@ -369,6 +369,8 @@ class MessagesAssembler:
     holding: bool = False
     open_text: int | None = None
     bad: int = 0
+    #: the text the client has got so far (text after a held event is held too)
+    sent: str = ""
 
     def add(self, raw: bytes) -> bool:
         data = event_data(raw)
@@ -420,6 +422,10 @@ class MessagesAssembler:
             self.done = True
             hold = True
         self.holding = hold
+        if not hold and kind == "content_block_delta":
+            delta = _obj(obj.get("delta"))
+            if delta.get("type") == "text_delta":
+                self.sent += str(delta.get("text") or "")
         return not hold
 
     @property

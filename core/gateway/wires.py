@@ -214,7 +214,7 @@ class ChatWire(Wire):
             yield chat.sse("[DONE]")
             return
         yield from chat.stream_chunks(
-            _rest_text("".join(asm.content), text),
+            _rest_text(asm.sent_text(), text),
             chunk_id=cid,
             model=model,
             created=created,
@@ -331,7 +331,7 @@ class MessagesWire(Wire):
             return
         open_text = asm.open_text is not None
         yield from messages.stream_answer(
-            _rest_text(asm.text(), text),
+            _rest_text(asm.sent, text),
             model=asm.model or req.model,
             started=asm.started,
             index=asm.next_index,
