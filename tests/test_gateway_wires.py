@@ -229,3 +229,62 @@ def test_malformed_requests_get_an_error_in_their_wires_shape(
         assert data["type"] == "error" and data["error"]["type"] == kind
     else:  # OpenAI's
         assert data["error"]["code"] in ("invalid_request", "invalid_json")
+
+
+class _Heard:
+    """ASGI middleware keeping the requests an upstream heard (path and headers)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.heard: list[tuple[str, dict[str, str]]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            self.heard.append((scope["path"], headers))
+        await self.app(scope, receive, send)
+
+
+def test_each_wire_may_have_its_own_upstream_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[gateway.upstreams]`` sends Anthropic clients to an Anthropic endpoint beside
+    OpenAI ones; with ``forward_key = false`` each gets its own key, in its own header."""
+    from loopwarden.config import parse_config
+
+    monkeypatch.setenv("LW_TEST_OPENAI_KEY", "sk-openai-upstream")
+    monkeypatch.setenv("LW_TEST_ANTHROPIC_KEY", "sk-ant-upstream")
+    openai_side, anthropic_side = (
+        _Heard(ScriptedUpstream(SCENARIOS)),
+        _Heard(ScriptedUpstream(SCENARIOS)),
+    )
+    with serve(openai_side) as up_openai, serve(anthropic_side) as up_anthropic:
+        config = parse_config(
+            {
+                "gateway": {
+                    "forward_key": False,
+                    "upstream_key_env": "LW_TEST_OPENAI_KEY",
+                    "upstreams": {"messages": up_anthropic},
+                    "upstream_key_envs": {"messages": "LW_TEST_ANTHROPIC_KEY"},
+                }
+            }
+        )
+        dep = Deployment(config)
+        try:
+            with serve(GatewayApp(dep, up_openai + "/v1", MemoryState())) as gateway:
+                chat_run(_openai(gateway, "sk-client-own"), "refund")
+                messages_run(_anthropic(gateway, "sk-client-own"), "refund", stream=False)
+        finally:
+            dep.close()
+    assert openai_side.heard and all(p.endswith("/chat/completions") for p, _ in openai_side.heard)
+    assert anthropic_side.heard and all(p == "/v1/messages" for p, _ in anthropic_side.heard)
+    for _, h in openai_side.heard:
+        assert h["authorization"] == "Bearer sk-openai-upstream" and "x-api-key" not in h
+    for _, h in anthropic_side.heard:
+        assert h["x-api-key"] == "sk-ant-upstream" and "authorization" not in h
+
+
+def test_a_wire_upstream_that_is_no_url_is_a_config_error() -> None:
+    from loopwarden.config import parse_config
+    from loopwarden.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r"upstreams\.messages"):
+        parse_config({"gateway": {"upstreams": {"messages": "api.anthropic.com"}}})

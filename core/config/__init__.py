@@ -381,6 +381,16 @@ class GatewayConfig(_Strict):
         default="OPENAI_API_KEY",
         description="the environment variable holding the upstream's key when forward_key is false",
     )
+    upstreams: dict[Literal["chat", "responses", "messages"], str] = Field(
+        default_factory=dict,
+        description="a wire's own upstream base URL, over `upstream`: e.g. messages = "
+        '"https://api.anthropic.com" for Anthropic clients beside OpenAI ones',
+    )
+    upstream_key_envs: dict[Literal["chat", "responses", "messages"], str] = Field(
+        default_factory=dict,
+        description="a wire's own key variable when forward_key is false, over "
+        'upstream_key_env: e.g. messages = "ANTHROPIC_API_KEY" (sent as x-api-key)',
+    )
     stop_mode: Literal["answer", "error"] = Field(
         default="answer",
         description='how a stop reaches the client: "answer" -- a 200 completion the agent '
@@ -436,6 +446,9 @@ class GatewayConfig(_Strict):
 
     @model_validator(mode="after")
     def _patterns_compile(self) -> GatewayConfig:
+        for wire, url in self.upstreams.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"gateway.upstreams.{wire} {url!r} is not an http(s) URL")
         for i, pattern in enumerate(self.tool_error_patterns):
             try:
                 re.compile(pattern)

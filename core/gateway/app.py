@@ -121,6 +121,8 @@ class GatewayApp:
         self.deployment = deployment
         self.settings = deployment.config.gateway
         self.upstream = upstream.rstrip("/")
+        #: a wire's own upstream (``[gateway.upstreams]``: Anthropic Messages to Anthropic)
+        self.upstreams = {k: v.rstrip("/") for k, v in self.settings.upstreams.items()}
         self.gate = Gate(deployment, state, self.settings)
         self._client = client
         #: judged JSON calls go through aiohttp (its C parser and pool: about 0.2 ms of CPU a
@@ -233,14 +235,19 @@ class GatewayApp:
             key = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
         return key is not None and key in self.keys
 
-    def _url(self, scope: Scope) -> str:
+    def _url(self, scope: Scope, wire: Wire | None = None) -> str:
+        """The upstream URL of a request: its wire's upstream (``[gateway.upstreams]``),
+        else ``upstream``, with the request's path (``/v1`` once) and query."""
+        base = self.upstreams.get(wire.name, self.upstream) if wire is not None else self.upstream
         path: str = scope["path"]
-        if path.startswith("/v1/") and self.upstream.endswith("/v1"):
+        if path.startswith("/v1/") and base.endswith("/v1"):
             path = path[3:]
         query = scope.get("query_string") or b""
-        return self.upstream + path + ("?" + query.decode("latin-1") if query else "")
+        return base + path + ("?" + query.decode("latin-1") if query else "")
 
-    def _upstream_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+    def _upstream_headers(
+        self, headers: Mapping[str, str], wire: Wire | None = None
+    ) -> dict[str, str]:
         out = {
             k: v
             for k, v in headers.items()
@@ -248,11 +255,15 @@ class GatewayApp:
         }
         if not self.settings.forward_key:
             out.pop("x-api-key", None)
-            key = os.environ.get(self.settings.upstream_key_env)
+            out.pop("authorization", None)
+            env = self.settings.upstream_key_envs.get(wire.name) if wire is not None else None
+            key = os.environ.get(env or self.settings.upstream_key_env)
             if key:
-                out["authorization"] = "Bearer " + key
-            else:
-                out.pop("authorization", None)
+                # Anthropic's API takes its key in x-api-key; the others a bearer token
+                if wire is not None and wire.name == "messages":
+                    out["x-api-key"] = key
+                else:
+                    out["authorization"] = "Bearer " + key
         return out
 
     # -- everything else: forwarded untouched ---------------------------------------------
@@ -304,8 +315,8 @@ class GatewayApp:
         except chat.WireError as exc:
             await _error(send, exc.status, exc.code, exc.message, wire=wire)
             return
-        url = self._url(scope)
-        up_headers = self._upstream_headers(headers)
+        url = self._url(scope, wire)
+        up_headers = self._upstream_headers(headers, wire)
         ex = self.gate.exchange(req, headers, wire=wire)
         try:
             step = ex.start()
