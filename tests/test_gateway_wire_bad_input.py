@@ -48,7 +48,7 @@ from support.wire_world import (
     sse_events,
     summary,
 )
-from support.wires import MESSAGES_TOOLS, RESPONSES_TOOLS, SCENARIOS, run_tool
+from support.wires import CHAT_TOOLS, MESSAGES_TOOLS, RESPONSES_TOOLS, SCENARIOS, run_tool
 
 from loopwarden import Deployment
 from loopwarden.config import default_config_path, load_config
@@ -126,7 +126,7 @@ def anthropic_error(resp: httpx.Response, status: int, kind: str) -> None:
 CHAT_BODY = {
     "model": "scenario:refund",
     "messages": [{"role": "user", "content": SCENARIOS["refund"].user}],
-    "tools": [{"type": "function", "function": RESPONSES_TOOLS[0] | {"type": None}}],
+    "tools": CHAT_TOOLS,
 }
 RESPONSES_BODY = {
     "model": "scenario:refund",

@@ -12,7 +12,12 @@ streamed.  Nothing is mocked.
 - a runaway is stopped by the gateway and the framework returns the gateway's final answer as
   the run's ordinary output (no exception, no retry), the record naming the stop;
 - a healthy run ends as the model ends it: the same output as the same agent sent straight
-  to the upstream, and a ``final_answer`` record.
+  to the upstream, and a ``final_answer`` record;
+- the Agents SDK on its default client (``set_default_openai_client``, a model named by
+  string) is judged as on a named model;
+- both frameworks continuing by ``previous_response_id`` (pydantic-ai's
+  ``openai_previous_response_id="auto"``, the Agents SDK's ``auto_previous_response_id``)
+  get the same record as when they resend their whole history.
 
 Each run is told apart by its ``user`` (``openai_user`` / ``metadata.user_id`` / the Agents
 SDK's ``extra_args``), which the gateway puts in the record's ``meta.user``; the records come
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -32,8 +38,8 @@ from typing import Any
 
 import pytest
 from support.gateway import scenarios, serve
-from support.gw_clients import ToolBox
-from support.wire_world import Records
+from support.gw_clients import ToolBox, gateway_config
+from support.wire_world import Recording, Records, summary
 
 from loopwarden import Deployment
 from loopwarden.config import parse_config
@@ -57,12 +63,11 @@ class World:
     upstream: str
     gw: str
     records: Records
+    recording: Recording
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    from support.gw_clients import gateway_config
-
     tmp = tmp_path_factory.mktemp("gw-wire-frameworks")
     scs = scenarios()
     records = Records()
@@ -72,11 +77,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         config = parse_config(gateway_config(tmp), path="<gw-wire-frameworks>")
         dep = Deployment(config, tools=[])
         stack.callback(dep.close)
-        up = stack.enter_context(serve(ScriptedUpstream(scs)))
+        recording = Recording(ScriptedUpstream(scs))
+        up = stack.enter_context(serve(recording))
         gw = stack.enter_context(serve(GatewayApp(dep, up + "/v1", MemoryState())))
         records.connect()
         stack.callback(records.disconnect)
-        yield World(scs, up, gw, records)
+        yield World(scs, up, gw, records, recording)
 
 
 def who(tag: str) -> str:
@@ -86,9 +92,12 @@ def who(tag: str) -> str:
 # -- pydantic-ai --------------------------------------------------------------------------
 
 
-def pydantic_ai_agent(kind: str, base: str, name: str, user: str, box: ToolBox) -> Any:
+def pydantic_ai_agent(
+    kind: str, base: str, name: str, user: str, box: ToolBox, *, previous: bool = False
+) -> Any:
     """A pydantic-ai agent on ``kind``'s model ("responses" / "anthropic") at ``base`` (the
-    gateway or the upstream), with the shop's six tools."""
+    gateway or the upstream), with the shop's six tools; ``previous``: the Responses model
+    continues by ``previous_response_id`` (``openai_previous_response_id="auto"``)."""
     from pydantic_ai import Agent
 
     if kind == "responses":
@@ -99,6 +108,8 @@ def pydantic_ai_agent(kind: str, base: str, name: str, user: str, box: ToolBox) 
             "scenario:" + name, provider=OpenAIProvider(base_url=base + "/v1", api_key=KEY)
         )
         settings: Any = OpenAIResponsesModelSettings(openai_user=user, max_retries=0)
+        if previous:
+            settings["openai_previous_response_id"] = "auto"
     else:
         from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
         from pydantic_ai.providers.anthropic import AnthropicProvider
@@ -251,40 +262,80 @@ def agents_sdk_tools(box: ToolBox) -> list[Any]:
     return [query_order, query_logistics, search_knowledge, get_current_time, apply_refund]
 
 
-def run_agents_sdk(base: str, name: str, user: str, box: ToolBox, *, streamed: bool) -> Any:
+def run_agents_sdk(
+    base: str,
+    name: str,
+    user: str,
+    box: ToolBox,
+    *,
+    streamed: bool,
+    default: bool = False,
+    previous: bool = False,
+) -> Any:
+    """An Agents SDK agent on the Responses model: named (``OpenAIResponsesModel`` on a client
+    pointed at ``base``), or with ``default`` the SDK's own default -- a model given by name
+    only, through the client set by ``set_default_openai_client`` (restored after);
+    ``previous``: the run continues by ``previous_response_id``
+    (``auto_previous_response_id=True``)."""
     import openai
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        RunConfig,
+        Runner,
+        set_default_openai_client,
+    )
+    from agents.models import _openai_shared
 
     async def main() -> Any:
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=30)
+        before = _openai_shared.get_default_openai_client()
         async with client:
+            model: Any = OpenAIResponsesModel(model="scenario:" + name, openai_client=client)
+            if default:
+                assert _openai_shared.get_use_responses_by_default()
+                set_default_openai_client(client, use_for_tracing=False)
+                model = "scenario:" + name
             agent = Agent(
                 name="shop",
                 instructions="你是售后客服。",
                 tools=agents_sdk_tools(box),
-                model=OpenAIResponsesModel(model="scenario:" + name, openai_client=client),
+                model=model,
                 model_settings=ModelSettings(extra_args={"user": user}),
             )
             config = RunConfig(tracing_disabled=True)
-            if not streamed:
-                return await Runner.run(agent, box.scenario.user, max_turns=40, run_config=config)
-            result = Runner.run_streamed(agent, box.scenario.user, max_turns=40, run_config=config)
-            async for _ in result.stream_events():
-                pass
-            return result
+            try:
+                if not streamed:
+                    return await Runner.run(
+                        agent,
+                        box.scenario.user,
+                        max_turns=40,
+                        run_config=config,
+                        auto_previous_response_id=previous,
+                    )
+                result = Runner.run_streamed(
+                    agent, box.scenario.user, max_turns=40, run_config=config
+                )
+                async for _ in result.stream_events():
+                    pass
+                return result
+            finally:
+                _openai_shared.set_default_openai_client(before)  # type: ignore[arg-type]
 
     return asyncio.run(main())
 
 
+@pytest.mark.parametrize("default", [False, True], ids=["named-model", "default-client"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "streamed"])
 @pytest.mark.parametrize("name", RUNAWAY)
 def test_agents_sdk_on_responses_is_stopped_and_runner_returns_a_final_output(
-    world: World, tmp_path: Path, name: str, streamed: bool
+    world: World, tmp_path: Path, name: str, streamed: bool, default: bool
 ) -> None:
     sc = world.scs[name]
     user = who("agents-resp")
     box = ToolBox(sc, tmp_path)
-    result = run_agents_sdk(world.gw, name, user, box, streamed=streamed)
+    result = run_agents_sdk(world.gw, name, user, box, streamed=streamed, default=default)
     rec = world.records.one(user)
     assert rec["termination"] in STOPS
     assert rec["meta"]["front"] == "gateway"
@@ -311,3 +362,44 @@ def test_agents_sdk_on_responses_healthy_run_ends_as_the_model_ends_it(
     assert rec["termination"] == "final_answer"
     assert via.final_output == direct.final_output
     assert sorted(map(repr, via_box.ran)) == sorted(map(repr, direct_box.ran))
+
+
+# -- continuing by previous_response_id (the history stays at the provider) ----------------
+
+
+@pytest.mark.parametrize("framework", ["pydantic-ai", "agents-sdk"])
+@pytest.mark.parametrize("name", [*RUNAWAY, "refund"])
+def test_frameworks_continuing_by_previous_response_id_are_judged_the_same(
+    world: World, tmp_path: Path, framework: str, name: str
+) -> None:
+    """pydantic-ai's ``openai_previous_response_id="auto"`` and the Agents SDK's
+    ``auto_previous_response_id=True`` send only what is new each step: the gateway finds the
+    run by the answer it continues, and the record is the record of the same agent resending
+    its whole history."""
+    sc = world.scs[name]
+    outs, recs = [], []
+    for previous in (False, True):
+        user = who(f"{framework}-prev-{previous}")
+        (tmp_path / str(previous)).mkdir()
+        box = ToolBox(sc, tmp_path / str(previous))
+        before = len(world.recording.exchanges)
+        if framework == "pydantic-ai":
+            agent = pydantic_ai_agent("responses", world.gw, name, user, box, previous=previous)
+            out, _ = run_pydantic_ai(agent, sc.user, streamed=False)
+        else:
+            out = run_agents_sdk(
+                world.gw, name, user, box, streamed=False, previous=previous
+            ).final_output
+        sent = [json.loads(e.request) for e in world.recording.exchanges[before:]]
+        continued = [b for b in sent if b.get("previous_response_id")]
+        assert bool(continued) == previous
+        if previous:  # only what is new: never the first user message again
+            assert all(sc.user not in json.dumps(b["input"], ensure_ascii=False) for b in continued)
+        outs.append(out)
+        recs.append(world.records.one(user))
+    assert outs[0] == outs[1]
+    assert summary(recs[0]) == summary(recs[1])
+    if name in RUNAWAY:
+        assert recs[1]["termination"] in STOPS and outs[1] == sc.model.final_text
+    else:
+        assert recs[1]["termination"] == "final_answer"
