@@ -638,6 +638,39 @@ def test_the_openai_sdk_raises_on_a_cut_responses_stream(world: World) -> None:
     assert err.value.body["code"] == "upstream_stream_cut"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: an upstream event whose index is not an integer (Messages' index, the "
+    "Responses API's output_index) crashes the stream assembler (int() in "
+    "MessagesAssembler.add / ResponsesAssembler.add), and the gateway's catch-all ends the "
+    "stream with _STREAM_FAILED -- a chat-completions error chunk, code gateway_error -- on "
+    "every wire",
+)
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_a_garbled_upstream_event_ends_the_stream_in_the_wires_own_error(
+    world: World, http: httpx.Client, path: str
+) -> None:
+    """An upstream stream event with an index that is no number: the upstream's fault, a
+    defined answer -- the stream ends with an error event in the wire's shape -- not the
+    gateway's own failure."""
+    if path.endswith("/messages"):
+        body = _messages_request(
+            [{"role": "user", "content": SCENARIOS["always-not-found"].user}], who("garble-m")
+        )
+        garble = {"x-garble": '"index": 0', "x-garble-with": '"index": "zero"'}
+    else:
+        body = _responses_request(SCENARIOS["always-not-found"].user, None, who("garble-r"))
+        garble = {"x-garble": '"output_index": 0', "x-garble-with": '"output_index": "zero"'}
+    with http.stream(
+        "POST", world.gw + path, json=body, headers={"x-fault": "garble", **garble}
+    ) as resp:
+        assert resp.status_code == 200
+        got = b"".join(resp.iter_raw())
+    assert b"gateway_error" not in got  # the upstream's fault, not a bug in the gateway
+    name, data = sse_events(got)[-1]
+    assert name == "error" and data["type"] == "error"
+
+
 # -- an upstream 429 with retry-after --------------------------------------------------------
 
 

@@ -7,7 +7,9 @@
   request's ``x-fault`` header says so (the gateway forwards the client's headers): a 429
   with ``retry-after`` in the wire's own error shape, or a stream cut in the middle -- right
   after the first event of a kind (``x-cut-after: input_json_delta``), the body ended
-  cleanly (``x-fault: cut``) or the connection dropped (``x-fault: reset``).
+  cleanly (``x-fault: cut``) or the connection dropped (``x-fault: reset``); or garbled: the
+  first event carrying ``x-garble`` has it replaced by ``x-garble-with`` (``x-fault:
+  garble``).
 - :class:`Records`: the run records ``loopwarden.signals.run_stopped`` sends, found by
   ``meta.user`` (bounded polling: a record is written when the gateway ends a run).
 - :func:`sse_events`, :func:`responses_from_sse`, :func:`message_from_sse`: a raw event
@@ -173,6 +175,21 @@ class Misbehaving:
                 }
             )
             await send({"type": "http.response.body", "body": data})
+            return
+        if fault == "garble":
+            old = headers.get("x-garble", "").encode()
+            new = headers.get("x-garble-with", "").encode()
+            garbled = False
+
+            async def garbling(message: MutableMapping[str, Any]) -> None:
+                nonlocal garbled
+                body = message.get("body", b"")
+                if message["type"] == "http.response.body" and not garbled and old in body:
+                    garbled = True
+                    message = {**message, "body": body.replace(old, new, 1)}
+                await send(message)
+
+            await self.app(scope, receive, garbling)
             return
         if fault not in ("cut", "reset"):
             await self.app(scope, receive, send)
