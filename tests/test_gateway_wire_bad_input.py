@@ -593,12 +593,6 @@ def test_a_responses_stream_cut_inside_function_call_arguments_is_not_advanced(
     assert summary(world.records.one(cut_user)) == summary(world.records.one(clean))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: ResponsesWire has no stream_error -- a cut Responses stream ends with the "
-    'chat-completions error chunk (`data: {"error": {...}}`, no `event: error`, no '
-    "`type`/`sequence_number`), not the Responses API's `error` event",
-)
 def test_a_cut_responses_stream_ends_in_the_responses_apis_error_event(
     world: World, http: httpx.Client
 ) -> None:
@@ -638,14 +632,6 @@ def test_the_openai_sdk_raises_on_a_cut_responses_stream(world: World) -> None:
     assert err.value.body["code"] == "upstream_stream_cut"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: an upstream event whose index is not an integer (Messages' index, the "
-    "Responses API's output_index) crashes the stream assembler (int() in "
-    "MessagesAssembler.add / ResponsesAssembler.add), and the gateway's catch-all ends the "
-    "stream with _STREAM_FAILED -- a chat-completions error chunk, code gateway_error -- on "
-    "every wire",
-)
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
 def test_a_garbled_upstream_event_ends_the_stream_in_the_wires_own_error(
     world: World, http: httpx.Client, path: str

@@ -244,11 +244,6 @@ def test_the_same_behaviour_gets_the_same_record_through_the_wrapper_on_every_wi
             assert header == rec["termination"], label
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the record never names its wire -- wires.Wire.name says it is the name in "
-    "records (meta.wire), but Exchange._new_run writes only front and tenant (and user)",
-)
 def test_the_record_names_the_wire_the_run_spoke(world: World) -> None:
     n = len(world.records.got)
     responses_run(
@@ -266,11 +261,6 @@ def test_the_record_names_the_wire_the_run_spoke(world: World) -> None:
     assert _last(world, n)["meta"]["wire"] == "messages"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a wrapped client's record says meta.front == 'gateway' -- Gate takes "
-    "front= for this, but GatewayApp never passes it and wrap() builds its app without it",
-)
 def test_a_wrapped_clients_record_names_the_wrapper_as_its_front(world: World) -> None:
     n = len(world.records.got)
     client = loopwarden.wrap(

@@ -117,13 +117,16 @@ class GatewayApp:
         state: StateStore,
         *,
         client: httpx.AsyncClient | None = None,
+        front: str = "gateway",
     ) -> None:
         self.deployment = deployment
         self.settings = deployment.config.gateway
         self.upstream = upstream.rstrip("/")
         #: a wire's own upstream (``[gateway.upstreams]``: Anthropic Messages to Anthropic)
-        self.upstreams = {k: v.rstrip("/") for k, v in self.settings.upstreams.items()}
-        self.gate = Gate(deployment, state, self.settings)
+        self.upstreams: dict[str, str] = {
+            str(k): v.rstrip("/") for k, v in self.settings.upstreams.items()
+        }
+        self.gate = Gate(deployment, state, self.settings, front=front)
         self._client = client
         #: judged JSON calls go through aiohttp (its C parser and pool: about 0.2 ms of CPU a
         #: call against httpx's 1.1 ms, bench/gateway.py), unless a client was handed in (the
@@ -190,6 +193,7 @@ class GatewayApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path: str = scope["path"]
         send = sent = _Sent(send)
+        wire: Wire | None = None
         try:
             if path == "/_loopwarden/health":
                 await _respond(send, 200, b'{"ok":true}', {})
@@ -207,8 +211,17 @@ class GatewayApp:
         except Exception:  # never a traceback to the client; the log has it
             log.exception("gateway: internal error on %s %s", scope["method"], path)
             if sent.started:  # a stream under way: end it with an error event, not a 2nd start
+                failed = (
+                    _STREAM_FAILED
+                    if wire is None
+                    else wire.stream_error(
+                        "gateway_error",
+                        "the gateway failed on this request; see its log",
+                        "api_error",
+                    )
+                )
                 with contextlib.suppress(Exception):
-                    await _body(send, _STREAM_FAILED, more=False)
+                    await _body(send, failed, more=False)
                 return
             await _error(
                 send,
@@ -256,7 +269,8 @@ class GatewayApp:
         if not self.settings.forward_key:
             out.pop("x-api-key", None)
             out.pop("authorization", None)
-            env = self.settings.upstream_key_envs.get(wire.name) if wire is not None else None
+            envs = {str(k): v for k, v in self.settings.upstream_key_envs.items()}
+            env = envs.get(wire.name) if wire is not None else None
             key = os.environ.get(env or self.settings.upstream_key_env)
             if key:
                 # Anthropic's API takes its key in x-api-key; the others a bearer token
@@ -553,12 +567,17 @@ class GatewayApp:
                             await _body(send, ev)
                         else:
                             held.append(ev)
+            except chat.WireError as exc:  # an event the upstream garbled
+                ex.upstream_failed(exc.message)
+                await _body(send, wire.stream_error(exc.code, exc.message, "api_error", asm))
+                await _body(send, b"", more=False)
+                return
             except httpx.HTTPError as exc:
                 ex.upstream_failed(f"stream cut: {type(exc).__name__}")
                 await _body(
                     send,
                     wire.stream_error(
-                        "upstream_stream_cut", "the upstream's stream was cut", "api_error"
+                        "upstream_stream_cut", "the upstream's stream was cut", "api_error", asm
                     ),
                 )
                 await _body(send, b"", more=False)
@@ -571,7 +590,10 @@ class GatewayApp:
                 await _body(
                     send,
                     wire.stream_error(
-                        "upstream_stream_cut", "the upstream's stream ended early", "api_error"
+                        "upstream_stream_cut",
+                        "the upstream's stream ended early",
+                        "api_error",
+                        asm,
                     ),
                 )
                 await _body(send, b"", more=False)
@@ -621,7 +643,10 @@ class GatewayApp:
             await _body(
                 send,
                 wire.stream_error(
-                    "loopwarden_stop", f"loopwarden stopped the run: {step.text}", "loopwarden_stop"
+                    "loopwarden_stop",
+                    f"loopwarden stopped the run: {step.text}",
+                    "loopwarden_stop",
+                    asm,
                 ),
             )
             await _body(send, b"", more=False)

@@ -342,6 +342,17 @@ class SSEReader:
         return rest
 
 
+def stream_index(value: Any) -> int:
+    """An upstream stream event's ``index`` / ``output_index``: a 502 :class:`WireError` when
+    it is no number (the upstream's fault, not the gateway's)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        raise WireError(
+            502, "bad_upstream", f"an upstream stream event's index is {value!r}, not a number"
+        ) from None
+
+
 def event_data(raw: bytes) -> str | None:
     """The data of one event (its ``data:`` lines joined), None for a comment or empty one."""
     lines = [ln for ln in raw.replace(b"\r\n", b"\n").split(b"\n") if ln.startswith(b"data:")]
@@ -411,7 +422,8 @@ class StreamAssembler:
                     continue
                 hold = True
                 slot = self.calls.setdefault(
-                    int(tc.get("index", len(self.calls)) or 0), {"id": "", "name": "", "args": []}
+                    stream_index(tc.get("index", len(self.calls))),
+                    {"id": "", "name": "", "args": []},
                 )
                 if tc.get("id"):
                     slot["id"] = str(tc["id"])

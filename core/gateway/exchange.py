@@ -147,6 +147,9 @@ class Live:
     #: the client's messages counted so far, and their estimated tokens
     seen: int = 0
     seen_tokens: int = 0
+    #: the tokens the provider holds after its latest answer (its reported prompt and
+    #: completion): what a request continued by ``previous_response_id`` adds its items to
+    held_tokens: int | None = None
     version: int = 0
     #: the request that handed out ``pending``: its message count and the digest of its
     #: last message (the same request sent again is a retry, not the next step)
@@ -494,7 +497,7 @@ class Exchange:
         last_user = next(
             (m for m in reversed(req.messages) if m.get("role") == "user"), {"content": ""}
         )
-        meta: dict[str, Any] = {"front": gate.front, "tenant": live.tenant}
+        meta: dict[str, Any] = {"front": gate.front, "wire": self.wire.name, "tenant": live.tenant}
         if req.user:
             meta["user"] = req.user
         profile = self.headers.get("x-loopwarden-profile") or None
@@ -535,7 +538,10 @@ class Exchange:
         msgs = self.req.messages
         est = run.estimator
         if self.req.delta:
-            tokens = live.seen_tokens + sum(estimate_message(_plain(m), est) for m in msgs)
+            # the history stays at the provider, the model's own answers too: what it holds
+            # after its latest answer, and what this request adds
+            held = live.held_tokens if live.held_tokens is not None else live.seen_tokens
+            tokens = held + sum(estimate_message(_plain(m), est) for m in msgs)
         elif live.seen <= len(msgs) and live.seen > 0:
             tokens = live.seen_tokens + sum(
                 estimate_message(_plain(m), est) for m in msgs[live.seen :]
@@ -686,6 +692,17 @@ class Exchange:
             self.answer_ids.append(response.id)
             if self.live is not None:
                 self.live.upstream_last = response.id
+        live = self.live
+        if live is not None:
+            # what the provider holds now: its own count when it reports one, else what was
+            # counted of this request plus the answer
+            u = response.usage
+            live.held_tokens = (
+                u.prompt + u.completion
+                if u is not None and u.prompt
+                else live.seen_tokens
+                + estimate_message(_plain(_message_of(response)), run.estimator)
+            )
         try:
             turn.send(response)
         except StopIteration as done:

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopwarden.events import ModelResponse, ProposedCall, Usage
-from loopwarden.gateway.chat import ChatRequest, WireError, _obj, event_data, text_of
+from loopwarden.gateway.chat import (
+    ChatRequest,
+    WireError,
+    _obj,
+    event_data,
+    stream_index,
+    text_of,
+)
 
 __all__ = [
     "MessagesAssembler",
@@ -392,7 +399,7 @@ class MessagesAssembler:
             self.model = msg.get("model") if isinstance(msg.get("model"), str) else None
             self.usage.update(_obj(msg.get("usage")))
         elif kind == "content_block_start":
-            idx = int(obj.get("index") or 0)
+            idx = stream_index(obj.get("index"))
             block = dict(_obj(obj.get("content_block")))
             block["_json"] = []
             self.blocks[idx] = block
@@ -401,7 +408,7 @@ class MessagesAssembler:
             elif block.get("type") == "text":
                 self.open_text = idx
         elif kind == "content_block_delta":
-            idx = int(obj.get("index") or 0)
+            idx = stream_index(obj.get("index"))
             block = self.blocks.setdefault(idx, {"type": "text", "text": "", "_json": []})
             delta = _obj(obj.get("delta"))
             if delta.get("type") == "text_delta":
@@ -409,7 +416,7 @@ class MessagesAssembler:
             elif delta.get("type") == "input_json_delta":
                 block["_json"].append(str(delta.get("partial_json") or ""))
         elif kind == "content_block_stop":
-            idx = int(obj.get("index") or 0)
+            idx = stream_index(obj.get("index"))
             if self.open_text == idx:
                 self.open_text = None
         elif kind == "message_delta":

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopwarden.events import ModelResponse, ProposedCall, Usage
-from loopwarden.gateway.chat import ChatRequest, WireError, _obj, event_data, text_of
+from loopwarden.gateway.chat import (
+    ChatRequest,
+    WireError,
+    _obj,
+    event_data,
+    stream_index,
+    text_of,
+)
 
 __all__ = [
     "ResponsesAssembler",
@@ -424,25 +431,25 @@ class ResponsesAssembler:
             self.model = resp.get("model") if isinstance(resp.get("model"), str) else None
         elif kind == "response.output_item.added":
             item = dict(_obj(obj.get("item")))
-            idx = int(obj.get("output_index") or 0)
+            idx = stream_index(obj.get("output_index"))
             item.setdefault("_text", [])
             item.setdefault("_args", [])
             self.items[idx] = item
             if item.get("type") == "function_call":
                 hold = True
         elif kind == "response.output_text.delta":
-            idx = int(obj.get("output_index") or 0)
+            idx = stream_index(obj.get("output_index"))
             self.items.setdefault(idx, {"type": "message", "_text": [], "_args": []})[
                 "_text"
             ].append(str(obj.get("delta") or ""))
         elif kind == "response.function_call_arguments.delta":
-            idx = int(obj.get("output_index") or 0)
+            idx = stream_index(obj.get("output_index"))
             self.items.setdefault(idx, {"type": "function_call", "_text": [], "_args": []})[
                 "_args"
             ].append(str(obj.get("delta") or ""))
             hold = True
         elif kind == "response.output_item.done":
-            idx = int(obj.get("output_index") or 0)
+            idx = stream_index(obj.get("output_index"))
             item = dict(_obj(obj.get("item")))
             prev = self.items.get(idx, {})
             item["_text"], item["_args"] = prev.get("_text", []), prev.get("_args", [])

@@ -135,7 +135,8 @@ class Wire:
         the answer to a re-ask): :meth:`stream_rest` after nothing."""
         return b"".join(self.stream_rest(req, self.assembler(), text, finish_call, calls))
 
-    def stream_error(self, code: str, message: str, kind: str) -> bytes:
+    def stream_error(self, code: str, message: str, kind: str, asm: Any = None) -> bytes:
+        """The error event ending a stream (``asm``: the stream's events so far)."""
         return chat.sse({"error": {"message": message, "type": kind, "code": code}})
 
 
@@ -248,7 +249,7 @@ class MessagesWire(Wire):
         kinds = {"loopwarden_stop": "invalid_request_error", "api_error": "api_error"}
         return messages.error_body(kinds.get(kind, "invalid_request_error"), f"{code}: {message}")
 
-    def stream_error(self, code: str, message: str, kind: str) -> bytes:
+    def stream_error(self, code: str, message: str, kind: str, asm: Any = None) -> bytes:
         body = json.loads(self.error_body(code, message, kind))
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
@@ -365,6 +366,15 @@ class ResponsesWire(Wire):
         self, req: ChatRequest, text: str, finish_call: tuple[str, dict[str, Any]] | None
     ) -> dict[str, Any]:
         return responses.answer_body(text, model=req.model, finish_call=finish_call)
+
+    def stream_error(self, code: str, message: str, kind: str, asm: Any = None) -> bytes:
+        # the Responses API's error event (type, code, message, param, sequence_number, the
+        # number after the stream's last), with the error object too: the openai SDK raises
+        # an event carrying one as an APIError
+        err = {"type": kind, "code": code, "message": message, "param": None}
+        seq = asm.seq if asm is not None else 0
+        data = {"code": code, "message": message, "param": None, "error": err}
+        return responses._event("error", seq, data)
 
     def with_message(self, data: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
         data = dict(data)

@@ -92,12 +92,12 @@ def wrap(
     if is_async:
         own = inner if isinstance(inner, hx.AsyncBaseTransport) else hx.AsyncHTTPTransport()
         upstream = httpx.AsyncClient(transport=_ForeignAsync(own, hx), timeout=timeout)
-        app = GatewayApp(dep, origin, store, client=upstream)
+        app = GatewayApp(dep, origin, store, client=upstream, front="wrap")
         http: Any = hx.AsyncClient(transport=bridges[1](app), timeout=timeout.as_dict())
     else:
         sync_inner = inner if isinstance(inner, hx.BaseTransport) else hx.HTTPTransport()
         upstream = httpx.AsyncClient(transport=_ForeignThreaded(sync_inner, hx), timeout=timeout)
-        app = GatewayApp(dep, origin, store, client=upstream)
+        app = GatewayApp(dep, origin, store, client=upstream, front="wrap")
         http = hx.Client(transport=bridges[0](app), timeout=timeout.as_dict())
     wrapped: C = client.with_options(http_client=http)
     return wrapped
