@@ -64,6 +64,19 @@ figures reported are the median of the rounds with their min and max.
   in-memory transport, interleaved blocks.  Measured when ``loopwarden.gateway.wrap`` is
   importable, else the JSON says it was skipped.
 
+**Every wire (issue 44)**: ``--wire chat|responses|responses_full|messages|all`` plays the
+batches in each shape the gateway judges (``all``: each in turn; the JSON's ``by_wire`` has
+each shape's rounds and analysis, ``rounds`` / ``analysis`` stay the first shape's).  The
+agents keep the same conversation and speak it as ``/v1/responses`` -- ``responses``
+continuing by ``previous_response_id`` (each request after the first carries only the new
+``function_call_output`` item; the mock keeps every response's conversation, as a provider
+does), ``responses_full`` resending the whole history as ``input`` items each request, no id:
+the two styles in the same run -- or as ``/v1/messages`` (Anthropic: ``system`` apart,
+``tool_use`` / ``tool_result`` blocks, ``x-api-key``).  The mock answers each in its shape,
+JSON or streamed (``response.output_text.delta`` / ``content_block_delta`` events, each
+stamped as the chat chunks are, then the shape's closing events).  ``--profile --wire W``
+profiles that shape.
+
 ``--profile`` plays agent-like requests through the ASGI app in this process (no sockets:
 the upstream an ``httpx.MockTransport``) under cProfile and prints the gateway's CPU per
 request and where it goes, by function.
@@ -72,6 +85,7 @@ request and where it goes, by function.
     python bench/gateway.py --json
     python bench/gateway.py --profile            # where the gateway's time goes
     python bench/gateway.py --quick --json       # a smoke test of the bench itself
+    python bench/gateway.py --wire all --only rounds --no-litellm   # every shape
 
 Speed is never asserted in a test; the smoke test checks the JSON's shape only.
 """
@@ -239,6 +253,225 @@ async def _stream(
     await writer.drain()
 
 
+# -- the mock's other wire shapes: Responses (with the provider's memory) and Messages --------
+
+#: the wire shapes the bench speaks; ``responses`` continues by ``previous_response_id``,
+#: ``responses_full`` resends the history each request (no id): the two styles compared
+WIRES = ("chat", "responses", "responses_full", "messages")
+PATHS = {
+    "chat": "/chat/completions",
+    "responses": "/responses",
+    "responses_full": "/responses",
+    "messages": "/messages",
+}
+#: a streamed text piece's stamp, per shape (the delta events only: a wire's closing events
+#: repeat the whole text)
+STAMPS = {
+    "chat": STAMP,
+    "responses": re.compile(rb'"delta":\s*"(\d+\.\d+)'),
+    "responses_full": re.compile(rb'"delta":\s*"(\d+\.\d+)'),
+    "messages": re.compile(rb'"text_delta",\s*"text":\s*"(\d+\.\d+)'),
+}
+_HISTORY: dict[str, list[dict[str, Any]]] = {}  # the mock's memory: response id -> history
+_HISTORY_MAX = 200_000
+
+
+def _items_to_chat(instructions: Any, items: Any) -> list[dict[str, Any]]:
+    """Responses ``input`` items as chat messages (what ``_reply`` reads)."""
+    out: list[dict[str, Any]] = []
+    if isinstance(instructions, str) and instructions:
+        out.append({"role": "system", "content": instructions})
+    if isinstance(items, str):
+        return [*out, {"role": "user", "content": items}]
+    for it in items or ():
+        kind = it.get("type")
+        if kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": it.get("call_id"), "content": it["output"]})
+        elif kind == "function_call":
+            call = {"id": it.get("call_id"), "type": "function", "function": {}}
+            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            c = it.get("content")
+            text = c if isinstance(c, str) else "".join(p.get("text", "") for p in c or ())
+            out.append({"role": it.get("role"), "content": text})
+    return out
+
+
+def _blocks_to_chat(system: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Anthropic messages as chat messages (what ``_reply`` reads)."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, str):
+            out.append({"role": m["role"], "content": c})
+            continue
+        texts = []
+        for b in c or ():
+            if b.get("type") == "tool_result":
+                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": ""})
+            elif b.get("type") == "text":
+                texts.append(b.get("text", ""))
+        if texts or m["role"] == "assistant":
+            out.append({"role": m["role"], "content": "".join(texts)})
+    return out
+
+
+def _chat_of(path: bytes, body: dict[str, Any]) -> dict[str, Any]:
+    """Any shape's request as the chat body ``_reply`` reads (the Responses history from the
+    mock's memory when it continues by ``previous_response_id``)."""
+    if path.endswith(b"/responses"):
+        msgs = _items_to_chat(body.get("instructions"), body.get("input"))
+        prev = body.get("previous_response_id")
+        if isinstance(prev, str):
+            msgs = [*_HISTORY.get(prev, []), *msgs]
+        tc = body.get("tool_choice")
+        return {"messages": msgs, "tools": body.get("tools"), "tool_choice": tc}
+    if path.endswith(b"/messages"):
+        tc = body.get("tool_choice")
+        none = isinstance(tc, dict) and tc.get("type") == "none"
+        msgs = _blocks_to_chat(body.get("system"), body.get("messages") or [])
+        return {
+            "messages": msgs,
+            "tools": body.get("tools"),
+            "tool_choice": "none" if none else None,
+        }
+    return body
+
+
+def _remember(rid: str, history: list[dict[str, Any]], text: str | None, calls: list) -> None:
+    if len(_HISTORY) >= _HISTORY_MAX:
+        for k in list(_HISTORY)[: _HISTORY_MAX // 4]:
+            del _HISTORY[k]
+    _HISTORY[rid] = [*history, {"role": "assistant", "content": text, "tool_calls": calls}]
+
+
+def response_body(body: dict[str, Any], chat_body: dict[str, Any]) -> dict[str, Any]:
+    """The mock's Responses answer (``status`` completed, ``output`` items, usage)."""
+    text, calls, prompt = _reply(chat_body)
+    rid = "resp_" + uuid.uuid4().hex[:24]
+    _remember(rid, chat_body["messages"], text, calls)
+    output: list[dict[str, Any]] = []
+    if text:
+        output.append(
+            {
+                "type": "message",
+                "id": "msg_" + uuid.uuid4().hex[:24],
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    for c in calls:
+        output.append(
+            {
+                "type": "function_call",
+                "id": "fc_" + uuid.uuid4().hex[:24],
+                "call_id": c["id"],
+                "name": c["function"]["name"],
+                "arguments": c["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": str(body.get("model") or MODEL),
+        "output": output,
+        "usage": {"input_tokens": prompt, "output_tokens": 12, "total_tokens": prompt + 12},
+    }
+
+
+def message_body(body: dict[str, Any], chat_body: dict[str, Any]) -> dict[str, Any]:
+    """The mock's Anthropic answer (content blocks, ``stop_reason``, usage)."""
+    text, calls, prompt = _reply(chat_body)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for c in calls:
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": "toolu_" + c["id"][5:],
+                "name": c["function"]["name"],
+                "input": json.loads(c["function"]["arguments"]),
+            }
+        )
+    return {
+        "id": "msg_" + uuid.uuid4().hex[:24],
+        "type": "message",
+        "role": "assistant",
+        "model": str(body.get("model") or MODEL),
+        "content": blocks,
+        "stop_reason": "tool_use" if calls else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt, "output_tokens": 12},
+    }
+
+
+async def _stream_other(
+    writer: asyncio.StreamWriter, path: bytes, body: dict[str, Any], chunks: int, gap: float
+) -> None:
+    """A streamed text answer in the Responses or the Messages shape: ``chunks`` + 1 text
+    deltas ``gap`` apart, each stamped, then the shape's closing events."""
+    chat_body = _chat_of(path, body)
+    responses = path.endswith(b"/responses")
+    whole = response_body(body, chat_body) if responses else message_body(body, chat_body)
+
+    async def event(kind: str, data: dict[str, Any]) -> None:
+        piece = b"event: %s\ndata: %s\n\n" % (
+            kind.encode(),
+            json.dumps({"type": kind, **data}).encode(),
+        )
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+
+    texts: list[str] = []
+    if responses:
+        mid = "msg_" + uuid.uuid4().hex[:24]
+        item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant"}
+        await event(
+            "response.created", {"response": {**whole, "status": "in_progress", "output": []}}
+        )
+        await event(
+            "response.output_item.added", {"output_index": 0, "item": {**item, "content": []}}
+        )
+        part = {"type": "output_text", "text": "", "annotations": []}
+        at = {"item_id": mid, "output_index": 0, "content_index": 0}
+        await event("response.content_part.added", {**at, "part": part})
+        for i in range(chunks + 1):
+            if gap and i < chunks:
+                await asyncio.sleep(gap)
+            t = f"{time.monotonic():.6f} "
+            texts.append(t)
+            await event("response.output_text.delta", {**at, "delta": t})
+        text = "".join(texts)
+        await event("response.output_text.done", {**at, "text": text})
+        await event("response.content_part.done", {**at, "part": {**part, "text": text}})
+        content = [{**part, "text": text}]
+        done = {**item, "status": "completed", "content": content}
+        await event("response.output_item.done", {"output_index": 0, "item": done})
+        await event("response.completed", {"response": {**whole, "output": [done]}})
+    else:
+        head = {**whole, "content": [], "stop_reason": None}
+        await event("message_start", {"message": head})
+        await event(
+            "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+        )
+        for i in range(chunks + 1):
+            if gap and i < chunks:
+                await asyncio.sleep(gap)
+            t = f"{time.monotonic():.6f} "
+            await event(
+                "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": t}}
+            )
+        await event("content_block_stop", {"index": 0})
+        delta = {"stop_reason": "end_turn", "stop_sequence": None}
+        await event("message_delta", {"delta": delta, "usage": {"output_tokens": 12}})
+        await event("message_stop", {})
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
 async def _read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
     length, chunked = 0, False
     for line in head.split(b"\r\n")[1:]:
@@ -274,7 +507,8 @@ async def _handle(
             head = await reader.readuntil(b"\r\n\r\n")
             raw = await _read_body(reader, head)
             path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
-            if not path.split(b"?")[0].endswith(b"/chat/completions"):
+            path = path.split(b"?")[0]
+            if not path.endswith((b"/chat/completions", b"/responses", b"/messages")):
                 # anything else (a health check, /models): a small JSON answer
                 payload = b'{"object":"list","data":[]}'
                 writer.write(
@@ -291,9 +525,17 @@ async def _handle(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
                 )
-                await _stream(writer, body, chunks, gap)
+                if path.endswith(b"/chat/completions"):
+                    await _stream(writer, body, chunks, gap)
+                else:
+                    await _stream_other(writer, path, body, chunks, gap)
             else:
-                payload = completion(body)
+                if path.endswith(b"/responses"):
+                    payload = json.dumps(response_body(body, _chat_of(path, body))).encode()
+                elif path.endswith(b"/messages"):
+                    payload = json.dumps(message_body(body, _chat_of(path, body))).encode()
+                else:
+                    payload = completion(body)
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
@@ -594,10 +836,15 @@ _FILLER = "".join(
 class Agent:
     """One simulated agent: its history, and the run id the gateway answered last."""
 
-    __slots__ = ("messages", "requests", "run", "tenant")
+    __slots__ = ("known", "messages", "prev", "requests", "run", "tenant", "wire")
 
-    def __init__(self, *, long: bool = False, stream_text: bool = False) -> None:
+    def __init__(
+        self, *, long: bool = False, stream_text: bool = False, wire: str = "chat"
+    ) -> None:
         uid = uuid.uuid4().hex[:10]
+        self.wire = wire
+        self.prev: str | None = None  # the last response id (Responses, continued by it)
+        self.known = 0  # messages the provider holds (Responses, continued by id)
         self.tenant = "sk-bench-" + uid[:2]  # a few tenants (a hash of the key)
         self.run: str | None = None
         self.requests = 0
@@ -633,14 +880,29 @@ class Agent:
         self.messages = msgs
 
     def body(self, *, stream: bool = False) -> bytes:
-        data: dict[str, Any] = {"model": MODEL, "messages": self.messages, "tools": TOOLS}
+        if self.wire == "chat":
+            data: dict[str, Any] = {"model": MODEL, "messages": self.messages, "tools": TOOLS}
+        elif self.wire == "messages":
+            data = _messages_request(self.messages)
+        else:
+            data = {"model": MODEL, "input": _items(self.messages[self.known :]), "tools": R_TOOLS}
+            if self.prev is not None:
+                data["previous_response_id"] = self.prev
         if stream:
             data["stream"] = True
         return json.dumps(data).encode()
 
     def take(self, answer: dict[str, Any]) -> bool:
         """Append the answer and the results of its calls; True while the run goes on."""
-        msg = answer["choices"][0]["message"]
+        if self.wire == "chat":
+            msg = answer["choices"][0]["message"]
+        elif self.wire == "messages":
+            msg = _message_of_blocks(answer)
+        else:
+            msg = _message_of_output(answer)
+            if self.wire == "responses":  # the provider holds the history up to this answer
+                self.prev = answer["id"]
+                self.known = len(self.messages) + 1
         kept = {"role": "assistant", "content": msg.get("content")}
         calls = msg.get("tool_calls") or []
         if calls:
@@ -653,6 +915,117 @@ class Agent:
             )
         return bool(calls)
 
+
+R_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]  # the Responses form
+M_TOOLS = [  # Anthropic's form
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+
+
+def _items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as Responses ``input`` items."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m["role"]
+        if role == "tool":
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m["tool_call_id"],
+                    "output": m["content"],
+                }
+            )
+            continue
+        if role == "system":
+            out.append({"role": "developer", "content": m["content"]})
+            continue
+        if m.get("content"):
+            out.append({"role": role, "content": m["content"]})
+        for tc in m.get("tool_calls") or ():
+            out.append(
+                {
+                    "type": "function_call",
+                    "call_id": tc["id"],
+                    "name": tc["function"]["name"],
+                    "arguments": tc["function"]["arguments"],
+                }
+            )
+    return out
+
+
+def _messages_request(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat messages as an Anthropic request (system apart, tool results in user turns)."""
+    out: list[dict[str, Any]] = []
+    system = ""
+    for m in messages:
+        role = m["role"]
+        if role == "system":
+            system = m["content"]
+        elif role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": m["tool_call_id"],
+                "content": m["content"],
+            }
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif role == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            for tc in m.get("tool_calls") or ():
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": tc["id"],
+                        "name": tc["function"]["name"],
+                        "input": json.loads(tc["function"]["arguments"]),
+                    }
+                )
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": "user", "content": m["content"]})
+    return {"model": MODEL, "max_tokens": 1024, "system": system, "messages": out, "tools": M_TOOLS}
+
+
+def _message_of_output(answer: dict[str, Any]) -> dict[str, Any]:
+    """A Responses answer's ``output`` as a chat assistant message."""
+    text, calls = [], []
+    for it in answer["output"]:
+        if it["type"] == "message":
+            text.extend(p.get("text", "") for p in it["content"])
+        elif it["type"] == "function_call":
+            fn = {"name": it["name"], "arguments": it["arguments"]}
+            calls.append({"id": it["call_id"], "type": "function", "function": fn})
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _message_of_blocks(answer: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic answer's content blocks as a chat assistant message."""
+    text, calls = [], []
+    for b in answer["content"]:
+        if b["type"] == "text":
+            text.append(b["text"])
+        elif b["type"] == "tool_use":
+            fn = {"name": b["name"], "arguments": json.dumps(b["input"])}
+            calls.append({"id": b["id"], "type": "function", "function": fn})
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+_Agent = Agent
 
 # -- the load generator ------------------------------------------------------------------------
 
@@ -688,6 +1061,12 @@ class Client:
 
     def _headers(self, url: str, tenant: str) -> dict[str, str]:
         key = next((k for base, k in self.keys.items() if url.startswith(base)), tenant)
+        if url.endswith("/messages"):  # Anthropic's SDK sends its key so
+            return {
+                "content-type": "application/json",
+                "x-api-key": key,
+                "anthropic-version": "2023-06-01",
+            }
         return {"content-type": "application/json", "authorization": "Bearer " + key}
 
     async def post(self, url: str, body: bytes, tenant: str) -> tuple[int, dict[str, str], bytes]:
@@ -794,8 +1173,9 @@ async def stream_step(client: Client, url: str, agent: Agent, tally: Tally) -> b
         tally.error(f"HTTP {status}")
         return False
     delays = []
+    stamp = STAMPS[agent.wire]
     for at, line in lines:
-        m = STAMP.search(line)
+        m = stamp.search(line)
         if m:
             delays.append((at - float(m.group(1))) * 1000)
     if not delays:
@@ -952,16 +1332,25 @@ def rotate(items: list[str], k: int) -> list[str]:
 
 
 async def run_rounds(
-    args: argparse.Namespace, targets: dict[str, tuple[str, Server | None]], client: Client
+    args: argparse.Namespace,
+    targets: dict[str, tuple[str, Server | None]],
+    client: Client,
+    wire: str = "chat",
 ) -> dict[str, Any]:
+    """Every batch of one wire shape (``wire``: see ``WIRES``)."""
     names = list(targets)
+    path = PATHS[wire]
+
+    def Agent(**kw: Any) -> _Agent:  # the agents of this shape
+        return _Agent(wire=wire, **kw)
+
     out: dict[str, Any] = {"agent_like": [], "light": [], "long": [], "stream": []}
     # warm-up: connections, caches, the first runs of every target
     for name in names:
         url, srv = targets[name]
         await open_loop(
             client,
-            url + "/chat/completions",
+            url + path,
             min(args.rate, 50),
             0.6 if args.quick else 1.5,
             Agent,
@@ -975,14 +1364,12 @@ async def run_rounds(
             row[name] = await measured(
                 name,
                 srv,
-                open_loop(
-                    client, url + "/chat/completions", args.rate, args.seconds, Agent, agent_step
-                ),
+                open_loop(client, url + path, args.rate, args.seconds, Agent, agent_step),
                 args.seconds,
             )
             row[name]["load"] = os.getloadavg()[0]
         out["agent_like"].append(row)
-        _progress(args, f"round {r + 1}/{args.rounds} agent-like", row)
+        _progress(args, f"{wire} round {r + 1}/{args.rounds} agent-like", row)
     long_targets = [n for n in names if n in ("direct", "gateway_redis", "litellm")]
     for r in range(args.light_rounds):  # the same requests at a rate no target saturates at
         row = {}
@@ -993,7 +1380,7 @@ async def run_rounds(
                 srv,
                 open_loop(
                     client,
-                    url + "/chat/completions",
+                    url + path,
                     args.light_rate,
                     args.seconds,
                     Agent,
@@ -1004,7 +1391,9 @@ async def run_rounds(
             row[name]["load"] = os.getloadavg()[0]
         out["light"].append(row)
         _progress(
-            args, f"round {r + 1}/{args.light_rounds} agent-like at {args.light_rate:.0f}/s", row
+            args,
+            f"{wire} round {r + 1}/{args.light_rounds} agent-like at {args.light_rate:.0f}/s",
+            row,
         )
     for r in range(args.long_rounds):
         row = {}
@@ -1015,7 +1404,7 @@ async def run_rounds(
                 srv,
                 open_loop(
                     client,
-                    url + "/chat/completions",
+                    url + path,
                     args.long_rate,
                     args.seconds,
                     lambda: Agent(long=True),
@@ -1024,7 +1413,7 @@ async def run_rounds(
                 args.seconds,
             )
         out["long"].append(row)
-        _progress(args, f"round {r + 1}/{args.long_rounds} 50k-token", row)
+        _progress(args, f"{wire} round {r + 1}/{args.long_rounds} 50k-token", row)
     for r in range(args.stream_rounds):
         row = {}
         for name in rotate(long_targets, r):
@@ -1034,7 +1423,7 @@ async def run_rounds(
                 srv,
                 open_loop(
                     client,
-                    url + "/chat/completions",
+                    url + path,
                     args.stream_rate,
                     args.seconds,
                     lambda: Agent(stream_text=True),
@@ -1043,7 +1432,7 @@ async def run_rounds(
                 args.seconds,
             )
         out["stream"].append(row)
-        _progress(args, f"round {r + 1}/{args.stream_rounds} stream", row)
+        _progress(args, f"{wire} round {r + 1}/{args.stream_rounds} stream", row)
     return out
 
 
@@ -1163,12 +1552,18 @@ def profile(args: argparse.Namespace, store_url: str) -> dict[str, Any]:
     data["store"] = {**data.get("store", {}), "url": store_url}
     dep = Deployment(parse_config(data, path=str(default_config_path())))
 
+    wire = "chat" if args.wire == "all" else args.wire
+
     async def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200,
-            content=completion(json.loads(request.content)),
-            headers={"content-type": "application/json"},
-        )
+        body = json.loads(request.content)
+        path = request.url.path.encode()
+        if path.endswith(b"/responses"):
+            content = json.dumps(response_body(body, _chat_of(path, body))).encode()
+        elif path.endswith(b"/messages"):
+            content = json.dumps(message_body(body, _chat_of(path, body))).encode()
+        else:
+            content = completion(body)
+        return httpx.Response(200, content=content, headers={"content-type": "application/json"})
 
     up = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     app = GatewayApp(
@@ -1200,7 +1595,7 @@ def profile(args: argparse.Namespace, store_url: str) -> dict[str, Any]:
         scope = {
             "type": "http",
             "method": "POST",
-            "path": "/v1/chat/completions",
+            "path": "/v1" + PATHS[agent.wire],
             "query_string": b"",
             "headers": [
                 (b"content-type", b"application/json"),
@@ -1212,16 +1607,20 @@ def profile(args: argparse.Namespace, store_url: str) -> dict[str, Any]:
         return agent.take(json.loads(got["body"])), over
 
     async def play(n: int, long: bool) -> list[float]:
-        agent, overs = Agent(long=long), []
+        agent, overs = Agent(long=long, wire=wire), []
         for _ in range(n):
             more, over = await call(agent)
             overs.append(over)
             if not more:
-                agent = Agent(long=long)
+                agent = Agent(long=long, wire=wire)
         return overs
 
     async def main() -> dict[str, Any]:
-        out: dict[str, Any] = {"state": args.profile_state, "store": store_url.split(":")[0]}
+        out: dict[str, Any] = {
+            "state": args.profile_state,
+            "store": store_url.split(":")[0],
+            "wire": wire,
+        }
         for long in (False, True):
             n = args.profile_requests // (5 if long else 1)
             await play(14, long)  # warm-up
@@ -1372,6 +1771,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="leave gateway_memory out")
     parser.add_argument("--only", choices=("rounds", "scaling", "wrapper"), help="one part only")
     parser.add_argument(
+        "--wire",
+        choices=("chat", "responses", "responses_full", "messages", "all"),
+        default="chat",
+        help="the shape the agents speak: responses plays both styles (continued by "
+        "previous_response_id, and resending the history); all: every shape in turn",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="where the gateway's time goes (in process)"
     )
     parser.add_argument("--profile-requests", type=int, default=700)
@@ -1479,7 +1885,20 @@ def main(argv: list[str] | None = None) -> int:
                 result["loadgen"] = client.version()
                 try:
                     if args.only in (None, "rounds"):
-                        result["rounds"] = await run_rounds(args, targets, client)
+                        wires = {
+                            "chat": ["chat"],
+                            "responses": ["responses", "responses_full"],
+                            "responses_full": ["responses_full"],
+                            "messages": ["messages"],
+                            "all": list(WIRES),
+                        }[args.wire]
+                        for w in wires:
+                            got = await run_rounds(args, targets, client, w)
+                            result.setdefault("by_wire", {})[w] = {
+                                "rounds": got,
+                                "load_after": [round(x, 2) for x in os.getloadavg()],
+                            }
+                        result["rounds"] = result["by_wire"][wires[0]]["rounds"]
                     if args.only in (None, "scaling"):
                         if cfg_redis is None:
                             result["scaling"] = None
@@ -1523,8 +1942,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         result["load_after"] = [round(x, 2) for x in os.getloadavg()]
         if "rounds" in result:
-            result["rounds"] = result["rounds"]
             result["analysis"] = analyse(result)
+            for d in result["by_wire"].values():
+                d["analysis"] = analyse({"rounds": d["rounds"]})
         elif result.get("scaling"):
             result["rounds"] = {"agent_like": [], "light": [], "long": [], "stream": []}
             result["analysis"] = analyse(result)
@@ -1546,7 +1966,20 @@ def report(r: dict[str, Any]) -> None:
         f"{r['machine']}, Python {r['python']}, load {r['load_before']} -> {r['load_after']}, "
         f"load generator {r.get('loadgen')}"
     )
-    a = r.get("analysis") or {}
+    wires = r.get("by_wire") or {}
+    if len(wires) > 1:
+        for w, d in wires.items():
+            print(f"\n== wire: {w} (load after its batches {d.get('load_after')}) ==")
+            _report_rounds(r, d.get("analysis") or {})
+        print()
+        _report_rounds(r, {}, rest=True)
+    else:
+        _report_rounds(r, r.get("analysis") or {}, rest=True)
+
+
+def _report_rounds(r: dict[str, Any], a: dict[str, Any], *, rest: bool = False) -> None:
+    if rest and not a:
+        a = {"scaling": (r.get("analysis") or {}).get("scaling")}
     if a.get("agent_like_added_ms"):
         print(
             f"agent-like requests at {r['settings']['rate']:.0f}/s (added client latency "
@@ -1600,7 +2033,7 @@ def report(r: dict[str, Any]) -> None:
             + ", ".join(f"{t} {v['median']:.0f} req/s" for t, v in s["rps"].items())
             + f"; 2 processes / 1: {s['ratio_2_to_1']['median']:.2f}x"
         )
-    w = r.get("wrapper")
+    w = r.get("wrapper") if rest else None
     if w:
         if "skipped" in w:
             print(f"wrapper: skipped ({w['skipped']})")
@@ -1610,7 +2043,7 @@ def report(r: dict[str, Any]) -> None:
                 f"(bare {w['bare_cpu_us_per_call']['median']:.0f}, "
                 f"wrapped {w['wrapped_cpu_us_per_call']['median']:.0f})"
             )
-    ll = r.get("litellm") or {}
+    ll = (r.get("litellm") or {}) if rest else {}
     if "skipped" in ll:
         print(f"litellm: skipped ({ll['skipped'][:300]})")
 

@@ -4,6 +4,7 @@ Usage::
 
     python bench/gateway_replay.py [FILE ...] [--config FILE] [--limit N] [--quick]
                                    [--via app|gate] [--stream] [--json]
+                                   [--wire chat|responses|messages|all]
 
 Each trajectory (the JSONL format of docs/contracts.md; default: the shared
 ``real-trajectories.jsonl`` and ``coding-agent-trajectories.jsonl.gz``) is turned into the
@@ -33,6 +34,17 @@ Each trajectory is its own tenant (its own API key): nothing of one conversation
 by another's history.  The agent's first message is replay's (the trajectory's ``user``, else
 "(recorded conversation)"); its tools are every tool the recording calls, with open schemas.
 
+``--wire`` (issue 44): the shape the agent speaks, through the same app (``--via app``, not
+streamed); ``all`` plays every shape in turn, one table each (the JSON: the first shape's
+object, with ``by_wire``).  ``chat`` is the above.  ``responses``: the agent continues by
+``previous_response_id`` -- each request carries only what is new (the ``function_call_output``
+items, or the next user message) -- and the recorded upstream keeps each response's
+conversation as a provider does (an id it never gave is a 400 ``previous_response_not_found``),
+answering in the Responses shape (``output`` items, ``input_tokens`` / ``output_tokens``).
+``messages``: Anthropic's shape, the whole history each request, calls as ``tool_use`` blocks
+(``input`` an object: recorded arguments that are not one are wrapped, ``{"input": ...}``),
+results as ``tool_result`` blocks with the recorded ``observation_is_error`` as ``is_error``.
+
 A stop is read as ``loopwarden replay`` reads one: the run's stop verdict (hook and step, from
 the run the gateway finished: ``run_stopped``) gives the file step (a ``before_model`` stop
 names the call it precedes), and ``calls_cut`` (recorded calls of the run that never reached
@@ -44,17 +56,25 @@ did), the others are read off the two stops; the known causes:
 * ``order`` -- the gateway gives ``before_tool`` to every proposed call of an answer before any
   has a result (the client runs them after delivery); replay interleaves before/after per call;
 * ``error_flag`` -- a recorded ``observation_is_error``: the chat-completions wire has no error
-  flag on a ``tool`` message, so the gateway judges the text only;
+  flag on a ``tool`` message, nor the Responses wire on a ``function_call_output``, so the
+  gateway judges the text only (not looked for on ``messages``, whose ``is_error`` carries it);
 * ``sizing`` -- replay sizes each request at its recorded ``usage.prompt_tokens``; the gateway
-  can only estimate a request before it is sent (the answer's usage comes after);
+  can only estimate a request before it is sent (the answer's usage comes after).  On
+  ``responses`` a request continued by ``previous_response_id`` is sized as what the gateway
+  counted before plus the request's new items -- the model's own answers (held at the
+  provider, never resent) are left out, and a new run of the conversation starts from zero
+  (bench/README.md, "Gateway: every wire");
+* ``args_object`` -- ``messages`` only: a recorded call whose arguments are no JSON object,
+  wrapped to be a ``tool_use.input``, before the stop;
 * ``skip_reask`` -- a call a guard skipped is answered by replay with the skip's observation
   beside the turn's other calls; the gateway withholds the whole answer and asks the model
   again (the turn's other calls are dropped);
 * ``time`` -- replay's clock does not move; the gateway's is the wall clock.
 
-On the shared data (851 runs, the shipped config) every termination difference is
-``error_flag`` and terminations agree on 99.41% (real 99.19%, coding 100%); bench/README.md
-has the figures and the fixes measured.
+On the shared data (851 runs, the shipped config) every termination difference of the chat
+wire is ``error_flag`` and terminations agree on 99.41% (real 99.19%, coding 100%); Responses
+99.18% (the same 5, and 2 ``sizing``); Messages 100%.  bench/README.md has the figures and the
+fixes measured.
 
 Prints a table per source (trajectories, stops on each side, agreement) and every difference;
 ``--json`` prints one object.  Target (issue 42, item 8): terminations agree on >= 99% of runs.
@@ -85,6 +105,7 @@ from loopwarden.gateway import chat
 from loopwarden.gateway.app import GatewayApp
 from loopwarden.gateway.exchange import Deliver, Forward, Gate
 from loopwarden.gateway.state import MemoryState
+from loopwarden.gateway.wires import MessagesWire, ResponsesWire
 from loopwarden.run import Run, RunOutcome
 from loopwarden.traffic.replay import (
     _ends_conversation,
@@ -144,6 +165,10 @@ class Recording:
     upstream_calls: int = 0
     beyond: int = 0  # requests past the run's recorded steps (answered empty)
     wrap_ups: int = 0  # tool-less wrap-up requests (answered empty)
+    id_prefix: str = "call_"  # the upstream's call ids ("toolu_" on Anthropic's wire)
+    #: the Responses upstream's memory: response id -> the conversation so far (chat form), as
+    #: a provider keeps it for ``previous_response_id``
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def begin_run(self, offset: int, length: int) -> None:
         self.next, self.end = offset, offset + length
@@ -161,7 +186,7 @@ class Recording:
         step = self.steps[idx]
         calls = []
         for i, tc in enumerate(_calls(step)):
-            cid = "call_" + uuid.uuid4().hex[:24]
+            cid = self.id_prefix + uuid.uuid4().hex[:24]
             self.ids[cid] = (idx, i)
             calls.append(
                 {
@@ -207,6 +232,12 @@ class Recording:
             out["usage"] = usage
         return out
 
+    def is_error(self, call_id: str) -> bool:
+        """The recorded ``observation_is_error`` of a call (False where none is recorded)."""
+        idx, i = self.ids[call_id]
+        errs = self.steps[idx].get("observation_is_error") or []
+        return bool(errs[i]) if i < len(errs) and errs[i] is not None else False
+
     def observation(self, call_id: str) -> str:
         """The recorded observation of the call an id was minted for (the agent's tool)."""
         idx, i = self.ids[call_id]
@@ -222,8 +253,283 @@ def _wrap_up(body: Mapping[str, Any]) -> bool:
     msgs = body.get("messages") or []
     if not msgs or not _WRAP_UP:
         return False
-    return _WRAP_UP[0] in chat.text_of(msgs[-1].get("content"))
+    # the last message (a note appended), or the system text (Anthropic's wire puts a system
+    # note into ``system``)
+    return any(
+        _WRAP_UP[0] in chat.text_of(m.get("content"))
+        for m in (msgs[-1], msgs[0])
+        if m is msgs[-1] or m.get("role") == "system"
+    )
 
+
+# -- the three wire shapes: the agent's requests and the recorded upstream's answers ------------
+
+
+def _as_input(arguments: str) -> tuple[dict[str, Any], bool]:
+    """A call's arguments as Anthropic's ``tool_use.input`` (an object); False when the recorded
+    arguments are not a JSON object and had to be wrapped (``{"input": <text>}``)."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {"input": arguments}, False
+    return (value, True) if isinstance(value, dict) else ({"input": value}, False)
+
+
+class Shape:
+    """One wire shape as the agent and the recorded upstream speak it.  The agent's
+    conversation is kept in chat form (``messages``, with ``errors``: call id -> the recorded
+    error flag); each shape writes its request from it and reads the answer back into it."""
+
+    name = "chat"
+    path = "/chat/completions"
+    id_prefix = "call_"
+
+    def __init__(self) -> None:
+        self.wrapped_args = 0  # recorded arguments that are no JSON object (Messages only)
+
+    def reset(self) -> None:
+        """A new trajectory."""
+
+    def headers(self, key: str) -> dict[str, str]:
+        return {"authorization": "Bearer " + key}
+
+    def request(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        errors: Mapping[str, bool],
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        return body
+
+    def message(self, data: dict[str, Any], sent: int) -> dict[str, Any]:
+        """The assistant message of the gateway's answer, in chat form; ``sent`` is the number
+        of chat messages the conversation had when the request left."""
+        msg: dict[str, Any] = data["choices"][0]["message"]
+        return msg
+
+    def upstream(self, rec: Recording, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The recorded upstream's answer to a forwarded body: (status, JSON)."""
+        return 200, rec.answer(body)
+
+
+class ResponsesShape(Shape):
+    """The Responses API, continued by ``previous_response_id``: each request carries only
+    what is new since the answer it continues (the tool outputs, or the next user message);
+    the recorded upstream keeps each response's conversation, as a provider does, and
+    answers an id it never gave with a 400 (``previous_response_not_found``)."""
+
+    name = "responses"
+    path = "/responses"
+
+    def reset(self) -> None:
+        self.prev: str | None = None
+        self.known = 0  # chat messages the provider holds (up to and with the last answer)
+
+    def request(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        errors: Mapping[str, bool],
+    ) -> dict[str, Any]:
+        items: list[dict[str, Any]] = []
+        for m in messages[self.known :]:
+            if m["role"] == "tool":
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": m["tool_call_id"],
+                        "output": m["content"],
+                    }
+                )
+            else:  # a user message (the first, or the next run's)
+                items.append({"role": m["role"], "content": m["content"]})
+        body: dict[str, Any] = {"model": model, "input": items}
+        if self.prev is not None:
+            body["previous_response_id"] = self.prev
+        if tools:
+            body["tools"] = [{"type": "function", **t["function"]} for t in tools]
+        return body
+
+    def message(self, data: dict[str, Any], sent: int) -> dict[str, Any]:
+        self.prev = str(data["id"])
+        self.known = sent + 1  # the answer is at the provider now
+        return _RESPONSES.message_of(data)
+
+    def upstream(self, rec: Recording, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        from loopwarden.gateway.responses import to_chat
+
+        prev = body.get("previous_response_id")
+        if isinstance(prev, str) and prev not in rec.history:
+            return 400, {
+                "error": {
+                    "message": f"Previous response with id '{prev}' not found.",
+                    "type": "invalid_request_error",
+                    "param": "previous_response_id",
+                    "code": "previous_response_not_found",
+                }
+            }
+        new, _ = to_chat(body.get("instructions"), body.get("input"))
+        history = [*(rec.history[prev] if isinstance(prev, str) else []), *new]
+        tc = body.get("tool_choice")
+        answer = rec.answer({"messages": history, "tool_choice": tc})
+        msg = answer["choices"][0]["message"]
+        rid = "resp_rec" + uuid.uuid4().hex[:24]
+        rec.history[rid] = [*history, msg]
+        output: list[dict[str, Any]] = []
+        if isinstance(msg.get("content"), str):
+            output.append(
+                {
+                    "type": "message",
+                    "id": "msg_rec" + uuid.uuid4().hex[:20],
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": msg["content"], "annotations": []}],
+                }
+            )
+        for c in msg.get("tool_calls") or ():
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": "fc_rec" + uuid.uuid4().hex[:20],
+                    "call_id": c["id"],
+                    "name": c["function"]["name"],
+                    "arguments": c["function"]["arguments"],
+                    "status": "completed",
+                }
+            )
+        out: dict[str, Any] = {
+            "id": rid,
+            "object": "response",
+            "created_at": 0,
+            "status": "completed",
+            "model": answer["model"],
+            "output": output,
+        }
+        u = answer.get("usage")
+        if u:
+            out["usage"] = {
+                "input_tokens": u["prompt_tokens"],
+                "output_tokens": u["completion_tokens"],
+                "total_tokens": u["total_tokens"],
+            }
+        return 200, out
+
+
+class MessagesShape(Shape):
+    """Anthropic Messages: the whole history each request, an assistant turn's calls as
+    ``tool_use`` blocks (``input`` an object), the results as ``tool_result`` blocks with the
+    recorded ``observation_is_error`` as ``is_error`` -- the flag Chat Completions cannot
+    carry."""
+
+    name = "messages"
+    path = "/messages"
+    id_prefix = "toolu_"
+
+    def headers(self, key: str) -> dict[str, str]:
+        return {"x-api-key": key, "anthropic-version": "2023-06-01"}
+
+    def request(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        errors: Mapping[str, bool],
+    ) -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            if m["role"] == "assistant":
+                blocks: list[dict[str, Any]] = []
+                if isinstance(m.get("content"), str) and m["content"]:
+                    blocks.append({"type": "text", "text": m["content"]})
+                for tc in m.get("tool_calls") or ():
+                    value, _ = _as_input(tc["function"]["arguments"])
+                    blocks.append(
+                        {
+                            "type": "tool_use",
+                            "id": tc["id"],
+                            "name": tc["function"]["name"],
+                            "input": value,
+                        }
+                    )
+                out.append({"role": "assistant", "content": blocks})
+            elif m["role"] == "tool":
+                block: dict[str, Any] = {
+                    "type": "tool_result",
+                    "tool_use_id": m["tool_call_id"],
+                    "content": m["content"],
+                }
+                if errors.get(m["tool_call_id"]):
+                    block["is_error"] = True
+                if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                    out[-1]["content"].append(block)
+                else:
+                    out.append({"role": "user", "content": [block]})
+            else:
+                out.append({"role": "user", "content": m["content"]})
+        body: dict[str, Any] = {"model": model, "max_tokens": 4096, "messages": out}
+        if tools:
+            body["tools"] = [
+                {
+                    "name": t["function"]["name"],
+                    "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"],
+                }
+                for t in tools
+            ]
+        return body
+
+    def message(self, data: dict[str, Any], sent: int) -> dict[str, Any]:
+        return _MESSAGES.message_of(data)
+
+    def upstream(self, rec: Recording, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        from loopwarden.gateway.messages import to_chat
+
+        history = to_chat(body.get("system"), body.get("messages") or [])
+        tc = body.get("tool_choice")
+        none = isinstance(tc, dict) and tc.get("type") == "none"
+        answer = rec.answer({"messages": history, "tool_choice": "none" if none else None})
+        msg = answer["choices"][0]["message"]
+        blocks: list[dict[str, Any]] = []
+        if isinstance(msg.get("content"), str):
+            blocks.append({"type": "text", "text": msg["content"]})
+        for c in msg.get("tool_calls") or ():
+            value, whole = _as_input(c["function"]["arguments"])
+            self.wrapped_args += not whole
+            blocks.append(
+                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"], "input": value}
+            )
+        out: dict[str, Any] = {
+            "id": "msg_rec" + uuid.uuid4().hex[:24],
+            "type": "message",
+            "role": "assistant",
+            "model": answer["model"],
+            "content": blocks,
+            "stop_reason": "tool_use" if msg.get("tool_calls") else "end_turn",
+            "stop_sequence": None,
+        }
+        u = answer.get("usage")
+        out["usage"] = (
+            {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"]}
+            if u
+            else {"input_tokens": 0, "output_tokens": 0}
+        )
+        if not u:
+            out.pop("usage")
+        return 200, out
+
+
+SHAPES: dict[str, type[Shape]] = {
+    "chat": Shape,
+    "responses": ResponsesShape,
+    "messages": MessagesShape,
+}
+_RESPONSES = ResponsesWire()
+_MESSAGES = MessagesWire()
 
 # -- what the gateway did: its runs, read off the signals ------------------------------------
 
@@ -315,7 +621,7 @@ class Sender:
     """Sends one request and returns (the delivered assistant message, the gateway's run id)."""
 
     async def send(
-        self, body: dict[str, Any], key: str, rec: Recording
+        self, body: dict[str, Any], key: str, rec: Recording, sent: int = 0
     ) -> tuple[dict[str, Any], str | None]:
         raise NotImplementedError
 
@@ -327,9 +633,12 @@ class ViaApp(Sender):
     """Through the ASGI application, in process (``httpx.ASGITransport``); ``stream``: the
     agent asks for server-sent events, and the recorded upstream streams its answers."""
 
-    def __init__(self, dep: Deployment, *, stream: bool = False) -> None:
+    def __init__(
+        self, dep: Deployment, *, stream: bool = False, shape: Shape | None = None
+    ) -> None:
         self.current: Recording | None = None
         self.stream = stream
+        self.shape = shape or Shape()
         upstream = httpx.AsyncClient(transport=httpx.MockTransport(self._upstream))
         self.app = GatewayApp(dep, UPSTREAM, MemoryState(max_entries=100_000), client=upstream)
         self.client = httpx.AsyncClient(
@@ -339,29 +648,26 @@ class ViaApp(Sender):
     def _upstream(self, request: httpx.Request) -> httpx.Response:
         assert self.current is not None
         body = json.loads(request.content)
-        answer = self.current.answer(body)
-        if not body.get("stream"):
-            return httpx.Response(200, json=answer)
+        status, answer = self.shape.upstream(self.current, body)
+        if not body.get("stream") or status != 200:
+            return httpx.Response(status, json=answer)
         # a stream, as from the network (content=bytes would be read already: no aiter_raw)
         return httpx.Response(
             200, stream=_Events(sse_of(answer)), headers={"content-type": "text/event-stream"}
         )
 
     async def send(
-        self, body: dict[str, Any], key: str, rec: Recording
+        self, body: dict[str, Any], key: str, rec: Recording, sent: int = 0
     ) -> tuple[dict[str, Any], str | None]:
         self.current = rec
         if self.stream:
             body = {**body, "stream": True}
-        resp = await self.client.post(
-            "/chat/completions", json=body, headers={"authorization": "Bearer " + key}
-        )
+        resp = await self.client.post(self.shape.path, json=body, headers=self.shape.headers(key))
         if resp.status_code != 200:
             raise RuntimeError(f"gateway answered {resp.status_code}: {resp.text[:300]}")
         if self.stream:
             return message_of_sse(resp.content), resp.headers.get("x-loopwarden-run")
-        msg: dict[str, Any] = resp.json()["choices"][0]["message"]
-        return msg, resp.headers.get("x-loopwarden-run")
+        return self.shape.message(resp.json(), sent), resp.headers.get("x-loopwarden-run")
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -448,7 +754,7 @@ class ViaGate(Sender):
         self.gate = Gate(dep, MemoryState(max_entries=100_000))
 
     async def send(
-        self, body: dict[str, Any], key: str, rec: Recording
+        self, body: dict[str, Any], key: str, rec: Recording, sent: int = 0
     ) -> tuple[dict[str, Any], str | None]:
         raw = json.dumps(body, ensure_ascii=False).encode()
         req = chat.parse_request(raw, 1 << 30)
@@ -473,7 +779,10 @@ async def play(traj: dict[str, Any], sender: Sender, watch: Watch, key: str) -> 
     """One trajectory through the gateway (see the module doc)."""
     steps: list[dict[str, Any]] = traj["steps"]
     n_steps = len(steps)
-    rec = Recording(steps=steps, model=_model_name(traj))
+    shape: Shape = getattr(sender, "shape", None) or Shape()
+    shape.reset()
+    rec = Recording(steps=steps, model=_model_name(traj), id_prefix=shape.id_prefix)
+    errors: dict[str, bool] = {}  # call id -> the recorded error flag (Messages carries it)
     out = Played()
     tools = tool_schemas(traj)
     first_user = str(traj.get("user") or FIRST_USER)
@@ -492,11 +801,9 @@ async def play(traj: dict[str, Any], sender: Sender, watch: Watch, key: str) -> 
             rec.begin_run(offset, len(seg))
             run_id: str | None = None
             while True:
-                body: dict[str, Any] = {"model": rec.model, "messages": messages}
-                if tools:
-                    body["tools"] = tools
+                body = shape.request(rec.model, messages, tools, errors)
                 ended = len(watch.order)
-                msg, run_id = await sender.send(body, key, rec)
+                msg, run_id = await sender.send(body, key, rec, len(messages))
                 out.requests += 1
                 if run_id is None and len(watch.order) > ended:
                     run_id = watch.order[-1]  # a streamed answer carries no run header
@@ -511,6 +818,7 @@ async def play(traj: dict[str, Any], sender: Sender, watch: Watch, key: str) -> 
                 if not calls:
                     break  # cannot happen: a delivered answer without calls ends the run
                 for tc in calls:
+                    errors[tc["id"]] = rec.is_error(tc["id"])
                     messages.append(
                         {
                             "role": "tool",
@@ -580,6 +888,16 @@ def _parallel_before(traj: Mapping[str, Any], step: int) -> bool:
     return any(len(_calls(s)) > 1 for s in traj["steps"][:step])
 
 
+def _non_object_args(traj: Mapping[str, Any], step: int) -> bool:
+    """Whether a call at or before file step ``step`` has arguments that are no JSON object
+    (Anthropic's ``tool_use.input`` must be one: the bench wraps them)."""
+    for s in traj["steps"][:step]:
+        for tc in _calls(s):
+            if not _as_input(_arguments(tc))[1]:
+                return True
+    return False
+
+
 def _first_step(*marks: Mapping[str, Any] | None) -> int:
     return min((int(m["step"]) for m in marks if m is not None), default=0)
 
@@ -592,17 +910,21 @@ def why(
     *,
     warning: bool = False,
     answered_early: bool = False,
+    wire: str = "chat",
 ) -> str:
     """The cause of a difference (module doc): ``error_flag`` when replay without the
     recorded error flags does what the gateway did (a counterfactual, not a guess); else
     read off the two stops."""
-    plain = replay_trajectory(dep_replay, _without_error_flags(traj))
-    if warning:
-        if plain.first_warning == gateway:
+    if wire != "messages":  # Anthropic's wire carries the flag (``is_error``)
+        plain = replay_trajectory(dep_replay, _without_error_flags(traj))
+        if warning:
+            if plain.first_warning == gateway:
+                return "error_flag"
+        elif termination(plain.stop) == termination(gateway):
             return "error_flag"
-    elif termination(plain.stop) == termination(gateway):
-        return "error_flag"
     marks = [m for m in (replayed, gateway) if m is not None]
+    if wire == "messages" and _non_object_args(traj, _first_step(replayed, gateway)):
+        return "args_object"
     if any(m.get("plugin") == "timeout" for m in marks):
         return "time"
     if any(m.get("reason") in ("max_tokens", "max_context", "max_cost") for m in marks):
@@ -642,7 +964,9 @@ class Row:
         return dict(self.__dict__)
 
 
-def compare(traj: dict[str, Any], file: str, dep_replay: Deployment, played: Played) -> Row:
+def compare(
+    traj: dict[str, Any], file: str, dep_replay: Deployment, played: Played, *, wire: str = "chat"
+) -> Row:
     r = replay_trajectory(dep_replay, traj)
     agree = termination(r.stop) == termination(played.stop)
     fw_r, fw_g = r.first_warning, played.first_warning
@@ -658,8 +982,10 @@ def compare(traj: dict[str, Any], file: str, dep_replay: Deployment, played: Pla
         warning_agrees=fw_r == fw_g,
         replay_warning=fw_r,
         gateway_warning=fw_g,
-        why=None if agree else why(traj, dep_replay, r.stop, played.stop),
-        warning_why=None if fw_r == fw_g else why(traj, dep_replay, fw_r, fw_g, warning=True),
+        why=None if agree else why(traj, dep_replay, r.stop, played.stop, wire=wire),
+        warning_why=None
+        if fw_r == fw_g
+        else why(traj, dep_replay, fw_r, fw_g, warning=True, wire=wire),
         gateway_kind=played.stop_kind,
         replay_kind=r.stop_kind,
         requests=played.requests,
@@ -694,6 +1020,7 @@ async def run_all(
     limit: int | None,
     *,
     stream: bool = False,
+    wire: str = "chat",
 ) -> tuple[list[Row], dict[str, Any]]:
     config = replay_config(load_config(config_path))
     _WRAP_UP[:] = [config.run.wrap_up_instruction]
@@ -702,17 +1029,20 @@ async def run_all(
     t0 = time.perf_counter()
     with Deployment(config) as dep_gateway, Deployment(config) as dep_replay:
         sender: Sender = (
-            ViaApp(dep_gateway, stream=stream) if via == "app" else ViaGate(dep_gateway)
+            ViaApp(dep_gateway, stream=stream, shape=SHAPES[wire]())
+            if via == "app"
+            else ViaGate(dep_gateway)
         )
         try:
             for n, (label, traj) in enumerate(trajectories(files, limit)):
                 key = f"sk-replay-{n}-{uuid.uuid4().hex[:8]}"
                 played = await play(traj, sender, watch, key)
-                rows.append(compare(traj, label, dep_replay, played))
+                rows.append(compare(traj, label, dep_replay, played, wire=wire))
         finally:
             await sender.aclose()
             watch.close()
     meta = {
+        "wire": wire,
         "via": via,
         "stream": stream,
         "config": config_path,
@@ -831,6 +1161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stream", action="store_true", help="--via app: the agent and the upstream stream"
     )
+    parser.add_argument(
+        "--wire",
+        choices=[*SHAPES, "all"],
+        default="chat",
+        help="the shape the agent speaks (all: each in turn, one table per shape)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N of each file")
     parser.add_argument("--quick", action="store_true", help="the first 10 of each file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -842,20 +1178,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     if args.stream and args.via != "app":
         parser.error("--stream needs --via app")
+    wires = list(SHAPES) if args.wire == "all" else [args.wire]
+    if wires != ["chat"] and (args.via != "app" or args.stream):
+        parser.error("--wire responses|messages|all: --via app, not streamed")
     limit = 10 if args.quick and args.limit is None else args.limit
-    # the shared store (side-effect ledger) of both deployments: a scratch directory
-    with tempfile.TemporaryDirectory(prefix="lw-gw-replay-") as data_dir:
-        os.environ["LOOPWARDEN_DATA_DIR"] = data_dir
-        rows, meta = asyncio.run(run_all(files, args.config, args.via, limit, stream=args.stream))
-    result = summary(rows)
-    result["meta"] = meta
+    results: dict[str, tuple[dict[str, Any], list[Row]]] = {}
+    for wire in wires:
+        # the shared store (side-effect ledger) of both deployments: a scratch directory
+        with tempfile.TemporaryDirectory(prefix="lw-gw-replay-") as data_dir:
+            os.environ["LOOPWARDEN_DATA_DIR"] = data_dir
+            rows, meta = asyncio.run(
+                run_all(files, args.config, args.via, limit, stream=args.stream, wire=wire)
+            )
+        result = summary(rows)
+        result["meta"] = meta
+        results[wire] = (result, rows)
     if args.json:
-        result["differences"] = [r.as_dict() for r in rows if not r.agree]
-        result["warning_differences"] = [r.as_dict() for r in rows if not r.warning_agrees]
-        result["rows"] = [r.as_dict() for r in rows]
-        print(json.dumps(result, ensure_ascii=False))
+        out: dict[str, Any] = {}
+        for wire, (result, rows) in results.items():
+            result["differences"] = [r.as_dict() for r in rows if not r.agree]
+            result["warning_differences"] = [r.as_dict() for r in rows if not r.warning_agrees]
+            result["rows"] = [r.as_dict() for r in rows]
+            out[wire] = result
+        # one shape: its object as before; every shape: the first's at the top, each by name
+        top = dict(out[wires[0]])
+        if len(wires) > 1:
+            top["by_wire"] = out
+        print(json.dumps(top, ensure_ascii=False))
     else:
-        print_table(result, rows)
+        for wire, (result, rows) in results.items():
+            if len(wires) > 1:
+                print(f"\n== wire: {wire} ==")
+            print_table(result, rows)
     return 0
 
 

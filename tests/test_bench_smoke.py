@@ -446,6 +446,27 @@ def test_gateway_replay_bench_agrees_with_replay_and_says_why_not(tmp_path: Path
     assert o["differences_by_why"] == {"error_flag": 1}
 
 
+def test_gateway_replay_bench_plays_every_wire_and_messages_carries_the_error_flag(
+    tmp_path: Path,
+) -> None:
+    """--wire all: one table per shape; Responses continues by previous_response_id and
+    judges as chat does (no error flag on a function_call_output), Messages carries
+    ``is_error`` so the flagged run agrees too."""
+    data = _gateway_replay(_tiny_trajectories(tmp_path / "tiny.jsonl"), "--wire", "all")
+    by = data["by_wire"]
+    assert set(by) == {"chat", "responses", "messages"}
+    assert data["meta"]["wire"] == "chat" and data["overall"] == by["chat"]["overall"]
+    for wire, result in by.items():
+        assert result["meta"]["wire"] == wire
+        assert result["overall"]["trajectories"] == 3, wire
+        assert _terminations(result)["healthy"] == (None, None), wire
+        replayed, played = _terminations(result)["runaway"]
+        assert replayed is not None and replayed == played, wire
+    assert by["responses"]["overall"]["differences_by_why"] == {"error_flag": 1}
+    assert by["messages"]["overall"]["agree"] == 3
+    assert by["messages"]["differences"] == []
+
+
 @pytest.mark.slow  # three bench subprocesses
 def test_gateway_replay_bench_judges_alike_streamed_and_through_the_gate(tmp_path: Path) -> None:
     path = _tiny_trajectories(tmp_path / "tiny.jsonl")
@@ -515,3 +536,37 @@ def test_gateway_bench_prints_the_promised_json(redis_server: str) -> None:
         for key in ("bare_cpu_us_per_call", "wrapped_cpu_us_per_call"):
             assert _number(wrapper[key]["median"]), key
         assert isinstance(wrapper["added_cpu_us_per_call"]["median"], float)
+
+
+@pytest.mark.slow  # a bench script in a subprocess, with servers of its own: tens of seconds
+def test_gateway_bench_plays_every_wire(redis_server: str) -> None:
+    """bench/gateway.py --quick --wire all --only rounds: every shape's batches (Responses in
+    both styles: continued by previous_response_id, and resending its history), each with
+    its analysis -- the shape only."""
+    data = _bench(
+        "gateway.py",
+        "--redis-url",
+        redis_server,
+        "--wire",
+        "all",
+        "--only",
+        "rounds",
+        "--no-memory",
+    )
+    by = data["by_wire"]
+    assert list(by) == ["chat", "responses", "responses_full", "messages"]
+    assert data["rounds"] == by["chat"]["rounds"]
+    for wire, d in by.items():
+        assert len(d["load_after"]) == 3
+        for kind in ("agent_like", "stream"):
+            for name, row in d["rounds"][kind][0].items():
+                assert row["requests"] > 0 and row["errors"] == {}, (wire, kind, name)
+                assert _number(row["server_cpu_us_per_request"]), (wire, kind, name)
+                if kind == "agent_like" and name == "gateway_redis":
+                    _pcts_shape(row, "overhead_header_ms")
+                    assert 0 <= row["run_continuity"] <= 1
+                if kind == "stream":
+                    assert row["chunks_per_answer"] == data["settings"]["chunks"] + 1
+        a = d["analysis"]
+        assert set(a["agent_like_added_ms"]) == {"gateway_redis"}, wire
+        assert set(a["stream_added_per_chunk_ms"]) == {"gateway_redis"}, wire
