@@ -363,10 +363,11 @@ class GatewayApp:
                     return
                 last = got
                 step = ex.answer(wire.parse_response(got[0]))
-            overhead = (time.perf_counter() - t0 - waited) * 1000
             # saved before the answer goes out: the client's next request may reach another
             # worker or process at once, which must find this step's state there
             ex.close()
+            # the gateway's own time, the save included (the upstream's wait left out)
+            overhead = (time.perf_counter() - t0 - waited) * 1000
             await self._deliver(wire, ex, req, step, send, overhead, last)
         except chat.WireError as exc:
             ex.upstream_failed(exc.message)
