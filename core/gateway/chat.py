@@ -28,11 +28,13 @@ __all__ = [
     "completion_body",
     "error_body",
     "forward_body",
+    "json_object",
     "parse_request",
     "parse_response",
     "sse",
     "stream_chunks",
     "text_of",
+    "tool_list",
 ]
 
 
@@ -101,8 +103,9 @@ def text_of(content: Any) -> str:
     return str(content)
 
 
-def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
-    """Read a request body; a :class:`WireError` (400 / 413) names what is wrong."""
+def json_object(raw: bytes, max_bytes: int) -> dict[str, Any]:
+    """A request body read as a JSON object, whatever its wire: a :class:`WireError` (413
+    over ``max_bytes``, 400 when it is no JSON object) otherwise."""
     if len(raw) > max_bytes:
         raise WireError(413, "request_too_large", f"the request body exceeds {max_bytes} bytes")
     try:
@@ -111,6 +114,21 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
         raise WireError(400, "invalid_json", f"the request body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise WireError(400, "invalid_request", "the request body must be a JSON object")
+    return body
+
+
+def tool_list(body: dict[str, Any]) -> list[Any]:
+    """A request's ``tools`` (none when absent); a 400 :class:`WireError` when not an array."""
+    tools = body.get("tools")
+    tools = [] if tools is None else tools
+    if not isinstance(tools, list):
+        raise WireError(400, "invalid_request", "'tools' must be an array")
+    return tools
+
+
+def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
+    """Read a request body; a :class:`WireError` (400 / 413) names what is wrong."""
+    body = json_object(raw, max_bytes)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise WireError(400, "invalid_request", "'messages' must be a non-empty array")
@@ -119,10 +137,7 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
             raise WireError(
                 400, "invalid_request", f"messages[{i}] must be an object with a 'role' string"
             )
-    tools = body.get("tools")
-    tools = [] if tools is None else tools
-    if not isinstance(tools, list):
-        raise WireError(400, "invalid_request", "'tools' must be an array")
+    tools = tool_list(body)
     fns = [
         t["function"]
         for t in tools

@@ -26,8 +26,10 @@ from loopwarden.gateway.chat import (
     WireError,
     _obj,
     event_data,
+    json_object,
     stream_index,
     text_of,
+    tool_list,
 )
 
 __all__ = [
@@ -101,14 +103,7 @@ def to_chat(system: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
     """Read a ``/v1/messages`` body; a :class:`WireError` names what is wrong."""
-    if len(raw) > max_bytes:
-        raise WireError(413, "request_too_large", f"the request body exceeds {max_bytes} bytes")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WireError(400, "invalid_json", f"the request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise WireError(400, "invalid_request", "the request body must be a JSON object")
+    body = json_object(raw, max_bytes)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise WireError(400, "invalid_request", "'messages' must be a non-empty array")
@@ -119,10 +114,7 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
                 "invalid_request",
                 f"messages[{i}] must be an object with role user or assistant",
             )
-    tools = body.get("tools")
-    tools = [] if tools is None else tools
-    if not isinstance(tools, list):
-        raise WireError(400, "invalid_request", "'tools' must be an array")
+    tools = tool_list(body)
     fns = [
         {
             "name": t["name"],

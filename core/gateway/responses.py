@@ -26,8 +26,10 @@ from loopwarden.gateway.chat import (
     WireError,
     _obj,
     event_data,
+    json_object,
     stream_index,
     text_of,
+    tool_list,
 )
 
 __all__ = [
@@ -107,14 +109,7 @@ def to_chat(instructions: Any, items: Any) -> tuple[list[dict[str, Any]], list[s
 
 def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
     """Read a ``/v1/responses`` body; a :class:`WireError` names what is wrong."""
-    if len(raw) > max_bytes:
-        raise WireError(413, "request_too_large", f"the request body exceeds {max_bytes} bytes")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WireError(400, "invalid_json", f"the request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise WireError(400, "invalid_request", "the request body must be a JSON object")
+    body = json_object(raw, max_bytes)
     items = body.get("input")
     if not isinstance(items, (str, list)) or not items:
         raise WireError(400, "invalid_request", "'input' must be a string or a non-empty array")
@@ -124,10 +119,7 @@ def parse_request(raw: bytes, max_bytes: int) -> ChatRequest:
                 raise WireError(400, "invalid_request", f"input[{i}] must be an object")
             if it.get("type") in ("message", None) and "role" not in it:
                 raise WireError(400, "invalid_request", f"input[{i}] has neither a type nor a role")
-    tools = body.get("tools")
-    tools = [] if tools is None else tools
-    if not isinstance(tools, list):
-        raise WireError(400, "invalid_request", "'tools' must be an array")
+    tools = tool_list(body)
     fns = [
         {
             "name": t["name"],
