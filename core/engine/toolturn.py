@@ -39,6 +39,7 @@ __all__ = [
     "ToolSteps",
     "ToolTurn",
     "invalid_result",
+    "ledger_answer",
     "note_ledger_answer",
     "shared_replay",
     "side_effect_replay",
@@ -100,27 +101,10 @@ class ToolTurn(Turn):
                 result = ToolResult(content=skip.observation, skipped=True, skipped_by=skip.plugin)
             elif call.error is not None or call.tool is None or call.arguments is None:
                 result = invalid_result(texts, run, call)
-            elif (
-                call.idempotency_key is not None
-                and (
-                    earlier := ledger.get(call.idempotency_key)
-                    or failed_here.get(call.idempotency_key)
-                )
-                is not None
-                and not earlier.retryable
+            elif call.idempotency_key is not None and (
+                (recorded := ledger_answer(texts, run, call, ledger, failed_here)) is not None
             ):
-                result = side_effect_replay(texts, call, earlier)
-                note_ledger_answer(run, call, "conversation", earlier)
-            elif (
-                call.idempotency_key is not None
-                and run.shared is not None
-                and (entry := run.shared.claim(run, call)) is not None
-            ):
-                # the shared ledger: another run executed (or is executing) this key
-                result = shared_replay(texts, run, call, entry)
-                note_ledger_answer(run, call, "shared", entry)
-                if entry.state == "done":
-                    ledger[call.idempotency_key] = result
+                result = recorded
             else:
                 ctx = ToolContext(run.run_id, run.clock, run.cancel)
                 if call.timeout is not None:
@@ -167,6 +151,36 @@ class ToolTurn(Turn):
 
 
 # -- observations for calls that do not run ---------------------------------------------------
+
+
+def ledger_answer(
+    t: Texts,
+    run: Run,
+    call: ToolCall,
+    ledger: dict[str, ToolResult],
+    failed_here: dict[str, ToolResult],
+) -> ToolResult | None:
+    """The answer for a side effect already executed with ``call``'s idempotency key --
+    earlier in this conversation (``ledger``; a failure of this run, ``failed_here``, unless
+    retryable), or by another run the shared ledger knows -- noted on the run; None when the
+    call is to run (the shared ledger then holds its claim).  The tool turn and the gateway's
+    split tool turn both ask it."""
+    key = call.idempotency_key
+    if key is None:
+        return None
+    earlier = ledger.get(key) or failed_here.get(key)
+    if earlier is not None and not earlier.retryable:
+        result = side_effect_replay(t, call, earlier)
+        note_ledger_answer(run, call, "conversation", earlier)
+        return result
+    if run.shared is not None and (entry := run.shared.claim(run, call)) is not None:
+        # the shared ledger: another run executed (or is executing) this key
+        result = shared_replay(t, run, call, entry)
+        note_ledger_answer(run, call, "shared", entry)
+        if entry.state == "done":
+            ledger[key] = result
+        return result
+    return None
 
 
 def invalid_result(t: Texts, run: Run, call: ToolCall) -> ToolResult:

@@ -50,11 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from loopwarden import signals
 from loopwarden.clock import CancelToken, SystemClock
 from loopwarden.engine.effects import CallModel
-from loopwarden.engine.toolturn import (
-    note_ledger_answer,
-    shared_replay,
-    side_effect_replay,
-)
+from loopwarden.engine.toolturn import ledger_answer
 from loopwarden.events import IN_DOUBT, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import StoreError
 from loopwarden.gateway import state as st
@@ -755,25 +751,8 @@ class Exchange:
                 result = ToolResult(content=skip.observation, skipped=True, skipped_by=skip.plugin)
             elif call.error is not None and call.error != "unknown_tool" and call.arguments is None:
                 result = None  # malformed arguments: the client answers them its own way
-            elif call.idempotency_key is not None and (
-                (
-                    earlier := ledger.get(call.idempotency_key)
-                    or live.failed_here.get(call.idempotency_key)
-                )
-                is not None
-                and not earlier.retryable
-            ):
-                result = side_effect_replay(texts, call, earlier)
-                note_ledger_answer(run, call, "conversation", earlier)
-            elif (
-                call.idempotency_key is not None
-                and run.shared is not None
-                and (entry := run.shared.claim(run, call)) is not None
-            ):
-                result = shared_replay(texts, run, call, entry)
-                note_ledger_answer(run, call, "shared", entry)
-                if entry.state == "done":
-                    ledger[call.idempotency_key] = result
+            elif call.idempotency_key is not None:
+                result = ledger_answer(texts, run, call, ledger, live.failed_here)
             if result is None:
                 passed.append(call)
             else:
