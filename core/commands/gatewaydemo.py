@@ -33,14 +33,14 @@ AGENT_CAP = 60
 
 
 @contextlib.contextmanager
-def _serve(app: Any) -> Iterator[str]:
+def _serve(app: Any, lifespan: str = "off") -> Iterator[str]:
     import uvicorn
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan=lifespan)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -57,11 +57,26 @@ def _serve(app: Any) -> Iterator[str]:
 
 
 class _Switch:
-    """One server, the current scenario's gateway application behind it."""
+    """One server, the current scenario's gateway application behind it; the applications
+    it served are closed on the server's loop (their upstream sessions live there)."""
 
-    app: Any = None
+    def __init__(self) -> None:
+        self.app: Any = None
+        self.served: list[Any] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    for app in self.served:
+                        await app.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if self.app not in self.served:
+            self.served.append(self.app)
         await self.app(scope, receive, send)
 
 
@@ -185,7 +200,7 @@ def main(config_path: str | None, *, stream: bool = False) -> int:
         unguarded_deployment(config, UNGUARDED_CAP) as bare,
         tempfile.TemporaryDirectory(prefix="loopwarden-gateway-demo-") as tmp,
         _serve(ScriptedUpstream({sc.name: sc for sc in scenarios}, prefix=prefix)) as upstream,
-        _serve(switch) as gateway,
+        _serve(switch, lifespan="on") as gateway,
     ):
         runs: dict[str, Any] = {}
 
