@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 #: scenarios whose guard acts inside tool execution, out of a gateway's sight
 IN_PROCESS_ONLY = ("slow-tool",)
@@ -33,7 +33,7 @@ AGENT_CAP = 60
 
 
 @contextlib.contextmanager
-def _serve(app: Any, lifespan: str = "off") -> Iterator[str]:
+def _serve(app: Any, lifespan: Literal["on", "off"] = "off") -> Iterator[str]:
     import uvicorn
 
     with socket.socket() as s:
