@@ -28,7 +28,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
+try:
+    import httpx
+except ImportError as exc:  # pragma: no cover - the gateway extra is missing
+    raise ImportError(
+        "loopwarden gateway needs the gateway extra: pip install 'loopwarden[gateway]'"
+    ) from exc
 
 from loopwarden.exceptions import StoreError
 from loopwarden.gateway import chat

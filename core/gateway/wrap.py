@@ -34,7 +34,12 @@ from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
+try:
+    import httpx
+except ImportError as exc:  # pragma: no cover - the gateway extra is missing
+    raise ImportError(
+        "loopwarden.wrap needs the gateway extra: pip install 'loopwarden[gateway]'"
+    ) from exc
 
 if TYPE_CHECKING:
     from loopwarden.deployment import Deployment
