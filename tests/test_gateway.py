@@ -613,3 +613,36 @@ def test_text_held_behind_a_tool_call_is_not_counted_as_sent() -> None:
     assert not asm.add(ev({"content": " world"}))
     assert asm.sent_text() == "Hello"
     assert asm.response().content == "Hello world"
+
+
+@pytest.mark.parametrize("wire", ["chat", "responses", "messages"])
+def test_a_body_nested_100000_deep_is_a_400_not_a_crash(wire: str) -> None:
+    from loopwarden.gateway.wires import wire_for
+
+    codec = wire_for({"chat": "/v1/chat/completions"}.get(wire, "/v1/" + wire))
+    assert codec is not None
+    key = "messages" if wire != "responses" else "input"
+    raw = b'{"' + key.encode() + b'": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(chat.WireError) as info:
+        codec.parse_request(raw, 10**8)
+    assert (info.value.status, info.value.code) == (400, "invalid_json")
+
+
+@pytest.mark.parametrize("wire", ["chat", "responses", "messages"])
+def test_a_lone_surrogate_survives_a_forwarded_request_with_notes(wire: str) -> None:
+    """A JSON ``\\ud800`` escape decodes to a lone surrogate, which UTF-8 cannot encode: a
+    request re-written with a guard's note still goes out, the escape as the client sent it."""
+    from loopwarden.gateway.wires import wire_for
+
+    codec = wire_for({"chat": "/v1/chat/completions"}.get(wire, "/v1/" + wire))
+    assert codec is not None
+    text = '"hi \\ud800 there"'
+    if wire == "responses":
+        raw = ('{"model": "m", "input": [{"role": "user", "content": ' + text + "}]}").encode()
+    else:
+        raw = ('{"model": "m", "messages": [{"role": "user", "content": ' + text + "}]}").encode()
+    req = codec.parse_request(raw, 10**6)
+    note = {"role": "system", "content": "[loopwarden] a note"}
+    body = codec.forward_body(req, [note], final=True)
+    body.decode("utf-8")  # valid UTF-8
+    assert "\ud800" in json.dumps(json.loads(body), ensure_ascii=False)

@@ -37,6 +37,7 @@ except ImportError as exc:  # pragma: no cover - the gateway extra is missing
 
 from loopwarden.exceptions import StoreError
 from loopwarden.gateway import chat
+from loopwarden.gateway.chat import json_bytes
 from loopwarden.gateway.exchange import Deliver, Exchange, Forward, Gate
 from loopwarden.gateway.wires import Wire, wire_for
 
@@ -481,15 +482,13 @@ class GatewayApp:
             return
         if step.kind == "message" and step.message is not None and last is not None:
             data = wire.with_message(last[0], step.message)
-            await _respond(
-                send, 200, json.dumps(data, ensure_ascii=False).encode(), passed, raw_headers=True
-            )
+            await _respond(send, 200, json_bytes(data), passed, raw_headers=True)
             return
         data = wire.answer_body(req, step.text, step.finish_call, step.answer_id)
         await _respond(
             send,
             200,
-            json.dumps(data, ensure_ascii=False).encode(),
+            json_bytes(data),
             {"content-type": "application/json", **headers},
         )
 

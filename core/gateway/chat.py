@@ -103,6 +103,17 @@ def text_of(content: Any) -> str:
     return str(content)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as UTF-8 JSON for the wire.  Untrusted text may carry a lone surrogate (a
+    JSON ``\\ud800`` escape decodes to one), which UTF-8 cannot encode: such a value is
+    written ASCII-escaped, as the client sent it."""
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj).encode()
+
+
 def json_object(raw: bytes, max_bytes: int) -> dict[str, Any]:
     """A request body read as a JSON object, whatever its wire: a :class:`WireError` (413
     over ``max_bytes``, 400 when it is no JSON object) otherwise."""
@@ -112,6 +123,8 @@ def json_object(raw: bytes, max_bytes: int) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(400, "invalid_json", f"the request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise WireError(400, "invalid_json", "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise WireError(400, "invalid_request", "the request body must be a JSON object")
     return body
@@ -226,7 +239,7 @@ def forward_body(req: ChatRequest, extra: list[dict[str, Any]], *, final: bool) 
         if body.get("tools"):
             body["tool_choice"] = "none"
         body.pop("parallel_tool_calls", None)
-    return json.dumps(body, ensure_ascii=False).encode()
+    return json_bytes(body)
 
 
 def new_id() -> str:
@@ -284,8 +297,8 @@ def completion_body(
 
 def sse(data: Mapping[str, Any] | str) -> bytes:
     """One server-sent event."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return b"data: " + text.encode() + b"\n\n"
+    body = data.encode() if isinstance(data, str) else json_bytes(data)
+    return b"data: " + body + b"\n\n"
 
 
 def stream_chunks(

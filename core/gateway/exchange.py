@@ -54,7 +54,7 @@ from loopwarden.engine.toolturn import ledger_answer
 from loopwarden.events import IN_DOUBT, ModelResponse, ToolCall, ToolResult
 from loopwarden.exceptions import StoreError
 from loopwarden.gateway import state as st
-from loopwarden.gateway.chat import ChatRequest, _obj, text_of
+from loopwarden.gateway.chat import ChatRequest, _obj, json_bytes, text_of
 from loopwarden.gateway.wires import WIRES, Wire
 from loopwarden.models.tokens import estimate_message
 from loopwarden.run import Conversation, Run, RunOutcome
@@ -484,7 +484,7 @@ class Exchange:
         else:
             body.pop("previous_response_id", None)
         req.body = body
-        req.raw = json.dumps(body, ensure_ascii=False).encode()
+        req.raw = json_bytes(body)
 
     def _new_run(self, live: Live, registry: ToolRegistry) -> Run:
         gate = self.gate

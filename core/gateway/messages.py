@@ -26,6 +26,7 @@ from loopwarden.gateway.chat import (
     WireError,
     _obj,
     event_data,
+    json_bytes,
     json_object,
     stream_index,
     text_of,
@@ -245,7 +246,7 @@ def forward_body(req: ChatRequest, extra: list[dict[str, Any]], *, final: bool) 
         body["messages"] = messages
     if final and body.get("tools"):
         body["tool_choice"] = {"type": "none"}
-    return json.dumps(body, ensure_ascii=False).encode()
+    return json_bytes(body)
 
 
 def new_id() -> str:
@@ -279,13 +280,7 @@ def answer_body(
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return (
-        b"event: "
-        + kind.encode()
-        + b"\ndata: "
-        + json.dumps({"type": kind, **data}, ensure_ascii=False).encode()
-        + b"\n\n"
-    )
+    return b"event: " + kind.encode() + b"\ndata: " + json_bytes({"type": kind, **data}) + b"\n\n"
 
 
 def stream_answer(

@@ -26,6 +26,7 @@ from loopwarden.gateway.chat import (
     WireError,
     _obj,
     event_data,
+    json_bytes,
     json_object,
     stream_index,
     text_of,
@@ -240,7 +241,7 @@ def forward_body(req: ChatRequest, extra: list[dict[str, Any]], *, final: bool) 
     body["input"] = items
     if final and body.get("tools"):
         body["tool_choice"] = "none"
-    return json.dumps(body, ensure_ascii=False).encode()
+    return json_bytes(body)
 
 
 def new_id(prefix: str = "resp_lw") -> str:
@@ -303,13 +304,7 @@ def answer_body(
 
 def _event(kind: str, seq: int, data: dict[str, Any]) -> bytes:
     payload = {"type": kind, "sequence_number": seq, **data}
-    return (
-        b"event: "
-        + kind.encode()
-        + b"\ndata: "
-        + json.dumps(payload, ensure_ascii=False).encode()
-        + b"\n\n"
-    )
+    return b"event: " + kind.encode() + b"\ndata: " + json_bytes(payload) + b"\n\n"
 
 
 def stream_answer(

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from loopwarden.events import ModelResponse
 from loopwarden.gateway import chat, messages, responses
-from loopwarden.gateway.chat import ChatRequest
+from loopwarden.gateway.chat import ChatRequest, json_bytes
 
 __all__ = ["WIRES", "Assembler", "ChatWire", "MessagesWire", "ResponsesWire", "Wire", "wire_for"]
 
@@ -76,7 +76,7 @@ class Wire:
             return body
         data["stream"] = False
         data.pop("stream_options", None)
-        return json.dumps(data, ensure_ascii=False).encode()
+        return json_bytes(data)
 
     def error_body(self, code: str, message: str, kind: str) -> bytes:
         return chat.error_body(code, message, kind=kind)
