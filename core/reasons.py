@@ -41,6 +41,9 @@ STOP_REASONS: tuple[str, ...] = (
     "ended_by_framework",
     # circuit_breaker: a run kept calling a tool that a fleet-wide breaker paused
     "circuit_open",
+    # loopwarden.gateway: within one request the model kept proposing only calls that were
+    # answered for it (skipped, or side effects already done); the run wrapped up
+    "skipped_calls",
 )
 
 #: the run ended as it should: the model answered, or a terminal tool handed it off
