@@ -33,18 +33,32 @@ temp path                 ``/tmp/pytest-of-root/x1/f.py``, ``tmpa8f3k2_q``      
 process / cell counter    ``pid 4211``, ``In [12]:``, ``Out[12]:``                   ``pid <n>``
 ========================  =========================================================  ==========
 
-Plain numbers are **not** masked: a status that moves (``42% done``, ``3 of 10 shards``), a
-count of results, a price, a date (``2026-06-22``) or an hour (``14:05``, a flight's departure)
-is what an answer says.  A date alone is data; a date with a time of day is a timestamp.
+**Numbers that are the answer.**  A number is noise or the answer depending on where it
+stands and on what the answer is, by this rule (the same for every detector):
 
-:meth:`AnswerMasks.shape` goes further and masks every digit run: two answers of the same
-shape differ only in their numbers.  That is weaker evidence (a poll whose percentage moves
-has one shape), which :mod:`loopwarden.plugins.repeat_call` counts only in a long streak of
-the same call.
+1. Plain numbers are **never** masked: a status that moves (``42% done``, ``3 of 10
+   shards``), a queue length, a balance, a count of results, a price, a date (``2026-06-22``)
+   or an hour (``14:05``, a flight's departure) is what an answer says.  A date alone is data;
+   a date with a time of day is a timestamp.
+2. A **time** (timestamp, clock time, epoch) is the answer when the answer is short (at most
+   ``time_value_chars`` characters, ``[run] time_value_chars``, default 120) and the time is not
+   a log stamp: a clock's ``2026-12-02 20:51:54``, ``{"now": "20:51:54"}``, ``Current time:
+   20:51:54`` are kept, so a clock read three times gives three answers.  A time that opens a
+   line followed by more text (``[2026-12-02T10:00:01Z] upstream down``) is a log stamp, and a
+   time inside a longer answer (a log, a traceback, a record) is noise: both are masked.
+3. Ids, line numbers, durations, addresses, temp paths and process counters are noise
+   wherever they stand.
+4. **Failures** are compared by their *shape* (:meth:`AnswerMasks.shape`: every digit run
+   masked): an error with a new line number, port or counter is the same error.  A successful
+   answer of the same shape as the last one -- only its numbers changed -- is news when its
+   numbers are new (a percentage that moves is progress) and stale when they come back (a
+   status jittering between 3 and 4 of 10): :mod:`loopwarden.plugins.repeat_call` counts
+   only the stale ones, and needs a streak of them (``shape_streak``).
 
 Configurable per deployment in ``[run]``: ``mask_volatile = false`` compares answers byte for
 byte; ``volatile_patterns = [...]`` adds regular expressions whose matches are masked too
-(``<v>``).  Work per answer is bounded: only the first ``max_chars`` characters are masked,
+(``<v>``) wherever they stand; ``time_value_chars = 0`` masks every time as noise (rule 2
+off).  Work per answer is bounded: only the first ``max_chars`` characters are masked,
 the rest is hashed as it is.
 """
 
@@ -235,6 +249,12 @@ DEFAULT_ANSWER_MASKS: tuple[tuple[str, str, str], ...] = (
 _TEMP_DIR = r"/(?:private/)?(?:var/)?(?:tmp|folders)/[^\s'\"`,;:)\]}]*"
 
 _DIGITS = re.compile(r"\d+")
+#: default patterns whose match is a time: the answer itself in a short answer (rule 2)
+_TIMES = frozenset({"timestamp", "clock", "epoch"})
+#: what may stand before a log stamp on its line: indentation and an opening bracket
+_STAMP_BEFORE = re.compile(r"[ \t]*[\[(]?[ \t]*$")
+#: what follows a log stamp: a closing bracket or separator, then more text on the line
+_STAMP_AFTER = re.compile(r"[\])]?[ \t]*[-:|]?[ \t]*[^\s\])]")
 _EXTENSION = re.compile(r"\.[A-Za-z]{1,4}$")
 _HEX_LETTER = re.compile(r"[a-f]")
 _HEX_DIGIT = re.compile(r"\d")
@@ -243,6 +263,16 @@ _HEX_DIGIT = re.compile(r"\d")
 def _file_line(m: re.Match[str]) -> bool:
     start = m.start()
     return _EXTENSION.search(m.string, max(0, start - 5), start) is not None
+
+
+def _log_stamp(m: re.Match[str]) -> bool:
+    """Whether a time opens its line and more text follows it (a log line's stamp)."""
+    text = m.string
+    line_start = text.rfind("\n", 0, m.start()) + 1
+    return (
+        _STAMP_BEFORE.match(text, line_start, m.start()) is not None
+        and _STAMP_AFTER.match(text, m.end()) is not None
+    )
 
 
 def _hex_id(m: re.Match[str]) -> bool:
@@ -258,7 +288,16 @@ class AnswerMasks:
     """Masks the volatile parts of tool answers (see the module docstring); one per
     deployment, shared by every detector.  Immutable and thread-safe."""
 
-    __slots__ = ("_checks", "_pattern", "_replacements", "enabled", "max_chars", "patterns")
+    __slots__ = (
+        "_checks",
+        "_pattern",
+        "_replacements",
+        "_times",
+        "enabled",
+        "max_chars",
+        "patterns",
+        "time_value_chars",
+    )
 
     def __init__(
         self,
@@ -267,9 +306,12 @@ class AnswerMasks:
         enabled: bool = True,
         defaults: Sequence[tuple[str, str, str]] = DEFAULT_ANSWER_MASKS,
         max_chars: int = 20000,
+        time_value_chars: int = 120,
     ) -> None:
         self.enabled = enabled
         self.max_chars = max_chars
+        #: an answer at most this long keeps a time that is not a log stamp (rule 2)
+        self.time_value_chars = time_value_chars
         extra = list(extra_patterns)
         self.patterns = (
             tuple(p for _, p, _ in defaults) + (_TEMP_DIR,) * bool(defaults) + tuple(extra)
@@ -286,6 +328,8 @@ class AnswerMasks:
             own.append(("<tmp>", None))
         self._replacements = [r for r, _ in own] + ["<v>"] * len(extra)
         self._checks = [c for _, c in own] + [None] * len(extra)
+        #: the group numbers of the time patterns
+        self._times = frozenset(i for i, (name, _, _) in enumerate(defaults) if name in _TIMES)
         # inner groups of a pattern would shift the numbering: patterns use (?:...) only
         if self._pattern is not None and self._pattern.groups != len(self._replacements):
             raise ValueError(
@@ -299,11 +343,20 @@ class AnswerMasks:
             return m.group()
         return self._replacements[i]
 
+    def _sub_short(self, m: re.Match[str]) -> str:
+        """:meth:`_sub` for a short answer: a time that is not a log stamp is its value."""
+        if (m.lastindex or 1) - 1 in self._times and not _log_stamp(m):
+            return m.group()
+        return self._sub(m)
+
     def mask(self, text: str) -> str:
         """``text`` with its volatile parts replaced by placeholders (its first ``max_chars``
-        characters; the rest as it is)."""
+        characters; the rest as it is); a short answer keeps the time it gives (see the
+        module docstring's rule)."""
         if not self.enabled or self._pattern is None or not text:
             return text
+        if len(text) <= self.time_value_chars and self._times:
+            return self._pattern.sub(self._sub_short, text)
         head, tail = text[: self.max_chars], text[self.max_chars :]
         return self._pattern.sub(self._sub, head) + tail
 
@@ -314,7 +367,7 @@ class AnswerMasks:
 
     def shape(self, text: str) -> str:
         """A short hash of ``text`` with every digit run masked as well: equal for two
-        answers that differ only in their numbers."""
+        answers that differ only in their numbers -- how failures are compared (rule 4)."""
         return shape_of(self.mask(text))
 
 

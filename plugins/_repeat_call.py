@@ -22,34 +22,51 @@ class RepeatCallSettings(PluginSettings):
     """``[plugins.repeat_call]``."""
 
     stop_at_repeat: int = Field(
-        default=2,
+        default=4,
         ge=1,
-        description="the repeat of one call (by fingerprint) that stops the run; earlier "
+        description="the repeat of one call (by fingerprint) with the same answer, nothing new "
+        "having come in between, that stops the run (4: the fifth identical call); earlier "
         "repeats are skipped or warned about (1: the first repeat already stops)",
     )
     window: int = Field(
-        default=5, ge=2, description="the window rule looks at this many most recent tool calls"
+        default=10, ge=2, description="the window rule looks at this many most recent tool calls"
     )
     window_count: int = Field(
-        default=3,
-        ge=2,
-        description="the same fingerprint this many times within the last `window` tool calls "
-        "stops the run, even with other calls in between",
+        default=4,
+        ge=1,
+        description="this many repeats of one fingerprint within the last `window` tool calls, "
+        "nothing new having come in between, stop the run, even with other calls between them",
     )
     shape_streak: int | None = Field(
         default=5,
         ge=3,
-        description="the same call this many times in a row (no other call in between), "
-        "its answers the same apart from their numbers, stops the run -- a status that never "
-        "settles; shape_streak - 2 in a row warn (unset: off)",
+        description="the same undeclared call this many times in a row (no other call in "
+        "between), its answers the same apart from their numbers and shape_streak - 2 of them "
+        "numbers that came back (not new: a status that never settles), stops the run; "
+        "numbers that keep moving are progress; shape_streak - 2 in a row warn (unset: off)",
+    )
+    still_text_stop_at_repeat: int | None = Field(
+        default=2,
+        ge=1,
+        description="a counted repeat made in a turn whose text is nearly the same as in the "
+        "turn of the call's last answer (non-empty, Jaccard >= still_text_similarity) stops the "
+        "run at this repeat: the model's own reasoning stands still too (null: such repeats "
+        "stop at stop_at_repeat like any)",
+    )
+    still_text_similarity: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Jaccard similarity (CJK character sets, word sets otherwise) at or above "
+        "which two turns' texts count as the same",
     )
     ignored_failure_warnings: int = Field(
-        default=5,
+        default=8,
         ge=1,
-        description="an identical failure with successful calls in between is weak evidence: "
+        description="an identical failure with new answers in between is weak evidence: "
         "it is warned about once, and stops the run only when the same failing call is made "
-        "this many more times after the warning (the identical failure in a row, nothing "
-        "succeeding in between, stops at stop_at_repeat)",
+        "this many more times after the warning (the identical failure with nothing new in "
+        "between stops at stop_at_repeat)",
     )
     soft: bool = Field(
         default=True,
@@ -97,8 +114,8 @@ class RepeatCallSettings(PluginSettings):
         "({observation}: the earlier failure, {hint}, {name}, {signature}, {count}, {error})",
     )
     unchanged_hint: str = Field(
-        default="{name} returned the same result again; calling it again will not bring new "
-        "information. Answer from it or change approach.",
+        default="{signature} returned the same result again ({count} calls); calling it again "
+        "will not bring new information. Answer from it or change approach.",
         description="warning when a non-deterministic tool's result did not change "
         "({name}, {signature}, {count})",
     )
@@ -142,10 +159,14 @@ class _Entry:
     content: str = ""
     digest: str = ""
     carried: list[Any] | None = None  # its failure remembered from an earlier user turn
-    shape: str = ""  # its last answer with every number masked
+    shape: str = ""  # its last answer's shape, for the shape-streak rule ("": rule off)
+    form: str = ""  # its last answer's shape (volatile parts and every number masked)
     streak: int = 0  # times in a row (no other call between) with answers of one shape
-    successes: int = 0  # the run's successful results when its last result came
-    weak: int = 0  # identical failures with successes in between, after the first
+    stale: int = 0  # of them, answers whose numbers came back (not new)
+    values: tuple[str, ...] = ()  # the answers (digests) of that streak, the latest few
+    news: int = 0  # the run's new answers when its last result came
+    weak: int = 0  # identical failures with new answers in between, after the first
+    text: frozenset[str] = frozenset()  # the words of the turn of its last answer
 
 
 @dataclass(slots=True)
@@ -167,5 +188,8 @@ class _State:
     #: after_tool (all of a turn's calls are decided before any result in the gateway)
     pending: dict[tuple[int, int], _Pending] = field(default_factory=dict)
     epoch: int = 0  # bumped by every executed call that may change the world
-    successes: int = 0  # real successful results so far
+    news: int = 0  # real answers so far that said something not said before in the run
+    #: the answers said so far (comparison keys), least recently seen forgotten first
+    said: OrderedDict[str, None] = field(default_factory=OrderedDict)
     last_fp: str | None = None  # the fingerprint of the latest real result
+    text: frozenset[str] = frozenset()  # the words of the current turn's text (empty: none)

@@ -5,12 +5,20 @@ CJK characters one by one, words otherwise (see :mod:`loopwarden.plugins._text`)
 last ``window`` contents are each at least ``threshold`` Jaccard-similar to the one before,
 the wording has stalled.  Similar wording alone is weak evidence -- "checking order 88231's
 details / logistics / refund" is progress -- so it is corroborated with the tool results that
-arrived since the oldest of those contents: if none of them was new (each the answer its call
-gave before, volatile parts masked -- :mod:`loopwarden.fingerprint` -- or only skipped calls), the
-run stops with ``no_progress``; if some were new, the run goes on (``warn_on_similar = true``
+arrived since the oldest of those contents: if none of them was new, the run stops with
+``no_progress``; if some were new, the run goes on (``warn_on_similar = true``
 warns once per streak: weak evidence, off by default).  Empty contents (usual in function
 calling) are skipped, neither similar nor dissimilar.  A turn without tool calls is the final
 answer and is not judged.
+
+**What is new.**  Answers are compared with their volatile parts masked
+(:mod:`loopwarden.fingerprint`); skipped calls bring nothing.  A *substantive* answer is new when
+the run has not seen it from any call: different searches answered by the same document bring
+nothing new.  An *acknowledgement* -- an answer of at most ``ack_max_chars`` characters
+(``OK``, ``executed successfully``, ``Query OK, 0 rows affected (0.01 sec)``, ``in stock``,
+``没有找到符合条件的房间。``), JSON that holds nothing, or a failure -- says only what became of
+this call, so it is new when *this call* has not had it before: another statement acknowledged
+is another step taken, another date without rooms is another date checked.
 
 **Inside one streamed answer** (``on_model_delta``, streamed runs only): an answer that says
 the same sentence ``stream_repeats`` times is degenerate -- a model stuck in a loop within one
@@ -45,7 +53,7 @@ from loopwarden import (
 )
 from loopwarden.events import ModelDelta
 from loopwarden.plugin import check_templates
-from loopwarden.plugins._text import jaccard, token_set
+from loopwarden.plugins._text import jaccard, structurally_empty, token_set
 
 __all__ = ["NoProgress", "NoProgressSettings"]
 
@@ -79,6 +87,14 @@ class NoProgressSettings(PluginSettings):
     )
     max_chars: int = Field(
         default=2000, ge=1, description="only this many characters of a content are compared"
+    )
+    ack_max_chars: int = Field(
+        default=48,
+        ge=0,
+        description="a tool answer of at most this many characters (volatile parts masked), JSON "
+        "holding nothing, or a failure is an acknowledgement: new when its call has not had it "
+        "before; a longer answer is substantive content: new only when no call has had it "
+        "before (0: every answer is judged per call, as an acknowledgement)",
     )
     message: str = Field(
         default="Your last {count} messages say nearly the same thing. Make sure the next step "
@@ -249,12 +265,17 @@ class NoProgress(Plugin[NoProgressSettings]):
                 )
         return None
 
+    def _acknowledgement(self, result: ToolResult) -> bool:
+        """Whether an answer only says what became of its call (see the module docstring)."""
+        limit = self.settings.ack_max_chars
+        said = result.said
+        return not limit or not result.ok or len(said.strip()) <= limit or structurally_empty(said)
+
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> None:
-        """Count a result as new when this call (its fingerprint) has not given this answer
-        (its digest, volatile parts masked) recently: the same answer to another call --
-        another table created, another day without flights -- is news.  Skips are not
-        results."""
+        """Count a result as new when the run has not had this answer (its digest, volatile
+        parts masked) recently -- from any call for substantive content, from this call
+        (its fingerprint) for an acknowledgement.  Skips are not results."""
         if result.skipped:
             return
         st: _State = self.state(run)
@@ -264,7 +285,11 @@ class NoProgress(Plugin[NoProgressSettings]):
             if st.contents:
                 st.contents[-1].new_results += 1
             return
-        digest = f"{call.fingerprint}#{result.digest}"
+        digest = (
+            f"{call.fingerprint}#{result.digest}"
+            if self._acknowledgement(result)
+            else result.digest
+        )
         if digest in st.seen:
             st.seen.move_to_end(digest)
             return

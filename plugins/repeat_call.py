@@ -5,10 +5,10 @@ once by the loop with ``[run] volatile_keys``; see :mod:`loopwarden.fingerprint`
 repeat means depends on the tool's nature and on the last *real* result of that fingerprint
 (skipped calls' synthetic observations are never results):
 
-* **read-only + deterministic tool, earlier call succeeded** -- the answer cannot change.  The
-  first repeat is skipped: the model gets the earlier observation plus a hint, and the hint is
-  injected as a warning.  The repeat numbered ``stop_at_repeat`` (default: the second) stops
-  the run with ``repeat_call``.
+* **read-only + deterministic tool, earlier call succeeded** -- the answer cannot change.
+  Repeats are skipped: the model gets the earlier observation plus a hint, and the hint is
+  injected as a warning.  The repeat numbered ``stop_at_repeat`` (default: the fourth, the
+  fifth identical call) stops the run with ``repeat_call``.
 * **earlier call failed with a non-retryable error** (``NOT_FOUND``, an unknown tool, bad
   arguments) -- skipped the same way ("this call already failed with ...; do not retry it"),
   then stopped.
@@ -19,15 +19,33 @@ repeat means depends on the tool's nature and on the last *real* result of that 
 * **non-deterministic tool** (a clock, live stock, polling), and **every tool whose nature
   is not declared** (a framework's ``bash``, ``edit_file``, ``cd``) -- not a repeat while its
   results change.  A call whose result equals the previous result of the same fingerprint is a
-  repeat: the first one warns, the ``stop_at_repeat``-th stops.  It cannot be skipped (only
-  running it tells whether the result changed).
+  repeat: each warns, saying which call repeated, the ``stop_at_repeat``-th stops.  It cannot
+  be skipped (only running it tells whether the result changed).
 * **side-effect tool** -- never skipped as a repeat (the loop already returns the earlier
   result for the same idempotency key and never runs the side effect twice); only the window
   rule may stop it.
 
-Window rule: the same fingerprint ``window_count`` times within the last ``window`` tool calls
-stops the run, even with other calls in between (real runs interleave repeats with no-op
-calls).
+**Answers compared** by the shared rule of :mod:`loopwarden.fingerprint`: a successful answer
+by its digest (volatile parts masked, numbers kept), a failure by its shape (every number
+masked: the same error with a new line number is the same error).  The same call of an
+undeclared tool ``shape_streak`` times in a row, answered alike but for numbers that keep coming
+back (3, 4, 3, 3, 4 of 10 healthy), stops; numbers that move on (10%, 20%, 30%) are progress.
+
+**Only a repeat with nothing new in between counts.**  An answer is *new* when the run has not
+seen it before (from any call).  A repeat whose call got new answers in between -- a directory
+listed again beside each new file read, a migration retried after reading something new -- is
+weak evidence: a successful one is not counted, a failing one is warned once and stopped only
+after ``ignored_failure_warnings`` more.  A repeat with nothing new since (in a row, or
+interleaved with no-op calls that say nothing new) counts.  The held-back runs escaped after up
+to four identical calls in a row and the loops to stop repeat five times or more, hence
+``stop_at_repeat = 4`` (docs/defaults.md).  When the model's own text stands still as well --
+the turn's text nearly the same as when the call got its last answer -- its reasoning is not
+moving either: such a repeat stops at ``still_text_stop_at_repeat`` (the third identical call).
+An empty text is no evidence either way.
+
+Window rule: ``window_count`` repeats of one fingerprint within the last ``window`` tool calls,
+nothing new in between, stop the run, even with other calls between them (real runs interleave
+repeats with no-op calls).
 
 A repeat is only a repeat while nothing has changed the world.  Every executed, successful
 call that may change state (:attr:`loopwarden.ToolCall.may_change_state`: a tool not declared
@@ -49,10 +67,11 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any
 
-from loopwarden import Plugin, Run, ToolCall, ToolResult, Verdict, hookimpl
+from loopwarden import ModelResponse, Plugin, Run, ToolCall, ToolResult, Verdict, hookimpl
 from loopwarden.fingerprint import shape_of
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugins._repeat_call import RepeatCallSettings, _Entry, _Pending, _State
+from loopwarden.plugins._text import jaccard, token_set
 from loopwarden.sanitize import first_line as _first_line
 from loopwarden.stash import StashKey
 
@@ -94,6 +113,26 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         """A call judged by its result: a valid call of a non-deterministic, side-effect-free
         tool (for a tool that is not declared at all the same holds: its result decides)."""
         return call.error is None and not call.side_effect and not call.deterministic
+
+    @staticmethod
+    def _key(result: ToolResult) -> str:
+        """What an answer is compared by: a success by its digest, a failure by its shape
+        (every number masked too) -- the rule of :mod:`loopwarden.fingerprint`."""
+        return result.digest if result.ok else "!" + shape_of(result.said)
+
+    def _note(self, st: _State, key: str, moved: bool) -> None:
+        """Count the answer ``key`` as news when the run has not seen it recently, unless
+        only its numbers ``moved`` from its call's last answer (a clock read again says
+        nothing new about the task)."""
+        said = st.said
+        if key in said:
+            said.move_to_end(key)
+            return
+        if not moved:
+            st.news += 1
+        said[key] = None
+        if len(said) > self.settings.max_fingerprints:
+            said.popitem(last=False)
 
     def _in_window(self, st: _State, key: str) -> int:
         # entries are (key, counts) with counts a bool: count the counting ones, in C
@@ -140,27 +179,53 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             **self._evidence(call, e, window_hits, rule=rule, **extra),
         )
 
-    def _stops(self, e: _Entry, window_hits: int) -> bool:
+    def _stops(self, e: _Entry, window_hits: int, st: _State | None = None) -> bool:
+        """Whether the entry's counted repeats (or the window's) stop the run; with ``st``, a
+        repeat in a turn whose text stands still since the call's last answer stops earlier."""
         s = self.settings
-        return e.repeats >= s.stop_at_repeat or window_hits >= s.window_count
+        if e.repeats >= s.stop_at_repeat or window_hits >= s.window_count:
+            return True
+        early = s.still_text_stop_at_repeat
+        return (
+            early is not None
+            and st is not None
+            and e.repeats >= early
+            and bool(st.text)
+            and bool(e.text)
+            and jaccard(st.text, e.text) >= s.still_text_similarity
+        )
 
-    def _shape(self, call: ToolCall, result: ToolResult) -> str:
-        """The shape of an undeclared call's answer (volatile parts and every number
-        masked), for the shape-streak rule; "" when the rule does not apply."""
-        if self.settings.shape_streak is None or call.declared:
-            return ""
-        return shape_of(result.said)
+    @hookimpl
+    def after_response(self, run: Run, response: ModelResponse) -> None:
+        """Keep the words of this turn's text: a repeat judged in it compares them with those
+        of the turn of the call's last answer."""
+        st: _State = self.state(run)
+        content = (response.content or "").strip()
+        st.text = token_set(content, 2000) if content else frozenset()
+
+    def _follow(self, st: _State, e: _Entry, fp: str, shape: str, key: str) -> None:
+        """Carry on or restart the entry's streak of answers of one shape: an answer in the
+        streak whose numbers came back (its key seen in the streak) is stale, a failure
+        always is (its numbers are noise)."""
+        if st.last_fp == fp and shape == e.shape:
+            e.streak += 1
+            if key in e.values or key.startswith("!"):
+                e.stale += 1
+            e.values = (*e.values[-(self.settings.shape_streak or 3) :], key)
+        else:
+            e.streak, e.stale, e.values = 1, 0, (key,)
+        e.shape = shape
 
     def _weak_failure(
         self, run: Run, call: ToolCall, result: ToolResult, e: _Entry, st: _State
     ) -> Verdict | None:
-        """The identical failure again, with successful calls in between: the agent is
-        working around it.  Warned once, saying what failed; stopped only when the same
-        failing call comes ``ignored_failure_warnings`` more times after the warning."""
+        """The identical failure again, with new answers in between: the agent is working
+        around it.  Warned once, saying what failed; stopped only when the same failing call
+        comes ``ignored_failure_warnings`` more times after the warning."""
         s = self.settings
         e.weak += 1
         run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
-        hits = self._in_window(st, f"{call.fingerprint}@{st.epoch}#{result.digest}")
+        hits = self._in_window(st, f"{call.fingerprint}@{st.epoch}#{self._key(result)}")
         if e.weak > s.ignored_failure_warnings:
             return self._stop(
                 call, e, hits, by_repeats=False, rule="ignored_warning", ignored=e.weak - 1
@@ -173,34 +238,23 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             **self._evidence(call, e, hits, rule="failed_between_successes"),
         )
 
-    def _shape_streak(
-        self,
-        run: Run,
-        call: ToolCall,
-        result: ToolResult,
-        e: _Entry,
-        st: _State,
-        in_a_row: bool,
-        shape: str,
-        *,
-        expected: bool = False,
-    ) -> Verdict | None:
+    def _shape_streak(self, call: ToolCall, e: _Entry, *, expected: bool = False) -> Verdict | None:
         """The same call of an undeclared tool in a row, its answer the same apart from its
-        numbers: a status that never settles.  Warned at ``shape_streak - 2`` calls, stopped at
-        ``shape_streak``."""
+        numbers, and those numbers coming back: a status that never settles.  Warned at
+        ``shape_streak - 2`` calls, stopped at ``shape_streak`` with ``shape_streak - 2`` stale
+        answers (:meth:`_follow` has counted this one)."""
         s = self.settings
         limit = s.shape_streak
-        if (
-            limit is None
-            or not in_a_row
-            or not shape  # a declared nature vouches that its answers change
-            or shape != e.shape
-        ):
+        # the streak (:meth:`_follow`) is of calls in a row; a declared nature vouches that
+        # its answers change (no shape kept)
+        if limit is None or not e.shape or e.streak < 2:
             return None
-        n = e.streak + 1  # this call included
-        if n >= limit:
-            return self._stop(call, e, 0, by_repeats=False, rule="same_shape", streak=n)
-        if n == limit - 2 and not expected:
+        n = e.streak  # this call included
+        if n >= limit and e.stale >= limit - 2:
+            return self._stop(
+                call, e, 0, by_repeats=False, rule="same_shape", streak=n, stale=e.stale
+            )
+        if n == limit - 2 and e.stale and not expected:
             return self.warn(
                 render_note(s.unchanged_hint, **self._fields(call, e)),
                 **self._evidence(call, e, 0, rule="same_shape", streak=n),
@@ -291,15 +345,21 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         if deferred:
             return None
         side_effect = call.side_effect and call.error is None
-        key = fp if side_effect else f"{fp}@{st.epoch}"
+        # the window keys a call with the count of new answers so far: a repeat with nothing
+        # new since shares its key with the repeat before it (the first call's own new answer
+        # sets it apart, so the hits count repeats)
+        key = (fp if side_effect else f"{fp}@{st.epoch}") + f"~{st.news}"
         st.window.append((key, not retry))
         hits = self._in_window(st, key)
         repeat = current or (side_effect and e.has_result)
         if retry or not repeat:
-            if hits >= s.window_count:  # e.g. earlier occurrences skipped by other plugins
-                return self._stop(call, e, hits, by_repeats=False)
+            # no result to repeat (e.g. earlier occurrences skipped by other plugins): the
+            # first of the calls sharing its key is not a repeat
+            if hits - 1 >= s.window_count:
+                return self._stop(call, e, hits - 1, by_repeats=False)
             return None
-        e.repeats += 1
+        if st.news == e.news:  # nothing new since its last answer: a repeat that counts
+            e.repeats += 1
         run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
         if not e.ok and s.failures_across_turns:
             remembered = self.conversation_state(run).get(fp)
@@ -310,7 +370,7 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             if hits >= s.window_count:
                 return self._stop(call, e, hits, by_repeats=False)
             return None
-        if self._stops(e, hits):
+        if self._stops(e, hits, st):
             return self._stop(call, e, hits)
         fields = self._fields(call, e)
         if not e.ok:
@@ -336,92 +396,89 @@ class RepeatCall(Plugin[RepeatCallSettings]):
     @hookimpl
     def after_tool(self, run: Run, call: ToolCall, result: ToolResult) -> Verdict | None:
         st: _State = self.state(run)
-        s = self.settings
         pending = st.pending.pop((call.step, call.index), None)
         if pending is None or pending.call is not call:
             pending = _Pending(call, retry=False, deferred=False)
         fp = call.fingerprint
         # the entry before_tool used, still the most recent one (no call came in between)
         e = pending.entry if pending.entry is not None else self._entry(st, fp)
+        if result.skipped:
+            if pending.deferred and not pending.expected:
+                st.window.append((fp, False))
+            return None
+        key = self._key(result)
+        strong = st.news == e.news  # nothing new said since this call's last answer
+        form = shape_of(result.said)
+        self._note(st, key, e.has_result and form == e.form)
+        shape = "" if self.settings.shape_streak is None or call.declared else form
+        self._follow(st, e, fp, shape, key)
         verdict: Verdict | None = None
         if pending.expected:
             # a hand-off or a wait: only a long streak in a row is a loop (a hand-off called
             # a hundred times); a few repeats are the run ending, or time passing
-            if result.skipped:
-                return None
-            shape = self._shape(call, result)
-            verdict = self._shape_streak(
-                run, call, result, e, st, st.last_fp == fp, shape, expected=True
-            )
-            e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
-            e.shape = shape
-            st.last_fp = fp
-            if result.ok:
-                st.successes += 1
-                if call.may_change_state:
-                    st.epoch += 1
-            return verdict
-        shape = "" if result.skipped or call.declared else self._shape(call, result)
-        if pending.deferred:
-            if result.skipped:
-                st.window.append((fp, False))
-            else:
-                key = f"{fp}@{st.epoch}#{result.digest}"
-                # the same outcome as last time (the same answer, or the same failure of a
-                # call judged by its result), nothing having changed the world since
-                unchanged = (
-                    e.has_result
-                    and e.epoch == st.epoch
-                    and e.ok == result.ok
-                    and not pending.retry
-                    and result.digest == e.digest
-                )
-                st.window.append((key, not pending.retry))
-                in_a_row = st.last_fp == fp
-                if unchanged and not result.ok and st.successes != e.successes:
-                    # the same failure, with successful calls in between: weak evidence
-                    verdict = self._weak_failure(run, call, result, e, st)
-                elif unchanged:
-                    e.repeats += 1
-                    run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
-                    hits = self._in_window(st, key)
-                    if self._stops(e, hits):
-                        verdict = self._stop(call, e, hits, result_digest=result.digest)
-                    else:
-                        fields = self._fields(call, e)
-                        hint = (
-                            render_note(s.unchanged_hint, **fields)
-                            if result.ok
-                            else render_note(
-                                s.failed_hint, error=_first_line(result.content), **fields
-                            )
-                        )
-                        verdict = self.warn(
-                            hint,
-                            **self._evidence(
-                                call, e, hits, rule="unchanged", result_digest=result.digest
-                            ),
-                        )
-                else:
-                    e.repeats = 0  # the result changed: not a repeat
-                    verdict = self._shape_streak(run, call, result, e, st, in_a_row, shape)
-        if not result.skipped and e.carried is not None and not e.has_result:
+            verdict = self._shape_streak(call, e, expected=True)
+        elif pending.deferred:
+            verdict = self._judge(run, call, result, e, st, pending, key, strong)
+        if e.carried is not None and not e.has_result:
             verdict = self._failed_again(run, call, result, e, st) or verdict
-        if not result.skipped:
-            if s.failures_across_turns:
-                self._remember_failure(run, call, result)
-            if result.ok and call.may_change_state:
-                st.epoch += 1  # this call may have changed the world
-            if result.ok:
-                st.successes += 1
-            e.streak = e.streak + 1 if st.last_fp == fp and shape == e.shape else 1
-            e.shape = shape
-            st.last_fp = fp
-            e.successes = st.successes
-            e.has_result = True
-            e.epoch = st.epoch
-            e.ok = result.ok
-            e.retryable = result.retryable
-            e.content = result.content[: s.max_observation_chars]
-            e.digest = result.digest
+        if not pending.expected and self.settings.failures_across_turns:
+            self._remember_failure(run, call, result)
+        if result.ok and call.may_change_state:
+            st.epoch += 1  # this call may have changed the world
+        st.last_fp = fp
+        e.news = st.news
+        e.has_result = True
+        e.epoch = st.epoch
+        e.ok = result.ok
+        e.retryable = result.retryable
+        e.content = result.content[: self.settings.max_observation_chars]
+        e.digest = key
+        e.form = form
+        e.text = st.text
         return verdict
+
+    def _judge(
+        self,
+        run: Run,
+        call: ToolCall,
+        result: ToolResult,
+        e: _Entry,
+        st: _State,
+        pending: _Pending,
+        key: str,
+        strong: bool,
+    ) -> Verdict | None:
+        """Judge a call by its answer: the same outcome as last time (the same answer, or a
+        failure of the same shape), nothing having changed the world since, is a repeat --
+        counted when nothing new was said in between, weak evidence otherwise."""
+        s = self.settings
+        unchanged = (
+            e.has_result
+            and e.epoch == st.epoch
+            and e.ok == result.ok
+            and not pending.retry
+            and key == e.digest
+        )
+        wkey = f"{call.fingerprint}@{st.epoch}#{key}~{st.news}"
+        st.window.append((wkey, not pending.retry and unchanged and strong))
+        if unchanged and not strong:
+            if not result.ok:
+                return self._weak_failure(run, call, result, e, st)
+            return None  # the same answer, but the run learned something in between
+        if not unchanged:
+            e.repeats = 0  # the result changed: not a repeat
+            return self._shape_streak(call, e)
+        e.repeats += 1
+        run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
+        hits = self._in_window(st, wkey)
+        if self._stops(e, hits, st):
+            return self._stop(call, e, hits, result_digest=result.digest)
+        fields = self._fields(call, e)
+        hint = (
+            render_note(s.unchanged_hint, **fields)
+            if result.ok
+            else render_note(s.failed_hint, error=_first_line(result.content), **fields)
+        )
+        return self.warn(
+            hint, **self._evidence(call, e, hits, rule="unchanged", result_digest=result.digest)
+        )

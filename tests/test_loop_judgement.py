@@ -26,7 +26,8 @@ from loopwarden.traffic.trajectory import identical_repeat_streak
 CORPUS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
 
 #: loops whose answers differ only in volatile parts or numbers, and cycles of edits: stopped
-#: by a loop guard within two model turns of their onset
+#: by a loop guard within three model turns of their onset (an identical call stops at its
+#: fifth since issue 45, the third when the model's text stands still too)
 LOOPS = {
     "rep-moving-line-number-en": "repeat_call",
     "rep-timestamped-error-zh": "repeat_call",
@@ -60,7 +61,9 @@ def _play(dep: Deployment, name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", sorted(LOOPS))
-def test_loops_are_stopped_within_two_turns_of_their_onset(shipped: Deployment, name: str) -> None:
+def test_loops_are_stopped_within_three_turns_of_their_onset(
+    shipped: Deployment, name: str
+) -> None:
     from loopwarden.models.scenario import load_scenario
 
     onset = load_scenario(CORPUS / f"{name}.toml").expect.onset
@@ -69,7 +72,7 @@ def test_loops_are_stopped_within_two_turns_of_their_onset(shipped: Deployment, 
     assert rec["stopped_by"] in LOOP_GUARDS, rec["termination"]
     if LOOPS[name] is not None:
         assert rec["stopped_by"] == LOOPS[name]
-    assert rec["steps"] <= onset + 3, rec["steps"]
+    assert rec["steps"] <= onset + 4, rec["steps"]  # the soft stop's wrap-up turn included
 
 
 @pytest.mark.parametrize("name", HEALTHY)
@@ -201,17 +204,23 @@ def test_an_identical_failure_among_successes_warns_once_then_stops_when_ignored
         out.append(kinds([f.tool(c, make_tool_result("relation missing", ok=False))[1]])[0])
         d = f.call("list_columns", {"table": f"t{i}"})
         f.tool(d, make_tool_result(f"columns of t{i}"))
-    # the 2nd failure warns; the next five are the warning ignored; the 7th stops
-    assert out[:7] == [None, "warn", None, None, None, None, "stop:repeat_call"]
+    # the 2nd failure warns; the next eight are the warning ignored; the 10th stops
+    assert out[:8] == [None, "warn", None, None, None, None, None, None]
+    for i in range(8, 10):
+        c = f.call("execute_sql", {"sql": "SELECT * FROM customer"})
+        out.append(kinds([f.tool(c, make_tool_result("relation missing", ok=False))[1]])[0])
+        d = f.call("list_columns", {"table": f"t{i}"})
+        f.tool(d, make_tool_result(f"columns of t{i}"))
+    assert out[8:] == [None, "stop:repeat_call"]
 
 
 def test_the_identical_failure_in_a_row_still_stops_at_stop_at_repeat() -> None:
     f = _undeclared_feed("execute_sql")
     out = []
-    for _ in range(3):
+    for _ in range(5):
         c = f.call("execute_sql", {"sql": "SELECT * FROM customer"})
         out.append(kinds([f.tool(c, make_tool_result("relation missing", ok=False))[1]])[0])
-    assert out == [None, "warn", "stop:repeat_call"]
+    assert out == [None, "warn", "warn", "warn", "stop:repeat_call"]
 
 
 def test_a_repeated_undeclared_hand_off_is_not_a_loop() -> None:

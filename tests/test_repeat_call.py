@@ -20,8 +20,14 @@ from loopwarden.verdicts import Skip, Stop, Warn
 FINGERPRINT = Fingerprinter()
 
 
+#: the thresholds these tests of the mechanics were written for (stop at the 3rd identical
+#: call, 2 repeats within 5 calls, no earlier stop for a text that stands still): the
+#: defaults stop later since issue 45 (tests/test_precision3_repeat_call.py tests those)
+MECHANICS = dict(stop_at_repeat=2, window=5, window_count=2, still_text_stop_at_repeat=None)
+
+
 def feed(**settings: Any) -> Feed:
-    return Feed(RepeatCall(RepeatCallSettings(**settings)))
+    return Feed(RepeatCall(RepeatCallSettings(**{**MECHANICS, **settings})))
 
 
 # -- read-only, deterministic, successful -------------------------------------------------
@@ -274,7 +280,7 @@ def test_side_effect_repeats_are_never_skipped_but_the_window_rule_stops_them() 
     stop = verdicts[-1]
     assert isinstance(stop, Stop)
     assert stop.evidence["rule"] == "window"
-    assert stop.evidence["window_count"] == 3
+    assert stop.evidence["window_count"] == 2  # repeats (the first call is not one)
     assert stop.evidence["window"] == 5
     assert f.field("duplicate_calls") == 2
 
@@ -299,14 +305,16 @@ def _window_feed(pattern: str, **settings: Any) -> list[str | None]:
 @pytest.mark.parametrize(
     ("pattern", "stops_at"),
     [
-        ("A...AA", None),  # 2 within the last 5: N-1
-        ("A..AA", 4),  # 3 within the last 5: N
+        ("A.A....A", None),  # 1 repeat within the last 5: N-1
+        ("A..AA", 4),  # 2 repeats within the last 5: N
         ("AAAA", 2),  # N+1 would also stop
         ("A.A.A", 4),  # interleaved
-        ("A.A..A.A", None),  # never 3 within any 5
+        ("A....A....A", None),  # never 2 repeats within any 5
     ],
 )
 def test_window_rule_boundaries(pattern: str, stops_at: int | None) -> None:
+    """The window counts repeats with nothing new in between (every filler here answers
+    "r", the side effect's own answer: nothing new)."""
     got = _window_feed(pattern)
     stops = [i for i, k in enumerate(got) if k == "stop:repeat_call"]
     assert (stops[0] if stops else None) == stops_at
@@ -315,7 +323,11 @@ def test_window_rule_boundaries(pattern: str, stops_at: int | None) -> None:
 def test_window_rule_applies_to_skippable_calls_too() -> None:
     f = feed(stop_at_repeat=9)
     seq = ["a", "x", "a", "y", "a"]
-    verdicts = [f.tool(f.call("lookup", {"key": k}), make_tool_result(k))[0] for k in seq]
+    # the fillers x and y say the same thing: nothing new between the repeats of a
+    verdicts = [
+        f.tool(f.call("lookup", {"key": k}), make_tool_result(k if k == "a" else "filler"))[0]
+        for k in seq
+    ]
     assert kinds(verdicts) == [None, None, "skip", None, "stop:repeat_call"]
     assert isinstance(verdicts[-1], Stop) and verdicts[-1].evidence["rule"] == "window"
 

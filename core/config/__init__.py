@@ -209,6 +209,9 @@ class RunConfig(_Strict):
     mask_volatile: bool = True
     #: further regular expressions whose matches are masked in tool answers
     volatile_patterns: list[str] = Field(default_factory=list)
+    #: a tool answer at most this long keeps a time that is not a log stamp: the time is the
+    #: answer (a clock); 0 masks every time as noise (loopwarden.fingerprint)
+    time_value_chars: int = Field(default=120, ge=0)
     token_estimator: Literal["cjk", "tiktoken", "auto"] = "cjk"
     texts: Texts = Field(default_factory=lambda: Texts())
 
