@@ -179,21 +179,26 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             **self._evidence(call, e, window_hits, rule=rule, **extra),
         )
 
-    def _stops(self, e: _Entry, window_hits: int, st: _State | None = None) -> bool:
-        """Whether the entry's counted repeats (or the window's) stop the run; with ``st``, a
-        repeat in a turn whose text stands still since the call's last answer stops earlier."""
+    def _stops(self, e: _Entry, window_hits: int, st: _State | None = None) -> str | None:
+        """The rule by which the entry's counted repeats (or the window's) stop the run, or
+        None; with ``st``, a repeat in a turn whose text stands still since the call's last
+        answer stops earlier (``still_text``)."""
         s = self.settings
-        if e.repeats >= s.stop_at_repeat or window_hits >= s.window_count:
-            return True
+        if e.repeats >= s.stop_at_repeat:
+            return "repeat"
+        if window_hits >= s.window_count:
+            return "window"
         early = s.still_text_stop_at_repeat
-        return (
+        if (
             early is not None
             and st is not None
             and e.repeats >= early
-            and bool(st.text)
-            and bool(e.text)
+            and st.text
+            and e.text
             and jaccard(st.text, e.text) >= s.still_text_similarity
-        )
+        ):
+            return "still_text"
+        return None
 
     @hookimpl
     def after_response(self, run: Run, response: ModelResponse) -> None:
@@ -370,8 +375,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
             if hits >= s.window_count:
                 return self._stop(call, e, hits, by_repeats=False)
             return None
-        if self._stops(e, hits, st):
-            return self._stop(call, e, hits)
+        rule = self._stops(e, hits, st)
+        if rule:
+            return self._stop(call, e, hits, rule=rule)
         fields = self._fields(call, e)
         if not e.ok:
             error = _first_line(e.content)
@@ -471,8 +477,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         e.repeats += 1
         run.stash[self.repeats] = run.stash.get(self.repeats, 0) + 1
         hits = self._in_window(st, wkey)
-        if self._stops(e, hits, st):
-            return self._stop(call, e, hits, result_digest=result.digest)
+        rule = self._stops(e, hits, st)
+        if rule:
+            return self._stop(call, e, hits, rule=rule, result_digest=result.digest)
         fields = self._fields(call, e)
         hint = (
             render_note(s.unchanged_hint, **fields)
