@@ -171,20 +171,24 @@ class RepeatCall(Plugin[RepeatCallSettings]):
         rule = extra.pop("rule", None) or (
             "repeat" if by_repeats and e.repeats >= s.stop_at_repeat else "window"
         )
+        if rule == "still_text":
+            extra["threshold"] = s.still_text_stop_at_repeat
         sig = call.signature()
         return self.stop(
             "repeat_call",
             soft=s.soft,
             message=render_note(s.stop_message, name=tool_name(call), signature=sig, count=e.seen),
-            **self._evidence(call, e, window_hits, rule=rule, **extra),
+            **{**self._evidence(call, e, window_hits, rule=rule), **extra},
         )
 
-    def _stops(self, e: _Entry, window_hits: int, st: _State | None = None) -> str | None:
-        """The rule by which the entry's counted repeats (or the window's) stop the run, or
-        None; with ``st``, a repeat in a turn whose text stands still since the call's last
-        answer stops earlier (``still_text``)."""
+    def _stops(
+        self, e: _Entry, window_hits: int, st: _State | None = None, *, by_repeats: bool = True
+    ) -> str | None:
+        """The rule by which the entry's counted repeats (unless not ``by_repeats``: a side
+        effect) or the window's stop the run, or None; with ``st``, a repeat in a turn whose
+        text stands still since the call's last answer stops earlier (``still_text``)."""
         s = self.settings
-        if e.repeats >= s.stop_at_repeat:
+        if by_repeats and e.repeats >= s.stop_at_repeat:
             return "repeat"
         if window_hits >= s.window_count:
             return "window"
@@ -372,8 +376,9 @@ class RepeatCall(Plugin[RepeatCallSettings]):
                 remembered[2] = max(remembered[2], e.repeats)  # carries on to the next turn
         if side_effect and e.ok:
             # Never skipped: the loop replays the earlier result for the same idempotency key.
-            if hits >= s.window_count:
-                return self._stop(call, e, hits, by_repeats=False)
+            rule = self._stops(e, hits, st, by_repeats=False)
+            if rule:
+                return self._stop(call, e, hits, rule=rule)
             return None
         rule = self._stops(e, hits, st)
         if rule:
