@@ -9,7 +9,9 @@ Usage::
 five runaway forms -- identical repeats, oscillation, retry storms, divergent exploration with
 empty results, context degradation -- in several variants each (interleaved with no-op calls,
 spread over parallel calls, Chinese and English), and healthy tasks that look suspicious but are
-not loops (polling a changing status, paging, one retry after a 429, several orders one by one).
+not loops (polling a changing status, paging, one retry after a 429, several orders one by one,
+a clock or a progress bar whose numbers are the answer, acknowledgements to different
+statements, a call repeated beside new reads and then left).
 Each carries ``[expect] healthy`` and ``kind``; each runaway its ``onset``: the model turn that
 holds the first call a well-behaved agent would not have made:
 
