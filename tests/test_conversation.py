@@ -69,8 +69,28 @@ def test_a_call_that_failed_for_good_counts_on_in_the_next_user_turns() -> None:
     assert rec2["tools_executed"] == 1 and rec2["termination"] == "final_answer"
     assert rec2["warnings"][0]["plugin"] == "repeat_call"  # ... failing again is a repeat
     rec3 = dep.run("once more?", model=ScriptedModel(script(turns)), conversation=conv).record()
-    assert (rec3["termination"], rec3["stopped_by"]) == ("repeat_call", "repeat_call")
-    assert rec3["evidence"]["across_turns"] is True and rec3["evidence"]["count"] == 3
+    # the third failure in a row across the turns is failure_streak's (across_turns) stop;
+    # repeat_call, which stops at the fifth identical call, warns
+    assert (rec3["termination"], rec3["stopped_by"]) == ("failure_streak", "failure_streak")
+    assert any(w["plugin"] == "repeat_call" for w in rec3["warnings"])
+
+
+def test_repeat_call_alone_stops_the_fifth_failing_turn() -> None:
+    """Without failure_streak, repeat_call counts the failing call across the user turns and
+    stops it at its fifth identical call (stop_at_repeat = 4)."""
+    cfg = parse_config({"plugins": {"enabled": ["repeat_call"]}})
+    dep = Deployment(cfg, tools=shop_tools())
+    conv = Conversation()
+    turns = [not_found_turn(), {"content": "not found"}]
+    recs = [
+        dep.run(
+            f"order 99999? ({i})", model=ScriptedModel(script(turns)), conversation=conv
+        ).record()
+        for i in range(5)
+    ]
+    assert [r["termination"] for r in recs[:4]] == ["final_answer"] * 4
+    assert (recs[4]["termination"], recs[4]["stopped_by"]) == ("repeat_call", "repeat_call")
+    assert recs[4]["evidence"]["across_turns"] is True and recs[4]["evidence"]["count"] == 5
 
 
 def test_a_fix_between_turns_lets_the_call_succeed() -> None:

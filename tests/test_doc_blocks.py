@@ -190,11 +190,11 @@ PY_PAGES = _pages(PYTHON)
 PRINTS: dict[str, list[str]] = {
     "docs/real-traffic.md": ["max_turns None"],
     "docs/adapters.md": [
-        "repeat_call True",
+        "failure_streak True",
         "Here is the last information I found: NOT_FOUND: order 99 does not exist",
-        "repeat_call True 1",
+        "None False 1",
         "Your refund is on its way.",
-        "repeat_call repeat_call True True",
+        "failure_streak failure_streak True True",
         "I could not find order 99.",
     ],
 }

@@ -80,9 +80,14 @@ def deployment(
     declared a side effect keyed by order, ``query_order`` declared a read-only, deterministic
     lookup (unless ``declare_lookup`` is false), optionally the example allowlist plugin and a
     token limit, and top-level ``tables`` (``store=``, ``plugins_conversation_limits=``: the
-    plugin's table).  Every other tool is undeclared."""
+    plugin's table).  Every other tool is undeclared.
+
+    ``repeat_call`` stops at the third identical call here, as it did by default before the
+    defaults moved to the fifth (tests/test_precision3_*.py test those): these tests check
+    that a guard's stop reaches each framework, with short scripted loops."""
     data = load_toml(default_config_path())
     plugins = data["plugins"]
+    plugins["repeat_call"] = {**plugins["repeat_call"], "stop_at_repeat": 2}
     plugins["enabled"] = [*plugins["enabled"], "run_record"]
     plugins["run_record"] = {"path": str(tmp_path / "runs.jsonl")}
     data["tools"] = {"apply_refund": {"side_effect": True, "idempotency_keys": ["order_id"]}}
