@@ -1,5 +1,5 @@
-"""The figures the docs quote from ``loopwarden demo`` are what the demo prints (issue 46,
-item 6).
+"""The figures the docs quote from ``loopwarden demo`` and ``python bench/quality.py`` are
+what those programs print (issue 46, item 6).
 
 The demo is run once, in-process, on the shipped config (the docs say so), as plain text --
 the summary lines and the table a reader sees.  Every figure the prose quotes (runaways
@@ -7,11 +7,16 @@ stopped, healthy runs finished, the tokens of both sides, the saving, the saving
 ``token-flood``) is read from the pages and compared with that output.  A sweep over README.md
 and every page under docs/ then finds any figure of the same kind ("N/N runaways", "a 12.3x
 saving", "N tokens guarded") that no check here covers, so a new one cannot drift unseen.
+The detection-quality corpus (``bench/quality.py --json``, deterministic: scripted model,
+fake clock) is checked the same way where the docs quote it.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from loopwarden.commands import cli
 from loopwarden.config import default_config_path
 
 ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = str(default_config_path())
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -125,6 +131,20 @@ QUOTED = {
         "docs/real-traffic.md",
         r"The whole demo stops (\d+)/(\d+) runaways and finishes (\d+)/(\d+) healthy scenarios",
     ),
+    "real-traffic quality": (
+        "docs/real-traffic.md",
+        r"\| recall \(runaways stopped by a guard\) \| (\d+)/(\d+) \| 100% \| "
+        r"\| healthy scenarios stopped \| (\d+)/(\d+) \(warned: (\d+)/(\d+)\) \| 0 \| "
+        r"\| steps wasted after onset \| median (\d+), max (\d+) \| median ≤ 1 \| "
+        r"\| tokens, runaway scenarios \| ([\d,]+) guarded vs ([\d,]+) unguarded "
+        r"\(([\d.]+x)\) \|",
+    ),
+    "real-traffic corpus": ("docs/real-traffic.md", r"\(`bench/scenarios/`, (\d+) scenarios\)"),
+    "overview quality": (
+        "docs/overview.md",
+        r"\(`python bench/quality.py`, (\d+) scenarios, .*?\): every runaway stopped, no "
+        r"healthy scenario stopped, median (\d+) step past onset",
+    ),
     "real-traffic tokens": (
         "docs/real-traffic.md",
         r"([\d,]+) tokens guarded against ([\d,]+) unguarded, a ([\d.]+x) saving "
@@ -150,7 +170,9 @@ def test_tokens_and_saving_match_the_demo(demo: Demo) -> None:
 def test_the_demo_output_is_parsed_as_printed(demo: Demo) -> None:
     # the parser read the table as well as the summary: the rows add up to the totals
     assert len(demo.per_scenario) == sum(demo.runaways[1:] + demo.healthy[1:])
-    assert tuple(map(sum, zip(*demo.per_scenario.values()))) == demo.tokens
+    guarded = sum(g for g, _ in demo.per_scenario.values())
+    unguarded = sum(u for _, u in demo.per_scenario.values())
+    assert (guarded, unguarded) == demo.tokens
 
 
 #: figures of the demo's kind anywhere in the docs: each must be one that QUOTED checks
@@ -184,6 +206,41 @@ def test_every_demo_figure_in_the_docs_is_checked() -> None:
                     continue
                 if not any(p == page and s <= m.start() < e for p, s, e in checked):
                     unchecked.append(f"{page}: ...{text[max(0, m.start() - 60) : m.end()]}")
-    assert unchecked == [], "figures no test checks (add them to QUOTED):\n" + "\n".join(
-        unchecked
+    assert unchecked == [], "figures no test checks (add them to QUOTED):\n" + "\n".join(unchecked)
+
+
+@pytest.fixture(scope="module")
+def quality() -> dict[str, object]:
+    """``python bench/quality.py --json`` on the shipped config: the corpus figures."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "quality.py"), "--json", "--config", SHIPPED],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
+    sc: dict[str, object] = json.loads(proc.stdout)["scenarios"]
+    return sc
+
+
+def test_the_quality_corpus_figures_match_the_bench(quality: dict[str, object]) -> None:
+    q: dict[str, object] = quality
+    tokens = q["tokens"]
+    assert isinstance(tokens, dict)
+    g, u = tokens["runaways"]["guarded"], tokens["runaways"]["unguarded"]
+    m = _one(*QUOTED["real-traffic quality"])
+    assert (int(m[1]), int(m[2])) == (q["recall"], q["runaways"]), m[0]
+    assert (int(m[3]), int(m[4])) == (q["healthy_stopped"], q["healthy"]), m[0]
+    assert (int(m[5]), int(m[6])) == (q["healthy_warned"], q["healthy"]), m[0]
+    assert (float(m[7]), int(m[8])) == (q["wasted_median"], q["wasted_max"]), m[0]
+    assert (_int(m[9]), _int(m[10])) == (g, u), m[0]
+    assert m[11] == f"{u / g:.1f}x", m[0]
+    assert int(_one(*QUOTED["real-traffic corpus"])[1]) == q["scenarios"]
+
+
+def test_the_overview_quotes_the_quality_bench(quality: dict[str, object]) -> None:
+    m = _one(*QUOTED["overview quality"])
+    assert int(m[1]) == quality["scenarios"], m[0]
+    # "every runaway stopped, no healthy scenario stopped": the words are figures too
+    assert quality["recall"] == quality["runaways"] and quality["healthy_stopped"] == 0, m[0]
+    assert float(m[2]) == quality["wasted_median"], m[0]
