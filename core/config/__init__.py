@@ -167,6 +167,12 @@ class Texts(_Strict):
         "cannot be reached ({content})."
     )
     best_effort: str = "Here is the last information I found: {observation}"
+    #: the user's answer when a hard stop in ``before_tool`` blocks a declared side effect
+    #: and the stop gives no ``answer=`` (the model's own text may announce the action)
+    side_effect_blocked: str = (
+        "I did not carry out {name}: it was stopped before it ran ({reason}), so nothing was "
+        "changed. A human colleague can help with this request."
+    )
 
     @model_validator(mode="after")
     def _check_templates(self) -> Texts:
