@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,7 +207,7 @@ def effective_values(config: Config) -> dict[str, Any]:
     from loopwarden.commands.schema import plugin_settings_models
     from loopwarden.exceptions import LoopwardenError
 
-    values: dict[str, Any] = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    values: dict[str, Any] = _plain(config.model_dump(by_alias=True, exclude_none=True))
     plugins: dict[str, Any] = values["plugins"]
     try:
         models = plugin_settings_models(config.path)
@@ -219,13 +220,28 @@ def effective_values(config: Config) -> dict[str, Any]:
         written = dict(table or {})
         shadow = {"shadow": written.pop("shadow")} if "shadow" in written else {}
         try:
-            full = model.model_validate(written).model_dump(
-                mode="json", by_alias=True, exclude_none=True
+            full = _plain(
+                model.model_validate(written).model_dump(by_alias=True, exclude_none=True)
             )
         except ValidationError:  # shown as written: config check names the problem
             continue
         plugins[name] = {**full, **shadow}
     return values
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as TOML and JSON write them: a decimal (a price, a cost) as a number, not the
+    string pydantic's JSON mode makes of it; a set as a sorted list; anything else as text."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, Decimal):
+            return float(value)
+        if isinstance(value, (set, frozenset)):
+            return sorted(value, key=str)
+        return str(value)
+
+    out: dict[str, Any] = json.loads(json.dumps(values, default=convert, ensure_ascii=False))
+    return out
 
 
 def _leaves(node: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any]]:
