@@ -3,6 +3,7 @@ the page states, and the ``loopwarden config show`` output it prints is the prog
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -106,3 +107,20 @@ def test_lenient_runs_with_the_values_the_page_states() -> None:
     )
     assert cfg.model == SHIPPED.model and cfg.store == SHIPPED.store
     assert len(load_plugins(cfg)) == len(cfg.plugins.enabled)
+
+
+@pytest.mark.parametrize(
+    "path", [EXAMPLES / "strict.toml", EXAMPLES / "lenient.toml", ROOT / "config.toml"]
+)
+def test_editors_accept_a_short_file_with_the_published_schema(path: Path) -> None:
+    """docs/config.schema.json (what the files' ``#:schema`` line points TOML editors at)
+    knows ``extends`` and ``[plugins] enable`` / ``disable``, and still refuses a typo."""
+    import jsonschema
+
+    schema = json.loads((ROOT / "docs" / "config.schema.json").read_text(encoding="utf-8"))
+    check = jsonschema.Draft202012Validator(schema)
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    assert list(check.iter_errors(data)) == []
+    assert list(check.iter_errors({**data, "extend": "defaults"}))  # a typo is flagged
+    bad = {**data, "plugins": {"enable": "spend_limits"}}  # not a list
+    assert list(check.iter_errors(bad))
