@@ -213,6 +213,18 @@ def test_a_bad_value_in_a_parent_is_named_with_the_parents_file(tmp_path: Path) 
     assert info.value.key == "model.timeout_s" and "(line 3)" in str(info.value)
 
 
+def test_check_names_the_parent_that_wrote_a_bad_plugin_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # plugin tables are validated when the plugins load, after the merge
+    write(tmp_path / "base.toml", 'extends = "defaults"\n[plugins.timeout]\nmax_seconds = -1\n')
+    p = write(tmp_path / "c.toml", 'extends = "base.toml"\n[run]\nmode = "shadow"\n')
+    assert cli.main(["config", "check", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "base.toml: plugins.timeout.max_seconds:" in err and "(line 3)" in err
+    assert "c.toml" not in err
+
+
 def test_a_merge_that_breaks_a_rule_across_files_is_an_error(tmp_path: Path) -> None:
     # the child shortens the TTL below the shipped lease: the store's rule still holds
     p = write(tmp_path / "c.toml", 'extends = "defaults"\n[store]\nledger_ttl_s = 60.0\n')
@@ -306,6 +318,9 @@ def test_check_warns_about_a_short_file_that_extends_nothing(
     err = capsys.readouterr().err
     assert "warning" in err and "extends nothing" in err and 'extends = "defaults"' in err
     assert "repeat_call" in err  # what is off is named
+    n = len(SHIPPED.plugins.enabled)
+    assert f"enables 1 of the {n} plugins" in err  # the essential max_steps runs anyway
+    assert "max_steps," not in err.split("enables")[1]
 
 
 @pytest.mark.parametrize(

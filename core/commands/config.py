@@ -16,6 +16,7 @@ settings of every built-in plugin and of the plugins the given config enables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loopwarden.config import Config
+    from loopwarden.host import PluginSet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import find_config, load_config
-    from loopwarden.deployment import Deployment
     from loopwarden.host import (
         ENV_NO_AUTOLOAD,
         enabled_and_blocked,
@@ -78,22 +79,9 @@ def main(args: argparse.Namespace) -> int:
     )
 
     if args.action == "check":
-        from loopwarden import demo
-
         config = load_config(args.file or args.config)
-        demo.shop_config(config)  # the demo's [shop] table, which the core keeps as written
-        # a deployment, as a run would build it: plugins load (every table checked, a
-        # switched-off built-in's too) and connect (and are closed)
-        with Deployment(config) as dep:
-            plugins = dep.plugins
-            # what a plugin can only find out about its surroundings
-            dep.hooks.validate_config(config)
-            note = None
-            if config.model.provider == "openai":  # the live model must be acceptable too
-                dep.check_model(config.model.name)
-                from loopwarden.plugins.cost_budget import unpriced_note
-
-                note = unpriced_note(dep, config.model.name)
+        with blamed(config):
+            plugins, note = _check(config)
         if note is not None:
             print(f"loopwarden config: note: {note}", file=sys.stderr)
         for name, by in enabled_and_blocked(config):
@@ -144,6 +132,48 @@ def schema_text(config_path: str | Path | None) -> str:
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
+def _check(config: Config) -> tuple[PluginSet, str | None]:
+    """Build the deployment as a run would -- plugins load (every table checked, a
+    switched-off built-in's too) and connect (and are closed) -- and check what only a plugin
+    can; the loaded plugins and a note about the model's price, if any."""
+    from loopwarden import demo
+    from loopwarden.deployment import Deployment
+
+    demo.shop_config(config)  # the demo's [shop] table, which the core keeps as written
+    with Deployment(config) as dep:
+        plugins = dep.plugins
+        # what a plugin can only find out about its surroundings
+        dep.hooks.validate_config(config)
+        note = None
+        if config.model.provider == "openai":  # the live model must be acceptable too
+            dep.check_model(config.model.name)
+            from loopwarden.plugins.cost_budget import unpriced_note
+
+            note = unpriced_note(dep, config.model.name)
+    return plugins, note
+
+
+@contextlib.contextmanager
+def blamed(config: Config) -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` about ``config``'s file (a plugin's table, checked when
+    the plugins load) naming the file of the chain that wrote the key, and its line."""
+    from loopwarden.config import layered_config, load_toml
+    from loopwarden.exceptions import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        if config.extends is None or config.path is None or exc.path != config.path:
+            raise
+        where = layered_config(load_toml(Path(config.path)), path=config.path).blame(exc.key or "")
+        if where is None or where.file == config.path:
+            raise
+        line = f" (line {where.line})" if where.line else ""
+        raise ConfigError(
+            exc.message + line, path=where.file, key=exc.key, expected=exc.expected
+        ) from None
+
+
 def few_guards(config: Config) -> str | None:
     """A warning when ``config`` extends nothing and enables fewer than half of the plugins
     the shipped config enables: everything such a file leaves out is off (a short file that
@@ -155,8 +185,11 @@ def few_guards(config: Config) -> str | None:
         config.path is not None and Path(config.path).resolve() == shipped.resolve()
     ):
         return None
+    from loopwarden.host import ESSENTIAL_PLUGINS
+
     wanted = load_config(shipped).plugins.enabled
-    off = [name for name in wanted if name not in config.plugins.enabled]
+    on = {*config.plugins.enabled, *ESSENTIAL_PLUGINS}  # loaded whether listed or not
+    off = [name for name in wanted if name not in on]
     if len(off) * 2 <= len(wanted):
         return None
     return (
