@@ -183,7 +183,7 @@ def test_a_missing_parent_names_the_child_and_the_parent(tmp_path: Path) -> None
         load_config(p)
     err = info.value
     assert err.path == str(p) and err.key == "extends"
-    assert "base.toml" in err.message and "file not found" in err.message
+    assert "base.toml" in err.message and "does not exist" in err.message
 
 
 @pytest.mark.parametrize("value", ["3", '""', '["defaults"]'])

@@ -1,7 +1,8 @@
 """A config file that builds on another: ``extends``, the merge, and where each value came from.
 
 A file naming ``extends = "defaults"`` (the config shipped inside the package) or ``extends =
-"base.toml"`` (a path relative to the file's directory) lists only what differs; the parent
+"base.toml"`` (a path relative to the file's directory -- the working directory for a mapping
+read from no file; ``~`` and absolute paths work) lists only what differs; the parent
 may extend another file in turn (a cycle is an error naming the files).  The files are merged
 from the farthest parent to the file itself:
 
@@ -171,21 +172,18 @@ def resolve(data: Mapping[str, Any], *, path: str | Path | None, shipped: Path) 
                 expected="a chain of files that ends in one without extends",
             )
         seen.add(real)
-        try:
-            if real == shipped.resolve():
-                parent = copy.deepcopy(_shipped(str(shipped), shipped.stat().st_mtime_ns))
-            else:
-                parent = load_toml(target)
-        except (ConfigError, OSError) as exc:
-            why = exc.message if isinstance(exc, ConfigError) else (exc.strerror or str(exc))
-            if isinstance(exc, ConfigError) and "not found" not in why:
-                raise  # the parent was found but is bad: its own error names it
+        if not target.exists():
             raise ConfigError(
-                f"cannot read the file it extends, {_label(target, shipped)}: {why}",
+                f"the file it extends, {_label(target, shipped)}, does not exist",
                 path=child.label,
                 key="extends",
                 expected=f'"{SHIPPED}" or a TOML file relative to this file\'s directory',
-            ) from None
+            )
+        # a parent that exists but cannot be read or is not valid TOML: its own error names it
+        if real == shipped.resolve():
+            parent = copy.deepcopy(_shipped(str(shipped), shipped.stat().st_mtime_ns))
+        else:
+            parent = load_toml(target)
         chain.append(_Layer(_label(target, shipped), target, parent))
     layers = list(reversed(chain))
     merged: dict[str, Any] = {}
