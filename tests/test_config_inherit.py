@@ -284,6 +284,21 @@ def test_show_fills_in_plugin_defaults_as_built_in(
     assert f"profiles.simple.max_steps = 15  # defaults:{line}" in lines
 
 
+def test_show_prints_a_plugin_it_cannot_load_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(
+        tmp_path / "c.toml",
+        'extends = "defaults"\n[plugins]\nenable = ["no_such_module:X"]\n[plugins.X]\na = 1\n',
+    )
+    lines = show_text("c.toml").splitlines()
+    assert "plugins.X.a = 1  # c.toml:5" in lines  # config check says why it cannot load
+    assert any(
+        line.startswith("plugins.enabled = [") and "no_such_module:X" in line for line in lines
+    )
+
+
 def test_show_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(tmp_path / "base.toml", 'extends = "defaults"\n[model]\nname = "gpt-4o"\n')
     p = write(tmp_path / "c.toml", 'extends = "base.toml"\n[run]\nmode = "shadow"\n')
