@@ -521,7 +521,7 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"next: python -m pytest {directory / f'test_{name}.py'}\n"
             f"then enable it in the config.toml beside it: "
-            f'[plugins] enabled = [..., "{name}:{_class_name(name)}"]'
+            f'[plugins] enable = ["{name}:{_class_name(name)}"]'
         )
         return 0
     directory = Path(args.directory or name.replace("_", "-"))
@@ -531,6 +531,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {path.relative_to(directory)}")
     print(
         f"next: pip install -e '{directory}[test]' && python -m pytest {directory}\n"
-        f'then enable it in config.toml: [plugins] enabled = [..., "{name}"]'
+        f'then enable it in config.toml: [plugins] enable = ["{name}"]'
     )
     return 0
