@@ -625,8 +625,9 @@ class _Backend:
         now: float,
     ) -> tuple[LimitOverride | None, LimitOverride | None]:
         """Atomically: apply ``updates`` (quantity index -> limit, None: back to the config's)
-        to the override of ``target`` (scope, key, window), append the change to the log;
-        returns the override before and after (None: none)."""
+        to the override of ``target`` (scope, key, window), append the change to the log
+        (unless there was no override before nor after); returns the override before and
+        after (None: none)."""
         raise NotImplementedError
 
     def _log(self, change: Change) -> None:
@@ -849,8 +850,7 @@ class _Backend:
             updates[QUANTITIES.index(name)] = None if value is None else int(value)
         if not updates:
             raise ValueError("set_limits needs at least one quantity")
-        action = "set_limits" if any(v is not None for v in updates.values()) else "clear_limits"
-        return self._changed_override((scope, key, window), updates, by, action)
+        return self._changed_override((scope, key, window), updates, by, "set_limits")
 
     def clear_limits(
         self, scope: str, key: str, window: str, *, by: str | None = None

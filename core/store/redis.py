@@ -321,7 +321,7 @@ end
 
 # KEYS: the override's hash, the override index, the change log.  ARGV: now, by, action,
 # scope, key, window, changes kept, then per quantity '' (keep), '-' (remove) or the limit.
-# Returns the override before and after, as JSON.
+# Returns the override before and after, as JSON (logged unless both are none).
 _LUA_OVERRIDE = (
     _LUA_SNAPSHOT
     + """
@@ -339,10 +339,12 @@ if new then
 else
   redis.call('DEL', KEYS[1]); redis.call('SREM', KEYS[2], KEYS[1])
 end
-local target = {scope = ARGV[4], key = ARGV[5], window = ARGV[6]}
-redis.call('LPUSH', KEYS[3], cjson.encode({at = ARGV[1], by = ARGV[2], action = ARGV[3],
-           target = target, old = old, new = new}))
-redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[7]) - 1)
+if old or new then  -- a clear of nothing is no change
+  local target = {scope = ARGV[4], key = ARGV[5], window = ARGV[6]}
+  redis.call('LPUSH', KEYS[3], cjson.encode({at = ARGV[1], by = ARGV[2], action = ARGV[3],
+             target = target, old = old, new = new}))
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[7]) - 1)
+end
 return {cjson.encode({limits = old, set_at = raw[6], set_by = raw[7]}),
         cjson.encode({limits = new})}
 """

@@ -590,17 +590,9 @@ class SQLiteStore(_Backend):
                     "DELETE FROM overrides WHERE scope = ? AND key = ? AND window = ?", target
                 )
             scope, key, window = target
-            self._append(
-                conn,
-                Change(
-                    now,
-                    by,
-                    action,
-                    {"scope": scope, "key": key, "window": window},
-                    _units(old),
-                    _units(new),
-                ),
-            )
+            if old is not None or new is not None:
+                target_doc = {"scope": scope, "key": key, "window": window}
+                self._append(conn, Change(now, by, action, target_doc, _units(old), _units(new)))
         return old, new
 
     @staticmethod
