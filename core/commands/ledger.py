@@ -1,7 +1,7 @@
 """``loopwarden ledger``: the side-effect ledger in the shared store -- list, forget, log.
 
 A declared side effect (``apply_refund``) runs once per idempotency key: the store remembers
-each key executed (``[store] ledger_ttl_s``, a day by default) and answers a later call with
+each key executed (``[store] ledger_ttl_s``, a week by default) and answers a later call with
 the same key from the ledger instead of running it again -- across runs, processes and hosts.
 
 ``loopwarden ledger [--json] [--tool NAME] [--scope tenant=acme]`` lists the entries: their
