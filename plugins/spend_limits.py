@@ -312,6 +312,8 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         except StoreError as exc:
             return self._store_failed(st, run, exc, "counting a run")
         held = self._seen(st, res)
+        # an operator's override may limit tool calls where the config does not
+        st.count_tools = any(a.limits[TOOL_CALLS] is not None for a in st.applied)
         if res.refused is not None:
             verdict = self._refused(
                 st, res.used, held, res.refused, s.refused_message, before_first_call=True

@@ -206,3 +206,22 @@ def test_a_stop_caused_by_reservations_says_spent_reserved_and_limit(
     assert cli_main(["budgets", "--config", str(cfg)]) == 0
     assert "9600 +9500 reserved / 20000" in capsys.readouterr().out
     other.close()
+
+
+def test_an_override_may_limit_a_quantity_the_config_leaves_open(store_url: str) -> None:
+    budgets = [{"scope": "tenant", "window": "day", "max_tokens": 1_000_000}]
+    store = operated(make_store(store_url))
+    with deployment_for(store_url, plugins={"spend_limits": {"budgets": budgets}}) as dep:
+        day = dep.run(scenario="refund", meta={"tenant": "acme"}).record()
+        assert day["termination"] == "final_answer" and day["tool_calls"] > 2
+        bucket = store.rows()[0].bucket
+        store.set_limits("tenant", "acme", "day", {"tool_calls": day["tool_calls"] + 2})
+        rec = dep.run(scenario="refund", meta={"tenant": "acme"}).record()
+    assert rec["termination"] == "max_tool_calls"
+    ev = rec["evidence"]
+    assert (ev["limit"], ev["limit_source"], ev["bucket"]) == (
+        day["tool_calls"] + 2,
+        "override",
+        bucket,
+    )
+    store.close()
