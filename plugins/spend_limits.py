@@ -34,9 +34,15 @@ store that cannot be reached stops the run with ``store_unavailable``
 (``on_store_error = "fail_closed"``, the default) or lets it go on unmetered
 (``"fail_open"``); either way the failure is logged and noted in the run record's ``errors``.
 
+Messages and evidence tell what was ``spent`` (committed) from what calls in progress hold
+``reserved``: a budget can refuse a call at half spent when others' reservations fill the rest.
+
 Replays (``loopwarden replay``) never charge shared budgets.  Operations: ``loopwarden
-budgets [--json]`` shows what each scope spent per window, ``loopwarden budgets reset SCOPE
-KEY`` forgets it.
+budgets [--json]`` shows what each scope spent and holds reserved per window against its
+limit, ``loopwarden budgets reset SCOPE KEY`` forgets it, ``loopwarden budgets set SCOPE KEY
+--max-cost N`` overrides a limit at run time for every process on the store (the store
+applies it in every reserve; the evidence's ``limit_source`` says ``override``) until
+``loopwarden budgets clear SCOPE KEY``; ``loopwarden budgets log`` lists who changed what.
 """
 
 from __future__ import annotations
