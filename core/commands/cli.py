@@ -37,7 +37,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "budgets": (
         "loopwarden.commands.budgets",
-        "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`",
+        "shared budgets: spend, reservations and limits per scope and window; `budgets set "
+        "SCOPE KEY --max-cost N`, `budgets reset SCOPE KEY`",
+    ),
+    "ledger": (
+        "loopwarden.commands.ledger",
+        "the side-effect ledger: calls executed once; `ledger forget KEY`",
+    ),
+    "paths": (
+        "loopwarden.commands.paths",
+        "where loopwarden keeps run records, the store, the ledger and the demo shop",
     ),
     "gateway": (
         "loopwarden.commands.gateway",
