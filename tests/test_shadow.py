@@ -516,6 +516,7 @@ BENCH_PARTS = [EVERY[len(DEMO) :][i::4] for i in range(4)]
         "shadow-mode-async",
     ],
 )
+@pytest.mark.slow
 def test_a_shadow_run_of_every_scenario_is_the_run_with_only_max_steps(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
