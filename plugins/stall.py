@@ -206,14 +206,12 @@ class Stall(Plugin[StallSettings]):
     def record_fields(self, run: Run) -> dict[str, int]:
         return {"stall_rounds": run.stash.get(self.stalled, 0)}
 
-    def _says_nothing(self, result: ToolResult) -> bool:
-        if not result.ok:
+    def _says_nothing(self, result: ToolResult, failed_in_text: bool) -> bool:
+        if not result.ok or failed_in_text:
             return True
         head = result.content[: self.settings.max_chars]
-        return (
-            (self._empty is not None and bool(self._empty.search(head)))
-            or structurally_empty(head)
-            or self._shapes.match(head) is not None
+        return (self._empty is not None and bool(self._empty.search(head))) or (
+            structurally_empty(head)
         )
 
     def new_state(self) -> _State:
@@ -294,15 +292,20 @@ class Stall(Plugin[StallSettings]):
         tokens = token_set(result.said, s.max_chars)  # volatile parts masked
         fp = call.fingerprint
         # A call that may change state is progress -- unless it is the same call again with
-        # the same result (``cd repo/`` once more): then it evidently changed nothing.
+        # the same result (``cd repo/`` once more): then it evidently changed nothing; nor
+        # did a failure read from its text (``Invalid action!``: the action was refused).
+        failed_in_text = result.ok and self._shapes.match(result.content[: s.max_chars]) is not None
         changed_world = (
             result.ok
+            and not failed_in_text
             and call.may_change_state
             and not any(d == digest and f == fp for d, _, f, _, _ in st.recent)
         )
         best, strong = 0.0, False
         if not changed_world and st.recent:  # (a change is progress: nothing to compare)
-            best, strong = self._similarity(st, digest, tokens, call, self._says_nothing(result))
+            best, strong = self._similarity(
+                st, digest, tokens, call, self._says_nothing(result, failed_in_text)
+            )
         stalled = best >= s.similarity and not changed_world
         st.recent.append((digest, tokens, fp, call.name, call.arguments))
         st.round_stalled = st.round_stalled and stalled
