@@ -167,8 +167,9 @@ class CycleDetector:
 class _State:
     detector: CycleDetector
     #: symbol -> the call that first showed it, whose label is rendered only for a verdict
-    #: (most symbols never are); plugins may not change a call's arguments (hookspecs)
-    labels: dict[str, ToolCall] = field(default_factory=dict)
+    #: (most symbols never are); plugins may not change a call's arguments (hookspecs).
+    #: Least recently seen first: a symbol still in either window is never the one dropped
+    labels: OrderedDict[str, ToolCall] = field(default_factory=OrderedDict)
     last_digest: OrderedDict[str, str] = field(default_factory=OrderedDict)
     hits: int = 0
     #: the calls as they were answered: fingerprint and answer (volatile parts masked)
@@ -200,8 +201,10 @@ class Oscillation(Plugin[OscillationSettings]):
         #: oscillation hits in a run (the record's ``oscillation_hits``)
         self.hits = StashKey[int]()
         s = self.settings
-        #: symbols the answered detector keeps (labels are pruned against both windows)
+        #: symbols the answered detector keeps
         self._long_window = max(s.window, s.max_long_period * s.cycles)
+        #: labels kept: every symbol of both windows (they hold at most this many distinct)
+        self._labels_cap = s.window + self._long_window
 
     @hookimpl
     def record_fields(self, run: Run) -> dict[str, int]:
@@ -233,23 +236,23 @@ class Oscillation(Plugin[OscillationSettings]):
                 continue  # a wait or a hand-off nobody declared: polling is no cycle
             sym = self._symbol(st, call)
             det.push(sym)
-            if sym not in st.labels:
-                st.labels[sym] = call
+            self._remember(st, sym, call)
             if found is None:
                 found = det.period()
-        if len(st.labels) > 4 * self._long_window:
-            self._prune(st)
         if found is None:
             return None
         return self._hit(run, st, st.detector, found)
 
-    def _prune(self, st: _State) -> None:
-        """Drop the labels of symbols that left both windows (bounded state)."""
-        if len(st.labels) > 4 * self._long_window:
-            live = set(st.detector.last(self.settings.window))
-            if st.answered is not None:
-                live.update(st.answered.last(self._long_window))
-            st.labels = {k: v for k, v in st.labels.items() if k in live}
+    def _remember(self, st: _State, sym: str, call: ToolCall) -> None:
+        """Keep ``sym``'s label, dropping the least recently seen beyond the cap (bounded
+        state: a symbol still in a window was seen more recently than any it displaces)."""
+        labels = st.labels
+        if sym in labels:
+            labels.move_to_end(sym)
+            return
+        labels[sym] = call
+        if len(labels) > self._labels_cap:
+            labels.popitem(last=False)
 
     def _hit(self, run: Run, st: _State, det: CycleDetector, period: int) -> Verdict | None:
         if st.hit_step == run.step:
@@ -306,10 +309,7 @@ class Oscillation(Plugin[OscillationSettings]):
         if det is not None:
             sym = f"{call.fingerprint}#{result.digest}"
             det.push(sym)
-            if sym not in st.labels:
-                st.labels[sym] = call
-                if len(st.labels) > 4 * self._long_window:
-                    self._prune(st)
+            self._remember(st, sym, call)
             found = det.period()
         if not (call.deterministic or call.side_effect):
             st.last_digest[call.fingerprint] = result.digest
