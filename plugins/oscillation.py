@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -136,23 +137,29 @@ class CycleDetector:
     ) -> None:
         self._min, self._max, self._cycles = min_period, max_period, cycles
         self._symbols: deque[str] = deque(maxlen=max(window, max_period * cycles))
-        # _runs[p]: how many of the latest symbols equal the symbol p places before them
-        self._runs = [0] * (max_period + 1)
+        # _runs[p]: how many of the latest symbols equal the symbol p places before them,
+        # for the periods where that is not 0 (in ascending order): a long max_period costs
+        # one pass over the latest symbols, not a dict or deque lookup per period
+        self._runs: dict[int, int] = {}
 
     def push(self, symbol: str) -> None:
-        syms = self._symbols
-        n = len(syms)
-        for p in range(self._min, self._max + 1):
-            self._runs[p] = self._runs[p] + 1 if n >= p and syms[n - p] == symbol else 0
-        syms.append(symbol)
+        runs, lo = self._runs, self._min
+        new: dict[int, int] = {}
+        p = 0
+        for earlier in islice(reversed(self._symbols), self._max):
+            p += 1
+            if earlier == symbol and p >= lo:
+                new[p] = runs.get(p, 0) + 1
+        self._runs = new
+        self._symbols.append(symbol)
 
     def period(self) -> int | None:
-        syms = self._symbols
-        for p in range(self._min, self._max + 1):
-            if self._runs[p] >= p * (self._cycles - 1):
-                n = len(syms)
-                first = syms[n - 1]
-                if any(syms[n - 1 - i] != first for i in range(1, p)):
+        need = self._cycles - 1
+        for p, run in self._runs.items():
+            if run >= p * need:
+                latest = reversed(self._symbols)
+                first = next(latest)
+                if any(s != first for s in islice(latest, p - 1)):
                     return p
         return None
 
