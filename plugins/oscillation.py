@@ -145,9 +145,7 @@ class CycleDetector:
     def push(self, symbol: str) -> None:
         runs, lo = self._runs, self._min
         new: dict[int, int] = {}
-        p = 0
-        for earlier in islice(reversed(self._symbols), self._max):
-            p += 1
+        for p, earlier in enumerate(islice(reversed(self._symbols), self._max), 1):
             if earlier == symbol and p >= lo:
                 new[p] = runs.get(p, 0) + 1
         self._runs = new
