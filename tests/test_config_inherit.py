@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden import ConfigError
+from loopwarden import ConfigError, Deployment
 from loopwarden.commands import cli
 from loopwarden.commands.config import effective_values, few_guards, show_text
 from loopwarden.config import default_config_path, load_config
@@ -223,6 +223,17 @@ def test_check_names_the_parent_that_wrote_a_bad_plugin_setting(
     err = capsys.readouterr().err
     assert "base.toml: plugins.timeout.max_seconds:" in err and "(line 3)" in err
     assert "c.toml" not in err
+
+
+def test_a_deployment_names_the_parent_that_wrote_a_bad_plugin_setting(tmp_path: Path) -> None:
+    """Not only ``config check``: loading the plugins (``loopwarden run``, ``Deployment``)
+    names the parent file and line too."""
+    write(tmp_path / "base.toml", 'extends = "defaults"\n[plugins.timeout]\nmax_seconds = -1\n')
+    p = write(tmp_path / "c.toml", 'extends = "base.toml"\n[run]\nmode = "shadow"\n')
+    with pytest.raises(ConfigError) as info:
+        Deployment(load_config(p))
+    assert info.value.path == str(tmp_path / "base.toml")
+    assert info.value.key == "plugins.timeout.max_seconds" and "(line 3)" in str(info.value)
 
 
 def test_a_merge_that_breaks_a_rule_across_files_is_an_error(tmp_path: Path) -> None:

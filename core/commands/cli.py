@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": ("loopwarden.commands.report", "summarise a run-record JSONL file with advice"),
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
-    "config": ("loopwarden.commands.config", "check a config file, show its effective values, or print its JSON Schema"),
+    "config": (
+        "loopwarden.commands.config",
+        "check a config file, show its effective values, or print its JSON Schema",
+    ),
     "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
     "new-plugin": (
         "loopwarden.commands.new_plugin",

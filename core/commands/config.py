@@ -16,7 +16,6 @@ settings of every built-in plugin and of the plugins the given config enables.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -71,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loopwarden.config import find_config, load_config
+    from loopwarden.config import blamed, find_config, load_config
     from loopwarden.host import (
         ENV_NO_AUTOLOAD,
         enabled_and_blocked,
@@ -151,27 +150,6 @@ def _check(config: Config) -> tuple[PluginSet, str | None]:
 
             note = unpriced_note(dep, config.model.name)
     return plugins, note
-
-
-@contextlib.contextmanager
-def blamed(config: Config) -> Iterator[None]:
-    """Re-raise a :class:`ConfigError` about ``config``'s file (a plugin's table, checked when
-    the plugins load) naming the file of the chain that wrote the key, and its line."""
-    from loopwarden.config import layered_config, load_toml
-    from loopwarden.exceptions import ConfigError
-
-    try:
-        yield
-    except ConfigError as exc:
-        if config.extends is None or config.path is None or exc.path != config.path:
-            raise
-        where = layered_config(load_toml(Path(config.path)), path=config.path).blame(exc.key or "")
-        if where is None or where.file == config.path:
-            raise
-        line = f" (line {where.line})" if where.line else ""
-        raise ConfigError(
-            exc.message + line, path=where.file, key=exc.key, expected=exc.expected
-        ) from None
 
 
 def few_guards(config: Config) -> str | None:

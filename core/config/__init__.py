@@ -26,10 +26,11 @@ of theirs (import-linter: "the config reads nothing above it").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,7 @@ __all__ = [
     "StoreConfig",
     "Texts",
     "ToolNature",
+    "blamed",
     "default_config_path",
     "find_config",
     "layered_config",
@@ -594,6 +596,25 @@ def layered_config(data: Mapping[str, Any], *, path: str | None = None) -> Layer
     value came from (see :mod:`loopwarden.config.inherit`); a file without ``extends`` as it
     is."""
     return resolve(data, path=path, shipped=default_config_path())
+
+
+@contextlib.contextmanager
+def blamed(config: Config) -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` about ``config``'s file -- a plugin's table, checked when
+    the plugins load -- naming the file of the ``extends`` chain that wrote the key, and its
+    line (the merged config knows only the file it was loaded from)."""
+    try:
+        yield
+    except ConfigError as exc:
+        if config.extends is None or config.path is None or exc.path != config.path:
+            raise
+        where = layered_config(load_toml(Path(config.path)), path=config.path).blame(exc.key or "")
+        if where is None or where.file == config.path:
+            raise
+        line = f" (line {where.line})" if where.line else ""
+        raise ConfigError(
+            exc.message + line, path=where.file, key=exc.key, expected=exc.expected
+        ) from None
 
 
 def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
