@@ -409,7 +409,7 @@ def test_calibrate_on_run_records(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert config.plugins.tables()["max_steps"]["max_steps"] == math.ceil(6 * 1.25)
     # a run record is one run: its wall time sets the profile's max_seconds
     assert config.profiles["default"].max_seconds == math.ceil(10 * 1.25)
-    assert "successful runs over a proposed limit  0/100 (0.0%)" in out
+    assert "successful runs over a limit  0/100 (0.0%)" in out
     assert "records hold no steps to replay" in out
 
 
@@ -649,3 +649,30 @@ def test_the_replay_shortcut_gives_the_figures_of_a_full_replay(tmp_path: Path) 
     assert shortcut == full
     # the mix does change the figures: max_steps stops the big run, tool_calls warns it
     assert full["successful_stopped_with_work_left"] == 1 and full["successful_warned"] >= 1
+
+
+def test_calibrate_on_run_records_keeps_the_current_limit_that_fewer_runs_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run records hold no steps to replay: a proposed limit is compared with the current
+    one by the successful runs over each; one long successful run keeps the current cap."""
+    records = [
+        {
+            "run_id": str(i),
+            "termination": "final_answer",
+            "steps": 50 if i == 100 else 2 + i % 5,
+            "tool_calls": 1 + i % 5,
+            "tokens": {"prompt": 3000, "completion": 100, "total": 3100},
+            "final_answer_present": True,
+        }
+        for i in range(101)
+    ]
+    current = load_config(default_config_path()).plugins.tables()["max_steps"]["max_steps"]
+    proposed = p99_x([float(2 + i % 5) for i in range(100)] + [50.0])
+    out, err, target = _calibrate(tmp_path, records, capsys)
+    assert load_config(target).plugins.tables()["max_steps"]["max_steps"] == current
+    assert (
+        f"plugins.max_steps.max_steps: current {current} 0/101 (0.0%), proposed {proposed} "
+        f"1/101 (1.0%) -> current {current} kept" in err
+    )
+    assert "successful runs over a limit  0/101 (0.0%)" in out

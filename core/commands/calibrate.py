@@ -9,6 +9,11 @@ successful runs stopped with tool work left, successful runs warned, runaways st
 for trajectories; a count of the runs over a limit for run records).  The figures go to stderr as
 well.
 
+It never proposes worse than what it replaces: each proposed limit is tried alone against the
+current config's value on the same runs, and where it would stop or warn more successful runs
+(then: stop fewer runaways, save less) the current value is written instead and both figures
+are printed (see :func:`_compare`).
+
 It refuses (exit 2) a corpus of fewer than ``--min-runs`` (default 100) successful
 conversations: the nearest-rank p99 of fewer than 100 values is their maximum, and a limit
 set from the busiest of a handful of runs is a guess, not a calibration.
@@ -24,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from loopwarden.commands import add_config_argument
 
 if TYPE_CHECKING:
-
     from loopwarden.config import Config
     from loopwarden.traffic.calibrate import Stats
 
@@ -312,28 +316,59 @@ def _compare(
     return keep, lines, replayers
 
 
+#: what a run record can be checked against: a limit, and the run's figure it caps
+_RECORD_LIMITS: tuple[tuple[str, str], ...] = (
+    ("plugins.max_steps.max_steps", "model_calls"),
+    ("plugins.tool_calls.max_tool_calls", "tool_calls"),
+    ("plugins.token_budget.max_total_tokens", "tokens"),
+)
+
+
+def _over(value: int | None, stats: Stats, figure: str) -> set[int]:
+    """The successful runs (indices into ``stats.turns``) past ``value`` (None: no limit)."""
+    if value is None:
+        return set()
+    return {
+        i for i, t in enumerate(stats.turns) if (n := getattr(t, figure)) is not None and n > value
+    }
+
+
+def _record_compare(
+    base: dict[str, Any], proposal: dict[str, Any], stats: Stats
+) -> tuple[dict[str, tuple[int | None, str]], list[str]]:
+    """For run records (no steps to replay): each proposed limit against the current one by
+    the successful runs over it; the current value is kept where the proposal has more."""
+    from loopwarden.config import parse_config
+
+    current_cfg = parse_config(base, path="<current>")
+    keep: dict[str, tuple[int | None, str]] = {}
+    lines = ["  each proposed limit against the current value, successful runs over it:"]
+    for key, figure in _RECORD_LIMITS:
+        proposed = _lookup(proposal, key)
+        current = _current_value(current_cfg, key)
+        if not isinstance(proposed, int) or proposed == current:
+            continue
+        now, then = _over(current, stats, figure), _over(proposed, stats, figure)
+        shown = "unset" if current is None else current
+        if len(then) > len(now):
+            keep[key] = (current, f"more successful runs are over it than the current {shown}")
+            verdict = f"current {shown} kept"
+        else:
+            verdict = f"proposed {proposed} kept"
+        lines.append(
+            f"    {key}: current {shown} {_pct(len(now), len(stats.turns))}, proposed "
+            f"{proposed} {_pct(len(then), len(stats.turns))} -> {verdict}"
+        )
+    return keep, lines
+
+
 def _record_figures(config: Config, stats: Stats) -> list[str]:
-    """For run records: the successful runs at least one proposed limit would have cut."""
-    from loopwarden.host import load_plugins
-
-    settings = {lp.name: getattr(lp.obj, "settings", None) for lp in load_plugins(config)}
-
-    def limit(plugin: str, key: str) -> int | None:
-        s = settings.get(plugin)
-        value = getattr(s, key, None) if s is not None else None
-        return value if isinstance(value, int) else None
-
-    steps, calls = limit("max_steps", "max_steps"), limit("tool_calls", "max_tool_calls")
-    tokens = limit("token_budget", "max_total_tokens")
-    over = [
-        t
-        for t in stats.turns
-        if (steps is not None and t.model_calls > steps)
-        or (calls is not None and t.tool_calls > calls)
-        or (tokens is not None and t.tokens is not None and t.tokens > tokens)
-    ]
+    """For run records: the successful runs at least one written limit would have cut."""
+    over: set[int] = set()
+    for key, figure in _RECORD_LIMITS:
+        over |= _over(_current_value(config, key), stats, figure)
     return [
-        f"  successful runs over a proposed limit  {_pct(len(over), len(stats.turns))}",
+        f"  successful runs over a limit  {_pct(len(over), len(stats.turns))}",
         "  (runaways caught need trajectories: run records hold no steps to replay)",
     ]
 
@@ -439,8 +474,19 @@ def main(args: argparse.Namespace) -> int:
             *compared,
         ]
     else:
+        keep, compared = _record_compare(base, proposal, stats)
+        _, text = calibrated_config(
+            stats, base, margin=args.margin, min_runs=args.min_runs, header=header, keep=keep
+        )
         config = parse_config(tomllib.loads(text), path="<calibrated>")
-        figures = [f"What this config does to {names_shown}:", *_record_figures(config, stats)]
+        figures = [
+            f"What this config does to {names_shown}:",
+            *_record_figures(config, stats),
+            "",
+            f"Compared with the current config ({base_path.name}) on the same runs: "
+            f"{len(keep)} proposed limit(s) that would do worse are not written",
+            *compared,
+        ]
     comment = "".join(f"# {x}\n" if x else "#\n" for x in figures)
     sys.stdout.write(comment + "#\n" + text)
     sys.stderr.write("".join(f"{x}\n" for x in figures))
