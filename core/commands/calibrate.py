@@ -281,6 +281,18 @@ def _compare(
             f"      current   {_figures(now)}",
             f"      proposed  {_figures(alone)}",
         ]
+    taken = [lim.key for lim in LIMITS if not lim.profile and lim.key not in keep]
+    changed = [k for k in taken if _lookup(merged, k) != _lookup(base, k)]
+    if len(changed) > 1:  # each does no worse alone; together they must not either
+        together = summarize(replayer.mix(parse_config(merged, path="<>"), None))
+        why = _worse(together, now)
+        lines.append(f"  the {len(changed)} proposed limits kept, together: {_figures(together)}")
+        if why is not None:
+            current_cfg_values = {k: _current_value(current_cfg, k) for k in changed}
+            for key, value in current_cfg_values.items():
+                keep[key] = (value, f"together with the other proposals it {why}")
+            merged = base
+            lines.append(f"    -> current values kept: together they {why}")
     final_cfg = parse_config(merged, path="<calibrated>")
     for group in stats.groups():
         name = names.get(group)

@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file",
         nargs="+",
         help="trajectory JSONL (the format of docs/contracts.md), plain or gzip-compressed "
-        "(.jsonl.gz); several files are replayed as one corpus",
+        "(.jsonl.gz), or run_record's runs.jsonl written with [plugins.run_record] "
+        "trajectory = true; several files are replayed as one corpus",
     )
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
     parser.add_argument(
@@ -282,9 +283,10 @@ def _without_trajectory(path: Any, lines: list[int]) -> str:
         f"loopwarden replay: {path}: {len(lines)} run record(s) without their trajectory "
         f"(line {shown}) skipped: a run record holds no steps to replay unless it was written "
         'with its trajectory -- add "run_record" to [plugins] enabled and set '
-        "[plugins.run_record] trajectory = true in config.toml (off by default: the "
-        "trajectory holds the conversation and tool results, with redact_keys masked), then "
-        "replay the records it writes; or give a trajectory file (docs/contracts.md)"
+        "[plugins.run_record] trajectory = true in config.toml (off by default: it holds "
+        "the conversation and the tool results, secrets masked by redact_keys), then replay "
+        "the file it writes (runs.jsonl in the data directory, or [plugins.run_record] path); "
+        "or give a trajectory file (docs/contracts.md)"
     )
 
 
