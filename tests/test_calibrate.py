@@ -597,6 +597,10 @@ def test_calibrate_keeps_the_current_limit_where_the_proposal_would_do_worse(
     profile = config.profiles["test-shop"]
     assert profile.max_steps is None
     assert "max_steps = " in err and "left out: it stops more successful runs" in err
+    assert (
+        f"#   not written: max_steps = {proposed}, left out: it stops more successful runs "
+        "with work left than no profile" in out
+    )
 
 
 def test_the_written_limits_do_no_worse_than_the_current_config_on_every_figure(

@@ -331,14 +331,15 @@ def calibrated_config(
             key = f"profiles.{names[group]}.{lim.key}"
             if value is not None and key in kept:
                 instead, note = kept[key]
-                left_out.append(f"{lim.key} {value} {note}")
+                left_out.append(f"{lim.key} = {value}, {note}")
                 if instead is not None:
                     prof[lim.key] = instead
             elif value is not None:
                 prof[lim.key] = value
         data.setdefault("profiles", {})[names[group]] = prof
         got = ", ".join(f"{k} = {v}" for k, v in prof.items() if k != "description")
-        lines.append(f"[profiles.{names[group]}] {got or 'no limit with enough data'}")
-        lines.extend(f"  not proposed: {x}" for x in left_out)
+        none = "no limit that does no worse" if left_out else "no limit with enough data"
+        lines.append(f"[profiles.{names[group]}] {got or none}")
+        lines.extend(f"  not written: {x}" for x in left_out)
     text = "\n".join(f"# {x}" if x else "#" for x in lines) + "\n\n" + dump_toml(data, pending)
     return data, text
