@@ -680,3 +680,10 @@ def test_calibrate_on_run_records_keeps_the_current_limit_that_fewer_runs_pass(
         f"1/101 (1.0%) -> current {current} kept" in err
     )
     assert "successful runs over a limit  0/101 (0.0%)" in out
+    # a record is one run: conversation-wide limits cannot be checked on records and keep
+    # their current values; the profile's step limit would cut the long run: left out
+    config = load_config(target)
+    shipped = load_config(default_config_path()).plugins.tables()["conversation_limits"]
+    assert config.plugins.tables()["conversation_limits"]["max_turns"] == shipped["max_turns"]
+    assert "max_turns = " in out and "run records cannot show what it would do" in out
+    assert config.profiles["default"].max_steps is None

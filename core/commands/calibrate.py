@@ -328,57 +328,109 @@ def _compare(
     return keep, lines, replayers
 
 
-#: what a run record can be checked against: a limit, and the run's figure it caps
-_RECORD_LIMITS: tuple[tuple[str, str], ...] = (
-    ("plugins.max_steps.max_steps", "model_calls"),
-    ("plugins.tool_calls.max_tool_calls", "tool_calls"),
-    ("plugins.token_budget.max_total_tokens", "tokens"),
-)
+#: what a run record can be checked against: a per-run limit, and the run's figure it caps.  A
+#: record is one run and does not say which conversation it belongs to, so conversation-wide
+#: limits (and the largest request, which it does not record) cannot be checked on records
+_RECORD_LIMITS: dict[str, str] = {
+    "plugins.max_steps.max_steps": "model_calls",
+    "plugins.tool_calls.max_tool_calls": "tool_calls",
+    "plugins.token_budget.max_total_tokens": "tokens",
+}
+#: a profile's limits: the plugin-level key it stands in for, and the figure it caps
+_RECORD_PROFILE_LIMITS: dict[str, tuple[str | None, str]] = {
+    "max_steps": ("plugins.max_steps.max_steps", "model_calls"),
+    "max_tokens": ("plugins.token_budget.max_total_tokens", "tokens"),
+    "max_seconds": (None, "seconds"),
+}
 
 
-def _over(value: int | None, stats: Stats, figure: str) -> set[int]:
-    """The successful runs (indices into ``stats.turns``) past ``value`` (None: no limit)."""
+def _over(value: float | None, stats: Stats, figure: str) -> int:
+    """How many of the successful runs are past ``value`` (None: no limit)."""
     if value is None:
-        return set()
-    return {
-        i for i, t in enumerate(stats.turns) if (n := getattr(t, figure)) is not None and n > value
-    }
+        return 0
+    runs: list[Any] = stats.conversations if figure == "seconds" else stats.turns
+    return sum(1 for r in runs if (n := getattr(r, figure)) is not None and n > value)
 
 
 def _record_compare(
-    base: dict[str, Any], proposal: dict[str, Any], stats: Stats
+    base: dict[str, Any], proposal: dict[str, Any], stats: Stats, names: dict[str, str]
 ) -> tuple[dict[str, tuple[int | None, str]], list[str]]:
     """For run records (no steps to replay): each proposed limit against the current one by
-    the successful runs over it; the current value is kept where the proposal has more."""
+    the successful runs over it; the current value is kept where the proposal has more, and
+    where records cannot show what a limit does (conversation-wide limits, the largest
+    request)."""
     from loopwarden.config import parse_config
+    from loopwarden.traffic.calibrate import LIMITS
 
     current_cfg = parse_config(base, path="<current>")
     keep: dict[str, tuple[int | None, str]] = {}
+    written: dict[str, int | None] = {}
+    n = len(stats.turns)
     lines = ["  each proposed limit against the current value, successful runs over it:"]
-    for key, figure in _RECORD_LIMITS:
-        proposed = _lookup(proposal, key)
-        current = _current_value(current_cfg, key)
-        if not isinstance(proposed, int) or proposed == current:
+    for lim in LIMITS:
+        proposed = _lookup(proposal, lim.key)
+        current = _current_value(current_cfg, lim.key) if not lim.profile else None
+        written[lim.key] = current
+        if lim.profile or not isinstance(proposed, int) or proposed == current:
+            continue
+        shown = "unset" if current is None else current
+        figure = _RECORD_LIMITS.get(lim.key)
+        if figure is None:
+            keep[lim.key] = (current, "run records cannot show what it would do")
+            lines.append(
+                f"    {lim.key}: current {shown} kept, not the proposed {proposed}: "
+                "run records cannot show what it would do"
+            )
             continue
         now, then = _over(current, stats, figure), _over(proposed, stats, figure)
-        shown = "unset" if current is None else current
-        if len(then) > len(now):
-            keep[key] = (current, f"more successful runs are over it than the current {shown}")
+        if then > now:
+            keep[lim.key] = (current, f"more successful runs are over it than the current {shown}")
             verdict = f"current {shown} kept"
         else:
+            written[lim.key] = proposed
             verdict = f"proposed {proposed} kept"
         lines.append(
-            f"    {key}: current {shown} {_pct(len(now), len(stats.turns))}, proposed "
-            f"{proposed} {_pct(len(then), len(stats.turns))} -> {verdict}"
+            f"    {lim.key}: current {shown} {_pct(now, n)}, proposed {proposed} "
+            f"{_pct(then, n)} -> {verdict}"
         )
+    for group in stats.groups():
+        name = names.get(group, "")
+        prof = (proposal.get("profiles") or {}).get(name)
+        if not isinstance(prof, dict):
+            continue
+        part = stats.only(group)
+        for key, value in prof.items():
+            if key == "description":
+                continue
+            plugin_key, figure = _RECORD_PROFILE_LIMITS.get(key, (None, ""))
+            where = f"profiles.{name}.{key}"
+            if not figure:
+                keep[where] = (None, "left out: run records cannot show what it would do")
+                lines.append(f"    {where} = {value} left out: run records cannot show it")
+                continue
+            instead = written.get(plugin_key) if plugin_key else None
+            now, then = _over(instead, part, figure), _over(value, part, figure)
+            m = len(part.conversations if figure == "seconds" else part.turns)
+            verdict = "kept" if then <= now else "left out"
+            if then > now:
+                keep[where] = (None, "left out: more of its runs are over it than without it")
+            lines.append(
+                f"    {where}: without it {_pct(now, m)}, {value} {_pct(then, m)} -> {verdict}"
+            )
     return keep, lines
 
 
 def _record_figures(config: Config, stats: Stats) -> list[str]:
     """For run records: the successful runs at least one written limit would have cut."""
-    over: set[int] = set()
-    for key, figure in _RECORD_LIMITS:
-        over |= _over(_current_value(config, key), stats, figure)
+    values = {key: _current_value(config, key) for key in _RECORD_LIMITS}
+    over = [
+        t
+        for t in stats.turns
+        if any(
+            (v := values[key]) is not None and (n := getattr(t, f)) is not None and n > v
+            for key, f in _RECORD_LIMITS.items()
+        )
+    ]
     return [
         f"  successful runs over a limit  {_pct(len(over), len(stats.turns))}",
         "  (runaways caught need trajectories: run records hold no steps to replay)",
@@ -486,7 +538,7 @@ def main(args: argparse.Namespace) -> int:
             *compared,
         ]
     else:
-        keep, compared = _record_compare(base, proposal, stats)
+        keep, compared = _record_compare(base, proposal, stats, names)
         _, text = calibrated_config(
             stats, base, margin=args.margin, min_runs=args.min_runs, header=header, keep=keep
         )
