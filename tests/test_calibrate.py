@@ -687,3 +687,25 @@ def test_calibrate_on_run_records_keeps_the_current_limit_that_fewer_runs_pass(
     assert config.plugins.tables()["conversation_limits"]["max_turns"] == shipped["max_turns"]
     assert "max_turns = " in out and "run records cannot show what it would do" in out
     assert config.profiles["default"].max_steps is None
+
+
+def test_calibrating_over_a_short_file_writes_a_whole_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base that extends a parent by a relative path: the calibrated file is complete (it
+    does not say ``extends``, which would resolve from wherever the file is read)."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "parent.toml").write_text(
+        'extends = "defaults"\n[plugins.max_steps]\nmax_steps = 77\n', encoding="utf-8"
+    )
+    base = tmp_path / "base" / "config.toml"
+    base.write_text('extends = "parent.toml"\n[plugins]\ndisable = ["stall"]\n', encoding="utf-8")
+    path = write_jsonl(tmp_path / "runs.jsonl", healthy_corpus())
+    assert main(["calibrate", str(path), "--config", str(base)]) == 0
+    written = tomllib.loads(capsys.readouterr().out)
+    assert "extends" not in written
+    assert "stall" not in written["plugins"]["enabled"]
+    assert "repeat_call" in written["plugins"]["enabled"]
+    target = tmp_path / "calibrated.toml"
+    target.write_text(dump_toml(written), encoding="utf-8")
+    load_config(target)  # a complete, valid config on its own, wherever it is read

@@ -441,7 +441,7 @@ def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loopwarden import __version__
-    from loopwarden.config import find_config, load_toml, parse_config
+    from loopwarden.config import find_config, layered_config, load_toml, parse_config
     from loopwarden.exceptions import ConfigError
     from loopwarden.host import load_plugins
     from loopwarden.traffic.calibrate import MIN_RUNS, calibrated_config, load_stats, profile_names
@@ -479,7 +479,10 @@ def main(args: argparse.Namespace) -> int:
             "not a p99\n"
         )
     base_path = find_config(args.config)
-    base = load_toml(base_path)
+    # the effective config, whole: a calibrated file must not depend on where the base's
+    # parents (extends) were found
+    base = layered_config(load_toml(base_path), path=str(base_path)).data
+    base.pop("extends", None)
     left_out = f"{stats.unsuccessful} unsuccessful"
     if stats.unreadable:
         left_out += f", {stats.unreadable} unreadable line(s)"
