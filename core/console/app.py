@@ -441,7 +441,14 @@ class Console:
         return self._html(status, pages.message_page(title, message, base=self.base))
 
     def _json(self, value: Any, status: int = 200) -> Response:
-        data = json.dumps(value, ensure_ascii=True, default=str)
+        # markup characters as escapes: the answer stays inert even where it is not read as
+        # JSON (a sniffing client, a proxy's error page)
+        data = (
+            json.dumps(value, ensure_ascii=True, default=str)
+            .replace("<", "\\u003c")
+            .replace(">", "\\u003e")
+            .replace("&", "\\u0026")
+        )
         return Response(status, data.encode(), self._headers("application/json"))
 
     def _static(self, name: str) -> Response:
