@@ -120,7 +120,7 @@ def test_binding_elsewhere_without_a_token_is_refused(made: Made, tmp_path: Path
             "0.0.0.0",
             "--port",
             "0",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -212,21 +212,27 @@ def _hostile_records(path: Path) -> list[dict[str, object]]:
                 "verdicts": [
                     {"step": 1, "hook": "after_tool", "plugin": text, "kind": "warn"},
                     {"step": 1, "hook": "after_tool", "plugin": text, "kind": "stop"},
-                ],  # fmt: skip
+                ],
                 "final_answer": text * 3,
                 "trajectory": [
                     {
                         "content": text,
                         "tool_calls": [{"name": text, "arguments": text}],
                         "observations": [text],
-                    }  # fmt: skip
+                    }
                 ],
                 "shadow_stop": {"plugin": text, "reason": text, "step": 1},
                 "mode": "shadow",
             }
         )
-    rows.append({"run_id": "huge", "termination": "stall", "final_answer": "A" * 2_000_000,
-                 "scenario": "B" * 100_000})  # fmt: skip
+    rows.append(
+        {
+            "run_id": "huge",
+            "termination": "stall",
+            "final_answer": "A" * 2_000_000,
+            "scenario": "B" * 100_000,
+        }
+    )
     path.write_text(
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
     )
@@ -314,7 +320,7 @@ def test_secrets_are_redacted_everywhere_shown(tmp_path: Path) -> None:
                                 "name": "fetch",
                                 "arguments": json.dumps({"password": "hunter22", "q": "x"}),
                             }
-                        ],  # fmt: skip
+                        ],
                         "observations": [f"Authorization: Bearer {key}"],
                     }
                 ],

@@ -125,8 +125,11 @@ def test_overview_has_every_part_with_data(console: Console, made: Made) -> None
     chart = main.one("section", id="runs-by-termination")
     assert chart.find_all("svg") and chart.find_all("rect", data_termination="repeat_call")
     report = analyse(load_records(made.records).records)
-    reasons = {e.attrs["data-reason"] for e in main.one(id="top-reasons").find_all("tr")
-               if "data-reason" in e.attrs}  # fmt: skip
+    reasons = {
+        e.attrs["data-reason"]
+        for e in main.one(id="top-reasons").find_all("tr")
+        if "data-reason" in e.attrs
+    }
     assert reasons == set(report["stopped_by"]) and reasons
     savings = main.one(id="savings")
     assert {e.attrs["data-guard"] for e in savings.find_all("tr") if "data-guard" in e.attrs} == (

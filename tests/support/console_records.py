@@ -60,10 +60,28 @@ def make_records(tmp: Path) -> Made:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         main(["demo", "-q", "--observers", "--config", str(config), *only])
         for scenario, tenant in (("outage", "acme"), ("refund", "acme")):
-            main(["run", "--config", str(config), "--scenario", scenario, "--meta",
-                  f"tenant={tenant}"])  # fmt: skip
-        main(["run", "--config", str(shadow), "--scenario", "always-not-found", "--meta",
-              "tenant=globex"])  # fmt: skip
+            main(
+                [
+                    "run",
+                    "--config",
+                    str(config),
+                    "--scenario",
+                    scenario,
+                    "--meta",
+                    f"tenant={tenant}",
+                ]
+            )
+        main(
+            [
+                "run",
+                "--config",
+                str(shadow),
+                "--scenario",
+                "always-not-found",
+                "--meta",
+                "tenant=globex",
+            ]
+        )
     if not records.is_file():
         raise AssertionError(f"no records were written:\n{out.getvalue()}")
     return Made(config, records, store)
