@@ -381,3 +381,22 @@ def test_the_gateway_mounts_the_console(made: Made, tmp_path: Path) -> None:
     plain = Deployment(load_config(str(made.config)))
     assert GatewayApp(plain, "http://127.0.0.1:9/v1", MemoryState()).console is None
     plain.close()
+
+
+def test_figures_over_a_large_file_never_make_a_page_wait(made: Made, tmp_path: Path) -> None:
+    import time
+
+    from loopwarden.console.index import RecordIndex
+
+    index = RecordIndex(made.records, tmp_path / "big.sqlite3")
+    app = Console(index)
+    app.figures.sync_limit = 0  # every file counts as large here
+    first = get(app, "/")
+    assert first.status == 200
+    assert b'id="message"' in first.body and b'http-equiv="refresh"' in first.body
+    deadline = time.monotonic() + 60
+    while (fig := app.figures.overview()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fig is not None
+    assert fig["report"] == analyse(load_records(made.records).records)
+    assert json.loads(get(app, "/api/overview").body)["report"]["runs"] == fig["report"]["runs"]

@@ -211,7 +211,10 @@ class Console:
 
     def _get(self, rel: str, params: dict[str, str]) -> Response:
         if rel == "":
-            return self._html(200, pages.overview(self._overview(), base=self.base))
+            fig = self._overview()
+            if fig is None:
+                return self._html(200, pages.computing(self.index.count(), base=self.base))
+            return self._html(200, pages.overview(fig, base=self.base))
         if rel == "runs":
             return self._runs(params)
         if rel.startswith("runs/"):
@@ -269,8 +272,10 @@ class Console:
             self.index.refresh()
             self._refreshed = time.monotonic()
 
-    def _overview(self) -> dict[str, Any]:
+    def _overview(self) -> dict[str, Any] | None:
         fig = self.figures.overview()
+        if fig is None:
+            return None
         return {**fig, "report": self.redactor(fig["report"])}
 
     def _filters(self, params: Mapping[str, str]) -> Filters:
@@ -372,7 +377,10 @@ class Console:
 
     def _api(self, rel: str, params: dict[str, str]) -> Response:
         if rel == "overview":
-            return self._json(self._overview())
+            fig = self._overview()
+            if fig is None:  # the first figures over a large file are being computed
+                return self._json({"computing": True, "runs": self.index.count()}, 202)
+            return self._json(fig)
         if rel == "runs":
             page = self.index.page(self._filters(params), self._page_no(params), PAGE_SIZE)
             return self._json(

@@ -107,7 +107,7 @@ def console_from_config(
     path = records if records is not None else records_file(config)
     index = RecordIndex(path, index_file)
     index.refresh()
-    return Console(
+    console = Console(
         index,
         store_view(config, shared),
         token=token,
@@ -117,3 +117,6 @@ def console_from_config(
         step_cap=_step_cap(config),
         loopback_only=loopback_only,
     )
+    if index.count() > console.figures.sync_limit:
+        console.figures.start()  # ready, or nearly, by the time someone opens the overview
+    return console

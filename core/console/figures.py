@@ -14,6 +14,7 @@ cap -- a lower bound when the context grows with every call, as it does in an ag
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,33 +76,75 @@ class _Cached:
 
 
 class Figures:
-    """The overview's data for one index, recomputed only when records were added."""
+    """The overview's data for one index, recomputed only when records were added.
 
-    def __init__(self, index: RecordIndex, step_cap: int = DEFAULT_STEP_CAP) -> None:
+    Over a small file the figures are computed when asked.  Over a large one (more than
+    ``sync_limit`` runs: parsing 100,000 records takes seconds) they are computed on a
+    background thread; until the first result is ready :meth:`overview` returns None, and
+    afterwards the last result while a newer one is computed -- a page never waits on it.
+    """
+
+    def __init__(
+        self, index: RecordIndex, step_cap: int = DEFAULT_STEP_CAP, sync_limit: int = 5000
+    ) -> None:
         self.index = index
         self.step_cap = step_cap
+        self.sync_limit = sync_limit
         self._lock = threading.Lock()
         self._cached: _Cached | None = None
+        self._worker: threading.Thread | None = None
+        self._finished = -float("inf")
+        #: the least time between two background computations (seconds)
+        self.min_interval_s = 30.0
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self) -> dict[str, Any] | None:
         """``report`` (analyse's dict), ``total_tokens`` (from it), ``savings``,
-        ``over_time`` and ``step_cap``."""
+        ``over_time``, ``step_cap`` and ``runs_indexed`` -- or None while the first
+        computation over a large file runs."""
         key = (self.index.cursor(), self.index.skipped)
-        with self._lock:
-            if self._cached is not None and self._cached.key == key:
+        cached = self._cached
+        if cached is not None and cached.key == key:
+            return cached.value
+        if self.index.count() <= self.sync_limit:
+            with self._lock:
+                if self._cached is None or self._cached.key != key:
+                    self._cached = _Cached(key, self._compute())
                 return self._cached.value
-            records = [
-                {k: v for k, v in r.items() if k not in _UNUSED} for r in self.index.records_iter()
-            ]
-            axis, starts, series = self.index.over_time()
-            report = analyse(records, skipped=self.index.skipped)
-            mean = report["tokens"].get("mean")
-            value = {
-                "report": report,
-                "total_tokens": round(mean * report["runs"]) if mean is not None else 0,
-                "savings": savings(records, self.step_cap),
-                "step_cap": self.step_cap,
-                "over_time": {"axis": axis, "starts": starts, "series": series},
-            }
+        self.start()
+        return cached.value if cached is not None else None
+
+    def start(self) -> None:
+        """Compute the figures on a background thread (unless one is at it already, or the
+        last one finished less than ``min_interval_s`` ago: a busy fleet's appends never keep
+        a core parsing)."""
+        with self._lock:
+            if self._worker is not None and self._worker.is_alive():
+                return
+            if time.monotonic() - self._finished < self.min_interval_s:
+                return
+            self._worker = threading.Thread(
+                target=self._background, name="loopwarden-console-figures", daemon=True
+            )
+            self._worker.start()
+
+    def _background(self) -> None:
+        key = (self.index.cursor(), self.index.skipped)
+        value = self._compute()
+        with self._lock:
             self._cached = _Cached(key, value)
-            return value
+            self._finished = time.monotonic()
+
+    def _compute(self) -> dict[str, Any]:
+        records = [
+            {k: v for k, v in r.items() if k not in _UNUSED} for r in self.index.records_iter()
+        ]
+        axis, starts, series = self.index.over_time()
+        report = analyse(records, skipped=self.index.skipped)
+        mean = report["tokens"].get("mean")
+        return {
+            "report": report,
+            "total_tokens": round(mean * report["runs"]) if mean is not None else 0,
+            "savings": savings(records, self.step_cap),
+            "step_cap": self.step_cap,
+            "over_time": {"axis": axis, "starts": starts, "series": series},
+        }

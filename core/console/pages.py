@@ -272,6 +272,17 @@ def overview(fig: Mapping[str, Any], *, base: str) -> str:
     return layout("Overview", "overview", body, base=base, nav="overview", extra=' data-poll="1"')
 
 
+def computing(runs: int, *, base: str) -> str:
+    """The overview while its first figures over a large file are computed (it reloads)."""
+    body = (
+        "<h1>Overview</h1>"
+        f'<p id="message" class="message">Computing the figures over {runs:,} runs -- this '
+        "page reloads in a few seconds. The runs page answers meanwhile.</p>"
+    )
+    page = layout("Overview", "overview", body, base=base, nav="overview")
+    return page.replace("<title>", '<meta http-equiv="refresh" content="3"><title>', 1)
+
+
 def run_row(run: IndexedRun, base: str, new: bool = False) -> str:
     """One ``tr`` of the runs table (also what ``/api/changes`` hands the page to prepend)."""
     guard = h(run.guard) if run.guard else '<span class="muted">-</span>'
