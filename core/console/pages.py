@@ -72,6 +72,7 @@ def layout(title: str, main_id: str, body: str, *, base: str, nav: str, extra: s
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{h(title)} \u00b7 loopwarden console</title>"
+        '<link rel="icon" href="data:,">'
         f'<link rel="stylesheet" href="{h(base)}static/console.css">'
         f'<script src="{h(base)}static/console.js" defer></script>'
         f'</head><body data-base="{h(base)}"{extra}>'
