@@ -171,3 +171,17 @@ def test_an_index_reopened_continues_where_it_stopped(made: Made, tmp_path: Path
     assert again.count() == n
     assert again.refresh() == 0  # nothing re-read
     assert again.count() == n
+
+
+def test_chunks_smaller_than_a_line_still_index_whole_lines(
+    made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loopwarden.console.index as index_module
+
+    monkeypatch.setattr(index_module, "_CHUNK", 97)  # far shorter than one record
+    index = _index(made, tmp_path)
+    loaded = load_records(made.records)
+    assert index.count() == len(loaded.records)
+    for record in loaded.records:
+        found = index.load(record["run_id"])
+        assert found is not None and found[1] == record

@@ -302,6 +302,7 @@ class RecordIndex:
         ensure_private_dir(self.path.parent)
         private_file(self.path)
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -349,65 +350,83 @@ class RecordIndex:
 
     def refresh(self) -> int:
         """Index what was appended since the last pass (rebuilding when the file is another
-        one, or shorter); returns how many records were added."""
-        with self._lock:
-            return self._refresh()
+        one, or shorter); returns how many records were added.
 
-    def _refresh(self) -> int:
+        Lines are parsed outside the lock and stored a chunk at a time, each chunk its own
+        transaction: pages keep answering while a large file is indexed."""
+        with self._refreshing:
+            added = 0
+            while True:
+                with self._lock:
+                    start = self._prepare()
+                if start is None:
+                    return added
+                offset, fallback = start
+                data = self._read_lines(offset)
+                if not data:
+                    return added  # only a partial line so far: the next pass takes it
+                rows, skipped = _parse(data, offset, fallback)
+                with self._lock:
+                    if self._state.offset != offset:  # rebuilt meanwhile: start over
+                        continue
+                    self._store(rows, skipped, offset + len(data))
+                added += len(rows)
+
+    def _prepare(self) -> tuple[int, float] | None:
+        """Under the lock: rebuild when the file is another one; None when nothing is new,
+        else (the offset to read from, the fallback time of its records)."""
         try:
             st = os.stat(self.records)
         except FileNotFoundError:
             if self._state.offset:
                 self._reset(_State())
-            return 0
+            return None
         inode = (st.st_dev, st.st_ino)
         s = self._state
         if s.offset and (inode != s.inode or st.st_size < s.offset or self._head_changed(s)):
             self._reset(_State())
             s = self._state
         if st.st_size == s.offset:
-            return 0
-        added = 0
-        fallback = st.st_mtime
-        with self.records.open("rb") as fh:
-            size = min(_HEAD, st.st_size)
-            if not s.head.endswith(f":{size}"):  # new, or the start has grown: remember more
+            return None
+        size = min(_HEAD, st.st_size)
+        if not s.head.endswith(f":{size}"):  # new, or the start has grown: remember more
+            with self.records.open("rb") as fh:
                 s.head = f"{hashlib.sha256(fh.read(size)).hexdigest()}:{size}"
-            fh.seek(s.offset)
-            self._db.execute("BEGIN")
-            try:
-                pending = b""
-                pos = s.offset
-                while True:
-                    chunk = fh.read(_CHUNK)
-                    if not chunk:
-                        break
-                    data = pending + chunk
-                    end = data.rfind(b"\n")
-                    if end < 0:
-                        pending = data
-                        continue
-                    rows, skipped = _parse(data[: end + 1], pos, fallback)
-                    self._db.executemany(
-                        "INSERT INTO runs (offset, length, run_id, ts, ts_exact, termination, "
-                        "guard, tenant, conversation, model, scenario, steps, tokens, cost, "
-                        "mode, would_stop, search) VALUES "
-                        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        rows,
-                    )
-                    added += len(rows)
-                    s.skipped += skipped
-                    pos += end + 1
-                    pending = data[end + 1 :]
-                s.offset = pos
-                s.inode = inode
-                self._save_state()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._state = self._load_state()
-                raise
-        return added
+        s.inode = inode
+        return s.offset, st.st_mtime
+
+    def _read_lines(self, offset: int) -> bytes:
+        """Whole lines from ``offset``: about one chunk (more when one line is longer)."""
+        with self.records.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read(_CHUNK)
+            while data and b"\n" not in data[-1:]:
+                end = data.rfind(b"\n")
+                if end >= 0:
+                    return data[: end + 1]
+                more = fh.read(_CHUNK)
+                if not more:
+                    return b""  # a line still being written
+                data += more
+            return data
+
+    def _store(self, rows: list[tuple[Any, ...]], skipped: int, offset: int) -> None:
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(
+                "INSERT INTO runs (offset, length, run_id, ts, ts_exact, termination, guard, "
+                "tenant, conversation, model, scenario, steps, tokens, cost, mode, would_stop, "
+                "search) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            self._state.skipped += skipped
+            self._state.offset = offset
+            self._save_state()
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._state = self._load_state()
+            raise
 
     def _head_changed(self, s: _State) -> bool:
         digest, _, size = s.head.partition(":")
