@@ -13,6 +13,8 @@ cap -- a lower bound when the context grows with every call, as it does in an ag
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -22,7 +24,9 @@ from typing import Any
 from loopwarden.console.index import RecordIndex
 from loopwarden.report import analyse
 
-__all__ = ["DEFAULT_STEP_CAP", "Figures", "savings"]
+__all__ = ["DEFAULT_STEP_CAP", "Figures", "compute", "savings"]
+
+log = logging.getLogger("loopwarden.console")
 
 #: the step cap assumed when the config names none (max_steps' own default)
 DEFAULT_STEP_CAP = 115
@@ -129,22 +133,45 @@ class Figures:
 
     def _background(self) -> None:
         key = (self.index.cursor(), self.index.skipped)
-        value = self._compute()
+        try:
+            # in a process of its own: parsing holds no lock the pages' threads need (the GIL)
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(1) as pool:
+                value = pool.apply(
+                    _compute_file, (str(self.index.records), str(self.index.path), self.step_cap)
+                )
+        except Exception:  # no processes here (a sandbox): compute on this thread
+            log.warning("console: figures computed in-process", exc_info=True)
+            value = self._compute()
         with self._lock:
             self._cached = _Cached(key, value)
             self._finished = time.monotonic()
 
     def _compute(self) -> dict[str, Any]:
-        records = [
-            {k: v for k, v in r.items() if k not in _UNUSED} for r in self.index.records_iter()
-        ]
-        axis, starts, series = self.index.over_time()
-        report = analyse(records, skipped=self.index.skipped)
-        mean = report["tokens"].get("mean")
-        return {
-            "report": report,
-            "total_tokens": round(mean * report["runs"]) if mean is not None else 0,
-            "savings": savings(records, self.step_cap),
-            "step_cap": self.step_cap,
-            "over_time": {"axis": axis, "starts": starts, "series": series},
-        }
+        return compute(self.index, self.step_cap)
+
+
+def _compute_file(records: str, index_file: str, step_cap: int) -> dict[str, Any]:
+    """:func:`compute` in a worker process, over the index the console keeps."""
+    from pathlib import Path
+
+    index = RecordIndex(Path(records), Path(index_file))
+    try:
+        return compute(index, step_cap)
+    finally:
+        index.close()
+
+
+def compute(index: RecordIndex, step_cap: int) -> dict[str, Any]:
+    """The overview's figures over what ``index`` holds (see :meth:`Figures.overview`)."""
+    records = [{k: v for k, v in r.items() if k not in _UNUSED} for r in index.records_iter()]
+    axis, starts, series = index.over_time()
+    report = analyse(records, skipped=index.skipped)
+    mean = report["tokens"].get("mean")
+    return {
+        "report": report,
+        "total_tokens": round(mean * report["runs"]) if mean is not None else 0,
+        "savings": savings(records, step_cap),
+        "step_cap": step_cap,
+        "over_time": {"axis": axis, "starts": starts, "series": series},
+    }
