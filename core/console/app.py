@@ -263,14 +263,18 @@ class Console:
     # -- data ------------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        now = time.monotonic()
-        if now - self._refreshed < REFRESH_S:
+        """Index appended records, at most every :data:`REFRESH_S` -- unless another request
+        is at it already: this one answers from the index as it stands."""
+        if time.monotonic() - self._refreshed < REFRESH_S:
             return
-        with self._refresh_lock:
-            if now - self._refreshed < REFRESH_S:
-                return
-            self.index.refresh()
-            self._refreshed = time.monotonic()
+        if not self._refresh_lock.acquire(blocking=False):
+            return
+        try:
+            if time.monotonic() - self._refreshed >= REFRESH_S:
+                self.index.refresh()
+                self._refreshed = time.monotonic()
+        finally:
+            self._refresh_lock.release()
 
     def _overview(self) -> dict[str, Any] | None:
         fig = self.figures.overview()
