@@ -337,3 +337,40 @@ def test_secrets_are_redacted_everywhere_shown(tmp_path: Path) -> None:
         assert key.encode() not in body, path
         assert b"hunter22" not in body, path
     assert b"[REDACTED]" in app.handle("GET", "/runs/sec", "", LOCAL).body
+
+
+def test_under_the_gateway_without_a_token_only_this_machine_is_answered(
+    made: Made, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loopwarden.console.asgi import ConsoleASGI
+
+    monkeypatch.delenv("LOOPWARDEN_CONSOLE_TOKEN", raising=False)
+    config = load_config(str(made.config))
+    mounted = ConsoleASGI.from_config(config)
+    try:
+        app = mounted.console
+        assert app.base == "/console/" and app.token is None
+        # a remote peer cannot pass by naming 127.0.0.1 in its Host header
+        remote = app.handle("GET", "/console/runs", "", LOCAL, peer="203.0.113.7")
+        assert remote.status == 403 and b"LOOPWARDEN_CONSOLE_TOKEN" in remote.body
+        local = app.handle("GET", "/console/runs", "", LOCAL, peer="127.0.0.1")
+        assert local.status == 200 and b'href="/console/runs/' in local.body
+    finally:
+        mounted.close()
+
+
+def test_under_the_gateway_the_token_opens_it_to_any_peer(
+    made: Made, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loopwarden.console.asgi import ConsoleASGI
+
+    monkeypatch.setenv("LOOPWARDEN_CONSOLE_TOKEN", "gw-console-token")
+    mounted = ConsoleASGI.from_config(load_config(str(made.config)))
+    try:
+        app = mounted.console
+        headers = {"Host": "gw.example", "Authorization": "Bearer gw-console-token"}
+        assert app.handle("GET", "/console/runs", "", headers, peer="203.0.113.7").status == 200
+        bare = app.handle("GET", "/console/runs", "", {"Host": "gw.example"}, peer="203.0.113.7")
+        assert bare.status == 401
+    finally:
+        mounted.close()

@@ -356,8 +356,11 @@ def test_the_command_prints_its_token_in_the_url(made: Made, tmp_path: Path) -> 
         proc.wait(10)
 
 
-def test_the_gateway_mounts_the_console(made: Made, tmp_path: Path) -> None:
+def test_the_gateway_mounts_the_console(
+    made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("uvicorn")
+    monkeypatch.delenv("LOOPWARDEN_CONSOLE_TOKEN", raising=False)
     from support.gateway import serve
 
     from loopwarden.deployment import Deployment
