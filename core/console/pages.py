@@ -365,6 +365,12 @@ def runs(
         "<th>steps</th><th>tokens</th><th>cost</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
         + ("" if page.runs else '<p class="empty">No run matches.</p>')
+        + (
+            '<p class="hint">~ time: the record carries no time of its own (ended_at); shown is '
+            "when the records file was last written as the console read it.</p>"
+            if any(not r.ts_exact for r in page.runs)
+            else ""
+        )
         + f'<nav class="pages">{"".join(nav)}</nav>'
     )
     live = page.page == 0 and not kept
