@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "loopwarden.commands.breakers",
         "fleet-wide circuit breakers per tool and MCP server; `breakers reset TOOL`",
     ),
+    "console": (
+        "loopwarden.commands.console",
+        "a web page over the run records and the shared store: runs, stops, budgets, breakers",
+    ),
 }
 
 
