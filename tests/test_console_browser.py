@@ -260,6 +260,7 @@ def test_a_run_shows_its_steps_the_verdict_and_its_evidence(
     page.locator(f'#runs-table tr[data-run-id="{run["run_id"]}"] a').first.click()
     page.wait_for_url(re.compile(rf"/runs/{run['run_id']}$"))
     page.wait_for_selector("main#run")
+    shot(page, "run")
     assert page.locator("#timeline li.step.model").count() == run["steps"]
     tools = page.locator("#timeline li.step.tool")
     assert tools.count() >= 1
@@ -278,7 +279,6 @@ def test_a_run_shows_its_steps_the_verdict_and_its_evidence(
     assert page.inner_text("#final-answer").strip() == run["final_answer"]
     assert "repeat_call" in page.inner_text("#termination")
     assert page.errors == []
-    shot(page, "run")
     # an id that is no run
     missing = page.goto(console.url + "runs/no-such-run")
     assert missing is not None and missing.status == 404
