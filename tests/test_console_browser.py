@@ -6,7 +6,8 @@ with a tenant), with a circuit breaker opened in a SQLite store by the ``outage`
 Headless Chromium (Debian's package, through Playwright; see :mod:`support.browser`) opens the
 overview, filters the runs to a guard, opens a run and reads its verdict and evidence, watches
 a new run appear without a reload, and resets a breaker -- refused without ``--allow-resets``,
-done with it.
+done with it; it needs the token where one is set, and a record full of markup and scripts is
+shown as text, never run.
 
 With ``LOOPWARDEN_SCREENSHOTS=DIR`` set, the tests save what the browser showed as PNGs in DIR
 (docs/console.md shows them: ``LOOPWARDEN_SCREENSHOTS=docs/console``).
@@ -255,7 +256,7 @@ def test_filtering_runs_to_a_guard(page: Any, console: Console, home: Path) -> N
 def test_a_run_shows_its_steps_the_verdict_and_its_evidence(
     page: Any, console: Console, home: Path
 ) -> None:
-    (run,) = [r for r in records(home) if r["scenario"] == "always-not-found"]
+    run = next(r for r in records(home) if r["scenario"] == "always-not-found")
     page.goto(console.url + "runs?termination=repeat_call")
     page.locator(f'#runs-table tr[data-run-id="{run["run_id"]}"] a').first.click()
     page.wait_for_url(re.compile(rf"/runs/{run['run_id']}$"))
@@ -368,3 +369,64 @@ def test_a_confirmed_reset_closes_the_breaker_with_allow_resets(
         console.stop()
     shown = json.loads(_loopwarden(own, "breakers", "--json").stdout)
     assert all(b["state"] != "open" for b in shown["breakers"] if b["name"] == tool), shown
+
+
+# ---------------------------------------------------------------------------------------------
+# access and hostile records
+# ---------------------------------------------------------------------------------------------
+
+
+def test_with_a_token_the_page_opens_only_with_it(page: Any, home: Path, tmp_path: Path) -> None:
+    token = "s3cret-console-token"
+    console = Console(console_args(home, "--token", token), _env(home), tmp_path / "console.log")
+    try:
+        refused = page.goto(console.url + "runs")
+        assert refused is not None and refused.status == 401
+        assert page.locator("#runs-table").count() == 0
+        opened = page.goto(console.url + "?token=" + token)
+        assert opened is not None and opened.status == 200
+        page.wait_for_selector("main#overview")
+        # the cookie carries the visit on: links work without the token in the address
+        with page.expect_navigation():
+            page.locator('a[href$="runs"]').first.click()
+        assert "token=" not in page.url
+        page.wait_for_selector("#runs-table tr[data-run-id]")
+        cookies = {c["name"]: c for c in page.context.cookies()}
+        assert cookies["lw_console"]["httpOnly"] is True
+        assert cookies["lw_console"]["sameSite"] == "Strict"
+    finally:
+        console.stop()
+
+
+HOSTILE = (
+    '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    "\u202ereversed\u202c \u0000 \x1b[31m" + "A" * 20_000
+)
+
+
+def test_a_hostile_record_is_shown_as_text_and_never_run(
+    page: Any, console: Console, home: Path
+) -> None:
+    template = next(r for r in records(home) if r["scenario"] == "always-not-found")
+    record = {
+        **template,
+        "run_id": "hostile-0001",
+        "scenario": "<b>bold</b>",
+        "final_answer": HOSTILE,
+        "meta": {"tenant": '"><script>window.__pwned = 3</script>'},
+    }
+    with (home / "runs.jsonl").open("a", encoding="utf-8") as out:
+        out.write(json.dumps(record) + "\n")
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(console.url + "runs")
+    row = page.locator('#runs-table tr[data-run-id="hostile-0001"]')
+    row.wait_for(timeout=WAIT_MS)
+    assert "<b>bold</b>" in row.inner_text()
+    page.goto(console.url + "runs/hostile-0001")
+    page.wait_for_selector("main#run")
+    shown = page.inner_text("#final-answer")
+    assert "<script>window.__pwned = 1</script>" in shown
+    assert page.locator("main#run script, main#run img").count() == 0
+    assert page.evaluate("window.__pwned === undefined")
+    assert dialogs == [] and page.errors == []

@@ -61,7 +61,7 @@ def launch_chromium() -> Iterator[Any]:
         unavailable("Playwright for Python is not installed (pip install -e '.[dev]')")
     path = chromium_path()
     if path is None:
-        unavailable("no chromium on PATH (apt-get install chromium)")
+        unavailable("no chromium on PATH or at LOOPWARDEN_CHROMIUM (apt-get install chromium)")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
         try:
