@@ -419,6 +419,12 @@ class GatewayConfig(_Strict):
         default=True,
         description="add x-loopwarden-overhead-ms (the gateway's own time) to every answer",
     )
+    console: bool = Field(
+        default=False,
+        description="serve the console (`loopwarden console`'s pages) at /console/: with "
+        "LOOPWARDEN_CONSOLE_TOKEN set, to whoever has the token; without it, only to this "
+        "machine",
+    )
     session_headers: list[str] = Field(
         default_factory=lambda: [
             "x-loopwarden-run",

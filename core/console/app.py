@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import mimetypes
@@ -130,6 +131,9 @@ class Console:
         self.redactor = redactor or Redactor()
         self.base = base if base.endswith("/") else base + "/"
         self.loopback_only = loopback_only
+        #: without a token, also refuse peers that are not this machine (the gateway's
+        #: mount: it may listen on any address)
+        self.require_local_peer = False
         self.figures = Figures(index, **({"step_cap": step_cap} if step_cap else {}))
         self._secret = secrets.token_bytes(32)
         self._refreshed = 0.0
@@ -144,17 +148,25 @@ class Console:
         query: str,
         headers: Mapping[str, str],
         body: bytes = b"",
+        *,
+        peer: str | None = None,
     ) -> Response:
         """Answer one request (``path`` without the query; ``query`` the raw query string;
-        ``headers`` with any case of names)."""
+        ``headers`` with any case of names; ``peer`` the client's address, when known)."""
         try:
-            return self._handle(method.upper(), path, query, _lower(headers), body)
+            return self._handle(method.upper(), path, query, _lower(headers), body, peer)
         except Exception:  # a bug or an unreadable file: a page that says so, never a trace
             log.exception("console: %s %s failed", method, path)
             return self._page(500, "Error", "The console could not answer this request.")
 
     def _handle(
-        self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        peer: str | None,
     ) -> Response:
         if not path.startswith(self.base) and path + "/" != self.base:
             return self._page(404, "Not found", "No such page.")
@@ -162,8 +174,16 @@ class Console:
         params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
         if rel == "healthz":
             return Response(200, b"ok", [("Content-Type", "text/plain; charset=utf-8")])
-        if self.token is None and self.loopback_only and not _loopback(headers.get("host", "")):
-            return self._page(403, "Forbidden", "This console answers only on 127.0.0.1.")
+        if self.token is None and (
+            (self.loopback_only and not _loopback(headers.get("host", "")))
+            or (self.require_local_peer and not _loopback_ip(peer))
+        ):
+            return self._page(
+                403,
+                "Forbidden",
+                "Without a token this console answers only on this machine (127.0.0.1): set "
+                "LOOPWARDEN_CONSOLE_TOKEN to reach it from elsewhere.",
+            )
         set_cookie = None
         if self.token is not None:
             given = params.pop("token", None)
@@ -421,7 +441,14 @@ class Console:
         return self._html(status, pages.message_page(title, message, base=self.base))
 
     def _json(self, value: Any, status: int = 200) -> Response:
-        data = json.dumps(value, ensure_ascii=True, default=str)
+        # markup characters as escapes: the answer stays inert even where it is not read as
+        # JSON (a sniffing client, a proxy's error page)
+        data = (
+            json.dumps(value, ensure_ascii=True, default=str)
+            .replace("<", "\\u003c")
+            .replace(">", "\\u003e")
+            .replace("&", "\\u0026")
+        )
         return Response(status, data.encode(), self._headers("application/json"))
 
     def _static(self, name: str) -> Response:
@@ -450,6 +477,16 @@ def _loopback(host: str) -> bool:
     else:
         name = host.split(":")[0] if host.count(":") <= 1 else host
     return name in LOOPBACK_HOSTS
+
+
+def _loopback_ip(peer: str | None) -> bool:
+    """Whether a peer address is this machine's loopback."""
+    if not peer:
+        return False
+    try:
+        return ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        return False
 
 
 def _time(text: str | None, *, end: bool = False) -> float | None:

@@ -84,7 +84,8 @@ class Figures:
         self._cached: _Cached | None = None
 
     def overview(self) -> dict[str, Any]:
-        """``report`` (analyse's dict), ``savings``, ``over_time`` and ``step_cap``."""
+        """``report`` (analyse's dict), ``total_tokens`` (from it), ``savings``,
+        ``over_time`` and ``step_cap``."""
         key = (self.index.cursor(), self.index.skipped)
         with self._lock:
             if self._cached is not None and self._cached.key == key:
@@ -92,12 +93,15 @@ class Figures:
             records = [
                 {k: v for k, v in r.items() if k not in _UNUSED} for r in self.index.records_iter()
             ]
-            starts, series = self.index.over_time()
+            axis, starts, series = self.index.over_time()
+            report = analyse(records, skipped=self.index.skipped)
+            mean = report["tokens"].get("mean")
             value = {
-                "report": analyse(records, skipped=self.index.skipped),
+                "report": report,
+                "total_tokens": round(mean * report["runs"]) if mean is not None else 0,
                 "savings": savings(records, self.step_cap),
                 "step_cap": self.step_cap,
-                "over_time": {"starts": starts, "series": series},
+                "over_time": {"axis": axis, "starts": starts, "series": series},
             }
             self._cached = _Cached(key, value)
             return value

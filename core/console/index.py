@@ -510,24 +510,30 @@ class RecordIndex:
             ).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 
-    def over_time(self, buckets: int = 24) -> tuple[list[float], dict[str, list[int]]]:
-        """Runs per termination in ``buckets`` equal time slices from the first run to the
-        last: the slices' starts, and per termination its count in each slice."""
+    def over_time(self, buckets: int = 24) -> tuple[str, list[float], dict[str, list[int]]]:
+        """Runs per termination in ``buckets`` equal slices from the first run to the last:
+        the axis (``"time"``, or ``"order"`` -- the order written -- when no record carries
+        its time), the slices' starts, and per termination its count in each slice."""
         with self._lock:
-            lo, hi = self._db.execute("SELECT MIN(ts), MAX(ts) FROM runs").fetchone()
+            timed = self._db.execute("SELECT 1 FROM runs WHERE ts_exact = 1 LIMIT 1").fetchone()
+            axis, col = ("time", "ts") if timed else ("order", "seq")
+            lo, hi = self._db.execute(f"SELECT MIN({col}), MAX({col}) FROM runs").fetchone()
             if lo is None:
-                return [], {}
-            width = max((hi - lo) / buckets, 1e-9) if hi > lo else 1.0
+                return axis, [], {}
             n = buckets if hi > lo else 1
+            width = (hi - lo) / n if hi > lo else 1.0
+            if axis == "order":
+                n = min(n, int(hi - lo) + 1)
+                width = (hi - lo + 1) / n
             rows = self._db.execute(
-                "SELECT MIN(CAST((ts - ?) / ? AS INTEGER), ?) AS b, termination, COUNT(*) "
+                f"SELECT MIN(CAST(({col} - ?) / ? AS INTEGER), ?) AS b, termination, COUNT(*) "
                 "FROM runs GROUP BY b, termination",
                 (lo, width, n - 1),
             ).fetchall()
         series: dict[str, list[int]] = {}
         for b, term, c in rows:
             series.setdefault(term, [0] * n)[int(b)] += int(c)
-        return [lo + i * width for i in range(n)], series
+        return axis, [lo + i * width for i in range(n)], series
 
     def records_iter(self) -> Iterator[dict[str, Any]]:
         """Every indexed record, in file order, read at its offset (for the figures)."""

@@ -92,8 +92,9 @@ def message_page(title: str, message: str, *, base: str, main_id: str = "message
 # ---------------------------------------------------------------------------------------------
 
 
-def stacked_bars(starts: Sequence[float], series: Mapping[str, Sequence[int]]) -> str:
-    """Runs per time slice, stacked by termination, with a legend."""
+def stacked_bars(axis: str, starts: Sequence[float], series: Mapping[str, Sequence[int]]) -> str:
+    """Runs per slice (of time, or of the order written), stacked by termination, with a
+    legend that holds the counts (``ul.counts li[data-termination] b``)."""
     names = sorted(series, key=lambda t: (t != "final_answer", -sum(series[t]), t))
     width, height, pad = 720, 220, 28
     if not starts:
@@ -122,19 +123,23 @@ def stacked_bars(starts: Sequence[float], series: Mapping[str, Sequence[int]]) -
                 f'height="{bh:.1f}" fill="{colour(t, names)}" data-termination="{h(t)}">'
                 f"<title>{h(t)}: {c}</title></rect>"
             )
-    parts.append(f'<text x="{pad}" y="{height + 16}" class="axis">{h(when(starts[0]))}</text>')
+    first, last = (
+        (when(starts[0]), when(starts[-1]))
+        if axis == "time"
+        else ("first recorded", "last recorded (records carry no time: in the order written)")
+    )
+    parts.append(f'<text x="{pad}" y="{height + 16}" class="axis">{h(first)}</text>')
     parts.append(
-        f'<text x="{width}" y="{height + 16}" class="axis" text-anchor="end">'
-        f"{h(when(starts[-1]))}</text>"
+        f'<text x="{width}" y="{height + 16}" class="axis" text-anchor="end">{h(last)}</text>'
     )
     parts.append("</svg>")
     legend = "".join(
-        f'<li><span class="swatch" data-colour="{colour(t, names)}"></span>'
-        f'<svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
-        f'fill="{colour(t, names)}"/></svg> {h(t)} <b>{sum(series[t])}</b></li>'
+        f'<li data-termination="{h(t)}"><svg width="10" height="10" aria-hidden="true">'
+        f'<rect width="10" height="10" fill="{colour(t, names)}"/></svg> {h(t)} '
+        f"<b>{sum(series[t])}</b></li>"
         for t in names
     )
-    return "".join(parts) + f'<ul class="legend">{legend}</ul>'
+    return "".join(parts) + f'<ul class="legend counts">{legend}</ul>'
 
 
 def hbars(rows: Sequence[tuple[str, float, float]], unit: str) -> str:
@@ -180,22 +185,17 @@ def _fmt(x: float) -> str:
 
 def overview(fig: Mapping[str, Any], *, base: str) -> str:
     report = fig["report"]
-    counts = "".join(
-        f'<li data-termination="{h(t["termination"])}"><b>{t["runs"]}</b> {h(t["termination"])}'
-        "</li>"
-        for t in report["termination"]
-    )
     stats = (
         f'<section class="cards" id="totals"><div class="card"><b id="total-runs">'
         f"{report['runs']}</b><span>runs</span></div>"
-        f'<div class="card"><b>{_fmt(report["tokens"].get("total", 0) or 0)}</b>'
+        f'<div class="card"><b>{_fmt(fig["total_tokens"])}</b>'
         f"<span>tokens</span></div>"
         f'<div class="card"><b>{report["loop_stops"]}</b><span>loop stops</span></div>'
         f'<div class="card"><b>{report["shadow"]["would_stop"]}</b>'
         f"<span>shadow would-stops</span></div></section>"
     )
     ot = fig["over_time"]
-    chart = stacked_bars(ot["starts"], ot["series"])
+    chart = stacked_bars(ot["axis"], ot["starts"], ot["series"])
     sav = fig["savings"]
     sav_rows = "".join(
         f'<tr data-guard="{h(g["guard"])}"><td>{h(g["guard"])}</td><td class="num">{g["runs"]}'
@@ -261,7 +261,7 @@ def overview(fig: Mapping[str, Any], *, base: str) -> str:
         "<h1>Overview</h1>"
         + stats
         + f'<section id="runs-by-termination"><h2>Runs over time, by termination</h2>{chart}'
-        f'<ul class="counts">{counts}</ul></section>'
+        "</section>"
         + '<div class="grid">'
         + savings
         + top
@@ -279,7 +279,8 @@ def run_row(run: IndexedRun, base: str, new: bool = False) -> str:
         guard += f' <span class="badge shadow">shadow: {h(run.would_stop)}</span>'
     return (
         f'<tr data-run-id="{h(run.id)}"{" class=new" if new else ""}>'
-        f'<td><a href="{h(base)}runs/{h(run.id)}">{h(cut(run.id, 36))}</a></td>'
+        f'<td class="id"><a href="{h(base)}runs/{h(run.id)}" title="{h(run.id)}">'
+        f"{h(cut(run.id, 14))}</a></td>"
         f"<td>{h(when(run.ts, run.ts_exact))}</td>"
         f'<td><span class="badge t-{h(run.termination)}">{h(run.termination)}</span></td>'
         f"<td>{guard}</td><td>{h(cut(run.tenant, 40))}</td>"
