@@ -179,12 +179,30 @@ def console(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    """A fresh browser tab (its own cookies) that records script errors and dialogs."""
+    """A fresh browser tab (its own cookies) that records its script errors, what Chromium
+    refuses for it (the CSP) and the page's assets or polls that fail (``errors``)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     tab = context.new_page()
     tab.set_default_timeout(WAIT_MS)
     tab.errors = []
     tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
+
+    def logged(msg: Any) -> None:
+        # a page answered 4xx on purpose is checked by its test; failed assets come below
+        if msg.type == "error" and not msg.text.startswith("Failed to load resource"):
+            tab.errors.append(msg.text)
+
+    def answered(response: Any) -> None:
+        request = response.request
+        if (
+            response.status >= 400
+            and request.resource_type != "document"
+            and not request.url.endswith("/favicon.ico")  # asked by the browser, not the page
+        ):
+            tab.errors.append(f"{response.status} {request.method} {request.url}")
+
+    tab.on("console", logged)
+    tab.on("response", answered)
     yield tab
     context.close()
 
