@@ -96,9 +96,9 @@ def _store(config: Config) -> dict[str, Any]:
 
 
 def _shop() -> dict[str, Any]:
-    from loopwarden.demo.shop import default_data_dir
+    from loopwarden.paths import data_dir  # where the demo shop keeps its database
 
-    path = default_data_dir() / "shop.sqlite3"
+    path = data_dir() / "shop.sqlite3"
     out = _file(path)
     if out["exists"]:
         try:
