@@ -34,6 +34,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: two workers per core.  Much of the suite waits -- on the processes it
+    starts, on local servers, on benches that run for wall-clock seconds -- so one worker per
+    core leaves the cores idle.  ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return 2 * (os.cpu_count() or 1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests first (in their own order), so that ``-n auto`` starts them at once
     instead of leaving one to run alone at the end."""
