@@ -1352,7 +1352,7 @@ async def run_rounds(
             client,
             url + path,
             min(args.rate, 50),
-            0.6 if args.quick else 1.5,
+            0.3 if args.quick else 1.5,
             Agent,
             agent_step,
         )
@@ -1786,12 +1786,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke test: 1 round of 1.5 s at 40 req/s, no LiteLLM",
+        help="a smoke test: 1 round of 0.8 s at 40 req/s, no LiteLLM",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rate, args.seconds, args.rounds = 40.0, 1.5, 1
+        args.rate, args.seconds, args.rounds = 40.0, 0.8, 1
         args.long_rate, args.long_rounds = 8.0, 1
         args.light_rate, args.light_rounds = 8.0, 1
         args.stream_rate, args.stream_rounds, args.chunks = 10.0, 1, 8

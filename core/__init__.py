@@ -15,7 +15,8 @@ A plugin in ten lines::
         @hookimpl
         def before_tool(self, run, call):
             if call.name == "apply_refund":
-                return self.stop("forbidden_tool", tool=call.name)
+                return self.stop("forbidden_tool", tool=call.name,
+                                 answer="I can't issue refunds here; nothing was refunded.")
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from loopwarden.plugin import NoSettings, Plugin, PluginSettings
     from loopwarden.run import Conversation, Limits, Run, RunOutcome
     from loopwarden.stash import Stash, StashKey
+    from loopwarden.tools import Tool, ToolContext, ToolRegistry, tool
     from loopwarden.verdicts import Skip, Stop, Verdict, Warn, skip, stop, warn
 
 # Public names -> the private module that defines them.  Imported on first use, so that
@@ -97,6 +99,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("NoSettings", "Plugin", "PluginSettings"), "plugin"),
     **dict.fromkeys(("Conversation", "Limits", "Run", "RunOutcome"), "run"),
     **dict.fromkeys(("Stash", "StashKey"), "stash"),
+    # your own tools (pydantic builds their schemas: imported on first use too)
+    **dict.fromkeys(("Tool", "ToolContext", "ToolRegistry", "tool"), "tools"),
     **dict.fromkeys(("Skip", "Stop", "Verdict", "Warn", "skip", "stop", "warn"), "verdicts"),
     # the client wrapper (a front end; imported only when asked for)
     "wrap": "gateway.wrap",
@@ -129,9 +133,12 @@ __all__ = [
     "StashKey",
     "Stop",
     "SystemClock",
+    "Tool",
     "ToolCall",
+    "ToolContext",
     "ToolDefinitionError",
     "ToolError",
+    "ToolRegistry",
     "ToolResult",
     "Usage",
     "Verdict",
@@ -142,6 +149,7 @@ __all__ = [
     "load_config",
     "skip",
     "stop",
+    "tool",
     "warn",
     "wrap",
 ]

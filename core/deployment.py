@@ -233,6 +233,33 @@ def _disconnect_all(key: int, routed: list[NamedSignal]) -> None:
     routed.clear()
 
 
+def check_model_object(model: object, where: str) -> None:
+    """Refuse, before anything is built, a ``model`` that cannot answer a request -- no
+    ``complete(request)`` nor ``acomplete(request)`` -- naming what to pass instead (a
+    script's table, a model's name), rather than letting the first run end in
+    ``model_error``."""
+    if model is None or any(callable(getattr(model, m, None)) for m in ("complete", "acomplete")):
+        return
+    kind = type(model).__name__
+    if kind == "ScriptConfig" or (
+        isinstance(model, (list, tuple)) and all(isinstance(t, Mapping) for t in model)
+    ):
+        hint = (
+            "a script plays through a scripted model: model=ScriptedModel(script(...)) "
+            "(from loopwarden.testing import ScriptedModel, script) -- one ScriptedModel per "
+            "run, it keeps its place -- or drive a plugin with "
+            "loopwarden.testing.run_plugin(..., turns=[...])"
+        )
+    elif isinstance(model, str):
+        hint = (
+            "a model's name goes in config.toml's [model] name (with base_url); model= takes "
+            "an object with complete(request)"
+        )
+    else:
+        hint = "pass an object with complete(request) (and optionally acomplete(request))"
+    raise TypeError(f"{where}: got a {kind}, which is not a model -- {hint}")
+
+
 class Deployment:
     """A configured set of plugins, a model and tools, serving many runs."""
 
@@ -246,6 +273,7 @@ class Deployment:
         extra_plugins: Iterable[str] = (),
         clock: Clock | None = None,
     ) -> None:
+        check_model_object(model, "Deployment(model=...)")
         #: the validated config.toml the deployment was built from
         self.config = config if config is not None else load_config()
         #: the loaded plugins, in call order (``names``, ``get(name)``)
@@ -479,6 +507,7 @@ class Deployment:
             profile = profile or sc.profile
         if user is None:
             raise ValueError("a run needs the user's message (or a scenario)")
+        check_model_object(model, "model=")
         model = model if model is not None else self.model
         run = Run(
             user,

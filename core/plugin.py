@@ -22,7 +22,8 @@ Example::
         @hookimpl
         def before_tool(self, run, call):
             if call.name == "apply_refund":
-                return self.stop("forbidden_tool", tool=call.name)
+                return self.stop("forbidden_tool", tool=call.name,
+                                 answer="I can't issue refunds here; nothing was refunded.")
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
 )
 
 _MIN_LITERAL = 6  # literal secrets shorter than this are not masked in free text
+_KEY_CACHE_SIZE = 4096  # field names remembered per Redactor (is_secret_key)
 
 
 def _norm(key: str) -> str:
@@ -82,6 +83,7 @@ class Redactor:
         mask: str = MASK,
     ) -> None:
         self.keys = frozenset(_norm(k) for k in keys if k.strip())
+        self._key_cache: dict[str, bool] = {}
         self.mask = mask
         self._patterns = [re.compile(p) for p in patterns]
         self._literals = sorted(
@@ -126,11 +128,19 @@ class Redactor:
             self._literals.sort(key=len, reverse=True)
 
     def is_secret_key(self, key: object) -> bool:
-        """Whether values under ``key`` are masked."""
+        """Whether values under ``key`` are masked (remembered per key: records and requests
+        repeat the same few field names, and the suffix test scans every secret name)."""
+        cache = self._key_cache
+        found = cache.get(key) if isinstance(key, str) else None
+        if found is not None:
+            return found
         k = _norm(str(key))
-        if k in self.keys:
-            return True
-        return any(k.endswith("_" + name) for name in self.keys)
+        secret = k in self.keys or any(k.endswith("_" + name) for name in self.keys)
+        if isinstance(key, str):
+            if len(cache) >= _KEY_CACHE_SIZE:
+                cache.clear()  # bounded: a stream of ever-new keys cannot grow it
+            cache[key] = secret
+        return secret
 
     def text(self, value: str) -> str:
         """Mask secret literals, patterns and ``key=value`` pairs inside free text."""

@@ -19,8 +19,10 @@ What each verdict does (the same from every decision hook unless said)::
                              never to the user nor the model
 
 The user's answer on a hard stop is the stop's ``answer=`` when given -- from any hook:
-``on_start``, ``before_model``, ``after_response``, ``before_tool``, ``after_tool`` -- else
-the *best-effort answer*: the latest non-empty model content (even a half sentence such as
+``on_start``, ``before_model``, ``after_response``, ``before_tool``, ``after_tool`` -- else,
+for a stop in ``before_tool`` on a call of a declared side-effecting tool, ``[run.texts]
+side_effect_blocked`` (the action was not carried out: the model's own text may have announced
+it), else the *best-effort answer*: the latest non-empty model content (even a half sentence such as
 "One more time." said before the stopped call), else the last successful tool observation
 wrapped in ``[run.texts] best_effort``, else ``[run] fallback_answer``.  A hard stop in
 ``after_response`` on a response without tool calls is a veto: the model's text is withheld,

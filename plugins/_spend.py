@@ -102,8 +102,9 @@ _TEMPLATE_FIELDS = {
     "window": "day",
     "quantity": "cost",
     "spent": "35.00",
+    "reserved": "2.00",
     "limit": "50.00",
-    "percent": 70,
+    "percent": 74,
 }
 
 
@@ -153,18 +154,22 @@ class SpendLimitsSettings(BudgetSettings):
         "run and conversation windows stay after their last use",
     )
     warning: str = Field(
-        default="The {window} budget of this {scope} is at {percent}% ({quantity}: {spent} of "
-        "{limit}). Plan the remaining work within it.",
-        description="the warning ({scope}, {key}, {window}, {quantity}, {spent}, {limit}, "
-        "{percent})",
+        default="The {window} budget of this {scope} will be at {percent}% after the next call "
+        "({quantity}: {spent} spent, {reserved} reserved by calls in progress, limit {limit}). "
+        "Plan the remaining work within it.",
+        description="the warning ({scope}, {key}, {window}, {quantity}, {spent}: committed, "
+        "{reserved}: held by calls in progress, {limit}, {percent}: of the limit after the "
+        "next call)",
     )
     stop_message: str = Field(
-        default="The {window} budget of this {scope} ({quantity}: {limit}) is used up.",
-        description="why the run stops (same fields)",
+        default="The {window} budget of this {scope} has no room for another call "
+        "({quantity}: {spent} spent, {reserved} reserved by calls in progress, limit {limit}).",
+        description="why the run stops (same fields; {percent}: spent and reserved, of the limit)",
     )
     refused_message: str = Field(
         default="This run was refused before its first model call: the {window} budget of this "
-        "{scope} ({quantity}: {limit}) is used up.",
+        "{scope} has no room ({quantity}: {spent} spent, {reserved} reserved by calls in "
+        "progress, limit {limit}).",
         description="why a run is refused at its start (same fields)",
     )
     missing_message: str = Field(
@@ -199,6 +204,12 @@ class _Applied:
     budget: Budget
     counter: Counter
     warn_level: float | None
+    #: the limits the store checked last (an operator's override, else the counter's own)
+    limits: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.limits:
+            self.limits = self.counter.limits
 
 
 @dataclass(slots=True)

@@ -5,7 +5,12 @@ loop marked it failed (``result.ok`` is False: an exception, a timeout, an unkno
 arguments) or when its text looks like an error -- many tools report failures as ordinary
 text.  The error-like patterns (``patterns``, regular expressions searched in the first
 ``scan_chars`` characters) default to ``ERROR``, ``NOT_FOUND``, ``TIMEOUT``, ``UNAVAILABLE`` as
-words, a result that starts with ``Error:``, and Python tracebacks.  A success resets the
+words, a result that starts with ``Error:``, and Python tracebacks.  Tools that answer in text
+with no error flag at all (text-action environments, encyclopedia search, a bare shell) fail
+in recognisable *shapes* -- ``Invalid action!``, ``Could not find X. Similar: [...]``,
+``command not found``, ``No such file or directory`` -- read from the result's first line by
+``failure_shapes`` (:mod:`loopwarden.plugins._failures`: a result that states its own status,
+an exit code or a JSON error field, is judged by it, never by its text).  A success resets the
 streak; ``warn_after`` failed rounds in a row warn, ``stop_after`` in a row stop the run with
 ``failure_streak``.
 
@@ -19,7 +24,8 @@ change state (:attr:`loopwarden.ToolCall.may_change_state`: a side effect, or a 
 nature is not declared, such as a coding agent's ``bash``) and fails *differently* from the
 failure before it is an agent trying things -- install, edit, run again and meet the next error
 -- so its round starts a new streak instead of extending the old one; the same failure again
-(the same output) extends it.  Failures of read-only tools (a lookup that finds nothing, with
+(the same output, or a failure of the same shape: ``Could not find X`` then ``Could not find
+Y``) extends it.  Failures of read-only tools (a lookup that finds nothing, with
 one id after another) extend the streak whatever they say.
 
 With ``across_turns`` (default) the streak carries on through the conversation's next user
@@ -48,6 +54,7 @@ from loopwarden import (
 )
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_patterns, check_templates
+from loopwarden.plugins._failures import FailureShapes, check_shapes, shapes_field
 from loopwarden.plugins._rounds import Rounds
 from loopwarden.sanitize import first_line as _first_line
 
@@ -79,6 +86,7 @@ class FailureStreakSettings(PluginSettings):
         description="regular expressions that make a result's text a failure (searched in its "
         "first scan_chars characters); results with ok = false always are",
     )
+    failure_shapes: dict[str, str] = shapes_field()
     ignore_case: bool = Field(default=False, description="match the patterns case-insensitively")
     across_turns: bool = Field(
         default=True,
@@ -114,6 +122,11 @@ class FailureStreakSettings(PluginSettings):
     @classmethod
     def _compile(cls, v: list[str]) -> list[str]:
         return check_patterns(v)
+
+    @field_validator("failure_shapes")
+    @classmethod
+    def _compile_shapes(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_shapes(v)
 
     @model_validator(mode="after")
     def _check(self) -> FailureStreakSettings:
@@ -159,6 +172,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
             re.compile("|".join(f"(?:{p})" for p in s.patterns), flags) if s.patterns else None
         )
         self._neutral = frozenset(s.neutral_tools)
+        self._shapes = FailureShapes(s.failure_shapes)
 
     def _new_streak(self) -> _Streak:
         return _Streak(failures=deque(maxlen=min(self.settings.stop_after, _EVIDENCE_FAILURES)))
@@ -171,12 +185,17 @@ class FailureStreak(Plugin[FailureStreakSettings]):
 
     def failed(self, result: ToolResult) -> bool:
         """Whether ``result`` counts as a failure (see the module docstring)."""
+        return self.failure(result) is not None
+
+    def failure(self, result: ToolResult) -> str | None:
+        """The kind of failure ``result`` is -- the loop's error kind, ``"text"`` for an
+        error-like pattern, or the name of a failure shape -- or None for a success."""
         if not result.ok:
-            return True
+            return result.error or "error"
         pat = self._error_text
-        if pat is None:
-            return False
-        return pat.search(result.content[: self.settings.scan_chars]) is not None
+        if pat is not None and pat.search(result.content[: self.settings.scan_chars]):
+            return "text"
+        return self._shapes.match(result.content)
 
     @hookimpl
     def after_response(self, run: Run, response: ModelResponse) -> None:
@@ -193,16 +212,20 @@ class FailureStreak(Plugin[FailureStreakSettings]):
             st.round_failed, st.round_counted, st.round_news = True, 0, False
         if not result.skipped and call.name not in self._neutral:
             st.round_counted += 1
-            if self.failed(result):
-                if call.may_change_state and result.digest != box.last_digest:
+            kind = self.failure(result)
+            if kind is not None:
+                # a failure of a shape is the same failure whatever its wording
+                shaped = result.ok and kind != "text"
+                same_as = f"shape:{kind}" if shaped else result.digest
+                if call.may_change_state and same_as != box.last_digest:
                     st.round_news = True
-                box.last_digest = result.digest
+                box.last_digest = same_as
                 box.latest_tool = tool_name(call)
                 box.failures.append(
                     {
                         "tool": call.name,
                         "error": _first_line(result.content),
-                        "kind": result.error or "text",
+                        "kind": kind,
                     }
                 )
             else:

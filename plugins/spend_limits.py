@@ -34,9 +34,15 @@ store that cannot be reached stops the run with ``store_unavailable``
 (``on_store_error = "fail_closed"``, the default) or lets it go on unmetered
 (``"fail_open"``); either way the failure is logged and noted in the run record's ``errors``.
 
+Messages and evidence tell what was ``spent`` (committed) from what calls in progress hold
+``reserved``: a budget can refuse a call at half spent when others' reservations fill the rest.
+
 Replays (``loopwarden replay``) never charge shared budgets.  Operations: ``loopwarden
-budgets [--json]`` shows what each scope spent per window, ``loopwarden budgets reset SCOPE
-KEY`` forgets it.
+budgets [--json]`` shows what each scope spent and holds reserved per window against its
+limit, ``loopwarden budgets reset SCOPE KEY`` forgets it, ``loopwarden budgets set SCOPE KEY
+--max-cost N`` overrides a limit at run time for every process on the store (the store
+applies it in every reserve; the evidence's ``limit_source`` says ``override``) until
+``loopwarden budgets clear SCOPE KEY``; ``loopwarden budgets log`` lists who changed what.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ from loopwarden.plugins._spend import (
     budget_reason,
 )
 from loopwarden.plugins.cost_budget import CostBudget, CostBudgetSettings, _money, charged_usage
-from loopwarden.store import COST_UNIT, QUANTITIES, Counter, cost_units
+from loopwarden.store import COST_UNIT, QUANTITIES, Counter, Reserved, cost_units
 
 if TYPE_CHECKING:
     from loopwarden.run import DeploymentView
@@ -156,16 +162,22 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         value = run.meta.get(scope)
         return None if value is None or value == "" else str(value)
 
-    def _evidence(self, a: _Applied, q: int, spent: int, **extra: Any) -> dict[str, Any]:
+    def _evidence(self, a: _Applied, q: int, used: int, held: int, **extra: Any) -> dict[str, Any]:
+        """The standard evidence of budget ``a``'s quantity ``q``: ``spent`` (committed),
+        ``reserved`` (held by calls in progress, this one included where it was reserved),
+        the ``limit`` checked and where it came from (``limit_source``: the config, or an
+        operator's ``override``)."""
         quantity = QUANTITIES[q]
-        limit = a.counter.limits[q]
+        limit = a.limits[q]
         ev: dict[str, Any] = dict(
             scope=a.counter.scope,
             key=a.counter.key,
             window=a.counter.window,
             bucket=a.counter.bucket,
             limit=self._value(q, limit or 0),
-            spent=self._value(q, spent),
+            spent=self._value(q, used - held),
+            reserved=self._value(q, held),
+            limit_source="override" if limit != a.counter.limits[q] else "config",
             quantity=quantity,
         )
         if quantity == "cost":
@@ -177,8 +189,13 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
     def _value(q: int, units: int) -> Any:
         return Decimal(units) * COST_UNIT if q == COST else units
 
-    def _text(self, template: str, a: _Applied, q: int, spent: int) -> str:
-        limit = a.counter.limits[q] or 0
+    def _text(
+        self, template: str, a: _Applied, q: int, used: int, held: int, level: int | None = None
+    ) -> str:
+        """``template`` for budget ``a``'s quantity ``q``: ``{spent}`` is what was committed,
+        ``{reserved}`` what calls in progress hold, ``{percent}`` the share of the limit that
+        ``level`` (default: spent plus reserved) reaches."""
+        limit = a.limits[q] or 0
         show = (lambda u: _money(Decimal(u) * COST_UNIT)) if q == COST else str
         # the scope key is the caller's meta value (a tenant or user id): data, quoted
         return render_note(
@@ -187,10 +204,21 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             key=a.counter.key,
             window=runtime(a.counter.window),
             quantity=runtime(_QUANTITY[QUANTITIES[q]][1]),
-            spent=runtime(show(spent)),
+            spent=runtime(show(used - held)),
+            reserved=runtime(show(held)),
             limit=runtime(show(limit)),
-            percent=percent(spent, limit),
+            percent=percent(used if level is None else level, limit),
         )
+
+    @staticmethod
+    def _seen(st: _State, res: Reserved) -> tuple[tuple[int, ...], ...]:
+        """Note the limits the store checked (an operator's override, or the config's) on
+        the run's budgets; returns the reserved part of ``res.used`` per budget."""
+        for i, a in enumerate(st.applied):
+            a.limits = res.limits[i] if res.limits is not None else a.counter.limits
+        if res.reserved is not None:
+            return res.reserved
+        return tuple((0,) * len(QUANTITIES) for _ in st.applied)
 
     def _store_failed(self, st: _State, run: Run, exc: StoreError, what: str) -> Verdict | None:
         shared = st.shared
@@ -289,14 +317,17 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             )
         except StoreError as exc:
             return self._store_failed(st, run, exc, "counting a run")
+        held = self._seen(st, res)
+        # an operator's override may limit tool calls where the config does not
+        st.count_tools = any(a.limits[TOOL_CALLS] is not None for a in st.applied)
         if res.refused is not None:
             verdict = self._refused(
-                st, res.used, res.refused, s.refused_message, before_first_call=True
+                st, res.used, held, res.refused, s.refused_message, before_first_call=True
             )
             st.shared = None  # nothing more to charge: the run never calls the model
             return verdict
         st.charged[RUNS] += 1
-        return self._ladder(st, res.used, amount, None, final=False)
+        return self._ladder(st, res.used, held, amount, None, final=False)
 
     @hookimpl
     def before_model(self, run: Run, request: ModelRequest) -> Verdict | None:
@@ -323,32 +354,37 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             )
         except StoreError as exc:
             return self._store_failed(st, run, exc, "reserving a model call")
+        held = self._seen(st, res)
         if res.refused is not None:
             return self._refused(
                 st,
                 res.used,
+                held,
                 res.refused,
                 self.settings.stop_message,
                 before_first_call=run.step == 0,
             )
         st.pending = (token, amount)
-        return self._ladder(st, res.used, amount, following, final=request.final)
+        return self._ladder(st, res.used, held, amount, following, final=request.final)
 
     def _ladder(
         self,
         st: _State,
         used: tuple[tuple[int, ...], ...],
+        held: tuple[tuple[int, ...], ...],
         amount: tuple[int, ...],
         following: tuple[int, ...] | None,
         *,
         final: bool,
     ) -> Verdict | None:
         """The rung of a granted charge over every budget and limit: soft when the next call
-        (``following``) would not fit, else warn once per budget past its ``warn_at``."""
+        (``following``) would not fit, else warn once per budget past its ``warn_at``.
+        Messages and evidence count this charge as reserved when it was (a model call's
+        ``following`` is given), as spent when it was committed (a run, a tool call)."""
         s = self.settings
         warning: Verdict | None = None
         for i, a in enumerate(st.applied):
-            for q, limit in enumerate(a.counter.limits):
+            for q, limit in enumerate(a.limits):
                 if limit is None or (amount[q] == 0 and (following is None or following[q] == 0)):
                     continue
                 now = used[i][q] + amount[q]
@@ -364,21 +400,24 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
                     rung = ladder(
                         now, after, limit, warn_level=warn_level, final=final or not s.soft
                     )
+                # what the store holds now: this charge reserved (a model call), or committed
+                h = held[i][q] + (amount[q] if following is not None else 0)
                 if rung in ("soft", "hard"):  # hard: others' usage grew past the limit
                     return self.stop(
                         budget_reason(QUANTITIES[q]),
                         soft=not final,
-                        message=self._text(s.stop_message, a, q, after),
-                        **self._evidence(a, q, used[i][q], projected=self._value(q, after)),
+                        message=self._text(s.stop_message, a, q, now, h),
+                        **self._evidence(a, q, now, h, projected=self._value(q, after)),
                     )
                 if rung == "warn":
                     st.warned.add(i)
                     warning = self.warn(
-                        self._text(s.warning, a, q, after),
+                        self._text(s.warning, a, q, now, h, level=after),
                         **self._evidence(
                             a,
                             q,
-                            used[i][q],
+                            now,
+                            h,
                             threshold=a.warn_level,
                             projected=self._value(q, after),
                         ),
@@ -389,6 +428,7 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         self,
         st: _State,
         used: tuple[tuple[int, ...], ...],
+        held: tuple[tuple[int, ...], ...],
         refused: tuple[int, int],
         template: str,
         *,
@@ -400,8 +440,8 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         return self.stop(
             budget_reason(QUANTITIES[q]),
             soft=soft,
-            message=self._text(template, a, q, used[i][q]),
-            **self._evidence(a, q, used[i][q], **extra),
+            message=self._text(template, a, q, used[i][q], held[i][q]),
+            **self._evidence(a, q, used[i][q], held[i][q], **extra),
         )
 
     @hookimpl
@@ -444,18 +484,20 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
             )
         except StoreError as exc:
             return self._store_failed(st, run, exc, "counting a tool call")
+        held = self._seen(st, res)
         if res.refused is not None:
             # soft: one last tool-less turn to answer from what is known
             return self._refused(
                 st,
                 res.used,
+                held,
                 res.refused,
                 self.settings.stop_message,
                 soft=self.settings.soft,
                 tool=call.name,
             )
         st.charged[TOOL_CALLS] += 1
-        return self._ladder(st, res.used, amount, None, final=False)
+        return self._ladder(st, res.used, held, amount, None, final=False)
 
     @hookimpl
     def on_stop(self, run: Run, outcome: RunOutcome) -> None:

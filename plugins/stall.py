@@ -19,8 +19,10 @@ an empty result of the same tool whose query was only rephrased (free-text argum
 is strong: ``warn_after`` / ``stop_after`` rounds.  An empty answer to a *different* query --
 another date, airport or id, a sweep that a healthy agent makes ("no flight that day") -- is
 weak: only ``sweep_warn_after`` / ``sweep_stop_after`` rounds of nothing else stop the run.
-Empty means a failure, text matching ``empty_patterns``, or JSON that holds nothing (``[]``,
-``{}``, objects whose values are all null or empty).
+Empty means a failure -- flagged, or read from the text by ``failure_shapes`` (``Invalid
+action!``, ``Could not find X. Similar: [...]``; :mod:`loopwarden.plugins._failures`) -- text
+matching ``empty_patterns``, or JSON that holds nothing (``[]``, ``{}``, objects whose values
+are all null or empty).
 
 A parallel batch (the tool calls of one model turn) is one round: it is stalled when every
 result in it is, and strong when one of them is.  The run record's ``stall_rounds`` counts
@@ -57,6 +59,7 @@ from loopwarden import (
 )
 from loopwarden.notes import render_note, tool_name
 from loopwarden.plugin import check_patterns, check_templates
+from loopwarden.plugins._failures import FailureShapes, check_shapes, shapes_field
 from loopwarden.plugins._rounds import Rounds
 from loopwarden.plugins._text import free_text_differs, structurally_empty, token_set
 from loopwarden.stash import StashKey
@@ -126,6 +129,7 @@ class StallSettings(PluginSettings):
         description="regular expressions (searched case-insensitively in the first max_chars "
         "characters) that mark a result as saying nothing",
     )
+    failure_shapes: dict[str, str] = shapes_field()
     max_chars: int = Field(
         default=4000, ge=1, description="only this many characters of a result are compared"
     )
@@ -144,6 +148,11 @@ class StallSettings(PluginSettings):
     @classmethod
     def _compile(cls, patterns: list[str]) -> list[str]:
         return check_patterns(patterns)
+
+    @field_validator("failure_shapes")
+    @classmethod
+    def _compile_shapes(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_shapes(v)
 
     @model_validator(mode="after")
     def _check(self) -> StallSettings:
@@ -191,13 +200,14 @@ class Stall(Plugin[StallSettings]):
         self._empty = (
             re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) if patterns else None
         )
+        self._shapes = FailureShapes(self.settings.failure_shapes)
 
     @hookimpl
     def record_fields(self, run: Run) -> dict[str, int]:
         return {"stall_rounds": run.stash.get(self.stalled, 0)}
 
-    def _says_nothing(self, result: ToolResult) -> bool:
-        if not result.ok:
+    def _says_nothing(self, result: ToolResult, failed_in_text: bool) -> bool:
+        if not result.ok or failed_in_text:
             return True
         head = result.content[: self.settings.max_chars]
         return (self._empty is not None and bool(self._empty.search(head))) or (
@@ -282,15 +292,20 @@ class Stall(Plugin[StallSettings]):
         tokens = token_set(result.said, s.max_chars)  # volatile parts masked
         fp = call.fingerprint
         # A call that may change state is progress -- unless it is the same call again with
-        # the same result (``cd repo/`` once more): then it evidently changed nothing.
+        # the same result (``cd repo/`` once more): then it evidently changed nothing; nor
+        # did a failure read from its text (``Invalid action!``: the action was refused).
+        failed_in_text = result.ok and self._shapes.match(result.content[: s.max_chars]) is not None
         changed_world = (
             result.ok
+            and not failed_in_text
             and call.may_change_state
             and not any(d == digest and f == fp for d, _, f, _, _ in st.recent)
         )
         best, strong = 0.0, False
         if not changed_world and st.recent:  # (a change is progress: nothing to compare)
-            best, strong = self._similarity(st, digest, tokens, call, self._says_nothing(result))
+            best, strong = self._similarity(
+                st, digest, tokens, call, self._says_nothing(result, failed_in_text)
+            )
         stalled = best >= s.similarity and not changed_world
         st.recent.append((digest, tokens, fp, call.name, call.arguments))
         st.round_stalled = st.round_stalled and stalled

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +19,34 @@ from loopwarden.demo import shop_tools
 # the shared-store fixtures: store_url (SQLite and Redis), redis_server
 pytest_plugins = ["support.stores"]
 
+# The suite starts hundreds of Python processes (the CLI, bench scripts, pytest in pytest):
+# under PYTHONDONTWRITEBYTECODE each would compile every module it imports again, and pytest
+# would rewrite the asserts of every plugin package again.  Bytecode is cached for this
+# session and the processes it starts (xdist's workers included: they start after this).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    sys.dont_write_bytecode = False
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slow: an integration test of minutes (CI runs it; -m 'not slow' skips it)"
+        "markers",
+        "slow: a test of ten seconds or more (run first; CI runs it; -m 'not slow' skips it)",
     )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: two workers per core.  Much of the suite waits -- on the processes it
+    starts, on local servers, on benches that run for wall-clock seconds -- so one worker per
+    core leaves the cores idle.  ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return 2 * (os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (in their own order), so that ``-n auto`` starts them at once
+    instead of leaving one to run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

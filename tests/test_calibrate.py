@@ -409,7 +409,7 @@ def test_calibrate_on_run_records(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert config.plugins.tables()["max_steps"]["max_steps"] == math.ceil(6 * 1.25)
     # a run record is one run: its wall time sets the profile's max_seconds
     assert config.profiles["default"].max_seconds == math.ceil(10 * 1.25)
-    assert "successful runs over a proposed limit  0/100 (0.0%)" in out
+    assert "successful runs over a limit  0/100 (0.0%)" in out
     assert "records hold no steps to replay" in out
 
 
@@ -548,3 +548,164 @@ def test_the_calibrated_token_limits_stop_none_of_the_runs_they_come_from(
     assert "successful runs stopped with tool work left  0/120 (0.0%)" in out
     assert "of most tokens token_budget projects in one turn" in out
     assert "of most tokens conversation_limits projects per conversation" in out
+
+
+def _with_outlier() -> list[dict[str, Any]]:
+    """100 small successful conversations (busiest turn 2..9 lookups), one successful
+    conversation that makes 40 lookups in one turn, and a runaway: the p99 x 1.25 of the
+    busiest turns (13 model calls) would stop the big successful run with work left."""
+    convs = [conversation(f"ok{i}", [1, 2 + i % 8]) for i in range(100)]
+    big = conversation("big", [40])
+    loop = conversation("loop", [0], success=False)
+    loop["steps"] = [step(None, 1, key="same") for _ in range(60)]
+    return [*convs, big, loop]
+
+
+def test_calibrate_keeps_the_current_limit_where_the_proposal_would_do_worse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each proposed limit is replayed alone against the current value on the same runs;
+    where it would stop a successful run the current config lets finish, the current
+    value is written and both figures are printed."""
+    corpus = _with_outlier()
+    busiest = [float(3 + i % 8) for i in range(100)] + [41.0]
+    proposed = p99_x(busiest)
+    assert proposed < 41  # the proposal would cut the big run
+    current = load_config(default_config_path()).plugins.tables()["max_steps"]["max_steps"]
+    assert current > 41
+    out, err, target = _calibrate(tmp_path, corpus, capsys)
+    assert main(["config", "check", str(target)]) == 0
+    capsys.readouterr()
+    config = load_config(target)
+    # the current value is written, and the header says why
+    assert config.plugins.tables()["max_steps"]["max_steps"] == current
+    assert f"# plugins.max_steps.max_steps = {current}, not the proposed {proposed} (p99 " in out
+    assert "stops more successful runs with work left than the current value" in out
+    # both figures, per limit: the current value lets all 101 successful runs finish, the
+    # proposal stops the big one
+    line = f"plugins.max_steps.max_steps: current {current}, proposed {proposed} -> current"
+    assert line in err
+    block = err[err.index(line) :].splitlines()
+    assert "successful stopped with work left 0/101 (0.0%)" in block[1]
+    assert block[1].lstrip().startswith("current")
+    assert "successful stopped with work left 1/101 (1.0%)" in block[2]
+    assert block[2].lstrip().startswith("proposed")
+    # overall: the proposal with every limit, and what the written config does -- never worse
+    assert "proposal, every limit" in err
+    assert "successful runs stopped with tool work left  0/101 (0.0%)" in out
+    # the profile proposed for the source leaves out the step limit for the same reason
+    profile = config.profiles["test-shop"]
+    assert profile.max_steps is None
+    assert "max_steps = " in err and "left out: it stops more successful runs" in err
+    assert (
+        f"#   not written: max_steps = {proposed}, left out: it stops more successful runs "
+        "with work left than no profile" in out
+    )
+
+
+def test_the_written_limits_do_no_worse_than_the_current_config_on_every_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the written config does, replayed in full here (not the command's shortcut),
+    against the current config on the same runs: no more successful runs stopped or warned."""
+    from loopwarden.deployment import Deployment
+    from loopwarden.traffic.replay import replay_config, replay_trajectory, summarize
+
+    corpus = _with_outlier()
+    _, _, target = _calibrate(tmp_path, corpus, capsys)
+
+    def figures(path: Path) -> dict[str, Any]:
+        with Deployment(replay_config(load_config(path))) as dep:
+            return summarize(replay_trajectory(dep, t) for t in corpus)
+
+    written, now = figures(target), figures(default_config_path())
+    key = "successful_stopped_with_work_left"
+    assert written[key] <= now[key] and written["successful_warned"] <= now["successful_warned"]
+    assert written["runaway_runs_stopped"] >= now["runaway_runs_stopped"] == 1
+
+
+def test_the_replay_shortcut_gives_the_figures_of_a_full_replay(tmp_path: Path) -> None:
+    """The comparison replays again only the runs some limit had a verdict on; any mix of
+    current and proposed limits must give what replaying every run gives."""
+    from loopwarden.commands.calibrate import _Replayer, _set
+    from loopwarden.config import parse_config
+    from loopwarden.deployment import Deployment
+    from loopwarden.traffic.replay import replay_config, replay_trajectory, summarize
+
+    corpus = _with_outlier()
+    base = tomllib.loads(default_config_path().read_text(encoding="utf-8"))
+    tight = _set(base, "plugins.max_steps.max_steps", 13)
+    tight = _set(tight, "plugins.conversation_limits.max_model_calls", 12)
+    tight = _set(tight, "plugins.tool_calls.max_tool_calls", 12)
+    replayer = _Replayer(
+        corpus,
+        None,
+        (parse_config(base, path="<base>"), None),
+        (parse_config(tight, path="<tight>"), None),
+    )
+    assert 0 < len(replayer.moving) < len(corpus)  # some runs are quiet under both
+    mixed = _set(base, "plugins.max_steps.max_steps", 13)
+    mixed = parse_config(_set(mixed, "plugins.tool_calls.max_tool_calls", 12), path="<mix>")
+    with Deployment(replay_config(mixed)) as dep:
+        full = summarize(replay_trajectory(dep, t) for t in corpus)
+    shortcut = summarize(replayer.mix(mixed, None))
+    full.pop("seconds", None), shortcut.pop("seconds", None)
+    assert shortcut == full
+    # the mix does change the figures: max_steps stops the big run, tool_calls warns it
+    assert full["successful_stopped_with_work_left"] == 1 and full["successful_warned"] >= 1
+
+
+def test_calibrate_on_run_records_keeps_the_current_limit_that_fewer_runs_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run records hold no steps to replay: a proposed limit is compared with the current
+    one by the successful runs over each; one long successful run keeps the current cap."""
+    records = [
+        {
+            "run_id": str(i),
+            "termination": "final_answer",
+            "steps": 50 if i == 100 else 2 + i % 5,
+            "tool_calls": 1 + i % 5,
+            "tokens": {"prompt": 3000, "completion": 100, "total": 3100},
+            "final_answer_present": True,
+        }
+        for i in range(101)
+    ]
+    current = load_config(default_config_path()).plugins.tables()["max_steps"]["max_steps"]
+    proposed = p99_x([float(2 + i % 5) for i in range(100)] + [50.0])
+    out, err, target = _calibrate(tmp_path, records, capsys)
+    assert load_config(target).plugins.tables()["max_steps"]["max_steps"] == current
+    assert (
+        f"plugins.max_steps.max_steps: current {current} 0/101 (0.0%), proposed {proposed} "
+        f"1/101 (1.0%) -> current {current} kept" in err
+    )
+    assert "successful runs over a limit  0/101 (0.0%)" in out
+    # a record is one run: conversation-wide limits cannot be checked on records and keep
+    # their current values; the profile's step limit would cut the long run: left out
+    config = load_config(target)
+    shipped = load_config(default_config_path()).plugins.tables()["conversation_limits"]
+    assert config.plugins.tables()["conversation_limits"]["max_turns"] == shipped["max_turns"]
+    assert "max_turns = " in out and "run records cannot show what it would do" in out
+    assert config.profiles["default"].max_steps is None
+
+
+def test_calibrating_over_a_short_file_writes_a_whole_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base that extends a parent by a relative path: the calibrated file is complete (it
+    does not say ``extends``, which would resolve from wherever the file is read)."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "parent.toml").write_text(
+        'extends = "defaults"\n[plugins.max_steps]\nmax_steps = 77\n', encoding="utf-8"
+    )
+    base = tmp_path / "base" / "config.toml"
+    base.write_text('extends = "parent.toml"\n[plugins]\ndisable = ["stall"]\n', encoding="utf-8")
+    path = write_jsonl(tmp_path / "runs.jsonl", healthy_corpus())
+    assert main(["calibrate", str(path), "--config", str(base)]) == 0
+    written = tomllib.loads(capsys.readouterr().out)
+    assert "extends" not in written
+    assert "stall" not in written["plugins"]["enabled"]
+    assert "repeat_call" in written["plugins"]["enabled"]
+    target = tmp_path / "calibrated.toml"
+    target.write_text(dump_toml(written), encoding="utf-8")
+    load_config(target)  # a complete, valid config on its own, wherever it is read

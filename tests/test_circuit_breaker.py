@@ -663,6 +663,7 @@ def _cli(config: Path, *args: str) -> dict[str, Any]:
 OPEN_S = 6.0
 
 
+@pytest.mark.slow
 def test_two_processes_share_the_breaker(store_url: str, tmp_path: Path) -> None:
     base, ns = split_url(store_url)
     cfg = tmp_path / "cfg.toml"

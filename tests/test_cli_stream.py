@@ -55,6 +55,7 @@ def test_run_stream_cuts_a_runaway_answer_on_screen(
     assert summary.startswith(" no_progress (soft)")
 
 
+@pytest.mark.slow
 def test_run_stream_shows_text_while_the_stream_is_still_open(tmp_path: Path) -> None:
     """A real ``loopwarden run --stream`` process against a streaming HTTP endpoint that holds
     the rest of its answer back until the test has seen the first part on the process's

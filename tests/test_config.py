@@ -24,9 +24,12 @@ def test_the_shipped_config_is_valid_and_loads_its_plugins() -> None:
     assert plugins.names == [n for n in cfg.plugins.enabled if n in plugins.names]
 
 
-def test_top_level_config_toml_is_the_shipped_default() -> None:
+def test_top_level_config_toml_is_the_deployments_own_file_over_the_shipped_default() -> None:
     top = Path(__file__).resolve().parent.parent / "config.toml"
-    assert top.read_bytes() == default_config_path().read_bytes()
+    assert not top.is_symlink() and top.resolve() != default_config_path().resolve()
+    ours, shipped = load_config(top), load_config(default_config_path())
+    assert ours.extends == "defaults"
+    assert ours.model_dump() == shipped.model_dump()  # it lists nothing of its own (yet)
 
 
 def test_a_string_where_a_step_limit_belongs_names_file_and_key(tmp_path: Path) -> None:

@@ -293,9 +293,10 @@ def _toml_kind(block: Block, data: dict[str, Any]) -> str:
 
 def enabling(text: str, data: dict[str, Any]) -> str:
     """``text`` with a ``[plugins] enabled`` list that turns on every plugin it configures
-    (the shipped list first), unless it has its own list."""
+    (the shipped list first), unless it has its own list or builds on another config
+    (``extends``: it inherits a list, and ``enable`` / ``disable`` edit it)."""
     plugins = data.get("plugins", {})
-    if "enabled" in plugins:
+    if "enabled" in plugins or "extends" in data:
         return text
     shipped = load_config(default_config_path()).plugins.enabled
     tables = [k for k, v in plugins.items() if isinstance(v, dict)]
@@ -421,7 +422,11 @@ def reader_files(scratch: Path, recorded: Path) -> Path:
 def _reader_config(where: Path, url: str) -> None:
     """The repository's config.toml in ``where``, its live model the stub at ``url``."""
     text = (ROOT / "config.toml").read_text(encoding="utf-8")
-    text = re.sub(r"(?m)^\[model\]\s*$", f"[model]\nbase_url = {json.dumps(url)}", text, count=1)
+    line = f"base_url = {json.dumps(url)}"
+    if re.search(r"(?m)^\[model\]\s*$", text):
+        text = re.sub(r"(?m)^\[model\]\s*$", f"[model]\n{line}", text, count=1)
+    else:  # the file lists no [model] of its own (it extends the shipped defaults)
+        text += f"\n[model]\n{line}\n"
     (where / "config.toml").write_text(text, encoding="utf-8")
 
 

@@ -118,6 +118,7 @@ def test_blocking_it_by_name_keeps_its_module_from_being_imported(tmp_path: Path
 
 
 @needs_install
+@pytest.mark.slow
 def test_the_examples_own_tests_pass_using_only_the_testing_kit() -> None:
     tests = EXAMPLE / "tests"
     imports = {

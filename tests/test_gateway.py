@@ -646,3 +646,49 @@ def test_a_lone_surrogate_survives_a_forwarded_request_with_notes(wire: str) -> 
     body = codec.forward_body(req, [note], final=True)
     body.decode("utf-8")  # valid UTF-8
     assert "\ud800" in json.dumps(json.loads(body), ensure_ascii=False)
+
+
+NO_REFUNDS = """
+from loopwarden import Plugin, Stop, hookimpl
+
+
+class NoRefunds(Plugin):
+    @hookimpl
+    def before_tool(self, run, call):
+        if call.name == "apply_refund":
+            return Stop(reason="refunds need a human", soft=False)
+        return None
+"""
+
+
+def test_a_hard_stop_before_a_side_effect_tells_the_client_nothing_was_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the gateway as in the loop: a hard stop before a declared side effect answers
+    with ``[run.texts] side_effect_blocked``, never the model's "submitting your refund"."""
+    module = f"gw_no_refunds_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(NO_REFUNDS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = parse_config(
+        {
+            "plugins": {"enabled": ["max_steps", f"{module}:NoRefunds"]},
+            "tools": {"apply_refund": {"side_effect": True, "idempotency_keys": ["order_id"]}},
+        }
+    )
+    dep = Deployment(config)
+    executed: list[dict[str, Any]] = []
+
+    def results(name: str, args: dict[str, Any]) -> str:
+        if name == "apply_refund":
+            executed.append(args)
+        return "OK"
+
+    try:
+        end = Agent([Gate(dep, MemoryState())], "refund", results=results).play()
+    finally:
+        dep.close()
+    assert executed == []
+    assert end.text == config.run.texts.side_effect_blocked.format(
+        name="apply_refund", reason="refunds need a human"
+    )
+    assert "退款" not in (end.text or "")

@@ -282,6 +282,7 @@ def test_an_unresolvable_reference_is_an_invalid_arguments_observation(
     assert executed(tmp_path, "broken_ref") == []
 
 
+@pytest.mark.slow
 def test_a_catastrophic_pattern_does_not_hang_the_check(tmp_path: Path) -> None:
     """``^(a|a)*$`` against 40 a's and a ``!`` backtracks for longer than anyone waits; the
     check is bounded, so ``loopwarden run`` ends (the subprocess's timeout is only the test's
@@ -306,6 +307,7 @@ def test_a_catastrophic_pattern_does_not_hang_the_check(tmp_path: Path) -> None:
     assert executed(tmp_path, "match") == []
 
 
+@pytest.mark.slow
 def test_properties_as_a_list_is_a_config_error_exit_2(tmp_path: Path) -> None:
     """A tool whose ``inputSchema`` is no JSON Schema (``properties`` a list): a
     :class:`ConfigError` naming the server's table and the tool -- from ``Deployment()``,

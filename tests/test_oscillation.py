@@ -200,5 +200,7 @@ def test_state_stays_bounded_over_a_10000_step_feed() -> None:
         f.tool(c, make_tool_result(str(i)))
     st = f.run.state["oscillation"]
     assert len(st.detector.last(10**6)) <= 8
-    assert len(st.labels) <= 4 * 8 + 1
+    long_window = 28 * 2  # max_long_period * cycles: calls as answered
+    assert len(st.answered.last(10**6)) <= long_window
+    assert len(st.labels) <= 8 + long_window  # every symbol of both windows, no more
     assert len(st.last_digest) <= 8

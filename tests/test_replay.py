@@ -982,6 +982,90 @@ def test_replay_of_run_records_without_trajectories_says_how_to_record_them(
     path = _records(tmp_path, trajectory=False)
     conf = _probe_config(tmp_path)
     assert main(["replay", str(path), "--summary", "--config", str(conf)]) == 2
-    err = capsys.readouterr().err
-    assert "skipped 3 unreadable line(s)" in err
-    assert "trajectory = true" in err
+    out, err = capsys.readouterr()
+    # not "unreadable": recognised as run records, with the setting that records what
+    # replay needs
+    assert "unreadable line" not in err
+    assert "unreadable lines 0" in out and "run records without a trajectory 3" in out
+    assert f"{path}: 3 run record(s) without their trajectory (line 1, 2, 3) skipped" in err
+    assert '"run_record" to [plugins] enabled' in err
+    assert "[plugins.run_record] trajectory = true" in err
+    assert main(["replay", str(path), "--json", "--summary", "--config", str(conf)]) == 2
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["unreadable_lines"] == 0 and summary["run_records_without_trajectory"] == 3
+
+
+def test_a_bad_line_beside_run_records_is_still_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file mixing a broken line, records without trajectories and records with them: each
+    counted as what it is, the records with trajectories replayed."""
+    without = _records(tmp_path, trajectory=False).read_text(encoding="utf-8")
+    with_ = _records(tmp_path, trajectory=True).read_text(encoding="utf-8")
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("{not json\n" + without + with_, encoding="utf-8")
+    conf = _probe_config(tmp_path)
+    assert main(["replay", str(path), "--json", "--summary", "--config", str(conf)]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["trajectories"] == 3 and summary["unreadable_lines"] == 1
+    assert summary["run_records_without_trajectory"] == 3
+    assert "skipped 1 unreadable line(s)" in err and "(line 2, 3, 4) skipped" in err
+
+
+def test_a_run_recorded_with_its_trajectory_replays_to_the_same_stop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round trip: real runs of the demo scenarios under the shipped guards, recorded by
+    run_record with ``trajectory = true``, replayed under the same config with the tools'
+    natures declared (``--tools``): each stops where and why the live run stopped."""
+    import sys
+
+    from loopwarden import demo
+    from loopwarden.config import default_config_path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    records = tmp_path / "runs.jsonl"
+    data = tomllib.loads(default_config_path().read_text(encoding="utf-8"))
+    data["plugins"]["enabled"].append("run_record")
+    data["plugins"]["run_record"] = {"path": str(records), "trajectory": True}
+    conf = tmp_path / "config.toml"
+    from loopwarden.traffic.calibrate import dump_toml
+
+    conf.write_text(dump_toml(data), encoding="utf-8")
+    config = parse_config(data, path=str(conf))
+    scenarios = ("always-not-found", "retry-storm", "oscillation", "all-tools-fail", "refund")
+    for name in scenarios:
+        with Deployment(config, tools=demo.config_tools(config)) as dep:
+            dep.run(scenario=name)
+    natures = tmp_path / "natures.toml"
+    natures.write_text(
+        "".join(
+            f"[tools.{t.name}]\nread_only = {str(t.read_only).lower()}\n"
+            f"deterministic = {str(t.deterministic).lower()}\n"
+            f"side_effect = {str(t.side_effect).lower()}\n"
+            for t in demo.config_tools(config)
+        ),
+        encoding="utf-8",
+    )
+    live = [json.loads(x) for x in records.read_text(encoding="utf-8").splitlines()]
+    assert [r["scenario"] for r in live] == list(scenarios)
+    assert sum(1 for r in live if r["stopped_by"]) >= 3  # guards acted in the live runs
+    args = ["replay", str(records), "--json", "--tools", str(natures), "--config", str(conf)]
+    assert main(args) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    replayed = lines[:-1]
+    assert lines[-1]["summary"]["unreadable_lines"] == 0
+    assert [r["id"] for r in replayed] == [r["run_id"] for r in live]
+    for rec, got in zip(live, replayed, strict=True):
+        if rec["stopped_by"] is None:
+            assert got["stop"] is None, rec["scenario"]
+        else:
+            assert got["stop"]["reason"] == rec["termination"], rec["scenario"]
+            assert got["stop"]["plugin"] == rec["stopped_by"], rec["scenario"]
+            step = next(v["step"] for v in rec["verdicts"] if v["kind"] == "stop")
+            assert got["stop"]["step"] == step, rec["scenario"]

@@ -37,6 +37,7 @@ def _hinted(stderr: str) -> list[str]:
     ],
     ids=["shipped", "run_record-enabled", "own-path"],
 )
+@pytest.mark.slow
 def test_the_hint_after_no_records_file_works_as_given(config: str | None, tmp_path: Path) -> None:
     work, data = tmp_path / "work", tmp_path / "data"
     work.mkdir()

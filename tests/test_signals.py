@@ -156,6 +156,7 @@ def test_a_send_calls_one_router_however_many_deployments_listen() -> None:
     assert len(signals.run_stopped.receivers) == before
 
 
+@pytest.mark.slow
 def test_a_deployment_collected_meanwhile_takes_only_its_own_receivers() -> None:
     import gc
 

@@ -539,6 +539,7 @@ def test_the_ledger_can_be_scoped_by_tenant(store_url: str, tmp_path: Path) -> N
     assert effects.read_text().count("\n") == 2
 
 
+@pytest.mark.slow
 def test_processes_racing_on_one_side_effect_execute_it_once(
     store_url: str, tmp_path: Path
 ) -> None:

@@ -172,6 +172,7 @@ def _reserve_worker(url: str, start: float) -> int:
     return granted
 
 
+@pytest.mark.slow
 def test_processes_racing_on_one_key_one_wins(store_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 2.0  # all spawned by then, then they race
@@ -182,6 +183,7 @@ def test_processes_racing_on_one_key_one_wins(store_url: str) -> None:
     assert sum(won) == 1
 
 
+@pytest.mark.slow
 def test_processes_racing_on_one_budget_never_pass_it(store_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 2.0
@@ -257,6 +259,7 @@ def _open_store(path: str, barrier: object, results: object) -> None:
         results.put(repr(exc))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
     """Switching a new file to WAL does not wait on SQLite's busy handler: workers that open
     the store at the same moment used to fail with "database is locked"."""

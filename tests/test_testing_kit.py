@@ -528,6 +528,7 @@ def test_uses_the_kit(lw_clock, lw_signals, lw_deployment, lw_hooks):
 """
 
 
+@pytest.mark.slow
 def test_fixtures_are_inactive_unless_asked_for(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(FIXTURE_TEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -536,6 +537,7 @@ def test_fixtures_are_inactive_unless_asked_for(pytester: pytest.Pytester) -> No
 
 
 @pytest.mark.parametrize("how", ["-p", "conftest", "ini"])
+@pytest.mark.slow
 def test_fixtures_are_active_when_asked_for(pytester: pytest.Pytester, how: str) -> None:
     pytester.makepyfile(FIXTURE_TEST)
     args = ["-p", "no:cacheprovider"]

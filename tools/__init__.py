@@ -25,7 +25,7 @@ May import: the lowest layer only (clock, exceptions, fingerprint) -- a tool kno
 runs, plugins, the engine or the config; the run, the engine, the MCP servers, the plugins and
 the commands import it.
 
-Example::
+Example (``from loopwarden import tool, ToolRegistry`` works as well; docs/tools.md)::
 
     from loopwarden.tools import tool
 
@@ -63,9 +63,13 @@ class ToolContext:
     :attr:`time_left`.  A result that arrives after the deadline is discarded all the same.
     """
 
+    #: the id of the run the call belongs to
     run_id: str
+    #: the run's clock (a FakeClock in tests): measure and sleep on it
     clock: Clock
+    #: set when the run is cancelled: stop early
     cancel: CancelToken
+    #: the call's deadline on ``clock`` (its timeout), or None without one
     deadline: float | None = None
 
     @property
@@ -79,6 +83,7 @@ class ToolContext:
         self.clock.sleep(seconds if left is None else min(seconds, left), self.cancel)
 
     async def asleep(self, seconds: float) -> None:
+        """:meth:`sleep` on the event loop, for async tools."""
         left = self.time_left
         await self.clock.asleep(seconds if left is None else min(seconds, left), self.cancel)
 
@@ -96,19 +101,33 @@ def _first_paragraph(doc: str | None) -> str:
 class Tool:
     """A declared tool.  Build it with :func:`tool`; the fields are read by guards."""
 
+    #: the name the model calls it by (the function's, unless ``tool(name=...)``)
     name: str
+    #: the function that runs (sync or async)
     func: Callable[..., Any]
+    #: what the model reads about it (the docstring's first paragraph by default)
     description: str
+    #: the pydantic model the model's arguments are validated against (from the type hints)
     args_model: type[BaseModel]
+    #: it changes nothing outside the run
     read_only: bool = False
+    #: the same arguments give the same result (a clock is not)
     deterministic: bool = False
+    #: it changes the world: never executed twice for the same idempotency key
     side_effect: bool = False
+    #: a successful call ends the run (a hand-off to a human, a "done" tool)
     terminal: bool = False
+    #: exception types that mean "trying again may work" (besides a retryable ToolError)
     retryable: tuple[type[BaseException], ...] = ()
+    #: the most one call may take, in seconds (None: the run's own limits only)
     timeout_s: float | None = None
+    #: the arguments a side effect's idempotency key is made of (None: all of them)
     idempotency_keys: tuple[str, ...] | None = None
+    #: string arguments differing only in case or surrounding whitespace are the same call
     normalize_arguments: bool = True
+    #: the parameter that receives the :class:`ToolContext`, if the function takes one
     context_param: str | None = None
+    #: the function is ``async def``
     is_async: bool = False
     #: False for a stand-in whose nature nobody declared (see the module docstring)
     declared: bool = True
@@ -169,6 +188,8 @@ class Tool:
         return self.func(**kwargs)
 
     def is_retryable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` from this tool means "trying again may work": a ToolError's own
+        ``retryable``, else whether it is one of :attr:`retryable`."""
         if isinstance(exc, ToolError):
             return exc.retryable
         return bool(self.retryable) and isinstance(exc, self.retryable)
@@ -308,6 +329,8 @@ class ToolRegistry:
             self.add(t)
 
     def add(self, t: Tool, *, replace: bool = False) -> Tool:
+        """Add a tool; a second tool of the same name is a ToolDefinitionError unless
+        ``replace``."""
         if not isinstance(t, Tool):
             raise ToolDefinitionError(f"not a Tool: {t!r} (declare it with @tool)")
         if t.name in self._tools and not replace:
@@ -317,6 +340,7 @@ class ToolRegistry:
         return t
 
     def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or None."""
         return self._tools.get(name)
 
     def __contains__(self, name: object) -> bool:
@@ -330,6 +354,7 @@ class ToolRegistry:
 
     @property
     def names(self) -> list[str]:
+        """The tools' names, in declaration order."""
         return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -339,6 +364,7 @@ class ToolRegistry:
         return self._schemas
 
     def copy(self) -> ToolRegistry:
+        """A new registry of the same tools (adding to it leaves this one as it is)."""
         return ToolRegistry(self._tools.values())
 
 

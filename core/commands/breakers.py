@@ -4,7 +4,9 @@
 tool or MCP server, scope, state (closed, open, half_open), since when it is open, what
 opened it and how often it opened; ``loopwarden breakers reset NAME [--server] [--scope
 tenant --key acme]`` forgets one (closed, its counts gone) -- after an upstream was fixed, so
-that its tools are called again before ``open_s`` is over.
+that its tools are called again before ``open_s`` is over; the reset is recorded in the
+store's change log (who, when, the breaker's state before), which ``loopwarden breakers log``
+lists.
 """
 
 from __future__ import annotations
@@ -13,19 +15,20 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 from loopwarden.commands import add_config_argument
+from loopwarden.commands._ops import add_by_argument, print_changes, print_table, when
+from loopwarden.store.admin import Change
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action",
         nargs="?",
-        choices=["show", "reset"],
+        choices=["show", "reset", "log"],
         default="show",
-        help="show (default) or reset NAME",
+        help="show (default), reset NAME, or log",
     )
     parser.add_argument("name", nargs="?", help="with reset: the tool (or, --server, the server)")
     parser.add_argument(
@@ -36,19 +39,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--key", default=None, help="with reset: the scope's key (acme, ...)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    add_by_argument(parser)
     add_config_argument(parser)
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _describe(c: Change) -> str:
+    t, old = c.target, c.old or {}
+    return (
+        f"{t.get('target')} {t.get('name')} ({t.get('scope')}={t.get('key')}): "
+        f"was {old.get('state', 'absent')}"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
     from loopwarden.sanitize import escape_controls
-    from loopwarden.store import Shared, redact_url
+    from loopwarden.store import Shared, operated, redact_url
 
     config = load_config(args.config)
     shared = Shared(config.store)
@@ -64,11 +70,28 @@ def main(args: argparse.Namespace) -> int:
             scope = args.scope or "deployment"
             key = args.key if args.key is not None else "*"
             target = "server" if args.server else "tool"
-            done = store.breaker_reset((scope, key, target, args.name))
+            ident = (scope, key, target, args.name)
+            before = [
+                v.as_dict()
+                for v in store.breakers()
+                if (v.scope, v.scope_key, v.target, v.name) == ident
+            ]
+            done = store.breaker_reset(ident)
+            operated(store).log_change(
+                "reset_breaker",
+                {"scope": scope, "key": key, "target": target, "name": args.name},
+                {"state": before[0]["state"], "opens": before[0]["opens"]} if before else None,
+                None,
+                by=args.by,
+            )
             if args.json:
                 print(json.dumps({"store": redact_url(shared.url), "reset": done}))
             else:
                 print(f"reset {target} {args.name} ({scope}={key}): {'done' if done else 'none'}")
+            return 0
+        if args.action == "log":
+            changes = [c for c in operated(store).changes(1000) if c.action == "reset_breaker"]
+            print_changes(changes, args.json, redact_url(shared.url), _describe)
             return 0
         rows: list[dict[str, Any]] = [v.as_dict() for v in store.breakers()]
     finally:
@@ -102,8 +125,6 @@ def main(args: argparse.Namespace) -> int:
         cells = [
             escape_controls(str(r[c])) for c in ("target", "name", "scope", "scope_key", "state")
         ]
-        table.append([*cells, _when(r["since"]), why, str(r["opens"])])
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        table.append([*cells, when(r["since"]), why, str(r["opens"])])
+    print_table(table)
     return 0

@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": ("loopwarden.commands.report", "summarise a run-record JSONL file with advice"),
     "plugins": ("loopwarden.commands.plugins", "list enabled plugins in call order"),
-    "config": ("loopwarden.commands.config", "check a config file, or print its JSON Schema"),
+    "config": (
+        "loopwarden.commands.config",
+        "check a config file, show its effective values, or print its JSON Schema",
+    ),
     "scenarios": ("loopwarden.commands.scenarios", "list the built-in scenarios"),
     "new-plugin": (
         "loopwarden.commands.new_plugin",
@@ -37,7 +40,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "budgets": (
         "loopwarden.commands.budgets",
-        "shared budgets: spend per scope and window; `budgets reset SCOPE KEY`",
+        "shared budgets: spend, reservations and limits per scope and window; `budgets set "
+        "SCOPE KEY --max-cost N`, `budgets reset SCOPE KEY`",
+    ),
+    "ledger": (
+        "loopwarden.commands.ledger",
+        "the side-effect ledger: calls executed once; `ledger forget KEY`",
+    ),
+    "paths": (
+        "loopwarden.commands.paths",
+        "where loopwarden keeps run records, the store, the ledger and the demo shop",
     ),
     "gateway": (
         "loopwarden.commands.gateway",
@@ -46,6 +58,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "breakers": (
         "loopwarden.commands.breakers",
         "fleet-wide circuit breakers per tool and MCP server; `breakers reset TOOL`",
+    ),
+    "console": (
+        "loopwarden.commands.console",
+        "a web page over the run records and the shared store: runs, stops, budgets, breakers",
     ),
 }
 

@@ -1,4 +1,4 @@
-"""``loopwarden new-plugin NAME [DIR]``: write a plugin package to start from.
+"""``loopwarden new-plugin [--minimal] NAME [DIR]``: write a plugin to start from.
 
 The package is the smallest complete one: a settings model, a hook that stops a run, one that
 warns, a ``record_fields`` field, the entry point in the group ``loopwarden.plugins``, tests
@@ -6,6 +6,12 @@ written with :mod:`loopwarden.testing` and a README.  Its tests pass as generate
 starts from green and changes the checks.  NAME must be a snake_case identifier that no
 built-in plugin uses; DIR (default: NAME with dashes) must not exist or be empty -- nothing is
 ever overwritten.
+
+``--minimal`` writes the smallest plugin instead: two files, ``NAME.py`` (one ``before_tool``
+hook that hard-stops a listed tool, with the answer the user reads) and ``test_NAME.py``, into
+DIR (default: the current directory -- beside ``config.toml``, where ``[plugins] enabled =
+[..., "NAME:Class"]`` finds it without packaging).  Its tests pass as generated too; an
+existing file of either name is never overwritten.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ from __future__ import annotations
 import argparse
 import keyword
 import re
+import sys
 from pathlib import Path
 
 from loopwarden._version import __version__
 from loopwarden.exceptions import LoopwardenError
 
-__all__ = ["NAME_RE", "add_arguments", "main", "render", "write_package"]
+__all__ = ["NAME_RE", "add_arguments", "main", "render", "render_minimal", "write_package"]
 
 #: a plugin name the scaffold accepts: the entry-point name, the config table, the stop reason
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
@@ -332,6 +339,76 @@ MYPYPATH=.typecheck mypy src tests      # strict: see [tool.mypy] in pyproject.t
 """
 
 
+_MINIMAL_MODULE = '''\
+"""__NAME__: a loopwarden plugin (``loopwarden new-plugin --minimal``; make it yours).
+
+It stops a run before any call of a tool in ``BLOCKED`` -- a hard stop, so the call
+never runs -- and tells the user so.  Enable it from the config.toml beside this file
+(no packaging: ``module:attr`` entries are looked for on ``sys.path``, then in the
+config file's directory)::
+
+    [plugins]
+    enabled = ["max_steps", "__NAME__:__CLASS__"]
+"""
+
+from __future__ import annotations
+
+from loopwarden import Plugin, Run, ToolCall, Verdict, hookimpl
+
+#: the tools this plugin refuses (put yours here)
+BLOCKED = frozenset({"delete_account"})
+
+
+class __CLASS__(Plugin):
+    """Stops the run before a call of a tool in ``BLOCKED``."""
+
+    name = "__NAME__"
+
+    @hookimpl
+    def before_tool(self, run: Run, call: ToolCall) -> Verdict | None:
+        if call.name not in BLOCKED:
+            return None
+        # answer= is what the user reads (the model may already have said "doing it")
+        answer = f"I did not run {call.name}: it is not allowed here; nothing changed."
+        return self.stop("__NAME__", tool=call.name, answer=answer)
+'''
+
+_MINIMAL_TESTS = '''\
+"""Tests of __NAME__, with loopwarden.testing (run ``python -m pytest``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopwarden.testing import (
+    call_hook,
+    make_tool,
+    make_tool_call,
+    run_plugin,
+    tool_call,
+    turn,
+)
+
+from __NAME__ import BLOCKED, __CLASS__
+
+
+def test_other_calls_pass() -> None:
+    call = make_tool_call("lookup_order")
+    assert call_hook(__CLASS__, "before_tool", call=call) is None
+
+
+def test_a_blocked_call_stops_the_run_before_it_runs() -> None:
+    done: list[dict[str, Any]] = []
+    name = sorted(BLOCKED)[0]
+    blocked = make_tool(name, lambda **kw: done.append(kw), side_effect=True)
+    turns = [turn("Doing it now.", tool_call(name))]
+    result = run_plugin(__CLASS__, tools=[blocked], turns=turns)
+    assert result.termination == "__NAME__"
+    assert done == []  # the tool never ran
+    assert result.record["final_answer"].startswith(f"I did not run {name}")
+'''
+
+
 def _class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_") if part)
 
@@ -376,10 +453,36 @@ def render(name: str) -> dict[str, str]:
     }
 
 
-def write_package(name: str, directory: Path) -> list[Path]:
-    """Write the package for ``name`` into ``directory`` (absent or empty); the files written."""
-    files = render(name)
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+def render_minimal(name: str) -> dict[str, str]:
+    """The two files of ``--minimal`` for plugin ``name``: relative path -> text."""
+    check_name(name)
+    if name in sys.stdlib_module_names:
+        raise LoopwardenError(
+            f"{name!r} is a standard-library module's name, which the plugin's module would "
+            "shadow: choose another"
+        )
+    values = {"__CLASS__": _class_name(name), "__NAME__": name}
+
+    def fill(template: str) -> str:
+        for key, value in values.items():
+            template = template.replace(key, value)
+        return template
+
+    return {f"{name}.py": fill(_MINIMAL_MODULE), f"test_{name}.py": fill(_MINIMAL_TESTS)}
+
+
+def write_package(name: str, directory: Path, *, minimal: bool = False) -> list[Path]:
+    """Write the package for ``name`` into ``directory`` (absent or empty) -- or, ``minimal``,
+    its two files into ``directory`` (neither may exist); the files written."""
+    files = render_minimal(name) if minimal else render(name)
+    if minimal:
+        if directory.exists() and not directory.is_dir():
+            raise LoopwardenError(f"{directory} is not a directory: nothing written")
+        taken = [rel for rel in files if (directory / rel).exists()]
+        if taken:
+            listed = ", ".join(str(directory / rel) for rel in taken)
+            raise LoopwardenError(f"already there: {listed}; nothing written")
+    elif directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise LoopwardenError(f"{directory} exists and is not an empty directory: nothing written")
     written = []
     for rel, text in files.items():
@@ -397,13 +500,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         nargs="?",
         default=None,
-        help="where to write the package (absent or empty; default: NAME with dashes)",
+        help="where to write the package (absent or empty; default: NAME with dashes; "
+        "with --minimal: the current directory)",
+    )
+    parser.add_argument(
+        "--minimal",
+        action="store_true",
+        help="write the smallest plugin instead: NAME.py and test_NAME.py, to enable as "
+        "NAME:Class from a config.toml in the same directory",
     )
 
 
 def main(args: argparse.Namespace) -> int:
     name: str = args.name
     check_name(name)
+    if args.minimal:
+        directory = Path(args.directory or ".")
+        written = write_package(name, directory, minimal=True)
+        print(f"wrote {', '.join(str(p) for p in written)}")
+        print(
+            f"next: python -m pytest {directory / f'test_{name}.py'}\n"
+            f"then enable it in the config.toml beside it: "
+            f'[plugins] enable = ["{name}:{_class_name(name)}"]'
+        )
+        return 0
     directory = Path(args.directory or name.replace("_", "-"))
     written = write_package(name, directory)
     print(f"wrote {len(written)} files to {directory}/:")
@@ -411,6 +531,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {path.relative_to(directory)}")
     print(
         f"next: pip install -e '{directory}[test]' && python -m pytest {directory}\n"
-        f'then enable it in config.toml: [plugins] enabled = [..., "{name}"]'
+        f'then enable it in config.toml: [plugins] enable = ["{name}"]'
     )
     return 0

@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file",
         nargs="+",
         help="trajectory JSONL (the format of docs/contracts.md), plain or gzip-compressed "
-        "(.jsonl.gz); several files are replayed as one corpus",
+        "(.jsonl.gz), or run_record's runs.jsonl written with [plugins.run_record] "
+        "trajectory = true; several files are replayed as one corpus",
     )
     parser.add_argument("--profile", help="a profile from [profiles] for every replayed run")
     parser.add_argument(
@@ -168,6 +169,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     setup = [
         f"{s.get('trajectories', 0)} trajectories replayed in {s.get('seconds', 0)} s",
         f"unreadable lines {s.get('unreadable_lines', 0)}",
+        *(
+            [f"run records without a trajectory {s['run_records_without_trajectory']}"]
+            if s.get("run_records_without_trajectory")
+            else []
+        ),
         f"profile {s.get('profile') or '-'}",
         f"system prompt tokens {s.get('system_prompt_tokens') or '-'}",
     ]
@@ -175,6 +181,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         setup.append(f"carried state {_counts(s['carry_state'])}")
     print(escape_controls(", ".join(setup)))
     shown |= {"trajectories", "seconds", "unreadable_lines", "profile", "system_prompt_tokens"}
+    shown.add("run_records_without_trajectory")
     shown.add("carry_state")
     for title, rows in _SUMMARY_SECTIONS:
         lines: list[tuple[str, str]] = []
@@ -269,6 +276,20 @@ def print_by_source(by_source: dict[str, dict[str, Any]]) -> None:
         print("  ".join(cells).rstrip())
 
 
+def _without_trajectory(path: Any, lines: list[int]) -> str:
+    """What to do about run records that hold no steps to replay: which setting records them."""
+    shown = ", ".join(str(n) for n in lines[:5]) + (", ..." if len(lines) > 5 else "")
+    return escape_controls(
+        f"loopwarden replay: {path}: {len(lines)} run record(s) without their trajectory "
+        f"(line {shown}) skipped: a run record holds no steps to replay unless it was written "
+        'with its trajectory -- add "run_record" to [plugins] enabled and set '
+        "[plugins.run_record] trajectory = true in config.toml (off by default: it holds "
+        "the conversation and the tool results, secrets masked by redact_keys), then replay "
+        "the file it writes (runs.jsonl in the data directory, or [plugins.run_record] path); "
+        "or give a trajectory file (docs/contracts.md)"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     import itertools
     import time
@@ -302,8 +323,11 @@ def main(args: argparse.Namespace) -> int:
     carry = [n.strip() for n in args.carry_state.split(",") if n.strip()]
     started = time.perf_counter()
     results, bad = [], 0
+    bare: dict[Path, list[int]] = {p: [] for p in paths}  # run records without a trajectory
     with Deployment(config) as dep:
-        lines = itertools.chain.from_iterable(iter_trajectories(p) for p in paths)
+        lines = itertools.chain.from_iterable(
+            iter_trajectories(p, without_trajectory=bare[p]) for p in paths
+        )
         for _lineno, traj in itertools.islice(lines, args.limit):
             if traj is None:
                 bad += 1
@@ -328,7 +352,10 @@ def main(args: argparse.Namespace) -> int:
     summary["system_prompt_tokens"] = args.system_prompt_tokens
     if carry:
         summary["carry_state"] = carry
-    summary["unreadable_lines"] = bad
+    records = sum(len(v) for v in bare.values())
+    summary["unreadable_lines"] = bad - records
+    if records:
+        summary["run_records_without_trajectory"] = records
     summary["seconds"] = round(time.perf_counter() - started, 2)
     summary["by_source"] = by_source
     if args.json and args.summary:
@@ -343,17 +370,11 @@ def main(args: argparse.Namespace) -> int:
             print()
             print_by_source(by_source)
     if bad:
-        print(f"loopwarden replay: skipped {bad} unreadable line(s)", file=sys.stderr)
-        from loopwarden.traffic.trajectory import run_records_without_trajectory
-
-        for f in args.file:
-            if run_records_without_trajectory(f):
-                print(
-                    f"loopwarden replay: {f} holds run records without their trajectories; "
-                    "set [plugins.run_record] trajectory = true to record them (replay reads "
-                    "such records), or give a trajectory file (docs/contracts.md)",
-                    file=sys.stderr,
-                )
+        if bad > records:
+            print(f"loopwarden replay: skipped {bad - records} unreadable line(s)", file=sys.stderr)
+        for path, numbers in bare.items():
+            if numbers:
+                print(_without_trajectory(path, numbers), file=sys.stderr)
         if not summary.get("trajectories"):
             return 2  # nothing in the input could be replayed: bad input, not a result
     return 0

@@ -33,6 +33,8 @@ from loopwarden.reasons import NOT_CARRIED_OUT_REASONS
 from loopwarden.sanitize import escape_controls
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from loopwarden.clock import CancelToken
     from loopwarden.deployment import Deployment
     from loopwarden.engine.streaming import StreamEvent
@@ -91,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tools",
         metavar="MODULE:ATTR",
         help="the tools to give the model: a ToolRegistry, a list of tools, or a function "
-        "returning one (default: the demo shop at [shop] db_path)",
+        "returning one; MODULE is looked for on sys.path, then beside the config file, as "
+        "[plugins] enabled is (default: the demo shop at [shop] db_path)",
     )
     parser.add_argument("--profile", help="a profile from [profiles] (steps, tokens, seconds)")
     parser.add_argument("--json", action="store_true", help="print the run record as JSON")
@@ -120,13 +123,14 @@ def _meta_item(text: str) -> tuple[str, str]:
     return key, value
 
 
-def load_tools(spec: str) -> ToolRegistry:
+def load_tools(spec: str, search: Path | None = None) -> ToolRegistry:
     """The tools ``--tools MODULE:ATTR`` names: a :class:`~loopwarden.tools.ToolRegistry`, a
-    tool, an iterable of tools, or a function of no arguments returning one of those.  Any
-    failure is a :class:`~loopwarden.ConfigError` (exit 2) naming the spec."""
-    import importlib
-
+    tool, an iterable of tools, or a function of no arguments returning one of those.  The
+    module is looked for as ``[plugins] enabled`` looks for a plugin: on ``sys.path``, then in
+    ``search`` (the config file's directory, :func:`~loopwarden.host.find.import_beside`).
+    Any failure is a :class:`~loopwarden.ConfigError` (exit 2) naming the spec."""
     from loopwarden.exceptions import ConfigError
+    from loopwarden.host.find import import_beside
     from loopwarden.tools import Tool, ToolRegistry
 
     def bad(why: str) -> ConfigError:
@@ -136,7 +140,7 @@ def load_tools(spec: str) -> ToolRegistry:
     if not sep or not mod_name or not attr:
         raise bad("expected MODULE:ATTR, e.g. mypackage.tools:registry")
     try:
-        obj: Any = importlib.import_module(mod_name)
+        obj: Any = import_beside(mod_name, search)
     except (Exception, SystemExit) as exc:  # module code may do anything
         raise bad(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from exc
     for part in attr.split("."):
@@ -286,7 +290,9 @@ def main(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     if args.tools:
-        tools = load_tools(args.tools)
+        from loopwarden.host.find import config_dir
+
+        tools = load_tools(args.tools, config_dir(config))
     else:  # the demo's tools (its scenarios script the rest), and its system prompt
         config = demo.with_shop_prompt(config)
         tools = demo.config_tools(config)

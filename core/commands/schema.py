@@ -116,7 +116,7 @@ def config_schema(
     plugins_key = root["properties"]["plugins"].get("$ref", "").rsplit("/", 1)[-1]
     core_plugins = defs.pop(plugins_key, None) or PluginsConfig.model_json_schema()
     properties: dict[str, Any] = {}
-    for key in ("enabled", "blocked"):
+    for key in ("enabled", "blocked", "enable", "disable"):
         prop = dict(core_plugins["properties"][key])
         prop["items"] = {"type": "string", "minLength": 1}
         properties[key] = prop

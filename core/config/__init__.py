@@ -8,7 +8,9 @@ written and validated by :mod:`loopwarden.demo`).  A bad file raises :class:`Con
 file, the key and what was expected, before any run starts.
 
 Where the file comes from: ``--config FILE``; else ``./config.toml`` if present; else the
-default shipped inside the package.  A file replaces the shipped one -- what it leaves out has
+default shipped inside the package.  A file that says ``extends = "defaults"`` (or another
+file) lists only what differs from it (:mod:`loopwarden.config.inherit`: tables merge key by
+key, other values replace).  A file without ``extends`` is complete -- what it leaves out has
 the models' defaults -- except for ``[profiles]``: the shipped profiles are built in, and a
 file adds its own or replaces one of the same name (:func:`parse_config`).
 
@@ -24,10 +26,11 @@ of theirs (import-linter: "the config reads nothing above it").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +44,7 @@ from pydantic import (
     model_validator,
 )
 
+from loopwarden.config.inherit import Layered, resolve
 from loopwarden.config.mcp import McpConfig
 from loopwarden.config.values import PositiveSeconds, TypedTable, check_templates
 from loopwarden.exceptions import ConfigError, load_toml, validation_error
@@ -60,8 +64,10 @@ __all__ = [
     "StoreConfig",
     "Texts",
     "ToolNature",
+    "blamed",
     "default_config_path",
     "find_config",
+    "layered_config",
     "load_config",
     "load_toml",
     "parse_config",
@@ -167,6 +173,12 @@ class Texts(_Strict):
         "cannot be reached ({content})."
     )
     best_effort: str = "Here is the last information I found: {observation}"
+    #: the user's answer when a hard stop in ``before_tool`` blocks a declared side effect
+    #: and the stop gives no ``answer=`` (the model's own text may announce the action)
+    side_effect_blocked: str = (
+        "I did not carry out {name}: it was stopped before it ran ({reason}), so nothing was "
+        "changed. A human colleague can help with this request."
+    )
 
     @model_validator(mode="after")
     def _check_templates(self) -> Texts:
@@ -422,6 +434,12 @@ class GatewayConfig(_Strict):
         default=True,
         description="add x-loopwarden-overhead-ms (the gateway's own time) to every answer",
     )
+    console: bool = Field(
+        default=False,
+        description="serve the console (`loopwarden console`'s pages) at /console/: with "
+        "LOOPWARDEN_CONSOLE_TOKEN set, to whoever has the token; without it, only to this "
+        "machine",
+    )
     session_headers: list[str] = Field(
         default_factory=lambda: [
             "x-loopwarden-run",
@@ -470,6 +488,21 @@ class PluginsConfig(BaseModel):
 
     enabled: list[str] = Field(default_factory=list)
     blocked: list[str] = Field(default_factory=list)
+    #: plugins a file that ``extends`` another appends to the inherited ``enabled`` (applied
+    #: when the files merge: never set on a loaded config)
+    enable: list[str] = Field(
+        default_factory=list,
+        exclude=True,
+        description="in a file with extends: plugins appended to the inherited enabled list "
+        "(one already enabled keeps its place)",
+    )
+    #: plugins such a file removes from the inherited ``enabled``
+    disable: list[str] = Field(
+        default_factory=list,
+        exclude=True,
+        description="in a file with extends: plugins removed from the inherited enabled list "
+        "(each must be enabled there)",
+    )
 
     def tables(self) -> dict[str, dict[str, Any]]:
         """Each plugin's settings table, without the ``shadow`` switch every table may carry."""
@@ -494,6 +527,15 @@ class PluginsConfig(BaseModel):
 class Config(_Strict):
     """A whole deployment file."""
 
+    #: ``extends``: the file this one builds on -- ``"defaults"`` (the shipped config) or a
+    #: path relative to this file's directory; the file then lists only what differs
+    extends: str | None = Field(
+        default=None,
+        exclude=True,
+        description='the config this file builds on: "defaults" (the shipped config) or a '
+        "TOML file relative to this file's directory; tables merge key by key, other values "
+        "replace the parent's",
+    )
     #: ``[model]``: the endpoint, the model's name, its window, timeouts and retries
     model: ModelConfig = Field(default_factory=ModelConfig)
     #: ``[run]``: texts injected into requests, the default profile, ``mode``
@@ -558,11 +600,56 @@ def shipped_profiles() -> dict[str, Any]:
     return dict(profiles) if isinstance(profiles, Mapping) else {}
 
 
+def layered_config(data: Mapping[str, Any], *, path: str | None = None) -> Layered:
+    """``data`` (the file at ``path``) merged over the files it ``extends``, with where each
+    value came from (see :mod:`loopwarden.config.inherit`); a file without ``extends`` as it
+    is."""
+    return resolve(data, path=path, shipped=default_config_path())
+
+
+@contextlib.contextmanager
+def blamed(config: Config) -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` about ``config``'s file -- a plugin's table, checked when
+    the plugins load -- naming the file of the ``extends`` chain that wrote the key, and its
+    line (the merged config knows only the file it was loaded from)."""
+    try:
+        yield
+    except ConfigError as exc:
+        if config.extends is None or config.path is None or exc.path != config.path:
+            raise
+        where = layered_config(load_toml(Path(config.path)), path=config.path).blame(exc.key or "")
+        if where is None or where.file == config.path:
+            raise
+        line = f" (line {where.line})" if where.line else ""
+        raise ConfigError(
+            exc.message + line, path=where.file, key=exc.key, expected=exc.expected
+        ) from None
+
+
 def parse_config(data: Mapping[str, Any], *, path: str | None = None) -> Config:
     """Validate a parsed TOML mapping into a :class:`Config`.
 
-    The shipped profiles are built in: every config has them, and its own ``[profiles.<name>]``
-    tables add profiles or replace a shipped one of the same name whole."""
+    A file with ``extends`` is first merged over the files it builds on; an error then names
+    the file (and line) that wrote the bad key.  The shipped profiles are built in: every
+    config has them, and its own ``[profiles.<name>]`` tables add profiles or replace a shipped
+    one of the same name whole."""
+    layered = layered_config(data, path=path)
+    if len(layered.layers) == 1:
+        return _validate(layered.data, path)
+    try:
+        return _validate(layered.data, path)
+    except ConfigError as exc:
+        where = layered.blame(exc.key or "")
+        if where is None or exc.key is None:
+            raise
+        line = f" (line {where.line})" if where.line else ""
+        raise ConfigError(
+            exc.message + line, path=where.file, key=exc.key, expected=exc.expected
+        ) from None
+
+
+def _validate(data: Mapping[str, Any], path: str | None) -> Config:
+    """The merged mapping validated (see :func:`parse_config`)."""
     data = dict(data)
     profiles = data.get("profiles")
     if profiles is None or isinstance(profiles, Mapping):

@@ -50,6 +50,7 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("Settings value types", "loopwarden.plugin", ("TypedTable",)),
     ("Hook markers", "loopwarden.hookspecs", ("hookimpl", "hookspec")),
+    ("Tools (docs/tools.md)", "loopwarden.tools", ("tool", "Tool", "ToolRegistry", "ToolContext")),
     ("Typed per-run state", "loopwarden.stash", ("StashKey", "Stash")),
     ("Notes", "loopwarden.notes", ("render_note", "instruction_text", "runtime", "tool_name")),
     (

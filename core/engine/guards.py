@@ -132,9 +132,11 @@ class Guards:
             redactor = self.redactor = Redactor()
         return redactor
 
-    def hard(self, run: Run, stop: Stop) -> RunOutcome:
-        """The outcome of a hard stop (see :func:`loopwarden.engine.outcomes.hard`)."""
-        return hard(self.settings, run, stop, normal=self.hooks.ends_runs_normally(stop.plugin))
+    def hard(self, run: Run, stop: Stop, blocked: ToolCall | None = None) -> RunOutcome:
+        """The outcome of a hard stop (see :func:`loopwarden.engine.outcomes.hard`);
+        ``blocked`` is the call a stop in ``before_tool`` kept from running."""
+        normal = self.hooks.ends_runs_normally(stop.plugin)
+        return hard(self.settings, run, stop, normal=normal, blocked=blocked)
 
     def close_calls(self, run: Run, calls: list[ToolCall], reason: str) -> None:
         """Answer calls that will not run, so the conversation stays well-formed."""

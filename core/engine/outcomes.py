@@ -16,7 +16,7 @@ from loopwarden.run import Run, RunOutcome
 
 if TYPE_CHECKING:
     from loopwarden.config import RunConfig
-    from loopwarden.events import ModelRequest, ModelResponse
+    from loopwarden.events import ModelRequest, ModelResponse, ToolCall
     from loopwarden.verdicts import Stop
 
 __all__: list[str] = []
@@ -39,8 +39,11 @@ def hard(
     extra: dict[str, Any] | None = None,
     *,
     normal: bool = False,
+    blocked: ToolCall | None = None,
 ) -> RunOutcome:
-    """A hard stop: the stop's own answer, else the best effort.  The answer counts as
+    """A hard stop: the stop's own answer, else -- for a stop in ``before_tool`` on a
+    declared side effect (``blocked``), which the model's latest text may announce as done
+    -- ``[run.texts] side_effect_blocked``, else the best effort.  The answer counts as
     present only from a plugin whose stops are ``normal`` endings (a terminal tool's
     hand-off): a guard's substitute answer is not the model's (docs/contracts.md)."""
     evidence = dict(stop.evidence)
@@ -48,6 +51,9 @@ def hard(
         evidence.update(extra)
     if stop.answer is not None:
         answer, present = stop.answer, normal
+    elif blocked is not None and blocked.side_effect and blocked.error is None:
+        text = settings.texts.side_effect_blocked
+        answer, present = text.format(name=blocked.name, reason=stop.reason), False
     else:
         answer, present = best_effort(settings, run), False
     return RunOutcome(

@@ -93,7 +93,7 @@ class ToolTurn(Turn):
                 if stop is not None:
                     guards.close_calls(run, calls[i:], stop.reason)
                     if not stop.soft:
-                        return guards.hard(run, stop)
+                        return guards.hard(run, stop, call)
                     run.stopping = stop
                     return None
                 skip = res.skip

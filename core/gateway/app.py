@@ -42,6 +42,7 @@ from loopwarden.gateway.exchange import Deliver, Exchange, Forward, Gate
 from loopwarden.gateway.wires import Wire, wire_for
 
 if TYPE_CHECKING:
+    from loopwarden.console.asgi import ConsoleASGI
     from loopwarden.deployment import Deployment
     from loopwarden.gateway.state import StateStore
 
@@ -139,6 +140,12 @@ class GatewayApp:
         #: wrapper's: the SDK's own transport)
         self._session: Any = None if client is None else False
         self.keys = frozenset(_expand(k) for k in self.settings.keys if _expand(k))
+        #: ``[gateway] console = true``: the console at /console/ (its own access rule)
+        self.console: ConsoleASGI | None = None
+        if self.settings.console:
+            from loopwarden.console.asgi import ConsoleASGI
+
+            self.console = ConsoleASGI.from_config(deployment.config)
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -186,6 +193,8 @@ class GatewayApp:
             await self._client.aclose()
             self._client = None
         self.gate.state.close()
+        if self.console is not None:
+            self.console.close()
 
     # -- ASGI -----------------------------------------------------------------------------
 
@@ -203,6 +212,9 @@ class GatewayApp:
         try:
             if path == "/_loopwarden/health":
                 await _respond(send, 200, b'{"ok":true}', {})
+                return
+            if self.console is not None and self.console.serves(path):
+                await self.console(scope, receive, send)
                 return
             if self.keys and not self._authorised(headers):
                 await _error(send, 401, "invalid_gateway_key", "a valid gateway key is required")

@@ -742,7 +742,7 @@ class Exchange:
                     guards.close_calls(run, [*passed, *calls[i:]], stop.reason)
                     self._release(run, passed)
                     if not stop.soft:
-                        return self._ended(self._finish(run, guards.hard(run, stop)))
+                        return self._ended(self._finish(run, guards.hard(run, stop, call)))
                     run.stopping = stop
                     return self._model_turn(run)
                 skip = res.skip

@@ -222,11 +222,12 @@ def config_dir(config: Config) -> Path | None:
     return path.resolve().parent
 
 
-def _import_module(mod_name: str, search: Path | None) -> ModuleType:
+def import_beside(mod_name: str, search: Path | None) -> ModuleType:
     """Import ``mod_name``; when its top-level module is not on ``sys.path`` but lies in
     ``search`` (the config file's directory), append that directory to ``sys.path`` -- for
-    good: the plugin's own imports of its neighbours work later too -- and import it from
-    there.  Appended, so it never shadows an installed module."""
+    good: the module's own imports of its neighbours work later too -- and import it from
+    there.  Appended, so it never shadows an installed module.  The one lookup rule of every
+    ``module:attr`` a deployment names: ``[plugins] enabled`` and ``loopwarden run --tools``."""
     try:
         return importlib.import_module(mod_name)
     except ModuleNotFoundError as exc:
@@ -269,7 +270,7 @@ def _import_spec(spec: str, plugin: str, search: Path | None = None) -> Any:
         )
     mod_name, _, attr = spec.partition(":")
     try:
-        obj: Any = _import_module(mod_name, search)
+        obj: Any = import_beside(mod_name, search)
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # module code may do anything
         raise PluginLoadError(
             f"cannot import {mod_name!r}: {_describe_exc(exc)}", plugin=plugin

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from loopwarden.config import Config, validation_error
+from loopwarden.config import Config, blamed, validation_error
 from loopwarden.exceptions import ConfigError, PluginLoadError
 from loopwarden.host.find import (
     BUILTIN_PLUGINS,
@@ -161,8 +161,16 @@ def load_plugins(
     ``objects`` maps names to plugins built in code (used by tests and by
     :class:`~loopwarden.Deployment` callers); they are appended after the configured names
     unless the config names them.  A class is constructed with the config's table for its
-    name, a ready object is used as it is (a table for it is an error).
+    name, a ready object is used as it is (a table for it is an error).  An error in a table
+    that a parent file (``extends``) wrote names that file and line.
     """
+    with blamed(config):
+        return _load_plugins(config, extra, objects)
+
+
+def _load_plugins(
+    config: Config, extra: Iterable[str], objects: Mapping[str, Any] | None
+) -> PluginSet:
     objects = dict(objects or {})
     enabled, path = config.plugins.enabled, config.path
     extra = [*extra, *[n for n in objects if n not in enabled]]

@@ -23,6 +23,13 @@ The **ledger** maps an idempotency key to ``running`` / ``done`` / ``unknown`` (
 effect) and the recorded result: :meth:`Store.claim` is an atomic "insert if absent", so of two
 workers racing on one key exactly one executes.
 
+**Operations** (:mod:`loopwarden.store.admin`): an operator's limit override for one scope
+key and window (:meth:`_Backend.set_limits`) is read by the store inside every reserve -- the
+same transaction or script, no extra round trip -- so every process sees it at its next call;
+ledger entries are listed and forgotten (:meth:`_Backend.ledger_rows`,
+:meth:`_Backend.forget`); and every such change is appended to the store's change log
+(:meth:`_Backend.changes`) with who made it, when, and the values before and after.
+
 **Circuit breakers** (:mod:`loopwarden.store.breakers`) are one small document each --
 state, when it opened, the half-open probe's holder, the window's calls and failures -- that
 :meth:`Store.breaker_admit` and :meth:`Store.breaker_record` change in one atomic
@@ -55,6 +62,7 @@ engine").  The engine, the budget plugins and the commands import it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -72,6 +80,14 @@ from loopwarden.exceptions import ConfigError, StoreError
 from loopwarden.redaction import redact_url
 from loopwarden.store import breakers as _breakers
 from loopwarden.store import bridge
+from loopwarden.store.admin import (
+    Change,
+    LedgerRow,
+    LimitOverride,
+    limits_dict,
+    limits_tuple,
+    operator_name,
+)
 from loopwarden.store.breakers import BreakerRule, BreakerView, Ident, breaker_key
 
 if TYPE_CHECKING:
@@ -87,9 +103,13 @@ __all__ = [
     "QUANTITIES",
     "BreakerRule",
     "BreakerView",
+    "Change",
     "Counter",
     "CounterRow",
     "LedgerEntry",
+    "LedgerRow",
+    "LimitOverride",
+    "OperatedStore",
     "RedisStore",
     "Reserved",
     "SQLiteStore",
@@ -99,6 +119,7 @@ __all__ = [
     "default_store_url",
     "ledger_key",
     "open_store",
+    "operated",
     "redact_url",
 ]
 
@@ -145,12 +166,19 @@ class Reserved:
     """The answer of :meth:`Store.reserve`.
 
     ``used`` is, per counter, what was committed plus reserved by live reservations *before*
-    this one; ``refused`` is ``(counter index, quantity index)`` of the first limit the amount
-    did not fit (nothing was reserved), None when it was reserved (or committed).
+    this one (``reserved`` is the reserved part); ``refused`` is ``(counter index, quantity
+    index)`` of the first limit the amount did not fit (nothing was reserved), None when it
+    was reserved (or committed).
     """
 
     used: tuple[Amounts, ...]
     refused: tuple[int, int] | None = None
+    #: per counter, the part of ``used`` held by live reservations (None: the store does
+    #: not say)
+    reserved: tuple[Amounts, ...] | None = None
+    #: per counter, the limits checked: the counter's own, or where an operator set one
+    #: (:meth:`_Backend.set_limits`), the override's (None: the counters' own)
+    limits: tuple[tuple[int | None, ...], ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -298,6 +326,58 @@ class Store(Protocol):
         ...
 
 
+class OperatedStore(Store, Protocol):
+    """A store an operator can inspect and change (both built-in backends): limit overrides,
+    ledger entries, the change log (see :class:`_Backend` for each method)."""
+
+    def set_limits(
+        self,
+        scope: str,
+        key: str,
+        window: str,
+        limits: Mapping[str, int | None],
+        *,
+        by: str | None = None,
+    ) -> tuple[LimitOverride | None, LimitOverride | None]: ...
+
+    def clear_limits(
+        self, scope: str, key: str, window: str, *, by: str | None = None
+    ) -> LimitOverride | None: ...
+
+    def overrides(self) -> list[LimitOverride]: ...
+
+    def log_change(
+        self,
+        action: str,
+        target: Mapping[str, Any],
+        old: Any = None,
+        new: Any = None,
+        *,
+        by: str | None = None,
+    ) -> Change: ...
+
+    def changes(self, limit: int = 100) -> list[Change]: ...
+
+    def ledger_rows(self) -> list[LedgerRow]: ...
+
+    def forget(
+        self, keys: Sequence[str], *, by: str | None = None, running: bool = False
+    ) -> dict[str, str]: ...
+
+
+def operated(store: Store) -> OperatedStore:
+    """``store`` as an :class:`OperatedStore`; a store of your own without those methods is
+    a :class:`StoreError` naming what is missing."""
+    missing = [m for m in ("set_limits", "ledger_rows", "changes") if not hasattr(store, m)]
+    if missing:
+        raise StoreError(
+            f"the store {type(store).__name__} has no {', '.join(missing)}: overrides, ledger "
+            "listing and the change log need one of the built-in stores (SQLite, Redis)",
+            url=redact_url(store.url),
+        )
+    return store  # type: ignore[return-value]
+
+
 def default_store_url() -> str:
     """``store.sqlite3`` in the data directory (``LOOPWARDEN_DATA_DIR`` overrides it)."""
     from loopwarden.paths import data_dir
@@ -375,6 +455,17 @@ def _entry(key: str, state: str, owner: str, started_at: object, result: object)
     return LedgerEntry(key, state, owner, started, data)
 
 
+def _readable(change: Change) -> Change:
+    """A limit change's ``old`` / ``new`` (store units) in the units people use."""
+    if change.action not in ("set_limits", "clear_limits"):
+        return change
+    return dataclasses.replace(
+        change,
+        old=limits_dict(limits_tuple(change.old or None)),
+        new=limits_dict(limits_tuple(change.new or None)),
+    )
+
+
 class _Doubts:
     """Writes a store error left in doubt, and how to undo each (thread-safe).
 
@@ -438,6 +529,8 @@ class _Backend:
     """
 
     url: str
+    #: the wall clock (each backend sets it; tests may replace it)
+    now: Callable[[], float]
     #: threads that make this store's calls for async runs at most (started as needed)
     _owner_threads = 32
 
@@ -517,6 +610,41 @@ class _Backend:
         raise NotImplementedError
 
     def _drop_doc(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def _overrides(self) -> list[LimitOverride]:
+        """Every limit override."""
+        raise NotImplementedError
+
+    def _set_override(
+        self,
+        target: tuple[str, str, str],
+        updates: Mapping[int, int | None],
+        by: str,
+        action: str,
+        now: float,
+    ) -> tuple[LimitOverride | None, LimitOverride | None]:
+        """Atomically: apply ``updates`` (quantity index -> limit, None: back to the config's)
+        to the override of ``target`` (scope, key, window), append the change to the log
+        (unless there was no override before nor after); returns the override before and
+        after (None: none)."""
+        raise NotImplementedError
+
+    def _log(self, change: Change) -> None:
+        """Append ``change`` to the change log (keeping the last ``CHANGES_KEPT``)."""
+        raise NotImplementedError
+
+    def _changes(self, limit: int) -> list[Change]:
+        """The last ``limit`` changes, newest first (``old`` / ``new`` as stored)."""
+        raise NotImplementedError
+
+    def _ledger_rows(self) -> list[LedgerRow]:
+        """Every live ledger entry."""
+        raise NotImplementedError
+
+    def _forget(self, key: str, by: str, running: bool, now: float) -> str:
+        """Atomically: remove ledger entry ``key`` and log it -- unless it is ``running`` and
+        ``running`` is False.  Returns ``forgotten``, ``running`` or ``absent``."""
         raise NotImplementedError
 
     # -- the Store interface ---------------------------------------------------------------
@@ -695,6 +823,104 @@ class _Backend:
         done = self._io(self._drop_doc, breaker_key(ident))
         self._answered()
         return done
+
+    # -- operations: limit overrides, the ledger, the change log ---------------------------
+
+    def set_limits(
+        self,
+        scope: str,
+        key: str,
+        window: str,
+        limits: Mapping[str, int | None],
+        *,
+        by: str | None = None,
+    ) -> tuple[LimitOverride | None, LimitOverride | None]:
+        """Override the limits of ``scope`` = ``key`` in ``window`` for every process on
+        this store, from its next reserve: ``limits`` maps a quantity (``runs``,
+        ``model_calls``, ``tool_calls``, ``tokens``, ``cost``) to a limit in store units
+        (cost: :func:`cost_units`), or to None to hand that quantity back to the config;
+        quantities not named keep their override.  Logged as a change by ``by`` (default:
+        ``user@host``).  Returns the override before and after (None: none)."""
+        updates: dict[int, int | None] = {}
+        for name, value in limits.items():
+            if name not in QUANTITIES:
+                raise ValueError(f"unknown quantity {name!r} (one of {', '.join(QUANTITIES)})")
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"a limit is a positive whole number of units, not {value!r}")
+            updates[QUANTITIES.index(name)] = None if value is None else int(value)
+        if not updates:
+            raise ValueError("set_limits needs at least one quantity")
+        return self._changed_override((scope, key, window), updates, by, "set_limits")
+
+    def clear_limits(
+        self, scope: str, key: str, window: str, *, by: str | None = None
+    ) -> LimitOverride | None:
+        """Remove the override of ``scope`` = ``key`` in ``window``: the config's limits
+        apply again from the next reserve.  Logged; returns the override removed (None:
+        there was none)."""
+        updates: dict[int, int | None] = dict.fromkeys(range(len(QUANTITIES)))
+        return self._changed_override((scope, key, window), updates, by, "clear_limits")[0]
+
+    def _changed_override(
+        self,
+        target: tuple[str, str, str],
+        updates: Mapping[int, int | None],
+        by: str | None,
+        action: str,
+    ) -> tuple[LimitOverride | None, LimitOverride | None]:
+        out = self._io(
+            self._set_override, target, updates, by or operator_name(), action, self.now()
+        )
+        self._answered()
+        return out
+
+    def overrides(self) -> list[LimitOverride]:
+        """Every limit override, by scope, key and window."""
+        out = self._io(self._overrides)
+        self._answered()
+        return sorted(out, key=lambda o: (o.scope, o.key, o.window))
+
+    def log_change(
+        self,
+        action: str,
+        target: Mapping[str, Any],
+        old: Any = None,
+        new: Any = None,
+        *,
+        by: str | None = None,
+    ) -> Change:
+        """Append an operator's change to the store's change log (``by``: default
+        ``user@host``); values must be JSON."""
+        change = Change(self.now(), by or operator_name(), action, dict(target), old, new)
+        self._io(self._log, change)
+        self._answered()
+        return change
+
+    def changes(self, limit: int = 100) -> list[Change]:
+        """The last ``limit`` changes, newest first; a limit change's ``old`` and ``new`` in
+        the units people use (cost in the currency)."""
+        out = self._io(self._changes, limit)
+        self._answered()
+        return [_readable(c) for c in out]
+
+    def ledger_rows(self) -> list[LedgerRow]:
+        """Every live entry of the side-effect ledger, oldest first."""
+        out = self._io(self._ledger_rows)
+        self._answered()
+        return sorted(out, key=lambda r: (r.started_at, r.key))
+
+    def forget(
+        self, keys: Sequence[str], *, by: str | None = None, running: bool = False
+    ) -> dict[str, str]:
+        """Remove ledger entries by their stored key (:attr:`LedgerRow.key`), each logged as
+        a change: a later call with the same idempotency key executes again.  An entry still
+        ``running`` (a call in progress, or whose worker died) is kept unless ``running``:
+        forgetting it while the call runs lets a second one run too.  Returns per key
+        ``forgotten``, ``running`` (kept) or ``absent``."""
+        who = by or operator_name()
+        out = {k: self._io(self._forget, k, who, running, self.now()) for k in dict.fromkeys(keys)}
+        self._answered()
+        return out
 
 
 #: the backends, in modules of their own: imported on first use (``from loopwarden.store import

@@ -36,6 +36,13 @@ from loopwarden.store import (
     _ident,
     redact_url,
 )
+from loopwarden.store.admin import (
+    CHANGES_KEPT,
+    Change,
+    LedgerRow,
+    LimitOverride,
+    limits_tuple,
+)
 from loopwarden.store.breakers import BreakerView
 
 __all__ = ["RedisStore"]
@@ -116,9 +123,11 @@ local function index_ttl(index)
 end
 """
 
-# KEYS: per counter, its hash, its old-format reservations hash and its held hash; then the
-# index.  ARGV: now, ttl, commit, token, the 5 amounts, then per counter: expires_at (-1:
-# never), scope, key, window, bucket, the 5 limits (-1: none).
+# KEYS: per counter, its hash, its old-format reservations hash, its held hash and its limit
+# override's hash; then the index.  ARGV: now, ttl, commit, token, the 5 amounts, then per
+# counter: expires_at (-1: never), scope, key, window, bucket, the 5 limits (-1: none).
+# Returns the refused counter and quantity (0, 0: none), then per counter the 5 amounts used,
+# then per counter the 5 reserved of them, then per counter the 5 limits checked (-1: none).
 _LUA_RESERVE = (
     _LUA_HELD
     + """
@@ -126,16 +135,21 @@ local now = tonumber(ARGV[1]); local ttl = tonumber(ARGV[2])
 local commit = ARGV[3] == '1'; local token = ARGV[4]
 local amount = {}
 for q = 1, 5 do amount[q] = tonumber(ARGV[4 + q]) end
-local n = (#KEYS - 1) / 3
+local n = (#KEYS - 1) / 4
 local index = KEYS[#KEYS]
 local out = {0, 0}
+local extra = {}  -- per counter: the reserved amounts, then (after them all) the limits
+local lims = {}
 local refused = false
 local held = {}  -- per counter: {sums, next expiry, this token's earlier amounts or nil}
 for i = 1, n do
-  local ck, rk, hk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local ck, rk, hk = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1]
   local o = 9 + (i - 1) * 10
   local vals = redis.call('HMGET', ck, 'runs', 'model_calls', 'tool_calls', 'tokens', 'cost')
+  local over = redis.call('HMGET', KEYS[4 * i], 'runs', 'model_calls', 'tool_calls', 'tokens',
+                          'cost')
   local used = {}
+  local rsv = {0, 0, 0, 0, 0}
   for q = 1, 5 do used[q] = tonumber(vals[q] or '0') or 0 end
   local res = redis.call('HGETALL', rk)  -- an older version's reservations (none: no key)
   for j = 1, #res, 2 do
@@ -143,7 +157,7 @@ for i = 1, n do
     if p[6] <= now then
       redis.call('HDEL', rk, res[j])
     else
-      for q = 1, 5 do used[q] = used[q] + p[q] end
+      for q = 1, 5 do used[q] = used[q] + p[q]; rsv[q] = rsv[q] + p[q] end
     end
   end
   local h = redis.call('HMGET', hk, S[1], S[2], S[3], S[4], S[5], '~next', token)
@@ -161,20 +175,26 @@ for i = 1, n do
   for q = 1, 5 do
     used[q] = used[q] + sums[q]
     out[#out + 1] = used[q]  -- integer replies: exact to 2^53
+    extra[#extra + 1] = rsv[q] + sums[q]
+    local lim = tonumber(over[q] or '')  -- an operator's override, else the counter's own
+    if lim == nil then lim = tonumber(ARGV[o + 5 + q]) end
+    lims[#lims + 1] = lim
   end
   if not refused then
     for q = 1, 5 do
-      local lim = tonumber(ARGV[o + 5 + q])
+      local lim = lims[#lims - 5 + q]
       if lim >= 0 and amount[q] > 0 and used[q] + amount[q] > lim then
         refused = true; out[1] = i; out[2] = q; break
       end
     end
   end
 end
+for _, v in ipairs(extra) do out[#out + 1] = v end
+for _, v in ipairs(lims) do out[#out + 1] = v end
 if refused then return out end
 local expires = now + ttl
 for i = 1, n do
-  local ck, hk = KEYS[3 * i - 2], KEYS[3 * i]
+  local ck, hk = KEYS[4 * i - 3], KEYS[4 * i - 1]
   local o = 9 + (i - 1) * 10
   redis.call('HSET', ck, 'scope', ARGV[o + 2], 'key', ARGV[o + 3], 'window', ARGV[o + 4],
              'bucket', ARGV[o + 5])
@@ -287,6 +307,63 @@ return 1
 """
 
 
+_LUA_SNAPSHOT = """
+local Q = {'runs', 'model_calls', 'tool_calls', 'tokens', 'cost'}
+local function snapshot(k)  -- an override's limits (false: none) and its other fields
+  local v = redis.call('HMGET', k, 'runs', 'model_calls', 'tool_calls', 'tokens', 'cost',
+                       'set_at', 'set_by')
+  local t, any = {}, false
+  for q = 1, 5 do if v[q] then t[Q[q]] = v[q]; any = true end end
+  if not any then return false, v end
+  return t, v
+end
+"""
+
+# KEYS: the override's hash, the override index, the change log.  ARGV: now, by, action,
+# scope, key, window, changes kept, then per quantity '' (keep), '-' (remove) or the limit.
+# Returns the override before and after, as JSON (logged unless both are none).
+_LUA_OVERRIDE = (
+    _LUA_SNAPSHOT
+    + """
+local old, raw = snapshot(KEYS[1])
+for q = 1, 5 do
+  local x = ARGV[7 + q]
+  if x == '-' then redis.call('HDEL', KEYS[1], Q[q])
+  elseif x ~= '' then redis.call('HSET', KEYS[1], Q[q], x) end
+end
+local new = snapshot(KEYS[1])
+if new then
+  redis.call('HSET', KEYS[1], 'scope', ARGV[4], 'key', ARGV[5], 'window', ARGV[6],
+             'set_at', ARGV[1], 'set_by', ARGV[2])
+  redis.call('SADD', KEYS[2], KEYS[1])
+else
+  redis.call('DEL', KEYS[1]); redis.call('SREM', KEYS[2], KEYS[1])
+end
+if old or new then  -- a clear of nothing is no change
+  local target = {scope = ARGV[4], key = ARGV[5], window = ARGV[6]}
+  redis.call('LPUSH', KEYS[3], cjson.encode({at = ARGV[1], by = ARGV[2], action = ARGV[3],
+             target = target, old = old, new = new}))
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[7]) - 1)
+end
+return {cjson.encode({limits = old, set_at = raw[6], set_by = raw[7]}),
+        cjson.encode({limits = new})}
+"""
+)
+
+# KEYS: the entry, the change log.  ARGV: forget a running entry ('1' / '0'), now, by, the
+# key, changes kept.  Returns 'forgotten', 'running' (kept) or 'absent'.
+_LUA_FORGET = """
+local e = redis.call('HMGET', KEYS[1], 'state', 'owner', 'started_at')
+if not e[1] then return 'absent' end
+if e[1] == 'running' and ARGV[1] ~= '1' then return 'running' end
+redis.call('DEL', KEYS[1])
+redis.call('LPUSH', KEYS[2], cjson.encode({at = ARGV[2], by = ARGV[3], action = 'forget_ledger',
+           target = {key = ARGV[4]}, old = {state = e[1], owner = e[2] or '',
+           started_at = tonumber(e[3] or '0')}, new = false}))
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
+return 'forgotten'
+"""
+
 # KEYS: a breaker's document.  The server's clock and the document, in one round trip: the
 # breakers' time is the server's, whatever the clocks of the hosts that share them.
 _LUA_DOC = "return {redis.call('TIME'), redis.call('GET', KEYS[1])}"
@@ -347,6 +424,8 @@ class RedisStore(_Backend):
         self._index = self._prefix + "cidx"  # sorted by expiry
         self._legacy_index = self._prefix + "counters"  # 0.3's plain set: read, then moved
         self._breaker_index = self._prefix + "bidx"  # breaker documents, scored by expiry
+        self._override_index = self._prefix + "oidx"  # limit overrides' hashes
+        self._change_log = self._prefix + "changes"  # newest first
         self._watch_error: type[BaseException] = redis.WatchError
         self._noscript: type[BaseException] = redis.exceptions.NoScriptError
         self._doc_sha = hashlib.sha1(_LUA_DOC.encode()).hexdigest()
@@ -368,6 +447,8 @@ class RedisStore(_Backend):
             self._lua_settle = self._r.register_script(_LUA_SETTLE)
             self._lua_claim = self._r.register_script(_LUA_CLAIM)
             self._lua_finish = self._r.register_script(_LUA_FINISH)
+            self._lua_override = self._r.register_script(_LUA_OVERRIDE)
+            self._lua_forget = self._r.register_script(_LUA_FORGET)
         except (ValueError, *self._errors) as exc:
             raise StoreError(
                 f"cannot use the Redis store {redact_url(url)}: {self._scrub(exc)}",
@@ -417,6 +498,7 @@ class RedisStore(_Backend):
         ]
         for c in counters:
             keys.extend(self._keys(c))
+            keys.append(self._override_key(c.scope, c.key, c.window))
             args.extend(
                 [
                     repr(c.expires_at) if c.expires_at is not None else "-1",
@@ -428,9 +510,17 @@ class RedisStore(_Backend):
         with self._errors_as_store_error():
             out = self._lua_reserve(keys=keys, args=args)
         nums = [int(x) for x in out]
-        used = tuple(_amounts(nums[2 + 5 * i : 7 + 5 * i]) for i in range(len(counters)))
+        n, width = len(counters), len(QUANTITIES)
+
+        def part(k: int, i: int) -> list[int]:  # block k (used, reserved, limits), counter i
+            start = 2 + width * (k * n + i)
+            return nums[start : start + width]
+
+        used = tuple(_amounts(part(0, i)) for i in range(n))
+        reserved = tuple(_amounts(part(1, i)) for i in range(n))
+        limits = tuple(tuple(None if v < 0 else v for v in part(2, i)) for i in range(n))
         refused = (nums[0] - 1, nums[1] - 1) if nums[0] else None
-        return Reserved(used, refused)
+        return Reserved(used, refused, reserved, limits)
 
     def _settle(
         self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
@@ -657,6 +747,125 @@ class RedisStore(_Backend):
         with self._errors_as_store_error():
             self._r.zrem(self._breaker_index, name)
             return bool(self._r.delete(name))
+
+    # -- operations --------------------------------------------------------------------------
+
+    def _override_key(self, scope: str, key: str, window: str) -> str:
+        return self._prefix + "o:" + "\x1f".join((scope, key, window))
+
+    def _overrides(self) -> list[LimitOverride]:
+        out: list[LimitOverride] = []
+        with self._errors_as_store_error():
+            names = sorted(self._r.smembers(self._override_index))
+            pipe = self._r.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(name)
+            for h in pipe.execute():
+                d = {k.decode(): v.decode() for k, v in h.items()}
+                if "scope" not in d:
+                    continue  # removed meanwhile
+                limits = tuple(int(d[q]) if q in d else None for q in QUANTITIES)
+                out.append(
+                    LimitOverride(
+                        d["scope"],
+                        d["key"],
+                        d["window"],
+                        limits,
+                        float(d.get("set_at") or 0),
+                        d.get("set_by", ""),
+                    )
+                )
+        return out
+
+    def _set_override(
+        self,
+        target: tuple[str, str, str],
+        updates: Mapping[int, int | None],
+        by: str,
+        action: str,
+        now: float,
+    ) -> tuple[LimitOverride | None, LimitOverride | None]:
+        values = [
+            "" if q not in updates else "-" if updates[q] is None else str(updates[q])
+            for q in range(len(QUANTITIES))
+        ]
+        with self._errors_as_store_error():
+            old_json, new_json = self._lua_override(
+                keys=[self._override_key(*target), self._override_index, self._change_log],
+                args=[repr(now), by, action, *target, CHANGES_KEPT, *values],
+            )
+        old, new = json.loads(old_json), json.loads(new_json)
+
+        def override(limits: Any, set_at: float, set_by: str) -> LimitOverride | None:
+            lt = limits_tuple(limits or None)
+            return None if lt is None else LimitOverride(*target, lt, set_at, set_by)
+
+        return (
+            override(old["limits"], float(old.get("set_at") or 0), str(old.get("set_by") or "")),
+            override(new["limits"], now, by),
+        )
+
+    def _log(self, change: Change) -> None:
+        record = json.dumps(change.as_dict(), ensure_ascii=False)
+        with self._errors_as_store_error():
+            pipe = self._r.pipeline(transaction=True)
+            pipe.lpush(self._change_log, record)
+            pipe.ltrim(self._change_log, 0, CHANGES_KEPT - 1)
+            pipe.execute()
+
+    def _changes(self, limit: int) -> list[Change]:
+        with self._errors_as_store_error():
+            raw = self._r.lrange(self._change_log, 0, max(0, limit - 1))
+        out = []
+        for item in raw:
+            try:
+                d = json.loads(item)
+                out.append(
+                    Change(
+                        float(d["at"]),
+                        str(d["by"]),
+                        str(d["action"]),
+                        dict(d.get("target") or {}),
+                        d.get("old") or None,  # cjson writes an absent value as false
+                        d.get("new") or None,
+                    )
+                )
+            except (ValueError, KeyError, TypeError):
+                log.warning("Redis store: an unreadable change log entry was skipped")
+        return out
+
+    def _ledger_rows(self) -> list[LedgerRow]:
+        head = self._prefix + "l:"
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in head) + "*"
+        now = self.now()
+        out = []
+        with self._errors_as_store_error():
+            names = list(self._r.scan_iter(match=pattern, count=500))
+            pipe = self._r.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(name)
+                pipe.pttl(name)
+            got = pipe.execute()
+        for n, name in enumerate(names):
+            h, ttl = got[2 * n], got[2 * n + 1]
+            if not h:
+                continue  # gone meanwhile
+            d = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in h.items()}
+            key = name.decode(errors="replace")[len(head) :]
+            e = _entry(
+                key, d.get("state", ""), d.get("owner", ""), d.get("started_at"), d.get("result")
+            )
+            expires = now + ttl / 1000 if ttl is not None and ttl >= 0 else None
+            out.append(LedgerRow(key, e.state, e.owner, e.started_at, expires, e.result, e.corrupt))
+        return out
+
+    def _forget(self, key: str, by: str, running: bool, now: float) -> str:
+        with self._errors_as_store_error():
+            out = self._lua_forget(
+                keys=[self._entry_key(key), self._change_log],
+                args=["1" if running else "0", repr(now), by, key, CHANGES_KEPT],
+            )
+        return out.decode() if isinstance(out, bytes) else str(out)
 
     def close(self) -> None:
         """Drop the expired members of the counter and breaker indexes (one command each,

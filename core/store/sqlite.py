@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,22 @@ from loopwarden.store import (
     _entry,
     _ident,
 )
+from loopwarden.store.admin import CHANGES_KEPT, Change, LedgerRow, LimitOverride
 from loopwarden.store.breakers import BreakerView
 
 __all__ = ["SQLiteStore"]
 
 log = logging.getLogger("loopwarden.store")
+
+
+def _json(text: object) -> Any:
+    """A stored JSON value (None for none, or for text that is not JSON)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _first_refused(
@@ -79,6 +91,16 @@ CREATE TABLE IF NOT EXISTS breakers (
     key TEXT PRIMARY KEY, doc TEXT NOT NULL, expires_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS breakers_expiry ON breakers (expires_at);
+CREATE TABLE IF NOT EXISTS overrides (
+    scope TEXT NOT NULL, key TEXT NOT NULL, window TEXT NOT NULL,
+    runs INTEGER, model_calls INTEGER, tool_calls INTEGER, tokens INTEGER, cost INTEGER,
+    set_at REAL NOT NULL, set_by TEXT NOT NULL,
+    PRIMARY KEY (scope, key, window)
+);
+CREATE TABLE IF NOT EXISTS changes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, by TEXT NOT NULL,
+    action TEXT NOT NULL, target TEXT NOT NULL, old TEXT, new TEXT
+);
 """
 
 #: expired rows a write deletes on its way (counters, reservations, ledger entries), on
@@ -120,13 +142,50 @@ _SQL_DROP = f"DELETE FROM reservations WHERE {_WHERE} AND token = ?"
 
 @lru_cache(maxsize=32)
 def _used_sql(n: int) -> str:
-    """One ``SELECT`` of ``n`` counters' rows and live reservations, tagged by counter index
-    and kind (0: the counter, with its expiry; 1: the sum of its live reservations)."""
+    """One ``SELECT`` of ``n`` counters' rows, live reservations and limit overrides, tagged
+    by counter index and kind (0: the counter, with its expiry; 1: the sum of its live
+    reservations; 2: an operator's override of its limits)."""
     return " UNION ALL ".join(
         f"SELECT {i}, 0, {_COLS}, expires_at FROM counters WHERE {_WHERE} UNION ALL "
-        f"SELECT {i}, 1, {_SUMS}, NULL FROM reservations WHERE {_WHERE} AND expires_at > ?"
+        f"SELECT {i}, 1, {_SUMS}, NULL FROM reservations WHERE {_WHERE} AND expires_at > ? "
+        f"UNION ALL SELECT {i}, 2, {_COLS}, NULL FROM overrides "
+        "WHERE scope = ? AND key = ? AND window = ?"
         for i in range(n)
     )
+
+
+def _effective(limits: Sequence[int | None], over: Sequence[Any] | None) -> tuple[int | None, ...]:
+    """A counter's limits with an override's (its non-NULL columns) in their place."""
+    if over is None:
+        return tuple(limits)
+    return tuple(o if o is not None else c for c, o in zip(limits, over, strict=True))
+
+
+def _override(row: Sequence[Any]) -> LimitOverride:
+    """An override from ``scope, key, window, <quantities>, set_at, set_by``."""
+    n = len(QUANTITIES)
+    limits = tuple(None if v is None else int(v) for v in row[3 : 3 + n])
+    return LimitOverride(
+        str(row[0]), str(row[1]), str(row[2]), limits, float(row[3 + n]), str(row[4 + n])
+    )
+
+
+def _units(o: LimitOverride | None) -> dict[str, int] | None:
+    """An override's limits as the change log keeps them (store units, by quantity)."""
+    if o is None:
+        return None
+    return {q: v for q, v in zip(QUANTITIES, o.limits, strict=True) if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class _Used:
+    """What one reserve's ``SELECT`` found (see :meth:`SQLiteStore._used`)."""
+
+    used: tuple[Amounts, ...]
+    reserved: tuple[Amounts, ...]
+    limits: tuple[tuple[int | None, ...], ...]
+    touch: list[bool]
+    stale: list[int]
 
 
 class SQLiteStore(_Backend):
@@ -245,14 +304,15 @@ class SQLiteStore(_Backend):
             delay = min(delay * 2, LOCK_RETRY_S[1])
 
     @staticmethod
-    def _used(
-        conn: sqlite3.Connection, counters: Sequence[Counter], now: float
-    ) -> tuple[tuple[Amounts, ...], list[bool], list[int]]:
-        """Per counter: committed plus live reserved amounts, and whether its row must be
-        written to be listed (absent, or with another expiry) -- one ``SELECT`` (per
+    def _used(conn: sqlite3.Connection, counters: Sequence[Counter], now: float) -> _Used:
+        """Per counter: committed plus live reserved amounts (and the reserved part), its
+        limits (an operator's override in place of the counter's), and whether its row must
+        be written to be listed (absent, or with another expiry) -- one ``SELECT`` (per
         :data:`_USED_CHUNK` counters); and which counters have an expired row not pruned
         yet (it counts nothing: the caller deletes it before writing)."""
         sums = [[0] * len(QUANTITIES) for _ in counters]
+        held = [[0] * len(QUANTITIES) for _ in counters]
+        over: list[Sequence[Any] | None] = [None] * len(counters)
         touch = [True] * len(counters)
         stale: list[int] = []
         for start in range(0, len(counters), _USED_CHUNK):
@@ -260,18 +320,28 @@ class SQLiteStore(_Backend):
             args: list[Any] = []
             for c in chunk:
                 ident = _ident(c)
-                args += [*ident, *ident, now]
+                args += [*ident, *ident, now, c.scope, c.key, c.window]
             for row in conn.execute(_used_sql(len(chunk)), args):
                 i = start + row[0]
+                if row[1] == 2:
+                    over[i] = row[2:7]
+                    continue
                 if row[1] == 0:
                     if row[7] is not None and row[7] <= now:
                         stale.append(i)
                         continue
                     touch[i] = row[7] != counters[i].expires_at
-                acc = sums[i]
-                for q in range(len(QUANTITIES)):
-                    acc[q] += row[2 + q] or 0
-        return tuple(_amounts(a) for a in sums), touch, stale
+                for acc in (sums[i], held[i]) if row[1] == 1 else (sums[i],):
+                    for q in range(len(QUANTITIES)):
+                        acc[q] += row[2 + q] or 0
+        limits = tuple(_effective(c.limits, o) for c, o in zip(counters, over, strict=True))
+        return _Used(
+            tuple(_amounts(a) for a in sums),
+            tuple(_amounts(a) for a in held),
+            limits,
+            touch,
+            stale,
+        )
 
     def _prune_due(self, conn: sqlite3.Connection, now: float) -> None:
         """Every :data:`PRUNE_EVERY`-th budget write: delete expired reservations and
@@ -316,11 +386,12 @@ class SQLiteStore(_Backend):
         now = self.now()
         with self._tx() as conn:
             self._prune_due(conn, now)
-            used, touch, stale = self._used(conn, counters, now)
-            for i, c in enumerate(counters):
-                q = _first_refused(used[i], amount, c.limits)
+            u = self._used(conn, counters, now)
+            used, touch, stale = u.used, u.touch, u.stale
+            for i in range(len(counters)):
+                q = _first_refused(used[i], amount, u.limits[i])
                 if q is not None:
-                    return Reserved(used, (i, q))
+                    return Reserved(used, (i, q), u.reserved, u.limits)
             if stale:  # an expired window's row, not pruned yet: it starts from nothing
                 conn.executemany(
                     f"DELETE FROM counters WHERE {_WHERE}", [_ident(counters[i]) for i in stale]
@@ -336,7 +407,7 @@ class SQLiteStore(_Backend):
                 conn.executemany(
                     _SQL_HOLD, [(token, *_ident(c), *amount, now + ttl_s) for c in counters]
                 )
-            return Reserved(used)
+            return Reserved(used, None, u.reserved, u.limits)
 
     def _settle(
         self, counters: Sequence[Counter], token: str, actual: Sequence[int] | None
@@ -478,6 +549,114 @@ class SQLiteStore(_Backend):
     def _drop_doc(self, key: str) -> bool:
         with self._tx() as conn:
             return conn.execute("DELETE FROM breakers WHERE key = ?", (key,)).rowcount > 0
+
+    # -- operations --------------------------------------------------------------------------
+
+    _OVERRIDE_COLS = f"scope, key, window, {_COLS}, set_at, set_by"
+
+    def _overrides(self) -> list[LimitOverride]:
+        with self._tx() as conn:
+            rows = conn.execute(f"SELECT {self._OVERRIDE_COLS} FROM overrides").fetchall()
+        return [_override(r) for r in rows]
+
+    def _set_override(
+        self,
+        target: tuple[str, str, str],
+        updates: Mapping[int, int | None],
+        by: str,
+        action: str,
+        now: float,
+    ) -> tuple[LimitOverride | None, LimitOverride | None]:
+        with self._tx() as conn:
+            row = conn.execute(
+                f"SELECT {self._OVERRIDE_COLS} FROM overrides "
+                "WHERE scope = ? AND key = ? AND window = ?",
+                target,
+            ).fetchone()
+            old = _override(row) if row is not None else None
+            limits = list(old.limits if old is not None else (None,) * len(QUANTITIES))
+            for q, v in updates.items():
+                limits[q] = v
+            new: LimitOverride | None = None
+            if any(v is not None for v in limits):
+                new = LimitOverride(*target, tuple(limits), now, by)
+                conn.execute(
+                    f"INSERT OR REPLACE INTO overrides ({self._OVERRIDE_COLS}) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (*target, *limits, now, by),
+                )
+            else:
+                conn.execute(
+                    "DELETE FROM overrides WHERE scope = ? AND key = ? AND window = ?", target
+                )
+            scope, key, window = target
+            if old is not None or new is not None:
+                target_doc = {"scope": scope, "key": key, "window": window}
+                self._append(conn, Change(now, by, action, target_doc, _units(old), _units(new)))
+        return old, new
+
+    @staticmethod
+    def _append(conn: sqlite3.Connection, change: Change) -> None:
+        """Append ``change`` to the log, dropping what falls past :data:`CHANGES_KEPT`."""
+        cur = conn.execute(
+            "INSERT INTO changes (at, by, action, target, old, new) VALUES (?,?,?,?,?,?)",
+            (
+                change.at,
+                change.by,
+                change.action,
+                json.dumps(change.target, ensure_ascii=False),
+                json.dumps(change.old, ensure_ascii=False),
+                json.dumps(change.new, ensure_ascii=False),
+            ),
+        )
+        if cur.lastrowid is not None and cur.lastrowid > CHANGES_KEPT:
+            conn.execute("DELETE FROM changes WHERE id <= ?", (cur.lastrowid - CHANGES_KEPT,))
+
+    def _log(self, change: Change) -> None:
+        with self._tx() as conn:
+            self._append(conn, change)
+
+    def _changes(self, limit: int) -> list[Change]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT at, by, action, target, old, new FROM changes ORDER BY id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [
+            Change(float(r[0]), str(r[1]), str(r[2]), _json(r[3]) or {}, _json(r[4]), _json(r[5]))
+            for r in rows
+        ]
+
+    def _ledger_rows(self) -> list[LedgerRow]:
+        now = self.now()
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT key, state, owner, started_at, result, expires_at FROM ledger "
+                "WHERE expires_at > ?",
+                (now,),
+            ).fetchall()
+        out = []
+        for r in rows:
+            e = _entry(str(r[0]), str(r[1]), str(r[2]), r[3], r[4])
+            out.append(
+                LedgerRow(e.key, e.state, e.owner, e.started_at, float(r[5]), e.result, e.corrupt)
+            )
+        return out
+
+    def _forget(self, key: str, by: str, running: bool, now: float) -> str:
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT state, owner, started_at FROM ledger WHERE key = ? AND expires_at > ?",
+                (key, now),
+            ).fetchone()
+            if row is None:
+                return "absent"
+            if row[0] == "running" and not running:
+                return "running"
+            conn.execute("DELETE FROM ledger WHERE key = ?", (key,))
+            old = {"state": row[0], "owner": row[1], "started_at": row[2]}
+            self._append(conn, Change(now, by, "forget_ledger", {"key": key}, old, None))
+        return "forgotten"
 
     def close(self) -> None:
         """Prune every expired row, then close: a store that is no longer written keeps

@@ -25,6 +25,10 @@ Drive it through a scripted run (the real loop; tools are yours, or scripted res
     assert result.termination == "forbidden_tool"
     assert refunds == []
 
+A deployment of your own plays a script through a scripted model --
+``make_deployment(model=ScriptedModel(script([...])))``, one per run (it keeps its place);
+``Deployment(model=script(...))`` fails when it is built, naming that call.
+
 pytest fixtures (``lw_clock``, ``lw_signals``, ``lw_hooks``, ``lw_deployment``) are active only
 when asked for, like pytester: ``pytest -p loopwarden.testing``, or
 ``pytest_plugins = ["loopwarden.testing"]`` in the root ``conftest.py``, or

@@ -257,8 +257,14 @@ def calibrated_config(
     margin: float = MARGIN,
     min_runs: int = MIN_RUNS,
     header: Iterable[str] = (),
+    keep: Mapping[str, tuple[int | None, str]] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The base config's data with the proposed limits, and its TOML text.
+
+    ``keep`` maps a dotted key (``plugins.<plugin>.<key>``, or ``profiles.<name>.<key>`` for
+    a calibrated profile) to the value written instead of the proposal and why (a value of
+    None: the key is left as the base has it, or out of the profile) -- what
+    ``loopwarden calibrate`` keeps where its proposal would do worse than the current config.
 
     Plugin-level limits come from all healthy runs together; a ``[profiles.<slug>]``
     (:func:`profile_names`) is proposed for every group with at least ``min_runs`` successful
@@ -269,6 +275,7 @@ def calibrated_config(
     data: dict[str, Any] = json.loads(json.dumps(base))  # a deep copy of plain TOML data
     pending: dict[str, list[str]] = {}
     lines = [*header]
+    kept = keep or {}
 
     def why(lim: Limit, part: Stats) -> str:
         metric = METRICS[lim.metric]
@@ -287,7 +294,13 @@ def calibrated_config(
                     f"{METRICS[lim.metric].label}, fewer than {min_runs}"
                 )
             continue
-        if known_key(lim.key):
+        if lim.key in kept:
+            instead, note = kept[lim.key]
+            if instead is not None:
+                _set(data, lim.key, instead)
+            shown = "left as it is" if instead is None else f"= {instead}"
+            lines.append(f"{lim.key} {shown}, not the proposed {value} ({why(lim, stats)}): {note}")
+        elif known_key(lim.key):
             _set(data, lim.key, value)
             lines.append(f"{lim.key} = {value}  ({why(lim, stats)})")
         else:
@@ -312,12 +325,21 @@ def calibrated_config(
                 f"({len(part.turns)} turns)"
             )
         }
+        left_out = []
         for lim in profile_limits:
             value, _ = propose_limit(lim, part, data, margin=margin, min_runs=min_runs)
-            if value is not None:
+            key = f"profiles.{names[group]}.{lim.key}"
+            if value is not None and key in kept:
+                instead, note = kept[key]
+                left_out.append(f"{lim.key} = {value}, {note}")
+                if instead is not None:
+                    prof[lim.key] = instead
+            elif value is not None:
                 prof[lim.key] = value
         data.setdefault("profiles", {})[names[group]] = prof
         got = ", ".join(f"{k} = {v}" for k, v in prof.items() if k != "description")
-        lines.append(f"[profiles.{names[group]}] {got or 'no limit with enough data'}")
+        none = "no limit that does no worse" if left_out else "no limit with enough data"
+        lines.append(f"[profiles.{names[group]}] {got or none}")
+        lines.extend(f"  not written: {x}" for x in left_out)
     text = "\n".join(f"# {x}" if x else "#" for x in lines) + "\n\n" + dump_toml(data, pending)
     return data, text

@@ -72,9 +72,13 @@ def file_label(path: str | Path) -> str:
     return name or "file"
 
 
-def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+def iter_trajectories(
+    path: str | Path, *, without_trajectory: list[int] | None = None
+) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """(line number, trajectory or None for an unreadable line) for each non-blank line of a
-    plain or gzip-compressed JSONL file (:func:`read_lines`).
+    plain or gzip-compressed JSONL file (:func:`read_lines`).  A run record written without
+    its trajectory is None too, and its line number is added to ``without_trajectory`` when
+    given (so a caller can say how to record trajectories instead of "unreadable").
 
     Unreadable: not strict JSON (see :func:`loopwarden.sanitize.loads_strict` -- ``NaN``,
     ``1e999``, huge integers, deep nesting), or not the trajectory shape.  A lone surrogate or
@@ -90,6 +94,8 @@ def iter_trajectories(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | 
             continue
         obj = from_run_record(obj)
         if not _well_formed(obj):
+            if without_trajectory is not None and is_run_record(obj):
+                without_trajectory.append(lineno)
             yield lineno, None
             continue
         yield lineno, obj
@@ -113,25 +119,6 @@ def from_run_record(obj: Any) -> Any:
         "steps": obj["trajectory"],
         "final_answer_present": bool(obj.get("final_answer_present")),
     }
-
-
-def run_records_without_trajectory(path: str | Path, limit: int = 5) -> bool:
-    """Whether the first readable lines of ``path`` are run records without a trajectory (so
-    the command can say how to record trajectories instead of "unreadable")."""
-    seen = 0
-    for line in read_lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = loads_strict(line)
-        except ValueError:
-            return False
-        if is_run_record(obj) and not isinstance(obj.get("trajectory"), list):
-            return True
-        seen += 1
-        if seen >= limit:
-            return False
-    return False
 
 
 def _well_formed(obj: Any) -> bool:

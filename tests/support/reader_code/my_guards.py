@@ -13,5 +13,9 @@ class NoRefunds(Plugin):
     @hookimpl
     def before_tool(self, run: Any, call: Any) -> Any:
         if call.name == "apply_refund":
-            return self.stop("forbidden_tool", tool=call.name)
+            return self.stop(
+                "forbidden_tool",
+                tool=call.name,
+                answer="I can't issue refunds here; nothing was refunded.",
+            )
         return None
