@@ -181,3 +181,20 @@ def test_an_identical_failure_among_new_answers_is_stopped_late() -> None:
         d = f.call("get_table_schema", {"table": f"t{i}"})
         f.tool(d, make_tool_result(f"t{i}: id INTEGER, name TEXT, v{i} TEXT"))
     assert kinds(out) == [None, "warn"] + [None] * 6
+
+
+def test_the_time_value_setting_reaches_the_engine() -> None:
+    """``[run] time_value_chars`` is what every detector's digest uses (fails before: the
+    engine built its masks without it, so the setting had no effect)."""
+    from loopwarden import Deployment
+    from loopwarden.config import parse_config
+
+    answer = "It is 10:42:07 now."
+    kept = Deployment(parse_config({}))
+    masked = Deployment(parse_config({"run": {"time_value_chars": 0}}))
+    try:
+        assert kept.engine.answers.mask(answer) == answer
+        assert masked.engine.answers.mask(answer) != answer
+    finally:
+        kept.close()
+        masked.close()

@@ -86,7 +86,11 @@ class Engine:
         self.texts = settings.texts
         self.fingerprint = Fingerprinter(settings.volatile_keys)
         #: what tool answers say, volatile parts masked: every detector's result digest
-        self.answers = AnswerMasks(settings.volatile_patterns, enabled=settings.mask_volatile)
+        self.answers = AnswerMasks(
+            settings.volatile_patterns,
+            enabled=settings.mask_volatile,
+            time_value_chars=settings.time_value_chars,
+        )
         #: what both turns share: the hooks, settings and texts, and the verdict handling
         self.guards = Guards(self.hooks, settings, self.shadow)
         self.model_turn = self.model_turn_type(self.guards, self.fingerprint)
