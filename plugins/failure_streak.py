@@ -28,6 +28,14 @@ failure before it is an agent trying things -- install, edit, run again and meet
 Y``) extends it.  Failures of read-only tools (a lookup that finds nothing, with
 one id after another) extend the streak whatever they say.
 
+A streak that is one call failing the same way again and again -- the same tool and arguments,
+the same failure -- is a repeat: the evidence that an agent will not escape it is how often it
+repeats, and agents do retry a failing command a few times before moving on (a compiler that
+is not installed, run four times).  Such a streak stops at ``same_call_stop_after`` (5, the
+fifth identical call, as ``repeat_call`` stops) instead of ``stop_after``; it warns as any
+streak does.  Streaks of different calls -- different actions each answered ``Invalid
+action!`` -- stop at ``stop_after``.
+
 With ``across_turns`` (default) the streak carries on through the conversation's next user
 turn: a booking that fails, is discussed with the user, and fails again with the same kind of
 error is the same streak.  Only a success resets it.
@@ -80,6 +88,13 @@ class FailureStreakSettings(PluginSettings):
         default=2,
         ge=1,
         description="failed results in a row that warn (null: never warn); below stop_after",
+    )
+    same_call_stop_after: int = Field(
+        default=5,
+        ge=1,
+        description="a streak of one call (the same tool and arguments) failing the same way "
+        "each time stops here instead of at stop_after (the higher of the two applies): a "
+        "repeat, judged by how often it repeats",
     )
     patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PATTERNS),
@@ -146,6 +161,10 @@ class _Streak:
     failures: deque[dict[str, str]]  # the latest failures of the streak (evidence)
     streak: int = 0  # failed rounds in a row
     last_digest: str | None = None  # the output of the streak's latest failure
+    #: (call fingerprint, failure) of the streak's first failure, and whether every failure
+    #: since was the same call failing the same way
+    first_key: tuple[str, str] | None = None
+    same_call: bool = True
     latest_tool: str = ""  # the latest failure's tool, for a note (see loopwarden.notes)
 
 
@@ -220,6 +239,11 @@ class FailureStreak(Plugin[FailureStreakSettings]):
                 if call.may_change_state and same_as != box.last_digest:
                     st.round_news = True
                 box.last_digest = same_as
+                key = (call.fingerprint, same_as)
+                if box.first_key is None:
+                    box.first_key, box.same_call = key, True
+                elif key != box.first_key:
+                    box.same_call = False
                 box.latest_tool = tool_name(call)
                 box.failures.append(
                     {
@@ -239,6 +263,7 @@ class FailureStreak(Plugin[FailureStreakSettings]):
             box.failures.clear()
             box.last_digest = None
             box.latest_tool = ""
+            box.first_key, box.same_call = None, True
             return None
         st.round_counted = 0  # judged
         s = self.settings
@@ -247,20 +272,27 @@ class FailureStreak(Plugin[FailureStreakSettings]):
             box.streak = 0
             while len(box.failures) > 1:
                 box.failures.popleft()
+            box.first_key, box.same_call = None, True
+        if box.first_key is None:  # (the round's failures started this streak afresh)
+            box.first_key = (call.fingerprint, box.last_digest or "")
         box.streak += 1
+        # (one failure is no repeat yet: a streak of one call is judged so from its second)
+        repeat = box.same_call and box.streak >= 2
+        threshold = max(s.stop_after, s.same_call_stop_after) if repeat else s.stop_after
         latest = box.failures[-1] if box.failures else {"tool": call.name, "error": ""}
         error = latest["error"]
         evidence: dict[str, Any] = dict(
             count=box.streak,
             streak=box.streak,
-            threshold=s.stop_after,
+            threshold=threshold,
+            same_call=repeat,
             failures=list(box.failures),
             tool=latest["tool"],
             step=run.step,
         )
         # the error line and a made-up tool name are model / tool text: quoted as data
         fields = dict(count=box.streak, error=error, tool=box.latest_tool or tool_name(call))
-        if box.streak >= s.stop_after:
+        if box.streak >= threshold:
             return self.stop(
                 "failure_streak",
                 soft=s.soft,

@@ -24,6 +24,12 @@ action!``, ``Could not find X. Similar: [...]``; :mod:`loopwarden.plugins._failu
 matching ``empty_patterns``, or JSON that holds nothing (``[]``, ``{}``, objects whose values
 are all null or empty).
 
+A streak that is one call answered the same way again and again (the same tool and arguments,
+the same result) is a repeat: agents retry a few times before they move on, and the loops that
+must be stopped repeat five times or more, so such a streak stops at ``same_call_stop_after``
+stalled rounds (4: the fifth identical call, as ``repeat_call`` stops) instead of
+``stop_after``; it warns as any streak does.
+
 A parallel batch (the tool calls of one model turn) is one round: it is stalled when every
 result in it is, and strong when one of them is.  The run record's ``stall_rounds`` counts
 stalled rounds.
@@ -90,6 +96,13 @@ class StallSettings(PluginSettings):
         default=2,
         ge=1,
         description="stalled rounds in a row that warn (null: never warn); below stop_after",
+    )
+    same_call_stop_after: int = Field(
+        default=4,
+        ge=1,
+        description="stalled rounds that stop the run when every one is the same call "
+        "answered the same way again (the higher of this and stop_after applies; 4: the "
+        "fifth identical call)",
     )
     sweep_stop_after: int = Field(
         default=0,
@@ -184,6 +197,9 @@ class _State:
     round_strong: bool = False  # one of them strongly
     round_best: float = 0.0
     round_digest: str | None = None  # the round's latest real result (None: nothing real yet)
+    round_same: bool = True  # every result of the round repeats the same call's own result
+    round_fp: str | None = None  # the round's call, while it has one fingerprint
+    same_fp: str | None = None  # the streak's call, while every round is that call again
 
 
 class Stall(Plugin[StallSettings]):
@@ -269,6 +285,7 @@ class Stall(Plugin[StallSettings]):
         if new_round:
             st.round_stalled, st.round_strong, st.round_best = True, False, 0.0
             st.round_digest = None
+            st.round_same, st.round_fp = True, None
         tool = call.tool
         # skipped calls' synthetic observations never count, nor a hand-off's or a wait's
         # answer (undeclared tools whose repeats are expected)
@@ -278,8 +295,14 @@ class Stall(Plugin[StallSettings]):
             return None  # judged once its last call is in, if anything real was in it
         if not st.round_stalled:
             st.streak = st.strong = 0
+            st.same_fp = None
             return None
         st.round_stalled = False  # judged: later calls of this turn start nothing new
+        same = st.round_same and st.round_fp is not None
+        if st.streak == 0:
+            st.same_fp = st.round_fp if same else None
+        elif not same or st.round_fp != st.same_fp:
+            st.same_fp = None
         st.streak += 1
         st.strong += 1 if st.round_strong else 0
         run.stash[self.stalled] = run.stash.get(self.stalled, 0) + 1
@@ -295,12 +318,10 @@ class Stall(Plugin[StallSettings]):
         # the same result (``cd repo/`` once more): then it evidently changed nothing; nor
         # did a failure read from its text (``Invalid action!``: the action was refused).
         failed_in_text = result.ok and self._shapes.match(result.content[: s.max_chars]) is not None
-        changed_world = (
-            result.ok
-            and not failed_in_text
-            and call.may_change_state
-            and not any(d == digest and f == fp for d, _, f, _, _ in st.recent)
-        )
+        again = any(d == digest and f == fp for d, _, f, _, _ in st.recent)
+        changed_world = result.ok and not failed_in_text and call.may_change_state and not again
+        st.round_same = st.round_same and again and st.round_fp in (None, fp)
+        st.round_fp = fp
         best, strong = 0.0, False
         if not changed_world and st.recent:  # (a change is progress: nothing to compare)
             best, strong = self._similarity(
@@ -315,11 +336,15 @@ class Stall(Plugin[StallSettings]):
 
     def _verdict(self, run: Run, call: ToolCall, st: _State, digest: str) -> Verdict | None:
         s = self.settings
+        threshold = (
+            max(s.stop_after, s.same_call_stop_after) if st.same_fp is not None else s.stop_after
+        )
         evidence: dict[str, Any] = dict(
             count=st.streak,
             streak=st.streak,
             strong=st.strong,
-            threshold=s.stop_after,
+            threshold=threshold,
+            same_call=st.same_fp is not None,
             sweep_threshold=s.sweep_stop_after,
             similarity=round(st.round_best, 3),
             similarity_threshold=s.similarity,
@@ -332,7 +357,7 @@ class Stall(Plugin[StallSettings]):
             rule="repeat" if st.round_strong else "sweep",
         )
         fields = dict(count=st.streak, tool=tool_name(call))  # a made-up name: quoted
-        if st.strong >= s.stop_after or (s.sweep_stop_after and st.streak >= s.sweep_stop_after):
+        if st.strong >= threshold or (s.sweep_stop_after and st.streak >= s.sweep_stop_after):
             return self.stop(
                 "stall", soft=s.soft, message=render_note(s.stop_message, **fields), **evidence
             )

@@ -236,3 +236,27 @@ def test_the_streak_carries_on_into_the_next_user_turn() -> None:
         )
         is None
     )
+
+
+def test_one_call_failing_the_same_way_stops_at_the_fifth() -> None:
+    """A compiler that is not installed, run again and again: a repeat, judged by how often it
+    repeats -- warned at the second failure, stopped at the fifth identical call, not the
+    third (agents retry a few times and move on; loops repeat five times or more)."""
+    f = feed()
+    got = []
+    for line in (12, 15, 18, 21, 24):
+        c = f.call("bash", {"command": "gcc -o app main.c"})
+        text = f"/bin/bash: line {line}: gcc: command not found"
+        got.append(kinds([f.after(c, make_tool_result(text))])[0])
+    assert got == [None, "warn", None, None, "stop:failure_streak"]
+    stop = f.verdicts[-1]
+    assert isinstance(stop, Stop) and stop.evidence["same_call"] is True
+    assert stop.evidence["threshold"] == 5
+    # the same failures from calls that differ: a streak, stopped at stop_after (3)
+    f = feed()
+    got = []
+    for i, line in enumerate((12, 15, 18)):
+        c = f.call("bash", {"command": f"gcc -O{i} -o app main.c"})
+        text = f"/bin/bash: line {line}: gcc: command not found"
+        got.append(kinds([f.after(c, make_tool_result(text))])[0])
+    assert got == [None, "warn", "stop:failure_streak"]

@@ -188,9 +188,10 @@ def test_a_successful_side_effect_is_progress_however_similar_its_echo() -> None
                 )
             ]
         )[0]
-        for _ in range(4)
+        for _ in range(5)
     ]
-    assert got == [None, None, "warn", "stop:stall"]
+    # (one call failing the same way is a repeat: stopped at the fifth identical call)
+    assert got == [None, None, "warn", None, "stop:stall"]
 
 
 # -- the same answer to a different question is news ------------------------------------------
@@ -273,9 +274,23 @@ def test_failures_to_different_questions_are_weak_evidence() -> None:
 
 
 def test_the_same_call_with_the_same_answer_is_a_stall() -> None:
+    """One call answered the same way again and again is a repeat: warned at the third,
+    stopped at the fifth identical call (same_call_stop_after); stop_after applies to a
+    streak of different calls (the strict reading below, rephrased queries)."""
     f = feed()
+    got = observe_calls(f, *[({"sku": "A"}, "in stock")] * 5)
+    assert got == [None, None, "warn", None, "stop:stall"]
+    f = feed(same_call_stop_after=3)
     got = observe_calls(f, *[({"sku": "A"}, "in stock")] * 4)
     assert got == [None, None, "warn", "stop:stall"]
+
+
+def test_a_streak_that_mixes_calls_stops_at_stop_after() -> None:
+    """Two calls taking turns, each answered as before, are not one call repeating."""
+    f = feed()
+    calls = [({"sku": "A"}, "in stock"), ({"sku": "B"}, "in stock")] * 3
+    got = observe_calls(f, *calls)
+    assert got == [None, None, None, "warn", "stop:stall", "stop:stall"]
 
 
 def test_any_counts_every_repeat_the_strict_reading() -> None:
