@@ -98,7 +98,7 @@ class ConversationLimitsSettings(BudgetSettings):
         "them is refused (max_turns, rule loop_stops)",
     )
     max_model_calls: int | None = Field(
-        default=115,
+        default=165,
         ge=1,
         description="model calls per conversation, the final wrap-up turn included",
     )

@@ -26,7 +26,7 @@ class MaxStepsSettings(PluginSettings):
     """``[plugins.max_steps]``."""
 
     max_steps: int = Field(
-        default=115,
+        default=165,
         ge=1,
         description="model calls allowed per run, the soft stop's final turn included "
         "(a run profile's max_steps overrides it)",

@@ -22,7 +22,7 @@ actions, the same search again -- is a cycle of any period up to ``max_long_peri
 length, while matching proposals alone stays short (a longer cycle of proposals can be an
 agent re-checking things whose answers changed).  The bound: the second repetition of a
 period-``p`` cycle ends at call ``2p``, and the stop comes at the next hit, call ``2p + 1``; a
-stop that comes after half the shipped step cap (115) saves little, so ``2p + 1 <= 57``, p <=
+stop that comes after a third of the shipped step cap (165) saves little, so ``2p + 1 <= 57``, p <=
 28.  Among recorded successful runs (518 customer-service, 179 coding) not one repeats a
 sequence of calls with the same answers twice at any period from 2 to 60, so precision does
 not bound it; memory and work per call are O(``max_long_period``).

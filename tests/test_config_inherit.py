@@ -289,7 +289,7 @@ def test_show_fills_in_plugin_defaults_as_built_in(
     write(tmp_path / "c.toml", '[plugins]\nenabled = ["max_steps"]\n')
     lines = show_text("c.toml").splitlines()
     assert lines[0] == "# the effective config of c.toml"
-    assert "plugins.max_steps.max_steps = 115  # built-in" in lines
+    assert "plugins.max_steps.max_steps = 165  # built-in" in lines
     # the shipped profiles are built into a file that extends nothing: from the shipped file
     line = shipped_line("profiles.simple.max_steps")
     assert f"profiles.simple.max_steps = 15  # defaults:{line}" in lines
@@ -385,7 +385,7 @@ def test_editing_the_repository_config_toml_leaves_the_shipped_default_alone(
     cfg = load_config(copy)
     assert cfg.plugins.tables()["max_steps"]["max_steps"] == 7
     assert default_config_path().read_bytes() == before
-    assert load_config(default_config_path()).plugins.tables()["max_steps"]["max_steps"] == 115
+    assert load_config(default_config_path()).plugins.tables()["max_steps"]["max_steps"] == 165
 
 
 # -- where keys are written -------------------------------------------------------------------

@@ -76,11 +76,12 @@ def test_strict_runs_with_the_values_the_page_states() -> None:
     assert cfg.plugins.enabled == [*SHIPPED.plugins.enabled, "spend_limits"]
     assert str(tables["cost_budget"]["max_cost"]) == "0.5"
     assert tables["repeat_call"]["soft"] is False
-    assert tables["repeat_call"]["stop_at_repeat"] == 2  # inherited: the second identical call
+    assert tables["repeat_call"]["stop_at_repeat"] == 2  # the third identical call
     assert (tables["failure_streak"]["stop_after"], tables["failure_streak"]["warn_after"]) == (
         2,
         1,
     )
+    assert tables["failure_streak"]["same_call_stop_after"] == 2
     # what the file does not write is the shipped default
     assert (
         cfg.model == SHIPPED.model
@@ -100,7 +101,7 @@ def test_lenient_runs_with_the_values_the_page_states() -> None:
     assert cfg.plugins.enabled == [
         n for n in SHIPPED.plugins.enabled if n not in ("no_progress", "stall")
     ]
-    assert tables["repeat_call"]["stop_at_repeat"] == 4 and tables["repeat_call"]["soft"] is True
+    assert tables["repeat_call"]["stop_at_repeat"] == 7 and tables["repeat_call"]["soft"] is True
     assert (tables["failure_streak"]["stop_after"], tables["failure_streak"]["warn_after"]) == (
         6,
         4,

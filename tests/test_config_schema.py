@@ -81,7 +81,7 @@ def test_builtin_plugin_settings_are_described(schema: dict[str, Any]) -> None:
     plugins = schema["properties"]["plugins"]["properties"]
     assert plugins["max_steps"]["$ref"] == "#/$defs/MaxStepsSettings"
     steps = schema["$defs"]["MaxStepsSettings"]["properties"]["max_steps"]
-    assert steps["type"] == "integer" and steps["minimum"] == 1 and steps["default"] == 115
+    assert steps["type"] == "integer" and steps["minimum"] == 1 and steps["default"] == 165
     assert steps["description"]
 
 

@@ -128,7 +128,7 @@ def test_long_period_is_validated() -> None:
 def test_loop_long_cycle_scenarios_are_stopped(
     name: str, period: int, shipped_config: Config, deployment_factory: Any
 ) -> None:
-    """loop (without the long bound both run to the step cap, 115 turns)."""
+    """loop (without the long bound both run to the step cap, 165 turns)."""
     rec = deployment_factory(shipped_config).run(scenario=SCENARIOS / f"{name}.toml").record()
     assert rec["termination"] == "oscillation"
     assert rec["evidence"]["period"] == period

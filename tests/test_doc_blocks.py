@@ -190,11 +190,11 @@ PY_PAGES = _pages(PYTHON)
 PRINTS: dict[str, list[str]] = {
     "docs/real-traffic.md": ["max_turns None"],
     "docs/adapters.md": [
-        "failure_streak True",
+        "repeat_call True",
         "Here is the last information I found: NOT_FOUND: order 99 does not exist",
         "None False 1",
         "Your refund is on its way.",
-        "failure_streak failure_streak True True",
+        "repeat_call repeat_call True True",
         "I could not find order 99.",
     ],
 }

@@ -143,7 +143,7 @@ QUOTED = {
     "overview quality": (
         "docs/overview.md",
         r"\(`python bench/quality.py`, (\d+) scenarios, .*?\): every runaway stopped, no "
-        r"healthy scenario stopped, median (\d+) step past onset",
+        r"healthy scenario stopped, median (\d+) steps? past onset",
     ),
     "real-traffic tokens": (
         "docs/real-traffic.md",
