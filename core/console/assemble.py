@@ -79,10 +79,14 @@ def store_view(config: Config, shared: Shared) -> StoreView:
         reset,
         budgets_note=""
         if "spend_limits" in enabled
-        else "spend_limits is not enabled in this config: nothing counts spend per scope.",
+        else "spend_limits is not enabled in this config: its runs count no spend and no limit "
+        "is shown; any rows here were counted by runs of another config (such as `loopwarden "
+        "demo`'s console sample).",
         breakers_note=""
         if "circuit_breaker" in enabled
-        else "circuit_breaker is not enabled in this config: no run asks a breaker.",
+        else "circuit_breaker is not enabled in this config: its runs ask no breaker; any "
+        "breakers here were kept by runs of another config (such as `loopwarden demo`'s "
+        "console sample).",
     )
 
 
