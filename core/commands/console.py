@@ -82,8 +82,8 @@ def main(args: argparse.Namespace) -> int:
     if not console.index.records.is_file():
         print(
             f"loopwarden console: no run records yet at {console.index.records} -- the page "
-            "fills as runs are recorded (enable the run_record plugin; e.g. "
-            "LOOPWARDEN_PLUGINS=run_record loopwarden demo --observers)",
+            "fills as runs are recorded (`loopwarden demo` keeps a sample; your own runs "
+            "record with the run_record plugin enabled)",
             file=sys.stderr,
         )
     try:
