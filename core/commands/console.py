@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from urllib.parse import quote
 
     from loopwarden.config import load_config
-    from loopwarden.console.assemble import console_from_config
+    from loopwarden.console.assemble import BACKGROUND_INDEX_BYTES, console_from_config
     from loopwarden.console.server import make_server
     from loopwarden.store import Shared
 
@@ -77,7 +77,12 @@ def main(args: argparse.Namespace) -> int:
     shared = Shared(config.store)
     records = Path(args.records).expanduser() if args.records else None
     console = console_from_config(
-        config, shared, records=records, token=token, allow_resets=args.allow_resets
+        config,
+        shared,
+        records=records,
+        token=token,
+        allow_resets=args.allow_resets,
+        background_over=BACKGROUND_INDEX_BYTES,  # answer at once, say "indexing N%"
     )
     if not console.index.records.is_file():
         print(
