@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import sys
 import threading
+import time
 import types
 import uuid
 import warnings
@@ -309,6 +310,9 @@ class Run:
         self.started_at: float = self.clock.now()
         #: the time on ``clock`` it ended, or None while it runs
         self.ended_at: float | None = None
+        #: the wall-clock time (epoch seconds) the run started: a real time even when
+        #: ``clock`` is a FakeClock (``run_record`` writes it as ``started_at``)
+        self.wall_started_at: float = time.time()
         #: the conversation so far, in OpenAI chat format (the loop appends; do not mutate)
         self.messages: list[dict[str, Any]] = []
         #: estimated tokens of ``messages`` (maintained incrementally)

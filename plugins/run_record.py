@@ -12,6 +12,10 @@ descriptors left, a path that is a directory, a FIFO or a device) is reported th
 log line, the ``record-failed`` signal (``metrics`` counts it as
 ``record_write_failures_total``) and an entry in the run's ``errors``.
 
+Always added: ``started_at`` and ``ended_at``, the run's start and the record's write as
+wall-clock epoch seconds (floats) -- real times even when the run's clock is a FakeClock (the
+demo's, a test's) -- so the console and ``report`` can place a run in time.
+
 Optional additions (the contract's fields are never changed, only added to):
 
 ``trajectory = true``     the run as trajectory steps (``trajectory``: content, tool calls,
@@ -34,6 +38,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,6 +281,9 @@ class RunRecord(Plugin[RunRecordSettings]):
     def build(self, run: Run, record: Mapping[str, Any]) -> dict[str, Any]:
         """The line to write: the record plus the configured additions, redacted."""
         out = dict(record)
+        # wall-clock times, not the run's clock (a FakeClock in the demo and in tests)
+        out.setdefault("started_at", round(run.wall_started_at, 6))
+        out.setdefault("ended_at", round(time.time(), 6))
         if self.settings.steps_detail:
             out["steps_detail"] = list(self.state(run))
         if self.settings.trajectory:

@@ -403,3 +403,60 @@ def test_figures_over_a_large_file_never_make_a_page_wait(made: Made, tmp_path: 
     assert fig is not None
     assert fig["report"] == analyse(load_records(made.records).records)
     assert json.loads(get(app, "/api/overview").body)["report"]["runs"] == fig["report"]["runs"]
+
+
+def test_a_first_index_in_the_background_says_how_far_it_is_then_serves(
+    made: Made, tmp_path: Path
+) -> None:
+    """The server answers at once; until the first pass is done, a page says "indexing N%"
+    and reloads itself, the API answers 503 -- then both serve the records."""
+    import threading
+
+    from loopwarden.console.index import RecordIndex
+
+    gate = threading.Event()
+
+    class Gated(RecordIndex):  # the real index, held at the start until the test says so
+        def refresh(self) -> int:
+            gate.wait(10)
+            return super().refresh()
+
+    app = Console(Gated(made.records, tmp_path / "index.sqlite3"))
+    thread = app.index_in_background()
+    try:
+        waiting = get(app, "/")
+        assert waiting.status == 503 and waiting.header("Refresh") == "2"
+        assert "indexing 0%" in parse(waiting).one("p", id="message").text()
+        api = get(app, "/api/runs")
+        assert api.status == 503 and json.loads(api.body) == {"indexing": True, "percent": 0}
+        assert get(app, "/healthz").status == 200  # the server itself is up
+        gate.set()
+        thread.join(10)
+        assert app.ready.is_set()
+        done, size = app.index.progress()
+        assert done == size == made.records.stat().st_size
+        ready = get(app, "/runs")
+        assert ready.status == 200 and ready.header("Refresh") is None
+        lines = made.records.read_text(encoding="utf-8").splitlines()
+        shown = parse(ready).one("p", id="runs-count").one("b").text()
+        assert shown == f"{len(lines):,}" and len(lines) > 1
+    finally:
+        gate.set()
+        thread.join(10)
+        app.index.close()
+
+
+def test_the_console_indexes_in_the_background_past_a_size(made: Made, tmp_path: Path) -> None:
+    config = load_config(str(made.config))
+    shared = Shared(config.store)
+    small = console_from_config(config, shared, index_file=tmp_path / "a.sqlite3")
+    assert small.ready.is_set() and small.index.count() > 0  # indexed before it returned
+    big = console_from_config(config, shared, index_file=tmp_path / "b.sqlite3", background_over=0)
+    try:
+        assert big.ready.wait(10)
+        assert big.index.count() == small.index.count()
+        assert get(big, "/runs").status == 200
+    finally:
+        small.index.close()
+        big.index.close()
+        shared.close()

@@ -42,8 +42,14 @@ def test_every_source_package_and_data_file_is_in_the_wheel(wheel: zipfile.ZipFi
             if "__pycache__" in rel:
                 continue
             assert f"{dest}/{rel}" in names, f"{src}/{rel} is missing from the wheel"
-    for data in ("py.typed", "default_config.toml"):
-        assert f"loopwarden/{data}" in names
+    for data in (
+        "py.typed",
+        "default_config.toml",
+        "grafana/loopwarden.json",  # the Grafana dashboard docs/observability.md imports
+        "console/static/console.css",  # the console's assets ship in the package (no CDN)
+        "console/static/console.js",
+    ):
+        assert f"loopwarden/{data}" in names, f"{data} is missing from the wheel"
     shipped = {p.name for p in (ROOT / "core" / "demo" / "scenarios").glob("*.toml")}
     in_wheel = {n.rsplit("/", 1)[1] for n in names if n.startswith("loopwarden/demo/scenarios/")}
     assert shipped and shipped <= in_wheel

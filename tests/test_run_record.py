@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+#: the wall-clock fields the plugin adds to what ``Run.record()`` says
+WALL_TIMES = ("started_at", "ended_at")
+
+
+def _untimed(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in WALL_TIMES}
+
+
 def test_each_run_appends_its_record(
     tmp_path: Path,
     make_config: Callable[..., Config],
@@ -43,7 +52,7 @@ def test_each_run_appends_its_record(
     dep = _deployment(make_config, deployment_factory, path=str(path))
     runs = [dep.run(scenario="refund"), dep.run(scenario=ALWAYS_NOT_FOUND)]
     lines = _lines(path)
-    assert lines == [r.record() for r in runs]
+    assert [_untimed(line) for line in lines] == [r.record() for r in runs]
     for line in lines:
         assert set(line) >= RECORD_FIELDS
         assert "trajectory" not in line and "steps_detail" not in line
@@ -64,7 +73,7 @@ def test_trajectory_and_steps_detail_only_add_fields(
     (line,) = _lines(path)
     record = run.record()
     assert {k: line[k] for k in record} == record  # the contract's fields intact
-    assert set(line) - set(record) == {"trajectory", "steps_detail"}
+    assert set(line) - set(record) == {"trajectory", "steps_detail", *WALL_TIMES}
     assert line["trajectory"] == run.trajectory()
     detail = line["steps_detail"]
     assert [d["step"] for d in detail] == list(range(1, record["steps"] + 1))
@@ -114,7 +123,7 @@ def test_a_truncated_last_line_is_left_behind_on_its_own_line(
     assert len(raw) == 3
     assert json.loads(raw[0]) == good
     assert raw[1] == '{"run_id": "cut", "termination": "max_st'
-    assert json.loads(raw[2]) == run.record()
+    assert _untimed(json.loads(raw[2])) == run.record()
     loaded = read_records(raw)
     assert [r["run_id"] for r in loaded.records] == ["old", run.run_id]
     assert loaded.skipped == 1 and loaded.skipped_lines == [2]
@@ -195,7 +204,7 @@ def test_default_path_is_in_the_data_directory(
     dep = _deployment(make_config, deployment_factory)
     run = dep.run(scenario="refund")
     path = _isolated_data_dir / "runs.jsonl"
-    assert _lines(path) == [run.record()]
+    assert [_untimed(line) for line in _lines(path)] == [run.record()]
 
 
 def test_shipped_config_lists_but_does_not_enable_run_record(shipped_config: Config) -> None:
@@ -204,3 +213,23 @@ def test_shipped_config_lists_but_does_not_enable_run_record(shipped_config: Con
     enabled = shipped_config.plugins.enabled
     observers = [n for n in enabled if n in ("logging", "metrics", "alerting")]
     assert observers == ["logging", "metrics", "alerting"]
+
+
+def test_records_carry_wall_clock_times_even_on_a_fake_clock(
+    tmp_path: Path,
+    make_config: Callable[..., Config],
+    deployment_factory: Callable[..., Deployment],
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    dep = _deployment(make_config, deployment_factory, path=str(path))  # a FakeClock at 0
+    before = time.time()
+    runs = [dep.run(scenario="refund"), dep.run(scenario=ALWAYS_NOT_FOUND)]
+    after = time.time()
+    lines = _lines(path)
+    assert len(lines) == len(runs) == 2
+    for line in lines:
+        assert isinstance(line["started_at"], float) and isinstance(line["ended_at"], float)
+        # rounded to microseconds when written
+        assert before - 1e-6 <= line["started_at"] <= line["ended_at"] <= after + 1e-6
+    assert lines[0]["ended_at"] <= lines[1]["started_at"] + 1e-6  # one after the other
+    assert all(r.started_at == 0.0 for r in runs)  # the run's own clock stayed fake

@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from urllib.parse import quote
 
     from loopwarden.config import load_config
-    from loopwarden.console.assemble import console_from_config
+    from loopwarden.console.assemble import BACKGROUND_INDEX_BYTES, console_from_config
     from loopwarden.console.server import make_server
     from loopwarden.store import Shared
 
@@ -77,13 +77,18 @@ def main(args: argparse.Namespace) -> int:
     shared = Shared(config.store)
     records = Path(args.records).expanduser() if args.records else None
     console = console_from_config(
-        config, shared, records=records, token=token, allow_resets=args.allow_resets
+        config,
+        shared,
+        records=records,
+        token=token,
+        allow_resets=args.allow_resets,
+        background_over=BACKGROUND_INDEX_BYTES,  # answer at once, say "indexing N%"
     )
     if not console.index.records.is_file():
         print(
             f"loopwarden console: no run records yet at {console.index.records} -- the page "
-            "fills as runs are recorded (enable the run_record plugin; e.g. "
-            "LOOPWARDEN_PLUGINS=run_record loopwarden demo --observers)",
+            "fills as runs are recorded (`loopwarden demo` keeps a sample; your own runs "
+            "record with the run_record plugin enabled)",
             file=sys.stderr,
         )
     try:

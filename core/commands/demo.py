@@ -75,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "change a run, and their output would bury the table",
     )
     parser.add_argument(
+        "--no-records",
+        action="store_true",
+        help="do not keep the console sample: by default, after the measured runs, the "
+        "scenarios are played once more, guarded, and their records appended to the records "
+        "file (on the shared store: a tenant 'demo' with a budget that never binds, a "
+        "breaker the outage opens, oscillation in shadow mode) for `loopwarden console`",
+    )
+    parser.add_argument(
         "--trajectories",
         metavar="FILE",
         default=None,
@@ -256,6 +264,30 @@ def trajectory_lines(written: dict[str, Any]) -> list[str]:
     ]
 
 
+def _console_sample(args: argparse.Namespace, config: Config, paths: list[Path]) -> str | None:
+    """Play the console sample (:mod:`loopwarden.demo.sample`) after the measured runs, and
+    say where its records went; a failure is reported, it never fails the demo."""
+    from loopwarden.console.assemble import records_file
+    from loopwarden.demo.sample import SAMPLE_TENANT, record_sample
+
+    path = records_file(config)
+    try:
+        sample = record_sample(config, paths, path)  # shops in a temporary directory
+    except Exception as exc:  # the measured figures stand: say what went wrong, go on
+        print(
+            f"loopwarden demo: console sample not recorded: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return None
+    where = escape_controls(str(sample.path))
+    return (
+        f"console sample: {sample.runs} more guarded run(s), not counted above, appended to "
+        f"{where}\n  (tenant {SAMPLE_TENANT!r} on the shared store: a budget that never binds, "
+        "a breaker the outage opens, oscillation in shadow mode; --no-records skips this)\n"
+        "  see them: loopwarden console"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     from loopwarden.config import load_config
     from loopwarden.demo import UNGUARDED_CAP, Totals, find_scenarios, observer_names, play_all
@@ -281,6 +313,7 @@ def main(args: argparse.Namespace) -> int:
             trajectories=args.trajectories is not None,
         )
     written = None if args.trajectories is None else _write_trajectories(args, config, pairs)
+    sample = None if args.no_records else _console_sample(args, config, paths)
     totals = Totals.of(pairs)
     currency = next(
         (r.get("cost_currency") for r in _records(pairs) if r.get("cost_currency")), None
@@ -307,6 +340,10 @@ def main(args: argparse.Namespace) -> int:
         if written is not None:
             print()
             print("\n".join(trajectory_lines(written)))
+    if sample is not None:
+        # after the table (stdout); with --json on stderr, so stdout stays JSON lines
+        print(file=sys.stderr if args.json else sys.stdout)
+        print(sample, file=sys.stderr if args.json else sys.stdout)
     unlabelled = [p.name for p in pairs if p.ok is None]
     if unlabelled:
         print(

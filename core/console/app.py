@@ -138,6 +138,31 @@ class Console:
         self._secret = secrets.token_bytes(32)
         self._refreshed = 0.0
         self._refresh_lock = threading.Lock()
+        #: set once the index has caught up with the file (see :meth:`index_in_background`)
+        self.ready = threading.Event()
+        self.ready.set()
+
+    def index_in_background(self) -> threading.Thread:
+        """Build the index in a thread, so the server answers at once: until it is done,
+        pages say "indexing N%" (and reload themselves), the API answers 503."""
+        self.ready.clear()
+        self._refresh_lock.acquire()
+
+        def build() -> None:
+            try:
+                self.index.refresh()
+                self._refreshed = time.monotonic()
+            except Exception:  # the pages will try again on their own refresh
+                log.exception("console: indexing %s failed", self.index.records)
+            finally:
+                self._refresh_lock.release()
+                self.ready.set()
+            if self.index.count() > self.figures.sync_limit:
+                self.figures.start()
+
+        thread = threading.Thread(target=build, name="console-index", daemon=True)
+        thread.start()
+        return thread
 
     # -- the request handler -----------------------------------------------------------------
 
@@ -202,6 +227,8 @@ class Console:
         elif method not in ("GET", "HEAD"):
             resp = self._page(405, "Method not allowed", "Only GET here.")
             resp.headers.append(("Allow", "GET, HEAD"))
+        elif not self.ready.is_set():
+            resp = self._indexing(rel)
         else:
             self._refresh()
             resp = self._get(rel, params)
@@ -448,6 +475,23 @@ class Console:
             html.encode("utf-8", errors="backslashreplace"),
             self._headers("text/html; charset=utf-8"),
         )
+
+    def _indexing(self, rel: str) -> Response:
+        """The answer while the first index is built: how far it is, again in 2 seconds."""
+        done, size = self.index.progress()
+        pct = int(100 * done / size) if size else 0
+        if rel.startswith("api/"):
+            resp = self._json({"indexing": True, "percent": pct}, 503)
+        else:
+            resp = self._page(
+                503,
+                "Indexing",
+                f"indexing {pct}%: the console is reading the run records "
+                f"({done / 1e6:,.1f} of {size / 1e6:,.1f} MB) and opens when it is done. "
+                "This page reloads itself.",
+            )
+        resp.headers += [("Retry-After", "2"), ("Refresh", "2")]
+        return resp
 
     def _page(self, status: int, title: str, message: str) -> Response:
         return self._html(status, pages.message_page(title, message, base=self.base))

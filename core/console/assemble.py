@@ -18,7 +18,11 @@ if TYPE_CHECKING:
     from loopwarden.config import Config
     from loopwarden.store import Shared
 
-__all__ = ["console_from_config", "records_file", "store_view"]
+__all__ = ["BACKGROUND_INDEX_BYTES", "console_from_config", "records_file", "store_view"]
+
+#: more new bytes than this to index (seconds of work), and ``loopwarden console`` serves at
+#: once while the index is built in the background
+BACKGROUND_INDEX_BYTES = 32 * 2**20
 
 
 def records_file(config: Config) -> Path:
@@ -79,10 +83,14 @@ def store_view(config: Config, shared: Shared) -> StoreView:
         reset,
         budgets_note=""
         if "spend_limits" in enabled
-        else "spend_limits is not enabled in this config: nothing counts spend per scope.",
+        else "spend_limits is not enabled in this config: its runs count no spend and no limit "
+        "is shown; any rows here were counted by runs of another config (such as `loopwarden "
+        "demo`'s console sample).",
         breakers_note=""
         if "circuit_breaker" in enabled
-        else "circuit_breaker is not enabled in this config: no run asks a breaker.",
+        else "circuit_breaker is not enabled in this config: its runs ask no breaker; any "
+        "breakers here were kept by runs of another config (such as `loopwarden demo`'s "
+        "console sample).",
     )
 
 
@@ -102,11 +110,19 @@ def console_from_config(
     base: str = "/",
     loopback_only: bool = True,
     index_file: Path | None = None,
+    background_over: int | None = None,
 ) -> Console:
-    """The console over ``records`` (default: the run_record plugin's file) and ``shared``."""
+    """The console over ``records`` (default: the run_record plugin's file) and ``shared``.
+
+    The index catches up with the file before this returns -- unless more than
+    ``background_over`` bytes are new to it: then it is built in the background
+    (:meth:`Console.index_in_background`) and the pages say how far it is."""
     path = records if records is not None else records_file(config)
     index = RecordIndex(path, index_file)
-    index.refresh()
+    done, size = index.progress()
+    background = background_over is not None and size - done > background_over
+    if not background:
+        index.refresh()
     console = Console(
         index,
         store_view(config, shared),
@@ -117,6 +133,8 @@ def console_from_config(
         step_cap=_step_cap(config),
         loopback_only=loopback_only,
     )
-    if index.count() > console.figures.sync_limit:
+    if background:
+        console.index_in_background()  # starts the figures when done
+    elif index.count() > console.figures.sync_limit:
         console.figures.start()  # ready, or nearly, by the time someone opens the overview
     return console

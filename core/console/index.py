@@ -346,6 +346,14 @@ class RecordIndex:
         with self._lock:
             self._db.close()
 
+    def progress(self) -> tuple[int, int]:
+        """(bytes of the records file indexed, its size): how far a first pass has got."""
+        try:
+            size = os.stat(self.records).st_size
+        except OSError:
+            size = 0
+        return min(self._state.offset, size), size
+
     # -- building ----------------------------------------------------------------------------
 
     def refresh(self) -> int:

@@ -453,7 +453,9 @@ def run(indexed: IndexedRun, record: Mapping[str, Any], *, base: str) -> str:
         step = int(v.get("step") or 0)
         plugin = str(v.get("plugin"))
         kind = str(v.get("kind"))
-        note = "\n".join(notes.get((step, plugin), [])) if kind == "warn" else ""
+        # The engine sends a warn's and a skip's message to the model alike; the record's
+        # warnings list both, keyed by step and plugin.
+        note = "\n".join(notes.get((step, plugin), []))
         evidence = (
             record.get("evidence") if kind == "stop" and plugin == stopper else v.get("evidence")
         )
