@@ -17,6 +17,7 @@ from pathlib import Path
 __all__ = [
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
+    "configured_records_path",
     "data_dir",
     "ensure_private_dir",
     "open_private",
@@ -48,6 +49,13 @@ def records_path() -> Path:
     """``runs.jsonl`` in the data directory: where the ``run_record`` plugin appends by
     default, and what ``loopwarden report`` reads by default."""
     return data_dir() / "runs.jsonl"
+
+
+def configured_records_path(run_record: object) -> Path:
+    """Where a ``run_record`` plugin with this settings table appends: its ``path`` (relative
+    to the current directory, as the plugin takes it), else :func:`records_path`."""
+    given = run_record.get("path") if isinstance(run_record, dict) else None
+    return Path(given).expanduser() if isinstance(given, str) and given else records_path()
 
 
 def ensure_private_dir(path: Path) -> Path:

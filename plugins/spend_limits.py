@@ -88,7 +88,7 @@ from loopwarden.store import COST_UNIT, QUANTITIES, Counter, Reserved, cost_unit
 if TYPE_CHECKING:
     from loopwarden.run import DeploymentView
 
-__all__ = ["Budget", "SpendLimits", "SpendLimitsSettings", "budget_reason"]
+__all__ = ["Budget", "SpendLimits", "SpendLimitsSettings", "budget_reason", "configured_limits"]
 
 log = logging.getLogger("loopwarden.plugins.spend_limits")
 
@@ -519,3 +519,23 @@ class SpendLimits(Plugin[SpendLimitsSettings]):
         return [
             {"scope": a.counter.scope, "window": a.counter.window, **amounts} for a in st.applied
         ]
+
+
+def configured_limits(table: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """(scope, window) -> the limits a ``[plugins.spend_limits]`` table's budgets set (the
+    lowest, where several budgets share a scope and window): what ``loopwarden budgets`` and
+    the console show beside the spend.  An absent table sets none."""
+    from loopwarden.store import QUANTITIES
+
+    if table is None:
+        return {}
+    settings = SpendLimitsSettings.model_validate(table)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for b in settings.budgets:
+        limits = out.setdefault((b.scope, b.window), {})
+        for q in QUANTITIES:
+            value = getattr(b, budget_reason(q))
+            if value is not None:
+                value = float(value) if isinstance(value, Decimal) else value
+                limits[q] = min(value, limits.get(q, value))
+    return out

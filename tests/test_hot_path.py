@@ -256,6 +256,7 @@ class _RefStall:
 
     def __init__(self, s: StallSettings) -> None:
         self.s, self.recent, self.streak = s, deque(maxlen=s.window), 0
+        self.same_fp: str | None = None  # the streak's call, while each round repeats it
 
     def after_tool(self, call: ToolCall, result: ToolResult, step: int) -> Any:
         if result.skipped:
@@ -280,17 +281,28 @@ class _RefStall:
             and not any(d == result.digest and f == fp for d, _, f in self.recent)
         )
         stalled = bool(self.recent) and best >= s.similarity and not changed_world
+        again = any(d == result.digest and f == fp for d, _, f in self.recent)
         self.recent.append((result.digest, tokens, fp))
         if not stalled:
             self.streak = 0
+            self.same_fp = None
             return None
+        if self.streak == 0:
+            self.same_fp = fp if again else None
+        elif not again or fp != self.same_fp:
+            self.same_fp = None
         self.streak += 1
+        # one call answered the same way again and again: a repeat (same_call_stop_after)
+        threshold = (
+            max(s.stop_after, s.same_call_stop_after) if self.same_fp is not None else s.stop_after
+        )
         # (with "any" every stalled round is strong: strong == streak, rule "repeat")
         evidence = dict(
             count=self.streak,
             streak=self.streak,
             strong=self.streak,
-            threshold=s.stop_after,
+            threshold=threshold,
+            same_call=self.same_fp is not None,
             sweep_threshold=s.sweep_stop_after,
             similarity=round(best, 3),
             similarity_threshold=s.similarity,
@@ -303,7 +315,7 @@ class _RefStall:
             rule="repeat",
         )
         fields = dict(count=self.streak, tool=call.name)
-        if self.streak >= s.stop_after:
+        if self.streak >= threshold:
             return ("stop", s.soft, s.stop_message.format(**fields), evidence)
         if s.warn_after is not None and self.streak == s.warn_after:
             return ("warn", None, s.message.format(**fields), evidence)

@@ -72,22 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _limits(config: Config) -> dict[tuple[str, str], dict[str, Any]]:
     """(scope, window) -> the limits the config's spend_limits budgets set (the lowest, where
     several budgets share a scope and window)."""
-    from loopwarden.plugins.spend_limits import SpendLimitsSettings, budget_reason
-    from loopwarden.store import QUANTITIES
+    from loopwarden.plugins.spend_limits import configured_limits
 
-    table = config.plugins.tables().get("spend_limits")
-    if table is None:
-        return {}
-    settings = SpendLimitsSettings.model_validate(table)
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for b in settings.budgets:
-        limits = out.setdefault((b.scope, b.window), {})
-        for q in QUANTITIES:
-            value = getattr(b, budget_reason(q))
-            if value is not None:
-                value = float(value) if isinstance(value, Decimal) else value
-                limits[q] = min(value, limits.get(q, value))
-    return out
+    return configured_limits(config.plugins.tables().get("spend_limits"))
 
 
 def _fail(text: str) -> int:

@@ -118,13 +118,9 @@ def main(args: argparse.Namespace) -> int:
 def records_file(config: Config) -> Path:
     """Where ``config``'s run_record plugin appends: its ``path`` (relative to the current
     directory, as the plugin takes it), else ``runs.jsonl`` in the data directory."""
-    from pathlib import Path
+    from loopwarden.paths import configured_records_path
 
-    from loopwarden.paths import records_path
-
-    table = config.plugins.tables().get("run_record") or {}
-    given = table.get("path")
-    return Path(given).expanduser() if isinstance(given, str) and given else records_path()
+    return configured_records_path(config.plugins.tables().get("run_record"))
 
 
 def no_records_hint(config: Config, given: str | None) -> str:

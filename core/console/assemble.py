@@ -27,9 +27,9 @@ BACKGROUND_INDEX_BYTES = 32 * 2**20
 
 def records_file(config: Config) -> Path:
     """Where the config's ``run_record`` plugin appends (``loopwarden report``'s default)."""
-    from loopwarden.commands.report import records_file as report_records_file
+    from loopwarden.paths import configured_records_path
 
-    return report_records_file(config)
+    return configured_records_path(config.plugins.tables().get("run_record"))
 
 
 def _redactor(config: Config) -> Redactor:
@@ -53,10 +53,10 @@ def _ident(key: str) -> tuple[str, str, str, str] | None:
 def store_view(config: Config, shared: Shared) -> StoreView:
     """Budgets and breakers of ``shared``, as ``loopwarden budgets`` / ``breakers`` show
     them; a reset is ``loopwarden breakers reset``'s."""
-    from loopwarden.commands.budgets import _limits
+    from loopwarden.plugins.spend_limits import configured_limits
 
     lock = threading.Lock()
-    limits = _limits(config)
+    limits = configured_limits(config.plugins.tables().get("spend_limits"))
 
     def budgets() -> list[dict[str, Any]]:
         with lock:
