@@ -28,6 +28,9 @@ from typing import Any
 import pytest
 from support.browser import Console, launch_chromium
 
+#: a browser and a console over demo records, started per module: seconds, not milliseconds
+pytestmark = pytest.mark.slow
+
 #: how long a page may take to show what it should (the console polls every 2 s)
 WAIT_MS = 15_000
 
