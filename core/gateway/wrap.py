@@ -93,17 +93,19 @@ def wrap(
     is_async = hasattr(inner_http, "aclose")
     store = open_state(dep.config.store, memory=state == "memory")
     timeout = httpx.Timeout(dep.config.gateway.upstream_timeout_s, connect=10.0)
+    # the same timeout in the client's own library (httpx2 2.17 takes no dict any more)
+    own_timeout = hx.Timeout(dep.config.gateway.upstream_timeout_s, connect=10.0)
     bridges = _bridges(hx)
     if is_async:
         own = inner if isinstance(inner, hx.AsyncBaseTransport) else hx.AsyncHTTPTransport()
         upstream = httpx.AsyncClient(transport=_ForeignAsync(own, hx), timeout=timeout)
         app = GatewayApp(dep, origin, store, client=upstream, front="wrap")
-        http: Any = hx.AsyncClient(transport=bridges[1](app), timeout=timeout.as_dict())
+        http: Any = hx.AsyncClient(transport=bridges[1](app), timeout=own_timeout)
     else:
         sync_inner = inner if isinstance(inner, hx.BaseTransport) else hx.HTTPTransport()
         upstream = httpx.AsyncClient(transport=_ForeignThreaded(sync_inner, hx), timeout=timeout)
         app = GatewayApp(dep, origin, store, client=upstream, front="wrap")
-        http = hx.Client(transport=bridges[0](app), timeout=timeout.as_dict())
+        http = hx.Client(transport=bridges[0](app), timeout=own_timeout)
     wrapped: C = client.with_options(http_client=http)
     return wrapped
 
