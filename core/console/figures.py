@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopwarden.console.index import RecordIndex
+from loopwarden.plugins.max_steps import MaxStepsSettings
 from loopwarden.report import analyse
 
 __all__ = ["DEFAULT_STEP_CAP", "Figures", "compute", "savings"]
@@ -29,7 +30,7 @@ __all__ = ["DEFAULT_STEP_CAP", "Figures", "compute", "savings"]
 log = logging.getLogger("loopwarden.console")
 
 #: the step cap assumed when the config names none (max_steps' own default)
-DEFAULT_STEP_CAP = 115
+DEFAULT_STEP_CAP: int = MaxStepsSettings.model_fields["max_steps"].default
 
 #: record fields analyse never reads: left out of the copy kept for the figures (memory)
 _UNUSED = ("final_answer", "warnings", "verdicts", "errors", "tool_retries", "steps_detail")
